@@ -1,0 +1,353 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RewardFunction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REWARD_FUNCTION_UNSPECIFIED: _ClassVar[RewardFunction]
+    REWARD_FUNCTION_MATH_PAIRS: _ClassVar[RewardFunction]
+    REWARD_FUNCTION_GSM8K: _ClassVar[RewardFunction]
+    REWARD_FUNCTION_BOXED: _ClassVar[RewardFunction]
+
+class LossType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOSS_TYPE_UNSPECIFIED: _ClassVar[LossType]
+    LOSS_TYPE_GRPO: _ClassVar[LossType]
+    LOSS_TYPE_DAPO: _ClassVar[LossType]
+    LOSS_TYPE_DR_GRPO: _ClassVar[LossType]
+
+class Quantization(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUANTIZATION_UNSPECIFIED: _ClassVar[Quantization]
+    QUANTIZATION_FULL: _ClassVar[Quantization]
+    QUANTIZATION_4BIT: _ClassVar[Quantization]
+    QUANTIZATION_8BIT: _ClassVar[Quantization]
+
+class GenerationBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GENERATION_BACKEND_UNSPECIFIED: _ClassVar[GenerationBackend]
+    GENERATION_BACKEND_VLLM: _ClassVar[GenerationBackend]
+    GENERATION_BACKEND_TRANSFORMERS: _ClassVar[GenerationBackend]
+
+class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATUS_UNSPECIFIED: _ClassVar[JobStatus]
+    JOB_STATUS_QUEUED: _ClassVar[JobStatus]
+    JOB_STATUS_RUNNING: _ClassVar[JobStatus]
+    JOB_STATUS_COMPLETED: _ClassVar[JobStatus]
+    JOB_STATUS_FAILED: _ClassVar[JobStatus]
+    JOB_STATUS_CANCELLED: _ClassVar[JobStatus]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+REWARD_FUNCTION_UNSPECIFIED: RewardFunction
+REWARD_FUNCTION_MATH_PAIRS: RewardFunction
+REWARD_FUNCTION_GSM8K: RewardFunction
+REWARD_FUNCTION_BOXED: RewardFunction
+LOSS_TYPE_UNSPECIFIED: LossType
+LOSS_TYPE_GRPO: LossType
+LOSS_TYPE_DAPO: LossType
+LOSS_TYPE_DR_GRPO: LossType
+QUANTIZATION_UNSPECIFIED: Quantization
+QUANTIZATION_FULL: Quantization
+QUANTIZATION_4BIT: Quantization
+QUANTIZATION_8BIT: Quantization
+GENERATION_BACKEND_UNSPECIFIED: GenerationBackend
+GENERATION_BACKEND_VLLM: GenerationBackend
+GENERATION_BACKEND_TRANSFORMERS: GenerationBackend
+JOB_STATUS_UNSPECIFIED: JobStatus
+JOB_STATUS_QUEUED: JobStatus
+JOB_STATUS_RUNNING: JobStatus
+JOB_STATUS_COMPLETED: JobStatus
+JOB_STATUS_FAILED: JobStatus
+JOB_STATUS_CANCELLED: JobStatus
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+
+class RewardConfig(_message.Message):
+    __slots__ = ("function", "synthetic_prompts", "format_bonus", "format_bonus_weight", "dataset", "dataset_split")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_BONUS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_BONUS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    function: RewardFunction
+    synthetic_prompts: int
+    format_bonus: bool
+    format_bonus_weight: float
+    dataset: str
+    dataset_split: str
+    def __init__(self, function: _Optional[_Union[RewardFunction, str]] = ..., synthetic_prompts: _Optional[int] = ..., format_bonus: _Optional[bool] = ..., format_bonus_weight: _Optional[float] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ...) -> None: ...
+
+class GrpoConfig(_message.Message):
+    __slots__ = ("group_size", "max_completion_tokens", "lora_rank", "lora_alpha", "learning_rate", "max_steps", "batch_size")
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    LORA_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    group_size: int
+    max_completion_tokens: int
+    lora_rank: int
+    lora_alpha: int
+    learning_rate: float
+    max_steps: int
+    batch_size: int
+    def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class AdvancedOptions(_message.Message):
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every")
+    LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    GPU_SELECTION_FIELD_NUMBER: _ClassVar[int]
+    KL_BETA_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    loss_type: LossType
+    epochs: int
+    quantization: Quantization
+    generation_backend: GenerationBackend
+    gpu_memory_fraction: float
+    gpu_selection: str
+    kl_beta: float
+    temperature: float
+    seed: int
+    checkpoint_every: int
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    GRPO_FIELD_NUMBER: _ClassVar[int]
+    ADVANCED_FIELD_NUMBER: _ClassVar[int]
+    INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    base_model: str
+    reward: RewardConfig
+    grpo: GrpoConfig
+    advanced: AdvancedOptions
+    init_adapter: AdapterRef
+    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+
+class TrainingSummary(_message.Message):
+    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    GPU_SELECTION_FIELD_NUMBER: _ClassVar[int]
+    LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    LEARN_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    model: str
+    reward: str
+    group_size: int
+    max_completion: int
+    gpu_selection: str
+    lora_rank: int
+    learn_rate: float
+    max_steps: int
+    backend: str
+    batch_size: int
+    lora_alpha: int
+    loss_type: str
+    quantization: str
+    total_steps: int
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+
+class AdapterRef(_message.Message):
+    __slots__ = ("name", "version", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    path: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "spec", "status", "created_at", "started_at", "finished_at", "error", "adapter", "summary", "warnings", "current_step", "total_steps", "worker")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: JobSpec
+    status: JobStatus
+    created_at: _timestamp_pb2.Timestamp
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    error: str
+    adapter: AdapterRef
+    summary: TrainingSummary
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    current_step: int
+    total_steps: int
+    worker: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class MetricEvent(_message.Message):
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    REWARD_STD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_LENGTH_MEAN_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_LENGTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_RATIO_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SYNC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    total_steps: int
+    reward_mean: float
+    reward_std: float
+    accuracy: float
+    format: float
+    loss: float
+    kl: float
+    entropy: float
+    completion_length_mean: float
+    completion_length_max: int
+    clipped_ratio: float
+    learning_rate: float
+    adapter_version: int
+    generate_seconds: float
+    score_seconds: float
+    train_seconds: float
+    sync_seconds: float
+    step_seconds: float
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JobStatusEvent(_message.Message):
+    __slots__ = ("job_id", "status", "message", "time", "adapter", "current_step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: JobStatus
+    message: str
+    time: _timestamp_pb2.Timestamp
+    adapter: AdapterRef
+    current_step: int
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., current_step: _Optional[int] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("status", "metric")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    status: JobStatusEvent
+    metric: MetricEvent
+    def __init__(self, status: _Optional[_Union[JobStatusEvent, _Mapping]] = ..., metric: _Optional[_Union[MetricEvent, _Mapping]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "seed", "max_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    seed: int
+    max_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class RewardComponents(_message.Message):
+    __slots__ = ("reward", "accuracy", "format", "strict", "extracted_answer", "timed_out")
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTED_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    reward: float
+    accuracy: float
+    format: float
+    strict: bool
+    extracted_answer: str
+    timed_out: bool
+    def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("path", "offset", "data", "file_size", "last")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    data: bytes
+    file_size: int
+    last: bool
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., file_size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class AdapterSelector(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,372 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from rlvr.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TrendDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TREND_DIRECTION_UNSPECIFIED: _ClassVar[TrendDirection]
+    TREND_DIRECTION_RISING: _ClassVar[TrendDirection]
+    TREND_DIRECTION_FALLING: _ClassVar[TrendDirection]
+    TREND_DIRECTION_FLAT: _ClassVar[TrendDirection]
+
+class ExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPORT_FORMAT_UNSPECIFIED: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_CSV: _ClassVar[ExportFormat]
+    EXPORT_FORMAT_JSONL: _ClassVar[ExportFormat]
+
+class LoopStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOOP_STATUS_UNSPECIFIED: _ClassVar[LoopStatus]
+    LOOP_STATUS_QUEUED: _ClassVar[LoopStatus]
+    LOOP_STATUS_TRAINING: _ClassVar[LoopStatus]
+    LOOP_STATUS_BENCHMARKING: _ClassVar[LoopStatus]
+    LOOP_STATUS_TARGET_REACHED: _ClassVar[LoopStatus]
+    LOOP_STATUS_ROUNDS_SPENT: _ClassVar[LoopStatus]
+    LOOP_STATUS_PLATEAUED: _ClassVar[LoopStatus]
+    LOOP_STATUS_FAILED: _ClassVar[LoopStatus]
+    LOOP_STATUS_STOPPED: _ClassVar[LoopStatus]
+
+class RoundStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_STATUS_UNSPECIFIED: _ClassVar[RoundStatus]
+    ROUND_STATUS_TRAINING: _ClassVar[RoundStatus]
+    ROUND_STATUS_BENCHMARKING: _ClassVar[RoundStatus]
+    ROUND_STATUS_SCORED: _ClassVar[RoundStatus]
+    ROUND_STATUS_FAILED: _ClassVar[RoundStatus]
+    ROUND_STATUS_STOPPED: _ClassVar[RoundStatus]
+TREND_DIRECTION_UNSPECIFIED: TrendDirection
+TREND_DIRECTION_RISING: TrendDirection
+TREND_DIRECTION_FALLING: TrendDirection
+TREND_DIRECTION_FLAT: TrendDirection
+EXPORT_FORMAT_UNSPECIFIED: ExportFormat
+EXPORT_FORMAT_CSV: ExportFormat
+EXPORT_FORMAT_JSONL: ExportFormat
+LOOP_STATUS_UNSPECIFIED: LoopStatus
+LOOP_STATUS_QUEUED: LoopStatus
+LOOP_STATUS_TRAINING: LoopStatus
+LOOP_STATUS_BENCHMARKING: LoopStatus
+LOOP_STATUS_TARGET_REACHED: LoopStatus
+LOOP_STATUS_ROUNDS_SPENT: LoopStatus
+LOOP_STATUS_PLATEAUED: LoopStatus
+LOOP_STATUS_FAILED: LoopStatus
+LOOP_STATUS_STOPPED: LoopStatus
+ROUND_STATUS_UNSPECIFIED: RoundStatus
+ROUND_STATUS_TRAINING: RoundStatus
+ROUND_STATUS_BENCHMARKING: RoundStatus
+ROUND_STATUS_SCORED: RoundStatus
+ROUND_STATUS_FAILED: RoundStatus
+ROUND_STATUS_STOPPED: RoundStatus
+
+class CreateJobRequest(_message.Message):
+    __slots__ = ("spec", "dry_run")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.JobSpec
+    dry_run: bool
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CreateJobResponse(_message.Message):
+    __slots__ = ("job", "summary", "warnings", "resolved_spec")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_SPEC_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    summary: _common_pb2.TrainingSummary
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    resolved_spec: _common_pb2.JobSpec
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., resolved_spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("status", "limit", "offset")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.JobStatus
+    limit: int
+    offset: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "total")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
+    total: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("id", "from_start")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_START_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    from_start: bool
+    def __init__(self, id: _Optional[str] = ..., from_start: _Optional[bool] = ...) -> None: ...
+
+class Trend(_message.Message):
+    __slots__ = ("early", "late", "delta", "direction", "peak", "peak_step", "window")
+    EARLY_FIELD_NUMBER: _ClassVar[int]
+    LATE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    PEAK_FIELD_NUMBER: _ClassVar[int]
+    PEAK_STEP_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    early: float
+    late: float
+    delta: float
+    direction: TrendDirection
+    peak: float
+    peak_step: int
+    window: int
+    def __init__(self, early: _Optional[float] = ..., late: _Optional[float] = ..., delta: _Optional[float] = ..., direction: _Optional[_Union[TrendDirection, str]] = ..., peak: _Optional[float] = ..., peak_step: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+
+class StatTiles(_message.Message):
+    __slots__ = ("steps", "final_reward", "best_reward", "best_accuracy", "final_loss")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_REWARD_FIELD_NUMBER: _ClassVar[int]
+    BEST_REWARD_FIELD_NUMBER: _ClassVar[int]
+    BEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    FINAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    final_reward: float
+    best_reward: float
+    best_accuracy: float
+    final_loss: float
+    def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ...) -> None: ...
+
+class SeriesPoint(_message.Message):
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    reward: float
+    accuracy: float
+    loss: float
+    kl: float
+    entropy: float
+    completion_length: float
+    format: float
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ...) -> None: ...
+
+class GetJobMetricsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobMetrics(_message.Message):
+    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HAS_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_TREND_FIELD_NUMBER: _ClassVar[int]
+    REWARD_TREND_FIELD_NUMBER: _ClassVar[int]
+    TILES_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    HAS_KL_FIELD_NUMBER: _ClassVar[int]
+    HAS_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: _common_pb2.JobStatus
+    has_steps: bool
+    message: str
+    accuracy_trend: Trend
+    reward_trend: Trend
+    tiles: StatTiles
+    series: _containers.RepeatedCompositeFieldContainer[SeriesPoint]
+    has_kl: bool
+    has_entropy: bool
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ...) -> None: ...
+
+class DownloadAdapterRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class MergeModelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class MergeModelProgress(_message.Message):
+    __slots__ = ("stage", "fraction", "done", "path", "size_bytes")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    fraction: float
+    done: bool
+    path: str
+    size_bytes: int
+    def __init__(self, stage: _Optional[str] = ..., fraction: _Optional[float] = ..., done: _Optional[bool] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class DownloadMergedModelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ExportHistoryRequest(_message.Message):
+    __slots__ = ("job_id", "format")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    format: ExportFormat
+    def __init__(self, job_id: _Optional[str] = ..., format: _Optional[_Union[ExportFormat, str]] = ...) -> None: ...
+
+class ExportHistoryResponse(_message.Message):
+    __slots__ = ("content", "content_type", "rows", "filename")
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    content: bytes
+    content_type: str
+    rows: int
+    filename: str
+    def __init__(self, content: _Optional[bytes] = ..., content_type: _Optional[str] = ..., rows: _Optional[int] = ..., filename: _Optional[str] = ...) -> None: ...
+
+class LoopSpec(_message.Message):
+    __slots__ = ("name", "job", "benchmark", "score_column", "target", "max_rounds", "give_up_after", "reclaim_storage", "benchmark_limit", "min_gain")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARK_FIELD_NUMBER: _ClassVar[int]
+    SCORE_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    GIVE_UP_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARK_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_GAIN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    job: _common_pb2.JobSpec
+    benchmark: str
+    score_column: str
+    target: float
+    max_rounds: int
+    give_up_after: int
+    reclaim_storage: bool
+    benchmark_limit: int
+    min_gain: float
+    def __init__(self, name: _Optional[str] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., target: _Optional[float] = ..., max_rounds: _Optional[int] = ..., give_up_after: _Optional[int] = ..., reclaim_storage: _Optional[bool] = ..., benchmark_limit: _Optional[int] = ..., min_gain: _Optional[float] = ...) -> None: ...
+
+class Round(_message.Message):
+    __slots__ = ("index", "job_id", "evaluation_id", "status", "score", "delta", "best", "duration_seconds", "started_at", "finished_at", "adapter")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BEST_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    job_id: str
+    evaluation_id: str
+    status: RoundStatus
+    score: float
+    delta: float
+    best: bool
+    duration_seconds: float
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    adapter: _common_pb2.AdapterRef
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., evaluation_id: _Optional[str] = ..., status: _Optional[_Union[RoundStatus, str]] = ..., score: _Optional[float] = ..., delta: _Optional[float] = ..., best: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ...) -> None: ...
+
+class Loop(_message.Message):
+    __slots__ = ("id", "spec", "status", "rounds", "best_score", "best_round", "gain_over_first", "elapsed_seconds", "created_at", "finished_at", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    BEST_SCORE_FIELD_NUMBER: _ClassVar[int]
+    BEST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    GAIN_OVER_FIRST_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: LoopSpec
+    status: LoopStatus
+    rounds: _containers.RepeatedCompositeFieldContainer[Round]
+    best_score: float
+    best_round: int
+    gain_over_first: float
+    elapsed_seconds: float
+    created_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    error: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[LoopSpec, _Mapping]] = ..., status: _Optional[_Union[LoopStatus, str]] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., best_score: _Optional[float] = ..., best_round: _Optional[int] = ..., gain_over_first: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CreateLoopRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: LoopSpec
+    def __init__(self, spec: _Optional[_Union[LoopSpec, _Mapping]] = ...) -> None: ...
+
+class GetLoopRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListLoopsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListLoopsResponse(_message.Message):
+    __slots__ = ("loops",)
+    LOOPS_FIELD_NUMBER: _ClassVar[int]
+    loops: _containers.RepeatedCompositeFieldContainer[Loop]
+    def __init__(self, loops: _Optional[_Iterable[_Union[Loop, _Mapping]]] = ...) -> None: ...
+
+class StopLoopRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class WatchLoopRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...

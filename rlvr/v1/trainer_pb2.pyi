@@ -1,0 +1,89 @@
+from rlvr.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StartJobRequest(_message.Message):
+    __slots__ = ("job_id", "spec", "total_steps")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: _common_pb2.JobSpec
+    total_steps: int
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ...) -> None: ...
+
+class StartJobResponse(_message.Message):
+    __slots__ = ("job_id", "worker")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker: str
+    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class TrainerCancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class TrainerCancelJobResponse(_message.Message):
+    __slots__ = ("job_id", "adapter")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    adapter: _common_pb2.AdapterRef
+    def __init__(self, job_id: _Optional[str] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ...) -> None: ...
+
+class GetWorkerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker", "busy", "job_id", "current_step", "total_steps", "last_job_id", "last_job_status", "last_job_error", "last_job_adapter")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    busy: bool
+    job_id: str
+    current_step: int
+    total_steps: int
+    last_job_id: str
+    last_job_status: _common_pb2.JobStatus
+    last_job_error: str
+    last_job_adapter: _common_pb2.AdapterRef
+    def __init__(self, worker: _Optional[str] = ..., busy: _Optional[bool] = ..., job_id: _Optional[str] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_job_id: _Optional[str] = ..., last_job_status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., last_job_error: _Optional[str] = ..., last_job_adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ...) -> None: ...
+
+class MergeAdapterRequest(_message.Message):
+    __slots__ = ("base_model", "adapter_path", "output_name")
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_PATH_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    base_model: str
+    adapter_path: str
+    output_name: str
+    def __init__(self, base_model: _Optional[str] = ..., adapter_path: _Optional[str] = ..., output_name: _Optional[str] = ...) -> None: ...
+
+class MergeProgress(_message.Message):
+    __slots__ = ("stage", "fraction", "done", "path", "size_bytes")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    fraction: float
+    done: bool
+    path: str
+    size_bytes: int
+    def __init__(self, stage: _Optional[str] = ..., fraction: _Optional[float] = ..., done: _Optional[bool] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
