@@ -1,0 +1,90 @@
+"""The character-level tokenizer of the tiny base model.
+
+transformers 5.x reloads any ``model_type=qwen2`` tokenizer as ``Qwen2Tokenizer`` (byte-level BPE),
+silently replacing a saved WordLevel/Split pre-tokenizer, so spaces and newlines would vanish in
+TRL and vLLM. The tokenizer is therefore *built* as a ``Qwen2Tokenizer`` with no merges: every one of
+the 256 byte-level symbols (space is ``Ġ``, newline ``Ċ``) is its own token, which makes it a
+character tokenizer for ASCII that still round-trips any UTF-8 text byte by byte.
+
+Chat specials are special tokens (dropped by ``skip_special_tokens=True``); the answer-format tags are
+ordinary added tokens, so one tag is one token and decoding keeps them, which the reward relies on.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+CHAT_SPECIALS: tuple[str, ...] = (IM_START, IM_END)
+FORMAT_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
+
+# The prompt form the tiny model declares (see rlvr.tasks.render): every character costs a token,
+# so it is trained on a short instruction instead of the long one larger models get.
+PROMPT_STYLE_KEY = "rlvr_prompt_style"
+COMPACT_STYLE = "compact"
+
+# ChatML, as the Qwen2 family uses, so TRL and vLLM treat it like any Qwen chat model.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character map used by byte-level BPE."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    byte_values = printable[:]
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in byte_values:
+            byte_values.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(byte_values, chars, strict=True)}
+
+
+def build_vocab() -> dict[str, int]:
+    """``<|endoftext|>`` at id 0, then the 256 byte-level symbols in byte order."""
+    vocab = {ENDOFTEXT: 0}
+    for _byte, symbol in sorted(bytes_to_unicode().items()):
+        vocab[symbol] = len(vocab)
+    return vocab
+
+
+def build_tokenizer(model_max_length: int = 4096):  # -> transformers.Qwen2Tokenizer
+    """Build the character tokenizer (not saved; call ``save_pretrained`` on the result)."""
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer(
+        vocab=build_vocab(),
+        merges=[],
+        unk_token=None,  # every byte has a token, so nothing is ever unknown
+        eos_token=IM_END,  # generation stops at the end of the assistant turn, as in Qwen2.5-Instruct
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=list(CHAT_SPECIALS),
+        model_max_length=model_max_length,
+        **{PROMPT_STYLE_KEY: COMPACT_STYLE},
+    )
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in FORMAT_TAGS])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"  # decoder-only batched generation pads on the left
+    return tokenizer
+
+
+def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096) -> int:
+    """Write the tokenizer files into ``out_dir``; returns the tokenizer's length (vocab + added)."""
+    tokenizer = build_tokenizer(model_max_length)
+    tokenizer.save_pretrained(str(out_dir))
+    return len(tokenizer)
