@@ -1,0 +1,228 @@
+"""The service bootstrap every rlvr service shares.
+
+A service is a small object (see `Service`) that registers its servicers on a grpc.aio server and
+starts/stops its core. `run_service` does the rest, the same way for all five services:
+
+1. settings from flags, environment and config file; a bad one exits 2 with one line;
+2. the gRPC port is bound first (with SO_REUSEPORT off, so a port in use is an error, not a
+   silent second listener) so that a clash fails in milliseconds, not after a model load;
+3. the server starts with the standard health service (NOT_SERVING) and server reflection, then
+   the core starts (heavy imports happen here, never before flags are parsed), then health turns
+   SERVING;
+4. on SIGTERM/SIGINT health turns NOT_SERVING, in-flight calls get `grace_seconds` to finish, the
+   core stops, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rlvr.common.logs import configure_logging
+from rlvr.common.settings import ServiceSettings, SettingsError, load_settings
+
+log = logging.getLogger("rlvr.server")
+
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+]
+
+
+class StartupError(RuntimeError):
+    """The core could not start; the message is one readable line naming the setting."""
+
+
+class Service(Protocol):
+    """What a service provides to the bootstrap."""
+
+    service_names: Sequence[str]
+    """Full names of the gRPC services it serves, e.g. "rlvr.v1.RewardService"."""
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Adds the servicers to the server (cheap: no model loads here)."""
+
+    async def start(self) -> None:
+        """Starts the core (model loads, connections). Raise StartupError or SettingsError."""
+
+    async def stop(self) -> None:
+        """Releases the core after the server has stopped taking calls."""
+
+
+def _port_error(settings: ServiceSettings) -> str:
+    env = f"{settings.model_config.get('env_prefix', '')}PORT"
+    return (f"setting port (--port / {env}) = {settings.port}: cannot listen on {settings.address} "
+            "(in use by another process, or the host is not an address of this machine)")
+
+
+def _check_port_free(settings: ServiceSettings) -> None:
+    """Binds a plain socket first, so a clash is one clear line rather than gRPC core's log."""
+    if settings.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError:
+            raise SettingsError(_port_error(settings)) from None
+
+
+class ServiceRunner:
+    """Runs one Service on a grpc.aio server; usable in-process by tests as an async context."""
+
+    def __init__(self, service: Service, settings: ServiceSettings) -> None:
+        self.service = service
+        self.settings = settings
+        # The server and health servicer bind to the running event loop: made in start().
+        self.server: grpc.aio.Server | None = None
+        self.health: health.aio.HealthServicer | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service.register(self.server)
+        names = [*self.service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        _check_port_free(self.settings)
+        self.port = self.server.add_insecure_port(self.settings.address)
+        if self.port == 0:
+            raise SettingsError(_port_error(self.settings))
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        log.info("listening", extra={"address": self.address, "status": "starting"})
+        await self.service.start()
+        await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", extra={"address": self.address, "services": ",".join(self.service.service_names)})
+
+    async def _set_all(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        assert self.health is not None
+        await self.health.set("", status)
+        for name in self.service.service_names:
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.server is None or self.health is None:
+            return
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.grace_seconds if grace is None else grace)
+        await self.service.stop()
+        log.info("stopped", extra={"address": self.address})
+
+    async def __aenter__(self) -> ServiceRunner:
+        try:
+            await self.start()
+        except BaseException:
+            if self.server is not None:
+                await self.server.stop(0)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace=1.0)
+
+
+async def _serve_until_signal(runner: ServiceRunner) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    start = asyncio.create_task(runner.start())
+    # A signal during a slow start (a model load) must still stop the process promptly.
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if start in done:
+        start.result()  # re-raises a startup failure
+        await waiter
+    else:
+        start.cancel()
+    log.info("shutting down", extra={"grace_seconds": runner.settings.grace_seconds})
+    await runner.stop()
+
+
+def run_service(
+    settings_cls: type[ServiceSettings],
+    build: Callable[[ServiceSettings], Service],
+    argv: list[str] | None = None,
+    description: str = "",
+) -> int:
+    """The body of every service's console script."""
+    prog = f"rlvr-{settings_cls.service_name}"
+    try:
+        settings = load_settings(settings_cls, argv, prog=prog, description=description)
+    except SettingsError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings_cls.service_name, settings.log_level, settings.log_format)
+    try:
+        runner = ServiceRunner(build(settings), settings)
+        asyncio.run(_serve_until_signal(runner))
+    except (SettingsError, StartupError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+class GrpcService:
+    """A Service made of generated servicers plus optional start/stop hooks of a core."""
+
+    def __init__(
+        self,
+        servicers: Sequence[tuple[Callable[[object, grpc.aio.Server], None], object, str]],
+        on_start: Callable[[], object] | None = None,
+        on_stop: Callable[[], object] | None = None,
+    ) -> None:
+        self._servicers = servicers
+        self.service_names = [name for _, _, name in servicers]
+        self._on_start = on_start
+        self._on_stop = on_stop
+
+    def register(self, server: grpc.aio.Server) -> None:
+        for add, servicer, _ in self._servicers:
+            add(servicer, server)
+
+    async def start(self) -> None:
+        if self._on_start is not None:
+            result = self._on_start()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def stop(self) -> None:
+        if self._on_stop is not None:
+            result = self._on_stop()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+def service_main(settings_cls: type[ServiceSettings], builder: str, argv: list[str] | None, description: str) -> int:
+    """A console script's whole body. `builder` is "module:function"; the module (which may
+    import torch or vLLM) is imported only after the flags parsed, so `--help` answers at once."""
+
+    def build(settings: ServiceSettings) -> Service:
+        import importlib
+
+        module_name, func = builder.split(":")
+        return getattr(importlib.import_module(module_name), func)(settings)
+
+    return run_service(settings_cls, build, argv, description)

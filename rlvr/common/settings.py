@@ -1,0 +1,208 @@
+"""Service settings: one pydantic-settings model per service, read from flags, environment and a
+config file, in that order of precedence (a flag beats the environment, which beats the file,
+which beats the documented default).
+
+Every field carries a docstring; it becomes the field's `--help` text and its README entry. The
+flag parser is derived from the model, so a new field is a flag, an environment variable
+(`RLVR_<SERVICE>_<FIELD>`) and a config-file key at once. This module imports nothing heavy so
+that `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import json
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("rlvr_config_file", default=None)
+
+
+class SettingsError(ValueError):
+    """A bad setting, reported as one line naming the setting."""
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """Reads the config file given by --config (TOML, JSON or YAML). A service's keys may sit at
+    the top level or under a table named after the service (`[rollout]`), so one file can
+    configure the whole stack."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        path = _CONFIG_FILE.get()
+        if path is None:
+            return {}
+        data = read_config_file(path)
+        section = data.get(getattr(self.settings_cls, "service_name", ""), {})
+        flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        merged = {**flat, **(section if isinstance(section, dict) else {})}
+        known = set(self.settings_cls.model_fields)
+        return {k.replace("-", "_"): v for k, v in merged.items() if k.replace("-", "_") in known}
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SettingsError(f"config: cannot read config file {path}: {e.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        if path.suffix == ".json":
+            return json.loads(text)
+        if path.suffix in (".yaml", ".yml"):
+            import yaml  # only needed for YAML files
+
+            return yaml.safe_load(text) or {}
+    except Exception as e:  # any parse error becomes one readable line
+        raise SettingsError(f"config: cannot parse {path}: {e}") from None
+    raise SettingsError(f"config: {path} must end in .toml, .json, .yaml or .yml")
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has. Subclasses set `service_name` and the env prefix."""
+
+    service_name: ClassVar[str] = "service"
+    model_config = SettingsConfigDict(
+        env_prefix="RLVR_", extra="ignore", use_attribute_docstrings=True, validate_default=True
+    )
+
+    host: str = "127.0.0.1"
+    """Address the gRPC server binds to (0.0.0.0 to serve other hosts)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port (0 = pick a free one; the chosen port is logged)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
+    log_format: Literal["json", "text"] = "json"
+    """Structured JSON lines (default) or human-readable text."""
+    grace_seconds: float = Field(default=10.0, ge=0, le=600)
+    """On SIGTERM/SIGINT: how long in-flight calls may run before the server closes."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def port_field(default: int) -> Any:
+    """A gRPC port field with the range check every service shares."""
+    return Field(default=default, ge=0, le=65535)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _field_type_help(info: FieldInfo) -> str:
+    ann = info.annotation
+    if typing.get_origin(ann) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(ann)) + "}"
+    return getattr(ann, "__name__", str(ann)).replace("typing.", "")
+
+
+def build_parser(cls: type[ServiceSettings], prog: str, description: str) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per settings field, help text from the field docstring."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=f"Every flag is also the environment variable {cls.model_config.get('env_prefix')}<NAME> "
+        "and a key in the --config file (top level or under a [" + cls.service_name + "] table).",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="TOML, JSON or YAML config file")
+    for name, info in cls.model_fields.items():
+        default = info.default if info.default is not None else "unset"
+        help_text = f"{info.description or ''} [{_field_type_help(info)}; default: {default}]"
+        if info.annotation is bool:
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), help=help_text)
+    return parser
+
+
+def _one_line(cls: type[ServiceSettings], err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "settings"
+    env = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+    value = first.get("input")
+    return f"setting {field} ({_flag(field)} / {env}) = {value!r}: {first['msg']}"
+
+
+def _parse_flag(cls: type[ServiceSettings], name: str, value: Any) -> Any:
+    """List-valued flags take a JSON list or a comma list."""
+    if isinstance(value, str) and typing.get_origin(cls.model_fields[name].annotation) is list:
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                return value  # validation reports it with the setting's name
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+S = typing.TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings(
+    cls: type[S], argv: list[str] | None = None, *, prog: str | None = None, description: str = ""
+) -> S:
+    """Parses flags, environment and the config file into `cls`. Raises SettingsError (one line)."""
+    parser = build_parser(cls, prog or f"rlvr-{cls.service_name}", description)
+    args = parser.parse_args(argv)
+    flags = {k: _parse_flag(cls, k, v) for k, v in vars(args).items() if k != "config" and v is not None}
+    token = _CONFIG_FILE.set(args.config)
+    try:
+        return cls(**flags)
+    except ValidationError as e:
+        raise SettingsError(_one_line(cls, e)) from None
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def rlvr_home() -> Path:
+    """Where rlvr keeps models, the local stack's database, NATS data, artifacts and logs:
+    $RLVR_HOME, default ~/.cache/rlvr."""
+    import os
+
+    return Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
+
+
+class NatsFields(BaseSettings):
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server (JetStream on) for metric and status events; a comma list for a cluster."""
+
+
+class StoreFields(BaseSettings):
+    database_url: str = Field(default_factory=lambda: f"sqlite:///{rlvr_home() / 'stack' / 'rlvr.db'}")
+    """The store: sqlite:///PATH (default, under $RLVR_HOME/stack) or postgresql+psycopg://USER@HOST/DB."""
+
+
+class ArtifactFields(BaseSettings):
+    artifact_root: Path = Field(default_factory=lambda: rlvr_home() / "stack" / "artifacts")
+    """Root folder for adapters, checkpoints, merged models and exports; no path leaves it."""
+
+
+class PeerFields(BaseSettings):
+    rollout_address: str = "127.0.0.1:50054"
+    """The rollout service (HOST:PORT)."""
+    reward_address: str = "127.0.0.1:50053"
+    """The reward service (HOST:PORT)."""

