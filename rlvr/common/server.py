@@ -174,6 +174,7 @@ def run_service(
         return 2
     configure_logging(settings_cls.service_name, settings.log_level, settings.log_format)
     try:
+        _check_port_free(settings)  # before any import of a model stack: a clash fails at once
         runner = ServiceRunner(build(settings), settings)
         asyncio.run(_serve_until_signal(runner))
     except (SettingsError, StartupError) as e:

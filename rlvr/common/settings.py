@@ -187,21 +187,29 @@ def rlvr_home() -> Path:
 
 
 class NatsFields(BaseSettings):
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
     nats_url: str = "nats://127.0.0.1:4222"
     """NATS server (JetStream on) for metric and status events; a comma list for a cluster."""
 
 
 class StoreFields(BaseSettings):
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
     database_url: str = Field(default_factory=lambda: f"sqlite:///{rlvr_home() / 'stack' / 'rlvr.db'}")
     """The store: sqlite:///PATH (default, under $RLVR_HOME/stack) or postgresql+psycopg://USER@HOST/DB."""
 
 
 class ArtifactFields(BaseSettings):
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
     artifact_root: Path = Field(default_factory=lambda: rlvr_home() / "stack" / "artifacts")
     """Root folder for adapters, checkpoints, merged models and exports; no path leaves it."""
 
 
 class PeerFields(BaseSettings):
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
     rollout_address: str = "127.0.0.1:50054"
     """The rollout service (HOST:PORT)."""
     reward_address: str = "127.0.0.1:50053"

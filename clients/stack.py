@@ -1,0 +1,293 @@
+"""The local stack: `rlvr up` runs an embedded NATS and all five services as child processes on
+one machine; `rlvr status` prints each service's health.
+
+Processes: every service runs in its own process group (so vLLM's engine subprocess goes with
+it) and gets SIGTERM if `rlvr up` itself dies (PR_SET_PDEATHSIG), so no orphan is left behind.
+On Ctrl-C or SIGTERM the services stop in reverse start order (scheduler first, NATS last), each
+with a grace period, then SIGKILL for whatever is left. A service that dies is reported with the
+tail of its log, and the stack stops: a half stack is not hidden behind a green banner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Start order: the services others depend on come first.
+SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
+DEFAULT_PORTS = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout": 50054, "benchmark": 50055}
+GRPC_NAMES = {
+    "scheduler": "rlvr.v1.SchedulerService",
+    "trainer": "rlvr.v1.TrainerService",
+    "reward": "rlvr.v1.RewardService",
+    "rollout": "rlvr.v1.RolloutService",
+    "benchmark": "rlvr.v1.BenchmarkService",
+}
+
+
+def _home() -> Path:
+    from rlvr.common.settings import rlvr_home
+
+    return rlvr_home() / "stack"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class StackConfig:
+    home: Path = field(default_factory=_home)
+    host: str = "127.0.0.1"
+    ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
+    nats_port: int = 0
+    database_url: str = ""
+    model: str = "rlvr-tiny"
+    rollout_backend: str = "vllm"
+    memory_fraction: float = 0.3
+    start_timeout: float = 300.0
+    log_format: str = "json"
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {name: f"{self.host}:{port}" for name, port in self.ports.items()}
+
+
+def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
+    """The child process's command line: the service's own module with explicit flags."""
+    a = cfg.addresses
+    db = cfg.database_url or f"sqlite:///{cfg.home / 'rlvr.db'}"
+    artifacts = str(cfg.home / "artifacts")
+    cmd = [sys.executable, "-m", f"services.{name}.main", "--host", cfg.host, "--port", str(cfg.ports[name]),
+           "--log-format", cfg.log_format]
+    if name in ("scheduler", "trainer", "benchmark"):
+        cmd += ["--nats-url", nats_url]
+    if name in ("scheduler", "benchmark"):
+        cmd += ["--database-url", db]
+    if name in ("scheduler", "trainer"):
+        cmd += ["--artifact-root", artifacts]
+    if name in ("trainer", "benchmark"):
+        cmd += ["--rollout-address", a["rollout"], "--reward-address", a["reward"]]
+    if name == "scheduler":
+        cmd += ["--trainer-addresses", a["trainer"], "--benchmark-address", a["benchmark"]]
+    if name == "rollout":
+        cmd += ["--model", cfg.model, "--backend", cfg.rollout_backend,
+                "--memory-fraction", str(cfg.memory_fraction),
+                "--adapter-root", str(cfg.home / "rollout-adapters")]
+    return cmd
+
+
+def check_health(address: str, timeout: float = 2.0) -> str:
+    """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE"."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                              timeout=timeout)
+        except grpc.RpcError as e:
+            return "UNREACHABLE" if e.code() in (grpc.StatusCode.UNAVAILABLE,
+                                                 grpc.StatusCode.DEADLINE_EXCEEDED) else e.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Stack:
+    """NATS plus the five services as child processes."""
+
+    def __init__(self, cfg: StackConfig, out: object = sys.stdout) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.nats: object | None = None
+        self.logs = cfg.home / "logs"
+
+    def say(self, msg: str) -> None:
+        print(msg, file=self.out, flush=True)  # type: ignore[call-overload]
+
+    def start(self) -> None:
+        from rlvr.infra.nats_server import EmbeddedNats, _parent_death_hook
+
+        self.cfg.home.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host)
+        nats.start()
+        self.nats = nats
+        self.say(f"nats       {nats.url:<24} pid {nats.pid}")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for name in SERVICES:
+            log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
+            self.procs[name] = subprocess.Popen(
+                service_command(name, self.cfg, nats.url),
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_parent_death_hook(),
+            )
+            log_file.close()
+        self._write_state(nats.url)
+
+    def _write_state(self, nats_url: str) -> None:
+        state = {"nats_url": nats_url, "addresses": self.cfg.addresses,
+                 "pids": {n: p.pid for n, p in self.procs.items()}, "config": asdict(self.cfg)}
+        (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
+
+    def dead(self) -> list[tuple[str, int]]:
+        return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+
+    def report_dead(self, name: str, code: int) -> None:
+        self.say(f"\nservice {name} exited with code {code}; last lines of {self.logs / (name + '.log')}:")
+        self.say(_tail(self.logs / f"{name}.log"))
+
+    def wait_serving(self) -> bool:
+        """Waits until every health check answers SERVING; False if a service died or time ran out."""
+        deadline = time.monotonic() + self.cfg.start_timeout
+        pending = set(SERVICES)
+        while pending and time.monotonic() < deadline:
+            for name, code in self.dead():
+                self.report_dead(name, code)
+                return False
+            for name in sorted(pending):
+                if check_health(self.cfg.addresses[name], timeout=1.0) == "SERVING":
+                    pending.discard(name)
+                    self.say(f"{name:<10} {self.cfg.addresses[name]:<24} pid {self.procs[name].pid}  SERVING")
+            if pending:
+                time.sleep(0.5)
+        if pending:
+            self.say(f"\nnot SERVING after {self.cfg.start_timeout:.0f} s: {', '.join(sorted(pending))} "
+                     f"(logs in {self.logs})")
+            return False
+        return True
+
+    def stop(self, grace: float = 15.0) -> None:
+        for name in reversed(SERVICES):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.procs.values():
+            # The group too: an engine subprocess that outlived its service goes with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+        if self.nats is not None:
+            self.nats.stop()  # type: ignore[attr-defined]
+            self.nats = None
+        with contextlib.suppress(OSError):
+            (self.cfg.home / "stack.json").unlink()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--home", type=Path, default=None, help="state folder (default $RLVR_HOME/stack)")
+    parser.add_argument("--host", default="127.0.0.1", help="address every service binds to")
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="scheduler port; the others follow (default 50051..50055; 0 = free ports)")
+    parser.add_argument("--nats-port", type=int, default=0, help="embedded NATS port (0 = a free one)")
+    parser.add_argument("--database-url", default="", help="store URL (default SQLite under --home)")
+    parser.add_argument("--model", default="rlvr-tiny", help="base model of the rollout server")
+    parser.add_argument("--rollout-backend", choices=("vllm", "transformers"), default="vllm")
+    parser.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM memory fraction")
+    parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
+    parser.add_argument("--log-format", choices=("json", "text"), default="json")
+
+
+def config_from_args(args: argparse.Namespace) -> StackConfig:
+    cfg = StackConfig(host=args.host, nats_port=args.nats_port, database_url=args.database_url,
+                      model=args.model, rollout_backend=args.rollout_backend,
+                      memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,
+                      log_format=args.log_format)
+    if args.home is not None:
+        cfg.home = args.home.expanduser().resolve()
+    if args.base_port == 0:
+        cfg.ports = {name: free_port(args.host) for name in DEFAULT_PORTS}
+    elif args.base_port is not None:
+        cfg.ports = {name: args.base_port + i for i, name in enumerate(DEFAULT_PORTS)}
+    return cfg
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop()
+
+
+def up(args: argparse.Namespace) -> int:
+    """`rlvr up`: start everything, wait for SERVING, run until Ctrl-C/SIGTERM or a death."""
+    from rlvr.infra.nats_server import NatsStartError
+
+    stack = Stack(config_from_args(args))
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    code = 0
+    try:
+        stack.start()
+        if not stack.wait_serving():
+            code = 1
+        else:
+            stack.say(f"\nrlvr is up (state in {stack.cfg.home}); Ctrl-C stops every service.")
+            while True:
+                dead = stack.dead()
+                if dead:
+                    for name, rc in dead:
+                        stack.report_dead(name, rc)
+                    code = 1
+                    break
+                time.sleep(1.0)
+    except NatsStartError as e:
+        stack.say(f"rlvr up: error: {e}")
+        code = 2
+    except _Stop:
+        stack.say("\nstopping ...")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        stack.stop()
+        stack.say("stopped.")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return code
+
+
+def status(args: argparse.Namespace) -> int:
+    """`rlvr status`: each service's health, from a running `rlvr up` (its stack.json) or the
+    configured addresses."""
+    home = args.home.expanduser() if getattr(args, "home", None) else _home()
+    addresses = {name: f"127.0.0.1:{port}" for name, port in DEFAULT_PORTS.items()}
+    nats_url = ""
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads((home / "stack.json").read_text())
+        addresses.update(state["addresses"])
+        nats_url = state.get("nats_url", "")
+    for name in DEFAULT_PORTS:
+        env = os.environ.get(f"RLVR_{name.upper()}_ADDRESS")
+        if env:
+            addresses[name] = env
+    ok = True
+    for name in SERVICES:
+        st = check_health(addresses[name])
+        ok &= st == "SERVING"
+        print(f"{name:<10} {addresses[name]:<24} {st}")
+    if nats_url:
+        print(f"{'nats':<10} {nats_url}")
+    return 0 if ok else 1

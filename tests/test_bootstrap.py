@@ -1,0 +1,173 @@
+"""The service bootstrap every service shares: health, reflection, graceful shutdown, settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlvr.common.errors import FailedPrecondition, NotFound, map_errors
+from rlvr.common.server import GrpcService, ServiceRunner
+from rlvr.common.settings import SettingsError, load_settings
+from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.reward.settings import RewardSettings
+from services.scheduler.settings import SchedulerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = Path(os.environ.get("RLVR_SHARED", ROOT.parent / "shared")) / "tools" / "grpc_probe.py"
+
+
+@map_errors
+class SlowReward(reward_pb2_grpc.RewardServiceServicer):
+    """Score sleeps, so shutdown can be observed with a call in flight; other RPCs raise core errors."""
+
+    async def Score(self, request, context):  # noqa: N802 (gRPC method name)
+        await asyncio.sleep(1.0)
+        return reward_pb2.ScoreResponse(results=[common_pb2.RewardComponents(reward=1.0)])
+
+    async def GetProblems(self, request, context):  # noqa: N802
+        if request.limit < 0:
+            raise ValueError(f"limit: {request.limit} is out of range; allowed: >= 0")
+        if request.limit == 1:
+            raise NotFound("dataset 'x' not found")
+        if request.limit == 2:
+            raise FailedPrecondition("busy")
+        raise RuntimeError("secret internal detail")
+
+
+def _service() -> GrpcService:
+    name = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+    return GrpcService([(reward_pb2_grpc.add_RewardServiceServicer_to_server, SlowReward(), name)])
+
+
+async def test_health_serving_and_error_mapping() -> None:
+    settings = RewardSettings(port=0)
+    async with ServiceRunner(_service(), settings) as runner, grpc.aio.insecure_channel(runner.address) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "rlvr.v1.RewardService"):
+            resp = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reward_pb2_grpc.RewardServiceStub(ch)
+        cases = {-1: grpc.StatusCode.INVALID_ARGUMENT, 1: grpc.StatusCode.NOT_FOUND,
+                 2: grpc.StatusCode.FAILED_PRECONDITION, 3: grpc.StatusCode.INTERNAL}
+        for limit, code in cases.items():
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetProblems(reward_pb2.GetProblemsRequest(limit=limit), timeout=5)
+            assert err.value.code() == code
+            if limit == -1:
+                assert err.value.details() == "limit: -1 is out of range; allowed: >= 0"
+        # INTERNAL never carries the cause or a stack trace to the client.
+        assert "secret" not in err.value.details() and "Traceback" not in err.value.details()
+
+
+async def test_in_flight_call_finishes_on_shutdown() -> None:
+    runner = ServiceRunner(_service(), RewardSettings(port=0))
+    await runner.start()
+    async with grpc.aio.insecure_channel(runner.address) as ch:
+        call = reward_pb2_grpc.RewardServiceStub(ch).Score(reward_pb2.ScoreRequest(), timeout=10)
+        await asyncio.sleep(0.3)  # the call is in flight
+        await runner.stop(grace=5.0)
+        resp = await call
+        assert resp.results[0].reward == 1.0
+
+
+def test_reflection_and_health_by_an_outside_client() -> None:
+    """The shared tools/grpc_probe.py knows nothing of rlvr: reflection + health must satisfy it."""
+    if not PROBE.exists():
+        pytest.skip(f"outside probe not found at {PROBE}")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "services.scheduler.main", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_serving(f"127.0.0.1:{port}")
+        out = subprocess.run([sys.executable, str(PROBE), f"127.0.0.1:{port}"], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "rlvr.v1.SchedulerService" in out.stdout and "SERVING" in out.stdout
+        # SIGTERM: graceful, exit code 0, promptly.
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_port_in_use_is_one_clear_line() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "services.reward.main", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "RLVR_REWARD_PORT" in lines[0] and str(port) in lines[0] and "Traceback" not in out.stderr
+
+
+def test_settings_precedence_flag_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "rlvr.toml"
+    cfg.write_text('log_level = "WARNING"\n[scheduler]\nport = 6001\nbenchmark_address = "b:1"\n')
+    s = load_settings(SchedulerSettings, ["--config", str(cfg)])
+    assert (s.port, s.log_level, s.benchmark_address) == (6001, "WARNING", "b:1")
+    monkeypatch.setenv("RLVR_SCHEDULER_PORT", "6002")
+    assert load_settings(SchedulerSettings, ["--config", str(cfg)]).port == 6002
+    assert load_settings(SchedulerSettings, ["--config", str(cfg), "--port", "6003"]).port == 6003
+    with pytest.raises(SettingsError, match=r"port .*RLVR_SCHEDULER_PORT.*70000"):
+        load_settings(SchedulerSettings, ["--port", "70000"])
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        load_settings(SchedulerSettings, ["--config", str(tmp_path / "missing.toml")])
+
+
+def test_every_settings_field_is_documented() -> None:
+    from services.benchmark.settings import BenchmarkSettings
+    from services.rollout.settings import RolloutSettings
+    from services.trainer.settings import TrainerSettings
+
+    for cls in (SchedulerSettings, TrainerSettings, RolloutSettings, RewardSettings, BenchmarkSettings):
+        undocumented = [n for n, f in cls.model_fields.items() if not f.description]
+        assert not undocumented, f"{cls.__name__}: {undocumented}"
+
+
+def test_help_answers_without_heavy_imports() -> None:
+    code = ("import sys; from services.rollout.main import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--max-lora-rank" in out.stdout and "RLVR_ROLLOUT_" in out.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_serving(address: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"{address} not SERVING after {timeout} s")
