@@ -1,0 +1,235 @@
+"""Job spec validation and the Training Summary: the one place where the spec's ranges and
+defaults live (the proto comments document the same numbers; tests check both agree).
+
+`resolve_spec` takes the JobSpec a user sent and returns it with every default filled in and the
+batch size rounded up to a multiple of the group size, plus the warnings to show; a value out of
+range raises InvalidArgument naming the field, the value and the range. It is pure: no store, no
+gRPC, so the CLI's dry run, the scheduler and the tests share it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from rlvr.common.errors import InvalidArgument, out_of_range
+from rlvr.v1 import common_pb2
+
+C = common_pb2
+
+DEFAULT_BASE_MODEL = "rlvr-tiny"
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ %-]{0,127}$")
+GPU_SELECTION_RE = re.compile(r"^(auto|cpu|\d+(,\d+)*)$")
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    default: int
+
+    def text(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    low: float
+    high: float
+    default: float
+
+    def text(self) -> str:
+        return f"{self.low:g} to {self.high:g}"
+
+
+# The spec's cards, verbatim: Reward Function, GRPO Configuration, Advanced Options.
+SYNTHETIC_PROMPTS = IntRange(8, 100_000, 256)
+FORMAT_BONUS_WEIGHT = FloatRange(0.0, 1.0, 0.1)
+GROUP_SIZE = IntRange(2, 32, 8)
+MAX_COMPLETION = IntRange(32, 2048, 256)
+LORA_RANK = IntRange(4, 64, 8)
+LORA_ALPHA = IntRange(4, 128, 16)
+LEARNING_RATE = FloatRange(5e-7, 1e-5, 1e-6)
+MAX_STEPS_DEFAULT = 100
+MAX_STEPS_HIGH = 1_000_000
+BATCH_SIZE_DEFAULT = 4
+EPOCHS = IntRange(1, 100, 1)
+GPU_MEMORY_FRACTION = FloatRange(0.05, 0.95, 0.3)
+KL_BETA = FloatRange(0.0, 1.0, 0.0)
+TEMPERATURE = FloatRange(0.1, 2.0, 1.0)
+CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
+
+REWARD_NAMES = {
+    C.REWARD_FUNCTION_MATH_PAIRS: "Math Pairs (synthetic)",
+    C.REWARD_FUNCTION_GSM8K: "GSM8K accuracy",
+    C.REWARD_FUNCTION_BOXED: "Boxed-answer accuracy",
+}
+BACKEND_NAMES = {
+    C.GENERATION_BACKEND_VLLM: "vLLM (colocate)",
+    C.GENERATION_BACKEND_TRANSFORMERS: "Transformers (in-process)",
+}
+LOSS_NAMES = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
+QUANT_NAMES = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
+               C.QUANTIZATION_8BIT: "8-bit"}
+
+
+@dataclass
+class ResolvedJob:
+    spec: common_pb2.JobSpec
+    summary: common_pb2.TrainingSummary
+    warnings: list[str]
+    total_steps: int
+
+
+def _int(msg: object, field: str, path: str, rng: IntRange) -> int:
+    if not msg.HasField(field):  # type: ignore[attr-defined]
+        setattr(msg, field, rng.default)
+        return rng.default
+    value = getattr(msg, field)
+    if not rng.low <= value <= rng.high:
+        raise out_of_range(path, value, f"{rng.text()} (default {rng.default})")
+    return int(value)
+
+
+def _float(msg: object, field: str, path: str, rng: FloatRange) -> float:
+    if not msg.HasField(field):  # type: ignore[attr-defined]
+        setattr(msg, field, rng.default)
+        return rng.default
+    value = getattr(msg, field)
+    # float32 fields carry rounding noise: compare with a relative tolerance.
+    tol = 1e-6 * max(abs(rng.low), abs(rng.high), 1e-12)
+    if not (rng.low - tol <= value <= rng.high + tol) or math.isnan(value):
+        raise out_of_range(path, value, f"{rng.text()} (default {rng.default:g})")
+    return float(value)
+
+
+def _enum(msg: object, field: str, path: str, names: dict[int, str], default: int) -> int:
+    value = getattr(msg, field)
+    if value == 0:
+        setattr(msg, field, default)
+        return default
+    if value not in names:
+        raise out_of_range(path, value, ", ".join(f"{k} ({v})" for k, v in names.items()))
+    return int(value)
+
+
+def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+    r = spec.reward
+    fn = _enum(r, "function", "reward.function", REWARD_NAMES, C.REWARD_FUNCTION_MATH_PAIRS)
+    if fn == C.REWARD_FUNCTION_MATH_PAIRS:
+        _int(r, "synthetic_prompts", "reward.synthetic_prompts", SYNTHETIC_PROMPTS)
+    elif r.HasField("synthetic_prompts"):
+        warnings.append(f"reward.synthetic_prompts is only used by Math Pairs; ignored for {REWARD_NAMES[fn]}")
+        r.ClearField("synthetic_prompts")
+    if not r.HasField("format_bonus"):
+        r.format_bonus = True
+    _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
+    if fn == C.REWARD_FUNCTION_BOXED:
+        if not r.dataset.strip():
+            raise InvalidArgument("reward.dataset: required for Boxed-answer accuracy (a Hugging Face dataset "
+                                  "name or a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
+        r.dataset_split = r.dataset_split or "train"
+    elif r.dataset:
+        warnings.append(f"reward.dataset {r.dataset!r} is ignored for {REWARD_NAMES[fn]}"
+                        + (" (it uses the built-in openai/gsm8k)" if fn == C.REWARD_FUNCTION_GSM8K
+                           else " (its prompts are self-generated)"))
+        r.dataset = ""
+        r.dataset_split = ""
+
+
+def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+    g = spec.grpo
+    group = _int(g, "group_size", "grpo.group_size", GROUP_SIZE)
+    _int(g, "max_completion_tokens", "grpo.max_completion_tokens", MAX_COMPLETION)
+    _int(g, "lora_rank", "grpo.lora_rank", LORA_RANK)
+    _int(g, "lora_alpha", "grpo.lora_alpha", LORA_ALPHA)
+    _float(g, "learning_rate", "grpo.learning_rate", LEARNING_RATE)
+    if not g.HasField("max_steps"):
+        g.max_steps = MAX_STEPS_DEFAULT
+    elif g.max_steps != -1 and not 1 <= g.max_steps <= MAX_STEPS_HIGH:
+        raise out_of_range("grpo.max_steps", g.max_steps,
+                           f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})")
+    if not g.HasField("batch_size"):
+        g.batch_size = BATCH_SIZE_DEFAULT
+    elif g.batch_size not in BATCH_SIZES:
+        raise out_of_range("grpo.batch_size", g.batch_size,
+                           f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})")
+    if g.batch_size % group != 0:
+        rounded = math.ceil(g.batch_size / group) * group
+        warnings.append(f"grpo.batch_size {g.batch_size} is not a multiple of grpo.group_size {group}: "
+                        f"rounded up to {rounded}")
+        g.batch_size = rounded
+
+
+def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+    a = spec.advanced
+    _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
+    _int(a, "epochs", "advanced.epochs", EPOCHS)
+    _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
+    backend = _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES,
+                    C.GENERATION_BACKEND_VLLM)
+    if backend == C.GENERATION_BACKEND_VLLM:
+        _float(a, "gpu_memory_fraction", "advanced.gpu_memory_fraction", GPU_MEMORY_FRACTION)
+    elif a.HasField("gpu_memory_fraction"):
+        warnings.append("advanced.gpu_memory_fraction only applies to vLLM (colocate); ignored")
+        a.ClearField("gpu_memory_fraction")
+    a.gpu_selection = a.gpu_selection.strip() or "auto"
+    if not GPU_SELECTION_RE.match(a.gpu_selection):
+        raise out_of_range("advanced.gpu_selection", a.gpu_selection,
+                           '"auto", "cpu", or a comma list of device indices such as "0,1"')
+    _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
+    _float(a, "temperature", "advanced.temperature", TEMPERATURE)
+    if not a.HasField("seed"):
+        a.seed = 0
+    _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+
+
+def prompt_count(spec: common_pb2.JobSpec) -> int | None:
+    """Training prompts the reward function provides, where known without loading data."""
+    if spec.reward.function == C.REWARD_FUNCTION_MATH_PAIRS:
+        return spec.reward.synthetic_prompts
+    return None
+
+
+def total_steps(spec: common_pb2.JobSpec, n_prompts: int | None = None) -> int:
+    """max_steps, or for Full (-1): every prompt for the chosen epochs, group_size completions each."""
+    if spec.grpo.max_steps != -1:
+        return spec.grpo.max_steps
+    n = n_prompts if n_prompts is not None else prompt_count(spec)
+    if n is None:
+        return -1  # known once the dataset is loaded
+    prompts_per_step = spec.grpo.batch_size // spec.grpo.group_size
+    return max(1, math.ceil(n * spec.advanced.epochs / prompts_per_step))
+
+
+def summary(spec: common_pb2.JobSpec, steps: int) -> common_pb2.TrainingSummary:
+    g, a = spec.grpo, spec.advanced
+    return common_pb2.TrainingSummary(
+        method="RLVR (GRPO)", model=spec.base_model, reward=REWARD_NAMES[spec.reward.function],
+        group_size=g.group_size, max_completion=g.max_completion_tokens, gpu_selection=a.gpu_selection,
+        lora_rank=g.lora_rank, learn_rate=g.learning_rate, max_steps=g.max_steps,
+        backend=BACKEND_NAMES[a.generation_backend], batch_size=g.batch_size, lora_alpha=g.lora_alpha,
+        loss_type=LOSS_NAMES[a.loss_type], quantization=QUANT_NAMES[a.quantization], total_steps=steps,
+    )
+
+
+def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) -> ResolvedJob:
+    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+    spec = common_pb2.JobSpec()
+    spec.CopyFrom(user_spec)
+    warnings: list[str] = []
+    spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
+    _validate_reward(spec, warnings)
+    _validate_grpo(spec, warnings)
+    _validate_advanced(spec, warnings)
+    if not spec.name:
+        spec.name = f"{spec.base_model.rstrip('/').split('/')[-1]}-{LOSS_NAMES[spec.advanced.loss_type]}"[:128]
+    if not NAME_RE.match(spec.name):
+        raise InvalidArgument(f"name: {spec.name!r} is not allowed; use 1-128 letters, digits, spaces "
+                              "and . _ - %, starting with a letter or digit")
+    if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
+        raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
+    steps = total_steps(spec, n_prompts)
+    return ResolvedJob(spec=spec, summary=summary(spec, steps), warnings=warnings, total_steps=steps)

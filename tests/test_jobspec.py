@@ -1,0 +1,119 @@
+"""Every field's bounds, defaults and the batch rounding of the spec's GRPO card."""
+
+import pytest
+
+from rlvr.common.errors import InvalidArgument
+from rlvr.v1 import common_pb2 as C
+from services.scheduler.jobspec import resolve_spec
+
+
+def spec(**groups: dict) -> C.JobSpec:
+    s = C.JobSpec()
+    for group, fields in groups.items():
+        for k, v in fields.items():
+            setattr(getattr(s, group), k, v)
+    return s
+
+
+def test_defaults_match_the_spec() -> None:
+    r = resolve_spec(C.JobSpec())
+    g, a, rw = r.spec.grpo, r.spec.advanced, r.spec.reward
+    assert (g.group_size, g.max_completion_tokens, g.lora_rank, g.lora_alpha) == (8, 256, 8, 16)
+    assert g.learning_rate == pytest.approx(1e-6) and g.max_steps == 100
+    assert rw.function == C.REWARD_FUNCTION_MATH_PAIRS and rw.synthetic_prompts == 256 and rw.format_bonus
+    assert a.loss_type == C.LOSS_TYPE_GRPO and a.quantization == C.QUANTIZATION_FULL
+    assert a.generation_backend == C.GENERATION_BACKEND_VLLM and a.gpu_selection == "auto"
+    # Default batch 4 against default group 8: rounded up to 8 with a warning, as the spec says.
+    assert g.batch_size == 8
+    assert any("rounded up to 8" in w for w in r.warnings)
+
+
+def test_training_summary() -> None:
+    s = resolve_spec(C.JobSpec()).summary
+    assert (s.method, s.reward, s.backend) == ("RLVR (GRPO)", "Math Pairs (synthetic)", "vLLM (colocate)")
+    assert (s.group_size, s.max_completion, s.lora_rank, s.max_steps, s.gpu_selection) == (8, 256, 8, 100, "auto")
+    assert s.model == "rlvr-tiny" and s.learn_rate == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize("batch,group,expected", [(4, 8, 8), (8, 8, 8), (16, 6, 18), (1, 2, 2), (32, 32, 32),
+                                                  (2, 3, 3), (32, 5, 35)])
+def test_batch_rounding(batch: int, group: int, expected: int) -> None:
+    r = resolve_spec(spec(grpo={"batch_size": batch, "group_size": group}))
+    assert r.spec.grpo.batch_size == expected
+    assert (len(r.warnings) == 1) == (batch != expected)
+
+
+BOUNDS = [
+    ("grpo", "group_size", 2, 32, "2-32"),
+    ("grpo", "max_completion_tokens", 32, 2048, "32-2048"),
+    ("grpo", "lora_rank", 4, 64, "4-64"),
+    ("grpo", "lora_alpha", 4, 128, "4-128"),
+    ("grpo", "learning_rate", 5e-7, 1e-5, "5e-07 to 1e-05"),
+    ("reward", "synthetic_prompts", 8, 100_000, "8-100000"),
+    ("advanced", "epochs", 1, 100, "1-100"),
+    ("advanced", "gpu_memory_fraction", 0.05, 0.95, "0.05 to 0.95"),
+]
+
+
+@pytest.mark.parametrize("group,field,low,high,text", BOUNDS)
+def test_bounds_inclusive_and_named(group: str, field: str, low: float, high: float, text: str) -> None:
+    for ok in (low, high):
+        resolve_spec(spec(**{group: {field: ok}}))
+    step = 1 if isinstance(low, int) else low * 0.5
+    for bad in (low - step, high + (1 if isinstance(high, int) else high * 0.5)):
+        with pytest.raises(InvalidArgument) as err:
+            resolve_spec(spec(**{group: {field: bad}}))
+        msg = str(err.value)
+        assert msg.startswith(f"{group}.{field}:") and text in msg, msg
+
+
+@pytest.mark.parametrize("bad", [0, 3, 5, 64, -4])
+def test_batch_size_must_be_listed(bad: int) -> None:
+    with pytest.raises(InvalidArgument, match=r"grpo.batch_size: .*one of 1, 2, 4, 8, 16, 32"):
+        resolve_spec(spec(grpo={"batch_size": bad}))
+
+
+@pytest.mark.parametrize("value,ok", [(-1, True), (1, True), (300, True), (0, False), (-2, False)])
+def test_max_steps(value: int, ok: bool) -> None:
+    if ok:
+        assert resolve_spec(spec(grpo={"max_steps": value})).spec.grpo.max_steps == value
+    else:
+        with pytest.raises(InvalidArgument, match="grpo.max_steps"):
+            resolve_spec(spec(grpo={"max_steps": value}))
+
+
+def test_full_run_step_count() -> None:
+    # 256 prompts, batch 16 / group 8 = 2 prompts a step, 2 epochs: 256 steps.
+    r = resolve_spec(spec(grpo={"max_steps": -1, "batch_size": 16}, advanced={"epochs": 2}))
+    assert r.total_steps == 256 and r.summary.total_steps == 256
+
+
+def test_enums_and_selection() -> None:
+    with pytest.raises(InvalidArgument, match="advanced.loss_type"):
+        resolve_spec(spec(advanced={"loss_type": 9}))
+    with pytest.raises(InvalidArgument, match="advanced.gpu_selection"):
+        resolve_spec(spec(advanced={"gpu_selection": "gpu0"}))
+    assert resolve_spec(spec(advanced={"gpu_selection": "0,1"})).spec.advanced.gpu_selection == "0,1"
+
+
+def test_dataset_rules() -> None:
+    r = resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_GSM8K, "dataset": "my/data"}))
+    assert r.spec.reward.dataset == "" and any("ignored" in w and "GSM8K" in w for w in r.warnings)
+    with pytest.raises(InvalidArgument, match="reward.dataset: required"):
+        resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_BOXED}))
+    r = resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_BOXED, "dataset": "data.jsonl"}))
+    assert r.spec.reward.dataset_split == "train" and r.total_steps == 100
+
+
+def test_transformers_backend_ignores_memory_fraction() -> None:
+    r = resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_TRANSFORMERS,
+                                    "gpu_memory_fraction": 0.5}))
+    assert not r.spec.advanced.HasField("gpu_memory_fraction")
+    assert r.summary.backend == "Transformers (in-process)"
+    assert any("gpu_memory_fraction" in w for w in r.warnings)
+
+
+def test_input_is_not_modified() -> None:
+    s = spec(grpo={"batch_size": 4})
+    resolve_spec(s)
+    assert s.grpo.batch_size == 4 and not s.grpo.HasField("group_size")
