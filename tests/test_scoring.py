@@ -1,0 +1,605 @@
+"""Scoring: a table of the cases that break peer scorers, each with the reason it is here,
+plus the format rule, argument errors, throughput and the per-item time limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.reward.answers import answers_match, last_boxed, last_number, numeric_value
+from services.reward.pool import ScoreItem, ScoringPool, score_batch, score_many
+from services.reward.scoring import MAX_COMPLETION_CHARS, ScoreResult, format_ok, score
+
+GOOD = "<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>"
+
+# (function, completion, ground_truth, accuracy, format, strict, reason)
+CASES: list[tuple[str, str, str, float, float, bool, str]] = [
+    # --- Math Pairs / GSM8K: the final number ---
+    ("math_pairs", GOOD, "77", 1, 1, True, "the canonical worked answer"),
+    ("math_pairs", GOOD, "76", 0, 1, False, "well formatted but wrong earns only the format bonus"),
+    (
+        "math_pairs",
+        "<think>7*11</think><answer>7*11=77</answer>",
+        "77",
+        1,
+        1,
+        True,
+        "an equation in the answer: the final number (after '=') wins",
+    ),
+    (
+        "math_pairs",
+        "<think>x</think><answer>77</answer><|im_end|>",
+        "77",
+        1,
+        1,
+        True,
+        "an end-of-turn token left by the rollout is not 'text after the answer'",
+    ),
+    (
+        "math_pairs",
+        "  \n<think>x</think>\n\n<answer> 77 </answer>\n",
+        "77",
+        1,
+        1,
+        True,
+        "whitespace around and between blocks is allowed",
+    ),
+    ("math_pairs", "77", "77", 1, 0, False, "a bare number is correct but not strict (no answer tag)"),
+    (
+        "math_pairs",
+        "3+4=7, 5+6=11, so 7*11=77",
+        "77",
+        1,
+        0,
+        False,
+        "no tags: the last number of the text is the answer",
+    ),
+    (
+        "math_pairs",
+        "<think>7*11=77</think><answer>seventy-seven</answer>",
+        "77",
+        0,
+        1,
+        False,
+        "a number in the reasoning cannot stand in for the answer block's content",
+    ),
+    (
+        "math_pairs",
+        "<think>7*11=77</think><answer>78</answer> actually 77",
+        "77",
+        0,
+        0,
+        False,
+        "text after the answer block: no format bonus, and the block still decides",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>76</answer><answer>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "repeated answer blocks: the last one counts, but the format bonus is lost",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>77</answer><answer>76</answer>",
+        "77",
+        0,
+        0,
+        False,
+        "repeated answer blocks: the last one is final even if an earlier one was right",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>77",
+        "77",
+        1,
+        0,
+        False,
+        "answer cut off by max tokens: unclosed tag, found in the text but not strict",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer></answer>",
+        "77",
+        0,
+        0,
+        False,
+        "an empty answer block earns nothing",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>   </answer>",
+        "77",
+        0,
+        0,
+        False,
+        "a whitespace-only answer block is empty",
+    ),
+    (
+        "math_pairs",
+        "<think></think><answer>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "an empty think block earns no format bonus",
+    ),
+    ("math_pairs", "<answer>77</answer>", "77", 1, 0, True, "no think block: correct, no format bonus"),
+    (
+        "math_pairs",
+        "<think>a</think><think>b</think><answer>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "repeated think blocks earn no bonus",
+    ),
+    (
+        "math_pairs",
+        "<answer>77</answer><think>a</think>",
+        "77",
+        1,
+        0,
+        True,
+        "blocks in the wrong order earn no bonus",
+    ),
+    (
+        "math_pairs",
+        "<think>a<answer>77</answer></think>",
+        "77",
+        1,
+        0,
+        True,
+        "answer nested inside think earns no bonus",
+    ),
+    (
+        "math_pairs",
+        "Sure! <think>a</think><answer>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "chatter before the think block earns no bonus",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think> so <answer>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "text between the blocks earns no bonus",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>0077</answer>",
+        "77",
+        1,
+        1,
+        True,
+        "leading zeros compare numerically",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>77.</answer>",
+        "77",
+        1,
+        1,
+        True,
+        "a sentence-ending period is not a decimal point",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer>1 2 3 4</answer>",
+        "21",
+        0,
+        1,
+        False,
+        "echoing the problem's numbers is not an answer (last number is 4)",
+    ),
+    (
+        "math_pairs",
+        "<think>a</think><answer><think>77</answer>",
+        "77",
+        1,
+        0,
+        True,
+        "a stray think tag inside the answer breaks the format",
+    ),
+    ("gsm8k", "<think>a</think><answer>8,000</answer>", "8000", 1, 1, True, "thousands separators"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>1,450,000</answer>",
+        "1450000",
+        1,
+        1,
+        True,
+        "several separator groups",
+    ),
+    (
+        "gsm8k",
+        "<think>a</think><answer>8000</answer>",
+        "8,000",
+        1,
+        1,
+        True,
+        "separators in the ground truth too",
+    ),
+    ("gsm8k", "<think>a</think><answer>$18.00</answer>", "18", 1, 1, True, "dollar sign and cents"),
+    ("gsm8k", "<think>a</think><answer>18.0</answer>", "18", 1, 1, True, "18.0 equals 18"),
+    ("gsm8k", "<think>a</think><answer>18.5</answer>", "18", 0, 1, False, "18.5 does not equal 18"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>The answer is 18 dollars.</answer>",
+        "18",
+        1,
+        1,
+        True,
+        "units and words around the number",
+    ),
+    ("gsm8k", "<think>a</think><answer>-5</answer>", "-5", 1, 1, True, "negative answers"),
+    ("gsm8k", "<think>a</think><answer>5</answer>", "-5", 0, 1, False, "a dropped sign is wrong"),
+    ("gsm8k", "<think>a</think><answer>\u22125</answer>", "-5", 1, 1, True, "a unicode minus sign"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>10-5</answer>",
+        "-5",
+        0,
+        1,
+        False,
+        "a minus between digits is subtraction, not a sign",
+    ),
+    ("gsm8k", "<think>a</think><answer>x = -5</answer>", "-5", 1, 1, True, "a sign after '='"),
+    ("gsm8k", "<think>a</think><answer>+5</answer>", "5", 1, 1, True, "an explicit plus sign"),
+    ("gsm8k", "<think>a</think><answer>25%</answer>", "25", 1, 1, True, "a percent sign"),
+    ("gsm8k", "<think>a</think><answer>0.5</answer>", "0.50", 1, 1, True, "trailing zeros in decimals"),
+    ("gsm8k", "<think>a</think><answer>.5</answer>", "0.5", 1, 1, True, "a decimal without leading zero"),
+    ("gsm8k", "<think>a</think><answer>3/4</answer>", "0.75", 1, 1, True, "a plain fraction"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>\\boxed{72}</answer>",
+        "72",
+        1,
+        1,
+        True,
+        "a boxed number inside the tag",
+    ),
+    (
+        "gsm8k",
+        "He pays 5 + 7 = 12 dollars, so \\boxed{12}. Check: 3 more.",
+        "12",
+        1,
+        0,
+        False,
+        "a box outranks later numbers in the text",
+    ),
+    (
+        "gsm8k",
+        "<think>a</think><answer>He had 3 apples, now 10</answer>",
+        "10",
+        1,
+        1,
+        True,
+        "several candidates: the final number wins",
+    ),
+    (
+        "gsm8k",
+        "<think>a</think><answer>10 apples, 3 eaten</answer>",
+        "10",
+        0,
+        1,
+        False,
+        "several candidates: the final number wins even when an earlier one was right",
+    ),
+    ("gsm8k", "<think>a</think><answer>8\\,000</answer>", "8000", 1, 1, True, "a LaTeX thin space separator"),
+    ("gsm8k", "<think>a</think><answer>8{,}000</answer>", "8000", 1, 1, True, "a LaTeX {,} separator"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>1,2,3</answer>",
+        "3",
+        1,
+        1,
+        True,
+        "a comma list is not a thousands number",
+    ),
+    ("gsm8k", "<think>a</think><answer>no idea</answer>", "18", 0, 1, False, "no number at all"),
+    ("gsm8k", "", "18", 0, 0, False, "an empty completion"),
+    ("gsm8k", "<think>a</think><answer>18</answer>", "18.000", 1, 1, True, "a decimal ground truth"),
+    (
+        "gsm8k",
+        "<think>a</think><answer>1e3</answer>",
+        "1000",
+        0,
+        1,
+        False,
+        "scientific notation is read as written in prose (last number 3)",
+    ),
+    # --- Boxed-answer datasets ---
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\frac{1}{2}}</answer>",
+        "\\frac{1}{2}",
+        1,
+        1,
+        True,
+        "nested braces inside the box",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\frac{1}{2}}</answer>",
+        "0.5",
+        1,
+        1,
+        True,
+        "a LaTeX fraction equals its decimal",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\dfrac{2}{4}}</answer>",
+        "1/2",
+        1,
+        1,
+        True,
+        "\\dfrac and unreduced fractions",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\tfrac12}</answer>",
+        "0.5",
+        1,
+        1,
+        True,
+        "\\tfrac12 shorthand",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{-\\frac{3}{4}}</answer>",
+        "-0.75",
+        1,
+        1,
+        True,
+        "a signed fraction",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\frac{-3}{4}}</answer>",
+        "-3/4",
+        1,
+        1,
+        True,
+        "a sign inside the numerator",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{2\\sqrt{2}}</answer>",
+        "\\sqrt{8}",
+        1,
+        1,
+        True,
+        "square roots compare numerically",
+    ),
+    ("boxed", "<think>a</think><answer>\\boxed{90^\\circ}</answer>", "90", 1, 1, True, "degrees"),
+    ("boxed", "<think>a</think><answer>\\boxed{50\\%}</answer>", "50", 1, 1, True, "a LaTeX percent"),
+    ("boxed", "<think>a</think><answer>\\boxed{18 \\text{ cm}}</answer>", "18", 1, 1, True, "\\text{} units"),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\$1{,}000}</answer>",
+        "1000",
+        1,
+        1,
+        True,
+        "an escaped dollar and a braced separator",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\left( 1, 2 \\right)}</answer>",
+        "(1,2)",
+        1,
+        1,
+        True,
+        "\\left/\\right and spacing in a tuple",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\text{Yes}}</answer>",
+        "yes",
+        1,
+        1,
+        True,
+        "text answers compare after normalisation",
+    ),
+    ("boxed", "<think>a</think><answer>\\boxed{x = 5}</answer>", "5", 1, 1, True, "a variable assignment"),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{1} then \\boxed{2}</answer>",
+        "2",
+        1,
+        1,
+        True,
+        "several boxes: the last one wins",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{1} then \\boxed{2}</answer>",
+        "1",
+        0,
+        1,
+        False,
+        "several boxes: an earlier right box does not count",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\frac{1}{2}</answer>",
+        "\\frac{1}{2}",
+        0,
+        1,
+        False,
+        "an unbalanced box is not read past its end",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\frac{1}{2}</answer>",
+        "0.5",
+        1,
+        1,
+        True,
+        "the answer block stands in for a forgotten box",
+    ),
+    ("boxed", "The answer is $\\boxed{\\frac{1}{2}}$.", "1/2", 1, 0, False, "a box outside any answer tag"),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{2}</answer>",
+        "\\frac{4}{2}",
+        1,
+        1,
+        True,
+        "a LaTeX ground truth against a plain answer",
+    ),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{3}</answer>",
+        "\\text{three}",
+        0,
+        1,
+        False,
+        "a number never matches a non-number",
+    ),
+    ("boxed", "<think>a</think><answer>\\boxed 5</answer>", "5", 1, 1, True, "\\boxed without braces"),
+    ("boxed", "<think>a</think><answer>\\fbox{5}</answer>", "5", 1, 1, True, "\\fbox counts like \\boxed"),
+    ("boxed", "<think>a</think><answer>\\boxed{}</answer>", "5", 0, 1, False, "an empty box is no answer"),
+    (
+        "boxed",
+        "<think>a</think><answer>\\boxed{\\frac{1}{0}}</answer>",
+        "1",
+        0,
+        1,
+        False,
+        "division by zero is not a number and does not crash",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("function", "completion", "ground_truth", "accuracy", "fmt", "strict", "reason"),
+    CASES,
+    ids=[f"{i:02d}-{c[6][:40]}" for i, c in enumerate(CASES)],
+)
+def test_scoring_table(
+    function: str, completion: str, ground_truth: str, accuracy: float, fmt: float, strict: bool, reason: str
+) -> None:
+    result = score(function, completion, ground_truth)  # type: ignore[arg-type]
+    assert (result.accuracy, result.format, result.strict) == (accuracy, fmt, strict), reason
+    assert result.reward == pytest.approx(accuracy + 0.1 * fmt), reason
+
+
+def test_table_is_large_enough() -> None:
+    assert len(CASES) >= 60
+    assert len({(c[0], c[1], c[2]) for c in CASES}) == len(CASES), "duplicate rows"
+
+
+def test_components_and_extracted_answer() -> None:
+    result = score("gsm8k", "<think>a</think><answer>$8,000</answer>", "8000", format_weight=0.25)
+    assert result == ScoreResult(1.25, 1.0, 1.0, "8,000", strict=True, has_answer_tag=True)
+    assert result.answered
+    assert score("gsm8k", GOOD, "77", format_bonus=False).reward == 1.0
+    assert score("gsm8k", GOOD, "0", format_bonus=False).format == 1.0  # reported even when unpaid
+    missing = score("gsm8k", "<think>a</think>", "7")
+    assert missing.extracted_answer is None and not missing.answered and not missing.has_answer_tag
+
+
+@pytest.mark.parametrize(
+    ("function", "weight", "field"),
+    [("nope", 0.1, "function"), ("gsm8k", -0.1, "format_weight"), ("gsm8k", 1.5, "format_weight")],
+)
+def test_bad_arguments_name_the_field(function: str, weight: float, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        score(function, "1", "1", format_weight=weight)  # type: ignore[arg-type]
+
+
+def test_helpers() -> None:
+    assert last_boxed("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
+    assert last_number("x") is None
+    assert last_number("(-3)") == "-3"
+    assert numeric_value("abc") is None
+    assert answers_match("\\frac{1}{3}", "0.3333333") is False  # exact fractions, no sloppy rounding
+    assert format_ok("<think>a</think><answer>1</answer>")
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{" * 50_000,  # unbalanced boxes everywhere
+        "{" * 100_000 + "\\boxed{1}",
+        "1," * 100_000,
+        "-" * 100_000 + "1",
+        "<answer>" * 20_000 + "</answer>" * 20_000,
+        "\\text{" * 30_000,
+        "9" * 200_000,
+        ("<think>" + "a" * 50) * 5_000,
+    ],
+    ids=["boxes", "braces", "commas", "minuses", "tags", "text", "digits", "thinks"],
+)
+def test_pathological_inputs_are_fast(completion: str) -> None:
+    start = time.perf_counter()
+    for function in ("math_pairs", "gsm8k", "boxed"):
+        score(function, completion, "\\text{" * 300 + "1")  # type: ignore[arg-type]
+    assert time.perf_counter() - start < 1.0
+
+
+def test_overlong_completion_scores_its_tail_without_bonus() -> None:
+    completion = "<think>" + "x" * MAX_COMPLETION_CHARS + "</think><answer>7</answer>"
+    result = score("gsm8k", completion, "7")
+    assert result.accuracy == 1.0 and result.format == 0.0
+
+
+def test_in_process_throughput() -> None:
+    items = [ScoreItem("gsm8k", f"<think>{i}+1</think><answer>{i:,}</answer>", str(i)) for i in range(2000)]
+    start = time.perf_counter()
+    results = score_many(items)
+    assert all(r.accuracy == 1.0 for r in results)
+    assert len(items) / (time.perf_counter() - start) > 2_000  # typically ~50k/s on one core
+
+
+def hang_on_marker(
+    function: str, completion: str, ground_truth: str, format_bonus: bool, format_weight: float
+) -> ScoreResult:
+    """A scorer that hangs on one input, standing in for a pathological string."""
+    if completion == "HANG":
+        time.sleep(60)
+    return score(function, completion, ground_truth, format_bonus, format_weight)  # type: ignore[arg-type]
+
+
+def test_pool_enforces_per_item_time_limit() -> None:
+    pool = ScoringPool(workers=1, score_fn=hang_on_marker)
+    try:
+        items = [ScoreItem("gsm8k", text, "1") for text in ["1", "HANG", "2", "1", "HANG", "1"]]
+        start = time.perf_counter()
+        results = pool.score_batch(items, timeout_s=0.5)
+        elapsed = time.perf_counter() - start
+        assert [r.timed_out for r in results] == [False, True, False, False, True, False]
+        assert [r.accuracy for r in results] == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+        assert elapsed < 10  # two 0.5 s limits plus two worker restarts, not two 60 s sleeps
+        # the pool stays usable after a timeout
+        assert pool.score_batch([ScoreItem("gsm8k", "3", "3")])[0].accuracy == 1.0
+    finally:
+        pool.close()
+
+
+def test_pool_matches_in_process_and_keeps_order() -> None:
+    items = [
+        ScoreItem("math_pairs", f"<think>a</think><answer>{i % 7}</answer>", str(i % 5)) for i in range(1500)
+    ]
+    pool = ScoringPool(workers=2)
+    try:
+        assert pool.score_batch(items) == score_many(items)
+    finally:
+        pool.close()
+
+
+def test_batch_rejects_bad_item_before_work() -> None:
+    with pytest.raises(ValueError, match="item 1: function"):
+        score_batch([ScoreItem("gsm8k", "1", "1"), ScoreItem("bogus", "1", "1")])  # type: ignore[arg-type]
+    assert score_batch([]) == []
