@@ -14,7 +14,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlvr.tiny.tokenizer import COMPACT_STYLE, ENDOFTEXT, IM_END, PROMPT_STYLE_KEY, save_tokenizer
+from rlvr.tasks.render import COMPACT_STYLE, MODEL_MARKER_FILE, PROMPT_STYLE_KEY
+from rlvr.tiny.tokenizer import ENDOFTEXT, IM_END, save_tokenizer
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,29 @@ class ModelSize:
 
 SIZES: dict[str, ModelSize] = {
     # builds and trains in seconds; for tests only, its outputs are noise
-    "test": ModelSize(hidden_size=64, num_hidden_layers=2, num_attention_heads=1,
-                      num_key_value_heads=1, intermediate_size=128),
+    "test": ModelSize(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    ),
     # ~2.4M parameters: the size DESIGN.md measured GRPO on (0.34 s per step at batch 8 on 2 cores)
-    "default": ModelSize(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=512),
+    "default": ModelSize(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    ),
     # ~38M parameters: big enough that generation throughput is compute-bound, still fits 2 cores
-    "bench-large": ModelSize(hidden_size=512, num_hidden_layers=12, num_attention_heads=8,
-                             num_key_value_heads=4, intermediate_size=1536),
+    "bench-large": ModelSize(
+        hidden_size=512,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1536,
+    ),
 }
 
 # The embedding rows are padded to a multiple of this so matmuls stay aligned; unused rows are
@@ -107,7 +123,7 @@ def save_model(model, out_dir: str | Path) -> Path:
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(out, model_max_length=model.config.max_position_embeddings)
     # A plain file too, for readers that only have the directory (e.g. a rollout server's config).
-    (out / "rlvr_model.json").write_text(json.dumps({PROMPT_STYLE_KEY: COMPACT_STYLE}, indent=2) + "\n")
+    (out / MODEL_MARKER_FILE).write_text(json.dumps({PROMPT_STYLE_KEY: COMPACT_STYLE}, indent=2) + "\n")
     return out
 
 

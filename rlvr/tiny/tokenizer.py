@@ -15,16 +15,16 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from rlvr.tasks.render import COMPACT_STYLE, PROMPT_STYLE_KEY
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 CHAT_SPECIALS: tuple[str, ...] = (IM_START, IM_END)
 FORMAT_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
 
-# The prompt form the tiny model declares (see rlvr.tasks.render): every character costs a token,
-# so it is trained on a short instruction instead of the long one larger models get.
-PROMPT_STYLE_KEY = "rlvr_prompt_style"
-COMPACT_STYLE = "compact"
+# The tiny model declares the compact prompt form (see rlvr.tasks.render): every character costs a
+# token, so it is warmed up on the bare problem instead of the long instruction larger models get.
 
 # ChatML, as the Qwen2 family uses, so TRL and vLLM treat it like any Qwen chat model.
 CHAT_TEMPLATE = (
