@@ -1,0 +1,416 @@
+"""Events on NATS JetStream: the `RLVR` stream, its subjects, deduplicated publishing and consumers.
+
+DESIGN.md, Events: the trainer publishes one metric event per optimizer step on
+`rlvr.jobs.<id>.metrics`, services publish status changes on `rlvr.{jobs,loops,evals}.<id>.status`;
+the scheduler reads them with a durable consumer and stores each one exactly once; the SDK and the
+CLI watch a job live from the stream. Payloads are serialized protobuf messages of the contract:
+this module only ever sees bytes.
+
+Exactly once, end to end, is built from three at-least-once pieces:
+- every publish carries `Nats-Msg-Id` (`<job>:<step>` for metrics), so a publisher's retry after a
+  lost acknowledgement is dropped by the stream's duplicate window;
+- the durable consumer acknowledges a message only after its handler returned (the store commit
+  is done), so a crash in between redelivers rather than loses it;
+- the store's insert is idempotent on (job_id, step), so that redelivery is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NamedTuple
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
+
+log = logging.getLogger(__name__)
+
+STREAM_NAME = "RLVR"
+STREAM_SUBJECTS = ["rlvr.>"]
+# A publisher retries for well under a minute (see `publish`), so two minutes of duplicate window
+# cover every retry of the same event.
+DUPLICATE_WINDOW_S = 120.0
+# The stream is the live feed and a replay buffer, not the record: the scheduler copies every
+# event into the store within seconds. A week keeps a disconnected scheduler or a late `watch`
+# whole without letting the files grow without bound.
+MAX_AGE_S = 7 * 24 * 3600.0
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+# A subject token must not contain the separator or wildcards, or one job could read another's.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+class EventBusError(RuntimeError):
+    """NATS is unreachable or refused an operation; the message is one readable line."""
+
+
+class Event(NamedTuple):
+    """One message of the stream: a NamedTuple, so `async for subject, data, seq in bus.watch(...)`
+    reads naturally while handlers can still use the names."""
+
+    subject: str
+    data: bytes  # a serialized protobuf message of the contract
+    seq: int  # the stream sequence: unique and increasing, so a watch can resume after it
+
+
+Handler = Callable[[Event], Awaitable[None]]
+
+
+# ---------------------------------------------------------------------- subjects
+
+
+def _token(kind: str, value: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(
+            f"{kind} {value!r} cannot be a subject token: use letters, digits, '_' or '-' (1-128)"
+        )
+    return value
+
+
+def job_metrics_subject(job_id: str) -> str:
+    return f"rlvr.jobs.{_token('job_id', job_id)}.metrics"
+
+
+def job_status_subject(job_id: str) -> str:
+    return f"rlvr.jobs.{_token('job_id', job_id)}.status"
+
+
+def job_events_subject(job_id: str) -> str:
+    """Both of a job's subjects (metrics and status): what a live watch of one job reads."""
+    return f"rlvr.jobs.{_token('job_id', job_id)}.*"
+
+
+def loop_status_subject(loop_id: str) -> str:
+    return f"rlvr.loops.{_token('loop_id', loop_id)}.status"
+
+
+def eval_status_subject(evaluation_id: str) -> str:
+    return f"rlvr.evals.{_token('evaluation_id', evaluation_id)}.status"
+
+
+ALL_JOB_METRICS = "rlvr.jobs.*.metrics"
+ALL_STATUS = "rlvr.*.*.status"
+
+
+def metric_msg_id(job_id: str, step: int) -> str:
+    """The dedup id of a job's step: the same step published twice is stored once."""
+    return f"{job_id}:{step}"
+
+
+# ---------------------------------------------------------------------- stream and publishing
+
+
+def stream_config(
+    max_age_s: float = MAX_AGE_S, duplicate_window_s: float = DUPLICATE_WINDOW_S
+) -> StreamConfig:
+    return StreamConfig(
+        name=STREAM_NAME,
+        subjects=STREAM_SUBJECTS,
+        storage=StorageType.FILE,  # events survive a NATS restart: the scheduler may be behind
+        max_age=max_age_s,
+        duplicate_window=duplicate_window_s,
+        description="rlvr job, loop and evaluation events (protobuf payloads)",
+    )
+
+
+async def ensure_stream(
+    js: JetStreamContext, max_age_s: float = MAX_AGE_S, duplicate_window_s: float = DUPLICATE_WINDOW_S
+) -> None:
+    """Create the `RLVR` stream, or bring an existing one to this configuration.
+
+    Every service calls this at start, so creation must be idempotent and race-safe: the server
+    accepts a create with an identical config, and a differing one is updated in place.
+    """
+    if duplicate_window_s > max_age_s:
+        raise ValueError(
+            f"duplicate window {duplicate_window_s:g} s exceeds the stream max age {max_age_s:g} s"
+        )
+    config = stream_config(max_age_s, duplicate_window_s)
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:
+        # "stream name already in use with a different configuration" (err_code 10058).
+        await js.update_stream(config)
+
+
+async def publish(
+    js: JetStreamContext,
+    subject: str,
+    payload: bytes,
+    msg_id: str,
+    *,
+    attempts: int = 6,
+    timeout_s: float = 2.0,
+) -> PubAck:
+    """Publish to the stream with `Nats-Msg-Id`, retrying timeouts with exponential backoff.
+
+    Retrying is safe only because of the id: a first attempt that was stored but whose ack was
+    lost comes back from the retry as `PubAck(duplicate=True)` instead of a second copy. The total
+    wait (about 2 s x 6 + 6 s of backoff) stays inside the duplicate window.
+    """
+    if not msg_id:
+        raise ValueError("msg_id is required: without Nats-Msg-Id a retried publish is stored twice")
+    delay = 0.1
+    for attempt in range(1, attempts + 1):
+        try:
+            return await js.publish(
+                subject, payload, timeout=timeout_s, stream=STREAM_NAME, headers={MSG_ID_HEADER: msg_id}
+            )
+        except (
+            nats.errors.TimeoutError,
+            nats.js.errors.NoStreamResponseError,
+            nats.errors.NoRespondersError,
+        ) as e:
+            # Timeouts and "no responders" are what a NATS restart or reconnect looks like.
+            if attempt == attempts:
+                raise EventBusError(
+                    f"publish to {subject} (id {msg_id}) failed after {attempts} attempts: {type(e).__name__}"
+                ) from None
+            log.warning("publish to %s (id %s) attempt %d failed (%s); retrying", subject, msg_id, attempt, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        except nats.js.errors.APIError as e:
+            raise EventBusError(
+                f"publish to {subject} (id {msg_id}) refused by JetStream: {e.description}"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def _event(msg: Msg) -> Event:
+    return Event(msg.subject, msg.data, msg.metadata.sequence.stream)
+
+
+# ---------------------------------------------------------------------- the bus
+
+
+class DurableSubscription:
+    """A running durable pull consumer; `stop()` ends the fetch loop (the consumer stays on the
+    server, so the next `subscribe_durable` with the same name resumes where this one acked)."""
+
+    def __init__(self, name: str, psub: JetStreamContext.PullSubscription, task: asyncio.Task[None]) -> None:
+        self.name = name
+        self._psub = psub
+        self._task = task
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        # Unsubscribing only drops this client's interest: the durable consumer stays.
+        with contextlib.suppress(nats.errors.Error):
+            await self._psub.unsubscribe()
+
+
+class EventBus:
+    """A NATS connection that reconnects forever, with the stream ensured and the rlvr consumers.
+
+    Create it with `await EventBus.connect(url)`; `close()` stops subscriptions and drains.
+    """
+
+    def __init__(self, nc: NatsClient) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self._subscriptions: list[DurableSubscription] = []
+        # Open watches: an abandoned watch's unread messages would hold `drain()` until it times out.
+        self._watches: set[Subscription] = set()
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, name: str = "rlvr", connect_timeout_s: float = 5.0, ensure: bool = True
+    ) -> EventBus:
+        """Connect to `url` (comma-separated for a cluster) and, by default, ensure the stream.
+
+        Once connected the client reconnects forever: a NATS restart must not kill a service. The
+        first connection, however, is bounded, so a wrong URL fails at start with one line.
+        """
+
+        last_error: list[Exception] = []
+
+        async def on_error(e: Exception) -> None:
+            last_error[:] = [e]
+            log.warning("nats %s: %s", name, e)
+
+        async def on_disconnected() -> None:
+            log.warning("nats %s: disconnected from %s", name, url)
+
+        async def on_reconnected() -> None:
+            log.info("nats %s: reconnected to %s", name, nc.connected_url.netloc if nc.connected_url else url)
+
+        nc = NatsClient()
+        try:
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[u.strip() for u in url.split(",")],
+                    name=name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnected,
+                    reconnected_cb=on_reconnected,
+                ),
+                connect_timeout_s,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as e:
+            await nc.close()
+            raise EventBusError(
+                f"cannot reach NATS at nats url {url!r} within {connect_timeout_s:g} s: "
+                f"{last_error[0] if last_error else type(e).__name__}"
+            ) from None
+        bus = cls(nc)
+        if ensure:
+            try:
+                await ensure_stream(bus.js)
+            except nats.errors.Error as e:
+                await nc.close()
+                raise EventBusError(
+                    f"NATS at {url!r} has no usable JetStream ({type(e).__name__}: {e})"
+                ) from None
+        return bus
+
+    async def close(self) -> None:
+        for sub in self._subscriptions:
+            await sub.stop()
+        self._subscriptions.clear()
+        for watch in list(self._watches):
+            with contextlib.suppress(nats.errors.Error):
+                await watch.unsubscribe()
+        self._watches.clear()
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> PubAck:
+        return await publish(self.js, subject, payload, msg_id)
+
+    async def subscribe_durable(
+        self,
+        subject: str,
+        durable_name: str,
+        handler: Handler,
+        *,
+        batch: int = 64,
+        ack_wait_s: float = 60.0,
+        max_deliver: int = 20,
+    ) -> DurableSubscription:
+        """Feed every event on `subject` to `handler` once, acknowledging after it returns.
+
+        A durable pull consumer keeps its position on the server, across reconnects and restarts
+        of this process. A handler that raises gets the message again after a growing delay; after
+        `max_deliver` deliveries the message is terminated and logged as an error, so one poison
+        event cannot stall the consumer forever. Handlers must be idempotent (the store is).
+        """
+        config = ConsumerConfig(
+            durable_name=durable_name,
+            name=durable_name,
+            filter_subject=subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver,
+        )
+        try:
+            # Create or update: a restarted service with new settings brings the consumer along.
+            await self.js.add_consumer(STREAM_NAME, config)
+            psub = await self.js.pull_subscribe_bind(durable=durable_name, stream=STREAM_NAME)
+        except nats.errors.Error as e:
+            raise EventBusError(
+                f"cannot create durable consumer {durable_name!r} on {subject}: {e}"
+            ) from None
+        task = asyncio.create_task(self._fetch_loop(psub, durable_name, handler, batch, max_deliver))
+        sub = DurableSubscription(durable_name, psub, task)
+        self._subscriptions.append(sub)
+        return sub
+
+    async def _fetch_loop(
+        self,
+        psub: JetStreamContext.PullSubscription,
+        name: str,
+        handler: Handler,
+        batch: int,
+        max_deliver: int,
+    ) -> None:
+        while True:
+            try:
+                msgs = await psub.fetch(batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue  # nothing new
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                return
+            except nats.errors.Error as e:
+                # Mostly a reconnect in progress: the client comes back by itself.
+                log.warning("consumer %s: fetch failed (%s); retrying", name, e)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self._handle(msg, name, handler, max_deliver)
+
+    async def _handle(self, msg: Msg, name: str, handler: Handler, max_deliver: int) -> None:
+        event = _event(msg)
+        try:
+            await handler(event)
+        except Exception as e:
+            delivered = msg.metadata.num_delivered
+            if delivered >= max_deliver:
+                log.error(
+                    "consumer %s: dropping %s seq %d after %d failed deliveries: %s",
+                    name,
+                    event.subject,
+                    event.seq,
+                    delivered,
+                    e,
+                )
+                await msg.term()
+            else:
+                log.warning(
+                    "consumer %s: handler failed on %s seq %d (%s); redelivering",
+                    name,
+                    event.subject,
+                    event.seq,
+                    e,
+                )
+                await msg.nak(delay=min(0.5 * 2**delivered, 30.0))
+            return
+        try:
+            # Wait for the server to record the ack: a "done" that the server never saw would be
+            # redelivered after a reconnect (harmless to the store, but wasted work).
+            await msg.ack_sync(timeout=5.0)
+        except nats.errors.Error as e:
+            log.warning(
+                "consumer %s: ack of seq %d not confirmed (%s); it may be redelivered", name, event.seq, e
+            )
+
+    async def watch(
+        self, subject: str, *, from_start: bool = True, start_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        """Yield events on `subject` as they arrive: the history first when `from_start`, else only
+        new ones; `start_seq` resumes after a known stream sequence.
+
+        An ordered consumer: ephemeral, in order, with no acks, recreated by the client after a
+        gap or reconnect; ideal for a live view and nothing left on the server afterwards.
+        """
+        config: ConsumerConfig | None = None
+        policy = DeliverPolicy.ALL if from_start else DeliverPolicy.NEW
+        if start_seq is not None:
+            policy = DeliverPolicy.BY_START_SEQUENCE
+            config = ConsumerConfig(opt_start_seq=start_seq)
+        sub = await self.js.subscribe(
+            subject, stream=STREAM_NAME, ordered_consumer=True, deliver_policy=policy, config=config
+        )
+        self._watches.add(sub)
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=None)
+                yield _event(msg)
+        finally:
+            self._watches.discard(sub)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()

@@ -1,0 +1,310 @@
+"""The embedded NATS launcher and the event layer, against a real nats-server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from fixtures_infra import connected_bus  # fixtures come through conftest.py
+from nats.js.api import StorageType
+
+from rlvr.infra.events import (
+    ALL_JOB_METRICS,
+    STREAM_NAME,
+    Event,
+    EventBus,
+    EventBusError,
+    ensure_stream,
+    eval_status_subject,
+    job_events_subject,
+    job_metrics_subject,
+    job_status_subject,
+    loop_status_subject,
+    metric_msg_id,
+    publish,
+)
+from rlvr.infra.nats_server import EmbeddedNats, NatsStartError, find_nats_binary
+
+NATS_TAP = Path("/work/shared/tools/nats_tap.py")
+
+
+def _job() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); its state in /proc says it is gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+async def _collect(n: int, box: list[Event], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(box) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------------- launcher
+
+
+def test_find_nats_binary_is_executable() -> None:
+    path = find_nats_binary()
+    assert os.access(path, os.X_OK)
+    assert "nats-server" in subprocess.run([str(path), "--version"], capture_output=True, text=True).stdout
+
+
+async def test_start_stop_restart_keeps_port(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "n").start()
+    try:
+        url, pid = server.url, server.pid
+        assert server.port > 0 and pid is not None
+        nc = await nats.connect(url)
+        await nc.close()
+        server.stop()
+        assert not server.running and not _alive(pid)
+        server.start()  # same instance, same port: clients reconnect to the same URL
+        assert server.url == url
+    finally:
+        server.stop()
+    server.stop()  # idempotent
+
+
+def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(NatsStartError) as err:
+            EmbeddedNats(tmp_path / "n", port=port).start()
+    assert err.value.setting == "port"
+    assert str(port) in str(err.value) and "in use" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_binary_and_unwritable_data_dir(tmp_path: Path) -> None:
+    with pytest.raises(NatsStartError) as err:
+        EmbeddedNats(tmp_path / "n", binary=str(tmp_path / "no-such-nats-server")).start()
+    assert err.value.setting == "binary" and "no-such-nats-server" in str(err.value)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a data dir below a regular file fails even for root
+    with pytest.raises(NatsStartError) as err:
+        EmbeddedNats(blocker / "data").start()
+    assert err.value.setting == "data_dir" and "\n" not in str(err.value)
+
+
+def test_child_dies_with_its_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from rlvr.infra.nats_server import EmbeddedNats
+        server = EmbeddedNats({str(tmp_path / "n")!r}).start()
+        print(server.pid, flush=True)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)  # no cleanup code runs: only the kernel can stop the child
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"nats-server {child} outlived its parent"
+
+
+# ---------------------------------------------------------------------- subjects and stream
+
+
+def test_subject_helpers() -> None:
+    assert job_metrics_subject("ab12") == "rlvr.jobs.ab12.metrics"
+    assert job_status_subject("ab12") == "rlvr.jobs.ab12.status"
+    assert job_events_subject("ab12") == "rlvr.jobs.ab12.*"
+    assert loop_status_subject("l1") == "rlvr.loops.l1.status"
+    assert eval_status_subject("e1") == "rlvr.evals.e1.status"
+    assert metric_msg_id("ab12", 7) == "ab12:7"
+    for bad in ["a.b", "*", ">", "", "a b"]:
+        with pytest.raises(ValueError, match="job_id"):
+            job_metrics_subject(bad)
+
+
+async def test_ensure_stream_is_idempotent_and_updates(private_nats: EmbeddedNats) -> None:
+    nc = await nats.connect(private_nats.url)
+    try:
+        js = nc.jetstream()
+        await ensure_stream(js, max_age_s=3600)
+        await ensure_stream(js, max_age_s=3600)
+        await ensure_stream(js)  # a different config is updated in place
+        info = await js.stream_info(STREAM_NAME)
+        assert info.config.subjects == ["rlvr.>"]
+        assert info.config.storage == StorageType.FILE
+        assert info.config.duplicate_window == 120
+        assert info.config.max_age == 7 * 24 * 3600
+        with pytest.raises(ValueError, match="duplicate window"):
+            await ensure_stream(js, max_age_s=60)
+    finally:
+        await nc.close()
+
+
+async def test_publish_without_stream_fails_after_retries(private_nats: EmbeddedNats) -> None:
+    nc = await nats.connect(private_nats.url)
+    try:
+        with pytest.raises(EventBusError, match="after 2 attempts"):
+            await publish(nc.jetstream(), "rlvr.jobs.x.metrics", b"", "x:1", attempts=2, timeout_s=0.5)
+        with pytest.raises(ValueError, match="msg_id"):
+            await publish(nc.jetstream(), "rlvr.jobs.x.metrics", b"", "")
+    finally:
+        await nc.close()
+
+
+async def test_unreachable_url_is_one_clear_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: refused
+        with pytest.raises(EventBusError, match=f"127.0.0.1:{port}") as err:
+            await EventBus.connect(f"nats://127.0.0.1:{port}", connect_timeout_s=1.5)
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------- events
+
+
+async def test_same_msg_id_is_stored_once(nats_server: EmbeddedNats) -> None:
+    job = _job()
+    async with connected_bus(nats_server.url) as bus:
+        first = await bus.publish(job_metrics_subject(job), b"step-1", metric_msg_id(job, 1))
+        again = await bus.publish(job_metrics_subject(job), b"step-1", metric_msg_id(job, 1))
+        await bus.publish(job_metrics_subject(job), b"step-2", metric_msg_id(job, 2))
+        assert not first.duplicate and again.duplicate and again.seq == first.seq
+        seen = [e async for e in _take(bus, job_events_subject(job), 2)]
+        assert [e.data for e in seen] == [b"step-1", b"step-2"]
+        info = await bus.js.stream_info(STREAM_NAME, subjects_filter=job_metrics_subject(job))
+        assert info.state.subjects == {job_metrics_subject(job): 2}
+
+
+async def _take(bus: EventBus, subject: str, n: int) -> AsyncIterator[Event]:
+    async for event in bus.watch(subject):
+        yield event
+        n -= 1
+        if n == 0:
+            return
+
+
+async def test_durable_consumer_resumes_without_redelivery(private_nats: EmbeddedNats) -> None:
+    job, got = _job(), []
+
+    async def handler(event: Event) -> None:
+        got.append(event)
+
+    async with connected_bus(private_nats.url) as bus:
+        for step in (1, 2, 3):
+            await bus.publish(job_metrics_subject(job), f"{step}".encode(), metric_msg_id(job, step))
+        sub = await bus.subscribe_durable(ALL_JOB_METRICS, "store-test", handler)
+        await _collect(3, got)
+        await sub.stop()
+        assert [e.data for e in got] == [b"1", b"2", b"3"]
+
+        # The server restarts under a live connection: the client reconnects by itself, the
+        # consumer and the acked position survive in the file store.
+        private_nats.stop()
+        private_nats.start()
+        await bus.publish(job_metrics_subject(job), b"4", metric_msg_id(job, 4))
+        sub = await bus.subscribe_durable(ALL_JOB_METRICS, "store-test", handler)
+        await _collect(4, got)
+
+    # A new connection (a restarted scheduler) resumes after the last ack, too.
+    async with connected_bus(private_nats.url) as bus:
+        await bus.publish(job_metrics_subject(job), b"5", metric_msg_id(job, 5))
+        await bus.publish(job_metrics_subject(job), b"4", metric_msg_id(job, 4))  # a retry: dropped
+        await bus.subscribe_durable(ALL_JOB_METRICS, "store-test", handler)
+        await _collect(5, got)
+        await asyncio.sleep(0.5)  # room for a wrong redelivery to show up
+    assert [e.data for e in got] == [b"1", b"2", b"3", b"4", b"5"]
+    assert [e.seq for e in got] == sorted({e.seq for e in got})
+
+
+async def test_failed_handler_gets_the_event_again(nats_server: EmbeddedNats) -> None:
+    job, calls, done = _job(), [], []
+
+    async def flaky(event: Event) -> None:
+        calls.append(event.seq)
+        if len(calls) == 1:
+            raise RuntimeError("store briefly down")
+        done.append(event)
+
+    async with connected_bus(nats_server.url) as bus:
+        await bus.publish(job_status_subject(job), b"RUNNING", f"{job}:status:1")
+        await bus.subscribe_durable(job_status_subject(job), f"flaky-{job}", flaky)
+        await _collect(1, done)
+    assert len(done) == 1 and len(calls) == 2 and calls[0] == calls[1]
+
+
+async def test_watch_live_and_from_start(nats_server: EmbeddedNats) -> None:
+    job = _job()
+    async with connected_bus(nats_server.url) as bus:
+        old = await bus.publish(job_metrics_subject(job), b"old", metric_msg_id(job, 1))
+        live: list[Event] = []
+
+        async def watch_new() -> None:
+            async for event in bus.watch(job_events_subject(job), from_start=False):
+                live.append(event)
+                if len(live) == 2:
+                    return
+
+        task = asyncio.create_task(watch_new())
+        await asyncio.sleep(0.3)  # let the consumer exist before publishing
+        await bus.publish(job_metrics_subject(job), b"new", metric_msg_id(job, 2))
+        await bus.publish(job_status_subject(job), b"COMPLETED", f"{job}:status:done")
+        await asyncio.wait_for(task, 10)
+        assert [(e.subject, e.data) for e in live] == [
+            (job_metrics_subject(job), b"new"),
+            (job_status_subject(job), b"COMPLETED"),
+        ]
+        history = [e.data async for e in _take(bus, job_events_subject(job), 3)]
+        assert history == [b"old", b"new", b"COMPLETED"]
+        resumed = [data async for data in _take_from(bus, job_events_subject(job), old.seq + 1)]
+        assert resumed == [b"new"]
+
+
+async def _take_from(bus: EventBus, subject: str, seq: int) -> AsyncIterator[bytes]:
+    async for _subject, data, _seq in bus.watch(subject, start_seq=seq):
+        yield data
+        return
+
+
+def test_a_stranger_sees_the_stream(nats_server: EmbeddedNats) -> None:
+    """/work/shared/tools/nats_tap.py knows nothing of rlvr: it replays the stream and checks
+    that no Nats-Msg-Id appears twice."""
+    if not NATS_TAP.exists():
+        pytest.skip(f"{NATS_TAP} is not on this machine")
+    job = _job()
+
+    async def fill() -> None:
+        async with connected_bus(nats_server.url) as bus:
+            for step in (1, 2, 2, 3):  # step 2 twice: a publisher retry
+                await bus.publish(job_metrics_subject(job), b"m", metric_msg_id(job, step))
+
+    asyncio.run(fill())
+    out = subprocess.run(
+        [sys.executable, str(NATS_TAP), nats_server.url, job_events_subject(job), "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{job_metrics_subject(job)}: 3" in out.stdout
+    assert "duplicated ids 0" in out.stdout
