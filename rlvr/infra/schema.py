@@ -1,0 +1,249 @@
+"""The store's schema, declared once: every table the scheduler and the benchmark keep.
+
+DESIGN.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
+artifacts; SQLite by default, PostgreSQL by URL. These SQLModel classes are the only declaration:
+`Store.create_all` builds the tables from them, services read and write these rows, and a metric
+event of the contract maps onto `MetricPointRow` by field name (`metric_point_from_event`), so a
+metric added to `MetricEvent` is one new column here and nothing else.
+
+Conventions:
+- Ids are short random hex strings (`new_id`); they double as NATS subject tokens.
+- Statuses are the contract enum's name without its prefix ("QUEUED", "RUNNING", ...).
+- JSON columns (`*_json`) hold the protobuf message as `MessageToJson` writes it, so a stored spec
+  reads back into the exact message without a second schema for specs.
+- Timestamps are timezone-aware UTC on the way in and on the way out, on both databases; a naive
+  datetime is refused (it would be silently read as UTC on one database and local time on another).
+"""
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Dialect, Text
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+ARTIFACT_KINDS = frozenset({"adapter", "merged", "export", "checkpoint"})
+
+
+def new_id() -> str:
+    """12 hex digits (48 random bits): short enough to type, and a valid subject token."""
+    return uuid.uuid4().hex[:12]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every dialect.
+
+    PostgreSQL keeps `timestamptz` natively; SQLite has no time zones and would hand back naive
+    values, so they are stored as naive UTC and made aware again on load.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(timezone=True)
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()} refused: pass an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _created() -> Any:
+    return Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+
+
+def _when() -> Any:
+    return Field(default=None, sa_type=UTCDateTime)
+
+
+class JobRow(SQLModel, table=True):
+    """One RLVR training job (the contract's `Job`)."""
+
+    __tablename__ = "jobs"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    name: str = ""
+    spec_json: str = Field(default="{}", sa_type=Text)  # the resolved JobSpec
+    status: str = Field(default="QUEUED", index=True)
+    created_at: datetime = _created()
+    started_at: datetime | None = _when()
+    finished_at: datetime | None = _when()
+    error: str = ""  # when FAILED: the cause in one line
+    adapter_name: str = ""
+    adapter_version: int = Field(default=0, sa_type=BigInteger)
+    adapter_path: str = ""
+    warnings_json: str = Field(default="[]", sa_type=Text)
+    worker: str = ""  # the trainer worker that runs it
+    current_step: int = 0
+    total_steps: int = 0
+
+
+class MetricPointRow(SQLModel, table=True):
+    """One optimizer step of one job: the contract's `MetricEvent`, field for field.
+
+    (job_id, step) is the primary key: the database itself refuses a second copy of a step, which
+    is what makes storage exactly-once even when two consumers race on a redelivered event.
+    """
+
+    __tablename__ = "metric_points"
+
+    job_id: str = Field(primary_key=True, foreign_key="jobs.id", ondelete="CASCADE", max_length=64)
+    step: int = Field(primary_key=True)
+    total_steps: int = 0
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    accuracy: float = 0.0
+    format: float = 0.0
+    loss: float = 0.0
+    kl: float | None = None  # only when kl_beta > 0
+    entropy: float | None = None
+    completion_length_mean: float = 0.0
+    completion_length_max: int = 0
+    clipped_ratio: float = 0.0
+    learning_rate: float = 0.0
+    adapter_version: int = Field(default=0, sa_type=BigInteger)
+    generate_seconds: float = 0.0
+    score_seconds: float = 0.0
+    train_seconds: float = 0.0
+    sync_seconds: float = 0.0
+    step_seconds: float = 0.0
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)  # the event's time
+
+
+class LoopRow(SQLModel, table=True):
+    """An automated training loop: train a round, benchmark it, retrain the winner."""
+
+    __tablename__ = "loops"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    name: str = ""
+    spec_json: str = Field(default="{}", sa_type=Text)
+    status: str = Field(default="QUEUED", index=True)
+    created_at: datetime = _created()
+    started_at: datetime | None = _when()
+    finished_at: datetime | None = _when()
+    best_score: float | None = None
+    best_round: int | None = None  # ties go to the earlier round
+    error: str = ""
+
+
+class RoundRow(SQLModel, table=True):
+    """One round of a loop: its training job and the evaluation that scored it."""
+
+    __tablename__ = "rounds"
+
+    loop_id: str = Field(primary_key=True, foreign_key="loops.id", ondelete="CASCADE", max_length=64)
+    index: int = Field(primary_key=True)  # 1-based, as the loop page numbers rounds R1, R2, ...
+    job_id: str | None = Field(default=None, foreign_key="jobs.id", ondelete="SET NULL", max_length=64)
+    evaluation_id: str | None = Field(
+        default=None, foreign_key="evaluations.id", ondelete="SET NULL", max_length=64
+    )
+    status: str = "TRAINING"
+    score: float | None = None
+    started_at: datetime | None = _when()
+    finished_at: datetime | None = _when()
+
+
+class EvaluationRow(SQLModel, table=True):
+    """A benchmark run of a model or adapter, with its score breakdown."""
+
+    __tablename__ = "evaluations"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    model: str = ""
+    adapter_name: str = ""
+    adapter_version: int = Field(default=0, sa_type=BigInteger)
+    benchmark: str = ""
+    limit: int | None = None  # questions to run; None = the whole benchmark
+    seed: int | None = Field(default=None, sa_type=BigInteger)
+    sampling_json: str = Field(default="{}", sa_type=Text)
+    status: str = Field(default="QUEUED", index=True)
+    created_at: datetime = _created()
+    started_at: datetime | None = _when()
+    finished_at: datetime | None = _when()
+    error: str = ""
+    score: float | None = None  # the value of `score_column`
+    accuracy: float | None = None
+    accuracy_strict: float | None = None
+    format: float | None = None
+    answered: int = 0
+    n_questions: int = 0
+    n_done: int = 0
+    score_column: str = "accuracy"
+
+
+class QuestionResultRow(SQLModel, table=True):
+    """One question of an evaluation (the Detailed Results table)."""
+
+    __tablename__ = "question_results"
+
+    evaluation_id: str = Field(
+        primary_key=True, foreign_key="evaluations.id", ondelete="CASCADE", max_length=64
+    )
+    index: int = Field(primary_key=True)
+    prompt: str = Field(default="", sa_type=Text)
+    ground_truth: str = Field(default="", sa_type=Text)
+    completion: str = Field(default="", sa_type=Text)
+    extracted_answer: str = Field(default="", sa_type=Text)
+    reward: float = 0.0
+    accuracy: float = 0.0
+    format: float = 0.0
+    strict: bool = False
+    finish_reason: str = ""  # "STOP" or "LENGTH"
+
+
+class ArtifactRow(SQLModel, table=True):
+    """A file tree a job produced: adapter, merged model, export or checkpoint."""
+
+    __tablename__ = "artifacts"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    job_id: str = Field(foreign_key="jobs.id", ondelete="CASCADE", index=True, max_length=64)
+    kind: str = "adapter"  # one of ARTIFACT_KINDS
+    path: str = Field(default="", sa_type=Text)  # under the artifact root
+    size_bytes: int = Field(default=0, sa_type=BigInteger)
+    created_at: datetime = _created()
+
+
+# Creation order follows the foreign keys; `Store.create_all` builds exactly these.
+TABLES: tuple[type[SQLModel], ...] = (
+    JobRow,
+    MetricPointRow,
+    LoopRow,
+    EvaluationRow,
+    RoundRow,
+    QuestionResultRow,
+    ArtifactRow,
+)
+
+
+def metric_point_from_event(event: Any) -> MetricPointRow:
+    """Map a contract `MetricEvent` onto a row by field name; an unset optional field (kl,
+    entropy) stays None rather than reading as 0. The event is typed Any so this module does not
+    import generated code; the event's `time` becomes `created_at`."""
+    fields = event.DESCRIPTOR.fields_by_name
+    values: dict[str, Any] = {}
+    for name in MetricPointRow.model_fields:
+        if name == "created_at":
+            continue
+        if fields[name].has_presence and not event.HasField(name):
+            values[name] = None
+        else:
+            values[name] = getattr(event, name)
+    if event.HasField("time"):
+        values["created_at"] = event.time.ToDatetime(tzinfo=UTC)
+    return MetricPointRow(**values)
