@@ -155,7 +155,7 @@ async def publish(
 
     Retrying is safe only because of the id: a first attempt that was stored but whose ack was
     lost comes back from the retry as `PubAck(duplicate=True)` instead of a second copy. The total
-    wait (about 2 s x 6 + 6 s of backoff) stays inside the duplicate window.
+    wait (6 x 2 s plus about 3 s of backoff) stays well inside the duplicate window.
     """
     if not msg_id:
         raise ValueError("msg_id is required: without Nats-Msg-Id a retried publish is stored twice")
