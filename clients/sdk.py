@@ -1,0 +1,354 @@
+"""The typed Python SDK: one client per service over the v1 contract, and `connect()`.
+
+    from clients.sdk import connect
+    from rlvr.v1 import scheduler_pb2
+
+    with connect() as rlvr:
+        job = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=...)).job
+        for event in rlvr.scheduler.watch(job.id):
+            print(event)
+
+Every RPC is a method named after it in snake_case: request message in, response message out;
+a server stream returns an iterator, a client stream takes an iterable of requests. Each call
+carries a deadline (`timeout`, default from `rlvr.common.client.deadline_for`), idempotent calls
+retry on UNAVAILABLE (the channel's service config), and a failed call raises `RlvrError` with
+the server's code and message rather than a grpc traceback. Channels are synchronous: the
+simplest thing for scripts and notebooks; services use `make_channel(..., aio=True)` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clients.base import RlvrError, ServiceClient, default_timeout
+from clients.transfer import adapter_upload, save_file_chunks
+from rlvr.common.client import DEFAULT_ADDRESSES
+from rlvr.v1 import benchmark_pb2 as bm
+from rlvr.v1 import (
+    benchmark_pb2_grpc,
+    reward_pb2_grpc,
+    rollout_pb2_grpc,
+    scheduler_pb2_grpc,
+    trainer_pb2_grpc,
+)
+from rlvr.v1 import common_pb2 as cm
+from rlvr.v1 import reward_pb2 as rw
+from rlvr.v1 import rollout_pb2 as ro
+from rlvr.v1 import scheduler_pb2 as sc
+from rlvr.v1 import trainer_pb2 as tr
+
+__all__ = [
+    "BenchmarkClient",
+    "ClientSettings",
+    "RewardClient",
+    "Rlvr",
+    "RlvrError",
+    "RolloutClient",
+    "SchedulerClient",
+    "ServiceClient",
+    "TrainerClient",
+    "adapter_upload",
+    "connect",
+    "default_timeout",
+    "save_file_chunks",
+]
+
+
+class ClientSettings(BaseSettings):
+    """Where the services are, read from the environment (`RLVR_SCHEDULER_ADDRESS`, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore", use_attribute_docstrings=True)
+
+    scheduler_address: str = DEFAULT_ADDRESSES["scheduler"]
+    """The scheduler service (HOST:PORT): jobs, loops, metrics; the public API."""
+    trainer_address: str = DEFAULT_ADDRESSES["trainer"]
+    """A trainer worker (HOST:PORT); normally only the scheduler calls it."""
+    reward_address: str = DEFAULT_ADDRESSES["reward"]
+    """The reward service (HOST:PORT)."""
+    rollout_address: str = DEFAULT_ADDRESSES["rollout"]
+    """The rollout service (HOST:PORT)."""
+    benchmark_address: str = DEFAULT_ADDRESSES["benchmark"]
+    """The benchmark service (HOST:PORT)."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Deadline in seconds for unary calls and uploads; unset = the per-method defaults of
+    rlvr.common.client (30 s for most calls). Streams (Watch*, Generate, downloads) keep their own
+    longer defaults; pass `timeout=` to a call to change one."""
+
+    def address(self, service: str) -> str:
+        """The address of a service by short name ("reward")."""
+        return str(getattr(self, f"{service}_address"))
+
+
+class SchedulerClient(ServiceClient):
+    """rlvr.v1.SchedulerService: jobs, metrics, artifacts and automated loops."""
+
+    service = "scheduler"
+    _stub_class = scheduler_pb2_grpc.SchedulerServiceStub
+
+    def create_job(
+        self, request: sc.CreateJobRequest, *, timeout: float | None = None
+    ) -> sc.CreateJobResponse:
+        return self._unary("CreateJob", request, timeout)
+
+    def get_job(self, request: sc.GetJobRequest, *, timeout: float | None = None) -> cm.Job:
+        return self._unary("GetJob", request, timeout)
+
+    def list_jobs(
+        self, request: sc.ListJobsRequest | None = None, *, timeout: float | None = None
+    ) -> sc.ListJobsResponse:
+        return self._unary("ListJobs", request if request is not None else sc.ListJobsRequest(), timeout)
+
+    def cancel_job(self, request: sc.CancelJobRequest, *, timeout: float | None = None) -> cm.Job:
+        return self._unary("CancelJob", request, timeout)
+
+    def watch_job(
+        self, request: sc.WatchJobRequest, *, timeout: float | None = None
+    ) -> Iterator[cm.JobEvent]:
+        return self._server_stream("WatchJob", request, timeout)
+
+    def get_job_metrics(
+        self, request: sc.GetJobMetricsRequest, *, timeout: float | None = None
+    ) -> sc.JobMetrics:
+        return self._unary("GetJobMetrics", request, timeout)
+
+    def download_adapter(
+        self, request: sc.DownloadAdapterRequest, *, timeout: float | None = None
+    ) -> Iterator[cm.FileChunk]:
+        return self._server_stream("DownloadAdapter", request, timeout)
+
+    def merge_model(
+        self, request: sc.MergeModelRequest, *, timeout: float | None = None
+    ) -> Iterator[sc.MergeModelProgress]:
+        return self._server_stream("MergeModel", request, timeout)
+
+    def download_merged_model(
+        self, request: sc.DownloadMergedModelRequest, *, timeout: float | None = None
+    ) -> Iterator[cm.FileChunk]:
+        return self._server_stream("DownloadMergedModel", request, timeout)
+
+    def export_history(
+        self, request: sc.ExportHistoryRequest, *, timeout: float | None = None
+    ) -> sc.ExportHistoryResponse:
+        return self._unary("ExportHistory", request, timeout)
+
+    def create_loop(self, request: sc.CreateLoopRequest, *, timeout: float | None = None) -> sc.Loop:
+        return self._unary("CreateLoop", request, timeout)
+
+    def get_loop(self, request: sc.GetLoopRequest, *, timeout: float | None = None) -> sc.Loop:
+        return self._unary("GetLoop", request, timeout)
+
+    def list_loops(
+        self, request: sc.ListLoopsRequest | None = None, *, timeout: float | None = None
+    ) -> sc.ListLoopsResponse:
+        return self._unary("ListLoops", request if request is not None else sc.ListLoopsRequest(), timeout)
+
+    def stop_loop(self, request: sc.StopLoopRequest, *, timeout: float | None = None) -> sc.Loop:
+        return self._unary("StopLoop", request, timeout)
+
+    def watch_loop(self, request: sc.WatchLoopRequest, *, timeout: float | None = None) -> Iterator[sc.Loop]:
+        return self._server_stream("WatchLoop", request, timeout)
+
+    # ------------------------------------------------------------ conveniences
+
+    def watch(
+        self, job_id: str, *, from_start: bool = True, timeout: float | None = None
+    ) -> Iterator[cm.JobEvent]:
+        """The job's status and metric events (the stored steps first when `from_start`) until it
+        ends."""
+        return self.watch_job(sc.WatchJobRequest(id=job_id, from_start=from_start), timeout=timeout)
+
+    def save_adapter(
+        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> list[Path]:
+        """Downloads the job's adapter (PEFT files) into `directory`; returns the files written."""
+        return save_file_chunks(
+            self.download_adapter(sc.DownloadAdapterRequest(job_id=job_id), timeout=timeout), directory
+        )
+
+
+class TrainerClient(ServiceClient):
+    """rlvr.v1.TrainerService: one GRPO worker (normally driven by the scheduler)."""
+
+    service = "trainer"
+    _stub_class = trainer_pb2_grpc.TrainerServiceStub
+
+    def start_job(self, request: tr.StartJobRequest, *, timeout: float | None = None) -> tr.StartJobResponse:
+        return self._unary("StartJob", request, timeout)
+
+    def cancel_job(
+        self, request: tr.TrainerCancelJobRequest, *, timeout: float | None = None
+    ) -> tr.TrainerCancelJobResponse:
+        return self._unary("CancelJob", request, timeout)
+
+    def get_worker_status(
+        self, request: tr.GetWorkerStatusRequest | None = None, *, timeout: float | None = None
+    ) -> tr.WorkerStatus:
+        return self._unary(
+            "GetWorkerStatus", request if request is not None else tr.GetWorkerStatusRequest(), timeout
+        )
+
+    def merge_adapter(
+        self, request: tr.MergeAdapterRequest, *, timeout: float | None = None
+    ) -> Iterator[tr.MergeProgress]:
+        return self._server_stream("MergeAdapter", request, timeout)
+
+
+class RewardClient(ServiceClient):
+    """rlvr.v1.RewardService: stateless scoring and the task prompts."""
+
+    service = "reward"
+    _stub_class = reward_pb2_grpc.RewardServiceStub
+
+    def score(self, request: rw.ScoreRequest, *, timeout: float | None = None) -> rw.ScoreResponse:
+        return self._unary("Score", request, timeout)
+
+    def get_problems(
+        self, request: rw.GetProblemsRequest, *, timeout: float | None = None
+    ) -> rw.GetProblemsResponse:
+        return self._unary("GetProblems", request, timeout)
+
+    def list_reward_functions(
+        self, request: rw.ListRewardFunctionsRequest | None = None, *, timeout: float | None = None
+    ) -> rw.ListRewardFunctionsResponse:
+        return self._unary(
+            "ListRewardFunctions",
+            request if request is not None else rw.ListRewardFunctionsRequest(),
+            timeout,
+        )
+
+
+class RolloutClient(ServiceClient):
+    """rlvr.v1.RolloutService: generation and hot-loaded adapter versions."""
+
+    service = "rollout"
+    _stub_class = rollout_pb2_grpc.RolloutServiceStub
+
+    def generate(
+        self, request: ro.GenerateRequest, *, timeout: float | None = None
+    ) -> Iterator[ro.GenerateResponse]:
+        return self._server_stream("Generate", request, timeout)
+
+    def load_adapter_stream(
+        self, requests: Iterable[ro.LoadAdapterRequest], *, timeout: float | None = None
+    ) -> ro.AdapterInfo:
+        """The raw LoadAdapter call: a header message, then file chunks. See `load_adapter`."""
+        return self._client_stream("LoadAdapter", requests, timeout)
+
+    def list_adapters(
+        self, request: ro.ListAdaptersRequest | None = None, *, timeout: float | None = None
+    ) -> ro.ListAdaptersResponse:
+        return self._unary(
+            "ListAdapters", request if request is not None else ro.ListAdaptersRequest(), timeout
+        )
+
+    def unload_adapter(
+        self, request: ro.UnloadAdapterRequest, *, timeout: float | None = None
+    ) -> ro.UnloadAdapterResponse:
+        return self._unary("UnloadAdapter", request, timeout)
+
+    def get_info(
+        self, request: ro.GetInfoRequest | None = None, *, timeout: float | None = None
+    ) -> ro.RolloutInfo:
+        return self._unary("GetInfo", request if request is not None else ro.GetInfoRequest(), timeout)
+
+    def load_adapter(
+        self,
+        name: str,
+        version: int,
+        directory: str | os.PathLike[str],
+        *,
+        chunk_size: int = 1024 * 1024,
+        timeout: float | None = None,
+    ) -> ro.AdapterInfo:
+        """Uploads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) as
+        version `version` of adapter `name`; it goes live once the server has checked it."""
+        return self.load_adapter_stream(adapter_upload(name, version, directory, chunk_size), timeout=timeout)
+
+
+class BenchmarkClient(ServiceClient):
+    """rlvr.v1.BenchmarkService: evaluations and leaderboards."""
+
+    service = "benchmark"
+    _stub_class = benchmark_pb2_grpc.BenchmarkServiceStub
+
+    def list_benchmarks(
+        self, request: bm.ListBenchmarksRequest | None = None, *, timeout: float | None = None
+    ) -> bm.ListBenchmarksResponse:
+        return self._unary(
+            "ListBenchmarks", request if request is not None else bm.ListBenchmarksRequest(), timeout
+        )
+
+    def run_evaluation(
+        self, request: bm.RunEvaluationRequest, *, timeout: float | None = None
+    ) -> bm.Evaluation:
+        return self._unary("RunEvaluation", request, timeout)
+
+    def get_evaluation(
+        self, request: bm.GetEvaluationRequest, *, timeout: float | None = None
+    ) -> bm.Evaluation:
+        return self._unary("GetEvaluation", request, timeout)
+
+    def list_evaluations(
+        self, request: bm.ListEvaluationsRequest | None = None, *, timeout: float | None = None
+    ) -> bm.ListEvaluationsResponse:
+        return self._unary(
+            "ListEvaluations", request if request is not None else bm.ListEvaluationsRequest(), timeout
+        )
+
+    def get_evaluation_results(
+        self, request: bm.GetEvaluationResultsRequest, *, timeout: float | None = None
+    ) -> bm.GetEvaluationResultsResponse:
+        return self._unary("GetEvaluationResults", request, timeout)
+
+    def watch_evaluation(
+        self, request: bm.WatchEvaluationRequest, *, timeout: float | None = None
+    ) -> Iterator[bm.EvaluationEvent]:
+        return self._server_stream("WatchEvaluation", request, timeout)
+
+    def get_leaderboard(
+        self, request: bm.GetLeaderboardRequest, *, timeout: float | None = None
+    ) -> bm.GetLeaderboardResponse:
+        return self._unary("GetLeaderboard", request, timeout)
+
+
+CLIENT_CLASSES: dict[str, type[ServiceClient]] = {
+    cls.service: cls for cls in (SchedulerClient, TrainerClient, RewardClient, RolloutClient, BenchmarkClient)
+}
+
+
+class Rlvr:
+    """A client for each service, from one ClientSettings. Close it (or use `with`)."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout)
+        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout)
+        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout)
+        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout)
+        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout)
+
+    def close(self) -> None:
+        for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
+            client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def connect(settings: ClientSettings | None = None) -> Rlvr:
+    """Clients for the whole stack; addresses from `settings`, else from the environment
+    (RLVR_SCHEDULER_ADDRESS, ...), else the local stack's defaults. Connects lazily: nothing
+    is dialled until the first call."""
+    return Rlvr(settings if settings is not None else ClientSettings())
