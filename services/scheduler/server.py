@@ -1,15 +1,110 @@
-"""gRPC glue of the scheduler service.
+"""gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-Until the issue that builds this service lands, its RPCs answer UNIMPLEMENTED (the generated base
-servicer); health, reflection and graceful shutdown already work.
+The core (services/scheduler/jobs.py) knows nothing of gRPC; this module opens the store and the
+event bus at start (a bad URL stops the service with one line naming the setting) and maps calls.
+RPCs of later issues (metrics card, actions, loops) answer UNIMPLEMENTED until they land.
 """
 
-from rlvr.common.server import GrpcService
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rlvr.common.errors import map_errors
+from rlvr.common.server import GrpcService, StartupError
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.scheduler.jobs import GrpcWorkers, JobManager
 from services.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger("rlvr.scheduler")
+
+
+@map_errors
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self) -> None:
+        self.jobs: JobManager | None = None
+
+    def _jobs(self) -> JobManager:
+        if self.jobs is None:
+            from rlvr.common.errors import Unavailable
+
+            raise Unavailable("the scheduler is starting")
+        return self.jobs
+
+    async def CreateJob(self, request: scheduler_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
+                        ) -> scheduler_pb2.CreateJobResponse:  # noqa: N802
+        resolved, job = await self._jobs().create(request.spec, request.dry_run)
+        resp = scheduler_pb2.CreateJobResponse(summary=resolved.summary, warnings=resolved.warnings,
+                                               resolved_spec=resolved.spec)
+        if job is not None:
+            resp.job.CopyFrom(job)
+        return resp
+
+    async def GetJob(self, request, context):  # noqa: N802
+        return await self._jobs().get(request.id)
+
+    async def ListJobs(self, request, context):  # noqa: N802
+        if request.limit < 0 or request.offset < 0:
+            raise ValueError(f"limit/offset: {request.limit}/{request.offset} must be >= 0")
+        jobs, total = await self._jobs().list(request.status, request.limit, request.offset)
+        return scheduler_pb2.ListJobsResponse(jobs=jobs, total=total)
+
+    async def CancelJob(self, request, context):  # noqa: N802
+        return await self._jobs().cancel(request.id)
+
+    async def WatchJob(self, request, context) -> AsyncIterator:  # noqa: N802
+        async for event in self._jobs().watch(request.id, request.from_start):
+            yield event
+
+
+class SchedulerCore:
+    """Opens the store and the bus, runs the job manager."""
+
+    def __init__(self, settings: SchedulerSettings, servicer: SchedulerServicer) -> None:
+        self.settings = settings
+        self.servicer = servicer
+        self.store = None
+        self.bus = None
+
+    async def start(self) -> None:
+        from rlvr.infra.events import EventBus, EventBusError
+        from rlvr.infra.store import Store, StoreError
+
+        s = self.settings
+        try:
+            if s.database_url.startswith("sqlite:///"):
+                from pathlib import Path
+
+                Path(s.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self.store = await asyncio.to_thread(Store, s.database_url)
+            await asyncio.to_thread(self.store.create_all)
+        except StoreError as e:
+            raise StartupError(f"setting database_url (--database-url / RLVR_SCHEDULER_DATABASE_URL): {e}") from None
+        try:
+            self.bus = await EventBus.connect(s.nats_url, name="scheduler")
+        except (EventBusError, OSError) as e:
+            raise StartupError(f"setting nats_url (--nats-url / RLVR_SCHEDULER_NATS_URL) = {s.nats_url!r}: {e}"
+                               ) from None
+        s.artifact_root.mkdir(parents=True, exist_ok=True)
+        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses))
+        await jobs.start()
+        self.servicer.jobs = jobs
+
+    async def stop(self) -> None:
+        if self.servicer.jobs is not None:
+            await self.servicer.jobs.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        if self.store is not None:
+            self.store.close()
 
 
 def build_service(settings: SchedulerSettings) -> GrpcService:
+    servicer = SchedulerServicer()
+    core = SchedulerCore(settings, servicer)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
-    servicer = scheduler_pb2_grpc.SchedulerServiceServicer()
-    return GrpcService([(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, servicer, name)])
+    return GrpcService([(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, servicer, name)],
+                       on_start=core.start, on_stop=core.stop)
