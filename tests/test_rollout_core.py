@@ -1,0 +1,379 @@
+"""The rollout server's core (no gRPC): both backends, adapter versions, validation, concurrency.
+
+Every test that takes `core` runs on the transformers backend and on the real vLLM engine (CPU build); one
+engine per backend is shared by the module because vLLM takes ~20 s to start. Tests use distinct adapter
+names so they do not depend on each other's state. The reference for "the right output" is always plain
+transformers + `peft.PeftModel` loading the same adapter files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.tiny import build_untrained_model
+from services.rollout.adapters import (
+    AdapterRegistry,
+    AdapterRejected,
+    AdapterVersionMismatch,
+    StaleVersionError,
+    UnknownAdapterError,
+    base_linear_shapes,
+)
+from services.rollout.backend import AdapterVersion, PromptGroupOut, PromptInput, SamplingSpec
+from services.rollout.engine import CoreConfig, RolloutCore
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MAX_LORA_RANK = 8
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+QUESTION = [{"role": "user", "content": "What is 12+7?"}]
+
+
+# ------------------------------------------------------------------------------------------- helpers
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_untrained_model(tmp_path_factory.mktemp("tiny") / "model", size="test", seed=0)
+
+
+def make_lora(model_dir: Path, out: Path, seed: int, r: int = 4, targets: list[str] | None = None) -> Path:
+    """A PEFT LoRA with random non-zero B (a fresh one is the identity), saved as PEFT saves it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets or ALL_TARGETS),
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    model.save_pretrained(out)
+    return out
+
+
+def upload(adapter_dir: Path) -> dict[str, bytes]:
+    """What a trainer sends: the two files' bytes (peft also writes a README that is not sent)."""
+    return {n: (adapter_dir / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+
+
+@pytest.fixture(scope="session")
+def loras(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("loras")
+    return {
+        "v1": make_lora(model_dir, root / "v1", seed=1),
+        "v2": make_lora(model_dir, root / "v2", seed=2),
+        "other": make_lora(model_dir, root / "other", seed=3, targets=["q_proj", "v_proj"]),
+        "rank16": make_lora(model_dir, root / "rank16", seed=4, r=16),
+    }
+
+
+def reference_greedy(
+    model_dir: Path, adapter_dir: Path | None, prompt: list[int], max_tokens: int
+) -> list[int]:
+    """Greedy tokens from transformers (+ PeftModel), the ground truth both backends must reproduce."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    stops = sorted({AutoTokenizer.from_pretrained(model_dir).eos_token_id, *eos})
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=stops,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def reference_logprobs(
+    model_dir: Path, adapter_dir: Path | None, prompt: list[int], completion: list[int], temperature: float
+) -> list[float]:
+    """Teacher-forced log p(token) under logits / temperature: what a trainer computes for the ratio."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+
+
+async def collect(stream: AsyncIterator[PromptGroupOut]) -> list[PromptGroupOut]:
+    return sorted([group async for group in stream], key=lambda g: g.prompt_index)
+
+
+async def greedy(
+    core: RolloutCore, prompt: list[int], name: str | None, max_tokens: int = 24
+) -> PromptGroupOut:
+    (group,) = await collect(
+        core.generate(
+            [PromptInput(token_ids=prompt)], SamplingSpec(n=1, max_tokens=max_tokens, temperature=0), name
+        )
+    )
+    return group
+
+
+@pytest.fixture(
+    scope="module",
+    params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)],
+)
+async def core(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    config = CoreConfig(
+        model=str(model_dir),
+        adapter_root=tmp_path_factory.mktemp(f"adapters-{request.param}"),
+        backend=request.param,
+        max_lora_rank=MAX_LORA_RANK,
+        max_loras=2,
+        max_model_len=512,
+        max_adapter_bytes=256 * 1024,
+        enforce_eager=True,  # the compiled graph buys nothing on this model and costs seconds at start
+    )
+    core = await RolloutCore.start(config)
+    yield core
+    await core.shutdown()
+
+
+# ---------------------------------------------------------------------------------------- generation
+async def test_shapes_finish_reasons_and_logprob_sign(core: RolloutCore) -> None:
+    chat = core.render_chat(QUESTION)
+    prompts = [PromptInput(token_ids=chat), PromptInput(text="12+7=")]
+    groups = await collect(core.generate(prompts, SamplingSpec(n=8, max_tokens=48, temperature=1.0, seed=3)))
+    assert [g.prompt_index for g in groups] == [0, 1]
+    assert groups[0].prompt_token_ids == chat
+    stops = core.backend.codec.stop_token_ids
+    reasons = []
+    for group in groups:
+        assert [c.sample_index for c in group.completions] == list(range(8))
+        for c in group.completions:
+            assert 1 <= len(c.token_ids) == len(c.logprobs) <= 48
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert (c.adapter_name, c.adapter_version) == (None, None)
+            # stop: ended on a stop token (kept in token_ids); length: ran to max_tokens without one
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] in stops and not stops & set(c.token_ids[:-1])
+            else:
+                assert c.finish_reason == "length" and len(c.token_ids) == 48 and not stops & set(c.token_ids)
+            reasons.append(c.finish_reason)
+    # A random 320-token model hits one of its 2 stop tokens within 48 tokens about a quarter of the time.
+    assert {"stop", "length"} <= set(reasons)
+
+
+async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
+    prompts = [PromptInput(text="3+4="), PromptInput(text="9+9=")]
+
+    async def run(seed: int) -> list[list[int]]:
+        spec = SamplingSpec(n=4, max_tokens=32, temperature=1.0, top_p=0.9, seed=seed)
+        return [c.token_ids for g in await collect(core.generate(prompts, spec)) for c in g.completions]
+
+    first = await run(11)
+    assert first == await run(11)
+    assert first != await run(12)
+    assert len({tuple(t) for t in first}) > 1  # the n samples of one request differ
+
+
+async def test_sampling_logprobs_match_the_tempered_policy(core: RolloutCore, model_dir: Path, loras) -> None:
+    await core.load_adapter("lp-policy", 1, upload(loras["v1"]))
+    prompt = core.render_chat(QUESTION)
+    spec = SamplingSpec(n=2, max_tokens=16, temperature=0.7, seed=5)
+    (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], spec, "lp-policy"))
+    for c in group.completions:
+        expected = reference_logprobs(model_dir, loras["v1"], prompt, c.token_ids, temperature=0.7)
+        assert c.logprobs == pytest.approx(expected, abs=2e-3)
+
+
+# ------------------------------------------------------------------------------------------ adapters
+async def test_versions_go_live_stamped_and_match_peft(core: RolloutCore, model_dir: Path, loras) -> None:
+    prompt = core.render_chat(QUESTION)
+    base = await greedy(core, prompt, None)
+    assert base.completions[0].token_ids == reference_greedy(model_dir, None, prompt, 24)
+
+    live = await core.load_adapter("policy", 1, upload(loras["v1"]))
+    assert (live.version, core.live_version("policy")) == (1, 1)
+    first = (await greedy(core, prompt, "policy")).completions[0]
+    assert (first.adapter_name, first.adapter_version) == ("policy", 1)
+    assert first.token_ids == reference_greedy(model_dir, loras["v1"], prompt, 24)
+    assert first.token_ids != base.completions[0].token_ids  # the adapter really changes the policy
+
+    await core.load_adapter("policy", 2, upload(loras["v2"]))
+    second = (await greedy(core, prompt, "policy")).completions[0]
+    assert (second.adapter_name, second.adapter_version) == ("policy", 2)
+    assert second.token_ids == reference_greedy(model_dir, loras["v2"], prompt, 24)
+    assert second.token_ids != first.token_ids
+
+    # A caller that pins the version it pushed never silently gets another one.
+    with pytest.raises(AdapterVersionMismatch):
+        await collect(
+            core.generate([PromptInput(token_ids=prompt)], SamplingSpec(n=1, max_tokens=4), "policy", 1)
+        )
+    assert [(a.name, a.version) for a in core.list_adapters() if a.name == "policy"] == [("policy", 2)]
+
+
+async def test_stale_and_repeated_versions_rejected(core: RolloutCore, loras) -> None:
+    await core.load_adapter("stale", 5, upload(loras["v1"]))
+    for version in (5, 4):
+        with pytest.raises(StaleVersionError, match="not newer than the live version 5"):
+            await core.load_adapter("stale", version, upload(loras["v2"]))
+    assert core.live_version("stale") == 5
+
+
+def _corrupt_uploads(loras: dict[str, Path]) -> dict[str, tuple[str, int, dict[str, bytes] | Path, str]]:
+    good = upload(loras["v1"])
+    config = json.loads(good["adapter_config.json"])
+    weights = good["adapter_model.safetensors"]
+
+    def with_config(**changes: object) -> dict[str, bytes]:
+        return {**good, "adapter_config.json": json.dumps({**config, **changes}).encode()}
+
+    header_len = struct.unpack("<Q", weights[:8])[0]
+    header = json.loads(weights[8 : 8 + header_len])
+    key = next(k for k in header if k.endswith("q_proj.lora_A.weight"))
+    renamed = json.dumps(
+        {k.replace("layers.0.", "layers.9.") if k == key else k: v for k, v in header.items()}
+    )
+    wrong_module = struct.pack("<Q", len(renamed)) + renamed.encode() + weights[8 + header_len :]
+    nan = bytearray(weights)
+    nan[
+        8 + header_len + header[key]["data_offsets"][0] : 8 + header_len + header[key]["data_offsets"][0] + 4
+    ] = struct.pack("<f", float("nan"))
+    return {
+        "truncated weights": (
+            "guarded",
+            2,
+            {**good, "adapter_model.safetensors": weights[:-100]},
+            "outside the file",
+        ),
+        "garbage weights": ("guarded", 2, {**good, "adapter_model.safetensors": b"\x00" * 64}, "corrupt"),
+        "NaN weights": ("guarded", 2, {**good, "adapter_model.safetensors": bytes(nan)}, "NaN"),
+        "oversized": ("guarded", 2, {**good, "adapter_config.json": b" " * 300_000}, "over the limit"),
+        "pickle file": ("guarded", 2, {**good, "adapter_model.bin": b"\x80\x04"}, "unexpected files"),
+        "no weights": ("guarded", 2, {"adapter_config.json": good["adapter_config.json"]}, "lacks"),
+        "bad json": ("guarded", 2, {**good, "adapter_config.json": b"{not json"}, "not valid JSON"),
+        "not lora": ("guarded", 2, with_config(peft_type="IA3"), "peft_type"),
+        "dora": ("guarded", 2, with_config(use_dora=True), "use_dora"),
+        "unknown target": ("guarded", 2, with_config(target_modules=["q_proj", "wq"]), "do not exist"),
+        "rank over max": ("guarded", 2, upload(loras["rank16"]), "max_lora_rank"),
+        "rank mismatch": ("guarded", 2, with_config(r=2), "r=2"),
+        "module not in base": (
+            "guarded",
+            2,
+            {**good, "adapter_model.safetensors": wrong_module},
+            "does not have",
+        ),
+        "bad name": ("../guarded", 2, good, "must match"),
+        "bad version": ("guarded", 0, good, "version"),
+    }
+
+
+async def test_bad_uploads_rejected_and_live_version_untouched(core: RolloutCore, loras) -> None:
+    prompt = core.render_chat(QUESTION)
+    await core.load_adapter("guarded", 1, upload(loras["v1"]))
+    before = (await greedy(core, prompt, "guarded")).completions[0]
+    for case, (name, version, files, message) in _corrupt_uploads(loras).items():
+        with pytest.raises(AdapterRejected, match=message):
+            await core.load_adapter(name, version, files)
+        assert core.live_version("guarded") == 1, case
+    after = (await greedy(core, prompt, "guarded")).completions[0]
+    assert (after.adapter_version, after.token_ids) == (1, before.token_ids)
+    assert not list(core.registry._staging.iterdir())  # no half-written upload left behind
+    # A directory upload (the servicer spooling chunks to disk) works the same way.
+    spool = core.registry.root.parent / f"spool-{core.backend.name}"
+    spool.mkdir()
+    for name, data in upload(loras["v2"]).items():
+        (spool / name).write_bytes(data)
+    assert (await core.load_adapter("guarded", 2, spool)).version == 2
+
+
+async def test_two_jobs_adapters_serve_concurrently(core: RolloutCore, model_dir: Path, loras) -> None:
+    prompt = core.render_chat(QUESTION)
+    await core.load_adapter("job-a", 1, upload(loras["v1"]))
+    await core.load_adapter("job-b", 7, upload(loras["other"]))
+    a, b, base = await asyncio.gather(
+        greedy(core, prompt, "job-a"), greedy(core, prompt, "job-b"), greedy(core, prompt, None)
+    )
+    assert (a.completions[0].adapter_name, a.completions[0].adapter_version) == ("job-a", 1)
+    assert (b.completions[0].adapter_name, b.completions[0].adapter_version) == ("job-b", 7)
+    assert a.completions[0].token_ids == reference_greedy(model_dir, loras["v1"], prompt, 24)
+    assert b.completions[0].token_ids == reference_greedy(model_dir, loras["other"], prompt, 24)
+    assert base.completions[0].token_ids == reference_greedy(model_dir, None, prompt, 24)
+
+
+async def test_running_request_keeps_its_version_across_a_push(core: RolloutCore, loras) -> None:
+    await core.load_adapter("swap", 1, upload(loras["v1"]))
+    v1_path = core.registry.get("swap").path
+    prompts = [PromptInput(text=f"{i}+1=") for i in range(3)]
+    stream = core.generate(prompts, SamplingSpec(n=2, max_tokens=32, seed=1), "swap")
+    first = await anext(stream)
+    await core.load_adapter("swap", 2, upload(loras["v2"]))  # lands while v1 is still generating
+    rest = [group async for group in stream]
+    assert {c.adapter_version for g in [first, *rest] for c in g.completions} == {1}
+    assert not v1_path.exists()  # the last lease on v1 ended, so v1 left the engine and the disk
+    assert (await greedy(core, [5, 6, 7], "swap", 4)).completions[0].adapter_version == 2
+
+
+async def test_unload(core: RolloutCore, loras) -> None:
+    await core.load_adapter("gone", 3, upload(loras["v1"]))
+    path = core.registry.get("gone").path
+    assert (await core.unload_adapter("gone")).version == 3
+    assert core.live_version("gone") is None and not path.exists()
+    with pytest.raises(UnknownAdapterError):
+        await greedy(core, [5, 6, 7], "gone")
+    with pytest.raises(UnknownAdapterError):
+        await core.unload_adapter("gone")
+    assert (await core.load_adapter("gone", 1, upload(loras["v2"]))).version == 1  # a fresh start
+
+
+async def test_prompt_validation(core: RolloutCore) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        await collect(core.generate([PromptInput(token_ids=[5] * 500)], SamplingSpec(n=1, max_tokens=32)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        await collect(core.generate([PromptInput(token_ids=[5, 10_000])], SamplingSpec(n=1, max_tokens=32)))
+
+
+# ---------------------------------------------------------------------------- registry without an engine
+class RefusingBackend:
+    """Accepts nothing: the registry must then reject the push and keep the previous version live."""
+
+    name = "refusing"
+
+    def __init__(self) -> None:
+        self.refuse = False
+        self.loaded: list[str] = []
+
+    async def add_adapter(self, adapter: AdapterVersion) -> None:
+        if self.refuse:
+            raise RuntimeError("LoRA rank 4 exceeds the engine's slot")
+        self.loaded.append(adapter.key)
+
+    async def remove_adapter(self, adapter: AdapterVersion) -> None:
+        self.loaded.remove(adapter.key)
+
+
+async def test_registry_backend_refusal_keeps_live(model_dir: Path, loras, tmp_path: Path) -> None:
+    backend = RefusingBackend()
+    registry = AdapterRegistry(tmp_path / "adapters", backend, base_linear_shapes(model_dir), MAX_LORA_RANK)  # type: ignore[arg-type]
+    v1 = await registry.load("job", 1, upload(loras["v1"]))
+    backend.refuse = True
+    with pytest.raises(AdapterRejected, match="engine refused"):
+        await registry.load("job", 2, upload(loras["v2"]))
+    assert registry.get("job") == v1 and backend.loaded == ["job@v1"]
+    assert not (tmp_path / "adapters" / "job" / "v2").exists()
+    backend.refuse = False
+    v2 = await registry.load("job", 2, upload(loras["v2"]))
+    assert v2.uid != v1.uid and backend.loaded == ["job@v2"] and not v1.path.exists()
