@@ -100,9 +100,14 @@ def reference_greedy(
 
 
 def reference_logprobs(
-    model_dir: Path, adapter_dir: Path | None, prompt: list[int], completion: list[int], temperature: float
+    model_dir: Path,
+    adapter_dir: Path | None,
+    prompt: list[int],
+    completion: list[int],
+    temperature: float,
+    top_p: float = 1.0,
 ) -> list[float]:
-    """Teacher-forced log p(token) under logits / temperature: what a trainer computes for the ratio."""
+    """Teacher-forced log p(token) under logits / temperature, renormalised over the top-p nucleus."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -112,7 +117,15 @@ def reference_logprobs(
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+    probs = logits.softmax(-1)
+    # The nucleus: most likely tokens first, up to and including the one whose mass reaches top_p.
+    sorted_probs, order = probs.sort(-1, descending=True)
+    in_nucleus = torch.zeros_like(probs, dtype=torch.bool)
+    in_nucleus.scatter_(-1, order, sorted_probs.cumsum(-1) - sorted_probs < top_p)
+    chosen = torch.tensor(completion)[:, None]
+    assert bool(in_nucleus.gather(-1, chosen).all()), "a token outside the top-p nucleus was sampled"
+    nucleus_mass = (probs * in_nucleus).sum(-1)
+    return (probs.gather(-1, chosen).squeeze(1) / nucleus_mass).log().tolist()
 
 
 async def collect(stream: AsyncIterator[PromptGroupOut]) -> list[PromptGroupOut]:
@@ -191,11 +204,12 @@ async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
 async def test_sampling_logprobs_match_the_tempered_policy(core: RolloutCore, model_dir: Path, loras) -> None:
     await core.load_adapter("lp-policy", 1, upload(loras["v1"]))
     prompt = core.render_chat(QUESTION)
-    spec = SamplingSpec(n=2, max_tokens=16, temperature=0.7, seed=5)
-    (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], spec, "lp-policy"))
-    for c in group.completions:
-        expected = reference_logprobs(model_dir, loras["v1"], prompt, c.token_ids, temperature=0.7)
-        assert c.logprobs == pytest.approx(expected, abs=2e-3)
+    for top_p in (1.0, 0.8):
+        spec = SamplingSpec(n=2, max_tokens=16, temperature=0.7, top_p=top_p, seed=5)
+        (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], spec, "lp-policy"))
+        for c in group.completions:
+            expected = reference_logprobs(model_dir, loras["v1"], prompt, c.token_ids, 0.7, top_p)
+            assert c.logprobs == pytest.approx(expected, abs=2e-3)
 
 
 # ------------------------------------------------------------------------------------------ adapters

@@ -25,10 +25,11 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from services.rollout.backend import AdapterVersion, GenerationBackend
+from services.rollout.backend import AdapterVersion, GenerationBackend, base_linear_shapes
 
 __all__ = [
     "AdapterRegistry",
+    "base_linear_shapes",
     "AdapterRejected",
     "AdapterVersionMismatch",
     "StaleVersionError",
@@ -44,7 +45,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
-FLOAT_DTYPES = {"F32", "F16", "BF16"}
+FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2}  # safetensors dtype -> bytes per element
 WEIGHT_PREFIX = "base_model.model."
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
@@ -243,22 +244,19 @@ def read_upload(files: Mapping[str, bytes] | Path, max_bytes: int) -> dict[str, 
     """The upload's two files as bytes, with the size limit and the exact file set enforced."""
     allowed = {ADAPTER_CONFIG, ADAPTER_WEIGHTS}
     if isinstance(files, Path | str):
-        directory = Path(files)
-        entries = {p.name: p for p in directory.iterdir()}
-        extra = sorted(set(entries) - allowed)
-        if extra:
-            raise AdapterRejected(f"unexpected files in adapter upload: {extra}; only {sorted(allowed)}")
-        total = sum(p.stat().st_size for p in entries.values() if p.is_file())
-        if total > max_bytes:
-            raise AdapterRejected(f"adapter upload is {total} bytes, over the limit of {max_bytes}")
-        contents = {n: p.read_bytes() for n, p in entries.items() if p.is_file()}
+        # Sizes come from stat() before anything is read, so an oversized spool is never loaded.
+        paths = {p.name: p for p in Path(files).iterdir()}
+        sizes = {n: (p.stat().st_size if p.is_file() else 0) for n, p in paths.items()}
     else:
-        extra = sorted(set(files) - allowed)
-        if extra:
-            raise AdapterRejected(f"unexpected files in adapter upload: {extra}; only {sorted(allowed)}")
-        total = sum(len(b) for b in files.values())
-        if total > max_bytes:
-            raise AdapterRejected(f"adapter upload is {total} bytes, over the limit of {max_bytes}")
+        sizes = {n: len(b) for n, b in files.items()}
+    extra = sorted(set(sizes) - allowed)
+    if extra:
+        raise AdapterRejected(f"unexpected files in adapter upload: {extra}; only {sorted(allowed)}")
+    if sum(sizes.values()) > max_bytes:
+        raise AdapterRejected(f"adapter upload is {sum(sizes.values())} bytes, over the limit of {max_bytes}")
+    if isinstance(files, Path | str):
+        contents = {n: p.read_bytes() for n, p in paths.items() if p.is_file()}
+    else:
         contents = {n: bytes(b) for n, b in files.items()}
     missing = sorted(allowed - set(contents))
     if missing:
@@ -393,28 +391,29 @@ def _parse_safetensors_header(data: bytes) -> dict[str, dict]:
         raise AdapterRejected(f"{ADAPTER_WEIGHTS} has a corrupt header")
     header.pop("__metadata__", None)
     body = len(data) - 8 - header_len
-    itemsize = {"F32": 4, "F16": 2, "BF16": 2}
     for key, entry in header.items():
-        ok = isinstance(entry, dict) and entry.get("dtype") in FLOAT_DTYPES
-        shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
-        ok = (
-            ok
-            and isinstance(shape, list)
-            and len(shape) == 2
-            and all(isinstance(d, int) and d > 0 for d in shape)
-        )
-        ok = (
-            ok
-            and isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(o, int) for o in offsets)
-        )
-        if not ok:
+        if not _is_2d_float_entry(entry):
             raise AdapterRejected(f"tensor {key!r} in {ADAPTER_WEIGHTS} is not a 2-D float tensor entry")
-        start, end = offsets
-        if not 0 <= start <= end <= body or end - start != shape[0] * shape[1] * itemsize[entry["dtype"]]:
+        (rows, cols), (start, end) = entry["shape"], entry["data_offsets"]
+        if not 0 <= start <= end <= body or end - start != rows * cols * FLOAT_DTYPES[entry["dtype"]]:
             raise AdapterRejected(f"tensor {key!r} in {ADAPTER_WEIGHTS} points outside the file (truncated?)")
     return header
+
+
+def _is_2d_float_entry(entry: object) -> bool:
+    def int_pair(value: object, minimum: int) -> bool:
+        return (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and v >= minimum for v in value)
+        )
+
+    return (
+        isinstance(entry, dict)
+        and entry.get("dtype") in FLOAT_DTYPES
+        and int_pair(entry.get("shape"), 1)
+        and int_pair(entry.get("data_offsets"), 0)
+    )
 
 
 def _check_tensors_load(data: bytes) -> None:
@@ -428,22 +427,3 @@ def _check_tensors_load(data: bytes) -> None:
     for key, tensor in tensors.items():
         if not bool(torch.isfinite(tensor).all()):
             raise AdapterRejected(f"tensor {key!r} holds NaN or infinite values")
-
-
-def base_linear_shapes(model_path: str | Path, trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
-    """`{module name: (in_features, out_features)}` of the base model's LoRA-able linear layers.
-
-    Built on the meta device from the config alone, so it costs no weights and no memory.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    head = model.get_output_embeddings()
-    return {
-        name: (module.in_features, module.out_features)
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not head
-    }

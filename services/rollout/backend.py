@@ -20,7 +20,7 @@ Semantics both backends keep identical (the trainer relies on them, whichever ba
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -145,7 +145,7 @@ class GenerationBackend(abc.ABC):
         sampling: SamplingSpec,
         adapter: AdapterVersion | None,
         request_id: str,
-    ) -> AsyncIterator[PromptGroupOut]:
+    ) -> AsyncGenerator[PromptGroupOut, None]:
         """Yield one `PromptGroupOut` per prompt, in completion order (not necessarily prompt order).
 
         Raises ValueError for a prompt the model cannot take (too long for `max_model_len`, unknown token
@@ -237,3 +237,22 @@ class PromptCodec:
                 )
             encoded.append(ids)
         return encoded
+
+
+def base_linear_shapes(model_path: str | Path, trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
+    """`{module name: (in_features, out_features)}` of the base model's LoRA-able linear layers.
+
+    Built on the meta device from the config alone, so it costs no weights and no memory.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    head = model.get_output_embeddings()
+    return {
+        name: (module.in_features, module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +128,7 @@ class RolloutCore:
         adapter_name: str | None = None,
         adapter_version: int | None = None,
         request_id: str | None = None,
-    ) -> AsyncIterator[PromptGroupOut]:
+    ) -> AsyncGenerator[PromptGroupOut, None]:
         """Stream one `PromptGroupOut` per prompt (n completions each) as each group finishes.
 
         `adapter_name` None/"" is the base model; `adapter_version` None/0 takes the live version, any other

@@ -18,7 +18,8 @@ import contextlib
 import logging
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -131,7 +132,10 @@ class TransformersBackend(GenerationBackend):
 
     def _remove_adapter(self, adapter: AdapterVersion) -> None:
         if adapter.key in self._adapters and self._model is not None:
-            self._model.delete_adapter(adapter.key)
+            with warnings.catch_warnings():
+                # "adapter X was active ... setting active adapter to Y": harmless, every request sets its own
+                warnings.simplefilter("ignore", UserWarning)
+                self._model.delete_adapter(adapter.key)
             self._adapters.discard(adapter.key)
 
     @contextlib.contextmanager
@@ -158,7 +162,7 @@ class TransformersBackend(GenerationBackend):
         sampling: SamplingSpec,
         adapter: AdapterVersion | None,
         request_id: str,
-    ) -> AsyncIterator[PromptGroupOut]:
+    ) -> AsyncGenerator[PromptGroupOut, None]:
         prompt_ids = self.codec.encode_prompts(prompts, sampling.max_tokens)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[PromptGroupOut | BaseException] = asyncio.Queue()

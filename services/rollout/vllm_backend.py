@@ -30,7 +30,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from services.rollout.backend import (
@@ -209,7 +209,7 @@ class VLLMBackend(GenerationBackend):
         sampling: SamplingSpec,
         adapter: AdapterVersion | None,
         request_id: str,
-    ) -> AsyncIterator[PromptGroupOut]:
+    ) -> AsyncGenerator[PromptGroupOut, None]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
