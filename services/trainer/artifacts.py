@@ -1,0 +1,100 @@
+"""Where a job's files live under the artifact root, and how adapters are written without ever
+leaving a half-written one behind.
+
+    <artifact_root>/jobs/<job_id>/adapter/            the adapter of the last finished step (PEFT)
+    <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT)
+    <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
+    <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
+
+The adapter is rewritten after every optimizer step (it is also what goes to the rollout service),
+so a job killed mid-step still leaves the adapter of its last finished step: that is what makes a
+SIGKILL on cancel safe. Each file is replaced atomically (write a temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlvr.common.errors import InvalidArgument
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def check_name(name: str, field: str) -> str:
+    if not NAME_RE.match(name) or name in (".", ".."):
+        raise InvalidArgument(f"{field}: {name!r} is not a valid name; use ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
+    return name
+
+
+def under_root(root: Path, path: str | Path, field: str) -> Path:
+    """`path` (absolute, or relative to `root`) resolved, if it stays under `root`."""
+    base = root.resolve()
+    candidate = Path(path)
+    resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise InvalidArgument(f"{field}: {str(path)!r} is outside the artifact root {str(base)!r}")
+    return resolved
+
+
+def job_dir(root: Path, job_id: str) -> Path:
+    return root / "jobs" / job_id
+
+
+def adapter_dir(root: Path, job_id: str) -> Path:
+    return job_dir(root, job_id) / "adapter"
+
+
+def checkpoint_dir(root: Path, job_id: str, step: int) -> Path:
+    return job_dir(root, job_id) / "checkpoints" / f"step-{step}"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_adapter(model: Any, dest: Path) -> Path:  # model: a peft PeftModel
+    """Writes the LoRA weights alone (never merged) in PEFT format to `dest`, file by file atomically."""
+    staging = dest.with_name(f".{dest.name}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    model.save_pretrained(str(staging), safe_serialization=True)
+    missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
+    if missing:
+        raise RuntimeError(f"peft wrote no {', '.join(missing)} (is the model a PeftModel?)")
+    dest.mkdir(parents=True, exist_ok=True)
+    # The config first: it is identical from step to step, so a kill between the two renames
+    # leaves a loadable pair (the old weights with an equal config).
+    for name in ADAPTER_FILES:
+        os.replace(staging / name, dest / name)
+    shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def copy_adapter(src: Path, dest: Path) -> Path:
+    """A checkpoint: a copy of the PEFT files of `src` (written to a temporary folder, then renamed)."""
+    staging = dest.with_name(f".{dest.name}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    for name in ADAPTER_FILES:
+        shutil.copy2(src / name, staging / name)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(staging, dest)
+    return dest

@@ -1,0 +1,231 @@
+"""The GRPO step, run by TRL's `GRPOTrainer` with our rollouts, scores, sync and metrics plugged in.
+
+DESIGN.md names TRL as the engine, and it gives the per-step control this worker needs through two
+documented seams, so nothing of TRL is patched:
+
+- `rollout_func` (trl 1.16): every step's completions come from our `PolicyGenerator`: the rollout
+  service (vllm backend) with each completion's adapter version checked, or the policy itself
+  in-process (transformers backend). It is also where generation is timed.
+- a `TrainerCallback`: after each optimizer step it saves the adapter (PEFT files only), pushes it
+  to the rollout service as version = step number, writes periodic checkpoints, checks the cancel
+  flag, and turns the step's record plus TRL's log line into one `MetricEvent`.
+
+TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term
+against the adapter-free base, entropy, clipping and the optimizer. One step = `batch_size`
+completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
+step per generation, so no importance ratio is needed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlvr.v1 import common_pb2
+from services.trainer.config import JobConfig
+from services.trainer.metrics import StepRecord, metric_event
+from services.trainer.rollouts import AdapterTag, PolicyGenerator, Sampling
+from services.trainer.scorers import Scorer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
+
+log = logging.getLogger("rlvr.trainer.engine")
+
+# TRL's output_dir holds nothing we keep (save_strategy="no"); artifacts go through `StepHooks`.
+_TRL_DIR = "trl"
+
+
+@dataclass
+class StepHooks:
+    """What the engine calls out to; the runner provides them (artifacts, events, progress)."""
+
+    save_adapter: Callable[[Any, int], Path]  # (peft model, step) -> the directory holding the step's adapter
+    publish: Callable[[common_pb2.MetricEvent], None]
+    cancel: threading.Event
+
+
+def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool) -> Any:  # -> GRPOConfig
+    """TRL's config for a job. CPU facts (DESIGN.md): fp32 and no gradient checkpointing, whose
+    defaults (bf16, checkpointing on) make steps 8-13x slower here."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=job.batch_size,
+        gradient_accumulation_steps=1,
+        num_generations=job.group_size,
+        max_completion_length=job.max_completion_tokens,
+        learning_rate=job.learning_rate,
+        # The spec's Learning Rate is the rate: held constant rather than decayed to zero.
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=total_steps,
+        num_train_epochs=job.epochs,
+        loss_type=job.loss_type,
+        # Dr. GRPO drops the per-group std normalisation (its length/difficulty bias fix).
+        scale_rewards="none" if job.loss_type == "dr_grpo" else "group",
+        beta=job.kl_beta,
+        temperature=job.temperature,
+        num_iterations=1,
+        seed=job.seed,
+        data_seed=job.seed,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=use_cpu,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+
+class _StepCallback:
+    """The per-step seam (a transformers TrainerCallback; built in `make_callback` so that this
+    module imports transformers lazily)."""
+
+    def __init__(self, engine: GrpoEngine) -> None:
+        self.engine = engine
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.engine.record = StepRecord(step=state.global_step + 1, adapter_version=self.engine.live.version)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.engine.record.optimizer_done_at = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        engine = self.engine
+        step = state.global_step
+        adapter_dir = engine.hooks.save_adapter(model, step)
+        engine.adapter_step = step
+        started = time.perf_counter()
+        tag = AdapterTag(engine.job.adapter_name, step)
+        engine.generator.publish_adapter(adapter_dir, tag)
+        engine.live = tag
+        engine.record.sync_seconds = time.perf_counter() - started
+        engine.record.finish()
+        if engine.hooks.cancel.is_set():
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        engine = self.engine
+        if not logs or "loss" not in logs or engine.record.step != state.global_step:
+            return  # the end-of-training summary, or a log line of no step of ours
+        event = metric_event(engine.job.job_id, engine.total_steps, engine.record, logs, engine.job.kl_beta > 0)
+        log.info(
+            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)",
+            event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
+            event.completion_length_mean, event.step_seconds,
+        )
+        engine.hooks.publish(event)
+
+
+def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
+    from transformers import TrainerCallback
+
+    class StepCallback(_StepCallback, TrainerCallback):
+        pass
+
+    return StepCallback(engine)
+
+
+class GrpoEngine:
+    """One job's TRL trainer with our seams; `run()` trains until total_steps or cancel."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        model: Any,  # a peft PeftModel over the (possibly quantized) base
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: Sequence[tuple[str, str]],  # (rendered prompt, ground truth)
+        generator: PolicyGenerator,
+        scorer: Scorer,
+        hooks: StepHooks,
+        total_steps: int,
+        initial: AdapterTag,
+        use_cpu: bool,
+    ) -> None:
+        from datasets import Dataset
+        from transformers import PrinterCallback
+        from trl import GRPOTrainer
+
+        self.job = job
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.scorer = scorer
+        self.hooks = hooks
+        self.total_steps = total_steps
+        self.live = initial  # the policy the next rollouts must come from
+        self.adapter_step = 0  # the last step whose adapter is saved
+        self.record = StepRecord(step=0)
+        self._prompt_ids: dict[str, list[int]] = {}
+        dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
+        self.trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=self._reward,
+            args=grpo_args(job, total_steps, job.job_dir / _TRL_DIR, use_cpu),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=self._rollout,
+        )
+        self.trainer.remove_callback(PrinterCallback)  # our own one line per step replaces its dicts
+        self.trainer.add_callback(make_callback(self))
+        bind = getattr(generator, "bind", None)
+        if bind is not None:  # in-process generators sample from the very model TRL trains
+            bind(self.trainer.accelerator.unwrap_model(self.trainer.model))
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def run(self) -> None:
+        self.trainer.train()
+
+    def _ids(self, prompt: str) -> list[int]:
+        ids = self._prompt_ids.get(prompt)
+        if ids is None:
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            self._prompt_ids[prompt] = ids
+        return ids
+
+    def _rollout(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        """TRL's rollout_func: `prompts` holds each prompt `group_size` times in a row."""
+        g = self.job.group_size
+        unique = prompts[::g]
+        if len(prompts) != len(unique) * g or any(prompts[i] != unique[i // g] for i in range(len(prompts))):
+            raise RuntimeError(f"expected each prompt {g} times in a row from TRL's sampler, got {len(prompts)} rows")
+        step = self.record.step
+        if hasattr(self.generator, "step"):
+            self.generator.step = step  # for its error messages
+        sampling = Sampling(
+            group_size=g, max_tokens=self.job.max_completion_tokens, temperature=self.job.temperature,
+            seed=(self.job.seed * 1_000_003 + step) % 2**63,
+        )
+        batch = self.generator.generate([self._ids(p) for p in unique], sampling, self.live)
+        self.record.generate_seconds = batch.seconds
+        self.record.adapter_version = batch.adapter.version if batch.adapter.name == self.job.adapter_name else 0
+        self.record.completion_lengths = [len(c) for c in batch.completion_ids]
+        self.record.clipped = list(batch.clipped)
+        logprobs = batch.logprobs if batch.logprobs and all(batch.logprobs) else None
+        return {"prompt_ids": batch.prompt_ids, "completion_ids": batch.completion_ids, "logprobs": logprobs}
+
+    def _reward(self, completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
+        """TRL's reward function: the scorer's total reward; the components go to the record."""
+        started = time.perf_counter()
+        scores = self.scorer.score(completions, ground_truth)
+        self.record.scores = scores
+        self.record.score_seconds = time.perf_counter() - started
+        self.record.scored_at = time.perf_counter()
+        return [s.reward for s in scores]

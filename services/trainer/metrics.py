@@ -1,0 +1,93 @@
+"""One step's measurements and the `MetricEvent` built from them.
+
+The engine fills a `StepRecord` as the step runs (generation, scoring, the optimizer step, the
+adapter sync, each timed where it happens) and finishes it with what TRL logged for the step
+(loss, KL, entropy, learning rate). Reward mean/std come from the scores themselves, not from
+TRL's log, whose `reward_std` is the mean of per-group standard deviations.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from rlvr.v1 import common_pb2
+from services.trainer.scorers import Score
+
+
+@dataclass
+class StepRecord:
+    step: int
+    started: float = field(default_factory=time.perf_counter)
+    adapter_version: int = 0
+    completion_lengths: list[int] = field(default_factory=list)
+    clipped: list[bool] = field(default_factory=list)
+    scores: list[Score] = field(default_factory=list)
+    generate_seconds: float = 0.0
+    score_seconds: float = 0.0
+    scored_at: float | None = None  # end of scoring: the training phase starts here
+    optimizer_done_at: float | None = None
+    sync_seconds: float = 0.0
+    step_seconds: float = 0.0
+
+    @property
+    def train_seconds(self) -> float:
+        """From the scores to the end of the optimizer step (advantages, forward, backward, step)."""
+        if self.scored_at is None or self.optimizer_done_at is None:
+            return 0.0
+        return max(0.0, self.optimizer_done_at - self.scored_at)
+
+    def finish(self) -> None:
+        self.step_seconds = time.perf_counter() - self.started
+
+
+def _finite(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def metric_event(
+    job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool
+) -> common_pb2.MetricEvent:
+    """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
+    entropy, kl); `kl` is set only when the KL term is computed (kl_beta > 0)."""
+    rewards = [s.reward for s in record.scores]
+    lengths: Sequence[int] = record.completion_lengths or [0]
+    event = common_pb2.MetricEvent(
+        job_id=job_id,
+        step=record.step,
+        total_steps=total_steps,
+        reward_mean=statistics.fmean(rewards) if rewards else 0.0,
+        reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        accuracy=statistics.fmean(s.accuracy for s in record.scores) if record.scores else 0.0,
+        format=statistics.fmean(s.format for s in record.scores) if record.scores else 0.0,
+        loss=_finite(logs.get("loss")) or 0.0,
+        completion_length_mean=statistics.fmean(lengths),
+        completion_length_max=max(lengths),
+        clipped_ratio=statistics.fmean(record.clipped) if record.clipped else 0.0,
+        learning_rate=_finite(logs.get("learning_rate")) or 0.0,
+        adapter_version=record.adapter_version,
+        generate_seconds=record.generate_seconds,
+        score_seconds=record.score_seconds,
+        train_seconds=record.train_seconds,
+        sync_seconds=record.sync_seconds,
+        step_seconds=record.step_seconds,
+    )
+    entropy = _finite(logs.get("entropy"))
+    if entropy is not None:
+        event.entropy = entropy
+    kl = _finite(logs.get("kl"))
+    if kl_computed and kl is not None:
+        event.kl = kl
+    stamp = Timestamp()
+    stamp.GetCurrentTime()
+    event.time.CopyFrom(stamp)
+    return event

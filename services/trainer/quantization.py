@@ -1,0 +1,112 @@
+"""Devices and quantization: what this host can run, decided up front and never silently downgraded.
+
+The spec's Quantization option (Full Precision, 4-bit QLoRA, 8-bit) loads the frozen base through
+bitsandbytes. DESIGN.md records that bitsandbytes 0.50.2 trains LoRA over nf4 and int8 on CPU, but
+that is a property of the installed build and the host, so `check_quantization` probes it the way
+a job will use it (a micro Qwen2 loaded quantized, one LoRA forward and backward) and caches the
+answer. A job whose quantization cannot run fails at once with FailedPrecondition; it never falls
+back to full precision.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import warnings
+from typing import Any
+
+from rlvr.common.errors import FailedPrecondition
+
+
+def pick_device(gpu_selection: str) -> str:
+    """"cpu" or "cuda" for a job's GPU Selection ("auto", "cpu", or device indices such as "0,1",
+    which the job process has already put in CUDA_VISIBLE_DEVICES). A job asking for GPUs on a
+    host without CUDA fails rather than running on the CPU."""
+    import torch
+
+    if gpu_selection == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if gpu_selection == "auto":
+        return "cpu"
+    raise FailedPrecondition(
+        f"advanced.gpu_selection: {gpu_selection!r} asks for GPU devices, but this trainer worker has no CUDA "
+        "device; use \"auto\" or \"cpu\""
+    )
+
+
+def cuda_visible_devices(gpu_selection: str) -> str | None:
+    """The CUDA_VISIBLE_DEVICES a job process sets before importing torch (None: leave it)."""
+    if gpu_selection in ("auto", ""):
+        return None
+    return "" if gpu_selection == "cpu" else gpu_selection
+
+
+def bnb_config(quantization: str) -> Any:  # -> transformers.BitsAndBytesConfig | None
+    if quantization == "full":
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
+            bnb_4bit_use_double_quant=False,
+        )
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"advanced.quantization: {quantization!r} is not one of full, 4bit, 8bit")
+
+
+def _probe(quantization: str, device: str) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=64)
+    with tempfile.TemporaryDirectory(prefix="rlvr-quant-probe-") as tmp:
+        Qwen2ForCausalLM(config).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(
+            tmp, quantization_config=bnb_config(quantization), dtype=torch.float32, device_map=device
+        )
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+        ids = torch.randint(0, 64, (2, 8), device=device)
+        model(input_ids=ids, labels=ids).loss.backward()
+        if not any(p.grad is not None for p in model.parameters() if p.requires_grad):
+            raise RuntimeError("no gradient reached the LoRA weights")
+
+
+@functools.lru_cache(maxsize=8)
+def _quantization_problem(quantization: str, device: str) -> str | None:
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # ImportError, or a build that fails to load its native library
+        return f"bitsandbytes is not usable here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _probe(quantization, device)
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        return f"a LoRA over a {quantization} base failed on {device} ({type(e).__name__}: {first})"
+    return None
+
+
+def check_quantization(quantization: str, gpu_selection: str = "auto") -> None:
+    """Raises FailedPrecondition (one line) if `quantization` cannot train on this host."""
+    if quantization == "full":
+        return
+    if quantization not in ("4bit", "8bit"):
+        raise ValueError(f"advanced.quantization: {quantization!r} is not one of full, 4bit, 8bit")
+    device = pick_device(gpu_selection)
+    problem = _quantization_problem(quantization, device)
+    if problem is not None:
+        label = {"4bit": "4-bit QLoRA", "8bit": "8-bit"}[quantization]
+        raise FailedPrecondition(f"advanced.quantization: {label} cannot run on this worker: {problem}")
+
+
+def quiet_bitsandbytes() -> None:
+    """bitsandbytes warns on every int8 matmul on CPU ("inputs will be cast ... to float16")."""
+    warnings.filterwarnings("ignore", message=".*inputs will be cast from.*")

@@ -1,0 +1,222 @@
+"""`run_job`: one GRPO job from start to its result, knowing nothing of gRPC, NATS or processes.
+
+The job process (`job_process.py`) calls it with real dependencies (the reward and rollout
+services, a NATS publisher, a SIGTERM-driven cancel flag); tests call it directly with in-process
+ones. It loads the base model (quantized if asked, never silently in full precision), wraps it in a
+fresh or continued LoRA adapter, draws the task's training prompts, runs the engine, and returns a
+`JobResult` whose adapter is the last finished step's, also when the job was cancelled or failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rlvr.common.errors import FailedPrecondition
+from rlvr.v1 import common_pb2
+from services.trainer import artifacts
+from services.trainer.config import JobConfig
+from services.trainer.quantization import bnb_config, check_quantization, pick_device, quiet_bitsandbytes
+from services.trainer.rollouts import (
+    BASE_MODEL,
+    AdapterTag,
+    LocalGenerator,
+    PolicyGenerator,
+    ServiceGenerator,
+)
+from services.trainer.scorers import Scorer
+
+log = logging.getLogger("rlvr.trainer.runner")
+
+Outcome = Literal["completed", "cancelled", "failed"]
+TINY_RE = re.compile(r"^rlvr-tiny(?:-(?P<size>[a-z-]+))?$")
+
+
+@dataclass
+class JobDeps:
+    """What a job talks to. `generator` is required for the vllm backend (a ServiceGenerator);
+    for the transformers backend the runner makes a LocalGenerator over the policy itself."""
+
+    scorer: Scorer
+    publish: Callable[[common_pb2.MetricEvent], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    generator: PolicyGenerator | None = None
+    on_step: Callable[[int, int], None] | None = None  # (finished step, total steps)
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    status: Outcome
+    steps_done: int = 0
+    total_steps: int = 0
+    adapter_name: str = ""
+    adapter_version: int = 0  # the step whose adapter is saved (0 = none)
+    adapter_path: str = ""  # "" when no step finished
+    error: str = ""  # one readable line when failed
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one readable line a failed job reports."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    own = isinstance(exc, (FailedPrecondition, ValueError)) or type(exc).__module__.startswith("services.")
+    return (text if own else f"{type(exc).__name__}: {text}")[:500]
+
+
+def resolve_base_model(name: str) -> str:
+    """A hub id or local path as given; `rlvr-tiny[-<size>]` is the bundled tiny model, built on
+    first use (about 1.5 minutes for the default size on 2 cores) and reused afterwards."""
+    match = TINY_RE.match(name)
+    if not match:
+        return name
+    from rlvr.tiny.build import build_tiny_model
+
+    return build_tiny_model(size=match.group("size") or "default").path
+
+
+def _same_model(a: str, b: str) -> bool:
+    def canonical(name: str) -> str:
+        resolved = resolve_base_model(name) if TINY_RE.match(name) else name
+        path = Path(resolved).expanduser()
+        return str(path.resolve()) if path.exists() else resolved
+
+    return canonical(a) == canonical(b)
+
+
+def load_policy(job: JobConfig, base_path: str, device: str) -> tuple[Any, Any]:
+    """(peft model, tokenizer): the base (quantized when asked) under a trainable LoRA adapter."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    set_seed(job.seed)  # the LoRA A matrices are random: the seed makes the run reproducible
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    quant = bnb_config(job.quantization)
+    model = AutoModelForCausalLM.from_pretrained(
+        base_path, dtype=torch.float32, quantization_config=quant, device_map=device if quant else None
+    )
+    if quant is None:
+        model.to(device)
+    else:
+        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, DESIGN.md).
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if job.init_adapter_path:
+        model = PeftModel.from_pretrained(model, job.init_adapter_path, is_trainable=True)
+    else:
+        lora = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, lora_dropout=0.0,
+                          target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+
+def training_prompts(job: JobConfig, tokenizer: Any) -> list[tuple[str, str]]:
+    """(rendered prompt, ground truth) of every training problem, rendered for this model."""
+    from rlvr.tasks import get_task, render_prompt
+
+    task = get_task(job.reward_function, dataset=job.dataset or None, data_roots=job.data_roots)
+    count = job.synthetic_prompts if job.reward_function == "math_pairs" else None
+    problems = task.prompts(count, seed=job.seed, split="train")
+    if not problems:
+        raise ValueError(f"reward.dataset: {job.dataset!r} has no training problems")
+    return [(render_prompt(tokenizer, p), p.ground_truth) for p in problems]
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids})
+
+
+def _prepare_rollout(job: JobConfig, generator: ServiceGenerator, base_path: str) -> AdapterTag:
+    """Checks the rollout service serves this base model, clears a stale adapter of this job's
+    name, and uploads the adapter to continue from: the policy step 1 must sample from."""
+    served = generator.info().model
+    if not _same_model(served, job.base_model) and not _same_model(served, base_path):
+        raise FailedPrecondition(
+            f"the rollout service at {generator.address} serves {served!r}, but this job trains {job.base_model!r}"
+        )
+    generator.forget(job.adapter_name)
+    if not job.init_adapter_path:
+        return BASE_MODEL  # a fresh LoRA starts at B = 0: exactly the base model
+    # Versions of the job's own name count optimizer steps (v1 = after step 1), so the starting
+    # adapter goes live under a name of its own.
+    initial = AdapterTag(f"{job.adapter_name[:120]}-init", 1)
+    generator.forget(initial.name)
+    generator.publish_adapter(Path(job.init_adapter_path), initial)
+    return initial
+
+
+def run_job(job: JobConfig, deps: JobDeps) -> JobResult:
+    """Trains until total steps, cancel or failure; never raises for a job-level error."""
+    started = time.perf_counter()
+    result = JobResult(job_id=job.job_id, status="failed", adapter_name=job.adapter_name)
+    try:
+        _run(job, deps, result)
+        result.status = "cancelled" if deps.cancel.is_set() and result.steps_done < result.total_steps else "completed"
+    except Exception as e:  # the job's outcome, reported in one line; the trace goes to the log
+        log.exception("job %s failed", job.job_id)
+        result.status = "cancelled" if deps.cancel.is_set() else "failed"
+        result.error = "" if result.status == "cancelled" else one_line(e)
+    finally:
+        if result.steps_done:
+            result.adapter_version = result.steps_done
+            result.adapter_path = str(artifacts.adapter_dir(job.artifact_root, job.job_id).resolve())
+        result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
+    from services.trainer.engine import GrpoEngine, StepHooks
+
+    device = pick_device(job.gpu_selection)
+    check_quantization(job.quantization, job.gpu_selection)
+    quiet_bitsandbytes()
+    if job.generation_backend == "vllm" and deps.generator is None:
+        raise FailedPrecondition("generation backend vllm needs the rollout service; none was configured")
+    base_path = resolve_base_model(job.base_model)
+    model, tokenizer = load_policy(job, base_path, device)
+    prompts = training_prompts(job, tokenizer)
+    total = job.steps_for(len(prompts))
+    result.total_steps = total
+    generator = deps.generator if job.generation_backend == "vllm" else LocalGenerator(tokenizer, _eos_ids(model, tokenizer))
+    assert generator is not None
+    local = isinstance(generator, LocalGenerator)
+    initial = BASE_MODEL if local else _prepare_rollout(job, generator, base_path)  # type: ignore[arg-type]
+    adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
+
+    def save(peft_model: Any, step: int) -> Path:
+        path = artifacts.save_adapter(peft_model, adapter)
+        if job.checkpoint_every and step % job.checkpoint_every == 0:
+            artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
+        result.steps_done = step
+        if deps.on_step is not None:
+            deps.on_step(step, total)
+        return path
+
+    hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel)
+    log.info("job %s: %d steps of %d completions (%d prompts x %d) on %s, backend %s, %s",
+             job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
+             job.generation_backend, job.quantization)
+    engine = GrpoEngine(job, model, tokenizer, prompts, generator, deps.scorer, hooks, total, initial,
+                        use_cpu=device == "cpu")
+    try:
+        if not deps.cancel.is_set():
+            engine.run()
+    finally:
+        result.steps_done = engine.adapter_step
+        if local:
+            generator.close()

@@ -1,0 +1,111 @@
+"""Pure pieces of the trainer: job config from a request, step counts, the adapter version check,
+the metric event, TRL's config per loss type, and the scorers. No model is loaded here."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from rlvr.common.errors import InvalidArgument
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import trainer_pb2
+from services.trainer.config import JobConfig, job_config_from_request
+from services.trainer.metrics import StepRecord, metric_event
+from services.trainer.rollouts import BASE_MODEL, AdapterTag, AdapterVersionMismatch, check_versions
+from services.trainer.scorers import LocalScorer, Score, ScoreSettings
+
+METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
+
+
+def _request(**grpo: object) -> trainer_pb2.StartJobRequest:
+    spec = C.JobSpec(base_model="rlvr-tiny-test", grpo=C.GrpoConfig(**grpo))
+    spec.advanced.generation_backend = C.GENERATION_BACKEND_TRANSFORMERS
+    spec.advanced.loss_type = C.LOSS_TYPE_DAPO
+    return trainer_pb2.StartJobRequest(job_id="job_1", spec=spec, total_steps=0)
+
+
+def test_job_config_fills_defaults_and_rounds_batch(tmp_path: Path) -> None:
+    job = job_config_from_request(_request(group_size=4, batch_size=2), tmp_path)
+    assert (job.group_size, job.batch_size, job.prompts_per_step) == (4, 4, 1)  # 2 rounded up to 4
+    assert (job.lora_rank, job.lora_alpha, job.max_completion_tokens) == (8, 16, 256)
+    assert job.learning_rate == pytest.approx(1e-6) and job.max_steps == 100
+    assert (job.loss_type, job.generation_backend, job.quantization) == ("dapo", "transformers", "full")
+    assert job.adapter_name == "job-job_1" and job.job_dir == tmp_path / "jobs" / "job_1"
+
+
+def test_job_config_rejects_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="grpo.lora_rank"):
+        job_config_from_request(_request(lora_rank=65), tmp_path)
+    with pytest.raises(InvalidArgument, match="job_id"):
+        job_config_from_request(trainer_pb2.StartJobRequest(job_id="a.b", spec=C.JobSpec()), tmp_path)
+    request = _request()
+    request.spec.init_adapter.path = "/etc"
+    with pytest.raises(InvalidArgument, match="outside the artifact root"):
+        job_config_from_request(request, tmp_path)
+    with pytest.raises(InvalidArgument, match="multiple of grpo.group_size"):
+        JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=4)
+
+
+def test_full_run_step_count(tmp_path: Path) -> None:
+    # max_steps = -1: every prompt for every epoch, group_size completions each, batch_size per step.
+    job = JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
+                    max_steps=-1, epochs=3)
+    assert job.steps_for(25) == math.ceil(25 * 3 * 4 / 8) == 38
+    assert JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, max_steps=7).steps_for(25) == 7
+    assert JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, total_steps=5).steps_for(25) == 5
+
+
+def test_version_check_names_the_stale_completion() -> None:
+    expected = AdapterTag("job-a", 3)
+    check_versions([expected] * 4, expected, step=4)
+    with pytest.raises(AdapterVersionMismatch) as err:
+        check_versions([expected, AdapterTag("job-a", 2), expected, BASE_MODEL], expected, step=4)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "step 4" in message and "completion 1" in message and "job-a v2" in message
+    assert "expected job-a v3" in message and "1 more of 4" in message
+
+
+def test_metric_event_has_every_field() -> None:
+    record = StepRecord(step=2, adapter_version=1, completion_lengths=[3, 5, 7, 9],
+                        clipped=[False, False, False, True],
+                        scores=[Score(1.1, 1, 1), Score(0.1, 0, 1), Score(0.0, 0, 0), Score(1.0, 1, 0)],
+                        generate_seconds=0.5, score_seconds=0.01, sync_seconds=0.02)
+    record.scored_at, record.optimizer_done_at = 10.0, 10.25
+    record.finish()
+    logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01}
+    event = metric_event("job_1", 10, record, logs, kl_computed=True)
+    assert event.reward_mean == pytest.approx(0.55) and event.reward_std == pytest.approx(0.5024938)
+    assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
+    assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)
+    assert event.train_seconds == pytest.approx(0.25) and event.adapter_version == 1
+    assert event.HasField("kl") and event.HasField("entropy") and event.HasField("time")
+    assert set(METRIC_FIELDS) <= {f.name for f, _ in event.ListFields()} | {"adapter_version"}
+    # KL is reported only when the KL term is computed (kl_beta > 0).
+    assert not metric_event("job_1", 10, record, logs, kl_computed=False).HasField("kl")
+
+
+@pytest.mark.parametrize(("loss_type", "scale"), [("grpo", "group"), ("dapo", "group"), ("dr_grpo", "none")])
+def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) -> None:
+    from services.trainer.engine import grpo_args
+
+    job = JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
+                    loss_type=loss_type, kl_beta=0.04, temperature=0.7, learning_rate=5e-6)  # type: ignore[arg-type]
+    args = grpo_args(job, total_steps=12, output_dir=tmp_path / "trl", use_cpu=True)
+    assert (args.loss_type, args.scale_rewards, args.beta) == (loss_type, scale, 0.04)
+    assert (args.per_device_train_batch_size, args.num_generations, args.max_steps) == (8, 4, 12)
+    assert args.temperature == pytest.approx(0.7) and args.learning_rate == pytest.approx(5e-6)
+    # DESIGN.md's CPU facts: fp32, no gradient checkpointing.
+    assert not args.bf16 and not args.fp16 and not args.gradient_checkpointing
+    assert args.lr_scheduler_type == "constant" and args.num_iterations == 1
+
+
+def test_local_scorer_keeps_components_apart() -> None:
+    scorer = LocalScorer(ScoreSettings("math_pairs", format_bonus=True, format_bonus_weight=0.1))
+    scores = scorer.score(
+        ["<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "<think>x</think><answer>76</answer>", "77"],
+        ["77", "77", "77"],
+    )
+    assert scores == [Score(1.1, 1.0, 1.0), Score(0.1, 0.0, 1.0), Score(1.0, 1.0, 0.0)]
