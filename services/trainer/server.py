@@ -1,15 +1,126 @@
-"""gRPC glue of the trainer service.
+"""gRPC glue of the trainer service: requests in, validation, the worker core, responses out.
 
-Until the issue that builds this service lands, its RPCs answer UNIMPLEMENTED (the generated base
-servicer); health, reflection and graceful shutdown already work.
+The servicer holds no training logic: `JobSupervisor` (worker.py) runs each job in its own process,
+and MergeAdapter runs `services.trainer.merge` in a child process whose JSON progress lines are
+streamed back. Errors follow rlvr.common.errors (`@map_errors`): a busy worker or a quantization the
+host cannot run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUMENT.
 """
 
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, map_errors
 from rlvr.common.server import GrpcService
 from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
+from services.trainer import artifacts
 from services.trainer.settings import TrainerSettings
+from services.trainer.worker import JobSupervisor
+
+log = logging.getLogger("rlvr.trainer.server")
+
+
+@map_errors
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, settings: TrainerSettings, supervisor: JobSupervisor) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+
+    async def StartJob(
+        self, request: trainer_pb2.StartJobRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.StartJobResponse:
+        await self.supervisor.start(request)
+        return trainer_pb2.StartJobResponse(job_id=request.job_id, worker=self.settings.worker_name)
+
+    async def CancelJob(
+        self, request: trainer_pb2.TrainerCancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.TrainerCancelJobResponse:
+        adapter = await self.supervisor.cancel(request.job_id)
+        response = trainer_pb2.TrainerCancelJobResponse(job_id=request.job_id)
+        if adapter is not None:
+            response.adapter.CopyFrom(adapter)
+        return response
+
+    async def GetWorkerStatus(
+        self, request: trainer_pb2.GetWorkerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.WorkerStatus:
+        return self.supervisor.status()
+
+    async def MergeAdapter(
+        self, request: trainer_pb2.MergeAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[trainer_pb2.MergeProgress]:
+        root = Path(self.settings.artifact_root)
+        name = artifacts.check_name(request.output_name, "output_name")
+        if not request.adapter_path:
+            raise InvalidArgument("adapter_path: required (a PEFT adapter folder under the artifact root)")
+        adapter = artifacts.under_root(root, request.adapter_path, "adapter_path")
+        missing = [f for f in artifacts.ADAPTER_FILES if not (adapter / f).is_file()]
+        if missing:
+            raise InvalidArgument(f"adapter_path: {request.adapter_path!r} is not a PEFT adapter folder "
+                                  f"(missing {', '.join(missing)})")
+        base_model = request.base_model or _adapter_base(adapter)
+        output = root / "merged" / name
+        if output.exists():
+            raise FailedPrecondition(f"output_name: {name!r} already exists under {root / 'merged'}; pick another")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        async for progress in _run_merge(base_model, adapter, output):
+            yield progress
+
+
+def _adapter_base(adapter: Path) -> str:
+    """The base model an adapter was trained on, from its adapter_config.json."""
+    try:
+        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    except (OSError, ValueError):
+        base = ""
+    if not base:
+        raise InvalidArgument("base_model: required (the adapter's config does not name its base model)")
+    return str(base)
+
+
+async def _run_merge(base_model: str, adapter: Path, output: Path) -> AsyncIterator[trainer_pb2.MergeProgress]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.trainer.merge", "--base-model", base_model,
+        "--adapter", str(adapter), "--output", str(output),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=None,
+    )
+    assert process.stdout is not None
+    error = ""
+    try:
+        async for raw in process.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue  # a library printing to stdout
+            if "error" in line:
+                error = line["error"]
+                continue
+            done = "path" in line
+            yield trainer_pb2.MergeProgress(
+                stage=line["stage"], fraction=line["fraction"], done=done,
+                path=line.get("path", ""), size_bytes=line.get("size_bytes", 0),
+            )
+        code = await process.wait()
+    finally:
+        if process.returncode is None:  # the client went away: stop the merge
+            process.kill()
+            await process.wait()
+    if code != 0:
+        raise RuntimeError(f"merge failed: {error or f'exit code {code}'}")
 
 
 def build_service(settings: TrainerSettings) -> GrpcService:
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
-    servicer = trainer_pb2_grpc.TrainerServiceServicer()
-    return GrpcService([(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer, name)])
+    supervisor = JobSupervisor(settings)
+    servicer = TrainerServicer(settings, supervisor)
+    return GrpcService(
+        [(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer, name)],
+        on_stop=supervisor.close,
+    )

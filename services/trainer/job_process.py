@@ -1,0 +1,135 @@
+"""The process one job runs in: `python -m services.trainer.job_process --job-dir DIR`.
+
+The worker (worker.py) writes `request.pb` (the StartJobRequest) and `settings.json` into the job
+folder and starts this module in a new process group, so that a cancel is immediate (SIGTERM asks
+for a stop at the next step boundary, SIGKILL after a grace period ends it outright), a crash
+fails this job only, and all its memory goes back to the system when it exits.
+
+It publishes its own events to NATS (RUNNING, one MetricEvent per step, the final status), keeps
+`progress.json` current after every step (the worker's GetWorkerStatus reads it), and writes
+`result.json` last. A process that dies without writing the result is reported by the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from rlvr.v1 import common_pb2, trainer_pb2
+from services.trainer import artifacts
+from services.trainer.quantization import cuda_visible_devices
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("rlvr.trainer.job")
+
+STATUS_BY_OUTCOME = {
+    "completed": common_pb2.JOB_STATUS_COMPLETED,
+    "cancelled": common_pb2.JOB_STATUS_CANCELLED,
+    "failed": common_pb2.JOB_STATUS_FAILED,
+}
+
+
+def status_event(
+    job_id: str, status: int, message: str = "", adapter: common_pb2.AdapterRef | None = None, step: int = 0
+) -> common_pb2.JobStatusEvent:
+    now = Timestamp()
+    now.GetCurrentTime()
+    event = common_pb2.JobStatusEvent(job_id=job_id, status=status, message=message, time=now, current_step=step)
+    if adapter is not None:
+        event.adapter.CopyFrom(adapter)
+    return event
+
+
+def adapter_ref(name: str, version: int, path: str) -> common_pb2.AdapterRef | None:
+    return common_pb2.AdapterRef(name=name, version=version, path=path) if version > 0 else None
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(threads or max(1, cores))
+
+
+def run(job_dir: Path) -> int:
+    settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
+    request = trainer_pb2.StartJobRequest.FromString((job_dir / "request.pb").read_bytes())
+    visible = cuda_visible_devices(request.spec.advanced.gpu_selection)
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch is imported, or it is too late
+
+    cancel = threading.Event()
+    # SIGTERM = cancel: finish the step in flight, save, report CANCELLED (the worker SIGKILLs
+    # after its grace period if the step takes longer; the last step's adapter is on disk already).
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+
+    from services.trainer.config import job_config_from_request
+    from services.trainer.runner import JobDeps, JobResult, one_line, run_job
+    from services.trainer.scorers import LocalScorer, ScoreSettings, ServiceScorer
+
+    publisher = None
+    result: JobResult
+    try:
+        job = job_config_from_request(request, settings.artifact_root, tuple(settings.data_roots))
+        if settings.nats_url:
+            from services.trainer.publisher import EventPublisher
+
+            publisher = EventPublisher(settings.nats_url, name=f"rlvr-trainer-{job.job_id}")
+            publisher.start()
+            publisher.publish_status(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING,
+                                                  f"running on {settings.worker_name}"))
+        _set_threads(settings.torch_threads)
+        score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
+        scorer = (LocalScorer(score_settings) if settings.scorer == "local"
+                  else ServiceScorer(settings.reward_address, score_settings))
+        generator = None
+        if job.generation_backend == "vllm":
+            from services.trainer.rollouts import ServiceGenerator
+
+            generator = ServiceGenerator(settings.rollout_address)
+
+        def on_step(step: int, total: int) -> None:
+            artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})
+
+        deps = JobDeps(scorer=scorer, publish=publisher.publish_metric if publisher else (lambda _e: None),
+                       cancel=cancel, generator=generator, on_step=on_step)
+        try:
+            result = run_job(job, deps)
+        finally:
+            scorer.close()
+            if generator is not None:
+                generator.close()
+    except Exception as e:  # set-up failed before the job could run (bad request, NATS down)
+        log.exception("job set-up failed")
+        result = JobResult(job_id=request.job_id, status="failed", error=one_line(e))
+    artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
+    if publisher is not None:
+        adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)
+        message = result.error or f"{result.status} after {result.steps_done} of {result.total_steps} steps"
+        publisher.publish_status(status_event(result.job_id, STATUS_BY_OUTCOME[result.status], message,
+                                              adapter, result.steps_done))
+        if not publisher.close(flush_timeout_s=settings.publish_flush_seconds):
+            log.error("some events of job %s could not be published to %s", result.job_id, settings.nats_url)
+    log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.trainer.job_process", description=__doc__)
+    parser.add_argument("--job-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args.job_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

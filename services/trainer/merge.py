@@ -1,0 +1,78 @@
+"""Merging an adapter into its base model: a full Hugging Face checkpoint under artifact_root/merged.
+
+`merge_adapter` is the core (peft `merge_and_unload`, then `save_pretrained` with safetensors and
+the tokenizer). The servicer runs it in a child process (`python -m services.trainer.merge`, one
+JSON progress line per stage on stdout) so that the base model's memory is returned afterwards and
+a merge never shares a process with a training job. The checkpoint is written to a staging folder
+and renamed into place, so a half-written merge never looks finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Progress = Callable[[str, float], None]
+
+
+def folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: Progress) -> int:
+    """Writes base + adapter merged to `output` (which must not exist); returns its size in bytes."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from services.trainer.runner import resolve_base_model
+
+    progress("loading", 0.05)
+    base_path = resolve_base_model(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    progress("loading", 0.3)
+    model = PeftModel.from_pretrained(model, str(adapter_path))
+    progress("merging", 0.5)
+    merged = model.merge_and_unload()
+    progress("saving", 0.7)
+    staging = output.with_name(f".{output.name}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    merged.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    for marker in ("rlvr_model.json",):  # the tiny model's prompt-style marker travels along
+        if (Path(base_path) / marker).is_file():
+            shutil.copy2(Path(base_path) / marker, staging / marker)
+    staging.rename(output)
+    return folder_size(output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.trainer.merge", description=__doc__)
+    parser.add_argument("--base-model", required=True)
+    parser.add_argument("--adapter", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def progress(stage: str, fraction: float) -> None:
+        print(json.dumps({"stage": stage, "fraction": fraction}), flush=True)
+
+    try:
+        size = merge_adapter(args.base_model, args.adapter, args.output, progress)
+    except Exception as e:  # one line for the servicer; the trace to stderr (the worker's log)
+        import traceback
+
+        traceback.print_exc()
+        print(json.dumps({"error": f"{type(e).__name__}: {' '.join(str(e).split())}"[:500]}), flush=True)
+        return 1
+    print(json.dumps({"stage": "done", "fraction": 1.0, "path": str(args.output), "size_bytes": size}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

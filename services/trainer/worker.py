@@ -1,0 +1,214 @@
+"""The worker: at most one job at a time, each in its own process, and the record of the last one.
+
+`JobSupervisor` is what the gRPC servicer calls; it knows processes and files, not gRPC. It starts
+`services.trainer.job_process` in a new process group, follows it through the files that process
+writes (progress.json after every step, result.json at the end), cancels it (SIGTERM, then SIGKILL
+after `cancel_grace_seconds`), and turns its exit into the last job's outcome. When the process
+died without a result (killed, out of memory, a crash in native code) the supervisor publishes the
+job's final status itself, under the same Nats-Msg-Id the process would have used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlvr.common.errors import FailedPrecondition, NotFound
+from rlvr.v1 import common_pb2, trainer_pb2
+from services.trainer import artifacts
+from services.trainer.config import JobConfig, job_config_from_request
+from services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
+from services.trainer.quantization import check_quantization
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger("rlvr.trainer.worker")
+
+
+@dataclass
+class RunningJob:
+    config: JobConfig
+    process: asyncio.subprocess.Process
+    started: float = field(default_factory=time.monotonic)
+    cancel_requested: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class LastJob:
+    job_id: str
+    status: int
+    error: str = ""
+    adapter: common_pb2.AdapterRef | None = None
+
+
+class JobSupervisor:
+    def __init__(self, settings: TrainerSettings) -> None:
+        self.settings = settings
+        self.root = Path(settings.artifact_root)
+        self.current: RunningJob | None = None
+        self.last: LastJob | None = None
+        self._starting = False
+        self._bus = None  # an EventBus, connected on first need (a crashed job's final status)
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self, request: trainer_pb2.StartJobRequest) -> None:
+        job = job_config_from_request(request, self.root, tuple(self.settings.data_roots))
+        self._check_idle()
+        self._starting = True  # StartJob awaits below: a second one must see the worker busy
+        try:
+            await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
+            job_dir = artifacts.job_dir(self.root, job.job_id)
+            await asyncio.to_thread(self._fresh_job_dir, job_dir)
+            (job_dir / "request.pb").write_bytes(request.SerializeToString())
+            (job_dir / "settings.json").write_text(self.settings.model_dump_json())
+            with open(job_dir / "job.log", "ab") as job_log:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log,
+                    start_new_session=True,  # its own process group: a cancel reaches its children too
+                )
+            running = RunningJob(job, process)
+            self.current = running
+            log.info("job %s started (pid %d), log %s", job.job_id, process.pid, job_dir / "job.log")
+            asyncio.get_running_loop().create_task(self._follow(running))
+        finally:
+            self._starting = False
+
+    def _check_idle(self) -> None:
+        if self._starting:
+            raise FailedPrecondition(f"worker {self.settings.worker_name} is busy starting another job")
+        if self.current is not None:
+            step, total = self._progress(self.current.config.job_id)
+            raise FailedPrecondition(
+                f"worker {self.settings.worker_name} is busy with job {self.current.config.job_id} "
+                f"(step {step} of {total or '?'}); one job per worker"
+            )
+
+    @staticmethod
+    def _fresh_job_dir(job_dir: Path) -> None:
+        """A job id started again (a re-dispatch) starts from nothing: no stale result or adapter."""
+        for name in ("result.json", "progress.json"):
+            (job_dir / name).unlink(missing_ok=True)
+        for name in ("adapter", "checkpoints", "trl"):
+            shutil.rmtree(job_dir / name, ignore_errors=True)
+        job_dir.mkdir(parents=True, exist_ok=True)
+
+    def _progress(self, job_id: str) -> tuple[int, int]:
+        data = artifacts.read_json(artifacts.job_dir(self.root, job_id) / "progress.json") or {}
+        return int(data.get("step", 0)), int(data.get("total_steps", 0))
+
+    # ------------------------------------------------------------------ the end of a job
+
+    async def _follow(self, running: RunningJob) -> None:
+        code = await running.process.wait()
+        job_id = running.config.job_id
+        try:
+            self.last = await self._outcome(running, code)
+        except Exception:  # never leave the worker busy forever
+            log.exception("could not read the outcome of job %s", job_id)
+            self.last = LastJob(job_id, common_pb2.JOB_STATUS_FAILED, "the worker could not read the job's result")
+        finally:
+            self.current = None
+            running.done.set()
+        log.info("job %s ended: %s %s", job_id, common_pb2.JobStatus.Name(self.last.status), self.last.error)
+
+    async def _outcome(self, running: RunningJob, code: int) -> LastJob:
+        job = running.config
+        job_dir = artifacts.job_dir(self.root, job.job_id)
+        result = artifacts.read_json(job_dir / "result.json")
+        if result is not None:
+            adapter = adapter_ref(result["adapter_name"], int(result["adapter_version"]), result["adapter_path"])
+            return LastJob(job.job_id, STATUS_BY_OUTCOME[result["status"]], result.get("error", ""), adapter)
+        # No result: the process was killed (our SIGKILL on cancel) or died. The adapter of its
+        # last finished step is on disk; progress.json says which step that was.
+        step, _ = self._progress(job.job_id)
+        adapter = adapter_ref(job.adapter_name, step, str(artifacts.adapter_dir(self.root, job.job_id).resolve()))
+        if running.cancel_requested:
+            last = LastJob(job.job_id, common_pb2.JOB_STATUS_CANCELLED, "", adapter)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
+                           f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter)
+        await self._publish_final(last, step)
+        return last
+
+    async def _publish_final(self, last: LastJob, step: int) -> None:
+        if not self.settings.nats_url:
+            return
+        from rlvr.infra.events import EventBus, EventBusError, job_status_subject
+        from services.trainer.publisher import status_msg_id
+
+        event = status_event(last.job_id, last.status, last.error or "cancelled", last.adapter, step)
+        try:
+            if self._bus is None:
+                self._bus = await EventBus.connect(self.settings.nats_url, name=f"rlvr-{self.settings.worker_name}")
+            await self._bus.publish(job_status_subject(last.job_id), event.SerializeToString(),
+                                    status_msg_id(last.job_id, last.status))
+        except EventBusError as e:
+            log.error("could not publish the final status of job %s: %s", last.job_id, e)
+
+    # ------------------------------------------------------------------ cancel, status, shutdown
+
+    async def cancel(self, job_id: str) -> common_pb2.AdapterRef | None:
+        running = self.current
+        if running is None or running.config.job_id != job_id:
+            if self.last is not None and self.last.job_id == job_id:
+                return self.last.adapter  # already over: cancelling again changes nothing
+            raise NotFound(f"job_id: {job_id!r} is not running on worker {self.settings.worker_name}")
+        running.cancel_requested = True
+        self._signal(running, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(running.done.wait(), self.settings.cancel_grace_seconds)
+        except TimeoutError:
+            log.warning("job %s did not stop within %.1f s of SIGTERM: SIGKILL", job_id,
+                        self.settings.cancel_grace_seconds)
+            self._signal(running, signal.SIGKILL)
+            await running.done.wait()
+        return self.last.adapter if self.last is not None else None
+
+    @staticmethod
+    def _signal(running: RunningJob, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(running.process.pid, sig)
+
+    def status(self) -> trainer_pb2.WorkerStatus:
+        status = trainer_pb2.WorkerStatus(worker=self.settings.worker_name, busy=self.current is not None)
+        if self.current is not None:
+            status.job_id = self.current.config.job_id
+            status.current_step, status.total_steps = self._progress(status.job_id)
+        if self.last is not None:
+            status.last_job_id = self.last.job_id
+            status.last_job_status = self.last.status  # type: ignore[assignment]
+            status.last_job_error = self.last.error
+            if self.last.adapter is not None:
+                status.last_job_adapter.CopyFrom(self.last.adapter)
+        return status
+
+    async def close(self) -> None:
+        """Service shutdown: a running job is cancelled (its adapter kept), then NATS closed."""
+        if self.current is not None:
+            await self.cancel(self.current.config.job_id)
+        if self._bus is not None:
+            await self._bus.close()
+            self._bus = None
+
+
+def _log_tail(path: Path) -> str:
+    """The last error-looking line of the job log, to name the cause in one line."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-50:]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or "Killed" in line:
+            return f": {line.strip()[:300]}"
+    return ""

@@ -1,0 +1,150 @@
+"""The trainer service over real gRPC with a real embedded NATS: each job in its own process.
+
+StartJob -> one MetricEvent per step on rlvr.jobs.<id>.metrics (msg ids "<job>:<step>", so a
+republished step is dropped by the stream), RUNNING and COMPLETED on .status; a second StartJob
+while busy is FAILED_PRECONDITION; CancelJob stops a job within seconds and keeps the adapter of
+its last finished step; MergeAdapter writes a loadable Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from fixtures_infra import connected_bus
+
+from rlvr.common.client import make_channel
+from rlvr.common.server import ServiceRunner
+from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject, metric_msg_id
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import trainer_pb2 as T
+from rlvr.v1 import trainer_pb2_grpc
+from services.trainer.server import build_service
+from services.trainer.settings import TrainerSettings
+
+TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    from rlvr.tiny.build import build_tiny_model, default_model_dir
+
+    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
+
+
+def _settings(tmp_path: Path, nats_url: str) -> TrainerSettings:
+    return TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url=nats_url, scorer="local",
+                           torch_threads=1, cancel_grace_seconds=5.0, worker_name="trainer-test")
+
+
+def _request(job_id: str, model: str, max_steps: int) -> T.StartJobRequest:
+    spec = C.JobSpec(base_model=model)
+    spec.reward.synthetic_prompts = 16
+    g = spec.grpo
+    g.group_size, g.batch_size, g.max_completion_tokens, g.max_steps = 4, 8, 32, max_steps
+    g.lora_rank, g.lora_alpha, g.learning_rate = 4, 64, 1e-5
+    spec.advanced.generation_backend = C.GENERATION_BACKEND_TRANSFORMERS
+    spec.advanced.loss_type = C.LOSS_TYPE_DAPO
+    return T.StartJobRequest(job_id=job_id, spec=spec, total_steps=max_steps)
+
+
+async def _events(bus: EventBus, job_id: str, until_terminal: bool, timeout_s: float,
+                  metrics_wanted: int = 0) -> tuple[list[C.MetricEvent], list[C.JobStatusEvent]]:
+    metrics: list[C.MetricEvent] = []
+    statuses: list[C.JobStatusEvent] = []
+
+    async def collect() -> None:
+        async for event in bus.watch(job_events_subject(job_id)):
+            if event.subject.endswith(".metrics"):
+                metrics.append(C.MetricEvent.FromString(event.data))
+            else:
+                statuses.append(C.JobStatusEvent.FromString(event.data))
+            if until_terminal and statuses and statuses[-1].status in TERMINAL:
+                return
+            if metrics_wanted and len(metrics) >= metrics_wanted:
+                return
+
+    await asyncio.wait_for(collect(), timeout_s)
+    return metrics, statuses
+
+
+async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path, tiny_model: str) -> None:
+    settings = _settings(tmp_path, nats_server.url)
+    async with ServiceRunner(build_service(settings), settings) as runner, connected_bus(nats_server.url) as bus:
+        channel = make_channel(runner.address, aio=True)
+        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+        job_id = f"svc-{time.monotonic_ns()}"
+        response = await stub.StartJob(_request(job_id, tiny_model, max_steps=3))
+        assert (response.job_id, response.worker) == (job_id, "trainer-test")
+
+        with pytest.raises(grpc.aio.AioRpcError) as busy:
+            await stub.StartJob(_request(job_id + "-b", tiny_model, max_steps=3))
+        assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION and job_id in busy.value.details()
+        status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
+        assert status.busy and status.job_id == job_id
+
+        metrics, statuses = await _events(bus, job_id, until_terminal=True, timeout_s=120)
+        assert [m.step for m in metrics] == [1, 2, 3] and all(m.total_steps == 3 for m in metrics)
+        assert all(m.job_id == job_id and m.step_seconds > 0 and m.HasField("entropy") for m in metrics)
+        assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING, C.JOB_STATUS_COMPLETED]
+        final = statuses[-1]
+        assert (final.adapter.name, final.adapter.version) == (f"job-{job_id}", 3) and final.current_step == 3
+
+        # A republished step is dropped by the stream's duplicate window (Nats-Msg-Id "<job>:<step>").
+        ack = await bus.publish(job_metrics_subject(job_id), metrics[0].SerializeToString(), metric_msg_id(job_id, 1))
+        assert ack.duplicate
+        assert metric_msg_id(job_id, 1) == f"{job_id}:1"
+
+        for _ in range(50):  # the worker notices the exit just after the process published it
+            status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
+            if not status.busy:
+                break
+            await asyncio.sleep(0.1)
+        assert not status.busy and status.last_job_id == job_id
+        assert status.last_job_status == C.JOB_STATUS_COMPLETED and status.last_job_error == ""
+        adapter = Path(status.last_job_adapter.path)
+        assert (adapter / "adapter_model.safetensors").is_file() and status.last_job_adapter.version == 3
+
+        merged = [p async for p in stub.MergeAdapter(T.MergeAdapterRequest(
+            base_model=tiny_model, adapter_path=str(adapter), output_name=f"m-{job_id}"))]
+        assert merged[-1].done and [p.stage for p in merged][0] == "loading"
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(merged[-1].path)
+        assert merged[-1].size_bytes > 0 and Path(merged[-1].path).parent == settings.artifact_root / "merged"
+        with pytest.raises(grpc.aio.AioRpcError) as outside:
+            await stub.MergeAdapter(T.MergeAdapterRequest(adapter_path="/etc", output_name="x")).read()
+        assert outside.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await channel.close()
+
+
+async def test_cancel_stops_within_seconds_and_keeps_the_adapter(nats_server, tmp_path: Path, tiny_model: str) -> None:
+    settings = _settings(tmp_path, nats_server.url)
+    async with ServiceRunner(build_service(settings), settings) as runner, connected_bus(nats_server.url) as bus:
+        channel = make_channel(runner.address, aio=True)
+        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stub.CancelJob(T.TrainerCancelJobRequest(job_id="nope"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+        job_id = f"cancel-{time.monotonic_ns()}"
+        await stub.StartJob(_request(job_id, tiny_model, max_steps=500))
+        await _events(bus, job_id, until_terminal=False, timeout_s=120, metrics_wanted=2)
+        started = time.monotonic()
+        response = await stub.CancelJob(T.TrainerCancelJobRequest(job_id=job_id))
+        assert time.monotonic() - started < settings.cancel_grace_seconds + 3
+        assert response.adapter.version >= 2 and Path(response.adapter.path, "adapter_model.safetensors").is_file()
+
+        metrics, statuses = await _events(bus, job_id, until_terminal=True, timeout_s=30)
+        assert statuses[-1].status == C.JOB_STATUS_CANCELLED
+        assert statuses[-1].adapter.version == response.adapter.version == len(metrics)
+        status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
+        assert not status.busy and status.last_job_status == C.JOB_STATUS_CANCELLED
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), response.adapter.path)
+        await channel.close()
