@@ -25,10 +25,20 @@ class FakeWorkers:
         self.running: dict[str, str] = {}
         self.started: list[tuple[str, str, int]] = []
         self.cancelled: list[str] = []
+        self.last: dict[str, tuple[str, str]] = {}
+
+    def finish(self, job_id: str, status: str) -> None:
+        """The job ends on its worker, which then reports it as its last job (like a real trainer)."""
+        for address, job in list(self.running.items()):
+            if job == job_id:
+                del self.running[address]
+                self.last[address] = (job_id, status)
 
     async def status(self, address: str) -> WorkerState:
         job = self.running.get(address, "")
-        return WorkerState(address=address, name=address, busy=bool(job), job_id=job)
+        last_job, last_status = self.last.get(address, ("", ""))
+        return WorkerState(address=address, name=address, busy=bool(job), job_id=job, last_job_id=last_job,
+                           last_status=last_status)
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int) -> str:
         assert spec.grpo.batch_size % spec.grpo.group_size == 0  # the resolved spec is sent
@@ -85,10 +95,12 @@ async def test_queue_dispatch_metrics_once_and_complete(nats_server, sqlite_stor
             done = C.JobStatusEvent(job_id=first.id, status=C.JOB_STATUS_COMPLETED,
                                     adapter=C.AdapterRef(name=f"job-{first.id}", version=3, path="/x"))
             await bus.publish(job_status_subject(first.id), done.SerializeToString(), f"{first.id}:status:COMPLETED")
-            workers.running.clear()
+            workers.finish(first.id, "COMPLETED")
 
             async def first_done() -> bool:
-                return (await jobs.get(first.id)).status == C.JOB_STATUS_COMPLETED
+                # Status and metrics arrive on two consumers: wait for both.
+                job = await jobs.get(first.id)
+                return job.status == C.JOB_STATUS_COMPLETED and job.current_step == 3
             await _until(first_done)
             points = sqlite_store.metric_points(first.id)
             assert [p.step for p in points] == [1, 2, 3]

@@ -64,14 +64,18 @@ class GetProblemsRequest(_message.Message):
     def __init__(self, function: _Optional[_Union[_common_pb2.RewardFunction, str]] = ..., split: _Optional[_Union[ProblemSplit, str]] = ..., limit: _Optional[int] = ..., seed: _Optional[int] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ...) -> None: ...
 
 class Problem(_message.Message):
-    __slots__ = ("id", "question", "ground_truth")
+    __slots__ = ("id", "question", "ground_truth", "compact", "messages")
     ID_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     id: str
     question: str
     ground_truth: str
-    def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., ground_truth: _Optional[str] = ...) -> None: ...
+    compact: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
+    def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., ground_truth: _Optional[str] = ..., compact: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GetProblemsResponse(_message.Message):
     __slots__ = ("problems", "warnings", "instruction")

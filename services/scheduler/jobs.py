@@ -281,7 +281,8 @@ class JobManager:
         idle = [a for a, s in states.items() if s is not None and not s.busy and a not in busy_workers]
         if not idle:
             return
-        queued = await asyncio.to_thread(self.store.list_jobs, "QUEUED", len(idle), 0)
+        # The store lists newest first; the queue is served oldest first.
+        queued = await asyncio.to_thread(self.store.list_jobs, "QUEUED", 10_000, 0)
         for row, address in zip(sorted(queued, key=lambda r: r.created_at), idle, strict=False):
             await self._start_on(row, address)
 

@@ -1,0 +1,127 @@
+"""gRPC glue of the reward service: a thin shell over the pure scoring functions
+(services/reward/scoring.py), the time-limited scoring pool (pool.py) and the tasks (rlvr/tasks).
+
+Validation happens here, before any work; scoring runs in the pool's worker processes so a
+pathological completion costs at most its time limit and never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from rlvr.common.errors import InvalidArgument, map_errors, out_of_range
+from rlvr.common.server import GrpcService
+from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.reward.settings import RewardSettings
+
+FUNCTION_NAMES = {
+    common_pb2.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
+    common_pb2.REWARD_FUNCTION_GSM8K: "gsm8k",
+    common_pb2.REWARD_FUNCTION_BOXED: "boxed",
+}
+DISPLAY = {
+    common_pb2.REWARD_FUNCTION_MATH_PAIRS: ("Math Pairs (synthetic)", False,
+                                            "A self-generating arithmetic task: add adjacent pairs, multiply; "
+                                            "the correct final number wins. No dataset needed."),
+    common_pb2.REWARD_FUNCTION_GSM8K: ("GSM8K accuracy", False,
+                                       "Grade-school word problems from the built-in openai/gsm8k; "
+                                       "rewards the correct final number. The Dataset field is ignored."),
+    common_pb2.REWARD_FUNCTION_BOXED: ("Boxed-answer accuracy", True,
+                                       "Any dataset with prompt and ground_truth columns; rewards a correct "
+                                       "\\boxed{...} final answer."),
+}
+
+
+def function_name(value: int, field: str = "function") -> str:
+    if value == common_pb2.REWARD_FUNCTION_UNSPECIFIED:
+        return "math_pairs"
+    if value not in FUNCTION_NAMES:
+        raise out_of_range(field, value, ", ".join(common_pb2.RewardFunction.Name(v) for v in FUNCTION_NAMES))
+    return FUNCTION_NAMES[value]
+
+
+@map_errors
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self, settings: RewardSettings) -> None:
+        self.settings = settings
+        self._pool = None
+
+    def start(self) -> None:
+        import os
+
+        from services.reward.pool import ScoringPool
+
+        self._pool = ScoringPool(workers=max(1, min(4, os.cpu_count() or 1)))
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    async def Score(self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext  # noqa: N802
+                    ) -> reward_pb2.ScoreResponse:
+        from services.reward.pool import ScoreItem
+
+        function = function_name(request.function)
+        if len(request.items) > self.settings.max_batch:
+            raise out_of_range("items", f"{len(request.items)} items", f"at most {self.settings.max_batch} a call")
+        weight = request.format_bonus_weight if request.HasField("format_bonus_weight") else 0.1
+        if not 0.0 <= weight <= 1.0:
+            raise out_of_range("format_bonus_weight", weight, "0.0-1.0 (default 0.1)")
+        timeout = request.timeout_seconds if request.HasField("timeout_seconds") else self.settings.timeout_seconds
+        if not 0.001 <= timeout <= 10:
+            raise out_of_range("timeout_seconds", timeout, "0.001-10 (default 0.5)")
+        bonus = request.format_bonus if request.HasField("format_bonus") else True
+        items = [ScoreItem(function, it.completion, it.ground_truth, bonus, weight) for it in request.items]
+        t0 = time.perf_counter()
+        results = await asyncio.to_thread(self._pool.score_batch, items, timeout)  # type: ignore[union-attr]
+        return reward_pb2.ScoreResponse(
+            results=[common_pb2.RewardComponents(reward=r.reward, accuracy=r.accuracy, format=r.format,
+                                                 strict=r.strict, extracted_answer=r.extracted_answer or "",
+                                                 timed_out=r.timed_out) for r in results],
+            seconds=time.perf_counter() - t0,
+        )
+
+    async def GetProblems(self, request: reward_pb2.GetProblemsRequest, context: grpc.aio.ServicerContext  # noqa: N802
+                          ) -> reward_pb2.GetProblemsResponse:
+        from rlvr.tasks import ignored_dataset_warning
+        from rlvr.tasks.render import INSTRUCTIONS
+
+        function = function_name(request.function)
+        if request.limit < 0:
+            raise out_of_range("limit", request.limit, ">= 0 (0 = all, or the task's default)")
+        split = "test" if request.split == reward_pb2.PROBLEM_SPLIT_HELDOUT else "train"
+        if function == "boxed" and not request.dataset.strip():
+            raise InvalidArgument("dataset: required for Boxed-answer accuracy (a Hugging Face dataset name or "
+                                  "a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
+        problems = await asyncio.to_thread(self._problems, function, request, split)
+        warning = ignored_dataset_warning(function, request.dataset)
+        return reward_pb2.GetProblemsResponse(
+            problems=[reward_pb2.Problem(id=p.id, question=p.question, ground_truth=p.ground_truth,
+                                         compact=p.compact or "",
+                                         messages=[common_pb2.ChatMessage(role=m.role, content=m.content)
+                                                   for m in (p.messages or ())]) for p in problems],
+            warnings=[warning] if warning else [], instruction=INSTRUCTIONS[function],
+        )
+
+    def _problems(self, function: str, request: reward_pb2.GetProblemsRequest, split: str) -> list:
+        from rlvr.tasks import get_task
+
+        task = get_task(function, dataset=request.dataset or None, data_roots=self.settings.data_roots)
+        n = request.limit or None
+        return task.prompts(n=n, seed=request.seed, split=split)  # type: ignore[arg-type]
+
+    async def ListRewardFunctions(self, request, context):  # noqa: N802
+        return reward_pb2.ListRewardFunctionsResponse(functions=[
+            reward_pb2.RewardFunctionInfo(function=value, display_name=name, description=text, needs_dataset=needs)
+            for value, (name, needs, text) in DISPLAY.items()
+        ])
+
+
+def build_service(settings: RewardSettings) -> GrpcService:
+    servicer = RewardServicer(settings)
+    name = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+    return GrpcService([(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer, name)],
+                       on_start=servicer.start, on_stop=servicer.stop)

@@ -1,0 +1,102 @@
+"""The reward service over real gRPC: components kept apart, extracted answers, task data, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rlvr.common.server import ServiceRunner
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import reward_pb2 as R
+from rlvr.v1 import reward_pb2_grpc
+from services.reward.server import build_service
+from services.reward.settings import RewardSettings
+
+
+@pytest.fixture
+async def reward(tmp_path: Path):
+    settings = RewardSettings(port=0, data_roots=[tmp_path])
+    async with ServiceRunner(build_service(settings), settings) as runner, \
+            grpc.aio.insecure_channel(runner.address) as channel:
+        yield reward_pb2_grpc.RewardServiceStub(channel), runner.address
+
+
+async def test_score_components_and_answers(reward) -> None:
+    stub, _ = reward
+    items = [
+        R.ScoreItem(completion="<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", ground_truth="77"),
+        R.ScoreItem(completion="<think>x</think><answer>76</answer>", ground_truth="77"),
+        R.ScoreItem(completion="the answer is 77", ground_truth="77"),
+        R.ScoreItem(completion="<think></think><answer></answer>", ground_truth="77"),
+    ]
+    resp = await stub.Score(R.ScoreRequest(function=C.REWARD_FUNCTION_MATH_PAIRS, items=items), timeout=30)
+    got = [(r.accuracy, r.format, r.strict, r.extracted_answer) for r in resp.results]
+    assert got == [(1.0, 1.0, True, "77"), (0.0, 1.0, False, "76"), (1.0, 0.0, False, "77"), (0.0, 0.0, False, "")]
+    assert [round(r.reward, 6) for r in resp.results] == [1.1, 0.1, 1.0, 0.0]
+    off = await stub.Score(R.ScoreRequest(function=C.REWARD_FUNCTION_MATH_PAIRS, items=items[:1], format_bonus=False),
+                           timeout=30)
+    assert off.results[0].reward == 1.0 and off.results[0].format == 1.0
+
+
+async def test_batch_of_thousands_in_one_call(reward) -> None:
+    stub, _ = reward
+    items = [R.ScoreItem(completion=f"<think>t</think><answer>{i}</answer>", ground_truth=str(i % 7)) for i in range(3000)]
+    resp = await stub.Score(R.ScoreRequest(function=C.REWARD_FUNCTION_GSM8K, items=items), timeout=120)
+    assert len(resp.results) == 3000
+    assert sum(r.accuracy for r in resp.results) == sum(1 for i in range(3000) if i == i % 7)
+
+
+async def test_bad_requests_name_the_field(reward) -> None:
+    stub, _ = reward
+    cases = [
+        (R.ScoreRequest(function=9), "function"),
+        (R.ScoreRequest(format_bonus_weight=2.0), "format_bonus_weight"),
+        (R.ScoreRequest(timeout_seconds=0.0), "timeout_seconds"),
+    ]
+    for request, field in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Score(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith(field)
+
+
+async def test_problems_and_dataset_errors(reward, tmp_path: Path) -> None:
+    stub, _ = reward
+    train = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_MATH_PAIRS, limit=16, seed=3),
+                                   timeout=30)
+    held = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_MATH_PAIRS,
+                                                       split=R.PROBLEM_SPLIT_HELDOUT, limit=50), timeout=30)
+    assert len(train.problems) == 16 and len(held.problems) == 50 and "<answer>" in train.instruction
+    assert not {p.question for p in train.problems} & {p.question for p in held.problems}
+    gsm = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_GSM8K, split=R.PROBLEM_SPLIT_HELDOUT,
+                                                      limit=5, dataset="ignored/data"), timeout=30)
+    assert gsm.problems[0].ground_truth == "18" and "ignored" in gsm.warnings[0]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"prompt": "1+1?", "ground_truth": "2"}) + "\n")
+    ok = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_BOXED, dataset=str(good)), timeout=30)
+    assert ok.problems[0].ground_truth == "2"
+    for dataset, needle in ((str(bad), "question"), ("/etc/passwd", "outside"), ("", "dataset")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_BOXED, dataset=dataset), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in err.value.details(), err.value.details()
+
+
+async def test_cli_scores_a_batch(reward) -> None:
+    _, address = reward
+    request = {"function": "REWARD_FUNCTION_MATH_PAIRS",
+               "items": [{"completion": "<think>a</think><answer>12</answer>", "ground_truth": "12"}]}
+    # The server runs on this test's event loop: the CLI must run without blocking it.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clients.cli", "call", "reward", "Score", json.dumps(request), "--address", address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(stdout)["results"][0]
+    assert result["accuracy"] == 1.0 and result["extracted_answer"] == "12" and result["format"] == 1.0
