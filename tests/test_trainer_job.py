@@ -222,3 +222,26 @@ def test_quantized_base_trains_or_fails_with_failed_precondition(
         assert result.error.startswith("advanced.quantization:") and result.steps_done == 0
     else:
         assert result.status == "completed" and result.steps_done == 1
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+def test_other_losses_with_kl_report_kl(tmp_path: Path, tiny_model: str, loss_type: str) -> None:
+    events: list[C.MetricEvent] = []
+    result = run_job(_job(tmp_path, tiny_model, loss_type=loss_type, kl_beta=0.04, max_steps=2),
+                     JobDeps(scorer=_scorer(), publish=events.append))
+    assert result.status == "completed", result.error
+    assert all(e.HasField("kl") and e.kl >= 0 for e in events) and len(events) == 2
+
+
+def test_continuing_from_an_adapter_rolls_out_from_it_first(tmp_path: Path, tiny_model: str) -> None:
+    first = run_job(_job(tmp_path, tiny_model, max_steps=1), JobDeps(scorer=_scorer(), publish=lambda e: None))
+    assert first.status == "completed", first.error
+    twin = RolloutTwin(tiny_model)
+    events: list[C.MetricEvent] = []
+    job = _job(tmp_path, tiny_model, job_id="t2", generation_backend="vllm", max_steps=2,
+               init_adapter_path=first.adapter_path)
+    result = run_job(job, JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
+    assert result.status == "completed", result.error
+    # The starting adapter goes live under its own name before step 1; the job's versions count steps.
+    assert twin.uploads == [AdapterTag("job-t2-init", 1), AdapterTag("job-t2", 1), AdapterTag("job-t2", 2)]
+    assert [e.adapter_version for e in events] == [0, 1]

@@ -108,9 +108,9 @@ class _StepCallback:
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         engine = self.engine
         step = state.global_step
+        started = time.perf_counter()  # sync = saving the PEFT files + pushing them to rollout
         adapter_dir = engine.hooks.save_adapter(model, step)
         engine.adapter_step = step
-        started = time.perf_counter()
         tag = AdapterTag(engine.job.adapter_name, step)
         engine.generator.publish_adapter(adapter_dir, tag)
         engine.live = tag
