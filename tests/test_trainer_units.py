@@ -109,3 +109,13 @@ def test_local_scorer_keeps_components_apart() -> None:
         ["77", "77", "77"],
     )
     assert scores == [Score(1.1, 1.0, 1.0), Score(0.1, 0.0, 1.0), Score(1.0, 1.0, 0.0)]
+
+
+def test_event_ids_match_the_scheduler() -> None:
+    from rlvr.infra.events import metric_msg_id
+    from services.trainer.publisher import status_msg_id
+
+    assert metric_msg_id("j1", 7) == "j1:7"
+    # The scheduler publishes its own transitions as "<job>:status:<STATUS>": the same id dedups.
+    assert status_msg_id("j1", C.JOB_STATUS_RUNNING) == "j1:status:RUNNING"
+    assert status_msg_id("j1", C.JOB_STATUS_CANCELLED) == "j1:status:CANCELLED"

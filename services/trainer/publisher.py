@@ -6,7 +6,8 @@ thread publishes in order; a publish that still fails after `rlvr.infra.events.p
 retries is tried again (with the same Nats-Msg-Id, so the stream stores it once) until `close`
 runs out of its flush time. Subjects and message ids follow DESIGN.md: metrics on
 `rlvr.jobs.<id>.metrics` as "<job>:<step>", status on `rlvr.jobs.<id>.status` as
-"<job>:status:<JobStatus number>" (each status is entered at most once per job run).
+"<job>:status:<STATUS>" (RUNNING, COMPLETED, ...: the scheduler's spelling, so when both publish
+the same transition the stream keeps one; each status is entered at most once per job run).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = logging.getLogger("rlvr.trainer.publisher")
 
 
 def status_msg_id(job_id: str, status: int) -> str:
-    return f"{job_id}:status:{status}"
+    return f"{job_id}:status:{common_pb2.JobStatus.Name(status).removeprefix('JOB_STATUS_')}"
 
 
 class EventPublisher:
