@@ -148,3 +148,40 @@ async def test_cancel_stops_within_seconds_and_keeps_the_adapter(nats_server, tm
 
         PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), response.adapter.path)
         await channel.close()
+
+
+async def test_a_crashed_or_failing_job_fails_alone_with_its_cause(nats_server, tmp_path: Path, tiny_model: str) -> None:
+    import os
+    import signal
+
+    from services.trainer.worker import JobSupervisor
+
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    async with connected_bus(nats_server.url) as bus:
+        # A job that fails inside its process: the result carries the cause in one line.
+        bad = f"bad-{time.monotonic_ns()}"
+        await supervisor.start(_request(bad, str(tmp_path / "no-such-model"), max_steps=3))
+        _, statuses = await _events(bus, bad, until_terminal=True, timeout_s=120)
+        assert statuses[-1].status == C.JOB_STATUS_FAILED
+        assert statuses[-1].message.startswith("base_model:") and "no-such-model" in statuses[-1].message
+        await asyncio.wait_for(_idle(supervisor), 10)
+        assert supervisor.last is not None and "no-such-model" in supervisor.last.error
+
+        # A job process killed from outside (as the OOM killer would): the worker reports it and
+        # publishes the final status the process could not; the worker itself carries on.
+        crashed = f"crash-{time.monotonic_ns()}"
+        await supervisor.start(_request(crashed, tiny_model, max_steps=500))
+        await _events(bus, crashed, until_terminal=False, timeout_s=120, metrics_wanted=1)
+        assert supervisor.current is not None
+        os.killpg(supervisor.current.process.pid, signal.SIGKILL)
+        _, statuses = await _events(bus, crashed, until_terminal=True, timeout_s=30)
+        assert statuses[-1].status == C.JOB_STATUS_FAILED
+        assert "killed by signal 9" in statuses[-1].message and statuses[-1].adapter.version >= 1
+        await asyncio.wait_for(_idle(supervisor), 10)
+        assert not supervisor.status().busy and supervisor.status().last_job_id == crashed
+    await supervisor.close()
+
+
+async def _idle(supervisor: object) -> None:
+    while supervisor.current is not None:  # type: ignore[attr-defined]
+        await asyncio.sleep(0.05)

@@ -105,11 +105,11 @@ class _StepCallback:
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.engine.record.optimizer_done_at = time.perf_counter()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         engine = self.engine
         step = state.global_step
         started = time.perf_counter()  # sync = saving the PEFT files + pushing them to rollout
-        adapter_dir = engine.hooks.save_adapter(model, step)
+        adapter_dir = engine.hooks.save_adapter(engine.model, step)  # unwrapped: the PeftModel itself
         engine.adapter_step = step
         tag = AdapterTag(engine.job.adapter_name, step)
         engine.generator.publish_adapter(adapter_dir, tag)

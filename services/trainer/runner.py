@@ -78,6 +78,8 @@ def resolve_base_model(name: str) -> str:
     first use (about 1.5 minutes for the default size on 2 cores) and reused afterwards."""
     match = TINY_RE.match(name)
     if not match:
+        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
+            raise FailedPrecondition(f"base_model: {name!r} is not a model folder on this worker")
         return name
     from rlvr.tiny.build import build_tiny_model
 
@@ -100,7 +102,10 @@ def load_policy(job: JobConfig, base_path: str, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     set_seed(job.seed)  # the LoRA A matrices are random: the seed makes the run reproducible
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+    except OSError as e:  # not a model folder, or a hub id this host cannot reach
+        raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     quant = bnb_config(job.quantization)
