@@ -10,7 +10,6 @@ fresh or continued LoRA adapter, draws the task's training prompts, runs the eng
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +34,6 @@ from services.trainer.scorers import Scorer
 log = logging.getLogger("rlvr.trainer.runner")
 
 Outcome = Literal["completed", "cancelled", "failed"]
-TINY_RE = re.compile(r"^rlvr-tiny(?:-(?P<size>[a-z-]+))?$")
 
 
 @dataclass
@@ -74,23 +72,22 @@ def one_line(exc: BaseException) -> str:
 
 
 def resolve_base_model(name: str) -> str:
-    """A hub id or local path as given; `rlvr-tiny[-<size>]` is the bundled tiny model, built on
-    first use (about 1.5 minutes for the default size on 2 cores) and reused afterwards."""
-    match = TINY_RE.match(name)
-    if not match:
-        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
-            raise FailedPrecondition(f"base_model: {name!r} is not a model folder on this worker")
-        return name
-    from rlvr.tiny.build import build_tiny_model
+    """A path or hub id the loaders accept: `rlvr.models.resolve_model`, the resolver every service
+    shares (rlvr-tiny[-test] is built on first use), after checking that a path names a folder."""
+    from rlvr.models import is_tiny, resolve_model
 
-    return build_tiny_model(size=match.group("size") or "default").path
+    if not is_tiny(name) and name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
+        raise FailedPrecondition(f"base_model: {name!r} is not a model folder on this worker")
+    return resolve_model(name)
 
 
 def _same_model(a: str, b: str) -> bool:
     def canonical(name: str) -> str:
-        resolved = resolve_base_model(name) if TINY_RE.match(name) else name
-        path = Path(resolved).expanduser()
-        return str(path.resolve()) if path.exists() else resolved
+        try:
+            path = Path(resolve_base_model(name)).expanduser()
+        except FailedPrecondition:  # a path of another host: compare the names as given
+            return name
+        return str(path.resolve()) if path.exists() else name
 
     return canonical(a) == canonical(b)
 
