@@ -231,6 +231,9 @@ def test_other_losses_with_kl_report_kl(tmp_path: Path, tiny_model: str, loss_ty
                      JobDeps(scorer=_scorer(), publish=events.append))
     assert result.status == "completed", result.error
     assert all(e.HasField("kl") and e.kl >= 0 for e in events) and len(events) == 2
+    # TRL's frozen reference copy of the adapter ("ref") is not saved with it.
+    assert sorted(p.name for p in Path(result.adapter_path).iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
 
 
 def test_continuing_from_an_adapter_rolls_out_from_it_first(tmp_path: Path, tiny_model: str) -> None:

@@ -73,7 +73,8 @@ def save_adapter(model: Any, dest: Path) -> Path:  # model: a peft PeftModel
     staging = dest.with_name(f".{dest.name}.staging")
     if staging.exists():
         shutil.rmtree(staging)
-    model.save_pretrained(str(staging), safe_serialization=True)
+    # Only the trained adapter: with kl_beta > 0 TRL keeps a frozen copy named "ref" beside it.
+    model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"])
     missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
     if missing:
         raise RuntimeError(f"peft wrote no {', '.join(missing)} (is the model a PeftModel?)")
