@@ -10,8 +10,10 @@ documented seams, so nothing of TRL is patched:
   to the rollout service as version = step number, writes periodic checkpoints, checks the cancel
   flag, and turns the step's record plus TRL's log line into one `MetricEvent`.
 
-TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term
-against the adapter-free base, entropy, clipping and the optimizer. One step = `batch_size`
+TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term,
+entropy, clipping and the optimizer. The KL reference is the policy the job started from: TRL keeps
+a frozen copy of the adapter it is given, which for a fresh adapter (B = 0) is exactly the base
+model, and for a continued one (init_adapter) is that adapter. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
 step per generation, so no importance ratio is needed).
 """
