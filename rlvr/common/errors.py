@@ -97,9 +97,10 @@ def grpc_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def map_errors(cls: type) -> type:
-    """Class decorator: applies `grpc_errors` to every public async RPC method of a servicer."""
+    """Class decorator: applies `grpc_errors` to every async RPC method of a servicer (RPC names
+    are CamelCase by the proto style guide; helpers such as start/stop are left alone)."""
     for name, member in list(vars(cls).items()):
-        if name.startswith("_"):
+        if not name[:1].isupper():
             continue
         if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
             setattr(cls, name, grpc_errors(member))

@@ -151,7 +151,13 @@ async def _serve_until_signal(runner: ServiceRunner) -> None:
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if start in done:
-        start.result()  # re-raises a startup failure
+        try:
+            start.result()  # re-raises a startup failure
+        except BaseException:
+            waiter.cancel()
+            if runner.server is not None:
+                await runner.server.stop(0)
+            raise
         await waiter
     else:
         start.cancel()
@@ -182,6 +188,10 @@ def run_service(
         return 2
     except KeyboardInterrupt:
         return 0
+    except Exception as e:  # an unexpected start failure: the log has the trace, the user one line
+        log.error("cannot start", exc_info=e)
+        print(f"{prog}: error: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,7 +11,9 @@ from rlvr.common.settings import ServiceSettings, port_field, rlvr_home
 
 class RolloutSettings(ServiceSettings):
     service_name = "rollout"
-    model_config = SettingsConfigDict(env_prefix="RLVR_ROLLOUT_", extra="ignore", use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(
+        env_prefix="RLVR_ROLLOUT_", extra="ignore", use_attribute_docstrings=True
+    )
 
     port: int = port_field(50054)
     """gRPC port of the rollout server."""
@@ -31,6 +33,8 @@ class RolloutSettings(ServiceSettings):
     """Where uploaded adapter versions are written (atomically) before they go live."""
     max_adapter_bytes: int = Field(default=2 * 1024**3, ge=1024)
     """Largest adapter upload accepted."""
+    enforce_eager: bool | None = None
+    """vLLM: skip graph capture/compilation (starts faster; unset = on for CPU-only hosts, off with CUDA)."""
     seed: int = 0
     """Engine seed (requests carry their own seeds)."""
     trust_remote_code: bool = False

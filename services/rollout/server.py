@@ -1,0 +1,299 @@
+"""gRPC glue of the rollout server: validation, then the core (services/rollout/engine.py).
+
+Generate streams one response per prompt group as soon as it finishes; LoadAdapter reassembles
+the client stream (header, then file chunks) in memory within the size limit and hands the bytes
+to the registry, which validates, writes atomically and only then makes the version live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, map_errors, out_of_range
+from rlvr.common.server import GrpcService, StartupError
+from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.rollout.settings import RolloutSettings
+
+log = logging.getLogger("rlvr.rollout")
+
+MAX_TOKENS = (32, 2048)
+MAX_N = 64
+ALLOWED_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def _eager(setting: bool | None) -> bool:
+    if setting is not None:
+        return setting
+    import torch
+
+    return not torch.cuda.is_available()  # compiling buys little on a CPU and costs start time
+
+
+def _core_errors(exc: Exception) -> Exception:
+    """Maps the core's exceptions onto the contract's error kinds."""
+    from services.rollout.adapters import AdapterVersionMismatch, StaleVersionError, UnknownAdapterError
+    from services.rollout.engine import BaseModelMismatch
+
+    if isinstance(exc, StaleVersionError | AdapterVersionMismatch | BaseModelMismatch):
+        return FailedPrecondition(str(exc))
+    if isinstance(exc, UnknownAdapterError):
+        return NotFound(str(exc))
+    return exc
+
+
+@map_errors
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, settings: RolloutSettings) -> None:
+        self.settings = settings
+        self.core = None
+        self.model_path = ""
+
+    async def start(self) -> None:
+        import asyncio
+
+        from rlvr.models import resolve_model
+        from services.rollout.engine import CoreConfig, RolloutCore
+
+        s = self.settings
+        try:
+            self.model_path = await asyncio.to_thread(resolve_model, s.model, lambda m: log.info(m))
+        except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
+            raise StartupError(f"setting model (--model / RLVR_ROLLOUT_MODEL) = {s.model!r}: {e}") from None
+        config = CoreConfig(
+            model=self.model_path,
+            adapter_root=s.adapter_root,
+            backend=s.backend,
+            max_lora_rank=s.max_lora_rank,
+            max_loras=s.max_loras,
+            max_model_len=s.max_model_len,
+            memory_fraction=s.memory_fraction,
+            max_adapter_bytes=s.max_adapter_bytes,
+            seed=s.seed,
+            trust_remote_code=s.trust_remote_code,
+            enforce_eager=_eager(s.enforce_eager),
+        )
+        s.adapter_root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.core = await RolloutCore.start(config)
+        except OSError as e:
+            raise StartupError(
+                f"setting model (--model / RLVR_ROLLOUT_MODEL) = {s.model!r}: cannot load: {e}"
+            ) from None
+        log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend})
+
+    async def stop(self) -> None:
+        if self.core is not None:
+            await self.core.shutdown()
+
+    def _core(self):  # -> RolloutCore
+        if self.core is None:
+            from rlvr.common.errors import Unavailable
+
+            raise Unavailable("the rollout engine is starting")
+        return self.core
+
+    def _check_model(self, model: str) -> None:
+        if not model or model in (self.settings.model, self.model_path):
+            return
+        try:
+            self._core().check_base_model(model)
+        except Exception as e:
+            raise _core_errors(e) from None
+
+    def _prompts(self, request: rollout_pb2.GenerateRequest) -> list:
+        from services.rollout.backend import PromptInput
+
+        core = self._core()
+        prompts = []
+        for i, p in enumerate(request.prompts):
+            kind = p.WhichOneof("input")
+            if kind == "messages":
+                messages = [{"role": m.role, "content": m.content} for m in p.messages.messages]
+                if not messages:
+                    raise InvalidArgument(f"prompts[{i}].messages: empty conversation")
+                prompts.append(PromptInput(token_ids=core.render_chat(messages)))
+            elif kind == "token_ids":
+                if not p.token_ids.ids:
+                    raise InvalidArgument(f"prompts[{i}].token_ids: empty")
+                prompts.append(PromptInput(token_ids=list(p.token_ids.ids)))
+            elif kind == "text":
+                prompts.append(PromptInput(text=p.text))
+            else:
+                raise InvalidArgument(f"prompts[{i}]: set one of messages, token_ids or text")
+        return prompts
+
+    def _sampling(self, request: rollout_pb2.GenerateRequest):
+        from services.rollout.backend import SamplingSpec
+
+        sp = request.sampling
+        n = request.n or 1
+        if not 1 <= n <= MAX_N:
+            raise out_of_range("n", request.n, f"1-{MAX_N} (0 = 1)")
+        max_tokens = sp.max_tokens or 256
+        if not MAX_TOKENS[0] <= max_tokens <= MAX_TOKENS[1]:
+            raise out_of_range(
+                "sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)"
+            )
+        if not 0.0 <= sp.temperature <= 2.0:
+            raise out_of_range("sampling.temperature", sp.temperature, "0.0-2.0 (0 = greedy)")
+        top_p = sp.top_p or 1.0
+        if not 0.0 < top_p <= 1.0:
+            raise out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)")
+        seed = sp.seed if sp.HasField("seed") else None
+        return SamplingSpec(n=n, max_tokens=max_tokens, temperature=sp.temperature, top_p=top_p, seed=seed)
+
+    async def Generate(
+        self,
+        request: rollout_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,  # noqa: N802
+    ) -> AsyncIterator[rollout_pb2.GenerateResponse]:
+        if not request.prompts:
+            raise InvalidArgument("prompts: at least one prompt is required")
+        self._check_model(request.model)
+        sampling = self._sampling(request)
+        prompts = self._prompts(request)
+        name = request.adapter.name or None
+        version = request.adapter.version or None
+        # Greedy decoding gives n identical completions; engines refuse n > 1 with it (vLLM does),
+        # so generate one and repeat it.
+        copies = 1
+        if sampling.greedy and sampling.n > 1:
+            copies, sampling = sampling.n, dataclasses.replace(sampling, n=1)
+        try:
+            async for group in self._core().generate(
+                prompts, sampling, name, version, request.request_id or None
+            ):
+                yield rollout_pb2.GenerateResponse(
+                    completions=[
+                        rollout_pb2.Completion(
+                            prompt_index=c.prompt_index,
+                            sample_index=c.sample_index + k,
+                            token_ids=c.token_ids,
+                            text=c.text,
+                            logprobs=c.logprobs,
+                            finish_reason=(
+                                common_pb2.FINISH_REASON_LENGTH
+                                if c.finish_reason == "length"
+                                else common_pb2.FINISH_REASON_STOP
+                            ),
+                            adapter_name=c.adapter_name or "",
+                            adapter_version=c.adapter_version or 0,
+                            prompt_token_ids=group.prompt_token_ids,
+                        )
+                        for c in group.completions
+                        for k in range(copies)
+                    ]
+                )
+        except Exception as e:  # the core's errors -> the contract's
+            raise _core_errors(e) from None
+
+    async def LoadAdapter(
+        self,
+        request_iterator: AsyncIterator[rollout_pb2.LoadAdapterRequest],  # noqa: N802
+        context: grpc.aio.ServicerContext,
+    ) -> rollout_pb2.AdapterInfo:
+        t0 = time.perf_counter()
+        header: rollout_pb2.AdapterHeader | None = None
+        files: dict[str, bytearray] = {}
+        total = 0
+        limit = self.settings.max_adapter_bytes
+        async for part in request_iterator:
+            kind = part.WhichOneof("part")
+            if kind == "header":
+                if header is not None:
+                    raise InvalidArgument("header: sent twice; send it once, first")
+                header = part.header
+                if header.total_size > limit:
+                    raise out_of_range("header.total_size", header.total_size, f"at most {limit} bytes")
+                continue
+            if header is None:
+                raise InvalidArgument("header: the first message must be the adapter header")
+            chunk = part.chunk
+            if chunk.path not in ALLOWED_FILES:
+                raise InvalidArgument(
+                    f"chunk.path: {chunk.path!r} is not accepted; send only {', '.join(ALLOWED_FILES)}"
+                )
+            buf = files.setdefault(chunk.path, bytearray())
+            if chunk.offset != len(buf):
+                raise InvalidArgument(
+                    f"chunk.offset: {chunk.offset} for {chunk.path} but {len(buf)} bytes received"
+                )
+            total += len(chunk.data)
+            if total > limit:
+                raise out_of_range("upload size", f"more than {limit} bytes", f"at most {limit} bytes")
+            buf.extend(chunk.data)
+        if header is None:
+            raise InvalidArgument("header: the upload was empty")
+        if header.version < 1:
+            raise out_of_range("header.version", header.version, ">= 1")
+        if header.total_size and header.total_size != total:
+            raise InvalidArgument(
+                f"header.total_size: {header.total_size} announced but {total} bytes received"
+            )
+        try:
+            adapter = await self._core().load_adapter(
+                header.name, header.version, {k: bytes(v) for k, v in files.items()}
+            )
+        except Exception as e:
+            raise _core_errors(e) from None
+        return self._info(adapter, total, time.perf_counter() - t0)
+
+    @staticmethod
+    def _info(adapter, size: int = 0, seconds: float = 0.0) -> rollout_pb2.AdapterInfo:
+        import json
+
+        config = {}
+        with contextlib.suppress(OSError, ValueError):
+            config = json.loads((adapter.path / "adapter_config.json").read_text())
+        if not size:
+            size = sum(p.stat().st_size for p in adapter.path.glob("*") if p.is_file())
+        modules = config.get("target_modules") or []
+        return rollout_pb2.AdapterInfo(
+            name=adapter.name,
+            version=adapter.version,
+            rank=adapter.rank,
+            alpha=float(config.get("lora_alpha", 0) or 0),
+            target_modules=sorted(modules) if isinstance(modules, list) else [str(modules)],
+            size_bytes=size,
+            load_seconds=seconds,
+        )
+
+    async def ListAdapters(self, request, context):  # noqa: N802
+        return rollout_pb2.ListAdaptersResponse(
+            adapters=[self._info(a) for a in self._core().list_adapters()]
+        )
+
+    async def UnloadAdapter(self, request, context):  # noqa: N802
+        try:
+            adapter = await self._core().unload_adapter(request.name)
+        except Exception as e:
+            raise _core_errors(e) from None
+        return rollout_pb2.UnloadAdapterResponse(name=adapter.name, version=adapter.version)
+
+    async def GetInfo(self, request, context):  # noqa: N802
+        info = self._core().info()
+        return rollout_pb2.RolloutInfo(
+            model=self.settings.model,
+            backend=info.backend,
+            max_lora_rank=info.max_lora_rank,
+            max_loras=info.max_loras,
+            max_model_len=info.max_model_len,
+            memory_fraction=self.settings.memory_fraction,
+            loaded_adapters=len(self._core().list_adapters()),
+        )
+
+
+def build_service(settings: RolloutSettings) -> GrpcService:
+    servicer = RolloutServicer(settings)
+    name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+    return GrpcService(
+        [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, name)],
+        on_start=servicer.start,
+        on_stop=servicer.stop,
+    )
