@@ -197,6 +197,9 @@ async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
 
     first = await run(11)
     assert first == await run(11)
+    # ... also when batched with another job's requests (the engine's batch differs, the seed does not)
+    again, _ = await asyncio.gather(run(11), run(12))
+    assert first == again
     assert first != await run(12)
     assert len({tuple(t) for t in first}) > 1  # the n samples of one request differ
 

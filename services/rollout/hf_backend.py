@@ -219,32 +219,43 @@ class TransformersBackend(GenerationBackend):
 
         codec = self.codec
         n = sampling.n
-        rows = [ids for ids in prompt_ids for _ in range(n)]  # row r is prompt r // n, sample r % n
-        width = max(len(ids) for ids in rows)
-        input_ids = torch.full((len(rows), width), codec.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, ids in enumerate(rows):
-            input_ids[r, width - len(ids) :] = torch.tensor(ids)
-            attention[r, width - len(ids) :] = 1
+        width = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), codec.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for p, ids in enumerate(prompt_ids):
+            input_ids[p, width - len(ids) :] = torch.tensor(ids)
+            attention[p, width - len(ids) :] = 1
         # Explicit positions: with left padding, each row's first real token must sit at position 0.
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed)
         stop_ids = torch.tensor(sorted(codec.stop_token_ids), dtype=torch.long)
 
-        tokens: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        finish: list[FinishReason | None] = [None] * len(rows)
-        active = torch.arange(len(rows))  # original row index of each batch row
+        num_rows = len(prompt_ids) * n  # row r is prompt r // n, sample r % n
+        tokens: list[list[int]] = [[] for _ in range(num_rows)]
+        logprobs: list[list[float]] = [[] for _ in range(num_rows)]
+        finish: list[FinishReason | None] = [None] * num_rows
+        active = torch.arange(num_rows)  # original row index of each batch row
         groups_left = set(range(len(prompt_ids)))
 
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        # Prefill each prompt once, then give each of its n samples a copy of the KV cache; only the last
+        # position's logits are needed (a real vocabulary makes the full logits tensor the largest one).
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache = out.past_key_values
-        next_position = positions[:, -1] + 1
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)
+        attention = attention.repeat_interleave(n, dim=0)
+        next_position = positions[:, -1].repeat_interleave(n) + 1
         for step in range(sampling.max_tokens):
             if cancelled.is_set():
                 return
-            next_ids, next_logprobs = sample_next(out.logits[:, -1, :].float(), sampling, generator)
+            next_ids, next_logprobs = sample_next(logits.float(), sampling, generator)
             stopped = torch.isin(next_ids, stop_ids)
             for b, r in enumerate(active.tolist()):
                 tokens[r].append(int(next_ids[b]))
@@ -274,6 +285,7 @@ class TransformersBackend(GenerationBackend):
                 past_key_values=cache,
                 use_cache=True,
             )
+            logits = out.logits[:, -1, :]
             next_position = next_position + 1
 
     def _group(
