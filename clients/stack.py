@@ -128,6 +128,7 @@ class Stack:
 
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.prepare_model()
         nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host)
         nats.start()
         self.nats = nats
@@ -142,6 +143,15 @@ class Stack:
             )
             log_file.close()
         self._write_state(nats.url)
+
+    def prepare_model(self) -> None:
+        """Builds the bundled tiny model here, with progress on the console, rather than silently
+        inside the rollout server's start (the first build takes minutes; later ones are reused)."""
+        from rlvr.models import is_tiny, resolve_model
+
+        if is_tiny(self.cfg.model):
+            path = resolve_model(self.cfg.model, progress=lambda m: self.say(f"  {m}"))
+            self.say(f"model      {self.cfg.model} -> {path}")
 
     def _write_state(self, nats_url: str) -> None:
         state = {"nats_url": nats_url, "addresses": self.cfg.addresses,

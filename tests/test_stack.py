@@ -1,0 +1,100 @@
+"""`rlvr up` as a user runs it: NATS and all five services as child processes, every health
+check SERVING, an outside reflection client sees every service, and Ctrl-C leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_bootstrap import PROBE
+
+SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process whose ancestry reaches pid (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        children = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.vllm
+def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
+    home = tmp_path / "stack"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--home", str(home), "--base-port", "0",
+                             "--model", "rlvr-tiny-test", "--start-timeout", "240"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    started = time.monotonic()
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "rlvr is up" in line or proc.poll() is not None:
+                break
+        assert any("rlvr is up" in line for line in lines), "".join(lines)
+        up_seconds = time.monotonic() - started
+        for name in SERVICES:
+            assert any(line.startswith(name) and "SERVING" in line for line in lines), name
+        state = json.loads((home / "stack.json").read_text())
+        children = _descendants(proc.pid)
+        assert set(state["pids"].values()) <= children
+
+        status = subprocess.run([sys.executable, "-m", "clients.cli", "status", "--home", str(home)],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("SERVING") == 5
+        if PROBE.exists():
+            probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
+                                   capture_output=True, text=True, timeout=60)
+            assert probe.returncode == 0 and "serving 5/5" in probe.stdout, probe.stdout
+            for name in SERVICES:
+                assert f"rlvr.v1.{name.capitalize()}Service" in probe.stdout
+
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, rest
+        assert "stopped." in rest
+        time.sleep(0.5)
+        left = [pid for pid in children if _alive(pid)]
+        assert not left, f"orphans after Ctrl-C: {left}"
+        assert not (home / "stack.json").exists()
+        print(f"stack SERVING after {up_seconds:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_dying_service_is_reported(tmp_path: Path) -> None:
+    """A bad setting kills one service at start: up says which, shows its log, and stops the rest."""
+    out = subprocess.run([sys.executable, "-m", "clients.cli", "up", "--home", str(tmp_path), "--base-port", "0",
+                          "--model", str(tmp_path / "no-such-model"), "--start-timeout", "120"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "service rollout exited" in out.stdout and "no-such-model" in out.stdout
+    assert "stopped." in out.stdout
