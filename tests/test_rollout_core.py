@@ -305,6 +305,7 @@ def _corrupt_uploads(loras: dict[str, Path]) -> dict[str, tuple[str, int, dict[s
             "does not have",
         ),
         "bad name": ("../guarded", 2, good, "must match"),
+        "newline in name": ("guarded\n", 2, good, "must match"),
         "bad version": ("guarded", 0, good, "version"),
     }
 
@@ -330,12 +331,12 @@ async def test_bad_uploads_rejected_and_live_version_untouched(core: RolloutCore
 
 async def test_two_jobs_adapters_serve_concurrently(core: RolloutCore, model_dir: Path, loras) -> None:
     prompt = core.render_chat(QUESTION)
-    await core.load_adapter("job-a", 1, upload(loras["v1"]))
+    await core.load_adapter("job.a", 1, upload(loras["v1"]))
     await core.load_adapter("job-b", 7, upload(loras["other"]))
     a, b, base = await asyncio.gather(
-        greedy(core, prompt, "job-a"), greedy(core, prompt, "job-b"), greedy(core, prompt, None)
+        greedy(core, prompt, "job.a"), greedy(core, prompt, "job-b"), greedy(core, prompt, None)
     )
-    assert (a.completions[0].adapter_name, a.completions[0].adapter_version) == ("job-a", 1)
+    assert (a.completions[0].adapter_name, a.completions[0].adapter_version) == ("job.a", 1)
     assert (b.completions[0].adapter_name, b.completions[0].adapter_version) == ("job-b", 7)
     assert a.completions[0].token_ids == reference_greedy(model_dir, loras["v1"], prompt, 24)
     assert b.completions[0].token_ids == reference_greedy(model_dir, loras["other"], prompt, 24)
@@ -365,6 +366,25 @@ async def test_unload(core: RolloutCore, loras) -> None:
     with pytest.raises(UnknownAdapterError):
         await core.unload_adapter("gone")
     assert (await core.load_adapter("gone", 1, upload(loras["v2"]))).version == 1  # a fresh start
+
+
+async def test_unload_and_repush_while_old_version_still_runs(
+    core: RolloutCore, model_dir: Path, loras
+) -> None:
+    await core.load_adapter("again", 1, upload(loras["v1"]))
+    stream = core.generate(
+        [PromptInput(text=f"{i}+2=") for i in range(3)], SamplingSpec(n=2, max_tokens=32), "again"
+    )
+    first = await anext(stream)
+    await core.unload_adapter("again")
+    fresh = await core.load_adapter("again", 1, upload(loras["v2"]))  # same name and version, new weights
+    rest = [group async for group in stream]
+    assert all(c.adapter_version == 1 for g in [first, *rest] for c in g.completions)
+    assert fresh.path.exists()  # retiring the old v1 did not delete the new v1's files
+    prompt = core.render_chat(QUESTION)
+    assert (await greedy(core, prompt, "again")).completions[0].token_ids == reference_greedy(
+        model_dir, loras["v2"], prompt, 24
+    )
 
 
 async def test_prompt_validation(core: RolloutCore) -> None:
@@ -400,8 +420,8 @@ async def test_registry_backend_refusal_keeps_live(model_dir: Path, loras, tmp_p
     backend.refuse = True
     with pytest.raises(AdapterRejected, match="engine refused"):
         await registry.load("job", 2, upload(loras["v2"]))
-    assert registry.get("job") == v1 and backend.loaded == ["job@v1"]
-    assert not (tmp_path / "adapters" / "job" / "v2").exists()
+    assert registry.get("job") == v1 and backend.loaded == [v1.key]
+    assert not list((tmp_path / "adapters" / "job").glob("v2*"))  # the refused upload left no files
     backend.refuse = False
     v2 = await registry.load("job", 2, upload(loras["v2"]))
-    assert v2.uid != v1.uid and backend.loaded == ["job@v2"] and not v1.path.exists()
+    assert v2.uid != v1.uid and backend.loaded == [v2.key] and not v1.path.exists()

@@ -21,6 +21,7 @@ import re
 import shutil
 import struct
 import tempfile
+from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -70,7 +71,7 @@ class AdapterVersionMismatch(Exception):
 
 
 class AdapterRegistry:
-    """Named LoRA adapters, each with one live version, stored under `root/<name>/v<version>/`."""
+    """Named LoRA adapters, each with one live version, stored under `root/<name>/v<version>.<uid>/`."""
 
     def __init__(
         self,
@@ -89,7 +90,9 @@ class AdapterRegistry:
         self._leases: dict[int, int] = {}  # uid -> running requests
         self._retired: dict[int, AdapterVersion] = {}  # superseded/unloaded, waiting for their last lease
         self._uids = itertools.count(1)  # vLLM LoRA ids must be > 0 and never reused
-        self._lock = asyncio.Lock()  # one load/unload at a time: the version check and the swap are atomic
+        # One load/unload per name at a time, so the version check and the swap are atomic; different jobs'
+        # pushes do not wait for each other.
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._staging = self.root / ".staging"
         self.root.mkdir(parents=True, exist_ok=True)
         # Leftovers of a crashed upload are never live (nothing survives a restart), so they can go.
@@ -120,10 +123,16 @@ class AdapterRegistry:
             raise AdapterRejected(
                 f"adapter version must be an integer in [1, {MAX_VERSION}], got {version!r}"
             )
-        async with self._lock:
+        # Shielded: a caller that goes away mid-push must not leave a half-installed version behind (stored
+        # but not live, or loaded in the engine but not recorded); the push completes or fails as a whole.
+        return await asyncio.shield(self._load(name, version, files))
+
+    async def _load(self, name: str, version: int, files: Mapping[str, bytes] | Path) -> AdapterVersion:
+        async with self._locks[name]:
             self._check_not_stale(name, version)
-            rank, stored = await asyncio.to_thread(self._validate_and_store, name, version, files)
-            adapter = AdapterVersion(name=name, version=version, path=stored, uid=next(self._uids), rank=rank)
+            uid = next(self._uids)
+            rank, stored = await asyncio.to_thread(self._validate_and_store, name, version, uid, files)
+            adapter = AdapterVersion(name=name, version=version, path=stored, uid=uid, rank=rank)
             try:
                 await self.backend.add_adapter(adapter)
             except Exception as e:
@@ -141,7 +150,7 @@ class AdapterRegistry:
 
     async def unload(self, name: str) -> AdapterVersion:
         """Stop serving `name`; running requests finish on it. A later push may start again at any version."""
-        async with self._lock:
+        async with self._locks[name]:
             adapter = self._live.pop(name, None)
             if adapter is None:
                 raise UnknownAdapterError(f"no adapter named {name!r} is loaded")
@@ -156,12 +165,14 @@ class AdapterRegistry:
             )
 
     def _validate_and_store(
-        self, name: str, version: int, files: Mapping[str, bytes] | Path
+        self, name: str, version: int, uid: int, files: Mapping[str, bytes] | Path
     ) -> tuple[int, Path]:
         """Blocking part of `load` (runs in a thread): read, check, write to staging, rename into place."""
         contents = read_upload(files, self.max_adapter_bytes)
         rank = check_adapter_files(contents, self.base_linear_shapes, self.max_lora_rank)
-        final = self.root / name / f"v{version}"
+        # The uid makes the path unique: after an unload, a fresh push may reuse a version number while the
+        # old files still serve running requests.
+        final = self.root / name / f"v{version}.{uid}"
         staging = Path(tempfile.mkdtemp(prefix=f"{name}.v{version}.", dir=self._staging))
         try:
             for filename, data in contents.items():
@@ -171,8 +182,8 @@ class AdapterRegistry:
                     os.fsync(fh.fileno())
             final.parent.mkdir(exist_ok=True)
             if final.exists():
-                # Only a never-live leftover can sit here (a live or retired version is always older than
-                # an accepted new one): move it aside so the rename below stays a single atomic step.
+                # Only a leftover of an earlier server process can sit here (uids restart at 1): move it
+                # aside so the rename below stays a single atomic step.
                 os.replace(final, staging.with_name(staging.name + ".old"))
                 shutil.rmtree(staging.with_name(staging.name + ".old"), ignore_errors=True)
             os.replace(staging, final)
@@ -228,15 +239,15 @@ class AdapterRegistry:
 
     async def close(self) -> None:
         """Forget everything (the backend is shutting down); stored files are removed."""
-        async with self._lock:
-            for adapter in [*self._live.values(), *self._retired.values()]:
-                await asyncio.to_thread(shutil.rmtree, adapter.path, True)
-            self._live.clear()
-            self._retired.clear()
+        for adapter in [*self._live.values(), *self._retired.values()]:
+            await asyncio.to_thread(shutil.rmtree, adapter.path, True)
+        self._live.clear()
+        self._retired.clear()
 
 
 def check_name(name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    # fullmatch: with match(), "$" would also accept a trailing newline.
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise AdapterRejected(f"adapter name {name!r} must match {NAME_RE.pattern}")
 
 

@@ -88,8 +88,8 @@ class AdapterVersion:
 
     @property
     def key(self) -> str:
-        """The name the backends register this version under (one entry per version)."""
-        return f"{self.name}@v{self.version}"
+        """A readable, unique label for logs and engine-side names (name and version may recur after unload)."""
+        return f"{self.name}@v{self.version}#{self.uid}"
 
 
 @dataclass(frozen=True)

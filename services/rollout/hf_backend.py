@@ -64,7 +64,7 @@ class TransformersBackend(GenerationBackend):
         self.trust_remote_code = trust_remote_code
         self._model: PreTrainedModel | None = None
         self._codec: PromptCodec | None = None
-        self._adapters: set[str] = set()  # peft adapter names (AdapterVersion.key) on the model
+        self._adapters: set[str] = set()  # peft adapter names (see _peft_name) on the model
         # One thread owns the model: generations and adapter changes run one at a time, in arrival order.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
 
@@ -121,22 +121,22 @@ class TransformersBackend(GenerationBackend):
         if not isinstance(self._model, PeftModel):
             # Wraps the base model in place: LoRA layers are injected into its modules.
             self._model = PeftModel.from_pretrained(
-                self._model, str(adapter.path), adapter_name=adapter.key, is_trainable=False
+                self._model, str(adapter.path), adapter_name=_peft_name(adapter), is_trainable=False
             ).eval()
         else:
-            self._model.load_adapter(str(adapter.path), adapter_name=adapter.key, is_trainable=False)
-        self._adapters.add(adapter.key)
+            self._model.load_adapter(str(adapter.path), adapter_name=_peft_name(adapter), is_trainable=False)
+        self._adapters.add(_peft_name(adapter))
 
     async def remove_adapter(self, adapter: AdapterVersion) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._remove_adapter, adapter)
 
     def _remove_adapter(self, adapter: AdapterVersion) -> None:
-        if adapter.key in self._adapters and self._model is not None:
+        if _peft_name(adapter) in self._adapters and self._model is not None:
             with warnings.catch_warnings():
                 # "adapter X was active ... setting active adapter to Y": harmless, every request sets its own
                 warnings.simplefilter("ignore", UserWarning)
-                self._model.delete_adapter(adapter.key)
-            self._adapters.discard(adapter.key)
+                self._model.delete_adapter(_peft_name(adapter))
+            self._adapters.discard(_peft_name(adapter))
 
     @contextlib.contextmanager
     def _policy(self, adapter: AdapterVersion | None) -> Iterator[PreTrainedModel]:
@@ -145,9 +145,9 @@ class TransformersBackend(GenerationBackend):
         if model is None:
             raise RuntimeError("the transformers backend is not started")
         if adapter is not None:
-            if adapter.key not in self._adapters:
+            if _peft_name(adapter) not in self._adapters:
                 raise RuntimeError(f"adapter {adapter.key} is not loaded in the transformers backend")
-            model.set_adapter(adapter.key)
+            model.set_adapter(_peft_name(adapter))
             yield model
         elif self._adapters:
             with model.disable_adapter():
@@ -312,6 +312,11 @@ class TransformersBackend(GenerationBackend):
             for s in range(n)
         ]
         return PromptGroupOut(prompt_index=g, prompt_token_ids=prompt, completions=completions)
+
+
+def _peft_name(adapter: AdapterVersion) -> str:
+    # peft keys adapters in torch ModuleDicts, which refuse "." (valid in adapter names); the uid is unique.
+    return f"adapter_{adapter.uid}"
 
 
 def sample_next(
