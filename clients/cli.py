@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from clients import rpc_commands
+from clients import rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -110,7 +110,12 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------- main
 
-COMMAND_GROUPS: list[Register] = [rpc_commands.register, register_stack, register_models]
+COMMAND_GROUPS: list[Register] = [
+    rpc_commands.register,
+    register_stack,
+    register_models,
+    train_cmd.register,
+]
 """Every command group, in the order `rlvr --help` lists them."""
 
 

@@ -1,0 +1,207 @@
+"""`rlvr train` and `rlvr jobs ...`: start an RLVR job with the spec's options as flags, watch it
+live, and list, show or cancel jobs. Talks to the scheduler through the SDK.
+
+Flags left out are left unset in the JobSpec, so the scheduler applies the spec's defaults in one
+place (services/scheduler/jobspec.py) and says what it rounded or ignored in its warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlvr.v1 import common_pb2 as C
+
+REWARDS = {"math_pairs": C.REWARD_FUNCTION_MATH_PAIRS, "gsm8k": C.REWARD_FUNCTION_GSM8K,
+           "boxed": C.REWARD_FUNCTION_BOXED}
+LOSSES = {"grpo": C.LOSS_TYPE_GRPO, "dapo": C.LOSS_TYPE_DAPO, "dr_grpo": C.LOSS_TYPE_DR_GRPO}
+QUANTS = {"full": C.QUANTIZATION_FULL, "4bit": C.QUANTIZATION_4BIT, "8bit": C.QUANTIZATION_8BIT}
+BACKENDS = {"vllm": C.GENERATION_BACKEND_VLLM, "transformers": C.GENERATION_BACKEND_TRANSFORMERS}
+
+# flag -> (message path, field, type, help)
+SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
+    ("--synthetic-prompts", "reward", "synthetic_prompts", int, "Math Pairs problems, 8-100000 (default 256)"),
+    ("--format-bonus-weight", "reward", "format_bonus_weight", float, "format bonus size, 0-1 (default 0.1)"),
+    ("--dataset", "reward", "dataset", str, "boxed-answer dataset: hub name or local JSONL/Parquet/CSV"),
+    ("--group-size", "grpo", "group_size", int, "rollouts per prompt, 2-32 (default 8)"),
+    ("--max-completion", "grpo", "max_completion_tokens", int, "tokens per completion, 32-2048 (default 256)"),
+    ("--rank", "grpo", "lora_rank", int, "LoRA rank r, 4-64 (default 8)"),
+    ("--alpha", "grpo", "lora_alpha", int, "LoRA alpha, 4-128 (default 16)"),
+    ("--lr", "grpo", "learning_rate", float, "learning rate, 5e-7 to 1e-5 (default 1e-6)"),
+    ("--max-steps", "grpo", "max_steps", int, "-1 = full (every prompt for --epochs), else a count (default 100)"),
+    ("--batch-size", "grpo", "batch_size", int, "one of 1,2,4,8,16,32 (default 4; rounded up to a multiple "
+                                                "of the group size)"),
+    ("--epochs", "advanced", "epochs", int, "passes over the prompts when --max-steps -1 (default 1)"),
+    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, "vLLM colocate memory share, 0.05-0.95 (default 0.3)"),
+    ("--gpu", "advanced", "gpu_selection", str, 'GPU selection: "auto", "cpu" or "0,1" (default auto)'),
+    ("--kl-beta", "advanced", "kl_beta", float, "KL coefficient, 0-1 (default 0)"),
+    ("--temperature", "advanced", "temperature", float, "rollout temperature, 0.1-2 (default 1.0)"),
+    ("--seed", "advanced", "seed", int, "seed (default 0)"),
+    ("--checkpoint-every", "advanced", "checkpoint_every", int, "save a checkpoint every N steps (default 0)"),
+]
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default="", help="job name (default: derived from model and loss)")
+    p.add_argument("--model", default="", help="base model: hub id, local path or rlvr-tiny (default)")
+    p.add_argument("--reward", choices=sorted(REWARDS), default=None, help="reward function (default math_pairs)")
+    p.add_argument("--no-format-bonus", action="store_true", help="turn the format bonus off")
+    p.add_argument("--loss-type", choices=sorted(LOSSES), default=None, help="default grpo")
+    p.add_argument("--quantization", choices=sorted(QUANTS), default=None, help="default full")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                   help="vllm (colocate, default) or transformers (in-process)")
+    for flag, _, field, kind, text in SPEC_FLAGS:
+        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--dry-run", action="store_true", help="validate and print the Training Summary only")
+    p.add_argument("--detach", action="store_true", help="start the job and return without watching")
+    p.add_argument("--address", default=None, help="scheduler HOST:PORT (default RLVR_SCHEDULER_ADDRESS)")
+
+
+def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
+    spec = C.JobSpec(name=args.name, base_model=args.model)
+    if args.reward:
+        spec.reward.function = REWARDS[args.reward]
+    if args.no_format_bonus:
+        spec.reward.format_bonus = False
+    if args.loss_type:
+        spec.advanced.loss_type = LOSSES[args.loss_type]
+    if args.quantization:
+        spec.advanced.quantization = QUANTS[args.quantization]
+    if args.backend:
+        spec.advanced.generation_backend = BACKENDS[args.backend]
+    for _, group, field, _, _ in SPEC_FLAGS:
+        value = getattr(args, field)
+        if value is not None:
+            setattr(getattr(spec, group), field, value)
+    return spec
+
+
+def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None) -> list[str]:
+    steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
+    rows = [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
+            ("Group Size", summary.group_size), ("Max Completion", summary.max_completion),
+            ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
+            ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
+            ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
+            ("Quantization", summary.quantization)]
+    lines = ["Training Summary"] + [f"  {k:<15} {v}" for k, v in rows]
+    lines += [f"warning: {w}" for w in warnings or []]
+    return lines
+
+
+def _client(args: argparse.Namespace):  # -> SchedulerClient
+    from clients.sdk import ClientSettings, connect
+
+    settings = ClientSettings()
+    if getattr(args, "address", None):
+        settings = ClientSettings(scheduler_address=args.address)
+    return connect(settings).scheduler
+
+
+def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN001 (SDK client)
+    """A live progress bar with reward and accuracy until the job ends; Ctrl-C detaches."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rlvr.v1 import scheduler_pb2
+
+    status = C.JOB_STATUS_QUEUED
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn()]
+    try:
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(f"job {job_id}", total=None, stats="queued")
+            for event in client.watch_job(scheduler_pb2.WatchJobRequest(id=job_id, from_start=True)):
+                if event.HasField("metric"):
+                    m = event.metric
+                    bar.update(task, completed=m.step, total=m.total_steps or None,
+                               stats=f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}")
+                else:
+                    status = event.status.status
+                    name = C.JobStatus.Name(status).removeprefix("JOB_STATUS_").lower()
+                    if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED):
+                        bar.update(task, stats=name + (f": {event.status.message}" if event.status.message else ""))
+                        break
+                    bar.update(task, stats=name)
+    except KeyboardInterrupt:
+        print(f"\ndetached; `rlvr jobs watch {job_id}` re-attaches", file=out)
+    return status
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from clients.sdk import RlvrError
+    from rlvr.v1 import scheduler_pb2
+
+    client = _client(args)
+    try:
+        resp = client.create_job(scheduler_pb2.CreateJobRequest(spec=spec_from_args(args), dry_run=args.dry_run))
+    except RlvrError as e:
+        print(f"error: {e.details}", file=sys.stderr)
+        return 2 if e.code.name == "INVALID_ARGUMENT" else 1
+    print("\n".join(summary_lines(resp.summary, list(resp.warnings))))
+    if args.dry_run:
+        return 0
+    print(f"job {resp.job.id} queued")
+    if args.detach:
+        return 0
+    status = watch_job(client, resp.job.id)
+    return 0 if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING) else 1
+
+
+def _fmt_time(ts) -> str:  # noqa: ANN001 (protobuf Timestamp)
+    return ts.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if ts.seconds else "-"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from clients.sdk import RlvrError
+    from rlvr.v1 import scheduler_pb2
+
+    client = _client(args)
+    try:
+        if args.jobs_command == "list":
+            resp = client.list_jobs(scheduler_pb2.ListJobsRequest(limit=args.limit))
+            print(f"{'ID':<14}{'STATUS':<11}{'STEP':>9}  {'CREATED':<20}NAME")
+            for job in resp.jobs:
+                status = C.JobStatus.Name(job.status).removeprefix("JOB_STATUS_")
+                print(f"{job.id:<14}{status:<11}{job.current_step:>4}/{job.total_steps:<4}  "
+                      f"{_fmt_time(job.created_at):<20}{job.spec.name}")
+            print(f"{resp.total} job(s)")
+        elif args.jobs_command == "show":
+            job = client.get_job(scheduler_pb2.GetJobRequest(id=args.id))
+            print(f"job {job.id}: {C.JobStatus.Name(job.status).removeprefix('JOB_STATUS_')}  "
+                  f"step {job.current_step}/{job.total_steps}  worker {job.worker or '-'}")
+            print(f"created {_fmt_time(job.created_at)}  started {_fmt_time(job.started_at)}  "
+                  f"finished {_fmt_time(job.finished_at)}")
+            if job.error:
+                print(f"error: {job.error}")
+            if job.adapter.name:
+                print(f"adapter {job.adapter.name} v{job.adapter.version} at {job.adapter.path}")
+            print("\n".join(summary_lines(job.summary, list(job.warnings))))
+        elif args.jobs_command == "cancel":
+            job = client.cancel_job(scheduler_pb2.CancelJobRequest(id=args.id))
+            kept = f"; adapter {job.adapter.name} v{job.adapter.version} kept" if job.adapter.name else ""
+            print(f"job {job.id} cancelled{kept}")
+        elif args.jobs_command == "watch":
+            status = watch_job(client, args.id)
+            return 0 if status != C.JOB_STATUS_FAILED else 1
+    except RlvrError as e:
+        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="start an RLVR (GRPO) job and watch it",
+                                  description="Start an RLVR job: the spec's Reward, GRPO and Advanced options.")
+    add_train_arguments(train)
+    train.set_defaults(handler=cmd_train)
+    jobs = subparsers.add_parser("jobs", help="list, show, watch or cancel jobs")
+    sub = jobs.add_subparsers(dest="jobs_command", required=True)
+    ls = sub.add_parser("list", help="recent jobs")
+    ls.add_argument("--limit", type=int, default=50)
+    for name, text in (("show", "a job's status, summary and adapter"), ("watch", "follow a job live"),
+                       ("cancel", "cancel a job (its partial adapter is kept)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("id")
+    for p in (ls, *[sub.choices[n] for n in ("show", "watch", "cancel")]):
+        p.add_argument("--address", default=None, help="scheduler HOST:PORT")
+        p.set_defaults(handler=cmd_jobs)

@@ -1,0 +1,61 @@
+"""`rlvr train` and `rlvr jobs` against a real scheduler process (no trainer: jobs stay queued)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_bootstrap import _free_port, _wait_serving
+
+
+@pytest.fixture(scope="module")
+def scheduler(nats_server, tmp_path_factory: pytest.TempPathFactory):
+    port = _free_port()
+    home = tmp_path_factory.mktemp("sched")
+    proc = subprocess.Popen([sys.executable, "-m", "services.scheduler.main", "--port", str(port),
+                             "--database-url", f"sqlite:///{home / 'db.sqlite'}", "--nats-url", nats_server.url,
+                             "--artifact-root", str(home / "artifacts"), "--trainer-addresses", "127.0.0.1:1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_serving(f"127.0.0.1:{port}")
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def rlvr(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clients.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--group-size", "8", "--batch-size", "4",
+               "--backend", "transformers", "--rank", "16")
+    assert out.returncode == 0, out.stderr
+    for line in ("Method          RLVR (GRPO)", "Reward          Math Pairs (synthetic)", "Group Size      8",
+                 "LoRA Rank       16", "Backend         Transformers (in-process)", "Batch Size      8",
+                 "Max Steps       100", "Learn Rate      1e-06"):
+        assert line in out.stdout, out.stdout
+    assert "warning: grpo.batch_size 4 is not a multiple of grpo.group_size 8: rounded up to 8" in out.stdout
+    assert "queued" not in out.stdout
+
+
+def test_bad_value_names_field_and_range(scheduler: str) -> None:
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--lr", "0.01")
+    assert out.returncode == 2
+    assert "grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to 1e-05" in out.stderr
+
+
+def test_detach_list_show_cancel(scheduler: str) -> None:
+    out = rlvr("train", "--detach", "--address", scheduler, "--name", "cli-job", "--max-steps", "5")
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.split("job ")[-1].split()[0]
+    listed = rlvr("jobs", "list", "--address", scheduler)
+    assert job_id in listed.stdout and "QUEUED" in listed.stdout and "cli-job" in listed.stdout
+    shown = rlvr("jobs", "show", job_id, "--address", scheduler)
+    assert "QUEUED" in shown.stdout and "Max Steps       5" in shown.stdout
+    cancelled = rlvr("jobs", "cancel", job_id, "--address", scheduler)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    again = rlvr("jobs", "cancel", job_id, "--address", scheduler)
+    assert again.returncode == 1 and "FAILED_PRECONDITION" in again.stderr
+    missing = rlvr("jobs", "show", "nosuchjob", "--address", scheduler)
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
