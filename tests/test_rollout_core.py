@@ -188,6 +188,15 @@ async def test_shapes_finish_reasons_and_logprob_sign(core: RolloutCore) -> None
     assert {"stop", "length"} <= set(reasons)
 
 
+async def test_greedy_group(core: RolloutCore) -> None:
+    # vLLM refuses n > 1 when greedy; the backends still return n (identical) completions.
+    (group,) = await collect(
+        core.generate([PromptInput(text="1+1=")], SamplingSpec(n=3, max_tokens=8, temperature=0))
+    )
+    assert [c.sample_index for c in group.completions] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in group.completions}) == 1
+
+
 async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
     prompts = [PromptInput(text="3+4="), PromptInput(text="9+9=")]
 

@@ -30,6 +30,7 @@ Facts this module depends on (vLLM 0.32, measured on the CPU build):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import shutil
@@ -225,8 +226,11 @@ class VLLMBackend(GenerationBackend):
         from vllm.sampling_params import RequestOutputKind
 
         prompt_ids = self.codec.encode_prompts(prompts, sampling.max_tokens)
+        # vLLM refuses n > 1 with greedy sampling; the n greedy completions are identical, so one is
+        # generated and repeated (the transformers backend needs no such case: it just decodes n rows).
+        engine_n = 1 if sampling.greedy else sampling.n
         params = SamplingParams(
-            n=sampling.n,
+            n=engine_n,
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -292,6 +296,8 @@ class VLLMBackend(GenerationBackend):
                     adapter_version=adapter.version if adapter else None,
                 )
             )
+        if len(completions) == 1 < n:  # a greedy group: see generate()
+            completions = [dataclasses.replace(completions[0], sample_index=s) for s in range(n)]
         if len(completions) != n:
             raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
         return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions)
