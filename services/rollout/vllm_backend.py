@@ -101,13 +101,16 @@ class VLLMBackend(GenerationBackend):
         self._codec = await asyncio.to_thread(
             PromptCodec.load, self.model_path, self.max_model_len, self.trust_remote_code
         )
-        self._engine = await asyncio.to_thread(self._build_engine)
+        # The thread stores the engine itself and returns None: a returned engine would stay referenced by
+        # the executor's finished futures, outlive shutdown() and be collected only at interpreter exit,
+        # where AsyncLLM.__del__ prints a TypeError.
+        await asyncio.to_thread(self._build_engine)
         if self._on_cpu():
             await self._add_zero_base_lora()
         self.start_seconds = time.perf_counter() - started
         logger.info("vLLM engine for %s started in %.1f s", self.model_path, self.start_seconds)
 
-    def _build_engine(self) -> AsyncLLM:
+    def _build_engine(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -136,7 +139,7 @@ class VLLMBackend(GenerationBackend):
             disable_log_stats=True,
             **optional,
         )
-        return AsyncLLM.from_engine_args(args)
+        self._engine = AsyncLLM.from_engine_args(args)
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
