@@ -115,7 +115,8 @@ class VLLMBackend(GenerationBackend):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
-        if self._on_cpu():
+        on_cpu = self._on_cpu()
+        if on_cpu:
             # See the module docstring; without chunking one step must fit a whole prompt.
             optional |= {
                 "enable_chunked_prefill": False,
@@ -131,9 +132,10 @@ class VLLMBackend(GenerationBackend):
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_lora=True,
             max_lora_rank=self.max_lora_rank,
-            max_loras=self.max_loras + 1,  # + the zero "base" adapter on CPU, so jobs keep max_loras slots
+            # + the zero "base" adapter on CPU, so jobs keep their max_loras slots
+            max_loras=self.max_loras + on_cpu,
             # CPU-side LoRA cache: room for every slot plus the versions still finishing old requests.
-            max_cpu_loras=2 * self.max_loras + 1,
+            max_cpu_loras=2 * self.max_loras + on_cpu,
             logprobs_mode="processed_logprobs",
             enforce_eager=self.enforce_eager,
             disable_log_stats=True,
