@@ -3,10 +3,13 @@ plus the format rule, argument errors, throughput and the per-item time limit.""
 
 from __future__ import annotations
 
+import doctest
 import time
+import types
 
 import pytest
 
+from services.reward import answers, scoring
 from services.reward.answers import answers_match, last_boxed, last_number, numeric_value
 from services.reward.pool import ScoreItem, ScoringPool, score_batch, score_many
 from services.reward.scoring import MAX_COMPLETION_CHARS, ScoreResult, format_ok, score
@@ -517,6 +520,12 @@ def test_components_and_extracted_answer() -> None:
 def test_bad_arguments_name_the_field(function: str, weight: float, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         score(function, "1", "1", format_weight=weight)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("module", [answers, scoring])
+def test_doctests(module: types.ModuleType) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_helpers() -> None:

@@ -3,11 +3,13 @@ and prompt rendering in both prompt forms."""
 
 from __future__ import annotations
 
+import doctest
 import itertools
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from rlvr.tasks import (
     Problem,
     TaskError,
     get_task,
+    gsm8k,
     ignored_dataset_warning,
     prompt_messages,
     prompt_style,
@@ -90,6 +93,12 @@ def test_heldout_set() -> None:
     assert bench[:10] != task.prompts(split="test", seed=1)[:10]
     with pytest.raises(TaskError, match="held-out problems must be between 1 and"):
         mp.heldout_problems(len(mp.all_heldout()) + 1)
+
+
+@pytest.mark.parametrize("module", [mp, gsm8k])
+def test_doctests(module: types.ModuleType) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 # --- GSM8K ---------------------------------------------------------------------------------------

@@ -35,7 +35,9 @@ QUESTION_PREFIX = "Add each adjacent pair of numbers, then multiply the sums:"
 
 
 def answer(numbers: Sequence[int]) -> int:
-    """>>> answer((3, 4, 5, 6))
+    """The ground truth of a problem.
+
+    >>> answer((3, 4, 5, 6))
     77
     """
     a, b, c, d = numbers
