@@ -1,8 +1,12 @@
 """Settings of the benchmark service (evaluations)."""
 
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import NatsFields, PeerFields, ServiceSettings, StoreFields, port_field
+from rlvr.common.settings import NatsFields, PeerFields, ServiceSettings, StoreFields, port_field, rlvr_home
 
 
 class BenchmarkSettings(PeerFields, NatsFields, StoreFields, ServiceSettings):
@@ -11,3 +15,17 @@ class BenchmarkSettings(PeerFields, NatsFields, StoreFields, ServiceSettings):
 
     port: int = port_field(50055)
     """gRPC port of the benchmark service."""
+    batch_size: int = Field(default=128, ge=1, le=4096)
+    """Questions per Generate call; progress events and stored rows follow these batches. 128 is the
+    batch `rlvr models build-tiny` measures its held-out accuracy with."""
+    max_concurrent: int = Field(default=2, ge=1, le=64)
+    """Evaluations that run at once; later ones wait, QUEUED."""
+    generate_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    """Deadline of one batch's Generate call; a rollout service that stalls fails the evaluation."""
+    score_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    """Deadline of one batch's Score call on the reward service."""
+    adapter_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "stack" / "artifacts"])
+    """Folders a RunEvaluation `adapter_path` may name (JSON list or comma list); nothing outside."""
+    prompt_style: Literal["auto", "full", "compact"] = "auto"
+    """How questions are put to the model: auto reads the rollout model's own declaration (the tiny
+    models are compact), full adds the <think>/<answer> instruction, compact gives the bare problem."""

@@ -1,0 +1,245 @@
+"""The evaluation manager: checks and stores a run, runs it in the background, answers queries.
+
+Lifecycle of an evaluation: RunEvaluation checks everything (services/benchmark/planning.py) and
+stores it QUEUED; a background task waits for one of `max_concurrent` slots, marks it RUNNING,
+runs the batches (services/benchmark/runner.py) and ends COMPLETED with its score breakdown, or
+FAILED with the cause in one line. Every change is written to the store first and then published,
+so the store is the truth and events are the live view of it.
+
+An evaluation never hangs: every peer call has a deadline, and one left QUEUED or RUNNING by a
+service that stopped is marked FAILED when the service stops or starts again (this assumes one
+benchmark service per store, as `rlvr up` runs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rlvr.common.errors import NotFound
+from rlvr.infra.schema import EvaluationRow
+from rlvr.infra.store import Store
+from rlvr.v1 import benchmark_pb2
+from services.benchmark import records
+from services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS, get_benchmark
+from services.benchmark.events import Events, msg_id
+from services.benchmark.planning import Peers, Plan, prepare
+from services.benchmark.runner import Progress, RunResult, run_questions
+
+log = logging.getLogger("rlvr.benchmark")
+
+INTERRUPTED = "interrupted: the benchmark service stopped before the evaluation finished; run it again"
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if text else type(e).__name__
+
+
+class EvaluationManager:
+    def __init__(
+        self,
+        store: Store,
+        peers: Peers,
+        events: Events | None = None,
+        *,
+        batch_size: int = 128,
+        max_concurrent: int = 2,
+        prompt_style: str = "auto",
+        adapter_roots: Sequence[Path] = (),
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.peers = peers
+        self.events = events
+        self.batch_size = batch_size
+        self.prompt_style = prompt_style
+        self.adapter_roots = tuple(adapter_roots)
+        self.poll_seconds = poll_seconds
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Fails what a previous process left unfinished: nothing will ever finish it."""
+        stale = await asyncio.to_thread(self.store.list_evaluations, ["QUEUED", "RUNNING"], 100_000)
+        for row in stale:
+            await self._finish(row.id, "FAILED", error=INTERRUPTED)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def wait_idle(self) -> None:
+        """Until every evaluation started so far has ended (tests, benchmarks)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ RPCs
+
+    @staticmethod
+    def benchmarks() -> list[benchmark_pb2.BenchmarkInfo]:
+        return [
+            benchmark_pb2.BenchmarkInfo(
+                name=b.name, display_name=b.display_name, description=b.description, size=b.size,
+                score_columns=list(SCORE_COLUMNS), default_score_column=b.default_score_column,
+                needs_dataset=b.needs_dataset,
+            )
+            for b in BENCHMARKS.values()
+        ]
+
+    async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation:
+        plan = await prepare(request, self.peers, self.prompt_style, self.adapter_roots)
+        row = EvaluationRow(
+            model=plan.model, adapter_name=plan.adapter.name, adapter_version=plan.adapter.version,
+            benchmark=plan.benchmark.name, limit=plan.limit or None, seed=plan.sampling.seed,
+            sampling_json=records.extras_json(plan.sampling_proto, plan.label), status="QUEUED",
+            n_questions=len(plan.questions), score_column=plan.benchmark.default_score_column,
+        )
+        row = await asyncio.to_thread(self.store.add_evaluation, row)
+        await self._publish(row, "queued")
+        task = asyncio.create_task(self._execute(row.id, plan), name=f"evaluation-{row.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        log.info("evaluation %s queued: %s on %s, %d questions", row.id, plan.adapter, plan.benchmark.name,
+                 len(plan.questions))
+        return records.evaluation_of(row)
+
+    async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation:
+        return records.evaluation_of(await self._row(evaluation_id))
+
+    async def list(self, benchmark: str, limit: int) -> list[benchmark_pb2.Evaluation]:
+        if benchmark:
+            get_benchmark(benchmark)
+        if limit < 0:
+            raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 100)")
+        rows = await asyncio.to_thread(records.list_evaluations, self.store, benchmark, limit or 100)
+        return [records.evaluation_of(r) for r in rows]
+
+    async def results(
+        self, evaluation_id: str, only_wrong: bool, offset: int, limit: int
+    ) -> benchmark_pb2.GetEvaluationResultsResponse:
+        if offset < 0 or limit < 0:
+            raise ValueError(f"offset/limit: {offset}/{limit} is out of range; allowed: >= 0 (limit 0 = all)")
+        await self._row(evaluation_id)
+        rows, total = await asyncio.to_thread(
+            records.question_results, self.store, evaluation_id, only_wrong, offset, limit
+        )
+        return benchmark_pb2.GetEvaluationResultsResponse(results=[records.result_of(r) for r in rows], total=total)
+
+    async def leaderboard(self, benchmark: str, score_column: str, limit: int) -> benchmark_pb2.GetLeaderboardResponse:
+        column = score_column or get_benchmark(benchmark).default_score_column
+        if limit < 0:
+            raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 50)")
+        rows = await asyncio.to_thread(records.leaderboard, self.store, benchmark, column, limit or 50)
+        entries = []
+        for rank, row in enumerate(rows, start=1):
+            evaluation = records.evaluation_of(row)
+            entries.append(benchmark_pb2.LeaderboardEntry(
+                rank=rank, evaluation_id=row.id, model=row.model, adapter_name=row.adapter_name,
+                adapter_version=row.adapter_version, scores=evaluation.scores, label=evaluation.label,
+                finished_at=evaluation.finished_at,
+            ))
+        return benchmark_pb2.GetLeaderboardResponse(benchmark=benchmark, score_column=column, entries=entries)
+
+    async def watch(self, evaluation_id: str) -> AsyncIterator[benchmark_pb2.EvaluationEvent]:
+        """The current state, then each change until a final status.
+
+        Events come from the bus; the store is read every `poll_seconds` as well, so a lost event or
+        an unreachable NATS delays a watcher by at most that, and never leaves it waiting forever.
+        History replayed by the bus that is older than what was already sent is skipped.
+        """
+        row = await self._row(evaluation_id)
+        yield records.event_of(row)
+        if row.status in records.TERMINAL:
+            return
+        last = (records.STATUS_RANK[row.status], row.n_done)
+        queue: asyncio.Queue[benchmark_pb2.EvaluationEvent] = asyncio.Queue()
+
+        async def pump() -> None:
+            assert self.events is not None
+            async for event in self.events.follow(evaluation_id):
+                await queue.put(event)
+
+        feed = asyncio.create_task(pump()) if self.events is not None else None
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), self.poll_seconds)
+                except TimeoutError:
+                    row = await self._row(evaluation_id)
+                    event = records.event_of(row)
+                status = records.status_name(event.status)
+                final = status in records.TERMINAL
+                current = (records.STATUS_RANK[status], event.questions_done)
+                if not final and current <= last:
+                    continue
+                last = current
+                yield event
+                if final:
+                    return
+        finally:
+            if feed is not None:
+                feed.cancel()
+                await asyncio.gather(feed, return_exceptions=True)
+
+    # ------------------------------------------------------------------ the run
+
+    async def _execute(self, evaluation_id: str, plan: Plan) -> None:
+        try:
+            async with self._slots:
+                await self._update(evaluation_id, "RUNNING", started_at=datetime.now(UTC))
+                result = await run_questions(
+                    evaluation_id, plan.questions, plan.benchmark.reward_function, plan.sampling, plan.adapter,
+                    self.peers.generator, self.peers.scorer, self.store, self.batch_size,
+                    on_progress=lambda p: self._progress(evaluation_id, plan, p),
+                )
+        except asyncio.CancelledError:
+            await self._finish(evaluation_id, "FAILED", error=INTERRUPTED)
+            raise
+        except Exception as e:  # noqa: BLE001 (any cause fails the evaluation, with that cause)
+            log.warning("evaluation %s failed: %s", evaluation_id, one_line(e))
+            await self._finish(evaluation_id, "FAILED", error=one_line(e))
+        else:
+            await self._finish(evaluation_id, "COMPLETED", plan=plan, result=result)
+
+    async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress) -> None:
+        fields = records.tally_fields(progress.tally, plan.benchmark.default_score_column)
+        fields["sampling_json"] = records.extras_json(plan.sampling_proto, plan.label, progress.generate_seconds,
+                                                      progress.score_seconds)
+        row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, **fields)
+        await self._publish(row, f"{progress.done}/{progress.total} questions")
+
+    async def _update(self, evaluation_id: str, status: str, **fields: object) -> EvaluationRow:
+        row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, status=status, **fields)
+        await self._publish(row, status.lower())
+        return row
+
+    async def _finish(self, evaluation_id: str, status: str, *, error: str = "", plan: Plan | None = None,
+                      result: RunResult | None = None) -> None:
+        fields: dict[str, object] = {"finished_at": datetime.now(UTC), "error": error}
+        if plan is not None and result is not None:
+            fields.update(records.tally_fields(result.tally, plan.benchmark.default_score_column))
+            fields["sampling_json"] = records.extras_json(plan.sampling_proto, plan.label, result.generate_seconds,
+                                                          result.score_seconds)
+        try:
+            row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, status=status, **fields)
+        except Exception as e:  # noqa: BLE001 (the database itself failed: the log is all that is left)
+            log.error("evaluation %s: could not store its end (%s): %s", evaluation_id, status, e)
+            return
+        score = f"{row.score_column} {row.score or 0.0:.1%}" if status == "COMPLETED" else error
+        await self._publish(row, f"{status.lower()}: {score}")
+
+    async def _publish(self, row: EvaluationRow, message: str) -> None:
+        if self.events is None:
+            return
+        event = records.event_of(row, message)
+        await self.events.publish(event, msg_id(event))
+
+    async def _row(self, evaluation_id: str) -> EvaluationRow:
+        row = await asyncio.to_thread(self.store.get_evaluation, evaluation_id)
+        if row is None:
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        return row

@@ -1,0 +1,218 @@
+"""Turning a RunEvaluationRequest into a checked plan, before anything is generated.
+
+Every way a request can be wrong is found here, so a bad one costs no generation and leaves no
+evaluation behind: the benchmark name, the ranges of limit and sampling, the dataset (the reward
+service reads it and names the columns it found), the base model (it must be the rollout service's
+own) and the adapter (it must be live on the rollout service, or a local PEFT folder to upload).
+Errors are the contract's: InvalidArgument naming field, value and range; NotFound for an adapter
+the rollout service does not hold; FailedPrecondition for a model it does not serve.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, out_of_range
+from rlvr.models import is_tiny
+from rlvr.tasks import (
+    COMPACT_STYLE,
+    FULL_STYLE,
+    Problem,
+    PromptStyle,
+    model_dir_prompt_style,
+    prompt_messages,
+)
+from rlvr.tiny import default_model_dir
+from rlvr.v1 import benchmark_pb2, common_pb2
+from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
+from services.benchmark.runner import AdapterTag, Generator, Question, Sampling, Scorer
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_TOKENS = (32, 2048)  # the rollout service's range
+DEFAULT_MAX_TOKENS = 256
+MAX_LABEL_CHARS = 200
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+@dataclass(frozen=True)
+class RolloutModel:
+    model: str  # as the rollout service names it (hub id, path or tiny name)
+    max_model_len: int
+    address: str
+
+
+class Peers(Protocol):
+    """What an evaluation needs from the rest of the stack (the rollout and reward services)."""
+
+    generator: Generator
+    scorer: Scorer
+
+    async def rollout_model(self) -> RolloutModel: ...
+
+    async def live_adapters(self) -> dict[str, int]:
+        """Adapter name -> live version on the rollout service."""
+        ...
+
+    async def upload_adapter(self, name: str, version: int, directory: Path) -> int:
+        """Uploads a PEFT folder as `version` of `name`; returns the version now live."""
+        ...
+
+    async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
+        """The benchmark's questions (the held-out split), the first `limit` (0 = all)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    benchmark: Benchmark
+    model: str
+    adapter: AdapterTag
+    sampling: Sampling
+    limit: int
+    label: str
+    questions: tuple[Question, ...]
+
+    @property
+    def sampling_proto(self) -> common_pb2.SamplingParams:
+        s = self.sampling
+        return common_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=s.max_tokens)
+
+
+def check_sampling(request: benchmark_pb2.RunEvaluationRequest) -> Sampling:
+    sp = request.sampling
+    if not 0.0 <= sp.temperature <= 2.0:
+        raise out_of_range("sampling.temperature", sp.temperature, "0.0-2.0 (0 = greedy, the default)")
+    top_p = sp.top_p or 1.0
+    if not 0.0 < top_p <= 1.0:
+        raise out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)")
+    max_tokens = sp.max_tokens or DEFAULT_MAX_TOKENS
+    if not MAX_TOKENS[0] <= max_tokens <= MAX_TOKENS[1]:
+        raise out_of_range("sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)")
+    # The request's own seed wins; sampling.seed is accepted for callers that fill SamplingParams only.
+    seed = request.seed or (sp.seed if sp.HasField("seed") else 0)
+    return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+
+
+def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark, Sampling]:
+    """The checks that need no other service."""
+    benchmark = get_benchmark(request.benchmark)
+    if request.limit < 0:
+        raise out_of_range("limit", request.limit, ">= 0 (0 = the whole benchmark)")
+    if benchmark.size and request.limit > benchmark.size:
+        raise out_of_range("limit", request.limit, f"0-{benchmark.size} ({benchmark.name} has {benchmark.size} questions)")
+    if benchmark.needs_dataset and not request.dataset.strip():
+        raise InvalidArgument(f"dataset: required for the {benchmark.name} benchmark (a hub dataset or a local "
+                              "JSONL/Parquet/CSV file with prompt and ground_truth columns)")
+    if not benchmark.needs_dataset and (request.dataset or request.dataset_split):
+        raise InvalidArgument(f"dataset: {request.dataset or request.dataset_split!r} given, but only the boxed "
+                              f"benchmark takes a dataset ({benchmark.name} has its own questions)")
+    if len(request.label) > MAX_LABEL_CHARS:
+        raise out_of_range("label", f"{len(request.label)} characters", f"at most {MAX_LABEL_CHARS}")
+    name = request.adapter.name
+    if name and not NAME.match(name):
+        raise InvalidArgument(f"adapter.name: {name!r} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
+    if request.adapter.version < 0:
+        raise out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)")
+    if request.adapter.version and not name:
+        raise InvalidArgument("adapter.version: set without adapter.name")
+    if request.adapter_path and not name:
+        raise InvalidArgument("adapter.name: required with adapter_path (the name to upload the adapter under)")
+    return benchmark, check_sampling(request)
+
+
+def same_model(requested: str, served: str) -> bool:
+    """Whether two spellings name one model: equal, or the same local folder (a tiny name is its
+    folder under $RLVR_HOME/models)."""
+    if requested == served:
+        return True
+    a, b = (default_model_dir(m) if is_tiny(m) else Path(m).expanduser() for m in (requested, served))
+    return a.is_dir() and b.is_dir() and a.resolve() == b.resolve()
+
+
+def prompt_style_for(model: str, setting: str) -> PromptStyle:
+    """The prompt form the served model expects (see rlvr.tasks.render): the setting when it is not
+    "auto", else what the model's folder declares; the tiny models are compact even when their
+    folder is on another host."""
+    if setting in (COMPACT_STYLE, FULL_STYLE):
+        return setting  # type: ignore[return-value]  # narrowed by the membership test
+    folder = default_model_dir(model) if is_tiny(model) else Path(model).expanduser()
+    if folder.is_dir():
+        return model_dir_prompt_style(folder)
+    return COMPACT_STYLE if is_tiny(model) else FULL_STYLE
+
+
+def questions_for(problems: Sequence[Problem], style: PromptStyle) -> tuple[Question, ...]:
+    return tuple(
+        Question(index=i, messages=tuple((m["role"], m["content"]) for m in prompt_messages(p, style)),
+                 ground_truth=p.ground_truth)
+        for i, p in enumerate(problems)
+    )
+
+
+def adapter_folder(path: str, roots: Sequence[Path]) -> Path:
+    """The adapter folder named by `adapter_path`, which must lie under one of `roots`."""
+    folder = Path(path).expanduser().resolve()
+    allowed = [Path(r).expanduser().resolve() for r in roots]
+    if not any(folder.is_relative_to(r) for r in allowed):
+        raise InvalidArgument(f"adapter_path: {path!r} is outside the allowed adapter roots "
+                              f"({', '.join(map(str, allowed)) or 'none configured'})")
+    missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
+    if missing:
+        raise InvalidArgument(f"adapter_path: {path!r} is not a PEFT adapter folder (missing {', '.join(missing)})")
+    return folder
+
+
+async def prepare(
+    request: benchmark_pb2.RunEvaluationRequest, peers: Peers, prompt_style: str, adapter_roots: Sequence[Path]
+) -> Plan:
+    """Every check, the questions, and (last, once nothing else can fail) the adapter upload."""
+    benchmark, sampling = check_static(request)
+    folder = adapter_folder(request.adapter_path, adapter_roots) if request.adapter_path else None
+    rollout = await peers.rollout_model()
+    model = request.model or rollout.model
+    if not same_model(model, rollout.model):
+        raise FailedPrecondition(f"model: {model!r} is not the rollout service's model ({rollout.model!r} at "
+                                 f"{rollout.address}); evaluate it on a rollout service started with it")
+    if rollout.max_model_len and sampling.max_tokens >= rollout.max_model_len:
+        raise out_of_range("sampling.max_tokens", sampling.max_tokens,
+                           f"below the rollout service's max_model_len {rollout.max_model_len}")
+    adapter, upload_version = await _check_adapter(request, peers, folder is not None)
+    problems = await peers.problems(benchmark.reward_function, request.limit, request.dataset.strip(),
+                                    request.dataset_split or ("test" if benchmark.needs_dataset else ""))
+    if not problems:
+        raise InvalidArgument(f"dataset: {request.dataset!r} has no questions")
+    if folder is not None:
+        version = await peers.upload_adapter(adapter.name, upload_version, folder)
+        adapter = AdapterTag(adapter.name, version)
+    return Plan(benchmark=benchmark, model=rollout.model, adapter=adapter, sampling=sampling,
+                limit=request.limit, label=request.label,
+                questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style)))
+
+
+async def _check_adapter(
+    request: benchmark_pb2.RunEvaluationRequest, peers: Peers, uploading: bool
+) -> tuple[AdapterTag, int]:
+    """The adapter that will answer, and the version to upload when `uploading`."""
+    name, version = request.adapter.name, request.adapter.version
+    if not name:
+        return AdapterTag(), 0
+    live = await peers.live_adapters()
+    if uploading:
+        current = live.get(name, 0)
+        upload = version or current + 1
+        if upload <= current:
+            raise FailedPrecondition(f"adapter.version: {upload} is not newer than the live version {current} of "
+                                     f"{name!r}; leave it 0 to upload as the next version")
+        return AdapterTag(name, upload), upload
+    if name not in live:
+        loaded = ", ".join(f"{n} v{v}" for n, v in sorted(live.items())) or "none"
+        raise NotFound(f"adapter: {name!r} is not loaded on the rollout service (loaded: {loaded}); "
+                       "pass adapter_path to upload it")
+    if version and version != live[name]:
+        raise NotFound(f"adapter.version: {name} v{version} is not live (the live version is {live[name]}; "
+                       "older versions are not kept)")
+    return AdapterTag(name, live[name]), 0

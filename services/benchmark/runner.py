@@ -1,0 +1,209 @@
+"""Running one evaluation: questions in batches through a generator and a scorer, every answer
+stored, running scores after each batch.
+
+This is the core of the benchmark service and knows nothing about gRPC or NATS: the generator, the
+scorer and the progress callback are small interfaces (services/benchmark/peers.py implements them
+over the rollout and reward services; tests use in-process twins). Why batches: each one is a
+single Generate call (the engine batches it), a single Score call, one insert of its rows and one
+progress event, so a 500-question run costs a handful of round trips and a watcher sees it move.
+
+Repeatability: a batch is always the same questions in the same order (question i of a benchmark
+never depends on `limit`), and each batch gets a seed derived from the evaluation's seed and its
+first question, so the same evaluation twice sends the rollout service identical requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from rlvr.infra.schema import QuestionResultRow
+from rlvr.infra.store import Store
+from services.benchmark.catalog import RewardName, Tally
+
+FinishReason = Literal["STOP", "LENGTH"]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question as the model gets it: chat turns, plus the text shown in the results table."""
+
+    index: int
+    messages: tuple[tuple[str, str], ...]  # (role, content)
+    ground_truth: str
+
+    @property
+    def prompt_text(self) -> str:
+        if len(self.messages) == 1:
+            return self.messages[0][1]
+        return "\n".join(f"{role}: {content}" for role, content in self.messages)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AdapterTag:
+    """The policy that must answer: ("", 0) is the base model alone."""
+
+    name: str = ""
+    version: int = 0
+
+    def __str__(self) -> str:
+        return f"adapter {self.name} v{self.version}" if self.name else "the base model"
+
+
+@dataclass(frozen=True)
+class Answer:
+    index: int
+    text: str
+    finish_reason: FinishReason
+    adapter: AdapterTag  # as stamped by the engine
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    accuracy: float
+    format: float
+    strict: bool
+    extracted_answer: str
+
+
+class Generator(Protocol):
+    async def generate(
+        self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag
+    ) -> list[Answer]:
+        """One greedy (or seeded) completion per question, in any order."""
+        ...
+
+
+class Scorer(Protocol):
+    async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:
+        """(completion, ground truth) pairs -> their scores, in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    tally: Tally
+    generate_seconds: float
+    score_seconds: float
+
+
+@dataclass
+class RunResult:
+    tally: Tally = field(default_factory=Tally)
+    generate_seconds: float = 0.0
+    score_seconds: float = 0.0
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot go on; the message is the one-line cause stored with it."""
+
+
+def batch_seed(seed: int, first_index: int) -> int:
+    # Distinct per batch (so batches do not replay one random stream), stable across runs, and
+    # inside the 63 bits every engine accepts.
+    return (seed * 1_000_003 + first_index) % (1 << 63)
+
+
+def check_answers(batch: Sequence[Question], answers: Sequence[Answer], expected: AdapterTag) -> list[Answer]:
+    """The answers in question order; refuses a missing answer or one from another policy (a score
+    of the wrong adapter would be silently wrong)."""
+    by_index = {a.index: a for a in answers}
+    missing = [q.index for q in batch if q.index not in by_index]
+    if missing:
+        raise EvaluationError(
+            f"the rollout service returned {len(by_index)} of {len(batch)} answers (first missing: question {missing[0]})"
+        )
+    ordered = [by_index[q.index] for q in batch]
+    for answer in ordered:
+        if answer.adapter != expected:
+            raise EvaluationError(
+                f"question {answer.index} was answered by {answer.adapter}, expected {expected}; "
+                "refusing to score another policy"
+            )
+    return ordered
+
+
+async def run_questions(
+    evaluation_id: str,
+    questions: Sequence[Question],
+    function: RewardName,
+    sampling: Sampling,
+    adapter: AdapterTag,
+    generator: Generator,
+    scorer: Scorer,
+    store: Store,
+    batch_size: int,
+    on_progress: Callable[[Progress], Awaitable[None]] | None = None,
+) -> RunResult:
+    """Generates, scores and stores every question; returns the totals. Raises on the first failure.
+
+    The next batch is generated while this one is scored and stored, so the rollout engine (the
+    slow part) is never idle waiting for the reward service or the database.
+    """
+    batches = [questions[i : i + batch_size] for i in range(0, len(questions), batch_size)]
+    result = RunResult()
+
+    async def generate(batch: Sequence[Question]) -> tuple[list[Answer], float]:
+        t0 = time.perf_counter()
+        seeded = Sampling(sampling.temperature, sampling.top_p, sampling.max_tokens,
+                          batch_seed(sampling.seed, batch[0].index))
+        answers = await generator.generate(batch, seeded, adapter)
+        return answers, time.perf_counter() - t0
+
+    pending: asyncio.Task[tuple[list[Answer], float]] | None = None
+    try:
+        if batches:
+            pending = asyncio.create_task(generate(batches[0]))
+        for k, batch in enumerate(batches):
+            assert pending is not None
+            answers, seconds = await pending
+            pending = asyncio.create_task(generate(batches[k + 1])) if k + 1 < len(batches) else None
+            result.generate_seconds += seconds
+            ordered = check_answers(batch, answers, adapter)
+            t0 = time.perf_counter()
+            scores = await scorer.score(function, [(a.text, q.ground_truth) for a, q in zip(ordered, batch, strict=True)])
+            result.score_seconds += time.perf_counter() - t0
+            if len(scores) != len(batch):
+                raise EvaluationError(f"the reward service scored {len(scores)} of {len(batch)} answers")
+            rows = [question_row(evaluation_id, q, a, s) for q, a, s in zip(batch, ordered, scores, strict=True)]
+            await asyncio.to_thread(store.add_question_results, rows)
+            for a, s in zip(ordered, scores, strict=True):
+                result.tally = result.tally.add(s.accuracy, s.strict, s.format, a.finish_reason == "STOP")
+            if on_progress is not None:
+                await on_progress(Progress(result.tally.n, len(questions), result.tally,
+                                           result.generate_seconds, result.score_seconds))
+    finally:
+        if pending is not None:  # a failed batch: do not leave the next one generating for nobody
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+    return result
+
+
+def question_row(evaluation_id: str, question: Question, answer: Answer, score: Score) -> QuestionResultRow:
+    return QuestionResultRow(
+        evaluation_id=evaluation_id,
+        index=question.index,
+        prompt=question.prompt_text,
+        ground_truth=question.ground_truth,
+        completion=answer.text,
+        extracted_answer=score.extracted_answer,
+        reward=score.reward,
+        accuracy=score.accuracy,
+        format=score.format,
+        strict=score.strict,
+        finish_reason=answer.finish_reason,
+    )

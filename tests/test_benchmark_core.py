@@ -1,0 +1,284 @@
+"""The evaluation core without gRPC or NATS: the runner, the manager's lifecycle, the score
+breakdown, the leaderboard and every way a request is refused before generation, over in-process
+twins of the rollout and reward services (real task data, real scoring functions) and a real store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from rlvr.infra.schema import EvaluationRow
+from rlvr.infra.store import Store
+from rlvr.tasks import Problem, TaskError, get_task
+from rlvr.v1 import benchmark_pb2 as B
+from rlvr.v1 import common_pb2 as C
+from services.benchmark.catalog import BENCHMARKS, tally
+from services.benchmark.evaluations import INTERRUPTED, EvaluationManager
+from services.benchmark.events import MemoryEvents
+from services.benchmark.planning import RolloutModel
+from services.benchmark.runner import AdapterTag, Answer, Question, Sampling, Score, run_questions
+from services.reward.scoring import score
+
+Script = Callable[[Question, AdapterTag], tuple[str, str]]  # -> (completion, "STOP" | "LENGTH")
+
+
+def solve(question: Question, adapter: AdapterTag) -> tuple[str, str]:
+    """Right on even questions (strictly formatted), cut off on every third, else a loose wrong answer."""
+    if question.index % 3 == 2:
+        return "<think>1+1=2 and then", "LENGTH"
+    if question.index % 2 == 0:
+        return f"<think>ok</think><answer>{question.ground_truth}</answer>", "STOP"
+    return "I think it is 0", "STOP"
+
+
+@dataclass
+class LocalPeers:
+    """planning.Peers, Generator and Scorer in-process: tasks from rlvr.tasks, scoring from the reward
+    service's pure functions, answers from `script`."""
+
+    script: Script = solve
+    model: str = "tiny-local"
+    adapters: dict[str, int] = field(default_factory=dict)
+    data_roots: Sequence[Path] = ()
+    generate_calls: int = 0
+    uploads: list[tuple[str, int, Path]] = field(default_factory=list)
+    fail_generate_at: int | None = None  # raise on this call (0-based)
+    stamp: AdapterTag | None = None  # stamp every answer with this instead of the requested adapter
+
+    def __post_init__(self) -> None:
+        self.generator = self
+        self.scorer = self
+
+    async def rollout_model(self) -> RolloutModel:
+        return RolloutModel(self.model, 512, "local")
+
+    async def live_adapters(self) -> dict[str, int]:
+        return dict(self.adapters)
+
+    async def upload_adapter(self, name: str, version: int, directory: Path) -> int:
+        self.uploads.append((name, version, directory))
+        self.adapters[name] = version
+        return version
+
+    async def problems(self, function: str, limit: int, dataset: str, split: str) -> list[Problem]:
+        try:  # the reward service answers a TaskError with INVALID_ARGUMENT
+            return get_task(function, dataset=dataset or None, data_roots=self.data_roots).prompts(
+                n=limit or None, split="test")
+        except TaskError as e:
+            raise InvalidArgument(str(e)) from None
+
+    async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
+        call = self.generate_calls
+        self.generate_calls += 1
+        await asyncio.sleep(0)
+        if self.fail_generate_at == call:
+            raise RuntimeError("rollout service at local: Generate failed: UNAVAILABLE: engine died")
+        out = []
+        for q in reversed(questions):  # any order: the runner puts them back in question order
+            text, reason = self.script(q, adapter)
+            out.append(Answer(q.index, text, reason, self.stamp or adapter))  # type: ignore[arg-type]
+        return out
+
+    async def score(self, function: str, items: Sequence[tuple[str, str]]) -> list[Score]:
+        results = [score(function, c, g) for c, g in items]  # type: ignore[arg-type]
+        return [Score(r.reward, r.accuracy, r.format, r.strict, r.extracted_answer or "") for r in results]
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path):
+    store = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
+    store.create_all()
+    yield store
+    store.close()
+
+
+def request(benchmark: str = "rlvr-math-pairs-heldout", limit: int = 12, **kw) -> B.RunEvaluationRequest:
+    return B.RunEvaluationRequest(benchmark=benchmark, limit=limit, **kw)
+
+
+async def finished(manager: EvaluationManager, evaluation_id: str) -> B.Evaluation:
+    await asyncio.wait_for(manager.wait_idle(), 30)
+    return await manager.get(evaluation_id)
+
+
+async def test_runner_stores_every_row_and_tallies(sqlite_store: Store) -> None:
+    questions = [Question(i, (("user", f"q{i}"),), str(i)) for i in range(10)]
+    sqlite_store.add_evaluation(EvaluationRow(id="e1", n_questions=10))
+    seen = []
+
+    async def progress(p) -> None:
+        seen.append((p.done, p.total))
+
+    peers = LocalPeers()
+    result = await run_questions("e1", questions, "math_pairs", Sampling(), AdapterTag(), peers, peers, sqlite_store,
+                                 batch_size=4, on_progress=progress)
+    rows = sqlite_store.question_results("e1")
+    assert [r.index for r in rows] == list(range(10)) and seen == [(4, 10), (8, 10), (10, 10)]
+    assert [r.finish_reason for r in rows].count("LENGTH") == 3 and rows[2].completion.startswith("<think>1+1")
+    t = result.tally
+    # right on 0, 4, 6 (strictly) and on 2, whose cut-off reasoning happens to end in its answer
+    assert (t.n, t.correct, t.strict, t.answered) == (10, 4, 3, 7)
+    assert t.share("accuracy_strict") <= t.share("accuracy") and t.share("answered") == 0.7
+    assert t == tally((r.accuracy, r.strict, r.format, r.finish_reason == "STOP") for r in rows)
+    assert rows[0].prompt == "q0" and rows[0].extracted_answer == "0" and rows[0].strict
+
+
+async def test_loose_answers_count_for_accuracy_not_strict(sqlite_store: Store) -> None:
+    peers = LocalPeers(script=lambda q, a: (f"the answer is {q.ground_truth}", "STOP"))
+    manager = EvaluationManager(sqlite_store, peers)
+    ev = await finished(manager, (await manager.run(request(limit=8))).id)
+    assert (ev.scores.accuracy, ev.scores.accuracy_strict, ev.scores.format, ev.scores.answered) == (1.0, 0.0, 0.0, 1.0)
+
+
+async def test_lifecycle_events_and_watch(sqlite_store: Store) -> None:
+    events = MemoryEvents()
+    manager = EvaluationManager(sqlite_store, LocalPeers(), events, batch_size=5, poll_seconds=0.2)
+    queued = await manager.run(request(limit=12, label="round 1"))
+    assert queued.status == B.EVALUATION_STATUS_QUEUED and queued.questions_total == 12
+    watched = [e async for e in manager.watch(queued.id)]
+    assert watched[-1].status == B.EVALUATION_STATUS_COMPLETED
+    done = [e.questions_done for e in watched]
+    assert done == sorted(done) and done[-1] == 12
+    history = events.history[queued.id]
+    assert [B.EvaluationStatus.Name(e.status)[18:] for e in history][:2] == ["QUEUED", "RUNNING"]
+    assert [e.questions_done for e in history if e.status == B.EVALUATION_STATUS_RUNNING][1:] == [5, 10, 12]
+    ev = await manager.get(queued.id)
+    assert ev.label == "round 1" and ev.sampling.max_tokens == 256 and ev.sampling.temperature == 0
+    assert ev.started_at.seconds and ev.finished_at.ToDatetime() >= ev.started_at.ToDatetime()
+    assert ev.scores.score == ev.scores.accuracy and ev.scores.score_column == "accuracy"
+    # A finished evaluation's watch is its final state at once.
+    again = [e async for e in manager.watch(queued.id)]
+    assert len(again) == 1 and again[0].status == B.EVALUATION_STATUS_COMPLETED
+
+
+async def test_results_filter_and_paging(sqlite_store: Store) -> None:
+    manager = EvaluationManager(sqlite_store, LocalPeers())
+    ev = await finished(manager, (await manager.run(request(limit=12))).id)
+    everything = await manager.results(ev.id, False, 0, 0)
+    wrong = await manager.results(ev.id, True, 0, 0)
+    assert everything.total == 12 and len(everything.results) == 12
+    assert wrong.total == 12 - round(ev.scores.accuracy * 12) and all(r.accuracy < 1 for r in wrong.results)
+    page = await manager.results(ev.id, True, 2, 3)
+    assert [r.index for r in page.results] == [r.index for r in wrong.results][2:5] and page.total == wrong.total
+    lengths = [r for r in everything.results if r.finish_reason == C.FINISH_REASON_LENGTH]
+    assert len(lengths) == 4 and ev.scores.answered == pytest.approx(8 / 12)
+    with pytest.raises(NotFound):
+        await manager.results("nope", False, 0, 0)
+
+
+async def test_leaderboard_best_first_ties_to_the_earlier(sqlite_store: Store) -> None:
+    always = LocalPeers(script=lambda q, a: (f"<think>x</think><answer>{q.ground_truth}</answer>", "STOP"))
+    manager = EvaluationManager(sqlite_store, always)
+    best = await finished(manager, (await manager.run(request(limit=6, label="best"))).id)
+    tied = await finished(manager, (await manager.run(request(limit=6, label="tied"))).id)
+    manager.peers = LocalPeers()
+    worse = await finished(manager, (await manager.run(request(limit=6, label="worse"))).id)
+    await finished(manager, (await manager.run(request("gsm8k", limit=3))).id)
+    board = await manager.leaderboard("rlvr-math-pairs-heldout", "", 0)
+    assert board.score_column == "accuracy"
+    assert [e.evaluation_id for e in board.entries] == [best.id, tied.id, worse.id]
+    assert [e.rank for e in board.entries] == [1, 2, 3] and board.entries[0].label == "best"
+    by_answered = await manager.leaderboard("rlvr-math-pairs-heldout", "answered", 2)
+    assert [e.evaluation_id for e in by_answered.entries] == [best.id, tied.id]
+    listed = await manager.list("gsm8k", 0)
+    assert len(listed) == 1 and listed[0].benchmark == "gsm8k"
+    assert len(await manager.list("", 0)) == 4
+    with pytest.raises(ValueError, match="score_column"):
+        await manager.leaderboard("rlvr-math-pairs-heldout", "speed", 0)
+
+
+async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_path: Path) -> None:
+    (tmp_path / "no_columns.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    outside = tmp_path.parent / "elsewhere"
+    peers = LocalPeers(adapters={"job-1": 3}, data_roots=[tmp_path])
+    manager = EvaluationManager(sqlite_store, peers, adapter_roots=[tmp_path / "adapters"])
+    cases = [
+        (request("mmlu"), InvalidArgument, "benchmark: 'mmlu'"),
+        (request(limit=501), InvalidArgument, "limit: 501"),
+        (request(limit=-1), InvalidArgument, "limit: -1"),
+        (request(sampling=C.SamplingParams(temperature=3)), InvalidArgument, "sampling.temperature"),
+        (request(sampling=C.SamplingParams(max_tokens=8)), InvalidArgument, "sampling.max_tokens"),
+        (request(sampling=C.SamplingParams(max_tokens=600)), InvalidArgument, "max_model_len 512"),
+        (request(dataset="x.jsonl"), InvalidArgument, "only the boxed benchmark"),
+        (request("boxed"), InvalidArgument, "dataset: required"),
+        (request("boxed", dataset=str(tmp_path / "no_columns.jsonl")), InvalidArgument, "'prompt'"),
+        (request(adapter=C.AdapterSelector(name="nobody")), NotFound, "job-1 v3"),
+        (request(adapter=C.AdapterSelector(name="job-1", version=2)), NotFound, "live version is 3"),
+        (request(adapter=C.AdapterSelector(name="../evil")), InvalidArgument, "adapter.name"),
+        (request(adapter=C.AdapterSelector(version=2)), InvalidArgument, "adapter.version"),
+        (request(adapter_path=str(outside)), InvalidArgument, "adapter.name: required"),
+        (request(adapter=C.AdapterSelector(name="a"), adapter_path=str(outside)), InvalidArgument, "outside"),
+        (request(model="another/model"), FailedPrecondition, "tiny-local"),
+    ]
+    for req, kind, text in cases:
+        with pytest.raises(kind) as err:
+            await manager.run(req)
+        assert text in str(err.value), (text, str(err.value))
+    assert peers.generate_calls == 0 and sqlite_store.list_evaluations() == [] and peers.uploads == []
+
+
+async def test_adapter_path_uploads_the_next_version(sqlite_store: Store, tmp_path: Path) -> None:
+    folder = tmp_path / "adapters" / "round-2"
+    folder.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_text("{}")
+    peers = LocalPeers(adapters={"loop": 4})
+    manager = EvaluationManager(sqlite_store, peers, adapter_roots=[tmp_path / "adapters"])
+    ev = await manager.run(request(limit=3, adapter=C.AdapterSelector(name="loop"), adapter_path=str(folder)))
+    assert peers.uploads == [("loop", 5, folder.resolve())] and (ev.adapter_name, ev.adapter_version) == ("loop", 5)
+    with pytest.raises(FailedPrecondition, match="not newer"):
+        await manager.run(request(limit=3, adapter=C.AdapterSelector(name="loop", version=5), adapter_path=str(folder)))
+    assert (await finished(manager, ev.id)).status == B.EVALUATION_STATUS_COMPLETED
+
+
+@pytest.mark.parametrize("fault, cause", [
+    ("generate", "Generate failed: UNAVAILABLE: engine died"),
+    ("stamp", "answered by adapter other v9, expected the base model"),
+])
+async def test_a_peer_failure_fails_the_evaluation_with_its_cause(sqlite_store: Store, fault: str, cause: str) -> None:
+    peers = LocalPeers(fail_generate_at=1 if fault == "generate" else None,
+                       stamp=AdapterTag("other", 9) if fault == "stamp" else None)
+    manager = EvaluationManager(sqlite_store, peers, MemoryEvents(), batch_size=4, poll_seconds=0.2)
+    ev = await manager.run(request(limit=12))
+    events = [e async for e in manager.watch(ev.id)]
+    failed = await manager.get(ev.id)
+    assert failed.status == B.EVALUATION_STATUS_FAILED and cause in failed.error and "\n" not in failed.error
+    assert events[-1].status == B.EVALUATION_STATUS_FAILED and cause in events[-1].message
+    stored = len(sqlite_store.question_results(ev.id))
+    assert stored == (4 if fault == "generate" else 0) and failed.questions_done == stored
+
+
+async def test_interrupted_evaluations_fail_on_stop_and_on_restart(sqlite_store: Store) -> None:
+    slow = LocalPeers()
+    original = slow.generate
+
+    async def stall(*args, **kw):
+        await asyncio.sleep(3600)
+        return await original(*args, **kw)
+
+    slow.generate = stall  # type: ignore[method-assign]
+    manager = EvaluationManager(sqlite_store, slow)
+    ev = await manager.run(request(limit=3))
+    await asyncio.sleep(0.1)
+    await manager.stop()
+    assert (await manager.get(ev.id)).error == INTERRUPTED
+    left = sqlite_store.add_evaluation(EvaluationRow(benchmark="gsm8k", status="RUNNING", n_questions=5))
+    await EvaluationManager(sqlite_store, LocalPeers()).start()
+    row = sqlite_store.get_evaluation(left.id)
+    assert row is not None and row.status == "FAILED" and row.error == INTERRUPTED and row.finished_at
+
+
+def test_catalog() -> None:
+    infos = {b.name: b for b in EvaluationManager.benchmarks()}
+    assert set(infos) == set(BENCHMARKS) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed"}
+    assert infos["rlvr-math-pairs-heldout"].size == 500 and infos["rlvr-math-pairs-heldout"].display_name == \
+        "RLVR Math Pairs held-out"
+    assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000
+    assert infos["boxed"].size == 0 and infos["boxed"].needs_dataset
+    assert all(list(b.score_columns) == ["accuracy", "accuracy_strict", "format", "answered"] for b in infos.values())
