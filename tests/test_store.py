@@ -245,3 +245,26 @@ def test_sqlite_in_unusable_folder(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreError, match="store url"):
         Store(f"sqlite:///{tmp_path / 'file' / 'rlvr.db'}")
+
+
+def test_concurrent_create_all_on_one_database(store_url: str) -> None:
+    """The scheduler and the benchmark create the same tables at the same moment at stack start."""
+    import threading
+
+    stores = [Store(store_url) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def create(s: Store) -> None:
+        try:
+            s.create_all()
+        except BaseException as e:  # collected for the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert not errors, errors

@@ -151,13 +151,24 @@ class Store:
             raise StoreError(f"cannot reach the database at store url {shown!r}: {_first_line(e)}") from None
 
     def create_all(self) -> None:
-        """Create the tables that do not exist yet (no migrations: a changed column needs one)."""
-        try:
-            SQLModel.metadata.create_all(self.engine, tables=[t.__table__ for t in TABLES])
-        except SQLAlchemyError as e:
-            raise StoreError(
-                f"cannot create tables at store url {_redact(self.url)!r}: {_first_line(e)}"
-            ) from None
+        """Create the tables that do not exist yet (no migrations: a changed column needs one).
+
+        Services sharing one database (the scheduler and the benchmark) start together, and
+        create_all's check-then-create can race: the loser sees "already exists". The tables are
+        then there, so another pass (which checks again) goes on; each lost race means one more
+        table exists, so the passes are bounded by the number of tables.
+        """
+        attempts = len(TABLES) + 2
+        for attempt in range(attempts):
+            try:
+                SQLModel.metadata.create_all(self.engine, tables=[t.__table__ for t in TABLES])
+                return
+            except SQLAlchemyError as e:
+                if attempt < attempts - 1 and "already exists" in str(e):
+                    continue
+                raise StoreError(
+                    f"cannot create tables at store url {_redact(self.url)!r}: {_first_line(e)}"
+                ) from None
 
     def close(self) -> None:
         self.engine.dispose()
