@@ -1,15 +1,121 @@
-"""gRPC glue of the benchmark service.
+"""gRPC glue of the benchmark service: request in, the evaluation manager, response out.
 
-Until the issue that builds this service lands, its RPCs answer UNIMPLEMENTED (the generated base
-servicer); health, reflection and graceful shutdown already work.
+The core (evaluations.py, planning.py, runner.py) knows nothing of gRPC or NATS. This module
+opens the store, the event bus and the channels to the rollout and reward services at start (a bad
+URL stops the service with one line naming the setting) and maps calls onto the manager.
 """
 
-from rlvr.common.server import GrpcService
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from rlvr.common.errors import Unavailable, map_errors
+from rlvr.common.server import GrpcService, StartupError
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
+from services.benchmark.evaluations import EvaluationManager
 from services.benchmark.settings import BenchmarkSettings
+
+log = logging.getLogger("rlvr.benchmark")
+
+
+@map_errors
+class BenchmarkServicer(benchmark_pb2_grpc.BenchmarkServiceServicer):
+    def __init__(self) -> None:
+        self.manager: EvaluationManager | None = None
+
+    def _manager(self) -> EvaluationManager:
+        if self.manager is None:
+            raise Unavailable("the benchmark service is starting")
+        return self.manager
+
+    async def ListBenchmarks(self, request: benchmark_pb2.ListBenchmarksRequest,  # noqa: N802
+                             context: grpc.aio.ServicerContext) -> benchmark_pb2.ListBenchmarksResponse:
+        return benchmark_pb2.ListBenchmarksResponse(benchmarks=EvaluationManager.benchmarks())
+
+    async def RunEvaluation(self, request: benchmark_pb2.RunEvaluationRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext) -> benchmark_pb2.Evaluation:
+        return await self._manager().run(request)
+
+    async def GetEvaluation(self, request: benchmark_pb2.GetEvaluationRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext) -> benchmark_pb2.Evaluation:
+        return await self._manager().get(request.id)
+
+    async def ListEvaluations(self, request: benchmark_pb2.ListEvaluationsRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext) -> benchmark_pb2.ListEvaluationsResponse:
+        return benchmark_pb2.ListEvaluationsResponse(
+            evaluations=await self._manager().list(request.benchmark, request.limit))
+
+    async def GetEvaluationResults(self, request: benchmark_pb2.GetEvaluationResultsRequest,  # noqa: N802
+                                   context: grpc.aio.ServicerContext) -> benchmark_pb2.GetEvaluationResultsResponse:
+        return await self._manager().results(request.id, request.only_wrong, request.offset, request.limit)
+
+    async def WatchEvaluation(self, request: benchmark_pb2.WatchEvaluationRequest,  # noqa: N802
+                              context: grpc.aio.ServicerContext) -> AsyncIterator[benchmark_pb2.EvaluationEvent]:
+        async for event in self._manager().watch(request.id):
+            yield event
+
+    async def GetLeaderboard(self, request: benchmark_pb2.GetLeaderboardRequest,  # noqa: N802
+                             context: grpc.aio.ServicerContext) -> benchmark_pb2.GetLeaderboardResponse:
+        return await self._manager().leaderboard(request.benchmark, request.score_column, request.limit)
+
+
+class BenchmarkCore:
+    """Opens the store, the bus and the peer channels; runs the evaluation manager."""
+
+    def __init__(self, settings: BenchmarkSettings, servicer: BenchmarkServicer) -> None:
+        self.settings = settings
+        self.servicer = servicer
+        self.store = None
+        self.bus = None
+        self.peers = None
+
+    async def start(self) -> None:
+        from rlvr.infra.events import EventBus, EventBusError
+        from rlvr.infra.store import Store, StoreError
+        from services.benchmark.events import BusEvents
+        from services.benchmark.peers import ServicePeers
+
+        s = self.settings
+        try:
+            if s.database_url.startswith("sqlite:///"):
+                Path(s.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self.store = await asyncio.to_thread(Store, s.database_url)
+            await asyncio.to_thread(self.store.create_all)
+        except StoreError as e:
+            raise StartupError(f"setting database_url (--database-url / RLVR_BENCHMARK_DATABASE_URL): {e}") from None
+        try:
+            self.bus = await EventBus.connect(s.nats_url, name="benchmark")
+        except (EventBusError, OSError) as e:
+            raise StartupError(f"setting nats_url (--nats-url / RLVR_BENCHMARK_NATS_URL) = {s.nats_url!r}: {e}"
+                               ) from None
+        # Channels connect lazily: a rollout service still loading its model is not a start failure.
+        self.peers = ServicePeers(s.rollout_address, s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
+                                  score_timeout_s=s.score_timeout_seconds)
+        manager = EvaluationManager(self.store, self.peers, BusEvents(self.bus), batch_size=s.batch_size,
+                                    max_concurrent=s.max_concurrent, prompt_style=s.prompt_style,
+                                    adapter_roots=s.adapter_roots)
+        await manager.start()
+        self.servicer.manager = manager
+
+    async def stop(self) -> None:
+        if self.servicer.manager is not None:
+            await self.servicer.manager.stop()
+        if self.peers is not None:
+            await self.peers.close()
+        if self.bus is not None:
+            await self.bus.close()
+        if self.store is not None:
+            self.store.close()
 
 
 def build_service(settings: BenchmarkSettings) -> GrpcService:
+    servicer = BenchmarkServicer()
+    core = BenchmarkCore(settings, servicer)
     name = benchmark_pb2.DESCRIPTOR.services_by_name["BenchmarkService"].full_name
-    servicer = benchmark_pb2_grpc.BenchmarkServiceServicer()
-    return GrpcService([(benchmark_pb2_grpc.add_BenchmarkServiceServicer_to_server, servicer, name)])
+    return GrpcService([(benchmark_pb2_grpc.add_BenchmarkServiceServicer_to_server, servicer, name)],
+                       on_start=core.start, on_stop=core.stop)

@@ -1,0 +1,296 @@
+"""The benchmark service as users meet it: its own process over real gRPC on loopback, with a real
+rollout service (transformers backend; one test on the real vLLM engine), a real reward service and
+NATS, on the test-size tiny model; the `rlvr eval` commands against it.
+
+The base score check uses the model that build_tiny_model(size="test") builds with a small eval_n:
+the benchmark must report exactly its held-out accuracy, and more strictly each completion must be
+the one build-tiny's own greedy evaluation produced. The same check on the real `rlvr-tiny` default
+model (500 questions) is marked slow.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from test_bootstrap import _free_port, _wait_serving
+from test_rollout_core import make_lora
+
+from clients import cli
+from clients.sdk import BenchmarkClient, RlvrError
+from rlvr.tiny import BuildReport, build_tiny_model
+from rlvr.v1 import benchmark_pb2 as B
+from rlvr.v1 import common_pb2 as C
+
+HELDOUT = "rlvr-math-pairs-heldout"
+EVAL_N = 40
+BUILD_MAX_TOKENS = 48  # what build-tiny's evaluate_heldout generates with
+
+
+@dataclass
+class Stack:
+    client: BenchmarkClient
+    address: str
+    reward: str
+    model: Path
+    report: BuildReport
+    adapters: Path  # the benchmark's adapter root
+    data: Path  # the reward service's data root
+    logs: Path
+
+
+class Services:
+    """Service subprocesses with their logs; stopped (and checked for a clean exit) at the end."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, *args: str, log_name: str | None = None, timeout: float = 120) -> str:
+        port = _free_port()
+        log = self.logs / f"{log_name or name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", f"services.{name}.main", "--port", str(port),
+                                     "--log-format", "text", *args], stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append((name, proc))
+        try:
+            _wait_serving(f"127.0.0.1:{port}", timeout=timeout)
+        except TimeoutError:
+            proc.kill()
+            pytest.fail(f"{name} did not start:\n{log.read_text()[-3000:]}")
+        return f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            proc.terminate()
+        for name, proc in self.procs:
+            assert proc.wait(timeout=60) == 0, f"{name} exited {proc.returncode}"
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    running = Services(tmp_path_factory.mktemp("logs"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(services: Services, nats_server, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    root = tmp_path_factory.mktemp("bench")
+    report = build_tiny_model(root / "rlvr-tiny-test", size="test", eval_n=EVAL_N)
+    (root / "adapters").mkdir()
+    (root / "data").mkdir()
+    rollout = services.start("rollout", "--model", report.path, "--backend", "transformers", "--max-model-len", "512",
+                             "--max-lora-rank", "8", "--adapter-root", str(root / "rollout-adapters"), timeout=240)
+    reward = services.start("reward", "--data-roots", str(root / "data"))
+    address = services.start("benchmark", "--rollout-address", rollout, "--reward-address", reward,
+                             "--nats-url", nats_server.url, "--database-url", f"sqlite:///{root / 'rlvr.db'}",
+                             "--adapter-roots", str(root / "adapters"), "--batch-size", "16")
+    return Stack(BenchmarkClient(address), address, reward, Path(report.path), report, root / "adapters",
+                 root / "data", services.logs)
+
+
+def run(client: BenchmarkClient, timeout: float = 300, **fields) -> B.Evaluation:
+    """RunEvaluation, then WatchEvaluation to the end; the final stored evaluation."""
+    fields.setdefault("benchmark", HELDOUT)
+    started = client.run_evaluation(B.RunEvaluationRequest(**fields))
+    events = list(client.watch_evaluation(B.WatchEvaluationRequest(id=started.id), timeout=timeout))
+    assert events[-1].status in (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
+    done = [e.questions_done for e in events]
+    assert done == sorted(done)
+    final = client.get_evaluation(B.GetEvaluationRequest(id=started.id))
+    assert final.status == B.EVALUATION_STATUS_COMPLETED, final.error
+    return final
+
+
+def results(client: BenchmarkClient, evaluation_id: str, only_wrong: bool = False) -> list[B.QuestionResult]:
+    return list(client.get_evaluation_results(B.GetEvaluationResultsRequest(id=evaluation_id,
+                                                                           only_wrong=only_wrong)).results)
+
+
+def greedy(max_tokens: int = BUILD_MAX_TOKENS) -> C.SamplingParams:
+    return C.SamplingParams(max_tokens=max_tokens)
+
+
+def build_tiny_completions(model: Path, n: int) -> list[str]:
+    """What build-tiny's own held-out evaluation generates for the first n problems."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.tasks import math_pairs
+    from rlvr.tasks.render import render_prompt
+    from rlvr.tiny.build import generate_greedy, torch_threads
+
+    with torch_threads():
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        lm = AutoModelForCausalLM.from_pretrained(str(model), dtype="float32").eval()
+        prompts = [render_prompt(tokenizer, p) for p in math_pairs.heldout_problems(n, 0)]
+        return generate_greedy(lm, tokenizer, prompts, BUILD_MAX_TOKENS, batch_size=128)
+
+
+def test_list_benchmarks(stack: Stack) -> None:
+    listed = {b.name: b for b in stack.client.list_benchmarks().benchmarks}
+    assert listed[HELDOUT].size == 500 and listed[HELDOUT].display_name == "RLVR Math Pairs held-out"
+    assert listed["gsm8k"].size > 1000 and listed["boxed"].needs_dataset
+    assert list(listed[HELDOUT].score_columns) == ["accuracy", "accuracy_strict", "format", "answered"]
+
+
+def test_base_score_matches_build_tiny(stack: Stack) -> None:
+    ev = run(stack.client, limit=EVAL_N, sampling=greedy())
+    assert ev.scores.accuracy == pytest.approx(stack.report.heldout_accuracy, abs=1e-12)
+    assert stack.report.heldout_n == ev.questions_total == ev.questions_done == EVAL_N
+    rows = results(stack.client, ev.id)
+    assert [r.index for r in rows] == list(range(EVAL_N))  # every per-question row stored
+    assert [r.completion for r in rows] == build_tiny_completions(stack.model, EVAL_N)
+    assert all(r.prompt and r.ground_truth and r.finish_reason != C.FINISH_REASON_UNSPECIFIED for r in rows)
+    assert ev.model == str(stack.model) and ev.adapter_name == "" and ev.sampling.max_tokens == BUILD_MAX_TOKENS
+
+
+def test_adapter_differs_from_base_and_runs_repeat(stack: Stack) -> None:
+    lora = make_lora(stack.model, stack.adapters / "round-1", seed=5)
+    base = run(stack.client, limit=16, sampling=greedy())
+    uploaded = run(stack.client, limit=16, sampling=greedy(), adapter=C.AdapterSelector(name="bench-lora"),
+                   adapter_path=str(lora), label="round 1")
+    again = run(stack.client, limit=16, sampling=greedy(), adapter=C.AdapterSelector(name="bench-lora"))
+    base_again = run(stack.client, limit=16, sampling=greedy())
+    assert (uploaded.adapter_name, uploaded.adapter_version, again.adapter_version) == ("bench-lora", 1, 1)
+    answers = {k: [r.completion for r in results(stack.client, e.id)] for k, e in
+               {"base": base, "adapter": uploaded, "again": again, "base_again": base_again}.items()}
+    assert answers["adapter"] != answers["base"]
+    assert answers["adapter"] == answers["again"] and answers["base"] == answers["base_again"]
+    assert uploaded.scores == again.scores and base.scores == base_again.scores
+    sampled = [run(stack.client, limit=16, sampling=C.SamplingParams(temperature=1.0, max_tokens=32), seed=s)
+               for s in (7, 7, 8)]
+    texts = [[r.completion for r in results(stack.client, e.id)] for e in sampled]
+    assert texts[0] == texts[1] != texts[2] and sampled[0].seed == 7
+
+
+def test_breakdown_counts_cut_offs(stack: Stack) -> None:
+    ev = run(stack.client, limit=16, sampling=greedy(32))
+    rows = results(stack.client, ev.id)
+    stopped = sum(r.finish_reason == C.FINISH_REASON_STOP for r in rows)
+    assert stopped < len(rows) and ev.scores.answered == pytest.approx(stopped / len(rows))
+    assert ev.scores.accuracy_strict <= ev.scores.accuracy
+    assert ev.scores.format == pytest.approx(sum(r.format for r in rows) / len(rows))
+    wrong = results(stack.client, ev.id, only_wrong=True)
+    assert len(wrong) == sum(r.accuracy < 1 for r in rows)
+
+
+def test_boxed_dataset(stack: Stack) -> None:
+    data = stack.data / "tiny_boxed.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i}+{i}?", "ground_truth": str(2 * i)}) + "\n"
+                            for i in range(5)))
+    ev = run(stack.client, benchmark="boxed", dataset=str(data), sampling=greedy(32))
+    assert ev.questions_total == 5 and [r.ground_truth for r in results(stack.client, ev.id)] == list("02468")
+
+
+def test_bad_input_is_refused_before_any_generation(stack: Stack) -> None:
+    before = len(stack.client.list_evaluations().evaluations)
+    (stack.data / "wrong_columns.jsonl").write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    cases = [
+        (dict(benchmark="mmlu"), grpc.StatusCode.INVALID_ARGUMENT, "benchmark"),
+        (dict(adapter=C.AdapterSelector(name="nobody")), grpc.StatusCode.NOT_FOUND, "nobody"),
+        (dict(model="someone/else"), grpc.StatusCode.FAILED_PRECONDITION, "someone/else"),
+        (dict(benchmark="boxed", dataset=str(stack.data / "wrong_columns.jsonl")),
+         grpc.StatusCode.INVALID_ARGUMENT, "columns present: ['question', 'answer']"),
+        (dict(limit=10_000), grpc.StatusCode.INVALID_ARGUMENT, "limit"),
+        (dict(adapter=C.AdapterSelector(name="x"), adapter_path="/etc"), grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+    ]
+    for fields, code, text in cases:
+        fields.setdefault("benchmark", HELDOUT)
+        with pytest.raises(RlvrError) as err:
+            stack.client.run_evaluation(B.RunEvaluationRequest(**fields))
+        assert err.value.code == code and text in err.value.details, (fields, err.value)
+    assert len(stack.client.list_evaluations().evaluations) == before
+    with pytest.raises(RlvrError) as err:
+        stack.client.get_evaluation(B.GetEvaluationRequest(id="nope"))
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_progress_events_on_nats(stack: Stack, nats_server) -> None:
+    from fixtures_infra import connected_bus
+
+    from rlvr.infra.events import eval_status_subject
+
+    ev = run(stack.client, limit=EVAL_N, sampling=greedy())
+    seen: list[B.EvaluationEvent] = []
+    async with connected_bus(nats_server.url) as bus:
+        async for event in bus.watch(eval_status_subject(ev.id)):
+            seen.append(B.EvaluationEvent.FromString(event.data))
+            if seen[-1].status == B.EVALUATION_STATUS_COMPLETED:
+                break
+    statuses = [B.EvaluationStatus.Name(e.status)[18:] for e in seen]
+    assert statuses[:2] == ["QUEUED", "RUNNING"] and statuses[-1] == "COMPLETED"
+    assert [e.questions_done for e in seen if e.status == B.EVALUATION_STATUS_RUNNING][1:] == [16, 32, 40]
+    assert seen[-1].scores.accuracy == ev.scores.accuracy
+
+
+def test_leaderboard_best_first(stack: Stack) -> None:
+    board = stack.client.get_leaderboard(B.GetLeaderboardRequest(benchmark=HELDOUT, score_column="format"))
+    keys = [(-e.scores.format, e.finished_at.ToDatetime()) for e in board.entries]
+    assert board.score_column == "format" and len(keys) >= 4 and keys == sorted(keys)
+    assert [e.rank for e in board.entries] == list(range(1, len(keys) + 1))
+    assert any(e.label == "round 1" and e.adapter_name == "bench-lora" for e in board.entries)
+
+
+def test_cli(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setenv("RLVR_BENCHMARK_ADDRESS", stack.address)
+    assert cli.main(["eval", "run", "--benchmark", HELDOUT, "--limit", "8", "--max-tokens", "48"]) == 0
+    out = capsys.readouterr().out
+    evaluation_id = out.split("evaluation ")[1].split()[0]
+    assert "Accuracy Strict" in out and "Answered" in out
+    assert cli.main(["eval", "show", evaluation_id, "--wrong"]) == 0
+    assert "Detailed Results" in capsys.readouterr().out
+    for fmt in ("csv", "jsonl"):
+        target = tmp_path / f"results.{fmt}"
+        assert cli.main(["eval", "export", evaluation_id, "-o", str(target)]) == 0
+        rows = (list(csv.DictReader(target.open())) if fmt == "csv"
+                else [json.loads(line) for line in target.read_text().splitlines()])
+        assert len(rows) == 8 and {"prompt", "completion", "finish_reason", "strict"} <= set(rows[0])
+    assert cli.main(["eval", "list"]) == 0 and evaluation_id in capsys.readouterr().out
+    assert cli.main(["eval", "leaderboard", HELDOUT, "--column", "answered"]) == 0
+    assert "answered" in capsys.readouterr().out.lower()
+    assert cli.main(["eval", "run", "--benchmark", "nope"]) == 2 and "benchmark" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_vllm_backend_gives_the_same_answers(stack: Stack, services: Services, nats_server, tmp_path: Path) -> None:
+    rollout = services.start("rollout", "--model", str(stack.model), "--backend", "vllm", "--max-model-len", "512",
+                             "--adapter-root", str(tmp_path / "adapters"), log_name="rollout-vllm", timeout=300)
+    address = services.start("benchmark", "--rollout-address", rollout, "--reward-address", stack.reward,
+                             "--nats-url", nats_server.url, "--database-url", f"sqlite:///{tmp_path / 'v.db'}",
+                             log_name="benchmark-vllm")
+    t0 = time.perf_counter()
+    ev = run(BenchmarkClient(address), limit=EVAL_N, sampling=greedy())
+    assert ev.scores.accuracy == pytest.approx(stack.report.heldout_accuracy, abs=1e-12), time.perf_counter() - t0
+    hf = run(stack.client, limit=EVAL_N, sampling=greedy())
+    assert [r.completion for r in results(BenchmarkClient(address), ev.id)] == \
+        [r.completion for r in results(stack.client, hf.id)]
+
+
+@pytest.mark.slow
+def test_default_tiny_model_matches_build_tiny(services: Services, nats_server, tmp_path: Path) -> None:
+    """The real `rlvr-tiny` (built or reused under $RLVR_HOME; minutes the first time), all 500."""
+    from rlvr.models import resolve_model
+    from rlvr.tiny.build import REPORT_FILE
+
+    path = Path(resolve_model("rlvr-tiny"))
+    report = json.loads((path / REPORT_FILE).read_text())
+    rollout = services.start("rollout", "--model", "rlvr-tiny", "--backend", "transformers", "--max-model-len", "512",
+                             "--adapter-root", str(tmp_path / "adapters"), log_name="rollout-default", timeout=300)
+    reward = services.start("reward", log_name="reward-default")
+    address = services.start("benchmark", "--rollout-address", rollout, "--reward-address", reward,
+                             "--nats-url", nats_server.url, "--database-url", f"sqlite:///{tmp_path / 'd.db'}",
+                             log_name="benchmark-default")
+    client = BenchmarkClient(address)
+    for max_tokens in (BUILD_MAX_TOKENS, 0):  # build-tiny's 48 tokens, and the benchmark's default 256
+        ev = run(client, sampling=C.SamplingParams(max_tokens=max_tokens), timeout=900)
+        assert ev.questions_total == report["heldout_n"] == 500
+        assert ev.scores.accuracy == pytest.approx(report["heldout_accuracy"], abs=1e-12), max_tokens
