@@ -1,0 +1,305 @@
+"""`rlvr eval ...`: run a benchmark on the base model or an adapter with a live progress bar, show an
+evaluation's score tiles and per-question results, export them, list evaluations, and the
+leaderboard of a benchmark. Talks to the benchmark service through the SDK (address from
+RLVR_BENCHMARK_ADDRESS or --address).
+
+Flags left out stay unset in the request, so the service applies its documented defaults (greedy,
+256 tokens, the whole benchmark) in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rlvr.v1 import benchmark_pb2 as B
+from rlvr.v1 import common_pb2 as C
+
+TILES = [("accuracy", "Accuracy"), ("accuracy_strict", "Accuracy Strict"), ("format", "Format"),
+         ("answered", "Answered")]
+EXPORT_FIELDS = ["index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy",
+                 "format", "strict", "finish_reason"]
+BAD_INPUT = ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION")
+FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
+
+
+def _client(args: argparse.Namespace):  # -> BenchmarkClient (imported lazily: `rlvr --help` stays fast)
+    from clients.sdk import BenchmarkClient, ClientSettings
+
+    return BenchmarkClient(args.address or ClientSettings().benchmark_address)
+
+
+def _console():  # -> rich.console.Console
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def status_name(value: int) -> str:
+    return B.EvaluationStatus.Name(value).removeprefix("EVALUATION_STATUS_").lower()
+
+
+def parse_adapter(text: str) -> C.AdapterSelector:
+    """NAME or NAME:VERSION (the version must be the live one; 0 or none = live)."""
+    name, _, version = text.rpartition(":")
+    if name and version.isdigit():
+        return C.AdapterSelector(name=name, version=int(version))
+    return C.AdapterSelector(name=text)
+
+
+def run_request(args: argparse.Namespace) -> B.RunEvaluationRequest:
+    request = B.RunEvaluationRequest(benchmark=args.benchmark, model=args.model, limit=args.limit, seed=args.seed,
+                                     dataset=args.dataset, dataset_split=args.split, label=args.label,
+                                     adapter_path=str(Path(args.adapter_path).resolve()) if args.adapter_path else "")
+    if args.adapter:
+        request.adapter.CopyFrom(parse_adapter(args.adapter))
+    if args.temperature is not None:
+        request.sampling.temperature = args.temperature
+    if args.top_p is not None:
+        request.sampling.top_p = args.top_p
+    if args.max_tokens is not None:
+        request.sampling.max_tokens = args.max_tokens
+    return request
+
+
+def tiles(scores: B.ScoreBreakdown):  # -> a rich renderable
+    """The spec's score tiles: the overall score (the benchmark's default column), then each column."""
+    from rich.columns import Columns
+    from rich.panel import Panel
+
+    cards = [Panel(f"[bold]{scores.score:.1%}[/bold]", title=f"Score ({scores.score_column})", expand=False)]
+    cards += [Panel(f"[bold]{getattr(scores, key):.1%}[/bold]", title=title, expand=False) for key, title in TILES]
+    return Columns(cards)
+
+
+def headline(ev: B.Evaluation) -> str:
+    policy = f"{ev.model} + {ev.adapter_name} v{ev.adapter_version}" if ev.adapter_name else ev.model
+    label = f"  label {ev.label!r}" if ev.label else ""
+    return (f"evaluation {ev.id}  {ev.benchmark}  {policy}  {status_name(ev.status)}  "
+            f"{ev.questions_done}/{ev.questions_total} questions{label}")
+
+
+def watch(client, evaluation_id: str) -> B.Evaluation:  # noqa: ANN001 (SDK client)
+    """A progress bar following WatchEvaluation to the end; returns the final evaluation."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn()]
+    with Progress(*columns, console=_console()) as bar:
+        task = bar.add_task(f"evaluation {evaluation_id}", total=None, stats="queued")
+        for event in client.watch_evaluation(B.WatchEvaluationRequest(id=evaluation_id)):
+            stats = status_name(event.status)
+            if event.questions_done:
+                stats += f"  accuracy {event.scores.accuracy:.1%}"
+            bar.update(task, completed=event.questions_done, total=event.questions_total or None, stats=stats)
+            if event.status in FINAL:
+                break
+    return client.get_evaluation(B.GetEvaluationRequest(id=evaluation_id))
+
+
+def cmd_run(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    ev = client.run_evaluation(run_request(args))
+    console = _console()
+    console.print(headline(ev))
+    if args.detach:
+        return 0
+    try:
+        ev = watch(client, ev.id)
+    except KeyboardInterrupt:
+        console.print(f"detached; the evaluation goes on (`rlvr eval show {ev.id}`)")
+        return 130
+    console.print(headline(ev))
+    if ev.status == B.EVALUATION_STATUS_FAILED:
+        print(f"error: evaluation failed: {ev.error}", file=sys.stderr)
+        return 1
+    console.print(tiles(ev.scores))
+    console.print(f"generate {ev.generate_seconds:.1f} s, score {ev.score_seconds:.1f} s")
+    return 0
+
+
+def all_results(client, evaluation_id: str, only_wrong: bool, page: int = 1000) -> Iterator[B.QuestionResult]:  # noqa: ANN001
+    offset = 0
+    while True:
+        resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(
+            id=evaluation_id, only_wrong=only_wrong, offset=offset, limit=page))
+        yield from resp.results
+        offset += len(resp.results)
+        if not resp.results or offset >= resp.total:
+            return
+
+
+def _short(text: str, width: int) -> str:
+    flat = text.replace("\n", "\\n")
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def cmd_show(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from rich.table import Table
+
+    ev = client.get_evaluation(B.GetEvaluationRequest(id=args.id))
+    console = _console()
+    console.print(headline(ev))
+    if ev.error:
+        console.print(f"error: {ev.error}")
+    console.print(tiles(ev.scores))
+    resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(id=args.id, only_wrong=args.wrong,
+                                                                       limit=args.rows))
+    title = "Detailed Results" + (" (wrong answers)" if args.wrong else "")
+    # Ok = correct final answer, Strict = correct inside <answer>, Fmt = exact format, End = stop/length
+    table = Table(title=title, title_justify="left", caption="Ok: correct  Strict: correct inside <answer>  "
+                  "Fmt: <think>/<answer> format  End: stop or length cut-off", caption_justify="left")
+    for name in ("#", "Prompt", "Truth", "Answer", "Ok", "Strict", "Fmt", "End", "Completion"):
+        table.add_column(name, overflow="fold")
+    for r in resp.results:
+        table.add_row(str(r.index), _short(r.prompt, 60), _short(r.ground_truth, 16), _short(r.extracted_answer, 16),
+                      "✓" if r.accuracy >= 1 else "✗", "✓" if r.strict else "", "✓" if r.format >= 1 else "",
+                      C.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower(),
+                      _short(r.completion, 120))
+    console.print(table)
+    if resp.total > len(resp.results):
+        console.print(f"{resp.total - len(resp.results)} more; --rows 0 shows all, `rlvr eval export` writes them")
+    return 0
+
+
+def export_row(r: B.QuestionResult) -> dict[str, Any]:
+    row: dict[str, Any] = {name: getattr(r, name) for name in EXPORT_FIELDS}
+    row["finish_reason"] = C.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_")
+    return row
+
+
+def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    client.get_evaluation(B.GetEvaluationRequest(id=args.id))  # NOT_FOUND before a file is created
+    target = Path(args.output)
+    fmt = args.format or ("jsonl" if target.suffix.lower() in (".jsonl", ".json") else "csv")
+    count = 0
+    with target.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None
+        if writer is not None:
+            writer.writeheader()
+        for result in all_results(client, args.id, args.wrong):
+            row = export_row(result)
+            if writer is not None:
+                writer.writerow(row)
+            else:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    print(f"wrote {count} result(s) of evaluation {args.id} to {target} ({fmt})")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from rich.table import Table
+
+    resp = client.list_evaluations(B.ListEvaluationsRequest(benchmark=args.benchmark, limit=args.limit))
+    table = Table(title="Evaluations", title_justify="left")
+    table.add_column("ID", no_wrap=True, min_width=12)  # ids are what the other commands take: never cut
+    for name in ("Benchmark", "Policy", "Status", "Score", "Done", "Created", "Label"):
+        table.add_column(name, overflow="fold")
+    for ev in resp.evaluations:
+        policy = f"{ev.adapter_name} v{ev.adapter_version}" if ev.adapter_name else Path(ev.model).name or ev.model
+        created = ev.created_at.ToDatetime().strftime("%m-%d %H:%M")
+        table.add_row(ev.id, ev.benchmark, policy, status_name(ev.status), f"{ev.scores.score:.1%}",
+                      f"{ev.questions_done}/{ev.questions_total}", created, ev.label)
+    _console().print(table)
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from rich.table import Table
+
+    resp = client.get_leaderboard(B.GetLeaderboardRequest(benchmark=args.benchmark, score_column=args.column,
+                                                          limit=args.limit))
+    titles = dict(TILES)
+    table = Table(title=f"Leaderboard: {resp.benchmark}, by {resp.score_column}", title_justify="left")
+    table.add_column("Rank")
+    for name in (titles[resp.score_column], *(t for k, t in TILES if k != resp.score_column), "Adapter", "Label"):
+        table.add_column(name, overflow="fold")
+    table.add_column("Evaluation", no_wrap=True, min_width=12)
+    for e in resp.entries:
+        others = [f"{getattr(e.scores, k):.1%}" for k, _ in TILES if k != resp.score_column]
+        adapter = f"{e.adapter_name} v{e.adapter_version}" if e.adapter_name else "(base)"
+        table.add_row(str(e.rank), f"{getattr(e.scores, resp.score_column):.1%}", *others, adapter, e.label,
+                      e.evaluation_id)
+    _console().print(table)
+    return 0
+
+
+def cmd_benchmarks(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    for b in client.list_benchmarks().benchmarks:
+        size = f"{b.size} questions" if b.size else "size of the dataset"
+        print(f"{b.name:<26}{b.display_name} ({size}; score = {b.default_score_column})\n{'':<26}{b.description}")
+    return 0
+
+
+def _handler(command: Callable[[argparse.Namespace, Any], int]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        from clients.sdk import RlvrError
+
+        client = _client(args)
+        try:
+            return command(args, client)
+        except RlvrError as e:
+            print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+            return 2 if e.code.name in BAD_INPUT else 1
+        except OSError as e:  # export: the output file
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
+
+    return handler
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    group = subparsers.add_parser("eval", help="evaluations: run a benchmark, show, export, list, leaderboard")
+
+    def usage(args: argparse.Namespace) -> int:
+        group.print_help(sys.stderr)
+        return 2
+
+    group.set_defaults(handler=usage)
+    sub = group.add_subparsers(title="commands", metavar="COMMAND")
+    run = sub.add_parser("run", help="evaluate the base model or an adapter on a benchmark, with a progress bar")
+    run.add_argument("--benchmark", required=True, help="rlvr-math-pairs-heldout, gsm8k or boxed")
+    run.add_argument("--model", default="", help="base model; must be the rollout service's (default: that one)")
+    run.add_argument("--adapter", default="", metavar="NAME[:VERSION]", help="an adapter on the rollout service")
+    run.add_argument("--adapter-path", default="", help="a local PEFT folder to upload as --adapter's next version")
+    run.add_argument("--limit", type=int, default=0, help="the first N questions (default: all)")
+    run.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    run.add_argument("--temperature", type=float, default=None, help="0-2 (default 0: greedy)")
+    run.add_argument("--top-p", type=float, default=None, help="(0, 1] (default 1)")
+    run.add_argument("--max-tokens", type=int, default=None, help="32-2048 (default 256)")
+    run.add_argument("--dataset", default="", help="boxed only: hub dataset or local file (prompt, ground_truth)")
+    run.add_argument("--split", default="", help="boxed only: dataset split (default test)")
+    run.add_argument("--label", default="", help="a label shown on the leaderboard")
+    run.add_argument("--detach", action="store_true", help="start it and return without watching")
+    run.set_defaults(handler=_handler(cmd_run))
+    show = sub.add_parser("show", help="an evaluation's score tiles and per-question results")
+    show.add_argument("id")
+    show.add_argument("--wrong", action="store_true", help="only the questions answered wrong")
+    show.add_argument("--rows", type=int, default=50, help="rows of the results table (0 = all; default 50)")
+    show.set_defaults(handler=_handler(cmd_show))
+    export = sub.add_parser("export", help="write the per-question results as CSV or JSONL")
+    export.add_argument("id")
+    export.add_argument("-o", "--output", required=True, help="the file to write")
+    export.add_argument("--format", choices=["csv", "jsonl"], default=None, help="default: from the file suffix")
+    export.add_argument("--wrong", action="store_true", help="only the questions answered wrong")
+    export.set_defaults(handler=_handler(cmd_export))
+    ls = sub.add_parser("list", help="recent evaluations")
+    ls.add_argument("--benchmark", default="", help="only this benchmark")
+    ls.add_argument("--limit", type=int, default=0, help="at most N (default 100)")
+    ls.set_defaults(handler=_handler(cmd_list))
+    board = sub.add_parser("leaderboard", help="completed evaluations of a benchmark, best first")
+    board.add_argument("benchmark")
+    board.add_argument("--column", default="", help="accuracy, accuracy_strict, format or answered")
+    board.add_argument("--limit", type=int, default=0, help="at most N (default 50)")
+    board.set_defaults(handler=_handler(cmd_leaderboard))
+    benchmarks = sub.add_parser("benchmarks", help="the benchmarks, their sizes and score columns")
+    benchmarks.set_defaults(handler=_handler(cmd_benchmarks))
+    for parser in (run, show, export, ls, board, benchmarks):
+        parser.add_argument("--address", default=None, help="benchmark HOST:PORT (default RLVR_BENCHMARK_ADDRESS)")
