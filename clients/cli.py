@@ -115,6 +115,7 @@ COMMAND_GROUPS: list[Register] = [
     register_stack,
     register_models,
     train_cmd.register,
+    importlib.import_module("clients.eval_cmd").register,
 ]
 """Every command group, in the order `rlvr --help` lists them."""
 
