@@ -248,3 +248,24 @@ def test_continuing_from_an_adapter_rolls_out_from_it_first(tmp_path: Path, tiny
     # The starting adapter goes live under its own name before step 1; the job's versions count steps.
     assert twin.uploads == [AdapterTag("job-t2-init", 1), AdapterTag("job-t2", 1), AdapterTag("job-t2", 2)]
     assert [e.adapter_version for e in events] == [0, 1]
+
+
+class ShortIsGood:
+    """A reward the "test" model can learn in a few steps: shorter text is better."""
+
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
+        return [Score(-len(c) / 50, 0.0, 0.0) for c in completions]
+
+    def close(self) -> None:
+        pass
+
+
+def test_steps_move_the_policy_towards_higher_reward(tmp_path: Path, tiny_model: str) -> None:
+    """The sign of the update, not just its existence: the reward rises over a dozen steps."""
+    events: list[C.MetricEvent] = []
+    job = _job(tmp_path, tiny_model, batch_size=32, group_size=8, max_steps=12, synthetic_prompts=64)
+    result = run_job(job, JobDeps(scorer=ShortIsGood(), publish=events.append))
+    assert result.status == "completed", result.error
+    first = sum(e.reward_mean for e in events[:3]) / 3
+    last = sum(e.reward_mean for e in events[-3:]) / 3
+    assert last > first + 0.1, [round(e.reward_mean, 2) for e in events]
