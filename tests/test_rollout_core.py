@@ -424,7 +424,9 @@ class RefusingBackend:
 
 async def test_registry_backend_refusal_keeps_live(model_dir: Path, loras, tmp_path: Path) -> None:
     backend = RefusingBackend()
-    registry = AdapterRegistry(tmp_path / "adapters", backend, base_linear_shapes(model_dir), MAX_LORA_RANK)  # type: ignore[arg-type]
+    # The registry only ever calls add_adapter/remove_adapter, so a duck-typed fake stands in for a backend.
+    shapes = base_linear_shapes(model_dir)
+    registry = AdapterRegistry(tmp_path / "adapters", backend, shapes, MAX_LORA_RANK)  # type: ignore[arg-type]
     v1 = await registry.load("job", 1, upload(loras["v1"]))
     backend.refuse = True
     with pytest.raises(AdapterRejected, match="engine refused"):
