@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -57,9 +58,12 @@ class Services:
     def start(self, name: str, *args: str, log_name: str | None = None, timeout: float = 120) -> str:
         port = _free_port()
         log = self.logs / f"{log_name or name}.log"
+        # One torch thread: on this project's shared 2-core machines it decodes several times faster
+        # than two (OpenMP spin-waiting; bench/eval_throughput.py --rollout-threads measures it).
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with log.open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", f"services.{name}.main", "--port", str(port),
-                                     "--log-format", "text", *args], stdout=out, stderr=subprocess.STDOUT)
+                                     "--log-format", "text", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
         self.procs.append((name, proc))
         try:
             _wait_serving(f"127.0.0.1:{port}", timeout=timeout)
