@@ -26,7 +26,7 @@ from test_bootstrap import _free_port, _wait_serving
 from test_rollout_core import make_lora
 
 from clients import cli
-from clients.sdk import BenchmarkClient, RlvrError
+from clients.sdk import BenchmarkClient, RlvrError, RolloutClient
 from rlvr.tiny import BuildReport, build_tiny_model
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -40,6 +40,7 @@ BUILD_MAX_TOKENS = 48  # what build-tiny's evaluate_heldout generates with
 class Stack:
     client: BenchmarkClient
     address: str
+    rollout: str
     reward: str
     model: Path
     report: BuildReport
@@ -98,7 +99,7 @@ def stack(services: Services, nats_server, tmp_path_factory: pytest.TempPathFact
     address = services.start("benchmark", "--rollout-address", rollout, "--reward-address", reward,
                              "--nats-url", nats_server.url, "--database-url", f"sqlite:///{root / 'rlvr.db'}",
                              "--adapter-roots", str(root / "adapters"), "--batch-size", "16")
-    return Stack(BenchmarkClient(address), address, reward, Path(report.path), report, root / "adapters",
+    return Stack(BenchmarkClient(address), address, rollout, reward, Path(report.path), report, root / "adapters",
                  root / "data", services.logs)
 
 
@@ -262,6 +263,28 @@ def test_cli(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], m
     assert cli.main(["eval", "leaderboard", HELDOUT, "--column", "answered"]) == 0
     assert "answered" in capsys.readouterr().out.lower()
     assert cli.main(["eval", "run", "--benchmark", "nope"]) == 2 and "benchmark" in capsys.readouterr().err
+
+
+def test_a_rollout_refusal_mid_run_fails_the_evaluation_with_its_cause(stack: Stack, services: Services,
+                                                                      nats_server, tmp_path: Path) -> None:
+    """A trainer pushes v2 of an adapter while an evaluation of v1 waits for its slot: the rollout
+    service refuses the stale version, and the evaluation ends FAILED with that cause (no hang)."""
+    address = services.start("benchmark", "--rollout-address", stack.rollout, "--reward-address", stack.reward,
+                             "--nats-url", nats_server.url, "--database-url", f"sqlite:///{tmp_path / 'f.db'}",
+                             "--max-concurrent", "1", "--batch-size", "8", log_name="benchmark-one-slot")
+    client, rollout = BenchmarkClient(address), RolloutClient(stack.rollout)
+    rollout.load_adapter("pushed", 1, make_lora(stack.model, tmp_path / "v1", seed=11))
+    busy = client.run_evaluation(B.RunEvaluationRequest(benchmark=HELDOUT, sampling=greedy()))  # holds the slot
+    waiting = client.run_evaluation(B.RunEvaluationRequest(benchmark=HELDOUT, limit=8, sampling=greedy(),
+                                                           adapter=C.AdapterSelector(name="pushed")))
+    rollout.load_adapter("pushed", 2, make_lora(stack.model, tmp_path / "v2", seed=12))
+    events = list(client.watch_evaluation(B.WatchEvaluationRequest(id=waiting.id), timeout=120))
+    failed = client.get_evaluation(B.GetEvaluationRequest(id=waiting.id))
+    assert events[-1].status == failed.status == B.EVALUATION_STATUS_FAILED
+    assert "rollout service at" in failed.error and "Generate failed" in failed.error and "live version is 2" in failed.error
+    assert failed.finished_at.seconds and failed.questions_done == 0
+    list(client.watch_evaluation(B.WatchEvaluationRequest(id=busy.id), timeout=120))
+    assert client.get_evaluation(B.GetEvaluationRequest(id=busy.id)).status == B.EVALUATION_STATUS_COMPLETED
 
 
 @pytest.mark.vllm
