@@ -32,6 +32,11 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clients.sdk import BenchmarkClient, RewardClient
+    from rlvr.v1.benchmark_pb2 import Evaluation
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -95,7 +100,8 @@ def own_stack(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
                 proc.wait(timeout=60)
 
 
-def evaluate(client, args: argparse.Namespace):  # noqa: ANN001 -> (Evaluation, wall seconds)
+def evaluate(client: BenchmarkClient, args: argparse.Namespace) -> tuple[Evaluation, float]:
+    """One evaluation to its end: the stored result and the wall seconds it took."""
     from rlvr.v1 import benchmark_pb2 as B
     from rlvr.v1 import common_pb2 as C
 
@@ -120,7 +126,7 @@ def score_inprocess(function: str, items: list[tuple[str, str]]) -> float:
     return time.perf_counter() - t0
 
 
-def score_grpc(reward, function: str, items: list[tuple[str, str]], batch: int) -> float:  # noqa: ANN001
+def score_grpc(reward: RewardClient, function: str, items: list[tuple[str, str]], batch: int) -> float:
     from rlvr.v1 import reward_pb2
     from services.benchmark.peers import FUNCTIONS
 

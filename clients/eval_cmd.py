@@ -15,10 +15,15 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
+
+if TYPE_CHECKING:  # imported lazily at run time: `rlvr --help` must not pay for rich and grpc
+    from rich.console import Console, RenderableType
+
+    from clients.sdk import BenchmarkClient
 
 TILES = [("accuracy", "Accuracy"), ("accuracy_strict", "Accuracy Strict"), ("format", "Format"),
          ("answered", "Answered")]
@@ -28,13 +33,13 @@ BAD_INPUT = ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION")
 FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
 
 
-def _client(args: argparse.Namespace):  # -> BenchmarkClient (imported lazily: `rlvr --help` stays fast)
+def _client(args: argparse.Namespace) -> BenchmarkClient:
     from clients.sdk import BenchmarkClient, ClientSettings
 
     return BenchmarkClient(args.address or ClientSettings().benchmark_address)
 
 
-def _console():  # -> rich.console.Console
+def _console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False)
@@ -67,7 +72,7 @@ def run_request(args: argparse.Namespace) -> B.RunEvaluationRequest:
     return request
 
 
-def tiles(scores: B.ScoreBreakdown):  # -> a rich renderable
+def tiles(scores: B.ScoreBreakdown) -> RenderableType:
     """The spec's score tiles: the overall score (the benchmark's default column), then each column."""
     from rich.columns import Columns
     from rich.panel import Panel
@@ -84,7 +89,7 @@ def headline(ev: B.Evaluation) -> str:
             f"{ev.questions_done}/{ev.questions_total} questions{label}")
 
 
-def watch(client, evaluation_id: str) -> B.Evaluation:  # noqa: ANN001 (SDK client)
+def watch(client: BenchmarkClient, evaluation_id: str) -> B.Evaluation:
     """A progress bar following WatchEvaluation to the end; returns the final evaluation."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -102,7 +107,7 @@ def watch(client, evaluation_id: str) -> B.Evaluation:  # noqa: ANN001 (SDK clie
     return client.get_evaluation(B.GetEvaluationRequest(id=evaluation_id))
 
 
-def cmd_run(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_run(args: argparse.Namespace, client: BenchmarkClient) -> int:
     ev = client.run_evaluation(run_request(args))
     console = _console()
     console.print(headline(ev))
@@ -122,7 +127,8 @@ def cmd_run(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-def all_results(client, evaluation_id: str, only_wrong: bool, page: int = 1000) -> Iterator[B.QuestionResult]:  # noqa: ANN001
+def all_results(client: BenchmarkClient, evaluation_id: str, only_wrong: bool,
+                page: int = 1000) -> Iterator[B.QuestionResult]:
     offset = 0
     while True:
         resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(
@@ -138,7 +144,7 @@ def _short(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def cmd_show(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_show(args: argparse.Namespace, client: BenchmarkClient) -> int:
     from rich.table import Table
 
     ev = client.get_evaluation(B.GetEvaluationRequest(id=args.id))
@@ -166,13 +172,13 @@ def cmd_show(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-def export_row(r: B.QuestionResult) -> dict[str, Any]:
-    row: dict[str, Any] = {name: getattr(r, name) for name in EXPORT_FIELDS}
+def export_row(r: B.QuestionResult) -> dict[str, str | int | float | bool]:
+    row: dict[str, str | int | float | bool] = {name: getattr(r, name) for name in EXPORT_FIELDS}
     row["finish_reason"] = C.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_")
     return row
 
 
-def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_export(args: argparse.Namespace, client: BenchmarkClient) -> int:
     client.get_evaluation(B.GetEvaluationRequest(id=args.id))  # NOT_FOUND before a file is created
     target = Path(args.output)
     fmt = args.format or ("jsonl" if target.suffix.lower() in (".jsonl", ".json") else "csv")
@@ -192,7 +198,7 @@ def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-def cmd_list(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_list(args: argparse.Namespace, client: BenchmarkClient) -> int:
     from rich.table import Table
 
     resp = client.list_evaluations(B.ListEvaluationsRequest(benchmark=args.benchmark, limit=args.limit))
@@ -209,7 +215,7 @@ def cmd_list(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-def cmd_leaderboard(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_leaderboard(args: argparse.Namespace, client: BenchmarkClient) -> int:
     from rich.table import Table
 
     resp = client.get_leaderboard(B.GetLeaderboardRequest(benchmark=args.benchmark, score_column=args.column,
@@ -229,14 +235,14 @@ def cmd_leaderboard(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-def cmd_benchmarks(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+def cmd_benchmarks(args: argparse.Namespace, client: BenchmarkClient) -> int:
     for b in client.list_benchmarks().benchmarks:
         size = f"{b.size} questions" if b.size else "size of the dataset"
         print(f"{b.name:<26}{b.display_name} ({size}; score = {b.default_score_column})\n{'':<26}{b.description}")
     return 0
 
 
-def _handler(command: Callable[[argparse.Namespace, Any], int]) -> Callable[[argparse.Namespace], int]:
+def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         from clients.sdk import RlvrError
 

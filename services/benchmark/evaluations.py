@@ -206,9 +206,11 @@ class EvaluationManager:
             await self._finish(evaluation_id, "COMPLETED", plan=plan, result=result)
 
     async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress) -> None:
-        fields = records.tally_fields(progress.tally, plan.benchmark.default_score_column)
-        fields["sampling_json"] = records.extras_json(plan.sampling_proto, plan.label, progress.generate_seconds,
-                                                      progress.score_seconds)
+        fields: dict[str, object] = {
+            **records.tally_fields(progress.tally, plan.benchmark.default_score_column),
+            "sampling_json": records.extras_json(plan.sampling_proto, plan.label, progress.generate_seconds,
+                                                 progress.score_seconds),
+        }
         row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, **fields)
         await self._publish(row, f"{progress.done}/{progress.total} questions")
 

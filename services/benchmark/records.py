@@ -53,7 +53,7 @@ def extras_json(sampling: common_pb2.SamplingParams, label: str, generate_second
     return json_format.MessageToJson(extras, indent=None)
 
 
-def tally_fields(t: Tally, score_column: str) -> dict[str, Any]:
+def tally_fields(t: Tally, score_column: str) -> dict[str, float | int]:
     """The row's score columns for a tally (running or final)."""
     return {
         "score": t.share(score_column),
