@@ -308,3 +308,37 @@ def test_a_stranger_sees_the_stream(nats_server: EmbeddedNats) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{job_metrics_subject(job)}: 3" in out.stdout
     assert "duplicated ids 0" in out.stdout
+
+
+async def test_durable_consumer_survives_a_quiet_spell(nats_server) -> None:
+    """A consumer idle for many fetch timeouts still gets the next event. nats-py raises the builtin
+    TimeoutError from one of fetch's paths; the fetch loop once died on it after ~30-40 s of quiet."""
+    import nats.js.client as js_client
+
+    got: list[Event] = []
+
+    async def handler(event: Event) -> None:
+        got.append(event)
+
+    job = _job()
+    original = js_client.JetStreamContext.PullSubscription.fetch
+    calls = 0
+
+    async def fetch_with_builtin_timeout(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls <= 3:  # the path that raised the builtin TimeoutError, reproduced on demand
+            raise TimeoutError
+        return await original(self, *args, **kwargs)
+
+    js_client.JetStreamContext.PullSubscription.fetch = fetch_with_builtin_timeout
+    try:
+        async with connected_bus(nats_server.url) as bus:
+            sub = await bus.subscribe_durable(job_metrics_subject(job), f"quiet-{job}", handler)
+            await asyncio.sleep(0.2)
+            await bus.publish(job_metrics_subject(job), b"x", metric_msg_id(job, 1))
+            await _collect(1, got)
+            await sub.stop()
+    finally:
+        js_client.JetStreamContext.PullSubscription.fetch = original
+    assert calls > 3 and len(got) == 1

@@ -166,7 +166,7 @@ async def publish(
                 subject, payload, timeout=timeout_s, stream=STREAM_NAME, headers={MSG_ID_HEADER: msg_id}
             )
         except (
-            nats.errors.TimeoutError,
+            TimeoutError,  # nats-py raises both its own subclass and the builtin
             nats.js.errors.NoStreamResponseError,
             nats.errors.NoRespondersError,
         ) as e:
@@ -341,13 +341,16 @@ class EventBus:
         while True:
             try:
                 msgs = await psub.fetch(batch, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue  # nothing new
+            except TimeoutError:
+                # Nothing new. nats-py raises the builtin TimeoutError from one of fetch's paths
+                # (not its own subclass): catching only nats.errors.TimeoutError let that one end
+                # this loop silently after a quiet spell, and the consumer stopped for good.
+                continue
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 return
-            except nats.errors.Error as e:
+            except Exception as e:  # a consumer must outlive any one bad fetch, never die silently
                 # Mostly a reconnect in progress: the client comes back by itself.
-                log.warning("consumer %s: fetch failed (%s); retrying", name, e)
+                log.warning("consumer %s: fetch failed (%s: %s); retrying", name, type(e).__name__, e)
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
