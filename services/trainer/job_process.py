@@ -95,6 +95,7 @@ def run(job_dir: Path) -> int:
             from services.trainer.rollouts import ServiceGenerator
 
             generator = ServiceGenerator(settings.rollout_address)
+            generator.wait_ready()
 
         def on_step(step: int, total: int) -> None:
             artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})

@@ -153,6 +153,20 @@ class ServiceGenerator:
     def info(self) -> rollout_pb2.RolloutInfo:
         return self.client.get_info()
 
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Waits until the rollout server's health is SERVING: a job queued while the stack starts
+        (vLLM takes tens of seconds) must wait for the engine, not fail on "starting"."""
+        from clients.stack import check_health
+
+        deadline = time.monotonic() + timeout_s
+        status = check_health(self.address)
+        while status != "SERVING":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the rollout service at {self.address} is not SERVING after "
+                                   f"{timeout_s:.0f} s (health: {status})")
+            time.sleep(1.0)
+            status = check_health(self.address)
+
     def forget(self, name: str) -> None:
         """Unloads `name` if the server holds it (a rerun of a job id starts again at version 1)."""
         from clients.sdk import RlvrError
