@@ -29,9 +29,12 @@ Script = Callable[[Question, AdapterTag], tuple[str, str]]  # -> (completion, "S
 
 
 def solve(question: Question, adapter: AdapterTag) -> tuple[str, str]:
-    """Right on even questions (strictly formatted), cut off on every third, else a loose wrong answer."""
+    """Cut off on every third question; else right on even ones (in the full format, but without
+    the <think> block on question 4), and a loose wrong answer on odd ones."""
     if question.index % 3 == 2:
         return "<think>1+1=2 and then", "LENGTH"
+    if question.index == 4:
+        return f"<answer>{question.ground_truth}</answer>", "STOP"
     if question.index % 2 == 0:
         return f"<think>ok</think><answer>{question.ground_truth}</answer>", "STOP"
     return "I think it is 0", "STOP"
@@ -122,8 +125,10 @@ async def test_runner_stores_every_row_and_tallies(sqlite_store: Store) -> None:
     assert [r.index for r in rows] == list(range(10)) and seen == [(4, 10), (8, 10), (10, 10)]
     assert [r.finish_reason for r in rows].count("LENGTH") == 3 and rows[2].completion.startswith("<think>1+1")
     t = result.tally
-    # right on 0, 4, 6 (strictly) and on 2, whose cut-off reasoning happens to end in its answer
-    assert (t.n, t.correct, t.strict, t.answered) == (10, 4, 3, 7)
+    # right on 0, 6 (strictly: the whole format), on 4 (inside <answer>, but no <think>: the reward's
+    # strict, not the benchmark's) and on 2, whose cut-off reasoning happens to end in its answer
+    assert (t.n, t.correct, t.strict, t.formatted, t.answered) == (10, 4, 2, 2, 7)
+    assert not rows[4].strict and rows[4].accuracy == 1 and rows[4].extracted_answer == "4"
     assert t.share("accuracy_strict") <= t.share("accuracy") and t.share("answered") == 0.7
     assert t == tally((r.accuracy, r.strict, r.format, r.finish_reason == "STOP") for r in rows)
     assert rows[0].prompt == "q0" and rows[0].extracted_answer == "0" and rows[0].strict
