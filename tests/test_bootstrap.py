@@ -171,3 +171,19 @@ def _wait_serving(address: str, timeout: float = 60.0) -> None:
                 pass
             time.sleep(0.2)
     raise TimeoutError(f"{address} not SERVING after {timeout} s")
+
+
+@pytest.mark.parametrize("flag,value,setting", [
+    ("--database-url", "postgresql+psycopg://nobody@127.0.0.1:1/none", "database_url"),
+    ("--nats-url", "nats://127.0.0.1:1", "nats_url"),
+])
+def test_unreachable_dependency_is_one_line_naming_the_setting(flag: str, value: str, setting: str,
+                                                                 tmp_path: Path, nats_server) -> None:
+    args = ["--port", "0", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}", "--nats-url", nats_server.url,
+            "--artifact-root", str(tmp_path / "artifacts"), flag, value]
+    out = subprocess.run([sys.executable, "-m", "services.scheduler.main", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    # The structured log lines go to stderr too; the error itself is one line for a person.
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rlvr-scheduler: error:")]
+    assert len(errors) == 1 and setting in errors[0] and "Traceback" not in out.stderr, out.stderr
