@@ -7,15 +7,13 @@ URL stops the service with one line naming the setting) and maps calls onto the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 
 from rlvr.common.errors import Unavailable, map_errors
-from rlvr.common.server import GrpcService, StartupError
+from rlvr.common.server import GrpcService
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 from services.benchmark.evaluations import EvaluationManager
 from services.benchmark.settings import BenchmarkSettings
@@ -75,24 +73,13 @@ class BenchmarkCore:
         self.peers = None
 
     async def start(self) -> None:
-        from rlvr.infra.events import EventBus, EventBusError
-        from rlvr.infra.store import Store, StoreError
+        from rlvr.infra.startup import open_bus, open_store
         from services.benchmark.events import BusEvents
         from services.benchmark.peers import ServicePeers
 
         s = self.settings
-        try:
-            if s.database_url.startswith("sqlite:///"):
-                Path(s.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            self.store = await asyncio.to_thread(Store, s.database_url)
-            await asyncio.to_thread(self.store.create_all)
-        except StoreError as e:
-            raise StartupError(f"setting database_url (--database-url / RLVR_BENCHMARK_DATABASE_URL): {e}") from None
-        try:
-            self.bus = await EventBus.connect(s.nats_url, name="benchmark")
-        except (EventBusError, OSError) as e:
-            raise StartupError(f"setting nats_url (--nats-url / RLVR_BENCHMARK_NATS_URL) = {s.nats_url!r}: {e}"
-                               ) from None
+        self.store = await open_store(s)
+        self.bus = await open_bus(s, "benchmark")
         # Channels connect lazily: a rollout service still loading its model is not a start failure.
         self.peers = ServicePeers(s.rollout_address, s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
                                   score_timeout_s=s.score_timeout_seconds)

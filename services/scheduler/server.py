@@ -7,14 +7,13 @@ RPCs of later issues (metrics card, actions, loops) answer UNIMPLEMENTED until t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
 import grpc
 
 from rlvr.common.errors import map_errors
-from rlvr.common.server import GrpcService, StartupError
+from rlvr.common.server import GrpcService
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.jobs import GrpcWorkers, JobManager
 from services.scheduler.settings import SchedulerSettings
@@ -70,24 +69,11 @@ class SchedulerCore:
         self.bus = None
 
     async def start(self) -> None:
-        from rlvr.infra.events import EventBus, EventBusError
-        from rlvr.infra.store import Store, StoreError
+        from rlvr.infra.startup import open_bus, open_store
 
         s = self.settings
-        try:
-            if s.database_url.startswith("sqlite:///"):
-                from pathlib import Path
-
-                Path(s.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            self.store = await asyncio.to_thread(Store, s.database_url)
-            await asyncio.to_thread(self.store.create_all)
-        except StoreError as e:
-            raise StartupError(f"setting database_url (--database-url / RLVR_SCHEDULER_DATABASE_URL): {e}") from None
-        try:
-            self.bus = await EventBus.connect(s.nats_url, name="scheduler")
-        except (EventBusError, OSError) as e:
-            raise StartupError(f"setting nats_url (--nats-url / RLVR_SCHEDULER_NATS_URL) = {s.nats_url!r}: {e}"
-                               ) from None
+        self.store = await open_store(s)
+        self.bus = await open_bus(s, "scheduler")
         s.artifact_root.mkdir(parents=True, exist_ok=True)
         jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses))
         await jobs.start()

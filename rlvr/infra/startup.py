@@ -1,0 +1,38 @@
+"""Opening the store and the event bus at a service's start, the same way in every service that
+needs them: a bad URL becomes one StartupError line naming the setting, its flag and its
+environment variable."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rlvr.common.server import StartupError
+from rlvr.common.settings import ServiceSettings
+from rlvr.infra.events import EventBus, EventBusError
+from rlvr.infra.store import Store, StoreError
+
+
+def _setting(settings: ServiceSettings, field: str) -> str:
+    env = f"{settings.model_config.get('env_prefix', '')}{field}".upper()
+    return f"setting {field} (--{field.replace('_', '-')} / {env})"
+
+
+async def open_store(settings: ServiceSettings) -> Store:
+    url: str = settings.database_url  # type: ignore[attr-defined]
+    try:
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        store = await asyncio.to_thread(Store, url)
+        await asyncio.to_thread(store.create_all)
+    except (StoreError, OSError) as e:
+        raise StartupError(f"{_setting(settings, 'database_url')}: {e}") from None
+    return store
+
+
+async def open_bus(settings: ServiceSettings, name: str) -> EventBus:
+    url: str = settings.nats_url  # type: ignore[attr-defined]
+    try:
+        return await EventBus.connect(url, name=name)
+    except (EventBusError, OSError) as e:
+        raise StartupError(f"{_setting(settings, 'nats_url')} = {url!r}: {e}") from None
