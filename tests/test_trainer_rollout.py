@@ -108,12 +108,7 @@ async def test_job_through_the_rollout_service(tmp_path: Path, tiny_model: str, 
         assert live.get(job.adapter_name) == 3  # the final adapter stays live for benchmarks
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("transformers", marks=pytest.mark.xfail(
-        reason="rollout hf_backend: generating from the base model after the only adapter was unloaded "
-               "raises KeyError (peft's active adapter is the deleted one)", strict=False)),
-    *BACKENDS[1:],
-])
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_rerun_of_a_job_id_starts_again_at_version_1(tmp_path: Path, tiny_model: str, backend: str) -> None:
     async with rollout_service(tmp_path, tiny_model, backend) as address:
         job = _job(tmp_path, tiny_model, backend, max_steps=2)

@@ -137,6 +137,10 @@ class TransformersBackend(GenerationBackend):
                 warnings.simplefilter("ignore", UserWarning)
                 self._model.delete_adapter(_peft_name(adapter))
             self._adapters.discard(_peft_name(adapter))
+            if not self._adapters:
+                # A PeftModel whose last adapter is deleted still names it as active, and even
+                # disable_adapter() then fails (KeyError): unwrap back to the plain base model.
+                self._model = self._model.unload()
 
     @contextlib.contextmanager
     def _policy(self, adapter: AdapterVersion | None) -> Iterator[PreTrainedModel]:
