@@ -14,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clients.stack import free_port
 from rlvr.common.errors import FailedPrecondition, NotFound, map_errors
 from rlvr.common.server import GrpcService, ServiceRunner
 from rlvr.common.settings import SettingsError, load_settings
@@ -152,11 +153,7 @@ def test_help_answers_without_heavy_imports() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # the stack's own helper; other test modules import this name
 
 
 def _wait_serving(address: str, timeout: float = 60.0) -> None:

@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rlvr.common.logs import configure_logging
-from rlvr.common.settings import ServiceSettings, SettingsError, load_settings
+from rlvr.common.settings import ServiceSettings, SettingsError, load_settings, setting_label
 
 log = logging.getLogger("rlvr.server")
 
@@ -62,8 +62,7 @@ class Service(Protocol):
 
 
 def _port_error(settings: ServiceSettings) -> str:
-    env = f"{settings.model_config.get('env_prefix', '')}PORT"
-    return (f"setting port (--port / {env}) = {settings.port}: cannot listen on {settings.address} "
+    return (f"{setting_label(settings, 'port')} = {settings.port}: cannot listen on {settings.address} "
             "(in use by another process, or the host is not an address of this machine)")
 
 

@@ -139,12 +139,17 @@ def build_parser(cls: type[ServiceSettings], prog: str, description: str) -> arg
     return parser
 
 
+def setting_label(settings: ServiceSettings | type[ServiceSettings], field: str) -> str:
+    """How every start-up error names a setting: `setting port (--port / RLVR_REWARD_PORT)`."""
+    env = f"{settings.model_config.get('env_prefix', '')}{field}".upper()
+    return f"setting {field} ({_flag(field)} / {env})"
+
+
 def _one_line(cls: type[ServiceSettings], err: ValidationError) -> str:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "settings"
-    env = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
     value = first.get("input")
-    return f"setting {field} ({_flag(field)} / {env}) = {value!r}: {first['msg']}"
+    return f"{setting_label(cls, field)} = {value!r}: {first['msg']}"
 
 
 def _parse_flag(cls: type[ServiceSettings], name: str, value: Any) -> Any:

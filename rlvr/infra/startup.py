@@ -8,14 +8,9 @@ import asyncio
 from pathlib import Path
 
 from rlvr.common.server import StartupError
-from rlvr.common.settings import ServiceSettings
+from rlvr.common.settings import ServiceSettings, setting_label
 from rlvr.infra.events import EventBus, EventBusError
 from rlvr.infra.store import Store, StoreError
-
-
-def _setting(settings: ServiceSettings, field: str) -> str:
-    env = f"{settings.model_config.get('env_prefix', '')}{field}".upper()
-    return f"setting {field} (--{field.replace('_', '-')} / {env})"
 
 
 async def open_store(settings: ServiceSettings) -> Store:
@@ -26,7 +21,7 @@ async def open_store(settings: ServiceSettings) -> Store:
         store = await asyncio.to_thread(Store, url)
         await asyncio.to_thread(store.create_all)
     except (StoreError, OSError) as e:
-        raise StartupError(f"{_setting(settings, 'database_url')}: {e}") from None
+        raise StartupError(f"{setting_label(settings, 'database_url')}: {e}") from None
     return store
 
 
@@ -35,4 +30,4 @@ async def open_bus(settings: ServiceSettings, name: str) -> EventBus:
     try:
         return await EventBus.connect(url, name=name)
     except (EventBusError, OSError) as e:
-        raise StartupError(f"{_setting(settings, 'nats_url')} = {url!r}: {e}") from None
+        raise StartupError(f"{setting_label(settings, 'nats_url')} = {url!r}: {e}") from None

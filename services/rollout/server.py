@@ -17,6 +17,7 @@ import grpc
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, map_errors, out_of_range
 from rlvr.common.server import GrpcService, StartupError
+from rlvr.common.settings import setting_label
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.rollout.settings import RolloutSettings
 
@@ -64,7 +65,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             self.model_path = await asyncio.to_thread(resolve_model, s.model, lambda m: log.info(m))
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
-            raise StartupError(f"setting model (--model / RLVR_ROLLOUT_MODEL) = {s.model!r}: {e}") from None
+            raise StartupError(f"{setting_label(s, 'model')} = {s.model!r}: {e}") from None
         config = CoreConfig(
             model=self.model_path,
             adapter_root=s.adapter_root,
@@ -83,7 +84,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self.core = await RolloutCore.start(config)
         except OSError as e:
             raise StartupError(
-                f"setting model (--model / RLVR_ROLLOUT_MODEL) = {s.model!r}: cannot load: {e}"
+                f"{setting_label(s, 'model')} = {s.model!r}: cannot load: {e}"
             ) from None
         log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend})
 
