@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: install protos check-protos lint test test-all demo up bench clean
+.PHONY: install protos check-protos lint test test-all demo up bench clean chromium
 
 install: $(STAMP)
 
@@ -24,12 +24,26 @@ protos: install
 lint: install
 	$(BIN)/ruff check .
 
+# Headless chromium for tests/test_report.py (the HTML report opened in a real browser). Installed
+# with apt-get when missing, only where apt-get exists and we are root (Debian CI); elsewhere this
+# says how, the browser tests skip, and under CI=true they fail.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium (apt-get install -y chromium) for tests/test_report.py"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+		|| echo "could not install chromium with apt-get: the browser tests will skip (fail under CI=true)"; \
+	else \
+		echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) for tests/test_report.py"; \
+	fi
+
 # The test command CI runs (.ci/run).
-test: install lint
+test: install lint chromium
 	$(BIN)/pytest
 
 # Everything, the slow end-to-end measurements included.
-test-all: install
+test-all: install chromium
 	$(BIN)/pytest -m 'not gpu'
 
 # The main job: the whole stack on this machine with an embedded NATS and SQLite.

@@ -1,5 +1,6 @@
 """`rlvr train` and `rlvr jobs ...`: start an RLVR job with the spec's options as flags, watch it
-live, and list, show or cancel jobs. Talks to the scheduler through the SDK.
+live, and list, show (with the RL Metrics card) or cancel jobs. Talks to the scheduler through the
+SDK. `rlvr jobs report|download|merge|export` live in clients/jobs_cmd.py and are registered here.
 
 Flags left out are left unset in the JobSpec, so the scheduler applies the spec's defaults in one
 place (services/scheduler/jobspec.py) and says what it rounded or ignored in its warnings.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from clients import jobs_cmd
 from rlvr.v1 import common_pb2 as C
 
 REWARDS = {"math_pairs": C.REWARD_FUNCTION_MATH_PAIRS, "gsm8k": C.REWARD_FUNCTION_GSM8K,
@@ -76,15 +78,19 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     return spec
 
 
-def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None) -> list[str]:
+def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
+    """The Training Summary's label/value rows (the CLI's and the HTML report's)."""
     steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
-    rows = [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
+    return [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
             ("Group Size", summary.group_size), ("Max Completion", summary.max_completion),
             ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
             ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
             ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
             ("Quantization", summary.quantization)]
-    lines = ["Training Summary"] + [f"  {k:<15} {v}" for k, v in rows]
+
+
+def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None) -> list[str]:
+    lines = ["Training Summary"] + [f"  {k:<15} {v}" for k, v in summary_rows(summary)]
     lines += [f"warning: {w}" for w in warnings or []]
     return lines
 
@@ -176,6 +182,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if job.adapter.name:
                 print(f"adapter {job.adapter.name} v{job.adapter.version} at {job.adapter.path}")
             print("\n".join(summary_lines(job.summary, list(job.warnings))))
+            print()
+            jobs_cmd.print_metrics(client, job.id)
         elif args.jobs_command == "cancel":
             job = client.cancel_job(scheduler_pb2.CancelJobRequest(id=args.id))
             kept = f"; adapter {job.adapter.name} v{job.adapter.version} kept" if job.adapter.name else ""
@@ -194,14 +202,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                   description="Start an RLVR job: the spec's Reward, GRPO and Advanced options.")
     add_train_arguments(train)
     train.set_defaults(handler=cmd_train)
-    jobs = subparsers.add_parser("jobs", help="list, show, watch or cancel jobs")
+    jobs = subparsers.add_parser("jobs", help="list, show, watch or cancel jobs; report, download, merge, export")
     sub = jobs.add_subparsers(dest="jobs_command", required=True)
     ls = sub.add_parser("list", help="recent jobs")
     ls.add_argument("--limit", type=int, default=50)
-    for name, text in (("show", "a job's status, summary and adapter"), ("watch", "follow a job live"),
+    for name, text in (("show", "a job's status, summary, adapter and RL Metrics (trends, tiles, charts)"),
+                       ("watch", "follow a job live"),
                        ("cancel", "cancel a job (its partial adapter is kept)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("id")
     for p in (ls, *[sub.choices[n] for n in ("show", "watch", "cancel")]):
         p.add_argument("--address", default=None, help="scheduler HOST:PORT")
         p.set_defaults(handler=cmd_jobs)
+    jobs_cmd.register(sub)

@@ -1,0 +1,175 @@
+"""`rlvr jobs report|download|merge|export` and the RL Metrics part of `rlvr jobs show`: a job's
+results, the way the RL Metrics card and its actions offer them (see README, "Monitoring a run").
+
+Registered into the `jobs` group by clients/train_cmd.py. Every command prints one
+`error: CODE: details` line on a failed call (an unknown job, a job without an adapter yet) and
+exits 1; a file that cannot be written is the same kind of one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import TextIO
+
+EXPORT_FORMATS = ("csv", "jsonl")
+
+
+def _format_enum(name: str) -> int:
+    from rlvr.v1 import scheduler_pb2 as S
+
+    return {"csv": S.EXPORT_FORMAT_CSV, "jsonl": S.EXPORT_FORMAT_JSONL}[name]
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # unreachable
+
+
+def _terminal_width(out: TextIO) -> int:
+    width = shutil.get_terminal_size((80, 24)).columns if out.isatty() else 80
+    return max(40, min(width, 100))
+
+
+def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # noqa: ANN001 (SDK client)
+    """Prints the job's RL Metrics card; on a failed GetJobMetrics, one warning line on stderr
+    (the job itself was shown already). Returns whether the card was printed."""
+    from clients import jobs_view
+    from clients.base import RlvrError
+    from rlvr.v1 import scheduler_pb2 as S
+
+    out = out or sys.stdout
+    try:
+        metrics = client.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id))
+    except RlvrError as e:
+        print(f"warning: RL Metrics unavailable: {e.code.name}: {e.details}", file=sys.stderr)
+        return False
+    text = jobs_view.render(metrics, width=_terminal_width(out), unicode=jobs_view.supports_unicode(out))
+    print(text, file=out)
+    return True
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_report(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from clients.report import write_report
+    from rlvr.v1 import scheduler_pb2 as S
+
+    job = client.get_job(S.GetJobRequest(id=args.id))
+    metrics = client.get_job_metrics(S.GetJobMetricsRequest(job_id=args.id))
+    path = write_report(metrics, job, args.output or f"rlvr-report-{args.id}")
+    print(path)
+    return 0
+
+
+def cmd_download(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    files = client.save_adapter(args.id, args.output)
+    if not files:
+        print(f"error: the server sent no adapter files for job {args.id}", file=sys.stderr)
+        return 1
+    for f in files:
+        print(f"{f}  {human_size(f.stat().st_size)}")
+    print(f"adapter of job {args.id} in {Path(args.output)} "
+          f"(peft.PeftModel.from_pretrained(base, {str(args.output)!r}) loads it)")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace, client, out: TextIO | None = None) -> int:  # noqa: ANN001
+    from rlvr.v1 import scheduler_pb2 as S
+
+    out = out or sys.stdout
+    live = out.isatty()
+    final = None
+    last_stage = None
+    for progress in client.merge_model(S.MergeModelRequest(job_id=args.id)):
+        line = f"merging: {progress.stage or '...':<28} {progress.fraction:>4.0%}"
+        if live:
+            print("\r" + line, end="", file=out, flush=True)
+        elif progress.stage != last_stage or progress.done:
+            print(line, file=out, flush=True)
+        last_stage = progress.stage
+        if progress.done:
+            final = progress
+    if live:
+        print(file=out)
+    if final is None:
+        print(f"error: the merge of job {args.id} ended without finishing", file=sys.stderr)
+        return 1
+    size = f" ({human_size(final.size_bytes)})" if final.size_bytes else ""
+    print(f"merged model of job {args.id} at {final.path or '?'} on the server{size}", file=out)
+    if args.output:
+        files = client.save_merged_model(args.id, args.output)
+        total = sum(f.stat().st_size for f in files)
+        print(f"downloaded {len(files)} file(s), {human_size(total)}, to {Path(args.output)}", file=out)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from rlvr.v1 import scheduler_pb2 as S
+
+    resp = client.export_history(S.ExportHistoryRequest(job_id=args.id, format=_format_enum(args.format)))
+    if not args.output or args.output == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(resp.content)
+        sys.stdout.buffer.flush()
+        return 0
+    path = Path(args.output)
+    if path.is_dir():
+        path = path / (resp.filename or f"{args.id}.{args.format}")
+    path.write_bytes(resp.content)
+    print(f"wrote {resp.rows} row(s) ({resp.content_type or args.format}) to {path}")
+    return 0
+
+
+COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, "export": cmd_export}
+
+
+def cmd_jobs_action(args: argparse.Namespace) -> int:
+    from clients.base import RlvrError
+    from clients.train_cmd import _client
+
+    try:
+        return COMMANDS[args.jobs_command](args, _client(args))
+    except RlvrError as e:
+        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:  # a path we cannot write, a chunk path outside the directory
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; `rlvr jobs {args.jobs_command} {args.id}` starts again", file=sys.stderr)
+        return 130
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds report, download, merge and export to the `jobs` subparsers."""
+    report = sub.add_parser("report", help="write a self-contained HTML report (and PNG charts) of the RL Metrics",
+                            description="Writes DIR/report.html (no network needed: inline CSS, charts embedded "
+                            "as PNG) and the charts as PNG files next to it; prints the report's path.")
+    report.add_argument("-o", "--output", metavar="DIR", default=None,
+                        help="output folder (default ./rlvr-report-ID)")
+    download = sub.add_parser("download", help="download the job's adapter (PEFT files)",
+                              description="Writes the adapter as a PEFT directory that "
+                              "peft.PeftModel.from_pretrained and vLLM's LoRA loading accept as is.")
+    download.add_argument("-o", "--output", metavar="DIR", required=True, help="folder to write the adapter to")
+    merge = sub.add_parser("merge", help="merge the adapter into the base model (with progress)",
+                           description="Merges the job's adapter into its base model on the server (a full "
+                           "Hugging Face checkpoint under the artifact root), showing progress; with -o, "
+                           "downloads the merged model into DIR.")
+    merge.add_argument("-o", "--output", metavar="DIR", default=None, help="download the merged model into DIR")
+    export = sub.add_parser("export", help="export the per-step metrics as CSV or JSONL",
+                            description="One row per step, columns named as in the metric event.")
+    export.add_argument("--format", choices=EXPORT_FORMATS, default="csv", help="csv (default) or jsonl")
+    export.add_argument("-o", "--output", metavar="FILE", default=None,
+                        help="file (or folder) to write; default: standard output")
+    for p in (report, download, merge, export):
+        p.add_argument("id", help="job id")
+        p.add_argument("--address", default=None, help="scheduler HOST:PORT")
+        p.set_defaults(handler=cmd_jobs_action)

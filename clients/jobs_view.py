@@ -1,0 +1,281 @@
+"""The RL Metrics card in a terminal: the Accuracy and Reward trends with arrows, the stat tiles and
+text charts of the per-step series, as pure functions of a `JobMetrics` message (no I/O, no gRPC).
+
+`render(metrics)` is the whole card; it fits `width` columns (80 by default) and draws with Unicode
+(arrows, box tiles, braille charts) or, with `unicode=False`, plain ASCII for a terminal or pipe that
+is not UTF-8 (`supports_unicode(stream)` decides for a stream).
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+ARROWS = {
+    True: {S.TREND_DIRECTION_RISING: "↑", S.TREND_DIRECTION_FALLING: "↓", S.TREND_DIRECTION_FLAT: "→"},
+    False: {S.TREND_DIRECTION_RISING: "^", S.TREND_DIRECTION_FALLING: "v", S.TREND_DIRECTION_FLAT: "->"},
+}
+DIRECTION_WORDS = {S.TREND_DIRECTION_RISING: "rising", S.TREND_DIRECTION_FALLING: "falling",
+                   S.TREND_DIRECTION_FLAT: "flat"}
+
+
+@dataclass(frozen=True)
+class Series:
+    key: str       # file-name friendly: "reward", "kl", ...
+    title: str
+    steps: list[int]
+    values: list[float]
+
+
+def supports_unicode(stream: object) -> bool:
+    """True when `stream` encodes UTF-8 (a plain ASCII or Latin-1 pipe gets the ASCII drawing)."""
+    encoding = getattr(stream, "encoding", None)
+    if not encoding:
+        return False
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def status_name(status: int) -> str:
+    try:
+        return C.JobStatus.Name(status).removeprefix("JOB_STATUS_")
+    except ValueError:
+        return str(status)
+
+
+def num(value: float) -> str:
+    """A figure in at most ~8 characters: 0.812, -0.0123, 128.5, 1.2e+04."""
+    if not math.isfinite(value):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude == 0:
+        return "0"
+    if magnitude >= 10000:
+        return f"{value:.3g}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2g}" if magnitude < 0.01 else f"{value:.3f}"
+
+
+def series_of(metrics: S.JobMetrics) -> list[Series]:
+    """The charted series in display order: reward, accuracy, loss, then KL, entropy and
+    completion length where the run logged them."""
+    points = sorted(metrics.series, key=lambda p: p.step)
+    steps = [p.step for p in points]
+    out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points]),
+           Series("accuracy", "Accuracy", steps, [p.accuracy for p in points]),
+           Series("loss", "Loss", steps, [p.loss for p in points])]
+    kl = [(p.step, p.kl) for p in points if p.HasField("kl")]
+    if metrics.has_kl or kl:
+        out.append(Series("kl", "KL divergence", [s for s, _ in kl], [v for _, v in kl]))
+    entropy = [(p.step, p.entropy) for p in points if p.HasField("entropy")]
+    if metrics.has_entropy or entropy:
+        out.append(Series("entropy", "Entropy", [s for s, _ in entropy], [v for _, v in entropy]))
+    if any(p.completion_length for p in points):
+        out.append(Series("completion_length", "Completion length (tokens)", steps,
+                          [p.completion_length for p in points]))
+    return [s for s in out if s.values]
+
+
+# ---------------------------------------------------------------- trends and tiles
+
+
+def trend_line(label: str, trend: S.Trend, *, unicode: bool = True) -> str:
+    """`Accuracy Trend  ↑ rising   0.250 → 0.750  Δ +0.500  peak 0.800 @ step 9` (early → late:
+    the means over the early and the late window; `window_line` says how long they are)."""
+    arrow = ARROWS[unicode].get(trend.direction, "?")
+    word = DIRECTION_WORDS.get(trend.direction, "unknown")
+    to = "→" if unicode else "->"
+    delta = "Δ" if unicode else "delta"
+    return (f"{label:<15}{arrow:>2} {word:<8}{num(trend.early):>7} {to} {num(trend.late):<7} "
+            f"{delta} {trend.delta:+.3f}  peak {num(trend.peak)} @ step {trend.peak_step}")
+
+
+def _steps(n: int) -> str:
+    return f"{n} step{'s' if n != 1 else ''}"
+
+
+def window_line(metrics: S.JobMetrics) -> str:
+    """What early and late are: `windows: mean of the first 10 vs the last 10 of 40 steps`."""
+    acc, rew = metrics.accuracy_trend.window, metrics.reward_trend.window
+    line = f"{'':<18}windows: mean of the first {acc} vs the last {acc} of {_steps(metrics.tiles.steps)}"
+    return line + (f" (reward: {rew})" if rew != acc else "")
+
+
+TILE_FIELDS: list[tuple[str, Callable[[S.StatTiles], str]]] = [
+    ("Steps", lambda t: str(t.steps)),
+    ("Final Reward", lambda t: num(t.final_reward)),
+    ("Best Reward", lambda t: num(t.best_reward)),
+    ("Best Accuracy", lambda t: num(t.best_accuracy)),
+    ("Final Loss", lambda t: num(t.final_loss)),
+]
+
+
+def tile_values(tiles: S.StatTiles) -> list[tuple[str, str]]:
+    return [(label, value(tiles)) for label, value in TILE_FIELDS]
+
+
+def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80) -> list[str]:
+    """The five tiles as boxes side by side (two rows of boxes when `width` is narrow)."""
+    items = tile_values(tiles)
+    cell = 15
+    per_row = max(1, min(len(items), (width + 1) // (cell + 1)))
+    tl, tr, bl, br, h, v = ("┌", "┐", "└", "┘", "─", "│") if unicode else ("+", "+", "+", "+", "-", "|")
+    lines: list[str] = []
+    for start in range(0, len(items), per_row):
+        row = items[start:start + per_row]
+        lines.append(" ".join(tl + h * (cell - 2) + tr for _ in row))
+        lines.append(" ".join(f"{v}{label:^{cell - 2}}{v}" for label, _ in row))
+        lines.append(" ".join(f"{v}{value:^{cell - 2}}{v}" for _, value in row))
+        lines.append(" ".join(bl + h * (cell - 2) + br for _ in row))
+    return lines
+
+
+# ---------------------------------------------------------------- charts
+
+# Braille: a character is a 2x4 grid of dots; bit of dot (x, y), y counted from the top.
+_BRAILLE_BITS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
+
+
+def _canvas(values: Sequence[float], cols: int, rows: int, cx: int, cy: int) -> list[list[set[int]]]:
+    """Plots `values` as a connected line on a (cols*cx) x (rows*cy) dot grid; returns per cell
+    the set of dots on (index x*cy + y, y from the top)."""
+    cells: list[list[set[int]]] = [[set() for _ in range(cols)] for _ in range(rows)]
+    width, height = cols * cx, rows * cy
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return cells
+    lo, hi = min(finite), max(finite)
+
+    def y_of(v: float) -> int:  # 0 = top row of dots
+        if hi == lo:
+            return height // 2
+        return round((hi - v) / (hi - lo) * (height - 1))
+
+    def x_of(i: int) -> int:
+        return width // 2 if len(values) == 1 else round(i / (len(values) - 1) * (width - 1))
+
+    def dot(x: int, y: int) -> None:
+        cells[y // cy][x // cx].add((x % cx) * cy + y % cy)
+
+    previous: tuple[int, int] | None = None
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            previous = None
+            continue
+        x, y = x_of(i), y_of(v)
+        if previous is None:
+            dot(x, y)
+        else:
+            x0, y0 = previous
+            steps = max(abs(x - x0), abs(y - y0), 1)
+            for k in range(1, steps + 1):
+                dot(round(x0 + (x - x0) * k / steps), round(y0 + (y - y0) * k / steps))
+        previous = (x, y)
+    return cells
+
+
+def _braille(dots: set[int]) -> str:
+    code = 0x2800
+    for d in dots:
+        code |= _BRAILLE_BITS[d % 4][d // 4]
+    return chr(code)
+
+
+def _ascii(dots: set[int]) -> str:
+    """One column x three levels per character: '"' top, '-' middle, '_' bottom, '|' several."""
+    if not dots:
+        return " "
+    levels = {d % 3 for d in dots}
+    if len(levels) > 1:
+        return "|"
+    return {0: '"', 1: "-", 2: "_"}[levels.pop()]
+
+
+def chart_lines(series: Series, width: int = 38, height: int = 4, *, unicode: bool = True) -> list[str]:
+    """A titled line chart of one series in exactly `width` columns: y-range labels on the left,
+    the first and last step under it."""
+    cx, cy, draw = (2, 4, _braille) if unicode else (1, 3, _ascii)
+    finite = [v for v in series.values if math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    # y-range labels by row; a flat line is drawn in the middle, with one label on its row
+    labels = {(height * cy // 2) // cy: num(hi)} if hi == lo else {0: num(hi), height - 1: num(lo)}
+    label_w = max(8, *(len(label) for label in labels.values()))
+    cols = max(4, width - label_w - 1)
+    cells = _canvas(series.values, cols, height, cx, cy)
+    last = f"last {num(series.values[-1])}"
+    title = series.title[: max(0, width - len(last) - 1)]
+    lines = [f"{title:<{width - len(last)}}{last}"]
+    for r, row in enumerate(cells):
+        label = labels.get(r, "")
+        axis_char = ("┤" if label else "│") if unicode else ("+" if label else "|")
+        lines.append(f"{label:>{label_w}}{axis_char}" + "".join(draw(c) for c in row))
+    first_step, last_step = (series.steps[0], series.steps[-1]) if series.steps else (0, 0)
+    left = f"step {first_step}"
+    right = str(last_step) if last_step != first_step else ""
+    lines.append(" " * (label_w + 1) + f"{left}{right:>{cols - len(left)}}")
+    return [line.ljust(width)[:width] for line in lines]
+
+
+def charts_lines(series: Sequence[Series], width: int = 80, *, unicode: bool = True) -> list[str]:
+    """Every chart; two side by side when `width` allows (78 columns or more)."""
+    gap = 3
+    if width >= 78:
+        panel = (min(width, 100) - gap) // 2
+        lines: list[str] = []
+        for i in range(0, len(series), 2):
+            pair = [chart_lines(s, panel, unicode=unicode) for s in series[i:i + 2]]
+            if lines:
+                lines.append("")
+            if len(pair) == 1:
+                lines += [line.rstrip() for line in pair[0]]
+            else:
+                lines += [(a + " " * gap + b).rstrip() for a, b in zip(*pair, strict=True)]
+        return lines
+    lines = []
+    for s in series:
+        if lines:
+            lines.append("")
+        lines += [line.rstrip() for line in chart_lines(s, width, unicode=unicode)]
+    return lines
+
+
+# ---------------------------------------------------------------- the card
+
+
+def header_line(metrics: S.JobMetrics, *, unicode: bool = True) -> str:
+    status = status_name(metrics.status)
+    partial = ", partial" if metrics.status in (C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED) else ""
+    dash = "—" if unicode else "-"
+    return f"RL Metrics {dash} job {metrics.job_id} ({status.lower()}{partial})"
+
+
+def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> str:
+    """The whole RL Metrics card as text, at most `width` columns wide (charts never wider)."""
+    lines = [header_line(metrics, unicode=unicode)]
+    if not metrics.has_steps:
+        lines.append(f"  {metrics.message or 'no training step recorded yet'}")
+        return "\n".join(lines)
+    lines.append("")
+    for label, trend in (("Accuracy Trend", metrics.accuracy_trend), ("Reward Trend", metrics.reward_trend)):
+        line = trend_line(label, trend, unicode=unicode)
+        if len(line) > width:  # narrow: the peak on a line of its own
+            head, _, peak = line.partition("  peak ")
+            line = f"{head}\n{'':<18}peak {peak}"
+        lines.append(line)
+    window = window_line(metrics)
+    lines += [window if len(window) <= width else window.strip(), ""]
+    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width)
+    if metrics.message:
+        lines += ["", metrics.message]
+    charts = series_of(metrics)
+    if charts:
+        lines += [""] + charts_lines(charts, width, unicode=unicode)
+    return "\n".join(lines)

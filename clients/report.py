@@ -1,0 +1,222 @@
+"""`rlvr jobs report`: the RL Metrics card as one self-contained HTML file.
+
+`write_report(metrics, job, out_dir)` writes `report.html` plus one PNG per chart next to it. The
+page needs no network and runs no script: the CSS is inline and every chart is embedded as a
+base64 PNG data URI (the same bytes as the PNG file beside it), so the file can be mailed or opened
+offline. The content is the terminal view's (clients/jobs_view.py): the Accuracy and Reward trends,
+the stat tiles, the charts of the series, and, when a Job is given, its name, status and the
+Training Summary. Charts are drawn with matplotlib's Agg canvas (no display, no pyplot state).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from clients.jobs_view import DIRECTION_WORDS, Series, num, series_of, status_name, tile_values
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+REPORT_NAME = "report.html"
+COLORS = {"reward": "#2563eb", "accuracy": "#16a34a", "loss": "#dc2626", "kl": "#9333ea",
+          "entropy": "#ea580c", "completion_length": "#0891b2"}
+ARROWS = {S.TREND_DIRECTION_RISING: "↑", S.TREND_DIRECTION_FALLING: "↓", S.TREND_DIRECTION_FLAT: "→"}
+TREND_COLORS = {S.TREND_DIRECTION_RISING: "#16a34a", S.TREND_DIRECTION_FALLING: "#dc2626",
+                S.TREND_DIRECTION_FLAT: "#64748b"}
+
+CSS = """
+:root { color-scheme: light; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 32px 40px; background: #f1f5f9; color: #0f172a;
+       font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; }
+main { max-width: 1100px; margin: 0 auto; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 15px; margin: 28px 0 10px; color: #334155; text-transform: uppercase; letter-spacing: .04em; }
+.sub { color: #475569; margin: 0 0 4px; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 999px; font-size: 12px; font-weight: 600;
+         background: #e2e8f0; color: #334155; vertical-align: middle; }
+.badge.COMPLETED { background: #dcfce7; color: #166534; }
+.badge.RUNNING, .badge.QUEUED { background: #dbeafe; color: #1e40af; }
+.badge.FAILED { background: #fee2e2; color: #991b1b; }
+.badge.CANCELLED { background: #fef3c7; color: #92400e; }
+.card { background: #fff; border: 1px solid #e2e8f0; border-radius: 10px; padding: 14px 16px; }
+.trends { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 14px; }
+.trend .name { font-weight: 600; color: #334155; }
+.trend .main { display: flex; align-items: baseline; gap: 10px; margin: 6px 0 4px; }
+.trend .arrow { font-size: 30px; font-weight: 700; line-height: 1; }
+.trend .values { font-size: 20px; font-variant-numeric: tabular-nums; }
+.trend .delta { font-weight: 600; }
+.trend .meta { color: #64748b; font-size: 13px; }
+.tiles { display: grid; grid-template-columns: repeat(auto-fit, minmax(160px, 1fr)); gap: 14px; }
+.tile .label { color: #64748b; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.tile .value { font-size: 24px; font-weight: 650; font-variant-numeric: tabular-nums; margin-top: 2px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; }
+figure { margin: 0; }
+figure img { display: block; width: 100%; height: auto; }
+figcaption { color: #475569; font-size: 13px; margin-top: 4px; }
+table.summary { border-collapse: collapse; }
+table.summary td { padding: 3px 18px 3px 0; vertical-align: top; }
+table.summary td:first-child { color: #64748b; white-space: nowrap; }
+.message { color: #334155; }
+.error { color: #991b1b; }
+.warning { color: #92400e; }
+footer { color: #94a3b8; font-size: 12px; margin-top: 28px; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+# ---------------------------------------------------------------- charts
+
+
+def chart_png(series: Series, trend: S.Trend | None = None) -> bytes:
+    """One series as a PNG line chart; with its trend, the early and late windows shaded and the
+    peak marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    color = COLORS.get(series.key, "#2563eb")
+    fig = Figure(figsize=(6.4, 3.0), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    n = len(series.values)
+    ax.plot(series.steps, series.values, color=color, linewidth=1.8,
+            marker="o" if n <= 40 else None, markersize=7 if n == 1 else 3.5)
+    if trend is not None and trend.window > 0 and n:
+        first, last = series.steps[0], series.steps[-1]
+        w = trend.window
+        early_end = series.steps[min(w, n) - 1]
+        late_start = series.steps[max(n - w, 0)]
+        ax.axvspan(first - 0.5, early_end + 0.5, color="#94a3b8", alpha=0.18, linewidth=0, label="early window")
+        ax.axvspan(late_start - 0.5, last + 0.5, color=color, alpha=0.12, linewidth=0, label="late window")
+        if first <= trend.peak_step <= last:
+            ax.plot([trend.peak_step], [trend.peak], marker="*", markersize=11, color="#f59e0b",
+                    markeredgecolor="#92400e", linestyle="none", label=f"peak {num(trend.peak)}")
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8, frameon=False,
+                  borderaxespad=0.2, handlelength=1.4, columnspacing=1.0)
+    ax.set_title(series.title, loc="left", fontsize=11, fontweight="bold", color="#0f172a")
+    ax.set_xlabel("step", fontsize=9, color="#475569")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.tick_params(labelsize=8, colors="#475569")
+    ax.grid(True, color="#e2e8f0", linewidth=0.8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_color("#cbd5e1")
+    if n:
+        pad = 1.0 if n == 1 else 0.5
+        ax.set_xlim(series.steps[0] - pad, series.steps[-1] + pad)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", facecolor="white", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- HTML parts
+
+
+def _trend_card(label: str, trend: S.Trend) -> str:
+    color = TREND_COLORS.get(trend.direction, "#64748b")
+    arrow = ARROWS.get(trend.direction, "?")
+    word = DIRECTION_WORDS.get(trend.direction, "unknown")
+    window = f"{trend.window} step{'s' if trend.window != 1 else ''}"
+    return (
+        f'<div class="card trend"><div class="name">{_e(label)}</div>'
+        f'<div class="main"><span class="arrow" style="color:{color}" title="{word}">{arrow}</span>'
+        f'<span class="values">{_e(num(trend.early))} → {_e(num(trend.late))}</span>'
+        f'<span class="delta" style="color:{color}">{trend.delta:+.3f}</span></div>'
+        f'<div class="meta">{_e(word)} · peak {_e(num(trend.peak))} at step {trend.peak_step}'
+        f" · early vs late window of {_e(window)}</div></div>"
+    )
+
+
+def _summary_rows(job: C.Job) -> list[tuple[str, str]]:
+    from clients.train_cmd import summary_rows
+
+    rows = [("Job", job.id), ("Name", job.spec.name or "-"), ("Base model", job.spec.base_model or "-")]
+    if job.HasField("summary"):
+        rows += [(k, str(v)) for k, v in summary_rows(job.summary) if str(v)]
+    for label, ts in (("Created", job.created_at), ("Started", job.started_at), ("Finished", job.finished_at)):
+        if ts.seconds:
+            rows.append((label, ts.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")))
+    if job.adapter.name:
+        rows.append(("Adapter", f"{job.adapter.name} v{job.adapter.version}"))
+    return rows
+
+
+def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Series, bytes]]) -> str:
+    """The page; `charts` are the PNGs to embed, in order."""
+    status = status_name(metrics.status if metrics.status else (job.status if job else 0))
+    name = job.spec.name if job is not None and job.spec.name else f"job {metrics.job_id}"
+    progress = f" · step {job.current_step}/{job.total_steps}" if job is not None and job.total_steps else ""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>RL Metrics — {_e(name)}</title><style>{CSS}</style></head><body><main>",
+        f'<h1>RL Metrics — {_e(name)} <span class="badge {_e(status)}">{_e(status.lower())}</span></h1>',
+        f'<p class="sub">job {_e(metrics.job_id)}{_e(progress)}</p>',
+    ]
+    if job is not None and job.error:
+        parts.append(f'<p class="error">error: {_e(job.error)}</p>')
+    if not metrics.has_steps:
+        parts.append(f'<div class="card message">{_e(metrics.message or "no training step recorded yet")}</div>')
+    else:
+        parts.append('<h2>Trends</h2><div class="trends">')
+        parts.append(_trend_card("Accuracy Trend", metrics.accuracy_trend))
+        parts.append(_trend_card("Reward Trend", metrics.reward_trend))
+        parts.append('</div><h2>Stats</h2><div class="tiles">')
+        parts += [f'<div class="card tile"><div class="label">{_e(label)}</div>'
+                  f'<div class="value">{_e(value)}</div></div>' for label, value in tile_values(metrics.tiles)]
+        parts.append("</div>")
+        if metrics.message:
+            parts.append(f'<p class="message">{_e(metrics.message)}</p>')
+        if charts:
+            parts.append('<h2>Charts</h2><div class="charts">')
+            for series, png in charts:
+                data = base64.b64encode(png).decode("ascii")
+                parts.append(
+                    f'<figure class="card"><img class="chart" id="chart-{_e(series.key)}" '
+                    f'alt="{_e(series.title)} by step" src="data:image/png;base64,{data}">'
+                    f"<figcaption>{_e(series.title)}: steps {series.steps[0]}–{series.steps[-1]}, "
+                    f"last {_e(num(series.values[-1]))}, min {_e(num(min(series.values)))}, "
+                    f"max {_e(num(max(series.values)))}</figcaption></figure>"
+                )
+            parts.append("</div>")
+    if job is not None:
+        parts.append('<h2>Training Summary</h2><div class="card"><table class="summary">')
+        parts += [f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _summary_rows(job)]
+        parts.append("</table>")
+        parts += [f'<p class="warning">warning: {_e(w)}</p>' for w in job.warnings]
+        parts.append("</div>")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts.append(
+        f"<footer>Generated by rlvr on {now}. Trend windows: with n steps, w = max(1, ⌊n/4⌋); early = the "
+        "first w steps, late = the last w; flat when |late − early| &lt; 0.01.</footer>"
+    )
+    parts.append("</main></body></html>")
+    return "\n".join(parts)
+
+
+def write_report(metrics: S.JobMetrics, job: C.Job | None, out_dir: str | os.PathLike[str]) -> Path:
+    """Writes `report.html` and the chart PNGs (`reward.png`, `accuracy.png`, ...) into `out_dir`
+    (created if needed); returns the HTML file's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trends = {"reward": metrics.reward_trend, "accuracy": metrics.accuracy_trend}
+    charts: list[tuple[Series, bytes]] = []
+    if metrics.has_steps:
+        for series in series_of(metrics):
+            png = chart_png(series, trends.get(series.key))
+            (out / f"{series.key}.png").write_bytes(png)
+            charts.append((series, png))
+    path = out / REPORT_NAME
+    path.write_text(render_html(metrics, job, charts), encoding="utf-8")
+    return path
