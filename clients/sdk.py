@@ -19,11 +19,12 @@ simplest thing for scripts and notebooks; services use `make_channel(..., aio=Tr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import grpc
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -57,6 +58,7 @@ __all__ = [
     "adapter_upload",
     "connect",
     "default_timeout",
+    "export_format",
     "save_file_chunks",
 ]
 
@@ -171,6 +173,69 @@ class SchedulerClient(ServiceClient):
         return save_file_chunks(
             self.download_adapter(sc.DownloadAdapterRequest(job_id=job_id), timeout=timeout), directory
         )
+
+    def merge(
+        self,
+        job_id: str,
+        *,
+        on_progress: Callable[[sc.MergeModelProgress], None] | None = None,
+        timeout: float | None = None,
+    ) -> sc.MergeModelProgress:
+        """Merges the job's adapter into its base model (a full Hugging Face checkpoint on the
+        server, see `save_merged_model`) and waits for it; `on_progress` sees every progress
+        message. Returns the last one (`done`, with the server-side `path` and `size_bytes`); a job
+        merged before answers at once."""
+        last: sc.MergeModelProgress | None = None
+        for progress in self.merge_model(sc.MergeModelRequest(job_id=job_id), timeout=timeout):
+            if on_progress is not None:
+                on_progress(progress)
+            last = progress
+        if last is None or not last.done:
+            raise RlvrError(grpc.StatusCode.INTERNAL, f"the merge of job {job_id} ended without a result",
+                            self._method("MergeModel"))
+        return last
+
+    def save_merged_model(
+        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> list[Path]:
+        """Downloads the job's merged model (run `merge` first) into `directory`, a Hugging Face
+        checkpoint that `AutoModelForCausalLM.from_pretrained` loads; returns the files written."""
+        return save_file_chunks(
+            self.download_merged_model(sc.DownloadMergedModelRequest(job_id=job_id), timeout=timeout),
+            directory,
+        )
+
+    def export(
+        self,
+        job_id: str,
+        fmt: str | int = "csv",
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Path:
+        """Export History to a file: `fmt` "csv" or "jsonl" (or an ExportFormat value); `path` a
+        file, or a folder to write the server's file name into (default: the current folder).
+        Returns the file written."""
+        request = sc.ExportHistoryRequest(job_id=job_id, format=export_format(fmt))
+        response = self.export_history(request, timeout=timeout)
+        target = Path(path) if path is not None else Path.cwd()
+        if target.is_dir():
+            target = target / response.filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(response.content)
+        return target
+
+
+def export_format(fmt: str | int) -> int:
+    """An ExportFormat value from "csv" / "jsonl" (any case) or the value itself."""
+    if isinstance(fmt, int):
+        if fmt not in sc.ExportFormat.values():
+            raise ValueError(f"fmt: {fmt!r} is not an ExportFormat; allowed: {list(sc.ExportFormat.values())}")
+        return fmt
+    name = f"EXPORT_FORMAT_{fmt.strip().upper().removeprefix('EXPORT_FORMAT_')}"
+    if name not in sc.ExportFormat.DESCRIPTOR.values_by_name or name == "EXPORT_FORMAT_UNSPECIFIED":
+        raise ValueError(f"fmt: {fmt!r} is not an export format; allowed: csv, jsonl")
+    return sc.ExportFormat.Value(name)
 
 
 class TrainerClient(ServiceClient):

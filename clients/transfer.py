@@ -1,5 +1,7 @@
-"""Chunked file transfer over the contract's FileChunk: the LoadAdapter upload stream for a PEFT
-directory, and writing a downloaded chunk stream (DownloadAdapter, DownloadMergedModel) to disk.
+"""Chunked file transfer over the contract's FileChunk, both ways and for every user: a directory
+as a chunk stream (`directory_chunks`: the LoadAdapter upload of a PEFT directory, the scheduler's
+DownloadAdapter and DownloadMergedModel), and a received stream written back to disk
+(`save_file_chunks`).
 
 Adapters and merged checkpoints never travel as one message (the channel limit is 64 MiB, and a
 merged model is gigabytes): each file is a run of chunks, `path` relative to the directory.
@@ -8,7 +10,7 @@ merged model is gigabytes): each file is a run of chunks, `path` relative to the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -18,40 +20,83 @@ from rlvr.v1 import rollout_pb2 as ro
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 """The files of a PEFT adapter directory, in the order they are uploaded."""
 
+CHUNK_SIZE = 1024 * 1024
+"""Default chunk size: far below the 64 MiB message limit, large enough to keep per-message
+overhead negligible."""
+
+
+def list_files(directory: str | os.PathLike[str], files: Sequence[str] | None = None) -> list[tuple[str, Path]]:
+    """The files a `directory_chunks` stream of `directory` would send, as (relative path, path):
+    `files` in that order, else every regular file under the directory (recursively, sorted,
+    skipping symlinks and hidden names such as a `.staging` folder). Raises FileNotFoundError naming what is
+    missing, before anything is sent."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory")
+    if files is not None:
+        paths = [(name, root / name) for name in files]
+        missing = [str(p) for _, p in paths if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"missing {', '.join(missing)}")
+        return paths
+    found = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and not path.is_symlink() and not any(part.startswith(".") for part in rel.parts):
+            found.append((rel.as_posix(), path))
+    return found
+
+
+def directory_chunks(
+    directory: str | os.PathLike[str], files: Sequence[str] | None = None, chunk_size: int = CHUNK_SIZE
+) -> Iterator[cm.FileChunk]:
+    """`directory` as a FileChunk stream: each file (see `list_files`) as a run of chunks of at
+    most `chunk_size` bytes, `path` relative to the directory, `last` on its final chunk (an empty
+    file is one empty chunk). The file list is checked when this is called, not when the stream is
+    first read: once gRPC consumes an iterator, an exception would reach the peer as a bare
+    CANCELLED."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size: {chunk_size} must be > 0")
+    paths = [(rel, path, path.stat().st_size) for rel, path in list_files(directory, files)]
+
+    def chunks() -> Iterator[cm.FileChunk]:
+        for rel, path, size in paths:
+            with path.open("rb") as f:
+                offset = 0
+                while True:
+                    data = f.read(chunk_size)
+                    last = offset + len(data) >= size or not data
+                    yield cm.FileChunk(path=rel, offset=offset, data=data, file_size=size, last=last)
+                    offset += len(data)
+                    if last:
+                        break
+
+    return chunks()
+
+
+def directory_size(directory: str | os.PathLike[str], files: Sequence[str] | None = None) -> int:
+    """The bytes a `directory_chunks` stream of `directory` carries."""
+    return sum(path.stat().st_size for _, path in list_files(directory, files))
+
 
 def adapter_upload(
-    name: str, version: int, directory: str | os.PathLike[str], chunk_size: int = 1024 * 1024
+    name: str, version: int, directory: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE
 ) -> Iterator[ro.LoadAdapterRequest]:
     """The LoadAdapter request stream for a PEFT directory: the header (with the total size, so
     the server can refuse an oversized upload up front), then each file's chunks.
 
     Raises FileNotFoundError before the first message when a file is missing: once gRPC
     consumes the iterator, an exception there would reach the caller as a bare CANCELLED."""
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size: {chunk_size} must be > 0")
-    paths = [Path(directory) / file for file in ADAPTER_FILES]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"not a PEFT adapter directory: missing {', '.join(missing)}")
-    sizes = [p.stat().st_size for p in paths]
-    header = ro.AdapterHeader(name=name, version=version, total_size=sum(sizes))
+    try:
+        chunks = directory_chunks(directory, ADAPTER_FILES, chunk_size)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"not a PEFT adapter directory: {e}") from None
+    header = ro.AdapterHeader(name=name, version=version, total_size=directory_size(directory, ADAPTER_FILES))
 
     def messages() -> Iterator[ro.LoadAdapterRequest]:
         yield ro.LoadAdapterRequest(header=header)
-        for path, size in zip(paths, sizes, strict=True):
-            with path.open("rb") as f:
-                offset = 0
-                while True:
-                    data = f.read(chunk_size)
-                    last = offset + len(data) >= size
-                    yield ro.LoadAdapterRequest(
-                        chunk=cm.FileChunk(
-                            path=path.name, offset=offset, data=data, file_size=size, last=last
-                        )
-                    )
-                    offset += len(data)
-                    if last or not data:
-                        break
+        for chunk in chunks:
+            yield ro.LoadAdapterRequest(chunk=chunk)
 
     return messages()
 

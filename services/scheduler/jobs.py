@@ -32,7 +32,7 @@ from rlvr.infra.events import (
     job_events_subject,
     job_status_subject,
 )
-from rlvr.infra.schema import JobRow, metric_point_from_event
+from rlvr.infra.schema import JobRow, MetricPointRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.scheduler.convert import (
@@ -100,6 +100,15 @@ class GrpcWorkers:
         resp = await self._stubs[address].CancelJob(trainer_pb2.TrainerCancelJobRequest(job_id=job_id),
                                                     timeout=60)
         return resp.adapter if resp.adapter.name else None
+
+    def merge(self, address: str, request: trainer_pb2.MergeAdapterRequest
+              ) -> AsyncIterator[trainer_pb2.MergeProgress]:
+        """MergeAdapter on one worker: its progress stream (the call's deadline is the method's
+        default, an hour; cancelling the iteration cancels the merge there)."""
+        from rlvr.common.client import deadline_for
+
+        return self._stubs[address].MergeAdapter(
+            request, timeout=deadline_for("rlvr.v1.TrainerService/MergeAdapter"))
 
 
 class JobManager:
@@ -189,6 +198,14 @@ class JobManager:
                 yield common_pb2.JobEvent(status=status)
                 if job_status_name(status.status) in TERMINAL:
                     return
+
+    async def job_row(self, job_id: str) -> JobRow:
+        """The stored row of a job; NotFound naming the id when there is none."""
+        return await self._row(job_id)
+
+    async def metric_points(self, job_id: str) -> list[MetricPointRow]:
+        """The job's stored steps, in step order."""
+        return await asyncio.to_thread(self.store.metric_points, job_id)
 
     # ------------------------------------------------------------------ internals
 

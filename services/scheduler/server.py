@@ -1,8 +1,9 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-The core (services/scheduler/jobs.py) knows nothing of gRPC; this module opens the store and the
-event bus at start (a bad URL stops the service with one line naming the setting) and maps calls.
-RPCs of later issues (metrics card, actions, loops) answer UNIMPLEMENTED until they land.
+The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions)
+know nothing of gRPC; this module opens the store and the event bus at start (a bad URL stops the
+service with one line naming the setting) and maps calls. The loop RPCs answer UNIMPLEMENTED until
+their issue lands.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from rlvr.common.errors import map_errors
+from rlvr.common.errors import Unavailable, map_errors
 from rlvr.common.server import GrpcService
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.scheduler.actions import JobActions
 from services.scheduler.jobs import GrpcWorkers, JobManager
 from services.scheduler.settings import SchedulerSettings
 
@@ -25,13 +27,17 @@ log = logging.getLogger("rlvr.scheduler")
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self) -> None:
         self.jobs: JobManager | None = None
+        self.actions: JobActions | None = None
 
     def _jobs(self) -> JobManager:
         if self.jobs is None:
-            from rlvr.common.errors import Unavailable
-
             raise Unavailable("the scheduler is starting")
         return self.jobs
+
+    def _actions(self) -> JobActions:
+        if self.actions is None:
+            raise Unavailable("the scheduler is starting")
+        return self.actions
 
     async def CreateJob(self, request: scheduler_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
                         ) -> scheduler_pb2.CreateJobResponse:  # noqa: N802
@@ -58,6 +64,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         async for event in self._jobs().watch(request.id, request.from_start):
             yield event
 
+    async def GetJobMetrics(self, request, context):  # noqa: N802
+        return await self._actions().metrics(request.job_id)
+
+    async def DownloadAdapter(self, request, context) -> AsyncIterator:  # noqa: N802
+        async for chunk in self._actions().adapter_chunks(request.job_id):
+            yield chunk
+
+    async def MergeModel(self, request, context) -> AsyncIterator:  # noqa: N802
+        async for progress in self._actions().merge(request.job_id):
+            yield progress
+
+    async def DownloadMergedModel(self, request, context) -> AsyncIterator:  # noqa: N802
+        async for chunk in self._actions().merged_chunks(request.job_id):
+            yield chunk
+
+    async def ExportHistory(self, request, context):  # noqa: N802
+        return await self._actions().export(request.job_id, request.format)
+
 
 class SchedulerCore:
     """Opens the store and the bus, runs the job manager."""
@@ -78,6 +102,7 @@ class SchedulerCore:
         jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses))
         await jobs.start()
         self.servicer.jobs = jobs
+        self.servicer.actions = JobActions(jobs, s.artifact_root)
 
     async def stop(self) -> None:
         if self.servicer.jobs is not None:

@@ -1,0 +1,215 @@
+"""The job Actions of the scheduler, and the RL Metrics card over the store: Download Adapter,
+Merge Model (with Download Merged Model) and Export History. No gRPC here: the servicer maps calls
+onto `JobActions` and the errors of rlvr.common.errors onto status codes.
+
+Files are read from the paths the store records: a job's adapter folder (`JobRow.adapter_path`,
+written by the trainer) and its merged checkpoint (an `ArtifactRow` of kind "merged"). The
+scheduler and the trainers therefore share the artifact root (one machine, or one volume, as in
+docker-compose); a recorded folder that is missing on the scheduler's disk is reported with its
+path rather than streamed as nothing.
+
+Merge Model runs on a trainer worker (TrainerService.MergeAdapter, in a child process there), its
+progress relayed as it comes. The checkpoint is named `job-<id>-v<adapter version>` under
+`<artifact_root>/merged/` and recorded once done (before the client sees `done`), so a second
+MergeModel on the same job answers at once with the existing checkpoint, and two concurrent ones
+for a job merge once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import grpc
+
+from clients.transfer import ADAPTER_FILES, directory_chunks, directory_size
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from rlvr.infra.schema import ArtifactRow, JobRow
+from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
+from services.scheduler.convert import spec_from_json
+from services.scheduler.jobs import JobManager, WorkerState
+from services.scheduler.metrics import export_history, job_metrics
+
+log = logging.getLogger("rlvr.scheduler.actions")
+
+T = TypeVar("T")
+
+
+class MergeWorkers(Protocol):
+    """What Merge Model needs of the trainer workers (`GrpcWorkers` is the real one)."""
+
+    addresses: Sequence[str]
+
+    async def status(self, address: str) -> WorkerState | None: ...
+    def merge(self, address: str, request: trainer_pb2.MergeAdapterRequest
+              ) -> AsyncIterator[trainer_pb2.MergeProgress]: ...
+
+
+def merged_name(row: JobRow) -> str:
+    """The merged checkpoint's folder name (a valid artifact name: ids are hex)."""
+    return f"job-{row.id}-v{row.adapter_version}"
+
+
+async def _in_thread(chunks: Iterator[T]) -> AsyncIterator[T]:
+    """A blocking iterator (file reads) consumed off the event loop, one item at a time."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, chunks, done)
+        if item is done:
+            return
+        yield item  # type: ignore[misc]
+
+
+class JobActions:
+    def __init__(self, jobs: JobManager, artifact_root: Path) -> None:
+        self.jobs = jobs
+        self.root = Path(artifact_root)
+        self._merge_locks: dict[str, asyncio.Lock] = {}
+
+    async def _row(self, job_id: str) -> JobRow:
+        if not job_id:
+            raise InvalidArgument("job_id: required (the id CreateJob returned)")
+        return await self.jobs.job_row(job_id)
+
+    # ------------------------------------------------------------------ RL Metrics and export
+
+    async def metrics(self, job_id: str) -> scheduler_pb2.JobMetrics:
+        row = await self._row(job_id)
+        return job_metrics(row, await self.jobs.metric_points(job_id))
+
+    async def export(self, job_id: str, fmt: int) -> scheduler_pb2.ExportHistoryResponse:
+        row = await self._row(job_id)
+        return export_history(row, await self.jobs.metric_points(job_id), fmt)
+
+    # ------------------------------------------------------------------ Download Adapter
+
+    async def adapter_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
+        row = await self._row(job_id)
+        folder = self._adapter_folder(row)
+        try:
+            chunks = await asyncio.to_thread(directory_chunks, folder, ADAPTER_FILES)
+        except FileNotFoundError as e:
+            raise FailedPrecondition(f"the adapter of job {job_id} is incomplete on disk: {e}") from None
+        async for chunk in _in_thread(chunks):
+            yield chunk
+
+    def _adapter_folder(self, row: JobRow) -> Path:
+        if not row.adapter_path:
+            if row.status == "QUEUED":
+                why = "it is queued and has not trained a step"
+            elif row.status == "RUNNING":
+                why = "it is running; its adapter is published when it ends (or is cancelled)"
+            else:
+                why = f"it ended ({row.status}) before its first step finished"
+            raise FailedPrecondition(f"job {row.id} has no adapter yet: {why}")
+        folder = Path(row.adapter_path)
+        if not folder.is_dir():
+            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk: "
+                                     f"{folder} (the scheduler and the trainers must share the artifact root)")
+        return folder
+
+    # ------------------------------------------------------------------ Merge Model
+
+    async def merge(self, job_id: str) -> AsyncIterator[scheduler_pb2.MergeModelProgress]:
+        row = await self._row(job_id)
+        folder = self._adapter_folder(row)
+        lock = self._merge_locks.setdefault(job_id, asyncio.Lock())
+        async with lock:
+            existing = await self._current_merge(row)
+            if existing is not None:
+                yield _done(existing)
+                return
+            address = await self._pick_worker()
+            yield scheduler_pb2.MergeModelProgress(stage="starting", fraction=0.0)
+            request = trainer_pb2.MergeAdapterRequest(base_model=spec_from_json(row.spec_json).base_model,
+                                                      adapter_path=str(folder), output_name=merged_name(row))
+            log.info("merging job %s on trainer %s as %s", job_id, address, request.output_name)
+            call = self._workers().merge(address, request)
+            try:
+                async for p in call:
+                    if p.done:
+                        artifact = await self._record(row, p.path, p.size_bytes)
+                        yield _done(artifact)
+                        return
+                    yield scheduler_pb2.MergeModelProgress(stage=p.stage, fraction=p.fraction)
+            except grpc.aio.AioRpcError as e:
+                artifact = await self._adopt_existing(row, e)
+                if artifact is None:
+                    raise _merge_error(address, e) from None
+                yield _done(artifact)
+                return
+            finally:  # our client went away (or we are done): the trainer stops its merge process
+                cancel = getattr(call, "cancel", None)
+                if cancel is not None:
+                    cancel()
+            raise RuntimeError(f"trainer {address} ended the merge of job {job_id} without a result")
+
+    async def merged_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
+        row = await self._row(job_id)
+        artifact = await self._current_merge(row, any_version=True)
+        if artifact is None:
+            raise FailedPrecondition(f"job {job_id} has no merged model yet; run MergeModel first")
+        try:
+            chunks = await asyncio.to_thread(directory_chunks, artifact.path)
+        except FileNotFoundError as e:  # removed since the check above
+            raise FailedPrecondition(f"the merged model of job {job_id} is gone from disk ({e}); "
+                                     "run MergeModel again") from None
+        async for chunk in _in_thread(chunks):
+            yield chunk
+
+    def _workers(self) -> MergeWorkers:
+        return self.jobs.workers  # type: ignore[return-value]
+
+    async def _pick_worker(self) -> str:
+        """An idle reachable trainer if there is one (a merge loads the whole base model), else
+        any reachable one (the merge runs beside its job, in a process of its own)."""
+        workers = self._workers()
+        states = [await workers.status(a) for a in workers.addresses]
+        reachable = [s for s in states if s is not None]
+        if not reachable:
+            raise Unavailable(f"no trainer worker is reachable ({', '.join(workers.addresses)}) to run the merge")
+        idle = [s for s in reachable if not s.busy]
+        return (idle or reachable)[0].address
+
+    async def _current_merge(self, row: JobRow, any_version: bool = False) -> ArtifactRow | None:
+        """The newest recorded merge of the job's current adapter (of any adapter when
+        `any_version`) whose folder still exists."""
+        rows = await asyncio.to_thread(self.jobs.store.artifacts, row.id, "merged")
+        for artifact in reversed(rows):
+            path = Path(artifact.path)
+            if (any_version or path.name == merged_name(row)) and path.is_dir():
+                return artifact
+        return None
+
+    async def _record(self, row: JobRow, path: str, size_bytes: int) -> ArtifactRow:
+        artifact = ArtifactRow(job_id=row.id, kind="merged", path=path, size_bytes=size_bytes)
+        return await asyncio.to_thread(self.jobs.store.add_artifact, artifact)
+
+    async def _adopt_existing(self, row: JobRow, error: grpc.aio.AioRpcError) -> ArtifactRow | None:
+        """The trainer refuses to overwrite a merged folder; one left by a merge whose end the
+        scheduler never recorded (a restart) is complete (the trainer renames it into place) and
+        is recorded now."""
+        if error.code() != grpc.StatusCode.FAILED_PRECONDITION or "already exists" not in (error.details() or ""):
+            return None
+        folder = self.root / "merged" / merged_name(row)
+        if not (folder / "config.json").is_file():
+            return None
+        size = await asyncio.to_thread(directory_size, folder)
+        return await self._record(row, str(folder.resolve()), size)
+
+
+def _done(artifact: ArtifactRow) -> scheduler_pb2.MergeModelProgress:
+    return scheduler_pb2.MergeModelProgress(stage="done", fraction=1.0, done=True, path=artifact.path,
+                                            size_bytes=artifact.size_bytes)
+
+
+def _merge_error(address: str, e: grpc.aio.AioRpcError) -> Exception:
+    code, details = e.code(), e.details() or e.code().name
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"trainer {address} did not finish the merge: {code.name}: {details}")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+        return FailedPrecondition(f"trainer {address} refused the merge: {details}")
+    return RuntimeError(f"merge on trainer {address} failed: {code.name}: {details}")
