@@ -342,3 +342,33 @@ async def test_durable_consumer_survives_a_quiet_spell(nats_server) -> None:
     finally:
         js_client.JetStreamContext.PullSubscription.fetch = original
     assert calls > 3 and len(got) == 1
+
+
+async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNats) -> None:
+    """The README's "Events over NATS" recipe: plain nats-py and the generated protos, nothing of
+    rlvr's own client code, read what the trainer's publisher puts on the job's subject."""
+    from rlvr.v1 import common_pb2
+    from services.trainer.publisher import EventPublisher
+
+    job = _job()
+    publisher = EventPublisher(nats_server.url)
+    publisher.start()
+    try:
+        for step in (1, 2):
+            publisher.publish_metric(common_pb2.MetricEvent(job_id=job, step=step, total_steps=2, accuracy=step / 4,
+                                                            adapter_version=step - 1))
+    finally:
+        assert await asyncio.to_thread(publisher.close)
+    nc = await nats.connect(nats_server.url)
+    try:
+        sub = await nc.jetstream().subscribe(f"rlvr.jobs.{job}.metrics", deliver_policy="all")
+        seen = []
+        async for msg in sub.messages:
+            e = common_pb2.MetricEvent.FromString(msg.data)
+            seen.append((e.step, e.accuracy, e.adapter_version))
+            await msg.ack()
+            if len(seen) == 2:
+                break
+    finally:
+        await nc.close()
+    assert seen == [(1, 0.25, 0), (2, 0.5, 1)]
