@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
@@ -25,19 +27,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=None, help="state folder (default $RLVR_HOME/demo)")
 
 
-def demo_spec(args: argparse.Namespace) -> common_pb2.JobSpec:
-    """Settings inside the spec's ranges that DESIGN.md's first experiment found to move this model:
-    a high alpha/rank ratio, dapo, the top of the learning-rate range."""
-    spec = common_pb2.JobSpec(name="demo-math-pairs", base_model=args.model)
+LOSSES = {"grpo": common_pb2.LOSS_TYPE_GRPO, "dapo": common_pb2.LOSS_TYPE_DAPO,
+          "dr_grpo": common_pb2.LOSS_TYPE_DR_GRPO}
+
+# The measured configuration of bench/learning.py (README, "Learning"): every value inside the
+# spec's ranges. `rlvr demo` runs it with fewer steps by default.
+RECIPE: dict[str, object] = {
+    "steps": 300, "group_size": 8, "batch_size": 32, "max_tokens": 64, "rank": 4, "alpha": 128,
+    "lr": 1e-5, "loss_type": "dapo", "temperature": 1.0, "prompts": 4096,
+}
+
+
+def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max_tokens: int, rank: int, alpha: int,
+                lr: float, loss_type: int, temperature: float, prompts: int, backend: str, seed: int = 0,
+                name: str = "demo-math-pairs") -> common_pb2.JobSpec:
+    spec = common_pb2.JobSpec(name=name, base_model=model)
     spec.reward.function = common_pb2.REWARD_FUNCTION_MATH_PAIRS
-    spec.reward.synthetic_prompts = 1024
+    spec.reward.synthetic_prompts = prompts
     g = spec.grpo
-    g.group_size, g.batch_size, g.max_completion_tokens = 8, 32, 64
-    g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = 4, 128, 1e-5, args.steps
-    spec.advanced.loss_type = common_pb2.LOSS_TYPE_DAPO
-    spec.advanced.generation_backend = (common_pb2.GENERATION_BACKEND_VLLM if args.backend == "vllm"
-                                        else common_pb2.GENERATION_BACKEND_TRANSFORMERS)
+    g.group_size, g.batch_size, g.max_completion_tokens = group_size, batch_size, max_tokens
+    g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = rank, alpha, lr, steps
+    a = spec.advanced
+    a.loss_type, a.temperature, a.seed = loss_type, temperature, seed
+    a.generation_backend = (common_pb2.GENERATION_BACKEND_VLLM if backend == "vllm"
+                            else common_pb2.GENERATION_BACKEND_TRANSFORMERS)
     return spec
+
+
+def demo_spec(args: argparse.Namespace) -> common_pb2.JobSpec:
+    """The measured configuration (`RECIPE`) with the demo's step count and backend."""
+    r = RECIPE
+    return recipe_spec(model=args.model, steps=args.steps, group_size=r["group_size"], batch_size=r["batch_size"],
+                       max_tokens=r["max_tokens"], rank=r["rank"], alpha=r["alpha"], lr=r["lr"],
+                       loss_type=LOSSES[str(r["loss_type"])],
+                       temperature=r["temperature"], prompts=r["prompts"], backend=args.backend)
 
 
 def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None) -> benchmark_pb2.Evaluation:  # noqa: ANN001
@@ -75,57 +98,90 @@ def _scores(e: benchmark_pb2.Evaluation) -> str:
             f"answered {s.answered:6.1%}")
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+@dataclass
+class Outcome:
+    """What one measured run produced: the evaluations before and after, and the trained job."""
 
-    from clients.sdk import ClientSettings, RlvrError, connect
+    before: benchmark_pb2.Evaluation
+    after: benchmark_pb2.Evaluation | None
+    job: common_pb2.Job
+    train_seconds: float
+    total_seconds: float
+    error: str = ""
+
+    @property
+    def gain_points(self) -> float:
+        return 0.0 if self.after is None else (self.after.scores.accuracy - self.before.scores.accuracy) * 100
+
+
+def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=print) -> Outcome:  # noqa: ANN001
+    """The whole stack on this machine: held-out accuracy of the base model, one RLVR job with
+    `spec` through the services (live progress bar), held-out accuracy of its adapter. Stops the
+    stack however it ends; raises RlvrError for an RPC that fails."""
+    from clients.sdk import ClientSettings, connect
     from clients.stack import Stack, StackConfig, free_port
     from clients.train_cmd import summary_lines, watch_job
-    from rlvr.common.settings import rlvr_home
 
-    home = Path(args.home).expanduser() if args.home else rlvr_home() / "demo"
-    cfg = StackConfig(home=home.resolve(), model=args.model,
+    cfg = StackConfig(home=home.resolve(), model=spec.base_model,
                       ports={name: free_port() for name in ("scheduler", "trainer", "reward", "rollout", "benchmark")})
     stack = Stack(cfg)
     started = time.monotonic()
     try:
         stack.start()
         if not stack.wait_serving():
-            return 1
+            raise RuntimeError(f"the stack did not come up; logs in {cfg.home / 'logs'}")
         a = cfg.addresses
         rlvr = connect(ClientSettings(scheduler_address=a["scheduler"], trainer_address=a["trainer"],
                                       reward_address=a["reward"], rollout_address=a["rollout"],
                                       benchmark_address=a["benchmark"]))
-        print(f"\n1/3 held-out Math Pairs accuracy of the base model ({args.eval_n} questions, greedy)")
-        before = evaluate(rlvr.benchmark, args.eval_n, "base")
-        print(f"    base     {_scores(before)}")
+        say(f"\n1/3 held-out Math Pairs accuracy of the base model ({eval_n} questions, greedy)")
+        before = evaluate(rlvr.benchmark, eval_n, "base")
+        say(f"    base     {_scores(before)}")
 
-        print(f"\n2/3 RLVR training: {args.steps} GRPO steps on Math Pairs")
-        created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=demo_spec(args)))
-        print("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
+        say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs")
+        created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=spec))
+        say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
+        train_started = time.monotonic()
         status = watch_job(rlvr.scheduler, created.job.id)
         job = _settled(rlvr.scheduler, created.job.id)
+        train_seconds = time.monotonic() - train_started
         if status != common_pb2.JOB_STATUS_COMPLETED or not job.adapter.name:
-            print(f"the job did not complete: {job.error or common_pb2.JobStatus.Name(job.status)}")
-            return 1
+            return Outcome(before, None, job, train_seconds, time.monotonic() - started,
+                           error=job.error or common_pb2.JobStatus.Name(job.status))
 
-        print(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
-        after = evaluate(rlvr.benchmark, args.eval_n, "trained", adapter=job.adapter)
-        print(f"    trained  {_scores(after)}")
-        delta = (after.scores.accuracy - before.scores.accuracy) * 100
-        print(f"\nheld-out accuracy before {before.scores.accuracy:.1%} -> after {after.scores.accuracy:.1%} "
-              f"({delta:+.1f} points) after {job.current_step} steps; adapter at {job.adapter.path}")
-        print(f"total {time.monotonic() - started:.0f} s; state in {cfg.home}")
-        return 0
+        say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
+        after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter)
+        say(f"    trained  {_scores(after)}")
+        return Outcome(before, after, job, train_seconds, time.monotonic() - started)
+    finally:
+        stack.stop()
+        say("stack stopped.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients.sdk import RlvrError
+    from rlvr.common.settings import rlvr_home
+
+    home = Path(args.home).expanduser() if args.home else rlvr_home() / "demo"
+    try:
+        outcome = measure_training(demo_spec(args), args.eval_n, home)
     except RlvrError as e:
         print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    finally:
-        stack.stop()
-        print("stack stopped.")
+    if outcome.after is None:
+        print(f"the job did not complete: {outcome.error}")
+        return 1
+    job, before, after = outcome.job, outcome.before, outcome.after
+    print(f"\nheld-out accuracy before {before.scores.accuracy:.1%} -> after {after.scores.accuracy:.1%} "
+          f"({outcome.gain_points:+.1f} points) after {job.current_step} steps; adapter at {job.adapter.path}")
+    print(f"total {outcome.total_seconds:.0f} s (training {outcome.train_seconds:.0f} s); state in {home}")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

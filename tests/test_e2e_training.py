@@ -1,0 +1,158 @@
+"""RLVR training end to end on the real stack: embedded NATS, SQLite, the five services as child
+processes (the rollout server on the real vLLM CPU engine), a job created through the public SDK.
+
+The short variant (CI) trains a few steps on each generation backend and checks the mechanics the
+issue names: every step's metrics stored exactly once, every step's completions produced by the
+adapter version of the step before (the trainer fails the job otherwise, and the stored points
+carry the version), the final adapter in PEFT format loading in `peft` and in vLLM (uploaded to the
+rollout server under a new name and generating from it). The learning measurement (held-out
+accuracy up by at least 8 points) is `bench/learning.py`, slow; `test_learning_gain` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import rollout_pb2 as R
+from rlvr.v1 import scheduler_pb2 as S
+
+pytestmark = pytest.mark.vllm
+MODEL = "rlvr-tiny-test"
+SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
+TERMINAL = (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path]]:
+    from clients.sdk import ClientSettings, connect
+    from clients.stack import Stack, StackConfig, free_port
+
+    home = tmp_path_factory.mktemp("e2e")
+    cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
+                      start_timeout=300.0)
+    log = open(home / "stack.out", "w")  # noqa: SIM115
+    running = Stack(cfg, out=log)
+    try:
+        running.start()
+        assert running.wait_serving(), (home / "stack.out").read_text()
+        a = cfg.addresses
+        client = connect(ClientSettings(scheduler_address=a["scheduler"], trainer_address=a["trainer"],
+                                        reward_address=a["reward"], rollout_address=a["rollout"],
+                                        benchmark_address=a["benchmark"]))
+        yield client, home
+        client.close()
+    finally:
+        running.stop()
+        log.close()
+
+
+def _spec(backend: int, steps: int) -> C.JobSpec:
+    spec = C.JobSpec(name=f"e2e-{C.GenerationBackend.Name(backend).lower()}", base_model=MODEL)
+    spec.reward.function = C.REWARD_FUNCTION_MATH_PAIRS
+    spec.reward.synthetic_prompts = 64
+    g = spec.grpo
+    g.group_size, g.batch_size, g.max_completion_tokens = 4, 8, 32
+    g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = 4, 128, 1e-5, steps
+    spec.advanced.loss_type = C.LOSS_TYPE_DAPO
+    spec.advanced.generation_backend = backend
+    return spec
+
+
+def _train(client, backend: int, steps: int) -> C.Job:  # noqa: ANN001 (the SDK facade)
+    created = client.scheduler.create_job(S.CreateJobRequest(spec=_spec(backend, steps)))
+    job_id = created.job.id
+    seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
+    deadline = time.monotonic() + 60  # the store gets the final status a moment after the watch
+    while True:
+        job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
+        if job.status in TERMINAL or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    assert sorted(set(seen)) == list(range(1, steps + 1))
+    return job
+
+
+def _stored_points(home: Path, job_id: str) -> list[object]:
+    from rlvr.infra.store import Store
+
+    with Store(f"sqlite:///{home / 'rlvr.db'}") as store:
+        return store.metric_points(job_id)
+
+
+def _check_points(home: Path, job: C.Job, steps: int) -> None:
+    points = _stored_points(home, job.id)
+    assert [p.step for p in points] == list(range(1, steps + 1))  # each step once, none missing
+    # Step s samples from the adapter of step s-1 (0 = the base model): the version sync held.
+    assert [p.adapter_version for p in points] == list(range(0, steps))
+    for p in points:
+        assert p.total_steps == steps and 0.0 <= p.accuracy <= 1.0 and p.completion_length_mean > 0
+        assert p.generate_seconds > 0 and p.train_seconds > 0 and p.learning_rate == pytest.approx(1e-5)
+    assert job.adapter.version == steps and Path(job.adapter.path, "adapter_model.safetensors").is_file()
+
+
+def _loads_in_peft(adapter: Path) -> None:
+    """The saved folder is a PEFT adapter of the spec's rank and alpha over every linear layer, and
+    `PeftModel.from_pretrained` loads every tensor of it. (The test model earns no reward, so its
+    lora_B stay zero here; tests/test_trainer_job.py checks that steps move the policy.)"""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models import resolve_model
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
+    linear = {n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    model = PeftModel.from_pretrained(base, str(adapter))
+    config = model.peft_config["default"]
+    assert (config.r, config.lora_alpha) == (4, 128)
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    assert {k.split(".lora_")[0].removeprefix("base_model.model.") for k in saved} == linear
+    loaded = dict(model.named_parameters())
+    for key, tensor in saved.items():
+        name = key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
+        assert torch.equal(loaded[name], tensor), key
+
+
+def _generates_in_vllm(client, adapter: Path, name: str) -> None:  # noqa: ANN001
+    info = client.rollout.get_info()
+    assert info.backend == "vllm"
+    loaded = client.rollout.load_adapter(name, 1, adapter)
+    assert loaded.version == 1
+    req = R.GenerateRequest(prompts=[R.Prompt(messages=R.ChatMessages(messages=[
+        C.ChatMessage(role="user", content="What is (1+2)*(3+4)?")]))], n=2,
+        sampling=C.SamplingParams(temperature=1.0, max_tokens=32, seed=1),
+        adapter=C.AdapterSelector(name=name, version=1))
+    completions = [c for r in client.rollout.generate(req) for c in r.completions]
+    assert len(completions) == 2
+    assert all((c.adapter_name, c.adapter_version) == (name, 1) for c in completions)
+
+
+@pytest.mark.parametrize("backend", [C.GENERATION_BACKEND_VLLM, C.GENERATION_BACKEND_TRANSFORMERS],
+                         ids=["vllm", "transformers"])
+def test_a_job_trains_through_every_service(stack, backend: int) -> None:
+    client, home = stack
+    steps = 3 if backend == C.GENERATION_BACKEND_VLLM else 2
+    job = _train(client, backend, steps)
+    _check_points(home, job, steps)
+    adapter = Path(job.adapter.path)
+    _loads_in_peft(adapter)
+    _generates_in_vllm(client, adapter, f"e2e-check-{backend}")
+
+
+@pytest.mark.slow
+def test_learning_gain(tmp_path: Path) -> None:
+    """The long measurement: `bench/learning.py` with its defaults must show +8 points."""
+    out = tmp_path / "learning.json"
+    proc = subprocess.run([sys.executable, "bench/learning.py", "--out", str(out), "--require-gain", "8"],
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ}, timeout=3600)
+    assert proc.returncode == 0
