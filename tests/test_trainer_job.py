@@ -269,3 +269,47 @@ def test_steps_move_the_policy_towards_higher_reward(tmp_path: Path, tiny_model:
     first = sum(e.reward_mean for e in events[:3]) / 3
     last = sum(e.reward_mean for e in events[-3:]) / 3
     assert last > first + 0.1, [round(e.reward_mean, 2) for e in events]
+
+
+class EvenTruthsOnly(LocalScorer):
+    """A spread of rewards (by length) only for problems whose answer is even; every completion of
+    any other problem earns 0, so its group carries no signal."""
+
+    def __init__(self) -> None:
+        super().__init__(ScoreSettings("math_pairs"))
+        self.calls: list[int] = []
+
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
+        self.calls.append(len(completions))
+        return [Score(len(c) / 100 if int(t) % 2 == 0 else 0.0, 0.0, 0.0)
+                for c, t in zip(completions, ground_truths, strict=True)]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["off", "on"])
+def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path: Path, tiny_model: str, dynamic: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.trainer.engine import GrpoEngine
+
+    trained: list[list[str]] = []  # the ground truths of the rows each step trains on
+    original = GrpoEngine._reward
+
+    def spy(self: GrpoEngine, completions: list[str], ground_truth: list[str], **kw: Any) -> list[float]:
+        trained.append(list(ground_truth))
+        return original(self, completions, ground_truth, **kw)
+
+    monkeypatch.setattr(GrpoEngine, "_reward", spy)
+    scorer = EvenTruthsOnly()
+    events: list[C.MetricEvent] = []
+    job = _job(tmp_path, tiny_model, max_steps=4, synthetic_prompts=64, dynamic_sampling=dynamic)
+    result = run_job(job, JobDeps(scorer=scorer, publish=events.append))
+    assert result.status == "completed", result.error
+    assert len(trained) == 4 and all(len(rows) == job.batch_size for rows in trained)
+    odd = [sum(int(t) % 2 for t in rows) for rows in trained]
+    if dynamic:
+        assert odd == [0, 0, 0, 0], trained  # every kept group had a reward spread
+        # each step scores its own prompts once and the kept rows once; more means further draws
+        assert sum(scorer.calls) > 4 * 2 * job.batch_size, scorer.calls
+    else:
+        assert sum(odd) > 0, trained  # the control: without it, some steps train on signal-less groups
+        assert scorer.calls == [job.batch_size] * 4
+    assert [e.step for e in events] == [1, 2, 3, 4]

@@ -73,6 +73,7 @@ class JobConfig:
     gpu_selection: str = "auto"
     kl_beta: float = 0.0
     temperature: float = 1.0
+    dynamic_sampling: bool = False
     seed: int = 0
     checkpoint_every: int = 0
     init_adapter_path: str = ""  # a PEFT directory to continue training from ("" = a fresh adapter)
@@ -160,6 +161,7 @@ def job_config_from_request(
         gpu_selection=a.gpu_selection,
         kl_beta=a.kl_beta,
         temperature=a.temperature,
+        dynamic_sampling=a.dynamic_sampling,
         seed=a.seed,
         checkpoint_every=a.checkpoint_every,
         init_adapter_path=init_path,

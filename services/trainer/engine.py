@@ -25,12 +25,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlvr.v1 import common_pb2
 from services.trainer.config import JobConfig
+from services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
 from services.trainer.metrics import StepRecord, metric_event
 from services.trainer.rollouts import AdapterTag, PolicyGenerator, Sampling
 from services.trainer.scorers import Scorer
@@ -127,9 +128,11 @@ class _StepCallback:
             return  # the end-of-training summary, or a log line of no step of ours
         event = metric_event(engine.job.job_id, engine.total_steps, engine.record, logs, engine.job.kl_beta > 0)
         log.info(
-            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)",
+            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
             event.completion_length_mean, event.step_seconds,
+            f" groups with signal {engine.record.groups_with_signal}/{engine.record.groups_drawn}"
+            if engine.record.groups_drawn else "",
         )
         engine.hooks.publish(event)
 
@@ -173,6 +176,8 @@ class GrpoEngine:
         self.adapter_step = 0  # the last step whose adapter is saved
         self.record = StepRecord(step=0)
         self._prompt_ids: dict[str, list[int]] = {}
+        self._truth = dict(prompts)
+        self._draw = PromptDraw(prompts, job.seed) if job.dynamic_sampling else None
         dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
         self.trainer = GRPOTrainer(
             model=model,
@@ -218,16 +223,59 @@ class GrpoEngine:
         batch = self.generator.generate([self._ids(p) for p in unique], sampling, self.live)
         self.record.generate_seconds = batch.seconds
         self.record.adapter_version = batch.adapter.version if batch.adapter.name == self.job.adapter_name else 0
+        if self._draw is not None:
+            return self._with_signal(unique, batch, sampling)
         self.record.completion_lengths = [len(c) for c in batch.completion_ids]
         self.record.clipped = list(batch.clipped)
         logprobs = batch.logprobs if batch.logprobs and all(batch.logprobs) else None
         return {"prompt_ids": batch.prompt_ids, "completion_ids": batch.completion_ids, "logprobs": logprobs}
+
+    def _score_groups(self, prompts: list[str], truths: list[str], batch: Any) -> list[Group]:
+        g = self.job.group_size
+        started = time.perf_counter()
+        texts = self.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+        scores = self.scorer.score(texts, [t for t in truths for _ in range(g)])
+        self.record.score_seconds += time.perf_counter() - started
+        return split_groups(batch, prompts, truths, scores, g)
+
+    def _with_signal(self, unique: list[str], first: Any, sampling: Sampling) -> dict[str, Any]:
+        """Dynamic sampling (services/trainer/dynamic.py): further prompts' groups replace groups
+        without a reward spread; every generated completion counts in the step's metrics."""
+        assert self._draw is not None
+        need = len(unique)
+        groups = self._score_groups(unique, [self._truth[p] for p in unique], first)
+        for extra_round in range(1, MAX_DRAW_FACTOR):
+            if sum(g.has_signal for g in groups) >= need:
+                break
+            drawn = self._draw.take(need)
+            more = self.generator.generate(
+                [self._ids(p) for p, _ in drawn],
+                replace(sampling, seed=None if sampling.seed is None else (sampling.seed + extra_round) % 2**63),
+                self.live,
+            )
+            self.record.generate_seconds += more.seconds
+            groups += self._score_groups([p for p, _ in drawn], [t for _, t in drawn], more)
+        chosen = select_groups(groups, need)
+        every = [c for grp in groups for c in grp.completion_ids]
+        self.record.policy_scores = [s for grp in groups for s in grp.scores]
+        self.record.completion_lengths = [len(c) for c in every]
+        self.record.clipped = [c for grp in groups for c in grp.clipped]
+        self.record.groups_with_signal = sum(g.has_signal for g in groups)
+        self.record.groups_drawn = len(groups)
+        rows = lambda field: [row for grp in chosen for row in getattr(grp, field)]  # noqa: E731
+        logprobs = rows("logprobs") if all(grp.logprobs for grp in chosen) else None
+        return {
+            "prompt_ids": rows("prompt_ids"), "completion_ids": rows("completion_ids"),
+            "logprobs": logprobs if logprobs and all(logprobs) else None,
+            # per row: TRL hands it to the reward function in place of the dataset's column
+            "ground_truth": [grp.truth for grp in chosen for _ in range(self.job.group_size)],
+        }
 
     def _reward(self, completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
         """TRL's reward function: the scorer's total reward; the components go to the record."""
         started = time.perf_counter()
         scores = self.scorer.score(completions, ground_truth)
         self.record.scores = scores
-        self.record.score_seconds = time.perf_counter() - started
+        self.record.score_seconds += time.perf_counter() - started
         self.record.scored_at = time.perf_counter()
         return [s.reward for s in scores]

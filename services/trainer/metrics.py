@@ -27,7 +27,12 @@ class StepRecord:
     adapter_version: int = 0
     completion_lengths: list[int] = field(default_factory=list)
     clipped: list[bool] = field(default_factory=list)
-    scores: list[Score] = field(default_factory=list)
+    scores: list[Score] = field(default_factory=list)  # the completions trained on
+    # With dynamic sampling: every completion generated this step (the policy's performance);
+    # the reward/accuracy/format metrics describe these rather than the kept groups.
+    policy_scores: list[Score] | None = None
+    groups_with_signal: int = 0
+    groups_drawn: int = 0
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
     scored_at: float | None = None  # end of scoring: the training phase starts here
@@ -59,7 +64,8 @@ def metric_event(
 ) -> common_pb2.MetricEvent:
     """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
     entropy, kl); `kl` is set only when the KL term is computed (kl_beta > 0)."""
-    rewards = [s.reward for s in record.scores]
+    scores = record.policy_scores if record.policy_scores is not None else record.scores
+    rewards = [s.reward for s in scores]
     lengths: Sequence[int] = record.completion_lengths or [0]
     event = common_pb2.MetricEvent(
         job_id=job_id,
@@ -67,8 +73,8 @@ def metric_event(
         total_steps=total_steps,
         reward_mean=statistics.fmean(rewards) if rewards else 0.0,
         reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        accuracy=statistics.fmean(s.accuracy for s in record.scores) if record.scores else 0.0,
-        format=statistics.fmean(s.format for s in record.scores) if record.scores else 0.0,
+        accuracy=statistics.fmean(s.accuracy for s in scores) if scores else 0.0,
+        format=statistics.fmean(s.format for s in scores) if scores else 0.0,
         loss=_finite(logs.get("loss")) or 0.0,
         completion_length_mean=statistics.fmean(lengths),
         completion_length_max=max(lengths),
