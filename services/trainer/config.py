@@ -74,6 +74,9 @@ class JobConfig:
     kl_beta: float = 0.0
     temperature: float = 1.0
     dynamic_sampling: bool = False
+    # LoRA A initialisation of a fresh adapter: peft's default (kaiming-uniform) or "gaussian"
+    # (the LoRA paper's N(0, 1/r)). Not in the job spec: bench/learning_sweep.py compares them.
+    lora_init: Literal["default", "gaussian"] = "default"
     seed: int = 0
     checkpoint_every: int = 0
     init_adapter_path: str = ""  # a PEFT directory to continue training from ("" = a fresh adapter)

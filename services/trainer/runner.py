@@ -118,7 +118,8 @@ def load_policy(job: JobConfig, base_path: str, device: str) -> tuple[Any, Any]:
         model = PeftModel.from_pretrained(model, job.init_adapter_path, is_trainable=True)
     else:
         lora = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, lora_dropout=0.0,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
+                          target_modules="all-linear", task_type="CAUSAL_LM",
+                          init_lora_weights=True if job.lora_init == "default" else job.lora_init)
         model = get_peft_model(model, lora)
     return model, tokenizer
 
