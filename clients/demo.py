@@ -34,12 +34,14 @@ LOSSES = {"grpo": common_pb2.LOSS_TYPE_GRPO, "dapo": common_pb2.LOSS_TYPE_DAPO,
 # spec's ranges. `rlvr demo` runs it with fewer steps by default.
 RECIPE: dict[str, object] = {
     "steps": 300, "group_size": 8, "batch_size": 32, "max_tokens": 64, "rank": 4, "alpha": 128,
-    "lr": 1e-5, "loss_type": "dapo", "temperature": 1.0, "prompts": 4096,
+    "lr": 1e-5, "loss_type": "dapo", "temperature": 0.3, "prompts": 4096, "dynamic_sampling": True,
+    "lora_init": "gaussian",
 }
 
 
 def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max_tokens: int, rank: int, alpha: int,
                 lr: float, loss_type: int, temperature: float, prompts: int, backend: str, seed: int = 0,
+                dynamic_sampling: bool = False, lora_init: str = "default",
                 name: str = "demo-math-pairs") -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name=name, base_model=model)
     spec.reward.function = common_pb2.REWARD_FUNCTION_MATH_PAIRS
@@ -49,6 +51,7 @@ def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max
     g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = rank, alpha, lr, steps
     a = spec.advanced
     a.loss_type, a.temperature, a.seed = loss_type, temperature, seed
+    a.dynamic_sampling, a.lora_init = dynamic_sampling, lora_init
     a.generation_backend = (common_pb2.GENERATION_BACKEND_VLLM if backend == "vllm"
                             else common_pb2.GENERATION_BACKEND_TRANSFORMERS)
     return spec
@@ -60,7 +63,8 @@ def demo_spec(args: argparse.Namespace) -> common_pb2.JobSpec:
     return recipe_spec(model=args.model, steps=args.steps, group_size=r["group_size"], batch_size=r["batch_size"],
                        max_tokens=r["max_tokens"], rank=r["rank"], alpha=r["alpha"], lr=r["lr"],
                        loss_type=LOSSES[str(r["loss_type"])],
-                       temperature=r["temperature"], prompts=r["prompts"], backend=args.backend)
+                       temperature=r["temperature"], prompts=r["prompts"], backend=args.backend,
+                       dynamic_sampling=bool(r["dynamic_sampling"]), lora_init=str(r["lora_init"]))
 
 
 def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None) -> benchmark_pb2.Evaluation:  # noqa: ANN001

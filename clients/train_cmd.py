@@ -54,6 +54,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="vllm (colocate, default) or transformers (in-process)")
     for flag, _, field, kind, text in SPEC_FLAGS:
         p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--lora-init", choices=("default", "gaussian"), default=None,
+                   help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
     p.add_argument("--dry-run", action="store_true", help="validate and print the Training Summary only")
@@ -75,6 +77,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.advanced.generation_backend = BACKENDS[args.backend]
     if args.dynamic_sampling:
         spec.advanced.dynamic_sampling = True
+    if args.lora_init:
+        spec.advanced.lora_init = args.lora_init
     for _, group, field, _, _ in SPEC_FLAGS:
         value = getattr(args, field)
         if value is not None:

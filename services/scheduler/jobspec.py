@@ -59,6 +59,7 @@ EPOCHS = IntRange(1, 100, 1)
 GPU_MEMORY_FRACTION = FloatRange(0.05, 0.95, 0.3)
 KL_BETA = FloatRange(0.0, 1.0, 0.0)
 TEMPERATURE = FloatRange(0.1, 2.0, 1.0)
+LORA_INITS = ("default", "gaussian")
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 
 REWARD_NAMES = {
@@ -184,6 +185,10 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     if not a.HasField("seed"):
         a.seed = 0
     _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+    a.lora_init = a.lora_init.strip() or "default"
+    if a.lora_init not in LORA_INITS:
+        raise out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{v}"' for v in LORA_INITS) +
+                           ' (default "default")')
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:

@@ -75,7 +75,7 @@ class JobConfig:
     temperature: float = 1.0
     dynamic_sampling: bool = False
     # LoRA A initialisation of a fresh adapter: peft's default (kaiming-uniform) or "gaussian"
-    # (the LoRA paper's N(0, 1/r)). Not in the job spec: bench/learning_sweep.py compares them.
+    # (the LoRA paper's N(0, 1/r)); advanced.lora_init.
     lora_init: Literal["default", "gaussian"] = "default"
     seed: int = 0
     checkpoint_every: int = 0
@@ -165,6 +165,7 @@ def job_config_from_request(
         kl_beta=a.kl_beta,
         temperature=a.temperature,
         dynamic_sampling=a.dynamic_sampling,
+        lora_init="gaussian" if a.lora_init == "gaussian" else "default",
         seed=a.seed,
         checkpoint_every=a.checkpoint_every,
         init_adapter_path=init_path,

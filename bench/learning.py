@@ -1,0 +1,110 @@
+"""Learning gain: held-out Math Pairs accuracy of the tiny model before and after one RLVR run
+through the whole stack (embedded NATS, SQLite, the five services, the rollout server on vLLM).
+
+    python bench/learning.py                        # the measured configuration (see README)
+    python bench/learning.py --steps 100 --backend transformers
+    python bench/learning.py --require-gain 8       # exit 1 below +8 points (tests/test_e2e_training.py)
+
+Every setting is inside the spec's ranges (group size 2-32, rank 4-64, alpha 4-128, learning rate
+5e-7 to 1e-5, batch size 1-32, at most 300 steps here). The evaluations are the benchmark
+service's: greedy, `--eval-n` distinct held-out problems, never seen in training. Prints a table
+and writes JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients.demo import LOSSES, RECIPE  # noqa: E402
+from rlvr.v1 import common_pb2  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="rlvr-tiny")
+    p.add_argument("--steps", type=int, default=RECIPE["steps"], help="GRPO steps (the issue's budget: at most 300)")
+    p.add_argument("--group-size", type=int, default=RECIPE["group_size"])
+    p.add_argument("--batch-size", type=int, default=RECIPE["batch_size"])
+    p.add_argument("--max-tokens", type=int, default=RECIPE["max_tokens"])
+    p.add_argument("--rank", type=int, default=RECIPE["rank"])
+    p.add_argument("--alpha", type=int, default=RECIPE["alpha"])
+    p.add_argument("--lr", type=float, default=RECIPE["lr"])
+    p.add_argument("--loss-type", choices=sorted(LOSSES), default=RECIPE["loss_type"])
+    p.add_argument("--temperature", type=float, default=RECIPE["temperature"])
+    p.add_argument("--prompts", type=int, default=RECIPE["prompts"], help="synthetic training prompts")
+    p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=RECIPE["dynamic_sampling"])
+    p.add_argument("--lora-init", choices=("default", "gaussian"), default=RECIPE["lora_init"])
+    p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
+    p.add_argument("--eval-n", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--home", type=Path, default=None, help="state folder (default: a fresh one under $RLVR_HOME/bench)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learning.json")
+    p.add_argument("--require-gain", type=float, default=None, help="exit 1 when the gain is below this many points")
+    return p.parse_args(argv)
+
+
+def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
+    from clients.demo import recipe_spec
+
+    return recipe_spec(
+        model=args.model, steps=args.steps, group_size=args.group_size, batch_size=args.batch_size,
+        max_tokens=args.max_tokens, rank=args.rank, alpha=args.alpha, lr=args.lr,
+        loss_type=LOSSES[args.loss_type], temperature=args.temperature, prompts=args.prompts,
+        backend=args.backend, seed=args.seed, dynamic_sampling=args.dynamic_sampling, lora_init=args.lora_init,
+        name="bench-learning")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from clients.demo import measure_training
+    from rlvr.common.settings import rlvr_home
+
+    args = parse_args(argv)
+    home = args.home or rlvr_home() / "bench" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    outcome = measure_training(spec_from(args), args.eval_n, home)
+    if outcome.after is None:
+        print(f"the job did not complete: {outcome.error}", file=sys.stderr)
+        return 1
+    before, after, job = outcome.before.scores, outcome.after.scores, outcome.job
+    steps = job.current_step
+    rows = [
+        ("held-out accuracy before", f"{before.accuracy:.1%}"),
+        ("held-out accuracy after", f"{after.accuracy:.1%}"),
+        ("gain (points)", f"{outcome.gain_points:+.1f}"),
+        ("accuracy_strict before -> after", f"{before.accuracy_strict:.1%} -> {after.accuracy_strict:.1%}"),
+        ("held-out questions (greedy)", f"{args.eval_n}"),
+        ("GRPO steps", f"{steps}"),
+        ("training wall time", f"{outcome.train_seconds:.0f} s ({outcome.train_seconds / max(1, steps):.2f} s/step)"),
+        ("total wall time", f"{outcome.total_seconds:.0f} s"),
+    ]
+    settings = (f"{args.model}, {args.backend}, group {args.group_size}, batch {args.batch_size}, rank {args.rank}, "
+                f"alpha {args.alpha}, lr {args.lr:g}, {args.loss_type}, temperature {args.temperature:g}, "
+                f"{args.prompts} prompts, max tokens {args.max_tokens}, dynamic sampling {args.dynamic_sampling}, "
+                f"LoRA init {args.lora_init}, seed {args.seed}")
+    print(f"\n{settings}\n")
+    width = max(len(k) for k, _ in rows)
+    print(f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
+    for key, value in rows:
+        print(f"| {key:<{width}} | {value} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "accuracy_before": before.accuracy, "accuracy_after": after.accuracy, "gain_points": outcome.gain_points,
+        "steps": steps, "train_seconds": outcome.train_seconds, "total_seconds": outcome.total_seconds,
+        "adapter": job.adapter.path,
+    }, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    if args.require_gain is not None and outcome.gain_points < args.require_gain:
+        print(f"gain {outcome.gain_points:+.1f} points is below the required {args.require_gain:+.1f}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
