@@ -96,6 +96,15 @@ def test_enums_and_selection() -> None:
     assert resolve_spec(spec(advanced={"gpu_selection": "0,1"})).spec.advanced.gpu_selection == "0,1"
 
 
+def test_lora_init_and_dynamic_sampling() -> None:
+    a = resolve_spec(C.JobSpec()).spec.advanced
+    assert a.lora_init == "default" and not a.dynamic_sampling
+    with pytest.raises(InvalidArgument, match='advanced.lora_init.*"default" or "gaussian"'):
+        resolve_spec(spec(advanced={"lora_init": "kaiming"}))
+    a = resolve_spec(spec(advanced={"lora_init": "gaussian", "dynamic_sampling": True})).spec.advanced
+    assert (a.lora_init, a.dynamic_sampling) == ("gaussian", True)
+
+
 def test_dataset_rules() -> None:
     r = resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_GSM8K, "dataset": "my/data"}))
     assert r.spec.reward.dataset == "" and any("ignored" in w and "GSM8K" in w for w in r.warnings)

@@ -313,3 +313,17 @@ def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path: Path, tiny_mode
         assert sum(odd) > 0, trained  # the control: without it, some steps train on signal-less groups
         assert scorer.calls == [job.batch_size] * 4
     assert [e.step for e in events] == [1, 2, 3, 4]
+
+
+def test_lora_init_gaussian_draws_a_from_n_0_1_over_r(tmp_path: Path, tiny_model: str) -> None:
+    import torch
+
+    def a_std(init: str) -> float:
+        model, _ = runner.load_policy(_job(tmp_path, tiny_model, lora_rank=4, lora_init=init), tiny_model, "cpu")
+        a = torch.cat([p.detach().flatten() for n, p in model.named_parameters() if "lora_A" in n])
+        b = [p for n, p in model.named_parameters() if "lora_B" in n]
+        assert all(torch.count_nonzero(p) == 0 for p in b)  # B = 0: step 1 samples from the base model
+        return float(a.std())
+
+    assert a_std("gaussian") == pytest.approx(1 / 4, rel=0.05)
+    assert a_std("default") < 0.1  # kaiming-uniform: bound 1/sqrt(fan_in)
