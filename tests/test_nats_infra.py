@@ -372,3 +372,28 @@ async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNat
     finally:
         await nc.close()
     assert seen == [(1, 0.25, 0), (2, 0.5, 1)]
+
+
+async def test_cancel_and_wait_survives_a_swallowed_cancellation() -> None:
+    """Python 3.11's wait_for can turn a cancellation into a TimeoutError; a fetch loop that retries
+    on timeouts then outlives one `cancel()`. Stopping must still end it."""
+    from rlvr.infra.events import cancel_and_wait
+
+    swallowed = []
+
+    async def loop() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # as wait_for does in the race: the loop carries on
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=0.3)
+    assert not done  # one cancel() is not enough for such a loop
+    await asyncio.wait_for(cancel_and_wait(task, poll_s=0.1), timeout=5)
+    assert task.cancelled() and swallowed == [True]

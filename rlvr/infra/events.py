@@ -68,6 +68,20 @@ Handler = Callable[[Event], Awaitable[None]]
 # ---------------------------------------------------------------------- subjects
 
 
+async def cancel_and_wait(task: asyncio.Task[object], poll_s: float = 1.0) -> None:
+    """Cancel `task` and wait until it has ended, cancelling again while it runs.
+
+    On Python 3.11, `asyncio.wait_for` (inside nats-py's `fetch`) can swallow a cancellation that
+    lands as its timeout fires and raise TimeoutError instead; a loop that retries on timeouts
+    then never ends, and a plain `task.cancel(); await task` waits forever (seen as a scheduler
+    test hanging in `JobManager.stop` on a loaded machine)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=poll_s)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("task %s ended with %r while stopping", task.get_name(), task.exception())
+
+
 def _token(kind: str, value: str) -> str:
     if not _TOKEN.match(value):
         raise ValueError(
@@ -202,9 +216,7 @@ class DurableSubscription:
         self._task = task
 
     async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         # Unsubscribing only drops this client's interest: the durable consumer stays.
         with contextlib.suppress(nats.errors.Error):
             await self._psub.unsubscribe()

@@ -29,6 +29,7 @@ from rlvr.common.errors import FailedPrecondition, NotFound
 from rlvr.infra.events import (
     ALL_JOB_METRICS,
     EventBus,
+    cancel_and_wait,
     job_events_subject,
     job_status_subject,
 )
@@ -134,10 +135,7 @@ class JobManager:
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.stop()  # type: ignore[attr-defined]
