@@ -8,6 +8,7 @@ everything. Every step goes through the public gRPC API, as a user's program wou
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ BENCHMARK = "rlvr-math-pairs-heldout"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=40, help="GRPO steps (default 40)")
+    p.add_argument("--steps", type=int, default=60, help="GRPO steps (default 60; bench/learning.py runs 300)")
     p.add_argument("--eval-n", type=int, default=500, help="held-out questions per evaluation (default 500)")
-    p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm",
-                   help="generation backend of the job (default vllm: the rollout server)")
+    p.add_argument("--backend", choices=("vllm", "transformers"), default="transformers",
+                   help="generation backend of the job (default transformers: in-process, faster than vLLM on a "
+                        "CPU for a model this small; the rollout server on vLLM still serves the evaluations)")
     p.add_argument("--model", default="rlvr-tiny", help="base model (default: the bundled tiny model)")
     p.add_argument("--home", default=None, help="state folder (default $RLVR_HOME/demo)")
 
@@ -67,12 +69,18 @@ def demo_spec(args: argparse.Namespace) -> common_pb2.JobSpec:
                        dynamic_sampling=bool(r["dynamic_sampling"]), lora_init=str(r["lora_init"]))
 
 
-def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None) -> benchmark_pb2.Evaluation:  # noqa: ANN001
+def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None,  # noqa: ANN001
+             upload: bool = False) -> benchmark_pb2.Evaluation:
     """Runs one evaluation and follows it to the end with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     request = benchmark_pb2.RunEvaluationRequest(benchmark=BENCHMARK, limit=n, label=label)
-    if adapter is not None:
+    if adapter is not None and upload:
+        # Trained on the transformers backend: the rollout server has never seen this adapter, so
+        # the benchmark service uploads it from the shared artifact root as the name's next version.
+        request.adapter.CopyFrom(common_pb2.AdapterSelector(name=adapter.name))
+        request.adapter_path = adapter.path
+    elif adapter is not None:
         request.adapter.CopyFrom(common_pb2.AdapterSelector(name=adapter.name, version=adapter.version))
     evaluation = client.run_evaluation(request)
     with Progress(TextColumn(f"[bold]eval {label}"), BarColumn(), MofNCompleteColumn(),
@@ -125,7 +133,10 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     from clients.sdk import ClientSettings, connect
     from clients.stack import Stack, StackConfig, free_port
     from clients.train_cmd import summary_lines, watch_job
+    from rlvr.models import is_tiny
 
+    if is_tiny(spec.base_model):  # a tiny model trains several times faster on one torch thread here
+        os.environ.setdefault("RLVR_TRAINER_TORCH_THREADS", "1")
     cfg = StackConfig(home=home.resolve(), model=spec.base_model,
                       ports={name: free_port() for name in ("scheduler", "trainer", "reward", "rollout", "benchmark")})
     stack = Stack(cfg)
@@ -154,7 +165,8 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
                            error=job.error or common_pb2.JobStatus.Name(job.status))
 
         say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
-        after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter)
+        on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
+        after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout)
         say(f"    trained  {_scores(after)}")
         return Outcome(before, after, job, train_seconds, time.monotonic() - started)
     finally:

@@ -81,6 +81,8 @@ def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
         cmd += ["--rollout-address", a["rollout"], "--reward-address", a["reward"]]
     if name == "scheduler":
         cmd += ["--trainer-addresses", a["trainer"], "--benchmark-address", a["benchmark"]]
+    if name == "benchmark":  # trained adapters it may upload for an evaluation: the stack's own
+        cmd += ["--adapter-roots", artifacts]
     if name == "rollout":
         cmd += ["--model", cfg.model, "--backend", cfg.rollout_backend,
                 "--memory-fraction", str(cfg.memory_fraction),
