@@ -115,32 +115,37 @@ def main(argv: list[str] | None = None) -> int:
     sampled: list[float] = []
     started = time.perf_counter()
 
-    def on_step(step: int, total: int) -> None:
-        if step % args.eval_every == 0 or step == total:
+    def on_event(event) -> None:  # noqa: ANN001 (a MetricEvent, published after the step's adapter is saved)
+        sampled.append(event.accuracy)
+        if event.step % args.eval_every == 0 or event.step == event.total_steps:
             accuracy = heldout_accuracy(load(adapter=True), tokenizer, args.eval_n, args.seed)[0]
-            curve.append((step, accuracy))
+            curve.append((event.step, accuracy))
             recent = sampled[-args.eval_every:]
-            print(f"step {step:4d}  held-out {accuracy:.3f}  training reward accuracy (sampled, last "
+            print(f"step {event.step:4d}  held-out {accuracy:.3f}  training reward accuracy (sampled, last "
                   f"{len(recent)} steps) {sum(recent) / max(1, len(recent)):.3f}  {time.perf_counter() - started:.0f} s",
                   flush=True)
 
-    result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")),
-                                  publish=lambda e: sampled.append(e.accuracy), on_step=on_step))
+    result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=on_event))
     if result.status != "completed":
         print(f"the run {result.status}: {result.error}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - started
-    seen = mp.training_problems(args.prompts, args.seed)[: args.eval_n]  # from the run's prompt list
-    unseen = mp.training_problems(args.eval_n, args.seed + 10_007)
+    listed = mp.training_problems(args.prompts, args.seed)
+    seen = listed[: args.eval_n]  # from the run's prompt list
+    keys = {mp.canonical_key(mp.parse_numbers(p.question)) for p in listed}
+    unseen = [p for p in mp.training_problems(20 * args.eval_n, args.seed + 10_007)
+              if mp.canonical_key(mp.parse_numbers(p.question)) not in keys][: args.eval_n]
     trained = load(adapter=True)
+    probs_of = {"in the run's prompt list": seen, "training distribution, no key in that list": unseen}
     split = {name: (greedy_accuracy(base, probs), greedy_accuracy(trained, probs))
-             for name, probs in (("in the run's prompt list", seen), ("not in it, training distribution", unseen))}
+             for name, probs in probs_of.items() if probs}
     split["held-out"] = (curve[0][1], curve[-1][1])
+    probs_of["held-out"] = [None] * args.eval_n
     print(f"\n{job.lora_rank=} {job.lora_alpha=} {job.learning_rate=} {job.temperature=} {job.dynamic_sampling=} "
           f"{job.lora_init=} group {job.group_size} batch {job.batch_size} {args.steps} steps in {seconds:.0f} s\n")
     print("| greedy accuracy on | base | trained | change (points) |\n|---|---|---|---|")
     for name, (before, after) in split.items():
-        print(f"| {name} ({args.eval_n}) | {before:.1%} | {after:.1%} | {100 * (after - before):+.1f} |")
+        print(f"| {name} ({len(probs_of[name])}) | {before:.1%} | {after:.1%} | {100 * (after - before):+.1f} |")
     out = args.out or ROOT / "bench" / "results" / f"learning_sweep-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -95,6 +95,13 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool)
     )
 
 
+def _round_seed(job_seed: int, step: int, extra_round: int) -> int:
+    """The sampling seed of dynamic sampling's extra round of a step: mixed so that it meets no
+    other step's or round's seed (the step's own round uses job_seed * 1_000_003 + step)."""
+    mixed = (job_seed * 1_000_003 + step) * 0x9E3779B97F4A7C15 + extra_round * 0xBF58476D1CE4E5B9
+    return (mixed ^ (mixed >> 31)) % 2**63
+
+
 class _StepCallback:
     """The per-step seam (a transformers TrainerCallback; built in `make_callback` so that this
     module imports transformers lazily)."""
@@ -177,6 +184,11 @@ class GrpoEngine:
         self.record = StepRecord(step=0)
         self._prompt_ids: dict[str, list[int]] = {}
         self._truth = dict(prompts)
+        if job.dynamic_sampling and len(self._truth) < len({(p, a) for p, a in prompts}):
+            # The rollout function sees prompts, not dataset rows: one question, one answer.
+            clash = next(p for p, a in prompts if self._truth[p] != a)
+            raise ValueError(f"advanced.dynamic_sampling: the training set asks {clash[-80:]!r} with different "
+                             "answers; dynamic sampling needs one answer per question")
         self._draw = PromptDraw(prompts, job.seed) if job.dynamic_sampling else None
         dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
         self.trainer = GRPOTrainer(
@@ -244,13 +256,14 @@ class GrpoEngine:
         assert self._draw is not None
         need = len(unique)
         groups = self._score_groups(unique, [self._truth[p] for p in unique], first)
+        step = self.record.step
         for extra_round in range(1, MAX_DRAW_FACTOR):
             if sum(g.has_signal for g in groups) >= need:
                 break
             drawn = self._draw.take(need)
             more = self.generator.generate(
                 [self._ids(p) for p, _ in drawn],
-                replace(sampling, seed=None if sampling.seed is None else (sampling.seed + extra_round) % 2**63),
+                replace(sampling, seed=_round_seed(self.job.seed, step, extra_round)),
                 self.live,
             )
             self.record.generate_seconds += more.seconds
