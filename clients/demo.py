@@ -97,8 +97,9 @@ def _settled(client, job_id: str, timeout_s: float = 60.0) -> common_pb2.Job:  #
     deadline = time.monotonic() + timeout_s
     while True:
         job = client.get_job(scheduler_pb2.GetJobRequest(id=job_id))
-        done = job.status in (common_pb2.JOB_STATUS_COMPLETED, common_pb2.JOB_STATUS_FAILED,
-                              common_pb2.JOB_STATUS_CANCELLED)
+        done = job.status in (common_pb2.JOB_STATUS_FAILED, common_pb2.JOB_STATUS_CANCELLED) or (
+            # the status and the last metric points reach the store through separate consumers
+            job.status == common_pb2.JOB_STATUS_COMPLETED and job.current_step >= job.total_steps)
         if done or time.monotonic() > deadline:
             return job
         time.sleep(0.5)

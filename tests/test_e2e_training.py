@@ -70,10 +70,13 @@ def _train(client, backend: int, steps: int) -> C.Job:  # noqa: ANN001 (the SDK 
     created = client.scheduler.create_job(S.CreateJobRequest(spec=_spec(backend, steps)))
     job_id = created.job.id
     seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
-    deadline = time.monotonic() + 60  # the store gets the final status a moment after the watch
+    # The store gets the final status and the last points a moment after the watch sees them: the
+    # scheduler's status and metric consumers run apart, so wait for both (bounded).
+    deadline = time.monotonic() + 60
     while True:
         job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
-        if job.status in TERMINAL or time.monotonic() > deadline:
+        settled = job.status in TERMINAL and (job.status != C.JOB_STATUS_COMPLETED or job.current_step == steps)
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     assert job.status == C.JOB_STATUS_COMPLETED, job.error
