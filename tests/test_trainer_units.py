@@ -124,10 +124,10 @@ def test_event_ids_match_the_scheduler() -> None:
 def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:
     """An extra round's seed must differ from every step's own seed and every other round's, or a
     prompt drawn again later would be sampled with the same random stream."""
-    from services.trainer.engine import _round_seed
+    from services.trainer.engine import _round_seed, _step_seed
 
     for job_seed in (0, 1, 12345):
-        own = {(job_seed * 1_000_003 + step) % 2**63 for step in range(1, 2001)}
+        own = {_step_seed(job_seed, step) for step in range(1, 2001)}
         extra = [_round_seed(job_seed, step, r) for step in range(1, 2001) for r in (1, 2, 3)]
         assert len(set(extra)) == len(extra) and not own & set(extra)
         assert all(0 <= s < 2**63 for s in extra)

@@ -95,9 +95,14 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool)
     )
 
 
+def _step_seed(job_seed: int, step: int) -> int:
+    """The sampling seed of a step's own rollouts."""
+    return (job_seed * 1_000_003 + step) % 2**63
+
+
 def _round_seed(job_seed: int, step: int, extra_round: int) -> int:
     """The sampling seed of dynamic sampling's extra round of a step: mixed so that it meets no
-    other step's or round's seed (the step's own round uses job_seed * 1_000_003 + step)."""
+    other step's or round's seed (see `_step_seed`)."""
     mixed = (job_seed * 1_000_003 + step) * 0x9E3779B97F4A7C15 + extra_round * 0xBF58476D1CE4E5B9
     return (mixed ^ (mixed >> 31)) % 2**63
 
@@ -230,7 +235,7 @@ class GrpoEngine:
             self.generator.step = step  # for its error messages
         sampling = Sampling(
             group_size=g, max_tokens=self.job.max_completion_tokens, temperature=self.job.temperature,
-            seed=(self.job.seed * 1_000_003 + step) % 2**63,
+            seed=_step_seed(self.job.seed, step),
         )
         batch = self.generator.generate([self._ids(p) for p in unique], sampling, self.live)
         self.record.generate_seconds = batch.seconds
