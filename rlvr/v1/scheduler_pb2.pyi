@@ -260,7 +260,7 @@ class ExportHistoryResponse(_message.Message):
     def __init__(self, content: _Optional[bytes] = ..., content_type: _Optional[str] = ..., rows: _Optional[int] = ..., filename: _Optional[str] = ...) -> None: ...
 
 class LoopSpec(_message.Message):
-    __slots__ = ("name", "job", "benchmark", "score_column", "target", "max_rounds", "give_up_after", "reclaim_storage", "benchmark_limit", "min_gain")
+    __slots__ = ("name", "job", "benchmark", "score_column", "target", "max_rounds", "give_up_after", "reclaim_storage", "benchmark_limit", "min_gain", "benchmark_dataset", "benchmark_dataset_split")
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,8 @@ class LoopSpec(_message.Message):
     RECLAIM_STORAGE_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_GAIN_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARK_DATASET_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARK_DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     job: _common_pb2.JobSpec
     benchmark: str
@@ -281,10 +283,12 @@ class LoopSpec(_message.Message):
     reclaim_storage: bool
     benchmark_limit: int
     min_gain: float
-    def __init__(self, name: _Optional[str] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., target: _Optional[float] = ..., max_rounds: _Optional[int] = ..., give_up_after: _Optional[int] = ..., reclaim_storage: _Optional[bool] = ..., benchmark_limit: _Optional[int] = ..., min_gain: _Optional[float] = ...) -> None: ...
+    benchmark_dataset: str
+    benchmark_dataset_split: str
+    def __init__(self, name: _Optional[str] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., target: _Optional[float] = ..., max_rounds: _Optional[int] = ..., give_up_after: _Optional[int] = ..., reclaim_storage: _Optional[bool] = ..., benchmark_limit: _Optional[int] = ..., min_gain: _Optional[float] = ..., benchmark_dataset: _Optional[str] = ..., benchmark_dataset_split: _Optional[str] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("index", "job_id", "evaluation_id", "status", "score", "delta", "best", "duration_seconds", "started_at", "finished_at", "adapter")
+    __slots__ = ("index", "job_id", "evaluation_id", "status", "score", "delta", "best", "duration_seconds", "started_at", "finished_at", "adapter", "training_seconds", "benchmarking_seconds", "reclaimed_bytes", "error", "real_gain", "gain_threshold", "base_round", "current_step", "total_steps")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +300,15 @@ class Round(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARKING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REAL_GAIN_FIELD_NUMBER: _ClassVar[int]
+    GAIN_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    BASE_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     index: int
     job_id: str
     evaluation_id: str
@@ -307,10 +320,19 @@ class Round(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     adapter: _common_pb2.AdapterRef
-    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., evaluation_id: _Optional[str] = ..., status: _Optional[_Union[RoundStatus, str]] = ..., score: _Optional[float] = ..., delta: _Optional[float] = ..., best: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ...) -> None: ...
+    training_seconds: float
+    benchmarking_seconds: float
+    reclaimed_bytes: int
+    error: str
+    real_gain: bool
+    gain_threshold: float
+    base_round: int
+    current_step: int
+    total_steps: int
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., evaluation_id: _Optional[str] = ..., status: _Optional[_Union[RoundStatus, str]] = ..., score: _Optional[float] = ..., delta: _Optional[float] = ..., best: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., training_seconds: _Optional[float] = ..., benchmarking_seconds: _Optional[float] = ..., reclaimed_bytes: _Optional[int] = ..., error: _Optional[str] = ..., real_gain: _Optional[bool] = ..., gain_threshold: _Optional[float] = ..., base_round: _Optional[int] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ...) -> None: ...
 
 class Loop(_message.Message):
-    __slots__ = ("id", "spec", "status", "rounds", "best_score", "best_round", "gain_over_first", "elapsed_seconds", "created_at", "finished_at", "error")
+    __slots__ = ("id", "spec", "status", "rounds", "best_score", "best_round", "gain_over_first", "elapsed_seconds", "created_at", "finished_at", "error", "baseline_score", "baseline_evaluation_id", "message", "started_at", "training_seconds", "benchmarking_seconds", "summary", "warnings")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +344,14 @@ class Loop(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARKING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: LoopSpec
     status: LoopStatus
@@ -333,13 +363,51 @@ class Loop(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[LoopSpec, _Mapping]] = ..., status: _Optional[_Union[LoopStatus, str]] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., best_score: _Optional[float] = ..., best_round: _Optional[int] = ..., gain_over_first: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    baseline_score: float
+    baseline_evaluation_id: str
+    message: str
+    started_at: _timestamp_pb2.Timestamp
+    training_seconds: float
+    benchmarking_seconds: float
+    summary: _common_pb2.TrainingSummary
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[LoopSpec, _Mapping]] = ..., status: _Optional[_Union[LoopStatus, str]] = ..., rounds: _Optional[_Iterable[_Union[Round, _Mapping]]] = ..., best_score: _Optional[float] = ..., best_round: _Optional[int] = ..., gain_over_first: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., baseline_score: _Optional[float] = ..., baseline_evaluation_id: _Optional[str] = ..., message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., training_seconds: _Optional[float] = ..., benchmarking_seconds: _Optional[float] = ..., summary: _Optional[_Union[_common_pb2.TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LoopStatusEvent(_message.Message):
+    __slots__ = ("loop_id", "status", "round", "message", "time", "score")
+    LOOP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    loop_id: str
+    status: LoopStatus
+    round: int
+    message: str
+    time: _timestamp_pb2.Timestamp
+    score: float
+    def __init__(self, loop_id: _Optional[str] = ..., status: _Optional[_Union[LoopStatus, str]] = ..., round: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class CreateLoopRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "dry_run")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     spec: LoopSpec
-    def __init__(self, spec: _Optional[_Union[LoopSpec, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, spec: _Optional[_Union[LoopSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CreateLoopResponse(_message.Message):
+    __slots__ = ("loop", "resolved_spec", "summary", "warnings")
+    LOOP_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_SPEC_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    loop: Loop
+    resolved_spec: LoopSpec
+    summary: _common_pb2.TrainingSummary
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, loop: _Optional[_Union[Loop, _Mapping]] = ..., resolved_spec: _Optional[_Union[LoopSpec, _Mapping]] = ..., summary: _Optional[_Union[_common_pb2.TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetLoopRequest(_message.Message):
     __slots__ = ("id",)
@@ -348,16 +416,22 @@ class GetLoopRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListLoopsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "offset", "status")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    offset: int
+    status: LoopStatus
+    def __init__(self, limit: _Optional[int] = ..., offset: _Optional[int] = ..., status: _Optional[_Union[LoopStatus, str]] = ...) -> None: ...
 
 class ListLoopsResponse(_message.Message):
-    __slots__ = ("loops",)
+    __slots__ = ("loops", "total")
     LOOPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     loops: _containers.RepeatedCompositeFieldContainer[Loop]
-    def __init__(self, loops: _Optional[_Iterable[_Union[Loop, _Mapping]]] = ...) -> None: ...
+    total: int
+    def __init__(self, loops: _Optional[_Iterable[_Union[Loop, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
 class StopLoopRequest(_message.Message):
     __slots__ = ("id",)

@@ -88,7 +88,7 @@ class SchedulerServiceStub:
         self.CreateLoop = channel.unary_unary(
                 '/rlvr.v1.SchedulerService/CreateLoop',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.CreateLoopRequest.SerializeToString,
-                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.Loop.FromString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.CreateLoopResponse.FromString,
                 _registered_method=True)
         self.GetLoop = channel.unary_unary(
                 '/rlvr.v1.SchedulerService/GetLoop',
@@ -191,7 +191,11 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateLoop(self, request, context):
-        """Automated loops: train a round, benchmark it, retrain the winner.
+        """Automated loops (see the loops section below): train a round, benchmark it, retrain the
+        winner. CreateLoop validates everything (INVALID_ARGUMENT naming the field and the allowed
+        range or choices; nothing is created) and starts the loop; with dry_run it only answers the
+        resolved settings and the Training Summary. UNAVAILABLE when the benchmark service cannot be
+        asked which benchmarks exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -210,14 +214,16 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StopLoop(self, request, context):
-        """Stops a loop (its running round's job is cancelled): status STOPPED.
+        """Stops a loop within seconds: status STOPPED, the running round's job cancelled, finished
+        rounds kept. FAILED_PRECONDITION when the loop has already ended.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchLoop(self, request, context):
-        """Live loop updates until the loop ends.
+        """The loop now, then again at every change (status, a round's progress or score) until it
+        ends; the last message has a final status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -279,7 +285,7 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
             'CreateLoop': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateLoop,
                     request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.CreateLoopRequest.FromString,
-                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.Loop.SerializeToString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.CreateLoopResponse.SerializeToString,
             ),
             'GetLoop': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoop,
@@ -598,7 +604,7 @@ class SchedulerService:
             target,
             '/rlvr.v1.SchedulerService/CreateLoop',
             rlvr_dot_v1_dot_scheduler__pb2.CreateLoopRequest.SerializeToString,
-            rlvr_dot_v1_dot_scheduler__pb2.Loop.FromString,
+            rlvr_dot_v1_dot_scheduler__pb2.CreateLoopResponse.FromString,
             options,
             channel_credentials,
             insecure,
