@@ -24,6 +24,8 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 ARTIFACT_KINDS = frozenset({"adapter", "merged", "export", "checkpoint"})
+# A loop in one of these has ended: no round may be added to it (Store.add_round_with_job).
+LOOP_FINAL_STATUSES = frozenset({"TARGET_REACHED", "ROUNDS_SPENT", "PLATEAUED", "FAILED", "STOPPED"})
 
 
 def new_id() -> str:
@@ -125,37 +127,60 @@ class MetricPointRow(SQLModel, table=True):
 
 
 class LoopRow(SQLModel, table=True):
-    """An automated training loop: train a round, benchmark it, retrain the winner."""
+    """An automated training loop: train a round, benchmark it, retrain the winner.
 
-    __tablename__ = "loops"
+    The table is `training_loops` (not `loops`): databases made before loops existed hold an
+    unused `loops` table of another shape, and `create_all` never alters a table, so the new
+    shape takes a new name instead of a migration. Best score, best round and the elapsed and
+    phase times are derived from the rounds when read, never stored twice.
+    """
+
+    __tablename__ = "training_loops"
 
     id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
     name: str = ""
-    spec_json: str = Field(default="{}", sa_type=Text)
-    status: str = Field(default="QUEUED", index=True)
+    spec_json: str = Field(default="{}", sa_type=Text)  # the resolved LoopSpec
+    status: str = Field(default="QUEUED", index=True)  # LoopStatus name without its prefix
     created_at: datetime = _created()
     started_at: datetime | None = _when()
     finished_at: datetime | None = _when()
-    best_score: float | None = None
-    best_round: int | None = None  # ties go to the earlier round
-    error: str = ""
+    error: str = ""  # when FAILED: the cause in one line
+    message: str = ""  # what the loop is doing, or why it stopped
+    warnings_json: str = Field(default="[]", sa_type=Text)
+    # The base model's score on the loop's benchmark, measured once before round 1.
+    baseline_evaluation_id: str = ""
+    baseline_score: float | None = None  # percent
+    baseline_questions: int = 0
+    baseline_seconds: float = 0.0
+    evaluation_attempts: int = 0  # re-runs of an interrupted evaluation (baseline or round), bounded
 
 
 class RoundRow(SQLModel, table=True):
-    """One round of a loop: its training job and the evaluation that scored it."""
+    """One round of a loop: its training job and the evaluation that scored it.
 
-    __tablename__ = "rounds"
+    A round and its job are inserted in one transaction (`Store.add_round_with_job`), so a
+    scheduler that dies while starting a round leaves both or neither. `evaluation_id` has no
+    foreign key: evaluations belong to the benchmark service, whose database may be another one.
+    """
 
-    loop_id: str = Field(primary_key=True, foreign_key="loops.id", ondelete="CASCADE", max_length=64)
+    __tablename__ = "loop_rounds"
+
+    loop_id: str = Field(primary_key=True, foreign_key="training_loops.id", ondelete="CASCADE", max_length=64)
     index: int = Field(primary_key=True)  # 1-based, as the loop page numbers rounds R1, R2, ...
     job_id: str | None = Field(default=None, foreign_key="jobs.id", ondelete="SET NULL", max_length=64)
-    evaluation_id: str | None = Field(
-        default=None, foreign_key="evaluations.id", ondelete="SET NULL", max_length=64
-    )
-    status: str = "TRAINING"
-    score: float | None = None
+    evaluation_id: str = ""
+    status: str = "TRAINING"  # RoundStatus name without its prefix
+    base_round: int = 0  # the round whose adapter it trained on top of (0 = the base model)
+    score: float | None = None  # percent, once scored
+    questions: int = 0  # benchmark questions behind the score
+    gain_threshold: float = 0.0  # points a gain had to exceed to be real
+    real_gain: bool = False
     started_at: datetime | None = _when()
     finished_at: datetime | None = _when()
+    training_seconds: float = 0.0
+    benchmarking_seconds: float = 0.0
+    reclaimed_bytes: int = Field(default=0, sa_type=BigInteger)
+    error: str = ""
 
 
 class EvaluationRow(SQLModel, table=True):

@@ -33,6 +33,7 @@ from sqlmodel import Session, SQLModel, select
 
 from rlvr.infra.schema import (
     ARTIFACT_KINDS,
+    LOOP_FINAL_STATUSES,
     TABLES,
     ArtifactRow,
     EvaluationRow,
@@ -328,11 +329,42 @@ class Store:
             offset=offset,
         )
 
+    def count_loops(self, status: str | Iterable[str] | None = None) -> int:
+        return self._count(LoopRow, *_status_filter(LoopRow, status))
+
     def update_loop(self, loop_id: str, **fields: Any) -> LoopRow:
         return self._update(LoopRow, {"id": loop_id}, fields)
 
     def add_round(self, round_: RoundRow) -> RoundRow:
         return self._add(round_)
+
+    def add_round_with_job(self, round_: RoundRow, job: JobRow) -> tuple[RoundRow, JobRow]:
+        """A loop round and its training job in one transaction: both are stored or neither, so a
+        scheduler that dies while starting a round can never leave a job without its round (which
+        a restart would start a second time) or a round pointing at no job."""
+        for row in (job, round_):
+            _check_aware(type(row), row.model_dump())
+        round_.job_id = job.id
+        with self._session() as session:
+            # Locks the loop's row for this transaction and checks it is still open, so a loop
+            # stopped concurrently gets no new round.
+            still_open = session.exec(
+                update(LoopRow)
+                .where(LoopRow.id == round_.loop_id, LoopRow.status.not_in(list(LOOP_FINAL_STATUSES)))
+                .values(status=LoopRow.status)
+            )
+            if still_open.rowcount == 0:
+                raise ConflictError(f"loop {round_.loop_id!r} is unknown or has ended: no round added")
+            try:
+                session.add(job)
+                session.flush()  # the job first: the round's foreign key points at it
+                session.add(round_)
+                session.commit()
+            except IntegrityError as e:
+                text = _first_line(e)
+                duplicate = "unique" in text.lower() or "duplicate key" in text.lower()
+                raise (ConflictError if duplicate else StoreError)(f"round not added: {text}") from None
+            return round_, job
 
     def get_round(self, loop_id: str, index: int) -> RoundRow | None:
         return self._get(RoundRow, (loop_id, index))
@@ -396,6 +428,16 @@ class Store:
     def artifacts(self, job_id: str, kind: str | None = None) -> list[ArtifactRow]:
         where = [ArtifactRow.job_id == job_id] + ([ArtifactRow.kind == kind] if kind else [])
         return self._list(ArtifactRow, *where, order=[ArtifactRow.created_at, ArtifactRow.id])
+
+    def delete_artifact(self, artifact_id: str) -> bool:
+        """Removes the record of an artifact (its files are the caller's); False when unknown."""
+        with self._session() as session:
+            row = session.get(ArtifactRow, artifact_id)
+            if row is None:
+                return False
+            session.delete(row)
+            session.commit()
+            return True
 
 
 def _status_filter(model: type[SQLModel], status: str | Iterable[str] | None) -> list[Any]:
