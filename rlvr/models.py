@@ -1,7 +1,8 @@
 """Base model names: a hub id, a local path, or one of the project's own tiny models.
 
-`rlvr-tiny` (and `rlvr-tiny-test`, the seconds-to-build variant) name the bundled tiny models:
-they are built on first use under $RLVR_HOME/models and reused afterwards. Every service resolves
+`rlvr-tiny` (and `rlvr-tiny-test` and `rlvr-tiny-small`, seconds-to-build variants for tests: the
+first earns no reward, the second writes the answer format and gets a few percent right) name the
+bundled tiny models: they are built on first use under $RLVR_HOME/models and reused afterwards. Every service resolves
 names through `resolve_model`, so a job spec, the rollout server and the benchmark agree on what
 "rlvr-tiny" means. A file lock keeps two services starting together from building it twice.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-TINY_MODELS = {"rlvr-tiny": "default", "rlvr-tiny-test": "test"}
+TINY_MODELS = {"rlvr-tiny": "default", "rlvr-tiny-test": "test", "rlvr-tiny-small": "small"}
 
 
 def is_tiny(name: str) -> bool:

@@ -42,6 +42,8 @@ class WarmupRecipe:
 # lr 5e-3 or 1e-2 trained worse.
 RECIPES: dict[str, WarmupRecipe] = {
     "test": WarmupRecipe(steps=20, batch_size=16, learning_rate=3e-3, warmup_steps=2),
+    # 300 x 16 on the test shape, 8 s: format 100%, every completion stops, ~5% greedy accuracy
+    "small": WarmupRecipe(steps=300, batch_size=16, learning_rate=3e-3, warmup_steps=5),
     "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3),
 }
 
