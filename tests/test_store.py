@@ -118,7 +118,6 @@ def test_metric_point_race_stores_one(store_url: str) -> None:
 def test_loops_and_rounds_round_trip(store: Store) -> None:
     loop = store.add_loop(LoopRow(name="math-pairs to 35%", spec_json="{}"))
     job = store.add_job(JobRow(name="r1"))
-    evaluation = store.add_evaluation(EvaluationRow(model="tiny", benchmark="math_pairs_heldout"))
     assert store.get_loop(loop.id) == loop
     for index in (2, 1):
         store.add_round(RoundRow(loop_id=loop.id, index=index))
@@ -127,27 +126,35 @@ def test_loops_and_rounds_round_trip(store: Store) -> None:
     with pytest.raises(StoreError):
         store.add_round(RoundRow(loop_id="no-such-loop", index=1))
     finished = datetime.now(UTC)
-    got = store.update_round(
-        loop.id,
-        1,
-        job_id=job.id,
-        evaluation_id=evaluation.id,
-        status="SCORED",
-        score=0.34,
-        finished_at=finished,
-    )
-    assert (got.job_id, got.evaluation_id, got.score, got.finished_at) == (
-        job.id,
-        evaluation.id,
-        0.34,
-        finished,
-    )
+    got = store.update_round(loop.id, 1, job_id=job.id, evaluation_id="e1", status="SCORED", score=34.0,
+                             questions=500, real_gain=True, finished_at=finished)
+    assert (got.job_id, got.evaluation_id, got.score, got.real_gain, got.finished_at) == (
+        job.id, "e1", 34.0, True, finished)
     assert store.get_round(loop.id, 1) == got
     assert [r.index for r in store.rounds(loop.id)] == [1, 2]
-    assert store.update_loop(loop.id, status="TARGET_REACHED", best_score=0.34, best_round=1).best_round == 1
+    assert store.update_loop(loop.id, status="TARGET_REACHED", baseline_score=12.6).baseline_score == 12.6
     assert [lp.id for lp in store.list_loops(status="TARGET_REACHED")] == [loop.id]
+    assert store.count_loops("TARGET_REACHED") == 1 and store.count_loops("QUEUED") == 0
     with pytest.raises(NotFoundError):
         store.update_round(loop.id, 9, score=1.0)
+
+
+def test_a_round_and_its_job_are_stored_together_or_not_at_all(store: Store) -> None:
+    loop = store.add_loop(LoopRow(name="l", status="TRAINING"))
+    round_, job = store.add_round_with_job(RoundRow(loop_id=loop.id, index=1), JobRow(name="l R1"))
+    assert store.get_round(loop.id, 1).job_id == job.id and store.get_job(job.id) is not None
+    # The same round again: neither the round nor a second job is stored.
+    jobs_before = store.count_jobs()
+    with pytest.raises(ConflictError):
+        store.add_round_with_job(RoundRow(loop_id=loop.id, index=1), JobRow(name="l R1 again"))
+    assert store.count_jobs() == jobs_before
+    # An ended loop gets no new round (a stop racing with the round's creation).
+    store.update_loop(loop.id, status="STOPPED")
+    with pytest.raises(ConflictError, match="has ended"):
+        store.add_round_with_job(RoundRow(loop_id=loop.id, index=2), JobRow(name="l R2"))
+    assert store.count_jobs() == jobs_before and [r.index for r in store.rounds(loop.id)] == [1]
+    with pytest.raises(ConflictError):
+        store.add_round_with_job(RoundRow(loop_id="no-such-loop", index=1), JobRow(name="x"))
 
 
 def test_evaluations_and_question_results(store: Store) -> None:
