@@ -18,14 +18,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 import grpc
 
-from rlvr.common.errors import FailedPrecondition, NotFound
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from rlvr.infra.events import (
     ALL_JOB_METRICS,
     EventBus,
@@ -33,7 +33,7 @@ from rlvr.infra.events import (
     job_events_subject,
     job_status_subject,
 )
-from rlvr.infra.schema import JobRow, MetricPointRow, metric_point_from_event
+from rlvr.infra.schema import JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.scheduler.convert import (
@@ -122,6 +122,10 @@ class JobManager:
         self._subs: list[object] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        # Every stored change of a job (status, step, adapter) bumps `generation` and notifies
+        # `changed`: `wait_job` and the loop watchers sleep on it (the loop manager bumps it too).
+        self.changed = asyncio.Condition()
+        self.generation = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -144,14 +148,70 @@ class JobManager:
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
         resolved = resolve_spec(spec)
+        if resolved.spec.HasField("init_adapter") and (resolved.spec.init_adapter.name or resolved.spec.init_adapter.path):
+            resolved.spec.init_adapter.CopyFrom(await self.resolve_adapter(resolved.spec.init_adapter))
         if dry_run:
             return resolved, None
-        row = JobRow(name=resolved.spec.name, spec_json=spec_to_json(resolved.spec), status="QUEUED",
-                     warnings_json=json.dumps(resolved.warnings), total_steps=max(resolved.total_steps, 0))
-        row = await asyncio.to_thread(self.store.add_job, row)
-        await self._publish_status(row.id, "QUEUED", "queued")
-        self._wake.set()
+        row = await asyncio.to_thread(self.store.add_job, self._new_row(resolved))
+        await self._queued(row)
         return resolved, job_to_proto(row)
+
+    async def create_for_round(self, resolved: ResolvedJob, round_row: RoundRow) -> JobRow:
+        """Queues a loop round's job: the job and the round row are stored in one transaction."""
+        round_row, row = await asyncio.to_thread(self.store.add_round_with_job, round_row, self._new_row(resolved))
+        await self._queued(row)
+        return row
+
+    @staticmethod
+    def _new_row(resolved: ResolvedJob) -> JobRow:
+        return JobRow(name=resolved.spec.name, spec_json=spec_to_json(resolved.spec), status="QUEUED",
+                      warnings_json=json.dumps(resolved.warnings), total_steps=max(resolved.total_steps, 0))
+
+    async def _queued(self, row: JobRow) -> None:
+        await self._publish_status(row.id, "QUEUED", "queued")
+        await self.notify()
+        self._wake.set()
+
+    async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:
+        """A job's adapter named in a spec (`init_adapter`), with the folder the trainer reads.
+
+        A name must be a job's adapter name ("job-<id>"), of a job that has one; version 0 means
+        its final version, any other version must be that one (older versions are not kept).
+        A bare path is passed on as given: the trainer checks it is a PEFT folder under its
+        artifact root."""
+        if not ref.name:
+            return ref
+        job_id = ref.name.removeprefix("job-")
+        row = await asyncio.to_thread(self.store.get_job, job_id) if ref.name.startswith("job-") else None
+        if row is None or not row.adapter_name:
+            raise InvalidArgument(f"init_adapter.name: {ref.name!r} is not the adapter of a job; use a job's "
+                                  "adapter name, job-<id>, as `rlvr jobs show` prints it")
+        if ref.version not in (0, row.adapter_version):
+            raise InvalidArgument(f"init_adapter.version: {ref.version} is not kept; job {row.id} keeps its "
+                                  f"final version {row.adapter_version} (0 = that one)")
+        return common_pb2.AdapterRef(name=row.adapter_name, version=row.adapter_version, path=row.adapter_path)
+
+    async def wait_job(self, job_id: str, until: Callable[[JobRow], bool], recheck_seconds: float = 5.0) -> JobRow:
+        """The job's row once `until(row)` holds, woken by every stored change. The generation is
+        read before the row, so a change stored in between is never slept through; the timed
+        re-read covers a change another process stored."""
+        while True:
+            seen = self.generation
+            row = await self._row(job_id)
+            if until(row):
+                return row
+            await self.wait_change(seen, recheck_seconds)
+
+    async def wait_change(self, seen: int, timeout: float) -> None:
+        """Until `generation` moves past `seen`, or `timeout` seconds."""
+        async with self.changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.generation != seen), timeout)
+
+    async def notify(self) -> None:
+        async with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
 
     async def get(self, job_id: str) -> common_pb2.Job:
         return job_to_proto(await self._row(job_id))
@@ -175,6 +235,7 @@ class JobManager:
                                   adapter_path=adapter.path)
             row = await asyncio.to_thread(self.store.update_job, job_id, **fields)
         await self._publish_status(job_id, "CANCELLED", "cancelled by request")
+        await self.notify()
         self._wake.set()
         return job_to_proto(row)
 
@@ -240,6 +301,7 @@ class JobManager:
             row = await asyncio.to_thread(self.store.get_job, metric.job_id)
             if row is not None and metric.step > row.current_step:
                 await asyncio.to_thread(self.store.update_job, metric.job_id, current_step=metric.step)
+                await self.notify()
 
     async def _on_status(self, event: object) -> None:
         status = common_pb2.JobStatusEvent.FromString(event.data)  # type: ignore[attr-defined]
@@ -265,6 +327,7 @@ class JobManager:
             if adapter is not None:
                 fields.update(adapter_name=adapter.name, adapter_version=adapter.version, adapter_path=adapter.path)
             await asyncio.to_thread(self.store.update_job, job_id, **fields)
+        await self.notify()
         if status in TERMINAL:
             self._wake.set()
 
@@ -322,6 +385,7 @@ class JobManager:
                 error = ""
                 await asyncio.to_thread(self.store.update_job, row.id, status="RUNNING", worker=address,
                                         started_at=datetime.now(UTC))
+        await self.notify()
         if error:
             await self._publish_status(row.id, "FAILED", error)
         else:

@@ -1,9 +1,8 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions)
-know nothing of gRPC; this module opens the store and the event bus at start (a bad URL stops the
-service with one line naming the setting) and maps calls. The loop RPCs answer UNIMPLEMENTED until
-their issue lands.
+The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions;
+loops.py: automated training loops) know nothing of gRPC; this module opens the store and the
+event bus at start (a bad URL stops the service with one line naming the setting) and maps calls.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from rlvr.common.errors import Unavailable, map_errors
 from rlvr.common.server import GrpcService
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.actions import JobActions
+from services.scheduler.benchmarks import GrpcBenchmarks
 from services.scheduler.jobs import GrpcWorkers, JobManager
+from services.scheduler.loops import LoopManager
 from services.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger("rlvr.scheduler")
@@ -28,6 +29,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self) -> None:
         self.jobs: JobManager | None = None
         self.actions: JobActions | None = None
+        self.loops: LoopManager | None = None
+
+    def _loops(self) -> LoopManager:
+        if self.loops is None:
+            raise Unavailable("the scheduler is starting")
+        return self.loops
 
     def _jobs(self) -> JobManager:
         if self.jobs is None:
@@ -82,6 +89,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def ExportHistory(self, request, context):  # noqa: N802
         return await self._actions().export(request.job_id, request.format)
 
+    async def CreateLoop(self, request: scheduler_pb2.CreateLoopRequest, context: grpc.aio.ServicerContext
+                         ) -> scheduler_pb2.CreateLoopResponse:  # noqa: N802
+        resolved, loop = await self._loops().create(request.spec, request.dry_run)
+        resp = scheduler_pb2.CreateLoopResponse(resolved_spec=resolved.spec, summary=resolved.job.summary,
+                                                warnings=resolved.warnings)
+        if loop is not None:
+            resp.loop.CopyFrom(loop)
+        return resp
+
+    async def GetLoop(self, request, context):  # noqa: N802
+        return await self._loops().get(request.id)
+
+    async def ListLoops(self, request, context):  # noqa: N802
+        loops, total = await self._loops().list(request.status, request.limit, request.offset)
+        return scheduler_pb2.ListLoopsResponse(loops=loops, total=total)
+
+    async def StopLoop(self, request, context):  # noqa: N802
+        return await self._loops().stop_loop(request.id)
+
+    async def WatchLoop(self, request, context) -> AsyncIterator:  # noqa: N802
+        async for loop in self._loops().watch(request.id):
+            yield loop
+
 
 class SchedulerCore:
     """Opens the store and the bus, runs the job manager."""
@@ -101,10 +131,16 @@ class SchedulerCore:
         s.artifact_root.mkdir(parents=True, exist_ok=True)
         jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses))
         await jobs.start()
+        loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address), s.artifact_root,
+                            max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)
+        await loops.start()
         self.servicer.jobs = jobs
         self.servicer.actions = JobActions(jobs, s.artifact_root)
+        self.servicer.loops = loops
 
     async def stop(self) -> None:
+        if self.servicer.loops is not None:
+            await self.servicer.loops.stop()
         if self.servicer.jobs is not None:
             await self.servicer.jobs.stop()
         if self.bus is not None:

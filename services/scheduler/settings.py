@@ -16,3 +16,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, ServiceSettings
     """Trainer workers (HOST:PORT, JSON list or comma list); one job per worker at a time."""
     benchmark_address: str = "127.0.0.1:50055"
     """The benchmark service, for training loops."""
+    max_lora_rank: int = Field(default=64, ge=4, le=512)
+    """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
+    adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
+    round would not fit."""
+    loop_peer_wait_seconds: float = Field(default=600.0, gt=0)
+    """How long a loop waits for an unreachable benchmark service before it fails."""

@@ -1,0 +1,115 @@
+"""The benchmark service as the loop manager sees it: list benchmarks, start an evaluation, find one
+by label, wait for one to end.
+
+`Benchmarks` is the interface the loop core uses; `GrpcBenchmarks` is the real one. It translates
+gRPC failures into the project's errors here, once, so the loop core never sees gRPC: an
+unreachable service (UNAVAILABLE, DEADLINE_EXCEEDED) is `Unavailable`, which the loop waits out;
+an unknown evaluation is None; a refused request keeps its status (InvalidArgument, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import grpc
+
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
+from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
+
+log = logging.getLogger("rlvr.scheduler.benchmarks")
+
+FINAL = frozenset({benchmark_pb2.EVALUATION_STATUS_COMPLETED, benchmark_pb2.EVALUATION_STATUS_FAILED})
+# benchmark's services/benchmark/evaluations.py INTERRUPTED: an evaluation its service stopped under.
+INTERRUPTED_PREFIX = "interrupted"
+
+
+class Benchmarks(Protocol):
+    async def list(self) -> list[benchmark_pb2.BenchmarkInfo]: ...
+    async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation: ...
+    async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
+    async def find(self, benchmark: str, label: str) -> benchmark_pb2.Evaluation | None: ...
+    async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
+
+
+_CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+}
+
+
+class GrpcBenchmarks:
+    """The benchmark service over gRPC (deadlines and retries from rlvr.common.client)."""
+
+    def __init__(self, address: str) -> None:
+        from rlvr.common.client import make_channel
+
+        self.address = address
+        self._stub = benchmark_pb2_grpc.BenchmarkServiceStub(make_channel(address, aio=True))
+
+    def _error(self, e: grpc.aio.AioRpcError) -> RlvrServiceError:
+        kind = _CODES.get(e.code(), RlvrServiceError)
+        if kind is Unavailable:
+            return Unavailable(f"the benchmark service at {self.address} is unreachable ({e.code().name}: "
+                               f"{e.details() or 'no details'})")
+        return kind(f"benchmark service: {e.details() or e.code().name}")
+
+    async def list(self) -> list[benchmark_pb2.BenchmarkInfo]:
+        try:
+            resp = await self._stub.ListBenchmarks(benchmark_pb2.ListBenchmarksRequest(), timeout=15)
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from None
+        return list(resp.benchmarks)
+
+    async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation:
+        try:
+            return await self._stub.RunEvaluation(request, timeout=300)  # it may upload an adapter first
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from None
+
+    async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None:
+        try:
+            return await self._stub.GetEvaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation_id), timeout=15)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise self._error(e) from None
+
+    async def find(self, benchmark: str, label: str) -> benchmark_pb2.Evaluation | None:
+        """The newest evaluation of `benchmark` with exactly this label that did not fail, else the
+        newest one that failed, else None."""
+        try:
+            resp = await self._stub.ListEvaluations(
+                benchmark_pb2.ListEvaluationsRequest(benchmark=benchmark, limit=10_000), timeout=30)
+        except grpc.aio.AioRpcError as e:
+            raise self._error(e) from None
+        matches = [e for e in resp.evaluations if e.label == label]  # newest first
+        alive = [e for e in matches if e.status != benchmark_pb2.EVALUATION_STATUS_FAILED]
+        return (alive or matches or [None])[0]
+
+    async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None:
+        """The evaluation once it has a final status (None when the service does not know it).
+        Follows WatchEvaluation; a stream that ends early is answered by GetEvaluation."""
+        try:
+            async for event in self._stub.WatchEvaluation(benchmark_pb2.WatchEvaluationRequest(id=evaluation_id)):
+                if event.status in FINAL:
+                    break
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise self._error(e) from None
+        evaluation = await self.get(evaluation_id)
+        if evaluation is not None and evaluation.status not in FINAL:
+            raise Unavailable(f"the benchmark service at {self.address} ended the watch of evaluation "
+                              f"{evaluation_id} before it finished")
+        return evaluation
+
+
+def interrupted(evaluation: benchmark_pb2.Evaluation) -> bool:
+    """Failed because its benchmark service stopped under it (nothing wrong with the model): worth
+    running again."""
+    return (evaluation.status == benchmark_pb2.EVALUATION_STATUS_FAILED
+            and evaluation.error.startswith(INTERRUPTED_PREFIX))

@@ -1,0 +1,132 @@
+"""Loop spec validation: the "Start an automated loop" form's ranges and defaults, in one place.
+
+`resolve_loop_spec` takes the LoopSpec a user sent, the benchmarks the benchmark service lists and
+the largest LoRA rank the rollout server serves, and returns the spec with every default filled in
+and its job spec resolved exactly as CreateJob resolves one (`resolve_spec`), plus the warnings to
+show. A bad value raises InvalidArgument naming the field (`job.<path>` for the job spec), the
+value and the allowed range or choices. Pure: no store, no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlvr.common.errors import InvalidArgument, out_of_range
+from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
+from services.scheduler.jobspec import NAME_RE, REWARD_NAMES, IntRange, ResolvedJob, resolve_spec
+
+MAX_ROUNDS = IntRange(1, 100, 8)
+GIVE_UP_AFTER = IntRange(1, 100, 2)
+MIN_GAIN = (0.0, 100.0)  # points
+TARGET = (0.0, 100.0)  # percent, (low, high]
+DEFAULT_BENCHMARK_SPLIT = "test"
+# The benchmark whose questions a reward function's training prompts are drawn beside.
+BENCHMARK_OF_REWARD = {
+    common_pb2.REWARD_FUNCTION_MATH_PAIRS: "rlvr-math-pairs-heldout",
+    common_pb2.REWARD_FUNCTION_GSM8K: "gsm8k",
+    common_pb2.REWARD_FUNCTION_BOXED: "boxed",
+}
+
+
+@dataclass
+class ResolvedLoop:
+    spec: scheduler_pb2.LoopSpec
+    job: ResolvedJob  # the job spec every round trains with (round k adds its seed and start)
+    warnings: list[str]
+
+
+def _job_spec(spec: scheduler_pb2.LoopSpec) -> ResolvedJob:
+    if spec.job.HasField("init_adapter") and (spec.job.init_adapter.name or spec.job.init_adapter.path):
+        raise InvalidArgument("job.init_adapter: must be unset; a loop chooses each round's starting adapter "
+                              "itself (round 1 the base model, then the best round so far)")
+    try:
+        return resolve_spec(spec.job)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"job.{e}") from None
+
+
+def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.BenchmarkInfo]
+               ) -> benchmark_pb2.BenchmarkInfo:
+    """The benchmark named, or by default the one of the task the rounds train on."""
+    names = ", ".join(b.name for b in benchmarks)
+    spec.benchmark = spec.benchmark.strip() or BENCHMARK_OF_REWARD[spec.job.reward.function]
+    for info in benchmarks:
+        if info.name == spec.benchmark:
+            return info
+    raise InvalidArgument(f"benchmark: {spec.benchmark!r} is not a benchmark the benchmark service lists; "
+                          f"choose one of {names}")
+
+
+def resolve_loop_spec(
+    user_spec: scheduler_pb2.LoopSpec,
+    benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
+    max_lora_rank: int,
+) -> ResolvedLoop:
+    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+    spec = scheduler_pb2.LoopSpec()
+    spec.CopyFrom(user_spec)
+    warnings: list[str] = []
+
+    low, high = TARGET
+    if not spec.target or math.isnan(spec.target) or not low < spec.target <= high:
+        raise out_of_range("target", spec.target, "a percent in (0, 100], the leaderboard's scale; required")
+    for field, rng in (("max_rounds", MAX_ROUNDS), ("give_up_after", GIVE_UP_AFTER)):
+        if not spec.HasField(field):
+            setattr(spec, field, rng.default)
+        elif not rng.low <= getattr(spec, field) <= rng.high:
+            raise out_of_range(field, getattr(spec, field), f"{rng.text()} (default {rng.default})")
+    if not spec.HasField("reclaim_storage"):
+        spec.reclaim_storage = True
+    if spec.HasField("min_gain") and (math.isnan(spec.min_gain) or not MIN_GAIN[0] <= spec.min_gain <= MIN_GAIN[1]):
+        raise out_of_range("min_gain", spec.min_gain, "0-100 points (unset = one standard error of the best "
+                                                      "score at the benchmark's question count)")
+
+    named_job = bool(spec.job.name)
+    job = _job_spec(spec)
+    spec.job.CopyFrom(job.spec)
+    warnings += job.warnings
+
+    info = _benchmark(spec, benchmarks)
+    column = spec.score_column.strip() or info.default_score_column
+    if column not in info.score_columns:
+        raise InvalidArgument(f"score_column: {column!r} is not a score column of {info.name}; choose one of "
+                              f"{', '.join(info.score_columns)}")
+    spec.score_column = column
+    if spec.benchmark_limit < 0 or (info.size and spec.benchmark_limit > info.size):
+        allowed = f"0-{info.size} (0 = all {info.size} questions)" if info.size else ">= 0 (0 = all)"
+        raise out_of_range("benchmark_limit", spec.benchmark_limit, allowed)
+    if info.needs_dataset:
+        trains_boxed = spec.job.reward.function == common_pb2.REWARD_FUNCTION_BOXED
+        spec.benchmark_dataset = spec.benchmark_dataset.strip() or (spec.job.reward.dataset if trains_boxed else "")
+        if not spec.benchmark_dataset:
+            raise InvalidArgument(f"benchmark_dataset: required for the {info.name} benchmark (a hub dataset or a "
+                                  "local JSONL/Parquet/CSV file with prompt and ground_truth columns); it defaults "
+                                  "to the job's reward.dataset when the job trains on boxed answers")
+        spec.benchmark_dataset_split = spec.benchmark_dataset_split.strip() or DEFAULT_BENCHMARK_SPLIT
+    elif spec.benchmark_dataset or spec.benchmark_dataset_split:
+        raise InvalidArgument(f"benchmark_dataset: {spec.benchmark_dataset or spec.benchmark_dataset_split!r} "
+                              f"given, but only a benchmark that needs a dataset takes one ({info.name} has its "
+                              "own questions)")
+
+    spec.name = spec.name.strip() or f"{info.name} to {spec.target:g}%"
+    if not NAME_RE.match(spec.name):
+        raise InvalidArgument(f"name: {spec.name!r} is not allowed; use 1-128 letters, digits, spaces and "
+                              ". _ - %, starting with a letter or digit (e.g. \"math-pairs to 35%\")")
+    if not named_job:  # the rounds' jobs are "<loop name> R<k>"
+        spec.job.name = job.spec.name = spec.name
+
+    rank = spec.job.grpo.lora_rank
+    if rank * spec.max_rounds > max_lora_rank:
+        fits = max(1, max_lora_rank // rank)
+        raise InvalidArgument(
+            f"max_rounds: {spec.max_rounds} rounds of job.grpo.lora_rank {rank} stack to a rank-"
+            f"{rank * spec.max_rounds} adapter, over the rollout server's max LoRA rank {max_lora_rank} (each "
+            f"round adds its rank on top of the best round's); allowed: at most {fits} rounds at rank {rank}, "
+            f"or a smaller rank")
+    expected = BENCHMARK_OF_REWARD.get(spec.job.reward.function)
+    if expected != info.name:
+        warnings.append(f"the rounds train on {REWARD_NAMES[spec.job.reward.function]} but are scored on "
+                        f"{info.name}")
+    return ResolvedLoop(spec=spec, job=job, warnings=warnings)

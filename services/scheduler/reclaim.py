@@ -1,0 +1,55 @@
+"""Reclaim storage between loop rounds: delete what a finished job made beside its adapter.
+
+A job's adapter (`<artifact_root>/jobs/<id>/adapter`) is always kept: it is the round's result and
+stays servable and downloadable. What goes, for the loop's "Reclaim storage between rounds":
+its intermediate checkpoints (`checkpoints/`, advanced.checkpoint_every), the trainer's scratch
+folder (`trl/`, TRL's output_dir) and its merged checkpoints (`<artifact_root>/merged/...`, with
+their records). Files, not rows of the job itself: the job stays listed with its metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from rlvr.infra.store import Store
+
+log = logging.getLogger("rlvr.scheduler.reclaim")
+
+JOB_EXTRAS = ("checkpoints", "trl")  # folders of a job beside its adapter
+
+
+def tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _remove(path: Path, root: Path) -> int:
+    """Deletes `path` (which must lie under `root`) and returns the bytes it held."""
+    resolved = path.resolve()
+    if root.resolve() not in resolved.parents:
+        log.warning("not reclaiming %s: outside the artifact root %s", path, root)
+        return 0
+    if not resolved.exists():
+        return 0
+    size = tree_size(resolved)
+    if resolved.is_dir():
+        shutil.rmtree(resolved, ignore_errors=True)
+    else:
+        resolved.unlink(missing_ok=True)
+    return size
+
+
+def reclaim_job(store: Store, artifact_root: Path, job_id: str) -> int:
+    """Deletes a finished job's extras (see the module docstring); returns the bytes freed."""
+    freed = 0
+    job_dir = artifact_root / "jobs" / job_id
+    for name in JOB_EXTRAS:
+        freed += _remove(job_dir / name, artifact_root)
+    for artifact in store.artifacts(job_id, kind="merged"):
+        path = Path(artifact.path)
+        freed += _remove(path if path.is_absolute() else artifact_root / path, artifact_root)
+        store.delete_artifact(artifact.id)
+    return freed
