@@ -126,7 +126,7 @@ class Stack:
         print(msg, file=self.out, flush=True)  # type: ignore[call-overload]
 
     def start(self) -> None:
-        from rlvr.infra.nats_server import EmbeddedNats, _parent_death_hook
+        from rlvr.infra.nats_server import EmbeddedNats
 
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -135,16 +135,41 @@ class Stack:
         nats.start()
         self.nats = nats
         self.say(f"nats       {nats.url:<24} pid {nats.pid}")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for name in SERVICES:
-            log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
-            self.procs[name] = subprocess.Popen(
-                service_command(name, self.cfg, nats.url),
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_parent_death_hook(),
-            )
-            log_file.close()
+            self._launch(name)
         self._write_state(nats.url)
+
+    def _launch(self, name: str) -> None:
+        from rlvr.infra.nats_server import _parent_death_hook
+
+        assert self.nats is not None
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
+        self.procs[name] = subprocess.Popen(
+            service_command(name, self.cfg, self.nats.url),  # type: ignore[attr-defined]
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, preexec_fn=_parent_death_hook(),
+        )
+        log_file.close()
+
+    def restart(self, name: str, sig: signal.Signals = signal.SIGKILL, timeout: float = 120.0) -> bool:
+        """Kills one service's process group with `sig` (SIGKILL: a crash, no clean-up), starts it
+        again with the same command line and waits until it is SERVING again; False on timeout."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
+        self._launch(name)
+        if self.nats is not None:
+            self._write_state(self.nats.url)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                return False
+            if check_health(self.cfg.addresses[name], timeout=1.0) == "SERVING":
+                return True
+            time.sleep(0.3)
+        return False
 
     def prepare_model(self) -> None:
         """Builds the bundled tiny model here, with progress on the console, rather than silently
