@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from clients import demo, rpc_commands, train_cmd
+from clients import demo, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -115,6 +115,7 @@ COMMAND_GROUPS: list[Register] = [
     register_stack,
     register_models,
     train_cmd.register,
+    loops_cmd.register,
     importlib.import_module("clients.eval_cmd").register,
     demo.register,
 ]

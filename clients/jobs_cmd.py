@@ -32,7 +32,8 @@ def human_size(size: int) -> str:
     return f"{size} B"  # unreachable
 
 
-def _terminal_width(out: TextIO) -> int:
+def terminal_width(out: TextIO) -> int:
+    """The width views are drawn at: the terminal's (40-100 columns), 80 on a pipe."""
     width = shutil.get_terminal_size((80, 24)).columns if out.isatty() else 80
     return max(40, min(width, 100))
 
@@ -50,7 +51,7 @@ def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # no
     except RlvrError as e:
         print(f"warning: RL Metrics unavailable: {e.code.name}: {e.details}", file=sys.stderr)
         return False
-    text = jobs_view.render(metrics, width=_terminal_width(out), unicode=jobs_view.supports_unicode(out))
+    text = jobs_view.render(metrics, width=terminal_width(out), unicode=jobs_view.supports_unicode(out))
     print(text, file=out)
     return True
 

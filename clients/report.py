@@ -6,6 +6,10 @@ base64 PNG data URI (the same bytes as the PNG file beside it), so the file can 
 offline. The content is the terminal view's (clients/jobs_view.py): the Accuracy and Reward trends,
 the stat tiles, the charts of the series, and, when a Job is given, its name, status and the
 Training Summary. Charts are drawn with matplotlib's Agg canvas (no display, no pyplot state).
+
+The page frame, the base CSS and the chart helpers (`BASE_CSS`, `esc`, `new_axes`, `style_axes`,
+`figure_png`, `img_tag`, `page_head`, `page_foot`, `table_rows`) are shared with the training loop
+report, clients/loop_report.py.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ ARROWS = {S.TREND_DIRECTION_RISING: "↑", S.TREND_DIRECTION_FALLING: "↓", S.T
 TREND_COLORS = {S.TREND_DIRECTION_RISING: "#16a34a", S.TREND_DIRECTION_FALLING: "#dc2626",
                 S.TREND_DIRECTION_FLAT: "#64748b"}
 
-CSS = """
+# Shared by every rlvr report (this one and the loop report, clients/loop_report.py).
+BASE_CSS = """
 :root { color-scheme: light; }
 * { box-sizing: border-box; }
 body { margin: 0; padding: 24px 32px 40px; background: #f1f5f9; color: #0f172a;
@@ -44,17 +49,9 @@ h2 { font-size: 15px; margin: 28px 0 10px; color: #334155; text-transform: upper
 .badge.FAILED { background: #fee2e2; color: #991b1b; }
 .badge.CANCELLED { background: #fef3c7; color: #92400e; }
 .card { background: #fff; border: 1px solid #e2e8f0; border-radius: 10px; padding: 14px 16px; }
-.trends { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 14px; }
-.trend .name { font-weight: 600; color: #334155; }
-.trend .main { display: flex; align-items: baseline; gap: 10px; margin: 6px 0 4px; }
-.trend .arrow { font-size: 30px; font-weight: 700; line-height: 1; }
-.trend .values { font-size: 20px; font-variant-numeric: tabular-nums; }
-.trend .delta { font-weight: 600; }
-.trend .meta { color: #64748b; font-size: 13px; }
 .tiles { display: grid; grid-template-columns: repeat(auto-fit, minmax(160px, 1fr)); gap: 14px; }
 .tile .label { color: #64748b; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
 .tile .value { font-size: 24px; font-weight: 650; font-variant-numeric: tabular-nums; margin-top: 2px; }
-.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; }
 figure { margin: 0; }
 figure img { display: block; width: 100%; height: auto; }
 figcaption { color: #475569; font-size: 13px; margin-top: 4px; }
@@ -67,9 +64,78 @@ table.summary td:first-child { color: #64748b; white-space: nowrap; }
 footer { color: #94a3b8; font-size: 12px; margin-top: 28px; }
 """
 
+CSS = BASE_CSS + """
+.trends { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 14px; }
+.trend .name { font-weight: 600; color: #334155; }
+.trend .main { display: flex; align-items: baseline; gap: 10px; margin: 6px 0 4px; }
+.trend .arrow { font-size: 30px; font-weight: 700; line-height: 1; }
+.trend .values { font-size: 20px; font-variant-numeric: tabular-nums; }
+.trend .delta { font-weight: 600; }
+.trend .meta { color: #64748b; font-size: 13px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; }
+"""
 
-def _e(value: object) -> str:
+
+def esc(value: object) -> str:
+    """HTML-escaped text (quotes too: safe inside attributes)."""
     return html.escape(str(value), quote=True)
+
+
+# ---------------------------------------------------------------- helpers shared with loop_report
+
+
+def new_axes(figsize: tuple[float, float] = (6.4, 3.0), dpi: int = 110):  # noqa: ANN201 (matplotlib)
+    """A matplotlib Figure on the Agg canvas (no display, no pyplot state) and its one Axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def style_axes(ax, title: str, xlabel: str) -> None:  # noqa: ANN001 (matplotlib Axes)
+    """The reports' chart look: a bold left title, light grid, no top/right spines."""
+    ax.set_title(title, loc="left", fontsize=11, fontweight="bold", color="#0f172a")
+    ax.set_xlabel(xlabel, fontsize=9, color="#475569")
+    ax.tick_params(labelsize=8, colors="#475569")
+    ax.grid(True, color="#e2e8f0", linewidth=0.8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_color("#cbd5e1")
+
+
+def figure_png(fig) -> bytes:  # noqa: ANN001 (matplotlib Figure)
+    """The figure as PNG bytes (tight layout, white background, no timestamp metadata)."""
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", facecolor="white", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def img_tag(key: str, alt: str, png: bytes) -> str:
+    """An <img id="chart-KEY"> with the PNG inline as a base64 data URI."""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="chart" id="chart-{esc(key)}" alt="{esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def page_head(title: str, css: str) -> list[str]:
+    """The opening of a self-contained page: inline CSS, no script, no external resource."""
+    return ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{esc(title)}</title><style>{css}</style></head><body><main>"]
+
+
+def page_foot(note: str = "") -> list[str]:
+    """The footer (generation time, then `note`, already HTML) and the page's closing tags."""
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return [f"<footer>Generated by rlvr on {now}.{' ' + note if note else ''}</footer>", "</main></body></html>"]
+
+
+def table_rows(rows: list[tuple[str, str]]) -> str:
+    """label/value rows for a <table class="summary">."""
+    return "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows)
 
 
 # ---------------------------------------------------------------- charts
@@ -78,14 +144,10 @@ def _e(value: object) -> str:
 def chart_png(series: Series, trend: S.Trend | None = None) -> bytes:
     """One series as a PNG line chart; with its trend, the early and late windows shaded and the
     peak marked."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     color = COLORS.get(series.key, "#2563eb")
-    fig = Figure(figsize=(6.4, 3.0), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = new_axes()
     n = len(series.values)
     ax.plot(series.steps, series.values, color=color, linewidth=1.8,
             marker="o" if n <= 40 else None, markersize=7 if n == 1 else 3.5)
@@ -101,22 +163,12 @@ def chart_png(series: Series, trend: S.Trend | None = None) -> bytes:
                     markeredgecolor="#92400e", linestyle="none", label=f"peak {num(trend.peak)}")
         ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8, frameon=False,
                   borderaxespad=0.2, handlelength=1.4, columnspacing=1.0)
-    ax.set_title(series.title, loc="left", fontsize=11, fontweight="bold", color="#0f172a")
-    ax.set_xlabel("step", fontsize=9, color="#475569")
+    style_axes(ax, series.title, "step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    ax.tick_params(labelsize=8, colors="#475569")
-    ax.grid(True, color="#e2e8f0", linewidth=0.8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_color("#cbd5e1")
     if n:
         pad = 1.0 if n == 1 else 0.5
         ax.set_xlim(series.steps[0] - pad, series.steps[-1] + pad)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", facecolor="white", metadata={"Software": None})
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 # ---------------------------------------------------------------- HTML parts
@@ -128,12 +180,12 @@ def _trend_card(label: str, trend: S.Trend) -> str:
     word = DIRECTION_WORDS.get(trend.direction, "unknown")
     window = f"{trend.window} step{'s' if trend.window != 1 else ''}"
     return (
-        f'<div class="card trend"><div class="name">{_e(label)}</div>'
+        f'<div class="card trend"><div class="name">{esc(label)}</div>'
         f'<div class="main"><span class="arrow" style="color:{color}" title="{word}">{arrow}</span>'
-        f'<span class="values">{_e(num(trend.early))} → {_e(num(trend.late))}</span>'
+        f'<span class="values">{esc(num(trend.early))} → {esc(num(trend.late))}</span>'
         f'<span class="delta" style="color:{color}">{trend.delta:+.3f}</span></div>'
-        f'<div class="meta">{_e(word)} · peak {_e(num(trend.peak))} at step {trend.peak_step}'
-        f" · early vs late window of {_e(window)}</div></div>"
+        f'<div class="meta">{esc(word)} · peak {esc(num(trend.peak))} at step {trend.peak_step}'
+        f" · early vs late window of {esc(window)}</div></div>"
     )
 
 
@@ -157,51 +209,42 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Ser
     name = job.spec.name if job is not None and job.spec.name else f"job {metrics.job_id}"
     progress = f" · step {job.current_step}/{job.total_steps}" if job is not None and job.total_steps else ""
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>RL Metrics — {_e(name)}</title><style>{CSS}</style></head><body><main>",
-        f'<h1>RL Metrics — {_e(name)} <span class="badge {_e(status)}">{_e(status.lower())}</span></h1>',
-        f'<p class="sub">job {_e(metrics.job_id)}{_e(progress)}</p>',
+        *page_head(f"RL Metrics — {name}", CSS),
+        f'<h1>RL Metrics — {esc(name)} <span class="badge {esc(status)}">{esc(status.lower())}</span></h1>',
+        f'<p class="sub">job {esc(metrics.job_id)}{esc(progress)}</p>',
     ]
     if job is not None and job.error:
-        parts.append(f'<p class="error">error: {_e(job.error)}</p>')
+        parts.append(f'<p class="error">error: {esc(job.error)}</p>')
     if not metrics.has_steps:
-        parts.append(f'<div class="card message">{_e(metrics.message or "no training step recorded yet")}</div>')
+        parts.append(f'<div class="card message">{esc(metrics.message or "no training step recorded yet")}</div>')
     else:
         parts.append('<h2>Trends</h2><div class="trends">')
         parts.append(_trend_card("Accuracy Trend", metrics.accuracy_trend))
         parts.append(_trend_card("Reward Trend", metrics.reward_trend))
         parts.append('</div><h2>Stats</h2><div class="tiles">')
-        parts += [f'<div class="card tile"><div class="label">{_e(label)}</div>'
-                  f'<div class="value">{_e(value)}</div></div>' for label, value in tile_values(metrics.tiles)]
+        parts += [f'<div class="card tile"><div class="label">{esc(label)}</div>'
+                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles)]
         parts.append("</div>")
         if metrics.message:
-            parts.append(f'<p class="message">{_e(metrics.message)}</p>')
+            parts.append(f'<p class="message">{esc(metrics.message)}</p>')
         if charts:
             parts.append('<h2>Charts</h2><div class="charts">')
             for series, png in charts:
-                data = base64.b64encode(png).decode("ascii")
                 parts.append(
-                    f'<figure class="card"><img class="chart" id="chart-{_e(series.key)}" '
-                    f'alt="{_e(series.title)} by step" src="data:image/png;base64,{data}">'
-                    f"<figcaption>{_e(series.title)}: steps {series.steps[0]}–{series.steps[-1]}, "
-                    f"last {_e(num(series.values[-1]))}, min {_e(num(min(series.values)))}, "
-                    f"max {_e(num(max(series.values)))}</figcaption></figure>"
+                    f'<figure class="card">{img_tag(series.key, f"{series.title} by step", png)}'
+                    f"<figcaption>{esc(series.title)}: steps {series.steps[0]}–{series.steps[-1]}, "
+                    f"last {esc(num(series.values[-1]))}, min {esc(num(min(series.values)))}, "
+                    f"max {esc(num(max(series.values)))}</figcaption></figure>"
                 )
             parts.append("</div>")
     if job is not None:
         parts.append('<h2>Training Summary</h2><div class="card"><table class="summary">')
-        parts += [f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _summary_rows(job)]
+        parts.append(table_rows(_summary_rows(job)))
         parts.append("</table>")
-        parts += [f'<p class="warning">warning: {_e(w)}</p>' for w in job.warnings]
+        parts += [f'<p class="warning">warning: {esc(w)}</p>' for w in job.warnings]
         parts.append("</div>")
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    parts.append(
-        f"<footer>Generated by rlvr on {now}. Trend windows: with n steps, w = max(1, ⌊n/4⌋); early = the "
-        "first w steps, late = the last w; flat when |late − early| &lt; 0.01.</footer>"
-    )
-    parts.append("</main></body></html>")
+    parts += page_foot("Trend windows: with n steps, w = max(1, ⌊n/4⌋); early = the first w steps, late = the "
+                       "last w; flat when |late − early| &lt; 0.01.")
     return "\n".join(parts)
 
 

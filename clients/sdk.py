@@ -140,7 +140,9 @@ class SchedulerClient(ServiceClient):
     ) -> sc.ExportHistoryResponse:
         return self._unary("ExportHistory", request, timeout)
 
-    def create_loop(self, request: sc.CreateLoopRequest, *, timeout: float | None = None) -> sc.Loop:
+    def create_loop(
+        self, request: sc.CreateLoopRequest, *, timeout: float | None = None
+    ) -> sc.CreateLoopResponse:
         return self._unary("CreateLoop", request, timeout)
 
     def get_loop(self, request: sc.GetLoopRequest, *, timeout: float | None = None) -> sc.Loop:
@@ -223,6 +225,42 @@ class SchedulerClient(ServiceClient):
             target = target / response.filename
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(response.content)
+        return target
+
+    def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> Iterator[sc.Loop]:
+        """The loop now, then again at every change (status, a round's progress or score); the
+        iterator ends after the first Loop with a final status (Target reached, Rounds spent,
+        Plateaued, Failed, Stopped: `clients.loops_view.is_final`). Breaking out early frees the
+        server's stream."""
+        from clients.loops_view import is_final
+
+        for loop in self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout):
+            yield loop
+            if is_final(loop.status):
+                return
+
+    def export_loop(
+        self,
+        loop_id: str,
+        fmt: str | int = "csv",
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Path:
+        """The loop's rounds to a file, one row per round (the columns are
+        `clients.loops_view.EXPORT_COLUMNS`, documented there): `fmt` "csv" (a header line) or
+        "jsonl" (one object per line), or an ExportFormat value; `path` a file, or a folder to write
+        `loop-<id>-rounds.<csv|jsonl>` into (default: the current folder). Written here from
+        GetLoop; returns the file written."""
+        from clients.loops_view import export_text
+
+        ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
+        loop = self.get_loop(sc.GetLoopRequest(id=loop_id), timeout=timeout)
+        target = Path(path) if path is not None else Path.cwd()
+        if target.is_dir():
+            target = target / f"loop-{loop.id or loop_id}-rounds.{ext}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(export_text(loop, ext), encoding="utf-8")
         return target
 
 

@@ -43,8 +43,10 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
 ]
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", default="", help="job name (default: derived from model and loss)")
+def add_spec_arguments(p: argparse.ArgumentParser, *,
+                       name_help: str = "job name (default: derived from model and loss)") -> None:
+    """The JobSpec's flags (what `spec_from_args` reads): `rlvr train`'s and `rlvr loops start`'s."""
+    p.add_argument("--name", default="", help=name_help)
     p.add_argument("--model", default="", help="base model: hub id, local path or rlvr-tiny (default)")
     p.add_argument("--reward", choices=sorted(REWARDS), default=None, help="reward function (default math_pairs)")
     p.add_argument("--no-format-bonus", action="store_true", help="turn the format bonus off")
@@ -58,6 +60,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    add_spec_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="validate and print the Training Summary only")
     p.add_argument("--detach", action="store_true", help="start the job and return without watching")
     p.add_argument("--address", default=None, help="scheduler HOST:PORT (default RLVR_SCHEDULER_ADDRESS)")
