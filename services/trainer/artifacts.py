@@ -1,7 +1,8 @@
 """Where a job's files live under the artifact root, and how adapters are written without ever
 leaving a half-written one behind.
 
-    <artifact_root>/jobs/<job_id>/adapter/            the adapter of the last finished step (PEFT)
+    <artifact_root>/jobs/<job_id>/adapter/            the adapter of the last finished step (PEFT; for a
+                                                      job with an init_adapter, init + trained as one)
     <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT)
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
     <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
@@ -68,13 +69,23 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def save_adapter(model: Any, dest: Path) -> Path:  # model: a peft PeftModel
-    """Writes the LoRA weights alone (never merged) in PEFT format to `dest`, file by file atomically."""
+def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model: a peft PeftModel
+    """Writes the LoRA weights alone (never merged) in PEFT format to `dest`, file by file atomically.
+
+    With `stack_on` (a `stacking.Adapter`: a job's frozen init_adapter) the folder holds the two
+    adapters written as ONE adapter on the original base (`stacking.combine(stack_on, trained)`),
+    never the trained adapter alone, so every version a stacked job publishes is its whole policy.
+    """
     staging = dest.with_name(f".{dest.name}.staging")
     if staging.exists():
         shutil.rmtree(staging)
-    # Only the trained adapter: with kl_beta > 0 TRL keeps a frozen copy named "ref" beside it.
-    model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"])
+    if stack_on is None:
+        # Only the trained adapter: with kl_beta > 0 TRL keeps a frozen copy named "ref" beside it.
+        model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"])
+    else:
+        from services.trainer import stacking
+
+        stacking.write_adapter(stacking.combine(stack_on, stacking.from_peft_model(model, "default")), staging)
     missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
     if missing:
         raise RuntimeError(f"peft wrote no {', '.join(missing)} (is the model a PeftModel?)")

@@ -79,7 +79,9 @@ class JobConfig:
     lora_init: Literal["default", "gaussian"] = "default"
     seed: int = 0
     checkpoint_every: int = 0
-    init_adapter_path: str = ""  # a PEFT directory to continue training from ("" = a fresh adapter)
+    # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
+    # trains on top, and the job publishes the two as one adapter on the original base.
+    init_adapter_path: str = ""
     total_steps: int = 0  # 0 = derive from max_steps / the prompt count (see `steps_for`)
     data_roots: tuple[Path, ...] = field(default_factory=tuple)
 

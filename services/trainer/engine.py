@@ -6,14 +6,16 @@ documented seams, so nothing of TRL is patched:
 - `rollout_func` (trl 1.16): every step's completions come from our `PolicyGenerator`: the rollout
   service (vllm backend) with each completion's adapter version checked, or the policy itself
   in-process (transformers backend). It is also where generation is timed.
-- a `TrainerCallback`: after each optimizer step it saves the adapter (PEFT files only), pushes it
-  to the rollout service as version = step number, writes periodic checkpoints, checks the cancel
-  flag, and turns the step's record plus TRL's log line into one `MetricEvent`.
+- a `TrainerCallback`: after each optimizer step it saves the adapter (PEFT files only; for a job
+  with an init_adapter, init + trained written as one adapter), pushes it to the rollout service
+  as version = step number, writes periodic checkpoints, checks the cancel flag, and turns the
+  step's record plus TRL's log line into one `MetricEvent`.
 
 TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term,
-entropy, clipping and the optimizer. The KL reference is the policy the job started from: TRL keeps
-a frozen copy of the adapter it is given, which for a fresh adapter (B = 0) is exactly the base
-model, and for a continued one (init_adapter) is that adapter. One step = `batch_size`
+entropy, clipping and the optimizer. The KL reference is the policy the job started from. The
+adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into the base weights
+before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
+adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
 step per generation, so no importance ratio is needed).
 """
