@@ -1,0 +1,154 @@
+"""An automated training loop on the bundled tiny model, through the whole stack (embedded NATS,
+SQLite, the five services; rounds train on the transformers backend, every evaluation generates on
+the rollout server's vLLM engine), asked for a target well above the base model's score.
+
+    python bench/loop.py                        # the README's run: base + 8 points, 5 rounds x 150 steps
+    python bench/loop.py --rounds 3 --steps 60  # shorter
+    python bench/loop.py --gain 10 --give-up-after 3
+
+The target is the base model's held-out accuracy on the same questions (measured through the
+benchmark service first) plus `--gain` points. Each round trains the demo's recipe (clients/demo.py,
+RECIPE: every value inside the spec's ranges) for `--steps` steps on top of the best round so far.
+Prints the per-round table, the time split (training / benchmarking / overhead between them) and
+how the loop ended; writes JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients.demo import LOSSES, RECIPE, recipe_spec  # noqa: E402
+from rlvr.v1 import scheduler_pb2  # noqa: E402
+
+BENCHMARK = "rlvr-math-pairs-heldout"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="rlvr-tiny")
+    p.add_argument("--gain", type=float, default=8.0, help="target = the base model's score + this many points")
+    p.add_argument("--rounds", type=int, default=5, help="max rounds (each a full training run)")
+    p.add_argument("--give-up-after", type=int, default=2)
+    p.add_argument("--steps", type=int, default=150, help="GRPO steps per round")
+    p.add_argument("--eval-n", type=int, default=500, help="benchmark questions per evaluation (0 = all)")
+    p.add_argument("--backend", choices=("vllm", "transformers"), default="transformers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--home", type=Path, default=None, help="state folder (default: a fresh one under $RLVR_HOME/bench)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "loop.json")
+    return p.parse_args(argv)
+
+
+def base_score(client, eval_n: int) -> float:  # noqa: ANN001 (the SDK facade)
+    """The base model's score in percent on the loop's own benchmark and question count, measured
+    through the benchmark service before the loop starts (the loop measures it again as its
+    baseline: the same greedy evaluation, so the same number)."""
+    from rlvr.v1 import benchmark_pb2
+
+    evaluation = client.benchmark.run_evaluation(benchmark_pb2.RunEvaluationRequest(
+        benchmark=BENCHMARK, limit=eval_n, label="bench/loop.py base"))
+    for _ in client.benchmark.watch_evaluation(benchmark_pb2.WatchEvaluationRequest(id=evaluation.id)):
+        pass
+    evaluation = client.benchmark.get_evaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation.id))
+    return 100.0 * evaluation.scores.accuracy
+
+
+def loop_spec(args: argparse.Namespace, target: float) -> scheduler_pb2.LoopSpec:
+    r = RECIPE
+    job = recipe_spec(model=args.model, steps=args.steps, group_size=r["group_size"], batch_size=r["batch_size"],
+                      max_tokens=r["max_tokens"], rank=r["rank"], alpha=r["alpha"], lr=r["lr"],
+                      loss_type=LOSSES[str(r["loss_type"])], temperature=r["temperature"], prompts=r["prompts"],
+                      backend=args.backend, seed=args.seed, dynamic_sampling=bool(r["dynamic_sampling"]),
+                      lora_init=str(r["lora_init"]), name="")
+    return scheduler_pb2.LoopSpec(name=f"tiny to {target:.1f}%", job=job, benchmark=BENCHMARK, score_column="accuracy",
+                                  target=target, max_rounds=args.rounds, give_up_after=args.give_up_after,
+                                  benchmark_limit=args.eval_n)
+
+
+def rows_of(loop: scheduler_pb2.Loop) -> list[dict[str, object]]:
+    return [{"round": r.index, "job_id": r.job_id, "on_top_of": f"R{r.base_round}" if r.base_round else "base",
+             "status": scheduler_pb2.RoundStatus.Name(r.status).removeprefix("ROUND_STATUS_"),
+             "score": r.score if r.HasField("score") else None, "delta": r.delta if r.HasField("delta") else None,
+             "real_gain": r.real_gain, "threshold": r.gain_threshold, "best": r.best,
+             "training_s": round(r.training_seconds, 1), "benchmarking_s": round(r.benchmarking_seconds, 1),
+             "duration_s": round(r.duration_seconds, 1), "adapter": f"{r.adapter.name} v{r.adapter.version}"}
+            for r in loop.rounds]
+
+
+def print_table(loop: scheduler_pb2.Loop) -> None:
+    print(f"\n{'round':<6}{'on top of':<10}{'score':>8}{'delta':>8}  {'real gain (threshold)':<23}{'train s':>9}"
+          f"{'bench s':>9}{'round s':>9}  job")
+    print(f"{'base':<6}{'-':<10}{loop.baseline_score:>7.1f}%{'':>8}  {'':<23}{'':>9}{'':>9}{'':>9}")
+    for row in rows_of(loop):
+        score = f"{row['score']:.1f}%" if row["score"] is not None else row["status"].lower()
+        delta = f"{row['delta']:+.1f}" if row["delta"] is not None else ""
+        gain = f"{'yes' if row['real_gain'] else 'no'} (> {row['threshold']:.2f})"
+        print(f"R{row['round']:<5}{row['on_top_of']:<10}{score:>8}{delta:>8}  {gain:<23}{row['training_s']:>9.0f}"
+              f"{row['benchmarking_s']:>9.0f}{row['duration_s']:>9.0f}  {row['job_id']}{'  BEST' if row['best'] else ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from clients.sdk import ClientSettings, connect
+    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.common.settings import rlvr_home
+    from rlvr.models import is_tiny
+
+    args = parse_args(argv)
+    home = (args.home or rlvr_home() / "bench" / f"loop-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if is_tiny(args.model):  # a tiny model trains several times faster on one torch thread here
+        os.environ.setdefault("RLVR_TRAINER_TORCH_THREADS", "1")
+    cfg = StackConfig(home=home, model=args.model,
+                      ports={name: free_port() for name in ("scheduler", "trainer", "reward", "rollout", "benchmark")})
+    stack = Stack(cfg)
+    started = time.monotonic()
+    try:
+        stack.start()
+        if not stack.wait_serving():
+            print(f"the stack did not come up; logs in {home / 'logs'}", file=sys.stderr)
+            return 1
+        client = connect(ClientSettings(**{f"{name}_address": address for name, address in cfg.addresses.items()}))
+        base = base_score(client, args.eval_n)
+        target = round(base + args.gain, 1)
+        created = client.scheduler.create_loop(scheduler_pb2.CreateLoopRequest(spec=loop_spec(args, target)))
+        loop = created.loop
+        print(f"loop {loop.id}: {loop.spec.name}, base {base:.1f}%, up to {args.rounds} rounds of "
+              f"{args.steps} steps; warnings: {list(created.warnings) or 'none'}", flush=True)
+        last = ""
+        for loop in client.scheduler.watch_loop_updates(created.loop.id):  # noqa: B020 (the last one is kept)
+            running = loop.rounds[-1] if loop.rounds else None
+            line = f"{scheduler_pb2.LoopStatus.Name(loop.status)[12:]:<15} {loop.message}"
+            if running is not None and running.total_steps and running.status == scheduler_pb2.ROUND_STATUS_TRAINING:
+                line += f" [step {running.current_step}/{running.total_steps}]"
+            if line != last and (running is None or running.current_step % 10 == 0 or "step" not in line):
+                print(f"{time.monotonic() - started:7.0f}s  {line}", flush=True)
+                last = line
+    finally:
+        stack.stop()
+    print_table(loop)
+    overhead = loop.elapsed_seconds - loop.training_seconds - loop.benchmarking_seconds
+    print(f"\n{scheduler_pb2.LoopStatus.Name(loop.status)[12:]}: {loop.message}{(' ' + loop.error) if loop.error else ''}")
+    best = loop.best_score if loop.HasField("best_score") else loop.baseline_score
+    print(f"target {loop.spec.target:.1f}%  best {best:.1f}% ({best - loop.baseline_score:+.1f} points over the base "
+          f"model; {best - loop.spec.target:+.1f} against the target)")
+    print(f"elapsed {loop.elapsed_seconds / 60:.1f} min: training {loop.training_seconds / 60:.1f} min, "
+          f"benchmarking {loop.benchmarking_seconds / 60:.1f} min, overhead between them {overhead / 60:.1f} min")
+    result = {"loop_id": loop.id, "status": scheduler_pb2.LoopStatus.Name(loop.status), "message": loop.message,
+              "error": loop.error, "base": loop.baseline_score, "target": loop.spec.target, "best": best,
+              "rounds": rows_of(loop), "elapsed_s": loop.elapsed_seconds, "training_s": loop.training_seconds,
+              "benchmarking_s": loop.benchmarking_seconds, "overhead_s": overhead,
+              "settings": vars(args) | {"home": str(home), "out": str(args.out)}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}; state in {home}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
