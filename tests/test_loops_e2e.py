@@ -133,7 +133,9 @@ def _no_duplicates(events: list[S.LoopStatusEvent]) -> None:
 
 def test_a_loop_reaches_its_target(stack) -> None:
     client, _, home = stack
-    loop = finish(client, start(client, loop_spec("to 90% format", column="format", target=90.0)).id)
+    spec = loop_spec("to 90% format", column="format", target=90.0)
+    spec.job.advanced.checkpoint_every = 1  # checkpoints beside the adapter, for reclaim to delete
+    loop = finish(client, start(client, spec).id)
     assert loop.status == S.LOOP_STATUS_TARGET_REACHED, loop.message + loop.error
     assert loop.message.startswith("target 90% reached in round 1")
     assert loop.baseline_score >= 90.0 and loop.baseline_evaluation_id  # the base model writes the format
@@ -146,6 +148,9 @@ def test_a_loop_reaches_its_target(stack) -> None:
     job = client.scheduler.get_job(S.GetJobRequest(id=r1.job_id))
     assert job.status == C.JOB_STATUS_COMPLETED and job.spec.name == "to 90% format R1"
     assert r1.adapter.name == job.adapter.name and Path(r1.adapter.path, "adapter_model.safetensors").is_file()
+    # Reclaim storage (on by default) deleted the round's checkpoints, counted them, kept the adapter.
+    checkpoints = Path(r1.adapter.path).parent / "checkpoints"
+    assert not checkpoints.exists() and r1.reclaimed_bytes > 2 * Path(r1.adapter.path, "adapter_model.safetensors").stat().st_size
     # Its evaluation is on the leaderboard, labelled with the loop and round, scored as the loop says.
     evaluation = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=r1.evaluation_id))
     assert evaluation.label == f"to 90% format R1 (loop {loop.id})" and evaluation.adapter_name == job.adapter.name
@@ -165,7 +170,9 @@ def test_a_loop_plateaus_and_stacks_each_round_on_the_best(stack) -> None:
     from rlvr.models import resolve_model
 
     client, _, _ = stack
-    spec = loop_spec("plateau", column="accuracy", target=100.0, max_rounds=4, give_up_after=2, min_gain=50.0)
+    spec = loop_spec("plateau", column="accuracy", target=100.0, max_rounds=4, give_up_after=2, min_gain=50.0,
+                     reclaim_storage=False)
+    spec.job.advanced.checkpoint_every = 1
     loop = finish(client, start(client, spec).id)
     assert loop.status == S.LOOP_STATUS_PLATEAUED, loop.message + loop.error
     assert [r.index for r in loop.rounds] == [1, 2]  # Give Up After 2: two rounds without a real gain
@@ -173,6 +180,9 @@ def test_a_loop_plateaus_and_stacks_each_round_on_the_best(stack) -> None:
     assert all(not r.real_gain and r.gain_threshold == 50.0 for r in loop.rounds)
     r1, r2 = loop.rounds
     assert r2.base_round == 1  # round 2 trained on top of the best round so far
+    for r in (r1, r2):  # reclaim off: what the rounds made beside their adapters survives
+        assert r.reclaimed_bytes == 0
+        assert sorted(p.name for p in (Path(r.adapter.path).parent / "checkpoints").iterdir()) == ["step-1", "step-2"]
     job2 = client.scheduler.get_job(S.GetJobRequest(id=r2.job_id))
     assert job2.spec.init_adapter.name == r1.adapter.name and job2.spec.advanced.seed == 1  # seed + round - 1
     # Round 2 published ONE adapter on the original base: rank 4 (R1) + 4 (its own), scaling 1.

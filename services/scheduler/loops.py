@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlvr.common.errors import FailedPrecondition, NotFound, RlvrServiceError, Unavailable
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
 from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import ConflictError, Store
@@ -137,6 +137,9 @@ class LoopManager:
     async def list(self, status: int, limit: int, offset: int) -> tuple[list[scheduler_pb2.Loop], int]:
         if limit < 0 or offset < 0:
             raise ValueError(f"limit/offset: {limit}/{offset} is out of range; allowed: >= 0 (limit 0 = 100)")
+        if status and status not in scheduler_pb2.LoopStatus.values():
+            raise InvalidArgument(f"status: {status} is not a LoopStatus; allowed: "
+                                  f"{', '.join(scheduler_pb2.LoopStatus.keys()[1:])} or unset for all")
         name = loop_status_name(status) if status else None
         rows = await asyncio.to_thread(self.store.list_loops, name, limit or 100, offset)
         total = await asyncio.to_thread(self.store.count_loops, name)

@@ -26,12 +26,13 @@ def tree_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def _remove(path: Path, root: Path) -> int:
-    """Deletes `path` (which must lie under `root`) and returns the bytes it held."""
+def _remove(path: Path, root: Path) -> int | None:
+    """Deletes `path` (which must lie under `root`) and returns the bytes it held; None, deleting
+    nothing, for a path outside the root."""
     resolved = path.resolve()
     if root.resolve() not in resolved.parents:
         log.warning("not reclaiming %s: outside the artifact root %s", path, root)
-        return 0
+        return None
     if not resolved.exists():
         return 0
     size = tree_size(resolved)
@@ -47,9 +48,11 @@ def reclaim_job(store: Store, artifact_root: Path, job_id: str) -> int:
     freed = 0
     job_dir = artifact_root / "jobs" / job_id
     for name in JOB_EXTRAS:
-        freed += _remove(job_dir / name, artifact_root)
+        freed += _remove(job_dir / name, artifact_root) or 0
     for artifact in store.artifacts(job_id, kind="merged"):
         path = Path(artifact.path)
-        freed += _remove(path if path.is_absolute() else artifact_root / path, artifact_root)
-        store.delete_artifact(artifact.id)
+        size = _remove(path if path.is_absolute() else artifact_root / path, artifact_root)
+        if size is not None:  # gone (or already gone): so is its record
+            freed += size
+            store.delete_artifact(artifact.id)
     return freed
