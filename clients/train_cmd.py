@@ -18,7 +18,8 @@ REWARDS = {"math_pairs": C.REWARD_FUNCTION_MATH_PAIRS, "gsm8k": C.REWARD_FUNCTIO
            "boxed": C.REWARD_FUNCTION_BOXED}
 LOSSES = {"grpo": C.LOSS_TYPE_GRPO, "dapo": C.LOSS_TYPE_DAPO, "dr_grpo": C.LOSS_TYPE_DR_GRPO}
 QUANTS = {"full": C.QUANTIZATION_FULL, "4bit": C.QUANTIZATION_4BIT, "8bit": C.QUANTIZATION_8BIT}
-BACKENDS = {"vllm": C.GENERATION_BACKEND_VLLM, "transformers": C.GENERATION_BACKEND_TRANSFORMERS}
+BACKENDS = {"vllm": C.GENERATION_BACKEND_VLLM, "vllm-colocate": C.GENERATION_BACKEND_VLLM_COLOCATE,
+            "transformers": C.GENERATION_BACKEND_TRANSFORMERS}
 
 # flag -> (message path, field, type, help)
 SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
@@ -34,7 +35,7 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
     ("--batch-size", "grpo", "batch_size", int, "one of 1,2,4,8,16,32 (default 4; rounded up to a multiple "
                                                 "of the group size)"),
     ("--epochs", "advanced", "epochs", int, "passes over the prompts when --max-steps -1 (default 1)"),
-    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, "vLLM colocate memory share, 0.05-0.95 (default 0.3)"),
+    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, "vllm-colocate's memory share, 0.05-0.95 (default 0.3)"),
     ("--gpu", "advanced", "gpu_selection", str, 'GPU selection: "auto", "cpu" or "0,1" (default auto)'),
     ("--kl-beta", "advanced", "kl_beta", float, "KL coefficient, 0-1 (default 0)"),
     ("--temperature", "advanced", "temperature", float, "rollout temperature, 0.1-2 (default 1.0)"),
@@ -53,7 +54,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     p.add_argument("--loss-type", choices=sorted(LOSSES), default=None, help="default grpo")
     p.add_argument("--quantization", choices=sorted(QUANTS), default=None, help="default full")
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
-                   help="vllm (colocate, default) or transformers (in-process)")
+                   help="vllm (the rollout server, default), vllm-colocate (an engine in the job's process) or "
+                        "transformers (in-process)")
     for flag, _, field, kind, text in SPEC_FLAGS:
         p.add_argument(flag, dest=field, type=kind, default=None, help=text)
     p.add_argument("--lora-init", choices=("default", "gaussian"), default=None,

@@ -30,7 +30,7 @@ def test_defaults_match_the_spec() -> None:
 
 def test_training_summary() -> None:
     s = resolve_spec(C.JobSpec()).summary
-    assert (s.method, s.reward, s.backend) == ("RLVR (GRPO)", "Math Pairs (synthetic)", "vLLM (colocate)")
+    assert (s.method, s.reward, s.backend) == ("RLVR (GRPO)", "Math Pairs (synthetic)", "vLLM (rollout server)")
     assert (s.group_size, s.max_completion, s.lora_rank, s.max_steps, s.gpu_selection) == (8, 256, 8, 100, "auto")
     assert s.model == "rlvr-tiny" and s.learn_rate == pytest.approx(1e-6)
 
@@ -57,12 +57,18 @@ BOUNDS = [
 
 @pytest.mark.parametrize("group,field,low,high,text", BOUNDS)
 def test_bounds_inclusive_and_named(group: str, field: str, low: float, high: float, text: str) -> None:
+    def with_value(value: float) -> C.JobSpec:
+        s = spec(**{group: {field: value}})
+        if field == "gpu_memory_fraction":  # the colocate backend's own setting
+            s.advanced.generation_backend = C.GENERATION_BACKEND_VLLM_COLOCATE
+        return s
+
     for ok in (low, high):
-        resolve_spec(spec(**{group: {field: ok}}))
+        resolve_spec(with_value(ok))
     step = 1 if isinstance(low, int) else low * 0.5
     for bad in (low - step, high + (1 if isinstance(high, int) else high * 0.5)):
         with pytest.raises(InvalidArgument) as err:
-            resolve_spec(spec(**{group: {field: bad}}))
+            resolve_spec(with_value(bad))
         msg = str(err.value)
         assert msg.startswith(f"{group}.{field}:") and text in msg, msg
 
@@ -114,12 +120,22 @@ def test_dataset_rules() -> None:
     assert r.spec.reward.dataset_split == "train" and r.total_steps == 100
 
 
-def test_transformers_backend_ignores_memory_fraction() -> None:
-    r = resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_TRANSFORMERS,
+def test_three_backends_and_the_memory_slider_only_where_it_means_something() -> None:
+    colocate = resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_VLLM_COLOCATE}))
+    assert colocate.spec.advanced.gpu_memory_fraction == pytest.approx(0.3)  # its default
+    assert colocate.summary.backend == "vLLM (colocate)"
+    r = resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_VLLM_COLOCATE,
                                     "gpu_memory_fraction": 0.5}))
-    assert not r.spec.advanced.HasField("gpu_memory_fraction")
-    assert r.summary.backend == "Transformers (in-process)"
-    assert any("gpu_memory_fraction" in w for w in r.warnings)
+    assert r.spec.advanced.gpu_memory_fraction == pytest.approx(0.5)
+    assert resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_TRANSFORMERS})
+                        ).summary.backend == "Transformers (in-process)"
+    assert not resolve_spec(C.JobSpec()).spec.advanced.HasField("gpu_memory_fraction")
+    for backend, why in ((C.GENERATION_BACKEND_TRANSFORMERS, "runs no vLLM engine"),
+                         (C.GENERATION_BACKEND_VLLM, "its --memory-fraction setting")):
+        with pytest.raises(InvalidArgument) as err:
+            resolve_spec(spec(advanced={"generation_backend": backend, "gpu_memory_fraction": 0.5}))
+        assert str(err.value).startswith("advanced.gpu_memory_fraction: only the vLLM (colocate) backend takes")
+        assert why in str(err.value)
 
 
 def test_input_is_not_modified() -> None:

@@ -36,6 +36,7 @@ class GenerationBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GENERATION_BACKEND_UNSPECIFIED: _ClassVar[GenerationBackend]
     GENERATION_BACKEND_VLLM: _ClassVar[GenerationBackend]
     GENERATION_BACKEND_TRANSFORMERS: _ClassVar[GenerationBackend]
+    GENERATION_BACKEND_VLLM_COLOCATE: _ClassVar[GenerationBackend]
 
 class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -66,6 +67,7 @@ QUANTIZATION_8BIT: Quantization
 GENERATION_BACKEND_UNSPECIFIED: GenerationBackend
 GENERATION_BACKEND_VLLM: GenerationBackend
 GENERATION_BACKEND_TRANSFORMERS: GenerationBackend
+GENERATION_BACKEND_VLLM_COLOCATE: GenerationBackend
 JOB_STATUS_UNSPECIFIED: JobStatus
 JOB_STATUS_QUEUED: JobStatus
 JOB_STATUS_RUNNING: JobStatus

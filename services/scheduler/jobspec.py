@@ -68,7 +68,8 @@ REWARD_NAMES = {
     C.REWARD_FUNCTION_BOXED: "Boxed-answer accuracy",
 }
 BACKEND_NAMES = {
-    C.GENERATION_BACKEND_VLLM: "vLLM (colocate)",
+    C.GENERATION_BACKEND_VLLM: "vLLM (rollout server)",
+    C.GENERATION_BACKEND_VLLM_COLOCATE: "vLLM (colocate)",
     C.GENERATION_BACKEND_TRANSFORMERS: "Transformers (in-process)",
 }
 LOSS_NAMES = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
@@ -171,11 +172,13 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
     backend = _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES,
                     C.GENERATION_BACKEND_VLLM)
-    if backend == C.GENERATION_BACKEND_VLLM:
+    if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
         _float(a, "gpu_memory_fraction", "advanced.gpu_memory_fraction", GPU_MEMORY_FRACTION)
     elif a.HasField("gpu_memory_fraction"):
-        warnings.append("advanced.gpu_memory_fraction only applies to vLLM (colocate); ignored")
-        a.ClearField("gpu_memory_fraction")
+        why = ("the rollout server sizes its own engine (its --memory-fraction setting)"
+               if backend == C.GENERATION_BACKEND_VLLM else "that backend runs no vLLM engine")
+        raise InvalidArgument(f"advanced.gpu_memory_fraction: only the vLLM (colocate) backend takes a memory "
+                              f"share; with {BACKEND_NAMES[backend]} {why}")
     a.gpu_selection = a.gpu_selection.strip() or "auto"
     if not GPU_SELECTION_RE.match(a.gpu_selection):
         raise out_of_range("advanced.gpu_selection", a.gpu_selection,
