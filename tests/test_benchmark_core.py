@@ -125,10 +125,13 @@ async def test_runner_stores_every_row_and_tallies(sqlite_store: Store) -> None:
     assert [r.index for r in rows] == list(range(10)) and seen == [(4, 10), (8, 10), (10, 10)]
     assert [r.finish_reason for r in rows].count("LENGTH") == 3 and rows[2].completion.startswith("<think>1+1")
     t = result.tally
-    # right on 0, 6 (strictly: the whole format), on 4 (inside <answer>, but no <think>: the reward's
-    # strict, not the benchmark's) and on 2, whose cut-off reasoning happens to end in its answer
-    assert (t.n, t.correct, t.strict, t.formatted, t.answered) == (10, 4, 2, 2, 7)
-    assert not rows[4].strict and rows[4].accuracy == 1 and rows[4].extracted_answer == "4"
+    # right on 0, 6 (in the whole format), on 4 (inside <answer>, without <think>: strict all the same,
+    # strict is about how the answer is written, not the format) and on 2, whose cut-off reasoning
+    # happens to end in its answer (correct as a value, not strict: its last line is not the answer)
+    assert (t.n, t.correct, t.strict, t.formatted, t.answered) == (10, 4, 3, 2, 7)
+    assert rows[4].strict and rows[4].accuracy == 1 and rows[4].format == 0 and rows[4].extracted_answer == "4"
+    assert rows[2].accuracy == 1 and not rows[2].strict
+    assert all(r.strict <= r.accuracy for r in rows)  # on every stored row
     assert t.share("accuracy_strict") <= t.share("accuracy") and t.share("answered") == 0.7
     assert t == tally((r.accuracy, r.strict, r.format, r.finish_reason == "STOP") for r in rows)
     assert rows[0].prompt == "q0" and rows[0].extracted_answer == "0" and rows[0].strict
@@ -139,6 +142,20 @@ async def test_loose_answers_count_for_accuracy_not_strict(sqlite_store: Store) 
     manager = EvaluationManager(sqlite_store, peers)
     ev = await finished(manager, (await manager.run(request(limit=8))).id)
     assert (ev.scores.accuracy, ev.scores.accuracy_strict, ev.scores.format, ev.scores.answered) == (1.0, 0.0, 0.0, 1.0)
+
+
+async def test_the_specs_70_70_0_evaluation(sqlite_store: Store) -> None:
+    """The spec's evaluation example, accuracy 70%, accuracy strict 70%, format 0%: a model that
+    answers on its last line without the think/answer wrapper, right on 7 questions of 10."""
+    def bare(q: Question, a: AdapterTag) -> tuple[str, str]:
+        answer = q.ground_truth if q.index % 10 < 7 else str(int(q.ground_truth) + 1)
+        return f"adding the pairs and multiplying\n{answer}", "STOP"
+
+    manager = EvaluationManager(sqlite_store, LocalPeers(script=bare))
+    ev = await finished(manager, (await manager.run(request(limit=10))).id)
+    assert (ev.scores.accuracy, ev.scores.accuracy_strict, ev.scores.format, ev.scores.answered) == (0.7, 0.7, 0.0, 1.0)
+    rows = sqlite_store.question_results(ev.id)  # the Detailed Results rows say the same as the tiles
+    assert sum(r.strict for r in rows) == 7 and all(r.strict <= r.accuracy and r.format == 0 for r in rows)
 
 
 async def test_lifecycle_events_and_watch(sqlite_store: Store) -> None:

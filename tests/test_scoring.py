@@ -27,8 +27,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "77",
         1,
         1,
-        True,
-        "an equation in the answer: the final number (after '=') wins",
+        False,
+        "an equation in the answer: the final number (after '=') wins; not strict: not written exactly as the ground truth",
     ),
     (
         "math_pairs",
@@ -48,7 +48,7 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         True,
         "whitespace around and between blocks is allowed",
     ),
-    ("math_pairs", "77", "77", 1, 0, False, "a bare number is correct but not strict (no answer tag)"),
+    ("math_pairs", "77", "77", 1, 0, True, "a bare number is correct; strict: its last line is exactly the answer"),
     (
         "math_pairs",
         "3+4=7, 5+6=11, so 7*11=77",
@@ -182,8 +182,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "77",
         1,
         1,
-        True,
-        "leading zeros compare numerically",
+        False,
+        "leading zeros compare numerically; not strict: not written exactly as the ground truth",
     ),
     (
         "math_pairs",
@@ -191,8 +191,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "77",
         1,
         1,
-        True,
-        "a sentence-ending period is not a decimal point",
+        False,
+        "a sentence-ending period is not a decimal point; not strict: not written exactly as the ground truth",
     ),
     (
         "math_pairs",
@@ -209,18 +209,18 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "77",
         1,
         0,
-        True,
-        "a stray think tag inside the answer breaks the format",
+        False,
+        "a stray think tag inside the answer breaks the format; not strict: not written exactly as the ground truth",
     ),
-    ("gsm8k", "<think>a</think><answer>8,000</answer>", "8000", 1, 1, True, "thousands separators"),
+    ("gsm8k", "<think>a</think><answer>8,000</answer>", "8000", 1, 1, False, "thousands separators; not strict: not written exactly as the ground truth"),
     (
         "gsm8k",
         "<think>a</think><answer>1,450,000</answer>",
         "1450000",
         1,
         1,
-        True,
-        "several separator groups",
+        False,
+        "several separator groups; not strict: not written exactly as the ground truth",
     ),
     (
         "gsm8k",
@@ -228,11 +228,11 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "8,000",
         1,
         1,
-        True,
-        "separators in the ground truth too",
+        False,
+        "separators in the ground truth too; not strict: not written exactly as the ground truth",
     ),
-    ("gsm8k", "<think>a</think><answer>$18.00</answer>", "18", 1, 1, True, "dollar sign and cents"),
-    ("gsm8k", "<think>a</think><answer>18.0</answer>", "18", 1, 1, True, "18.0 equals 18"),
+    ("gsm8k", "<think>a</think><answer>$18.00</answer>", "18", 1, 1, False, "dollar sign and cents; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>18.0</answer>", "18", 1, 1, False, "18.0 equals 18; not strict: not written exactly as the ground truth"),
     ("gsm8k", "<think>a</think><answer>18.5</answer>", "18", 0, 1, False, "18.5 does not equal 18"),
     (
         "gsm8k",
@@ -240,12 +240,12 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "18",
         1,
         1,
-        True,
-        "units and words around the number",
+        False,
+        "units and words around the number; not strict: not written exactly as the ground truth",
     ),
     ("gsm8k", "<think>a</think><answer>-5</answer>", "-5", 1, 1, True, "negative answers"),
     ("gsm8k", "<think>a</think><answer>5</answer>", "-5", 0, 1, False, "a dropped sign is wrong"),
-    ("gsm8k", "<think>a</think><answer>\u22125</answer>", "-5", 1, 1, True, "a unicode minus sign"),
+    ("gsm8k", "<think>a</think><answer>\u22125</answer>", "-5", 1, 1, False, "a unicode minus sign; not strict: not written exactly as the ground truth"),
     (
         "gsm8k",
         "<think>a</think><answer>10-5</answer>",
@@ -255,20 +255,20 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         False,
         "a minus between digits is subtraction, not a sign",
     ),
-    ("gsm8k", "<think>a</think><answer>x = -5</answer>", "-5", 1, 1, True, "a sign after '='"),
-    ("gsm8k", "<think>a</think><answer>+5</answer>", "5", 1, 1, True, "an explicit plus sign"),
-    ("gsm8k", "<think>a</think><answer>25%</answer>", "25", 1, 1, True, "a percent sign"),
-    ("gsm8k", "<think>a</think><answer>0.5</answer>", "0.50", 1, 1, True, "trailing zeros in decimals"),
-    ("gsm8k", "<think>a</think><answer>.5</answer>", "0.5", 1, 1, True, "a decimal without leading zero"),
-    ("gsm8k", "<think>a</think><answer>3/4</answer>", "0.75", 1, 1, True, "a plain fraction"),
+    ("gsm8k", "<think>a</think><answer>x = -5</answer>", "-5", 1, 1, False, "a sign after '='; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>+5</answer>", "5", 1, 1, False, "an explicit plus sign; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>25%</answer>", "25", 1, 1, False, "a percent sign; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>0.5</answer>", "0.50", 1, 1, False, "trailing zeros in decimals; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>.5</answer>", "0.5", 1, 1, False, "a decimal without leading zero; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>3/4</answer>", "0.75", 1, 1, False, "a plain fraction; not strict: not written exactly as the ground truth"),
     (
         "gsm8k",
         "<think>a</think><answer>\\boxed{72}</answer>",
         "72",
         1,
         1,
-        True,
-        "a boxed number inside the tag",
+        False,
+        "a boxed number inside the tag; not strict: not written exactly as the ground truth",
     ),
     (
         "gsm8k",
@@ -285,8 +285,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "10",
         1,
         1,
-        True,
-        "several candidates: the final number wins",
+        False,
+        "several candidates: the final number wins; not strict: not written exactly as the ground truth",
     ),
     (
         "gsm8k",
@@ -297,20 +297,20 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         False,
         "several candidates: the final number wins even when an earlier one was right",
     ),
-    ("gsm8k", "<think>a</think><answer>8\\,000</answer>", "8000", 1, 1, True, "a LaTeX thin space separator"),
-    ("gsm8k", "<think>a</think><answer>8{,}000</answer>", "8000", 1, 1, True, "a LaTeX {,} separator"),
+    ("gsm8k", "<think>a</think><answer>8\\,000</answer>", "8000", 1, 1, False, "a LaTeX thin space separator; not strict: not written exactly as the ground truth"),
+    ("gsm8k", "<think>a</think><answer>8{,}000</answer>", "8000", 1, 1, False, "a LaTeX {,} separator; not strict: not written exactly as the ground truth"),
     (
         "gsm8k",
         "<think>a</think><answer>1,2,3</answer>",
         "3",
         1,
         1,
-        True,
-        "a comma list is not a thousands number",
+        False,
+        "a comma list is not a thousands number; not strict: not written exactly as the ground truth",
     ),
     ("gsm8k", "<think>a</think><answer>no idea</answer>", "18", 0, 1, False, "no number at all"),
     ("gsm8k", "", "18", 0, 0, False, "an empty completion"),
-    ("gsm8k", "<think>a</think><answer>18</answer>", "18.000", 1, 1, True, "a decimal ground truth"),
+    ("gsm8k", "<think>a</think><answer>18</answer>", "18.000", 1, 1, False, "a decimal ground truth; not strict: not written exactly as the ground truth"),
     (
         "gsm8k",
         "<think>a</think><answer>1e3</answer>",
@@ -336,8 +336,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "0.5",
         1,
         1,
-        True,
-        "a LaTeX fraction equals its decimal",
+        False,
+        "a LaTeX fraction equals its decimal; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -345,8 +345,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "1/2",
         1,
         1,
-        True,
-        "\\dfrac and unreduced fractions",
+        False,
+        "\\dfrac and unreduced fractions; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -354,8 +354,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "0.5",
         1,
         1,
-        True,
-        "\\tfrac12 shorthand",
+        False,
+        "\\tfrac12 shorthand; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -363,8 +363,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "-0.75",
         1,
         1,
-        True,
-        "a signed fraction",
+        False,
+        "a signed fraction; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -372,8 +372,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "-3/4",
         1,
         1,
-        True,
-        "a sign inside the numerator",
+        False,
+        "a sign inside the numerator; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -381,20 +381,20 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "\\sqrt{8}",
         1,
         1,
-        True,
-        "square roots compare numerically",
+        False,
+        "square roots compare numerically; not strict: not written exactly as the ground truth",
     ),
-    ("boxed", "<think>a</think><answer>\\boxed{90^\\circ}</answer>", "90", 1, 1, True, "degrees"),
-    ("boxed", "<think>a</think><answer>\\boxed{50\\%}</answer>", "50", 1, 1, True, "a LaTeX percent"),
-    ("boxed", "<think>a</think><answer>\\boxed{18 \\text{ cm}}</answer>", "18", 1, 1, True, "\\text{} units"),
+    ("boxed", "<think>a</think><answer>\\boxed{90^\\circ}</answer>", "90", 1, 1, False, "degrees; not strict: not written exactly as the ground truth"),
+    ("boxed", "<think>a</think><answer>\\boxed{50\\%}</answer>", "50", 1, 1, False, "a LaTeX percent; not strict: not written exactly as the ground truth"),
+    ("boxed", "<think>a</think><answer>\\boxed{18 \\text{ cm}}</answer>", "18", 1, 1, False, "\\text{} units; not strict: not written exactly as the ground truth"),
     (
         "boxed",
         "<think>a</think><answer>\\boxed{\\$1{,}000}</answer>",
         "1000",
         1,
         1,
-        True,
-        "an escaped dollar and a braced separator",
+        False,
+        "an escaped dollar and a braced separator; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -402,8 +402,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "(1,2)",
         1,
         1,
-        True,
-        "\\left/\\right and spacing in a tuple",
+        False,
+        "\\left/\\right and spacing in a tuple; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -411,10 +411,10 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "yes",
         1,
         1,
-        True,
-        "text answers compare after normalisation",
+        False,
+        "text answers compare after normalisation; not strict: not written exactly as the ground truth",
     ),
-    ("boxed", "<think>a</think><answer>\\boxed{x = 5}</answer>", "5", 1, 1, True, "a variable assignment"),
+    ("boxed", "<think>a</think><answer>\\boxed{x = 5}</answer>", "5", 1, 1, False, "a variable assignment; not strict: not written exactly as the ground truth"),
     (
         "boxed",
         "<think>a</think><answer>\\boxed{1} then \\boxed{2}</answer>",
@@ -446,10 +446,10 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "boxed",
         "<think>a</think><answer>\\frac{1}{2}</answer>",
         "0.5",
+        0,
         1,
-        1,
-        True,
-        "the answer block stands in for a forgotten box",
+        False,
+        "the answer block does not stand in for a forgotten box: a boxed reward needs a closed box",
     ),
     ("boxed", "The answer is $\\boxed{\\frac{1}{2}}$.", "1/2", 1, 0, False, "a box outside any answer tag"),
     (
@@ -458,8 +458,8 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
         "\\frac{4}{2}",
         1,
         1,
-        True,
-        "a LaTeX ground truth against a plain answer",
+        False,
+        "a LaTeX ground truth against a plain answer; not strict: not written exactly as the ground truth",
     ),
     (
         "boxed",
@@ -498,6 +498,45 @@ def test_scoring_table(
     assert result.reward == pytest.approx(accuracy + 0.1 * fmt), reason
 
 
+# Strict is about how the answer is given, never about the <think>/<answer> wrapper.
+STRICT_CASES = [
+    ("gsm8k", "48 + 22 = 70\n70", "70", True, "no tags: the last line is exactly the answer"),
+    ("gsm8k", "48 + 22 = 70\n70\n\n<|im_end|>", "70", True, "trailing blank lines and end-of-turn are not a line"),
+    ("gsm8k", "48 + 22 = 70\nThe answer is 70", "70", False, "the last line is a sentence, not the answer"),
+    ("gsm8k", "70\nlet me check", "70", False, "the answer is not on the last line"),
+    ("gsm8k", "<answer>70</answer>", "70", True, "an answer block without a think block: strict, format 0"),
+    ("gsm8k", "<answer> 70 </answer> done", "70", True, "the block, whitespace trimmed; text after costs format only"),
+    ("gsm8k", "<answer>70.0</answer>", "70", False, "18.0 is not 18 as written"),
+    ("gsm8k", "<answer>1,000</answer>", "1000", False, "no thousands separators"),
+    ("gsm8k", "<answer>1,000</answer>", "1,000", True, "exactly as the ground truth writes it"),
+    ("boxed", "so \\boxed{12}", "12", True, "the box is a boxed dataset's canonical place, tags or not"),
+    ("boxed", "<answer>\\boxed{12}</answer>", "12", True, "a box inside the answer block"),
+    ("boxed", "<answer>12</answer>", "12", False, "no box: not even correct for a boxed reward"),
+]
+
+
+@pytest.mark.parametrize(("function", "completion", "truth", "strict", "reason"), STRICT_CASES,
+                         ids=[c[4][:40] for c in STRICT_CASES])
+def test_strict_reads_only_the_canonical_place(function: str, completion: str, truth: str, strict: bool,
+                                               reason: str) -> None:
+    result = score(function, completion, truth)  # type: ignore[arg-type]
+    assert result.strict == strict, reason
+    assert result.format == 0.0  # none of these has the full format: strict does not need it
+    assert result.strict <= result.accuracy
+
+
+def test_the_specs_evaluation_example_is_reachable() -> None:
+    """The spec's evaluation page: accuracy 70%, accuracy strict 70%, format 0%, on ten answers a
+    model gives as a bare last line, seven of them right."""
+    truths = [str(10 * i + 3) for i in range(10)]
+    completions = [f"{t} is what the sums give\n{t if i < 7 else int(t) + 1}" for i, t in enumerate(truths)]
+    results = [score("gsm8k", c, t) for c, t in zip(completions, truths, strict=True)]
+    n = len(results)
+    shares = (sum(r.accuracy for r in results) / n, sum(r.strict for r in results) / n,
+              sum(r.format for r in results) / n)
+    assert shares == (0.7, 0.7, 0.0)
+
+
 def test_table_is_large_enough() -> None:
     assert len(CASES) >= 60
     assert len({(c[0], c[1], c[2]) for c in CASES}) == len(CASES), "duplicate rows"
@@ -505,7 +544,8 @@ def test_table_is_large_enough() -> None:
 
 def test_components_and_extracted_answer() -> None:
     result = score("gsm8k", "<think>a</think><answer>$8,000</answer>", "8000", format_weight=0.25)
-    assert result == ScoreResult(1.25, 1.0, 1.0, "8,000", strict=True, has_answer_tag=True)
+    # correct as a value, not strict: the answer block holds "$8,000", not "8000" as written
+    assert result == ScoreResult(1.25, 1.0, 1.0, "8,000", strict=False, has_answer_tag=True)
     assert result.answered
     assert score("gsm8k", GOOD, "77", format_bonus=False).reward == 1.0
     assert score("gsm8k", GOOD, "0", format_bonus=False).format == 1.0  # reported even when unpaid

@@ -6,10 +6,11 @@ A benchmark is a reward function plus a fixed question set: the held-out Math Pa
 service's held-out split, so training and benchmarking share one definition of each task.
 
 The score columns, as protos/rlvr/v1/benchmark.proto defines them (n = questions evaluated):
-accuracy = correct final answers, wherever they stand / n; accuracy_strict = correct and standing
-inside the exact <think>...</think><answer>...</answer> structure / n (never above accuracy, nor
-above format); format = that exact structure, right or wrong / n; answered = completions that
-finished (STOP) rather than being cut off at the length limit / n.
+accuracy = correct final answers, wherever they stand / n; accuracy_strict = correct and written
+exactly as the ground truth in the answer's canonical place (the reward's `strict`) / n, never above
+accuracy and independent of format; format = the exact <think>...</think><answer>...</answer>
+structure, right or wrong / n; answered = completions that finished (STOP) rather than being cut
+off at the length limit / n.
 """
 
 from __future__ import annotations

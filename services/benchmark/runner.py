@@ -76,15 +76,8 @@ class Score:
     reward: float
     accuracy: float
     format: float
-    strict: bool  # the reward's own: correct and inside a closed <answer> block
+    strict: bool  # correct, and written exactly as the ground truth in its canonical place
     extracted_answer: str
-
-    @property
-    def strict_correct(self) -> bool:
-        """The benchmark's accuracy_strict (benchmark.proto): correct, and the answer stands inside
-        the whole required <think>...</think><answer>...</answer> structure. Stricter than the
-        reward's `strict`, which lets a missing <think> block or text after the answer pass."""
-        return self.strict and self.accuracy >= 1.0 and self.format >= 1.0
 
 
 class Generator(Protocol):
@@ -191,7 +184,7 @@ async def run_questions(
             rows = [question_row(evaluation_id, q, a, s) for q, a, s in zip(batch, ordered, scores, strict=True)]
             await asyncio.to_thread(store.add_question_results, rows)
             for a, s in zip(ordered, scores, strict=True):
-                result.tally = result.tally.add(s.accuracy, s.strict_correct, s.format, a.finish_reason == "STOP")
+                result.tally = result.tally.add(s.accuracy, s.strict, s.format, a.finish_reason == "STOP")
             if on_progress is not None:
                 await on_progress(Progress(result.tally.n, len(questions), result.tally,
                                            result.generate_seconds, result.score_seconds))
@@ -213,6 +206,6 @@ def question_row(evaluation_id: str, question: Question, answer: Answer, score: 
         reward=score.reward,
         accuracy=score.accuracy,
         format=score.format,
-        strict=score.strict_correct,  # the same strictness as the accuracy_strict tile
+        strict=score.strict,  # the same strictness as the accuracy_strict tile
         finish_reason=answer.finish_reason,
     )

@@ -4,11 +4,20 @@ Pure functions, no gRPC: the reward servicer is a thin shell over :func:`score` 
 :func:`score_batch` (see :mod:`services.reward.pool` for the per-item time limit).
 
 Accuracy (1.0 or 0.0)
-    ``math_pairs`` and ``gsm8k``: the final number. ``boxed``: the last ``\\boxed{...}``. Where the
-    completion has an ``<answer>…</answer>`` block, the last such block is the answer and only its
-    content counts (a number in the reasoning cannot stand in for a missing answer); without one, the
-    whole completion is searched and the final candidate wins. ``strict`` is accuracy *and* the
-    answer came from inside a closed answer block.
+    ``math_pairs`` and ``gsm8k``: the final number. ``boxed``: the last closed ``\\boxed{...}``,
+    nothing else (the spec rewards "a correct \\boxed{...} final answer": an unboxed number or an
+    unclosed box earns nothing). Where the completion has an ``<answer>…</answer>`` block, the last
+    such block is the answer and only its content counts (a number in the reasoning cannot stand in
+    for a missing answer); without one, the whole completion is searched and the final candidate
+    wins. Numbers compare as values (``18.0`` = ``18``, ``1,000`` = ``1000``).
+Strict (True or False): how the answer is given, not whether it is wrapped in the format
+    Correct *and* the answer read only from its canonical place equals the ground truth exactly as
+    written, whitespace trimmed: the ``\\boxed{}`` content for ``boxed``; otherwise the closed
+    ``<answer>`` block's content, or, without one, the completion's last non-empty line. No
+    thousands separators, no ``18.0`` for ``18``, no searching elsewhere in the text. So strict never
+    exceeds accuracy and does not depend on format: "a bare 70 on the last line" is correct and
+    strict with format 0 (the spec's evaluation example: accuracy 70%, accuracy strict 70%, format
+    0%).
 Format (1.0 or 0.0)
     Exactly one non-empty ``<think>`` block, then exactly one non-empty ``<answer>`` block, with only
     whitespace around them (a trailing end-of-turn token such as ``<|im_end|>`` is tolerated).
@@ -21,6 +30,9 @@ Format (1.0 or 0.0)
 >>> r = score("gsm8k", "She earns $8,000 a year.", "8000")
 >>> (r.reward, r.accuracy, r.format, r.strict, r.has_answer_tag)
 (1.0, 1.0, 0.0, False, False)
+>>> r = score("gsm8k", "48 + 22 = 70\\n70", "70")
+>>> (r.accuracy, r.strict, r.format)
+(1.0, True, 0.0)
 >>> score("boxed", r"<think>half</think><answer>\\boxed{\\dfrac{1}{2}}</answer>", "0.5").reward
 1.1
 """
@@ -55,7 +67,7 @@ class ScoreResult:
     accuracy: float
     format: float
     extracted_answer: str | None
-    strict: bool  # correct, and the answer was inside a closed <answer> block
+    strict: bool  # correct, and its canonical place holds exactly the ground truth (see the module docstring)
     has_answer_tag: bool  # a closed <answer>…</answer> block exists
     timed_out: bool = False  # set by score_batch when the item hit its time limit (all zeros then)
 
@@ -112,21 +124,33 @@ def answer_block(completion: str) -> str | None:
     return None if open_ < 0 else completion[open_ + len(ANSWER_OPEN) : close]
 
 
-def extract_answer(function: ScoringFunction, completion: str) -> tuple[str | None, bool]:
-    """The candidate answer and whether it came from inside the answer block."""
+def extract_answer(function: ScoringFunction, completion: str) -> str | None:
+    """The candidate final answer that accuracy compares (see the module docstring)."""
     block = answer_block(completion)
     region = completion if block is None else block
-    boxed = last_boxed(region)
-    if boxed is not None:
-        candidate: str | None = boxed
-    elif function == "boxed" and block is not None:
-        # the answer block *is* the final answer, even when the model forgot the \boxed{}
-        candidate = block.strip() or None
-    else:
+    candidate = last_boxed(region)
+    if candidate is None and function != "boxed":
         candidate = last_number(region)
     if candidate is not None and len(candidate) > MAX_ANSWER_CHARS:
         candidate = candidate[:MAX_ANSWER_CHARS]
-    return candidate, block is not None and candidate is not None
+    return candidate
+
+
+def canonical_answer(function: ScoringFunction, completion: str) -> str | None:
+    """The answer as written in its canonical place, whitespace trimmed (strict reads only this):
+    the last closed \\boxed{} for ``boxed`` (in the answer block when there is one); otherwise the
+    closed answer block's content, or the completion's last non-empty line without one.
+
+    >>> canonical_answer("gsm8k", "so 3+4 = 7\\n 7 \\n"), canonical_answer("gsm8k", "<answer> 7.0 </answer>")
+    ('7', '7.0')
+    """
+    block = answer_block(completion)
+    if function == "boxed":
+        return last_boxed(completion if block is None else block)
+    if block is not None:
+        return block.strip()
+    lines = [line for line in _strip_eos(completion).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
 
 
 def check_arguments(function: str, format_weight: float) -> None:
@@ -151,8 +175,9 @@ def score(
     too_long = len(completion) > MAX_COMPLETION_CHARS
     if too_long:
         completion = completion[-MAX_COMPLETION_CHARS:]
-    candidate, in_block = extract_answer(function, completion)
-    correct = answers_match(candidate, ground_truth[:MAX_GROUND_TRUTH_CHARS])
+    candidate = extract_answer(function, completion)
+    truth = ground_truth[:MAX_GROUND_TRUTH_CHARS]
+    correct = answers_match(candidate, truth)
     accuracy = 1.0 if correct else 0.0
     fmt = 0.0 if too_long or not format_ok(completion) else 1.0
     reward = accuracy + (format_weight * fmt if format_bonus else 0.0)
@@ -161,6 +186,6 @@ def score(
         accuracy=accuracy,
         format=fmt,
         extracted_answer=candidate,
-        strict=correct and in_block,
+        strict=correct and canonical_answer(function, completion) == truth.strip(),
         has_answer_tag=answer_block(completion) is not None,
     )
