@@ -66,8 +66,12 @@ class UnknownAdapterError(LookupError):
         return str(self.args[0]) if self.args else ""
 
 
-class AdapterVersionMismatch(Exception):
-    """A request pinned a version that is not the live one (FAILED_PRECONDITION): never serve it silently."""
+class AdapterVersionMismatch(LookupError):
+    """A request pinned a version that is not the live one (NOT_FOUND, naming the live version: the
+    contract's AdapterSelector); never served silently from another version."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a dict key
+        return str(self.args[0]) if self.args else ""
 
 
 class AdapterRegistry:
@@ -204,7 +208,7 @@ class AdapterRegistry:
         """
         if not name:
             if version:
-                raise AdapterVersionMismatch(f"version {version} given without an adapter name")
+                raise ValueError(f"adapter.version: {version} given without adapter.name (the base model has no versions)")
             yield None
             return
         adapter = self._live.get(name)

@@ -6,8 +6,8 @@ completion with it, so "which policy produced this rollout" is always answered b
 
 Errors the servicer maps to status codes:
 - ValueError (bad prompt, sampling, or `AdapterRejected`) -> INVALID_ARGUMENT
-- `StaleVersionError`, `AdapterVersionMismatch`, `BaseModelMismatch` -> FAILED_PRECONDITION
-- `UnknownAdapterError` -> NOT_FOUND
+- `StaleVersionError` (a push not newer than the live version), `BaseModelMismatch` -> FAILED_PRECONDITION
+- `UnknownAdapterError`, `AdapterVersionMismatch` (a pinned version that is not the live one) -> NOT_FOUND
 """
 
 from __future__ import annotations

@@ -41,9 +41,9 @@ def _core_errors(exc: Exception) -> Exception:
     from services.rollout.adapters import AdapterVersionMismatch, StaleVersionError, UnknownAdapterError
     from services.rollout.engine import BaseModelMismatch
 
-    if isinstance(exc, StaleVersionError | AdapterVersionMismatch | BaseModelMismatch):
+    if isinstance(exc, StaleVersionError | BaseModelMismatch):
         return FailedPrecondition(str(exc))
-    if isinstance(exc, UnknownAdapterError):
+    if isinstance(exc, UnknownAdapterError | AdapterVersionMismatch):
         return NotFound(str(exc))
     return exc
 
