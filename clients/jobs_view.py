@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import codecs
 import math
-from collections.abc import Callable, Sequence
+import os
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rlvr.v1 import common_pb2 as C
@@ -32,15 +34,58 @@ class Series:
     values: list[float]
 
 
-def supports_unicode(stream: object) -> bool:
-    """True when `stream` encodes UTF-8 (a plain ASCII or Latin-1 pipe gets the ASCII drawing)."""
+# What Python 3.7+ sets LC_CTYPE to when it starts under the C locale (PEP 538's coercion).
+_COERCED_CTYPE = frozenset({"C.UTF-8", "C.utf8", "UTF-8"})
+
+
+def _locale_is_utf8(environ: Mapping[str, str]) -> bool | None:
+    """Whether the locale the environment selects for characters (LC_ALL, then LC_CTYPE, then
+    LANG: the first one set wins) uses UTF-8; None when none is set. "C" and "POSIX" are ASCII, and
+    a name without a codeset ("en_US") is its legacy 8-bit one. An LC_CTYPE that Python itself put
+    there (PEP 538: started under LANG=C, or with no locale at all, it sets LC_CTYPE=C.UTF-8 in its
+    own environment) counts as the C locale it replaced."""
+    lc_all, lc_ctype, lang = (environ.get(k, "") for k in ("LC_ALL", "LC_CTYPE", "LANG"))
+    if not lc_all and lc_ctype in _COERCED_CTYPE and lang in ("", "C", "POSIX"):
+        return False
+    value = lc_all or lc_ctype or lang
+    if not value:
+        return None
+    codeset = value.split(".", 1)[1].split("@", 1)[0] if "." in value else ""
+    return codeset.lower().replace("-", "") == "utf8"
+
+
+def supports_unicode(stream: object, environ: Mapping[str, str] | None = None) -> bool:
+    """True when `stream` encodes UTF-8 and the locale is a UTF-8 one (a plain ASCII or Latin-1 pipe,
+    or a terminal under LANG=C, gets the ASCII drawing).
+
+    Both are needed: Python 3.11 writes UTF-8 under LANG=C (its UTF-8 mode, PEP 538/540), so the
+    stream's encoding alone says UTF-8 to a terminal that shows only ASCII. With no locale variable
+    set at all the stream decides."""
     encoding = getattr(stream, "encoding", None)
     if not encoding:
         return False
     try:
-        return codecs.lookup(encoding).name == "utf-8"
+        if codecs.lookup(encoding).name != "utf-8":
+            return False
     except LookupError:
         return False
+    return _locale_is_utf8(os.environ if environ is None else environ) is not False
+
+
+def wrap(text: str, width: int, indent: str = "", hang: str = "") -> list[str]:
+    """`text` in lines of at most `width`, each starting with `indent` (`indent + hang` after the
+    first)."""
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + hang,
+                         break_long_words=True, break_on_hyphens=False) or [indent.rstrip()]
+
+
+def shorten_middle(text: str, width: int, *, unicode: bool = True) -> str:
+    """`text` cut in the middle to at most `width` characters (a long path keeps both ends)."""
+    if len(text) <= width:
+        return text
+    mark = "…" if unicode else "..."
+    keep = max(0, width - len(mark))
+    return text[: keep - keep // 2] + mark + text[len(text) - keep // 2:] if keep // 2 else text[:keep] + mark
 
 
 def status_name(status: int) -> str:
@@ -82,6 +127,39 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
         out.append(Series("completion_length", "Completion length (tokens)", steps,
                           [p.completion_length for p in points]))
     return [s for s in out if s.values]
+
+
+# ---------------------------------------------------------------- the job
+
+
+def _when(ts: object, day: str) -> tuple[str, str]:
+    """("07:59:02", "2026-12-01") of a protobuf Timestamp, ("-", day) when unset."""
+    if not getattr(ts, "seconds", 0):
+        return "-", day
+    moment = ts.ToDatetime()  # type: ignore[attr-defined]
+    return moment.strftime("%H:%M:%S"), moment.strftime("%Y-%m-%d")
+
+
+def job_lines(job: C.Job, *, width: int = 80, unicode: bool = True) -> list[str]:
+    """The head of `rlvr jobs show`: status and progress, when it ran (the date once, and again
+    only where it changes), the error, and the adapter (its path cut in the middle to fit)."""
+    lines = [f"job {job.id}: {status_name(job.status)}  step {job.current_step}/{job.total_steps}  "
+             f"worker {job.worker or '-'}"]
+    parts, day = [], ""
+    for label, ts in (("created", job.created_at), ("started", job.started_at), ("finished", job.finished_at)):
+        clock, date = _when(ts, day)
+        parts.append(f"{label} {clock}" if date == day or clock == "-" else f"{label} {date} {clock}")
+        day = date
+    sep = " · " if unicode else " | "
+    joined = sep.join(parts)
+    lines += [joined] if len(joined) <= width else parts
+    if job.error:
+        lines += wrap(f"error: {job.error}", width, hang="  ")
+    if job.adapter.name:
+        lines.append(f"adapter {job.adapter.name} v{job.adapter.version}")
+        if job.adapter.path:
+            lines.append("  " + shorten_middle(job.adapter.path, width - 2, unicode=unicode))
+    return [shorten_middle(line, width, unicode=unicode) for line in lines]
 
 
 # ---------------------------------------------------------------- trends and tiles

@@ -15,11 +15,11 @@ import csv
 import io
 import json
 import math
-import textwrap
 from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from clients.jobs_view import wrap
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -124,13 +124,6 @@ def best_round(loop: S.Loop) -> S.Round | None:
     return None
 
 
-def _wrap(text: str, width: int, indent: str = "", hang: str = "") -> list[str]:
-    """`text` in lines of at most `width`, each starting with `indent` (`indent + hang` after the
-    first)."""
-    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + hang,
-                         break_long_words=True, break_on_hyphens=False) or [indent.rstrip()]
-
-
 def side_by_side(left: Sequence[str], right: Sequence[str], width: int = 80, gap: int = 2) -> list[str]:
     """Two blocks of lines next to each other when they fit in `width`, else one under the other
     (with a blank line between)."""
@@ -189,7 +182,7 @@ def plan_lines(spec: S.LoopSpec, summary: C.TrainingSummary, warnings: Sequence[
     lines += settings_lines(spec, summary, width=width)
     lines += [""] if warnings else []
     for w in warnings:
-        lines += _wrap(f"warning: {w}", width, hang="  ")
+        lines += wrap(f"warning: {w}", width, hang="  ")
     return lines
 
 
@@ -204,11 +197,11 @@ def header_lines(loop: S.Loop, *, width: int = 80, unicode: bool = True) -> list
     title = f"{loop.spec.name or 'loop'} {dot} loop {loop.id}"
     status = status_word(loop.status)
     lines = ([title + " " * (width - len(title) - len(status)) + status]
-             if len(title) + 2 + len(status) <= width else _wrap(title, width) + [status])
+             if len(title) + 2 + len(status) <= width else wrap(title, width) + [status])
     if loop.message:
-        lines += _wrap(loop.message, width)
+        lines += wrap(loop.message, width)
     if loop.error:
-        lines += _wrap(f"error: {loop.error}", width, hang="  ")
+        lines += wrap(f"error: {loop.error}", width, hang="  ")
     lines.append("")
 
     best = best_round(loop)
@@ -251,7 +244,7 @@ def header_lines(loop: S.Loop, *, width: int = 80, unicode: bool = True) -> list
 
         rows.append(("Reclaimed", f"{human_size(reclaimed)} of storage between rounds"))
     for k, v in rows:
-        wrapped = _wrap(v, max(20, width - label_w - 4))
+        wrapped = wrap(v, max(20, width - label_w - 4))
         lines.append(f"  {k:<{label_w}}  {wrapped[0]}")
         lines += [" " * (label_w + 4) + more for more in wrapped[1:]]
     return lines
@@ -343,7 +336,7 @@ def round_lines(loop: S.Loop, *, width: int = 80, unicode: bool = True) -> list[
             row = row[: width - 1] + ("…" if unicode else "~")
         lines.append(row.rstrip())
         if r.error:
-            lines += _wrap(f"error: {r.error}", width, indent="      ", hang="  ")
+            lines += wrap(f"error: {r.error}", width, indent="      ", hang="  ")
     return lines
 
 
@@ -356,7 +349,7 @@ def render(loop: S.Loop, *, width: int = 80, unicode: bool = True) -> str:
     lines += [""] + chart_lines(loop, width=width, unicode=unicode)
     lines += [""] + round_lines(loop, width=width, unicode=unicode)
     for w in loop.warnings:
-        lines += _wrap(f"warning: {w}", width, hang="  ")
+        lines += wrap(f"warning: {w}", width, hang="  ")
     return "\n".join(line.rstrip() for line in lines)
 
 

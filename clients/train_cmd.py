@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clients import jobs_cmd
+from clients import jobs_cmd, jobs_view
 from rlvr.v1 import common_pb2 as C
 
 REWARDS = {"math_pairs": C.REWARD_FUNCTION_MATH_PAIRS, "gsm8k": C.REWARD_FUNCTION_GSM8K,
@@ -105,9 +105,15 @@ def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
             ("Quantization", summary.quantization)]
 
 
-def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None) -> list[str]:
-    lines = ["Training Summary"] + [f"  {k:<15} {v}" for k, v in summary_rows(summary)]
-    lines += [f"warning: {w}" for w in warnings or []]
+def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None, width: int = 80,
+                  unicode: bool = True) -> list[str]:
+    """The Training Summary and its warnings, in lines of at most `width` columns."""
+    from clients.jobs_view import shorten_middle, wrap
+
+    lines = ["Training Summary"] + [shorten_middle(f"  {k:<15} {v}", width, unicode=unicode)
+                                    for k, v in summary_rows(summary)]
+    for w in warnings or []:
+        lines += wrap(f"warning: {w}", width, hang="  ")
     return lines
 
 
@@ -189,15 +195,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             print(f"{resp.total} job(s)")
         elif args.jobs_command == "show":
             job = client.get_job(scheduler_pb2.GetJobRequest(id=args.id))
-            print(f"job {job.id}: {C.JobStatus.Name(job.status).removeprefix('JOB_STATUS_')}  "
-                  f"step {job.current_step}/{job.total_steps}  worker {job.worker or '-'}")
-            print(f"created {_fmt_time(job.created_at)}  started {_fmt_time(job.started_at)}  "
-                  f"finished {_fmt_time(job.finished_at)}")
-            if job.error:
-                print(f"error: {job.error}")
-            if job.adapter.name:
-                print(f"adapter {job.adapter.name} v{job.adapter.version} at {job.adapter.path}")
-            print("\n".join(summary_lines(job.summary, list(job.warnings))))
+            width, unicode = jobs_cmd.terminal_width(sys.stdout), jobs_view.supports_unicode(sys.stdout)
+            print("\n".join(jobs_view.job_lines(job, width=width, unicode=unicode)))
+            print("\n".join(summary_lines(job.summary, list(job.warnings), width=width, unicode=unicode)))
             print()
             jobs_cmd.print_metrics(client, job.id)
         elif args.jobs_command == "cancel":

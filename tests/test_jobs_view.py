@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients import cli, jobs_view
+from clients import cli, jobs_view, train_cmd
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 from rlvr.v1 import scheduler_pb2_grpc
@@ -171,6 +171,88 @@ def test_new_commands_parse() -> None:
     assert (args.format, args.output) == ("jsonl", "h.jsonl")
 
 
+def full_job() -> C.Job:
+    """A finished job with everything `rlvr jobs show` prints at its longest: times on two days, an
+    error, a deep adapter path, the default batch-size warning."""
+    job = C.Job(id="job-1", status=C.JOB_STATUS_COMPLETED, current_step=12, total_steps=12,
+                worker="trainer-worker-with-a-long-name.cluster.internal:50052")
+    job.spec.name = "rising-run"
+    job.summary.method, job.summary.model = "RLVR (GRPO)", "/models/" + "very-long-model-folder-name/" * 4
+    job.summary.reward, job.summary.backend = "Math Pairs (synthetic)", "vLLM (rollout server)"
+    job.created_at.FromSeconds(1_796_000_000)
+    job.started_at.FromSeconds(1_796_000_030)
+    job.finished_at.FromSeconds(1_796_090_000)
+    job.error = "the job process exited with code 1 without a result: RuntimeError: " + "x" * 150
+    job.adapter.name, job.adapter.version = "job-1", 12
+    job.adapter.path = "/srv/rlvr/artifacts/" + "deeply/nested/" * 8 + "jobs/job-1/adapter"
+    job.warnings.append("grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8")
+    return job
+
+
+def test_the_job_head_fits_80_columns() -> None:
+    for unicode in (True, False):
+        lines = jobs_view.job_lines(full_job(), width=80, unicode=unicode)
+        assert max(len(line) for line in lines) <= 80, lines
+        text = "\n".join(lines)
+        assert "created 2026-" in text and "finished 2026-" in text  # the date again where it changes
+        assert "error: the job process exited" in text and "adapter job-1 v12" in text
+        assert ("…" in text) == unicode and "/srv/rlvr/" in text and text.rstrip().endswith("adapter")
+    summary = train_cmd.summary_lines(full_job().summary, list(full_job().warnings))
+    assert max(len(line) for line in summary) <= 80 and summary[-1].startswith("warning: grpo.batch_size 4")
+    long = train_cmd.summary_lines(full_job().summary, ["x " * 60])
+    assert max(len(line) for line in long) <= 80 and long[-1].startswith("  ")  # a long warning wraps
+
+
+def test_supports_unicode_needs_a_utf8_locale_too() -> None:
+    class Stream:
+        encoding = "utf-8"
+
+    for env, expected in [({"LANG": "C"}, False), ({"LANG": "POSIX"}, False), ({"LANG": "en_US"}, False),
+                          ({"LANG": "en_US.ISO-8859-1"}, False), ({"LANG": "C.UTF-8"}, True),
+                          ({"LANG": "en_US.utf8"}, True), ({"LC_ALL": "C", "LANG": "en_US.UTF-8"}, False),
+                          ({"LC_CTYPE": "de_DE.UTF-8@euro", "LANG": "C"}, True), ({}, True),
+                          ({"LC_CTYPE": "C.UTF-8", "LANG": "C"}, False),  # Python's own coercion of LANG=C
+                          ({"LC_CTYPE": "C.UTF-8"}, False), ({"LC_CTYPE": "C.UTF-8", "LANG": "en_GB.UTF-8"}, True)]:
+        assert jobs_view.supports_unicode(Stream(), env) is expected, env
+
+
+@pytest.mark.parametrize(("lang", "unicode"), [("C", False), ("C.UTF-8", True)])
+def test_jobs_show_in_a_real_terminal_follows_the_locale(scheduler, lang: str, unicode: bool) -> None:
+    """`rlvr jobs show` in a pseudo-terminal 80 columns wide: ASCII only under LANG=C (where Python
+    itself still writes UTF-8), the Unicode card under a UTF-8 locale; every line fits."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    address, _ = scheduler
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")} | {"LANG": lang}
+    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "jobs", "show", "job-1", "--address", address],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, b"".join(chunks).decode(errors="replace")
+    out = b"".join(chunks)
+    assert b"Accuracy Trend" in out and b"job job-1: COMPLETED" in out
+    assert out.isascii() is not unicode, out[:400]
+    lines = out.decode().replace("\r\n", "\n").splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+
+
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     """One known job, "job-1", with metrics, an adapter, a merge and a history."""
 
@@ -182,10 +264,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     def GetJob(self, request, context):
         self._known(request.id, context)
-        job = C.Job(id="job-1", status=C.JOB_STATUS_COMPLETED, current_step=12, total_steps=12)
-        job.spec.name = "rising-run"
-        job.summary.method = "RLVR (GRPO)"
-        return job
+        return full_job()
 
     def GetJobMetrics(self, request, context):
         if self.metrics_code is not None:

@@ -27,7 +27,7 @@ from rlvr.v1 import scheduler_pb2_grpc
 from services.benchmark.evaluations import EvaluationManager
 from services.scheduler.loopspec import resolve_loop_spec
 
-WARNING = "grpo.batch_size 4 is not a multiple of grpo.group_size 8: rounded up to 8"
+WARNING = "grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8"
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):

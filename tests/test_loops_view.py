@@ -223,7 +223,7 @@ def test_durations_and_chart_scale() -> None:
 
 def test_plan_puts_the_settings_beside_the_summary_when_they_fit() -> None:
     loop = make_loop()
-    warnings = ["grpo.batch_size 4 is not a multiple of grpo.group_size 8: rounded up to 8"]
+    warnings = ["grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8"]
     lines = V.plan_lines(loop.spec, loop.summary, warnings)
     assert lines[0] == "Loop 'math-pairs to 70%'"
     assert max(len(line) for line in lines) <= 80
@@ -235,7 +235,7 @@ def test_plan_puts_the_settings_beside_the_summary_when_they_fit() -> None:
     for fragment in ("Target        70%", "Max Rounds    8", "Give Up After 2 rounds", "Min Gain      1 standard error",
                      "Reclaim       yes, between rounds", "Questions     all", "LoRA Rank      8"):
         assert fragment in text, fragment
-    assert text.endswith("warning: grpo.batch_size 4 is not a multiple of grpo.group_size 8: rounded up to\n  8")
+    assert text.endswith("warning: grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8")
     narrow = V.plan_lines(loop.spec, loop.summary, warnings, width=60)
     assert max(len(line) for line in narrow) <= 60
     assert narrow.index("Loop Settings") > narrow.index("  Quantization   Full")  # one under the other

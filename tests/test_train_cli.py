@@ -35,7 +35,7 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
                  "LoRA Rank       16", "Backend         Transformers (in-process)", "Batch Size      8",
                  "Max Steps       100", "Learn Rate      1e-06"):
         assert line in out.stdout, out.stdout
-    assert "warning: grpo.batch_size 4 is not a multiple of grpo.group_size 8: rounded up to 8" in out.stdout
+    assert "warning: grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8" in out.stdout
     assert "queued" not in out.stdout
 
 

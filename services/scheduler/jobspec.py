@@ -160,8 +160,8 @@ def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
                            f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})")
     if g.batch_size % group != 0:
         rounded = math.ceil(g.batch_size / group) * group
-        warnings.append(f"grpo.batch_size {g.batch_size} is not a multiple of grpo.group_size {group}: "
-                        f"rounded up to {rounded}")
+        warnings.append(f"grpo.batch_size {g.batch_size} rounded up to {rounded}, a multiple of "
+                        f"grpo.group_size {group}")
         g.batch_size = rounded
 
 
