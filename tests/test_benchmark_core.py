@@ -15,7 +15,7 @@ import pytest
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
-from rlvr.tasks import Problem, TaskError, get_task
+from rlvr.tasks import Problem, TaskError, get_task, heldout_split
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from services.benchmark.catalog import BENCHMARKS, tally
@@ -71,8 +71,9 @@ class LocalPeers:
 
     async def problems(self, function: str, limit: int, dataset: str, split: str) -> list[Problem]:
         try:  # the reward service answers a TaskError with INVALID_ARGUMENT
-            return get_task(function, dataset=dataset or None, data_roots=self.data_roots).prompts(
-                n=limit or None, split="test")
+            task = get_task(function, dataset=dataset or None, data_roots=self.data_roots)
+            split = split or (heldout_split(task.splits(), dataset) if function == "boxed" else "test")
+            return task.prompts(n=limit or None, split=split, shuffle=False)
         except TaskError as e:
             raise InvalidArgument(str(e)) from None
 

@@ -138,6 +138,21 @@ def test_three_backends_and_the_memory_slider_only_where_it_means_something() ->
         assert why in str(err.value)
 
 
+def test_dataset_split_per_reward() -> None:
+    gsm = resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_GSM8K}))
+    assert gsm.spec.reward.dataset_split == "train"
+    assert resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_GSM8K, "dataset_split": "test"})
+                        ).spec.reward.dataset_split == "test"
+    with pytest.raises(InvalidArgument) as err:
+        resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_GSM8K, "dataset_split": "dev"}))
+    assert str(err.value).startswith("reward.dataset_split: 'dev' is out of range; allowed: a split of the built-in "
+                                     "openai/gsm8k: train, test")
+    pairs = resolve_spec(spec(reward={"dataset_split": "test"}))
+    assert pairs.spec.reward.dataset_split == "" and any("dataset_split 'test' is ignored" in w for w in pairs.warnings)
+    boxed = resolve_spec(spec(reward={"function": C.REWARD_FUNCTION_BOXED, "dataset": " d.jsonl "}))
+    assert (boxed.spec.reward.dataset, boxed.spec.reward.dataset_split) == ("d.jsonl", "train")
+
+
 def test_input_is_not_modified() -> None:
     s = spec(grpo={"batch_size": 4})
     resolve_spec(s)

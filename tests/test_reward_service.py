@@ -88,6 +88,34 @@ async def test_problems_and_dataset_errors(reward, tmp_path: Path) -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in err.value.details(), err.value.details()
 
 
+async def test_problems_honour_the_dataset_split(reward, tmp_path: Path) -> None:
+    stub, _ = reward
+    folder = tmp_path / "set"
+    folder.mkdir()
+    for split, n in (("train", 3), ("test", 2), ("dev", 1)):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps({"prompt": f"{split} {i}?", "ground_truth": str(i)}) + "\n" for i in range(n)))
+    boxed = C.REWARD_FUNCTION_BOXED
+
+    async def questions(**fields: object) -> list[str]:
+        resp = await stub.GetProblems(R.GetProblemsRequest(function=boxed, dataset=str(folder), **fields), timeout=30)
+        return [p.question for p in resp.problems]
+
+    assert sorted(await questions()) == ["train 0?", "train 1?", "train 2?"]  # TRAIN: "train" by default
+    assert await questions(split=R.PROBLEM_SPLIT_HELDOUT) == ["test 0?", "test 1?"]  # HELDOUT: "test", in order
+    assert await questions(split=R.PROBLEM_SPLIT_HELDOUT, dataset_split="dev") == ["dev 0?"]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await questions(dataset_split="validation")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("dataset_split: 'validation' is not a split of") and \
+        err.value.details().endswith("it has: dev, test, train")
+    gsm_test = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_GSM8K, dataset_split="test",
+                                                           limit=1), timeout=30)
+    gsm_held = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_GSM8K, limit=1,
+                                                           split=R.PROBLEM_SPLIT_HELDOUT), timeout=30)
+    assert gsm_test.problems[0].id.startswith("gsm8k/test/") and gsm_held.problems[0].id == "gsm8k/test/0"
+
+
 async def test_cli_scores_a_batch(reward) -> None:
     _, address = reward
     request = {"function": "REWARD_FUNCTION_MATH_PAIRS",

@@ -21,12 +21,14 @@ from rlvr.tasks import (
     TaskError,
     get_task,
     gsm8k,
+    heldout_split,
     ignored_dataset_warning,
     prompt_messages,
     prompt_style,
     render_prompt,
 )
 from rlvr.tasks import math_pairs as mp
+from rlvr.tasks.sources import peek_columns
 from services.reward.scoring import score
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +122,11 @@ def test_gsm8k_local_file(tmp_path: Path) -> None:
     path = tmp_path / "mine.jsonl"
     rows = [{"question": "1+1?", "answer": "2\n#### 2"}, {"question": "big?", "answer": "#### 8,000"}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    problems = GSM8KTask(str(path), data_roots=[tmp_path]).prompts(split="test")
-    assert [p.ground_truth for p in problems] == ["2", "8000"]
+    task = GSM8KTask(str(path), data_roots=[tmp_path])
+    problems = task.prompts(shuffle=False)  # a single file is the one split "train"; file order
+    assert [p.ground_truth for p in problems] == ["2", "8000"] and task.splits() == ("train",)
+    with pytest.raises(TaskError, match="has no 'test' split; its splits: train"):
+        task.prompts(split="test")
     with pytest.raises(TaskError, match="outside the allowed data roots"):
         GSM8KTask(str(path), data_roots=[tmp_path / "elsewhere"]).prompts()
 
@@ -157,11 +162,46 @@ def test_boxed_local_formats(tmp_path: Path, suffix: str) -> None:
         frame.to_csv(path, index=False)
     else:
         frame.to_parquet(path)
-    problems = BoxedTask(str(path), data_roots=[tmp_path]).prompts(split="test")
+    problems = BoxedTask(str(path), data_roots=[tmp_path]).prompts(shuffle=False)
     assert [(p.question, p.ground_truth, p.task) for p in problems] == [
         ("What is 1/2 + 1/4?", "\\frac{3}{4}", "boxed"),
         ("2+2?", "4", "boxed"),
     ]
+
+
+def test_a_local_folder_holds_one_file_per_split(tmp_path: Path) -> None:
+    folder = tmp_path / "boxed-set"
+    folder.mkdir()
+    _jsonl(folder / "train.jsonl", BOXED_ROWS)
+    _jsonl(folder / "test.jsonl", BOXED_ROWS[1:])
+    (folder / "notes.txt").write_text("not a split")
+    task = BoxedTask(str(folder), [tmp_path])
+    assert task.splits() == ("test", "train") and heldout_split(task.splits(), str(folder)) == "test"
+    assert [p.ground_truth for p in task.prompts(split="test")] == ["4"]
+    assert len(task.prompts(split="train")) == 2
+    with pytest.raises(TaskError, match="has no 'validation' split; its splits: test, train"):
+        task.prompts(split="validation")
+    assert peek_columns(str(folder), "test", [tmp_path]) == ["prompt", "ground_truth"]
+    assert heldout_split(("train",), "one.jsonl") == "train"  # a single file: its only split
+    with pytest.raises(TaskError, match="no 'test' split; name one of dev, train"):
+        heldout_split(("dev", "train"), "x")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_peek_columns_reads_only_the_head(tmp_path: Path, suffix: str) -> None:
+    import pandas as pd
+
+    path = tmp_path / f"data{suffix}"
+    frame = pd.DataFrame([{"prompt": "p", "answer": "1"}] * 3)
+    if suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True)
+    elif suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path)
+    assert peek_columns(str(path), "train", [tmp_path]) == ["prompt", "answer"]
+    with pytest.raises(TaskError, match="outside the allowed data roots"):
+        peek_columns(str(path), "train", [tmp_path / "other"])
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:

@@ -131,3 +131,26 @@ def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:
         extra = [_round_seed(job_seed, step, r) for step in range(1, 2001) for r in (1, 2, 3)]
         assert len(set(extra)) == len(extra) and not own & set(extra)
         assert all(0 <= s < 2**63 for s in extra)
+
+
+def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> None:
+    """reward.dataset_split reaches the trainer: a GSM8K job on "test" trains on the test split's
+    problems (in a seeded order), one on the default "train" on the train split's."""
+    from transformers import AutoTokenizer
+
+    from rlvr.models import resolve_model
+    from rlvr.tasks import get_task
+    from services.trainer.runner import training_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("rlvr-tiny-test"))
+    gsm8k = get_task("gsm8k")
+    truths = {split: {p.ground_truth for p in gsm8k.prompts(split=split)} for split in ("train", "test")}
+    for split in ("train", "test"):
+        job = JobConfig(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path, reward_function="gsm8k",
+                        dataset_split=split)
+        prompts = training_prompts(job, tokenizer)
+        assert len(prompts) == len(gsm8k.prompts(split=split))
+        assert {t for _, t in prompts} == truths[split]
+    first = [t for _, t in training_prompts(JobConfig(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path,
+                                                      reward_function="gsm8k", dataset_split="test"), tokenizer)]
+    assert first != [p.ground_truth for p in gsm8k.prompts(split="test", shuffle=False)]  # seeded, not file order

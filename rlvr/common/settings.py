@@ -212,6 +212,14 @@ class ArtifactFields(BaseSettings):
     """Root folder for adapters, checkpoints, merged models and exports; no path leaves it."""
 
 
+class DataRootFields(BaseSettings):
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
+    data_roots: list[Path] = Field(default_factory=lambda: [Path.cwd()])
+    """Folders local dataset files and folders may be read from (JSON list or comma list); nothing
+    outside them."""
+
+
 class PeerFields(BaseSettings):
     model_config = SettingsConfigDict(use_attribute_docstrings=True)
 

@@ -19,6 +19,7 @@ from rlvr.tasks.base import (
     Split,
     Task,
     TaskError,
+    heldout_split,
 )
 from rlvr.tasks.boxed import BoxedTask
 from rlvr.tasks.gsm8k import GSM8KTask
@@ -87,6 +88,7 @@ __all__ = [
     "Task",
     "TaskError",
     "get_task",
+    "heldout_split",
     "ignored_dataset_warning",
     "model_dir_prompt_style",
     "prompt_messages",

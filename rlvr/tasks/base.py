@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Split = Literal["train", "test"]
+Split = str  # a dataset's split name: "train", "test", or whatever else a dataset has
 RewardFunction = Literal["math_pairs", "gsm8k", "boxed"]
 
 # The spec's range for the "Synthetic prompts" field (and a sane cap on dataset prompts asked for).
@@ -54,14 +54,32 @@ class Problem:
 
 
 class Task(Protocol):
-    """A source of problems. ``split="train"`` feeds training, ``split="test"`` the benchmarks."""
+    """A source of problems. ``split="train"`` feeds training, ``split="test"`` the benchmarks,
+    unless a job names another split of its dataset (``reward.dataset_split``)."""
 
     name: str
     reward_function: RewardFunction
 
-    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train") -> list[Problem]:
-        """``n`` problems (all of the split when None for datasets), deterministic for a seed."""
+    def splits(self) -> tuple[Split, ...]:
+        """The splits this task's data has (TaskError when the dataset cannot be read)."""
         ...
+
+    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train",
+                shuffle: bool | None = None) -> list[Problem]:
+        """``n`` problems of ``split`` (all of it when None for datasets), deterministic for a
+        seed: a seeded order when ``shuffle`` (default: for "train"), the data's own order
+        otherwise (so a benchmark's first n questions are the same for every model)."""
+        ...
+
+
+def heldout_split(splits: tuple[Split, ...] | list[Split], source: str) -> Split:
+    """The split a benchmark scores on by default: "test", or a one-split dataset's only split
+    (a single local file)."""
+    if "test" in splits:
+        return "test"
+    if len(splits) == 1:
+        return splits[0]
+    raise TaskError(f"dataset {source!r} has no 'test' split; name one of {', '.join(splits)}")
 
 
 def check_count(n: int, what: str = "prompts", low: int = MIN_PROMPTS, high: int = MAX_PROMPTS) -> int:

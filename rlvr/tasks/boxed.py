@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.tasks.base import Message, Problem, Split, TaskError, check_count
-from rlvr.tasks.sources import load_rows, require_columns
+from rlvr.tasks.sources import dataset_splits, load_rows, require_columns
 
 PROMPT_COLUMN = "prompt"
 GROUND_TRUTH_COLUMN = "ground_truth"
@@ -62,12 +62,18 @@ class BoxedTask:
         self.source = source.strip()
         self.data_roots = tuple(data_roots)
 
-    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train") -> list[Problem]:
-        """All rows, or ``n`` of them (a seeded order for train, file order for test)."""
+    def splits(self) -> tuple[Split, ...]:
+        return tuple(dataset_splits(self.source, self.data_roots))
+
+    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train",
+                shuffle: bool | None = None) -> list[Problem]:
+        """All rows of the split, or ``n`` of them (a seeded order for training, file order
+        otherwise)."""
         rows = load_rows(self.source, split, self.data_roots)
         require_columns(rows, (PROMPT_COLUMN, GROUND_TRUTH_COLUMN), self.source)
         problems = [to_problem(row, i, self.source) for i, row in enumerate(rows)]
-        if split == "train":
+        seeded_order = split == "train" if shuffle is None else shuffle
+        if seeded_order:
             problems.sort(key=lambda p: hashlib.sha256(f"rlvr.boxed:{seed}:{p.id}".encode()).digest())
         if n is not None:
             check_count(n, "prompts", low=1, high=len(problems))

@@ -15,10 +15,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from rlvr.tasks.base import Problem, Split, TaskError, check_count
-from rlvr.tasks.sources import Rows, load_rows, require_columns
+from rlvr.tasks.sources import Rows, check_split, dataset_splits, load_rows, require_columns
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
 BUILTIN_NAMES = frozenset({"openai/gsm8k", "gsm8k"})
+BUNDLED_SPLITS: tuple[str, ...] = ("train", "test")
 
 
 def ground_truth(answer_text: str) -> str:
@@ -54,19 +55,26 @@ class GSM8KTask:
         self.source = None if source in BUILTIN_NAMES else source
         self.data_roots = tuple(data_roots)
 
+    def splits(self) -> tuple[Split, ...]:
+        if self.source is None:
+            return BUNDLED_SPLITS
+        return tuple(dataset_splits(self.source, self.data_roots, hub_config="main"))
+
     def _rows(self, split: Split) -> list[tuple[str, str]]:
         if self.source is None:
-            return list(_bundled_rows(split))
+            return list(_bundled_rows(check_split("openai/gsm8k", split, BUNDLED_SPLITS)))
         rows: Rows = load_rows(self.source, split, self.data_roots, hub_config="main")
         require_columns(rows, ("question", "answer"), self.source)
         return [(str(r["question"]), str(r["answer"])) for r in rows]
 
-    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train") -> list[Problem]:
-        """All problems of the split, or ``n`` of them: a seeded shuffle for train, file order for test
-        (so a benchmark's first n questions are the same for every model)."""
+    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train",
+                shuffle: bool | None = None) -> list[Problem]:
+        """All problems of the split, or ``n`` of them: a seeded shuffle for training, file order
+        otherwise (so a benchmark's first n questions are the same for every model)."""
         rows = self._rows(split)
         order = list(range(len(rows)))
-        if split == "train":
+        seeded_order = split == "train" if shuffle is None else shuffle
+        if seeded_order:
             # a hash order rather than random.shuffle, whose algorithm may change between Pythons
             order.sort(key=lambda i: hashlib.sha256(f"rlvr.gsm8k:{seed}:{i}".encode()).digest())
         if n is not None:

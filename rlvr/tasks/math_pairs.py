@@ -133,9 +133,16 @@ class MathPairsTask:
     name = "math_pairs"
     reward_function = "math_pairs"
 
-    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train") -> list[Problem]:
+    def splits(self) -> tuple[Split, ...]:
+        return ("train", "test")
+
+    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train",
+                shuffle: bool | None = None) -> list[Problem]:
+        """Generated training problems, or the held-out ones (each already in a seeded order)."""
         if split == "test":
             return heldout_problems(DEFAULT_HELDOUT_N if n is None else n, seed)
+        if split != "train":
+            raise TaskError(f"Math Pairs has no {split!r} split; its splits: train, test")
         return training_problems(DEFAULT_SYNTHETIC_PROMPTS if n is None else n, seed)
 
 

@@ -182,7 +182,7 @@ async def prepare(
                            f"below the rollout service's max_model_len {rollout.max_model_len}")
     adapter, upload_version = await _check_adapter(request, peers, folder is not None)
     problems = await peers.problems(benchmark.reward_function, request.limit, request.dataset.strip(),
-                                    request.dataset_split or ("test" if benchmark.needs_dataset else ""))
+                                    request.dataset_split)
     if not problems:
         raise InvalidArgument(f"dataset: {request.dataset!r} has no questions")
     if folder is not None:

@@ -92,11 +92,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         function = function_name(request.function)
         if request.limit < 0:
             raise out_of_range("limit", request.limit, ">= 0 (0 = all, or the task's default)")
-        split = "test" if request.split == reward_pb2.PROBLEM_SPLIT_HELDOUT else "train"
         if function == "boxed" and not request.dataset.strip():
             raise InvalidArgument("dataset: required for Boxed-answer accuracy (a Hugging Face dataset name or "
                                   "a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
-        problems = await asyncio.to_thread(self._problems, function, request, split)
+        problems = await asyncio.to_thread(self._problems, function, request)
         warning = ignored_dataset_warning(function, request.dataset)
         return reward_pb2.GetProblemsResponse(
             problems=[reward_pb2.Problem(id=p.id, question=p.question, ground_truth=p.ground_truth,
@@ -106,12 +105,25 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             warnings=[warning] if warning else [], instruction=INSTRUCTIONS[function],
         )
 
-    def _problems(self, function: str, request: reward_pb2.GetProblemsRequest, split: str) -> list:
-        from rlvr.tasks import get_task
+    def _problems(self, function: str, request: reward_pb2.GetProblemsRequest) -> list:
+        """The problems of the dataset split asked for: `dataset_split` (GSM8K and boxed datasets), by
+        default "train" for the TRAIN split and, for HELDOUT, "test" (or a one-split dataset's only
+        split, a single local file); Math Pairs makes both itself. TRAIN comes in a seeded order,
+        HELDOUT in the data's own order."""
+        from rlvr.tasks import get_task, heldout_split
 
+        heldout = request.split == reward_pb2.PROBLEM_SPLIT_HELDOUT
         task = get_task(function, dataset=request.dataset or None, data_roots=self.settings.data_roots)
-        n = request.limit or None
-        return task.prompts(n=n, seed=request.seed, split=split)  # type: ignore[arg-type]
+        if function == "math_pairs":
+            split = "test" if heldout else "train"
+        else:
+            splits = task.splits()
+            source = request.dataset.strip() if function == "boxed" else "openai/gsm8k"
+            split = request.dataset_split.strip() or (heldout_split(splits, source) if heldout else "train")
+            if split not in splits:
+                raise InvalidArgument(f"dataset_split: {split!r} is not a split of {source!r}; it has: "
+                                      f"{', '.join(splits)}")
+        return task.prompts(n=request.limit or None, seed=request.seed, split=split, shuffle=not heldout)
 
     async def ListRewardFunctions(self, request, context):  # noqa: N802
         return reward_pb2.ListRewardFunctionsResponse(functions=[

@@ -1,14 +1,13 @@
 """Settings of the reward service (stateless scoring and the task data)."""
 
-from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import ServiceSettings, port_field
+from rlvr.common.settings import DataRootFields, ServiceSettings, port_field
 
 
-class RewardSettings(ServiceSettings):
+class RewardSettings(DataRootFields, ServiceSettings):
     service_name = "reward"
     model_config = SettingsConfigDict(env_prefix="RLVR_REWARD_", extra="ignore", use_attribute_docstrings=True)
 
@@ -18,5 +17,3 @@ class RewardSettings(ServiceSettings):
     """Default hard time limit for scoring one completion (a request may ask for another)."""
     max_batch: int = Field(default=100_000, ge=1, le=1_000_000)
     """Most completions one Score call may carry."""
-    data_roots: list[Path] = Field(default_factory=lambda: [Path.cwd()])
-    """Folders local dataset files may be read from (JSON list or comma list); nothing outside."""

@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -45,6 +46,7 @@ from services.scheduler.convert import (
     now_ts,
     spec_to_json,
 )
+from services.scheduler.datasets import check_dataset
 from services.scheduler.jobspec import ResolvedJob, resolve_spec
 
 log = logging.getLogger("rlvr.scheduler.jobs")
@@ -113,8 +115,10 @@ class GrpcWorkers:
 
 
 class JobManager:
-    def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0) -> None:
+    def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
+                 data_roots: Sequence[Path] = ()) -> None:
         self.store = store
+        self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
         self.bus = bus
         self.workers = workers
         self.poll_seconds = poll_seconds
@@ -148,6 +152,7 @@ class JobManager:
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
         resolved = resolve_spec(spec)
+        await self.check_data(resolved.spec)
         if resolved.spec.HasField("init_adapter") and (resolved.spec.init_adapter.name or resolved.spec.init_adapter.path):
             resolved.spec.init_adapter.CopyFrom(await self.resolve_adapter(resolved.spec.init_adapter))
         if dry_run:
@@ -171,6 +176,10 @@ class JobManager:
         await self._publish_status(row.id, "QUEUED", "queued")
         await self.notify()
         self._wake.set()
+
+    async def check_data(self, spec: common_pb2.JobSpec) -> None:
+        """INVALID_ARGUMENT now for a dataset the trainer could not read (services/scheduler/datasets.py)."""
+        await asyncio.to_thread(check_dataset, spec.reward, self.data_roots)
 
     async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:
         """A job's adapter named in a spec (`init_adapter`), with the folder the trainer reads.

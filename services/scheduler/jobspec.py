@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from rlvr.common.errors import InvalidArgument, out_of_range
+from rlvr.tasks.gsm8k import BUNDLED_SPLITS
 from rlvr.v1 import common_pb2
 
 C = common_pb2
@@ -60,6 +61,8 @@ GPU_MEMORY_FRACTION = FloatRange(0.05, 0.95, 0.3)
 KL_BETA = FloatRange(0.0, 1.0, 0.0)
 TEMPERATURE = FloatRange(0.1, 2.0, 1.0)
 LORA_INITS = ("default", "gaussian")
+DEFAULT_DATASET_SPLIT = "train"
+GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 
 REWARD_NAMES = {
@@ -131,13 +134,24 @@ def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     if fn == C.REWARD_FUNCTION_BOXED:
         if not r.dataset.strip():
             raise InvalidArgument("reward.dataset: required for Boxed-answer accuracy (a Hugging Face dataset "
-                                  "name or a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
-        r.dataset_split = r.dataset_split or "train"
-    elif r.dataset:
+                                  "name, a local JSONL/Parquet/CSV file or a folder of split files, with prompt "
+                                  "and ground_truth columns)")
+        r.dataset = r.dataset.strip()
+        r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT  # checked against the data at submit
+        return
+    if r.dataset:
         warnings.append(f"reward.dataset {r.dataset!r} is ignored for {REWARD_NAMES[fn]}"
                         + (" (it uses the built-in openai/gsm8k)" if fn == C.REWARD_FUNCTION_GSM8K
                            else " (its prompts are self-generated)"))
         r.dataset = ""
+    if fn == C.REWARD_FUNCTION_GSM8K:
+        r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
+        if r.dataset_split not in GSM8K_SPLITS:
+            raise out_of_range("reward.dataset_split", r.dataset_split,
+                               f"a split of the built-in openai/gsm8k: {', '.join(GSM8K_SPLITS)} (default train)")
+    elif r.dataset_split:
+        warnings.append(f"reward.dataset_split {r.dataset_split!r} is ignored for {REWARD_NAMES[fn]} (its prompts "
+                        "are self-generated; its held-out set is the benchmark's)")
         r.dataset_split = ""
 
 

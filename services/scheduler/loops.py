@@ -118,6 +118,10 @@ class LoopManager:
 
     async def create(self, spec: scheduler_pb2.LoopSpec, dry_run: bool) -> tuple[ResolvedLoop, scheduler_pb2.Loop | None]:
         resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank)
+        try:
+            await self.jobs.check_data(resolved.spec.job)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"job.{e}") from None
         if dry_run:
             return resolved, None
         now = _now()

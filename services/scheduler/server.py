@@ -129,7 +129,7 @@ class SchedulerCore:
         self.store = await open_store(s)
         self.bus = await open_bus(s, "scheduler")
         s.artifact_root.mkdir(parents=True, exist_ok=True)
-        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses))
+        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses), data_roots=s.data_roots)
         await jobs.start()
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)

@@ -3,10 +3,17 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import ArtifactFields, NatsFields, ServiceSettings, StoreFields, port_field
+from rlvr.common.settings import (
+    ArtifactFields,
+    DataRootFields,
+    NatsFields,
+    ServiceSettings,
+    StoreFields,
+    port_field,
+)
 
 
-class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, ServiceSettings):
+class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields, ServiceSettings):
     service_name = "scheduler"
     model_config = SettingsConfigDict(env_prefix="RLVR_SCHEDULER_", extra="ignore", use_attribute_docstrings=True)
 

@@ -223,7 +223,10 @@ def training_prompts(job: JobConfig, tokenizer: Any) -> list[tuple[str, str]]:
 
     task = get_task(job.reward_function, dataset=job.dataset or None, data_roots=job.data_roots)
     count = job.synthetic_prompts if job.reward_function == "math_pairs" else None
-    problems = task.prompts(count, seed=job.seed, split="train")
+    # reward.dataset_split for GSM8K and boxed datasets (Math Pairs generates its training set);
+    # always in a seeded order, whichever split a job trains on.
+    split = "train" if job.reward_function == "math_pairs" else job.dataset_split
+    problems = task.prompts(count, seed=job.seed, split=split, shuffle=True)
     if not problems:
         raise ValueError(f"reward.dataset: {job.dataset!r} has no training problems")
     return [(render_prompt(tokenizer, p), p.ground_truth) for p in problems]

@@ -1,15 +1,21 @@
 """Settings of the trainer service (a GRPO worker)."""
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import ArtifactFields, NatsFields, PeerFields, ServiceSettings, port_field
+from rlvr.common.settings import (
+    ArtifactFields,
+    DataRootFields,
+    NatsFields,
+    PeerFields,
+    ServiceSettings,
+    port_field,
+)
 
 
-class TrainerSettings(PeerFields, NatsFields, ArtifactFields, ServiceSettings):
+class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, ServiceSettings):
     service_name = "trainer"
     model_config = SettingsConfigDict(env_prefix="RLVR_TRAINER_", extra="ignore", use_attribute_docstrings=True)
 
@@ -20,8 +26,6 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, ServiceSettings):
     scorer: Literal["reward_service", "local"] = "reward_service"
     """How completions are scored: through the reward service (reward_address), or in the job
     process with the same scoring functions (no reward service needed)."""
-    data_roots: list[Path] = Field(default_factory=lambda: [Path.cwd()])
-    """Folders a Boxed-answer job's local dataset file may be read from (JSON list or comma list)."""
     cancel_grace_seconds: float = Field(default=5.0, ge=0.0, le=600.0)
     """On CancelJob: how long the job process may take to finish its step and save before SIGKILL
     (the last finished step's adapter is on disk either way)."""

@@ -1,0 +1,62 @@
+"""What CreateJob (and CreateLoop) can check of a job's dataset before anything is queued.
+
+A Boxed-answer job names its data: a local file or folder under the data roots, or a hub dataset.
+A dataset that cannot be read would otherwise fail the job 10-35 s later at dispatch; here it is
+INVALID_ARGUMENT naming `reward.dataset` (or `reward.dataset_split`, listing the splits the data has)
+and nothing is created. Local data is checked for real: the path is inside a data root, the split
+exists, and its first row has the prompt and ground_truth columns (only the head is read). A hub
+name is checked for its shape, and for a hub this scheduler can reach: on a closed machine it is
+refused at once with that reason, instead of a trainer finding out later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlvr.common.errors import InvalidArgument
+from rlvr.tasks import TaskError
+from rlvr.tasks.boxed import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
+from rlvr.tasks.sources import (
+    check_hub_name,
+    dataset_splits,
+    hub_reachable,
+    local_splits,
+    looks_local,
+    peek_columns,
+    resolve_local,
+)
+from rlvr.v1 import common_pb2
+
+
+def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path]) -> None:
+    """Raises InvalidArgument when a resolved spec's dataset or split cannot be trained on."""
+    if reward.function != common_pb2.REWARD_FUNCTION_BOXED:
+        return  # Math Pairs makes its prompts; GSM8K's built-in splits are checked by resolve_spec
+    source, split = reward.dataset, reward.dataset_split
+    try:
+        if looks_local(source):
+            splits = list(local_splits(resolve_local(source, data_roots)))
+        else:
+            check_hub_name(source)
+            if not hub_reachable():
+                raise InvalidArgument(
+                    f"reward.dataset: {source!r} names a Hugging Face hub dataset, and the hub is not reachable "
+                    "from the scheduler; give a local JSONL/Parquet/CSV file or a folder of split files under "
+                    "the data roots instead")
+            splits = dataset_splits(source, data_roots)
+    except TaskError as e:
+        raise InvalidArgument(f"reward.dataset: {e}") from None
+    if split not in splits:
+        raise InvalidArgument(f"reward.dataset_split: {split!r} is not a split of {source!r}; it has: "
+                              f"{', '.join(splits)}")
+    if not looks_local(source):
+        return  # a hub dataset's columns are checked when the trainer loads it
+    try:
+        columns = peek_columns(source, split, data_roots)
+    except TaskError as e:
+        raise InvalidArgument(f"reward.dataset: {e}") from None
+    missing = [c for c in (PROMPT_COLUMN, GROUND_TRUTH_COLUMN) if c not in columns]
+    if missing:
+        raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {' and no '.join(map(repr, missing))} "
+                              f"column; columns present: {columns}")
