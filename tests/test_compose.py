@@ -1,6 +1,7 @@
 """docker-compose.yml cannot be run here (no Docker engine): parse it and check that it would
 start what it says."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -12,6 +13,11 @@ SERVICE_PORTS = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout
 
 def _compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def substitute(value: str, env: dict[str, str]) -> str:
+    """Compose's ${NAME:-default} variables, as `docker compose` expands them."""
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1), m.group(2) or ""), value)
 
 
 def _flag(command: list[str], name: str) -> str | None:
@@ -32,7 +38,7 @@ def test_every_service_runs_a_real_console_script() -> None:
 
         settings_cls = __import__(f"services.{name}.settings", fromlist=["x"])
         cls = next(v for k, v in vars(settings_cls).items() if k.endswith("Settings") and k != "ServiceSettings")
-        build_parser(cls, name, "").parse_args(command[1:])
+        build_parser(cls, name, "").parse_args([substitute(a, {}) for a in command[1:]])
 
 
 def test_addresses_point_at_the_services_that_serve_them() -> None:
