@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", default=None, help="output directory (default: $RLVR_HOME/models/rlvr-tiny)")
     build.add_argument("--force", action="store_true", help="rebuild even when a build exists")
     build.add_argument("--json", action="store_true", help="print the report as JSON")
+    build.add_argument("--eval-n", type=int, default=500, help="held-out problems the report's accuracy is measured on")
     evaluate = commands.add_parser("eval", help="greedy accuracy of a model on held-out Math Pairs")
     evaluate.add_argument("model", help="model directory")
     evaluate.add_argument("-n", type=int, default=500)
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(message, file=sys.stderr, flush=True)
 
         report = build_tiny_model(
-            args.out, size=args.size, seed=args.seed, progress=progress, force=args.force
+            args.out, size=args.size, seed=args.seed, progress=progress, force=args.force, eval_n=args.eval_n
         )
         print(json.dumps(asdict(report), indent=2) if args.json else report.summary())
     elif args.command == "eval":

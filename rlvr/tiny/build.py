@@ -3,15 +3,18 @@
 RL needs a policy that is sometimes right: with a random model every reward is zero and GRPO has no
 signal. The warm-up teaches the answer format and part of the arithmetic on worked training problems
 (``<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>``), and stops early on purpose, so the
-greedy accuracy on the held-out Math Pairs set is partial (about 10-40%) and a training run has room
-to show a gain. Offline, CPU only, and deterministic for a (size, seed) with the default single
-thread (see :func:`torch_threads`).
+greedy accuracy on the held-out Math Pairs set is partial and a training run has room to show a
+gain. Offline, CPU only, and the same on every machine where it can be: one thread (see
+:func:`torch_threads`), and the CPU kernels pinned to their AVX2 code on x86-64 (PINNED_KERNELS);
+the bundled model's recipe also names the accuracy band a build must land in, trains on toward it
+from below, and fails loudly outside it (WarmupRecipe.band).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +37,15 @@ class WarmupRecipe:
     batch_size: int
     learning_rate: float
     warmup_steps: int = 10
+    # The held-out accuracy band the build must land in, or None. Floating-point results differ
+    # between CPUs (kernels picked by instruction set) and hundreds of steps amplify it, so the same
+    # recipe and seed landed at 12.6% on one machine and 5.8% on another. Below the band the build
+    # goes on at a constant `extra_learning_rate` in chunks of `extra_chunk` steps, evaluating after
+    # each, for at most `extra_steps`; outside the band at the end it fails loudly (BuildOutOfBand).
+    band: tuple[float, float] | None = None
+    extra_steps: int = 0
+    extra_chunk: int = 25
+    extra_learning_rate: float = 3e-4
 
 
 # Measured on the shared 2-core machine (one thread): "default" (300 x 32) takes 150-460 s by load and
@@ -44,8 +56,12 @@ RECIPES: dict[str, WarmupRecipe] = {
     "test": WarmupRecipe(steps=20, batch_size=16, learning_rate=3e-3, warmup_steps=2),
     # 300 x 16 on the test shape, 8 s: format 100%, every completion stops, ~5% greedy accuracy
     "small": WarmupRecipe(steps=300, batch_size=16, learning_rate=3e-3, warmup_steps=5),
-    "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3),
+    "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3, band=(0.10, 0.18), extra_steps=300),
 }
+
+
+class BuildOutOfBand(RuntimeError):
+    """The warm-up ended with a held-out accuracy outside its recipe's band."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +73,17 @@ class BuildReport:
     build_seconds: float
     heldout_accuracy: float
     heldout_n: int
-    recipe: dict[str, float]  # the WarmupRecipe used; a changed recipe invalidates a cached build
+    recipe: dict[str, object]  # the WarmupRecipe used; a changed recipe invalidates a cached build
     final_loss: float
+    steps: int = 0  # warm-up steps run: the recipe's, plus any taken to reach its band
 
     def summary(self) -> str:
+        band = self.recipe.get("band")
+        within = f" (band {band[0]:.0%}-{band[1]:.0%})" if band else ""  # type: ignore[index]
         return (
             f"tiny model '{self.size}' at {self.path}: {self.params / 1e6:.2f}M parameters, built in "
-            f"{self.build_seconds:.1f} s; greedy held-out Math Pairs accuracy "
-            f"{self.heldout_accuracy:.1%} on {self.heldout_n} problems"
+            f"{self.build_seconds:.1f} s ({self.steps} warm-up steps); greedy held-out Math Pairs accuracy "
+            f"{self.heldout_accuracy:.1%} on {self.heldout_n} problems{within}"
         )
 
 
@@ -100,12 +119,13 @@ def torch_threads(threads: int | None = None) -> Iterator[int]:
         torch.set_num_threads(previous)
 
 
-def _examples(tokenizer, n: int, seed: int):  # -> (input_ids, labels) LongTensors [n, T]
-    """Worked training problems as token ids, loss only on the completion (answer + end of turn)."""
+def _examples(tokenizer, n: int, seed: int, start: int = 0):  # -> (input_ids, labels) LongTensors [n, T]
+    """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
+    on the completion (answer + end of turn)."""
     import torch
 
     rows: list[tuple[list[int], list[int]]] = []
-    for problem in mp.training_problems(n, seed):
+    for problem in mp.training_problems(start + n, seed)[start:]:
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         answer_text = mp.worked_solution(mp.parse_numbers(problem.question)) + IM_END
         answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
@@ -121,44 +141,91 @@ def _examples(tokenizer, n: int, seed: int):  # -> (input_ids, labels) LongTenso
     return input_ids, labels
 
 
-def warm_up(model, tokenizer, recipe: WarmupRecipe, seed: int, progress: Progress | None = None) -> float:
-    """Supervised warm-up; returns the last step's loss."""
-    import torch
+class _Trainer:
+    """The warm-up's optimizer, kept across the scheduled steps and any steps toward the band."""
 
-    torch.manual_seed(seed)
-    input_ids, labels = _examples(tokenizer, recipe.steps * recipe.batch_size, seed)
-    attention = (input_ids != tokenizer.pad_token_id).long()
-    # beta2 0.95: the usual choice for short runs, where 0.999 adapts too slowly
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.95), weight_decay=0.0
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: (
-            min(1.0, (step + 1) / recipe.warmup_steps)
-            * max(0.0, (recipe.steps - step) / max(1, recipe.steps - recipe.warmup_steps))
-        ),
-    )
-    model.train()
-    loss_value = float("nan")
-    for step in range(recipe.steps):
-        rows = slice(step * recipe.batch_size, (step + 1) * recipe.batch_size)
-        used = int(attention[rows].sum(dim=1).max())  # trim the batch to its longest row
-        out = model(
-            input_ids=input_ids[rows, :used],
-            attention_mask=attention[rows, :used],
-            labels=labels[rows, :used],
+    def __init__(self, model, tokenizer, recipe: WarmupRecipe, seed: int, progress: Progress | None) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        self.model, self.tokenizer, self.recipe, self.seed, self.progress = model, tokenizer, recipe, seed, progress
+        # beta2 0.95: the usual choice for short runs, where 0.999 adapts too slowly
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.95), weight_decay=0.0
         )
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = out.loss.item()
-        if progress and (step % 25 == 0 or step == recipe.steps - 1):
-            progress(f"warm-up step {step + 1}/{recipe.steps} loss {loss_value:.3f}")
-    model.eval()
-    return loss_value
+        self.steps_done = 0
+        self.loss = float("nan")
+
+    def run(self, steps: int, learning_rate: Callable[[int], float], total: int) -> float:
+        """`steps` more steps on the next examples of the seed's sequence, at `learning_rate(step)`."""
+        import torch
+
+        batch = self.recipe.batch_size
+        input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch)
+        attention = (input_ids != self.tokenizer.pad_token_id).long()
+        self.model.train()
+        for i in range(steps):
+            step = self.steps_done
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(step)
+            rows = slice(i * batch, (i + 1) * batch)
+            used = int(attention[rows].sum(dim=1).max())  # trim the batch to its longest row
+            out = self.model(input_ids=input_ids[rows, :used], attention_mask=attention[rows, :used],
+                             labels=labels[rows, :used])
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.loss = out.loss.item()
+            self.steps_done += 1
+            if self.progress and (step % 25 == 0 or self.steps_done == total):
+                self.progress(f"warm-up step {self.steps_done}/{total} loss {self.loss:.3f}")
+        self.model.eval()
+        return self.loss
+
+
+def warm_up(model, tokenizer, recipe: WarmupRecipe, seed: int, progress: Progress | None = None) -> float:
+    """Supervised warm-up (the recipe's scheduled steps); returns the last step's loss."""
+    return _scheduled(_Trainer(model, tokenizer, recipe, seed, progress))
+
+
+def _scheduled(trainer: _Trainer) -> float:
+    """The recipe's steps: a linear warm-up to the learning rate, then a linear decay to zero."""
+    r = trainer.recipe
+
+    def rate(step: int) -> float:  # as torch's LambdaLR computes it: base rate x (the factor)
+        return r.learning_rate * (min(1.0, (step + 1) / r.warmup_steps)
+                                  * max(0.0, (r.steps - step) / max(1, r.steps - r.warmup_steps)))
+
+    return trainer.run(r.steps, rate, r.steps)
+
+
+def warm_up_into_band(model, tokenizer, recipe: WarmupRecipe, seed: int, progress: Progress | None,
+                      evaluate: Callable[[], tuple[float, int]]) -> tuple[float, float, int, int]:
+    """The scheduled warm-up, then, while the held-out accuracy (`evaluate`) is below the recipe's
+    band, more steps at its constant extra rate, `extra_chunk` at a time, up to `extra_steps`.
+    Returns (loss, accuracy, n evaluated, steps run); BuildOutOfBand when it ends outside the band."""
+    trainer = _Trainer(model, tokenizer, recipe, seed, progress)
+    loss = _scheduled(trainer)
+    accuracy, n = evaluate()
+    if recipe.band is None:
+        return loss, accuracy, n, trainer.steps_done
+    low, high = recipe.band
+    limit = recipe.steps + recipe.extra_steps
+    while accuracy < low and trainer.steps_done < limit:
+        if progress:
+            progress(f"held-out accuracy {accuracy:.1%} after {trainer.steps_done} steps is below the band "
+                     f"{low:.0%}-{high:.0%}: {recipe.extra_chunk} more steps")
+        chunk = min(recipe.extra_chunk, limit - trainer.steps_done)
+        loss = trainer.run(chunk, lambda _step: recipe.extra_learning_rate, limit)
+        accuracy, n = evaluate()
+    if not low <= accuracy <= high:
+        raise BuildOutOfBand(
+            f"the tiny model's warm-up ended at {accuracy:.1%} greedy held-out accuracy after "
+            f"{trainer.steps_done} steps, outside its band {low:.0%}-{high:.0%} (recipe {recipe}); this "
+            "machine's floating point took it elsewhere than the recipe was measured on: report it with "
+            "`lscpu` and the torch version")
+    return loss, accuracy, n, trainer.steps_done
 
 
 def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
@@ -232,18 +299,21 @@ def build_tiny_model(
         if progress:
             progress(f"reusing {out} (pass force=True to rebuild)")
         return existing
+    if _can_pin_kernels() and not _kernels_pinned():
+        return _build_with_pinned_kernels(out, size, seed, progress, eval_n)
     started = time.perf_counter()
     with torch_threads() as threads:
         if progress:
-            progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s) into {out}")
+            pinned = " on pinned AVX2 kernels" if _kernels_pinned() else ""
+            progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s){pinned} into {out}")
         tokenizer = build_tokenizer()
         model = init_model(size, seed, len(tokenizer))
-        final_loss = warm_up(model, tokenizer, RECIPES[size], seed, progress)
+        final_loss, accuracy, n, steps = warm_up_into_band(
+            model, tokenizer, RECIPES[size], seed, progress, lambda: heldout_accuracy(model, tokenizer, eval_n))
         # Save to a sibling and rename, so a crash never leaves a half model that looks built.
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         save_model(model, staging)
-        accuracy, n = heldout_accuracy(model, tokenizer, eval_n)
     report = BuildReport(
         path=str(out),
         size=size,
@@ -252,8 +322,9 @@ def build_tiny_model(
         build_seconds=round(time.perf_counter() - started, 2),
         heldout_accuracy=accuracy,
         heldout_n=n,
-        recipe=asdict(RECIPES[size]),
+        recipe=_jsonable(asdict(RECIPES[size])),  # type: ignore[arg-type]  # as it reads back from the report
         final_loss=round(final_loss, 4),
+        steps=steps,
     )
     (staging / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -264,11 +335,63 @@ def build_tiny_model(
     return report
 
 
+# The CPU kernels a build runs on. MKL (matrix products) and torch's own kernels pick their code by
+# the CPU's instruction set, and float results differ between those codes: the same recipe and seed
+# built to 12.6% held-out accuracy on this project's AVX2 machines, 5.8% on another kind, and 8.2% here
+# with MKL forced onto its oldest code (MKL_CBWR=COMPATIBLE). Pinned to the AVX2 code, a build gives
+# the same bits on every x86-64 CPU that has AVX2, AVX-512 ones included (here: bit for bit the
+# unpinned build). Both are read when the libraries start, so a build runs in a child process.
+PINNED_KERNELS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def _can_pin_kernels() -> bool:
+    """An x86-64 CPU with AVX2 (elsewhere there is no such code to pin: the recipe's band guards)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _kernels_pinned() -> bool:
+    return all(os.environ.get(name) == value for name, value in PINNED_KERNELS.items())
+
+
+def _build_with_pinned_kernels(out: Path, size: str, seed: int, progress: Progress | None,
+                               eval_n: int) -> BuildReport:
+    """`python -m rlvr.tiny build` in a child process with PINNED_KERNELS set; its progress lines
+    are passed on, its report returned. RuntimeError with its last lines when it fails."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "rlvr.tiny", "build", "--size", size, "--seed", str(seed), "--out", str(out),
+           "--eval-n", str(eval_n), "--force", "--json"]
+    child = subprocess.Popen(cmd, env={**os.environ, **PINNED_KERNELS}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stderr is not None
+    tail: list[str] = []
+    for line in child.stderr:
+        line = line.rstrip()
+        tail = (tail + [line])[-20:]
+        if progress and line:
+            progress(line)
+    report = child.stdout.read()
+    if child.wait() != 0:
+        raise RuntimeError(f"building the tiny model {size!r} failed: " + " | ".join(tail[-5:]))
+    return BuildReport(**json.loads(report))
+
+
+def _jsonable(value: object) -> object:
+    """What a value reads back as from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
 def _existing_build(out: Path, size: str, seed: int) -> BuildReport | None:
     """The saved report when ``out`` holds a complete build of this size, seed and recipe."""
     try:
         report = BuildReport(**json.loads((out / REPORT_FILE).read_text()))
     except (OSError, ValueError, TypeError):  # absent, corrupt or from another version: rebuild
         return None
-    same = (report.size, report.seed, report.recipe) == (size, seed, asdict(RECIPES[size]))
+    same = (report.size, report.seed, report.recipe) == (size, seed, _jsonable(asdict(RECIPES[size])))
     return report if same and (out / "model.safetensors").is_file() else None
