@@ -1,29 +1,39 @@
-"""Time per GRPO step of the trainer worker, split by phase, next to TRL's GRPOTrainer run plainly.
+"""Time per GRPO step of the trainer worker, split by phase, per generation backend, next to TRL.
 
-    python bench/trainer_step.py                      # the default tiny model, transformers backend
-    python bench/trainer_step.py --backend vllm --rollout-address 127.0.0.1:50054
+    python bench/trainer_step.py                        # rlvr-tiny: TRL, rlvr via the rollout server, rlvr colocate
+    python bench/trainer_step.py --backends vllm-colocate,transformers --steps 6
+    python bench/trainer_step.py --rollout-address 127.0.0.1:50054   # an already running rollout server
 
-One configuration, both runs in this process on the same model, prompts and settings:
+One configuration (model, prompts, batch, tokens, LoRA, loss, seed), every run in this process
+except the rollout server's engine, one after the other:
 
-- "rlvr": `services.trainer.runner.run_job` (what a job process runs): TRL's GRPOTrainer with our
-  rollout_func, scorer and per-step callback (adapter saved every step, pushed to the rollout
-  service with the vllm backend, one MetricEvent per step). Phases come from the MetricEvents.
-- "trl": a plain `GRPOTrainer` (its own in-process generation, the same reward as a plain reward
-  function, `peft_config` instead of our PeftModel), timed from step begin to step end.
+- "TRL": a plain `GRPOTrainer` (its own in-process transformers generation, the same reward as a
+  plain reward function, `peft_config` instead of our PeftModel), timed from step begin to step end;
+- one "rlvr" run per `--backends` entry: `services.trainer.runner.run_job` (what a job process runs):
+  TRL's GRPOTrainer with our rollout_func, scorer and per-step callback (adapter saved every step,
+  pushed to the rollout server (vllm) or loaded into the job's own vLLM engine (vllm-colocate),
+  one MetricEvent per step). Phases come from the MetricEvents. The vllm run uses
+  `--rollout-address`, or a rollout server (vLLM, `--rollout-memory`) the bench starts for it;
+  the vllm-colocate run creates its engine with `--gpu-memory`, as a job does.
 
-The first `--skip` steps of each run are left out (lazy initialisation). Prints a table and writes
-JSON next to it (`--out`). It never fails on time: it measures.
+The first `--skip` steps of each run are left out (lazy initialisation, the engines' first
+batches). Prints one row per run with the same columns and writes JSON (`--out`). It never fails
+on time: it measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 PHASES = ("generate", "score", "train", "sync", "rest", "step")
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = {"vllm": "vllm", "vllm-colocate": "vllm_colocate", "transformers": "transformers"}  # flag -> JobConfig
+TRL_RUN = "TRL GRPOTrainer (transformers, in-process)"
+RUN_NAMES = {"vllm": "rlvr, vLLM (rollout server)", "vllm-colocate": "rlvr, vLLM (colocate)",
+             "transformers": "rlvr, Transformers (in-process)"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,30 +61,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--loss-type", default="dapo", choices=["grpo", "dapo", "dr_grpo"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores this process may use)")
-    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
-    p.add_argument("--rollout-address", default="127.0.0.1:50054", help="the rollout service, for --backend vllm")
+    p.add_argument("--backends", default="vllm,vllm-colocate",
+                   help=f"comma list of rlvr runs, each of {', '.join(BACKENDS)} (TRL's run is always made)")
+    p.add_argument("--rollout-address", default="",
+                   help="a running rollout server serving --model, for the vllm run (default: start one)")
+    p.add_argument("--rollout-memory", type=float, default=0.3, help="memory fraction of the rollout server started")
+    p.add_argument("--gpu-memory", type=float, default=0.3, help="advanced.gpu_memory_fraction of the colocate run")
+    p.add_argument("--colocate-eager", choices=["auto", "on", "off"], default="auto",
+                   help="the colocate engine eager (on) or compiled (off); auto = the trainer's default")
     p.add_argument("--out", type=Path, default=Path(".rlvr/bench/trainer_step.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in args.backends if b not in BACKENDS]
+    if unknown:
+        p.error(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    return args
 
 
-def run_rlvr(args: argparse.Namespace, base: str, root: Path) -> list[dict[str, float]]:
+@contextlib.contextmanager
+def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
+    """The address of the rollout server of the vllm run: --rollout-address, or one started here."""
+    if args.rollout_address:
+        yield args.rollout_address
+        return
+    from clients.stack import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", args.model,
+           "--backend", "vllm", "--memory-fraction", str(args.rollout_memory),
+           "--adapter-root", str(root / "rollout-adapters")]
+    with open(root / "rollout.log", "wb") as log:
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path) -> list[dict[str, float]]:
     from services.trainer.config import JobConfig
     from services.trainer.rollouts import ServiceGenerator
     from services.trainer.runner import JobDeps, run_job
     from services.trainer.scorers import LocalScorer, ScoreSettings
 
     job = JobConfig(
-        job_id=f"bench-{os.getpid()}", base_model=base, artifact_root=root, group_size=args.group_size,
+        job_id=f"bench-{backend}-{os.getpid()}", base_model=base, artifact_root=root, group_size=args.group_size,
         batch_size=args.batch_size, max_completion_tokens=args.max_tokens, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, learning_rate=args.learning_rate, max_steps=args.steps,
-        loss_type=args.loss_type, generation_backend=args.backend,
+        loss_type=args.loss_type, generation_backend=BACKENDS[backend], gpu_memory_fraction=args.gpu_memory,
     )
     events: list[Any] = []
-    generator = ServiceGenerator(args.rollout_address) if args.backend == "vllm" else None
-    result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append,
-                                  generator=generator))
+    eager = {"auto": None, "on": True, "off": False}[args.colocate_eager]
+    with contextlib.ExitStack() as stack:
+        generator = None
+        if backend == "vllm":
+            generator = ServiceGenerator(stack.enter_context(rollout_server(args, root)))
+            stack.callback(generator.close)
+            generator.wait_ready()
+        result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append,
+                                      generator=generator, colocate_enforce_eager=eager))
     if result.status != "completed":
-        raise SystemExit(f"the rlvr run {result.status}: {result.error}")
+        raise SystemExit(f"the rlvr {backend} run {result.status}: {result.error}")
     rows = []
     for e in events:
         known = e.generate_seconds + e.score_seconds + e.train_seconds + e.sync_seconds
@@ -134,36 +191,44 @@ def main(argv: list[str] | None = None) -> int:
     from services.trainer.runner import resolve_base_model
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(args.threads or cores)
+    threads = args.threads or cores
+    torch.set_num_threads(threads)
     base = resolve_base_model(args.model)
+    runs: dict[str, list[dict[str, float]]] = {}
+    walls: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-") as tmp:
         started = time.perf_counter()
-        ours = run_rlvr(args, base, Path(tmp))
-        ours_wall = time.perf_counter() - started
-        started = time.perf_counter()
-        trl = run_trl(args, base, Path(tmp))
-        trl_wall = time.perf_counter() - started
+        runs[TRL_RUN] = run_trl(args, base, Path(tmp))
+        walls[TRL_RUN] = time.perf_counter() - started
+        for backend in args.backends:
+            started = time.perf_counter()
+            runs[RUN_NAMES[backend]] = run_rlvr(args, backend, base, Path(tmp))
+            walls[RUN_NAMES[backend]] = time.perf_counter() - started
 
     config = (f"model {args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x "
               f"{args.group_size}, max {args.max_tokens} tokens, r={args.lora_rank} alpha={args.lora_alpha}, "
-              f"{args.loss_type}, backend {args.backend}, {torch.get_num_threads()} threads, "
-              f"means over steps {args.skip + 1}-{args.steps}")
+              f"{args.loss_type}, {threads} torch threads, colocate memory {args.gpu_memory}, "
+              f"means over steps {args.skip + 1}-{args.steps} (seconds per step)")
     print(config)
-    print(f"{'phase':<10}{'rlvr s/step':>14}{'trl s/step':>14}{'rlvr/trl':>10}")
+    width = max(len(name) for name in runs) + 2
+
+    def cell(x: float | None, w: int = 10) -> str:
+        return f"{x:>{w}.3f}" if x is not None else f"{'-':>{w}}"
+
+    print(f"{'run':<{width}}" + "".join(f"{p:>10}" for p in PHASES) + f"{'vs TRL':>10}{'wall s':>10}")
     table: dict[str, dict[str, float | None]] = {}
-    for phase in PHASES:
-        a, b = mean(ours, phase, args.skip), mean(trl, phase, args.skip)
-        ratio = a / b if a is not None and b else None
-        table[phase] = {"rlvr": a, "trl": b, "ratio": ratio}
-
-        def cell(x: float | None, width: int = 14) -> str:
-            return f"{x:>{width}.3f}" if x is not None else f"{'-':>{width}}"
-
-        print(f"{phase:<10}{cell(a)}{cell(b)}{cell(ratio, 10)}")
-    print(f"wall time incl. model load and TRL set-up: rlvr {ours_wall:.1f} s, trl {trl_wall:.1f} s")
+    trl_step = mean(runs[TRL_RUN], "step", args.skip)
+    for name, rows in runs.items():
+        table[name] = {phase: mean(rows, phase, args.skip) for phase in PHASES}
+        step = table[name]["step"]
+        table[name]["vs_trl"] = step / trl_step if step is not None and trl_step else None
+        table[name]["wall"] = walls[name]
+        print(f"{name:<{width}}" + "".join(cell(table[name][p]) for p in PHASES)
+              + cell(table[name]["vs_trl"]) + f"{walls[name]:>10.1f}")
+    print("wall s: the whole run, model load, engine start and TRL set-up included")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": config, "args": {k: str(v) for k, v in vars(args).items()},
-                                    "per_step": table, "rlvr_steps": ours, "trl_steps": trl}, indent=2) + "\n")
+                                    "per_step": table, "steps": runs}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

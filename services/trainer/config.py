@@ -16,14 +16,15 @@ from typing import Literal
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.v1 import common_pb2, trainer_pb2
-from services.scheduler.jobspec import resolve_spec
+from services.scheduler.jobspec import GPU_MEMORY_FRACTION, resolve_spec
 from services.trainer.artifacts import under_root
 
 C = common_pb2
 
 LossType = Literal["grpo", "dapo", "dr_grpo"]
 Quantization = Literal["full", "4bit", "8bit"]
-Backend = Literal["vllm", "transformers"]
+# "vllm": the rollout server; "vllm_colocate": a vLLM engine in the job's process; "transformers": in-process.
+Backend = Literal["vllm", "vllm_colocate", "transformers"]
 RewardName = Literal["math_pairs", "gsm8k", "boxed"]
 
 # A job id becomes a NATS subject token and a folder name: no dots, slashes or wildcards.
@@ -39,6 +40,7 @@ _LOSSES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dap
 _QUANT: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit", C.QUANTIZATION_8BIT: "8bit"}
 _BACKENDS: dict[int, Backend] = {
     C.GENERATION_BACKEND_VLLM: "vllm",
+    C.GENERATION_BACKEND_VLLM_COLOCATE: "vllm_colocate",
     C.GENERATION_BACKEND_TRANSFORMERS: "transformers",
 }
 
@@ -70,6 +72,8 @@ class JobConfig:
     epochs: int = 1
     quantization: Quantization = "full"
     generation_backend: Backend = "transformers"
+    # vllm_colocate: the share of the device's memory the job's vLLM engine keeps (host memory on CPU)
+    gpu_memory_fraction: float = GPU_MEMORY_FRACTION.default
     gpu_selection: str = "auto"
     kl_beta: float = 0.0
     temperature: float = 1.0
@@ -163,6 +167,9 @@ def job_config_from_request(
         epochs=a.epochs,
         quantization=_QUANT[a.quantization],
         generation_backend=_BACKENDS[a.generation_backend],
+        # a proto float: 0.3 arrives as 0.30000001192...
+        gpu_memory_fraction=round(a.gpu_memory_fraction, 6) if a.HasField("gpu_memory_fraction")
+        else GPU_MEMORY_FRACTION.default,
         gpu_selection=a.gpu_selection,
         kl_beta=a.kl_beta,
         temperature=a.temperature,

@@ -4,12 +4,13 @@ DESIGN.md names TRL as the engine, and it gives the per-step control this worker
 documented seams, so nothing of TRL is patched:
 
 - `rollout_func` (trl 1.16): every step's completions come from our `PolicyGenerator`: the rollout
-  service (vllm backend) with each completion's adapter version checked, or the policy itself
-  in-process (transformers backend). It is also where generation is timed.
+  service (vllm backend) or the job's own vLLM engine (vllm_colocate), with each completion's
+  adapter version checked, or the policy itself in-process (transformers backend). It is also
+  where generation is timed.
 - a `TrainerCallback`: after each optimizer step it saves the adapter (PEFT files only; for a job
   with an init_adapter, init + trained written as one adapter), pushes it to the rollout service
-  as version = step number, writes periodic checkpoints, checks the cancel flag, and turns the
-  step's record plus TRL's log line into one `MetricEvent`.
+  (or loads it into the colocated engine) as version = step number, writes periodic checkpoints,
+  checks the cancel flag, and turns the step's record plus TRL's log line into one `MetricEvent`.
 
 TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term,
 entropy, clipping and the optimizer. The KL reference is the policy the job started from. The

@@ -101,7 +101,8 @@ def run(job_dir: Path) -> int:
             artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})
 
         deps = JobDeps(scorer=scorer, publish=publisher.publish_metric if publisher else (lambda _e: None),
-                       cancel=cancel, generator=generator, on_step=on_step)
+                       cancel=cancel, generator=generator, on_step=on_step,
+                       colocate_enforce_eager=settings.colocate_enforce_eager)
         try:
             result = run_job(job, deps)
         finally:

@@ -1,4 +1,4 @@
-"""Where a step's completions come from: the `PolicyGenerator` interface and its two backends.
+"""Where a step's completions come from: the `PolicyGenerator` interface and its backends.
 
 - `ServiceGenerator` (generation backend "vllm"): the rollout service generates from the adapter
   version this trainer pushed after its last optimizer step. Every completion comes back stamped
@@ -7,8 +7,10 @@
   most reported bug in peer systems, so here it is a loud error instead.
 - `LocalGenerator` (backend "transformers"): samples in-process from the very model being trained,
   so its "version" is by construction the current step.
+- `ColocatedGenerator` (backend "vllm_colocate", in `colocate.py`): a vLLM engine inside the job's
+  process, loading every adapter version as a LoRA and checking each completion's as above.
 
-Both return the same `RolloutBatch`: one row per completion, prompts repeated `group_size` times in
+All return the same `RolloutBatch`: one row per completion, prompts repeated `group_size` times in
 a row (the layout GRPO's group-relative advantage and TRL's RepeatSampler use).
 """
 

