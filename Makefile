@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: install protos check-protos lint test test-all demo up bench clean chromium
+.PHONY: install protos check-protos lint test test-all demo up web bench clean chromium
 
 install: $(STAMP)
 
@@ -24,9 +24,10 @@ protos: install
 lint: install
 	$(BIN)/ruff check .
 
-# Headless chromium for tests/test_report.py (the HTML report opened in a real browser). Installed
-# with apt-get when missing, only where apt-get exists and we are root (Debian CI); elsewhere this
-# says how, the browser tests skip, and under CI=true they fail.
+# Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
+# tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no
+# browser is ever downloaded). Installed with apt-get when missing, only where apt-get exists and
+# we are root (Debian CI); elsewhere this says how, the browser tests skip, and under CI=true they fail.
 chromium:
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -52,6 +53,10 @@ demo: install
 
 up: install
 	$(BIN)/rlvr up
+
+# The web console alone, against a running stack (`make up` starts it too).
+web: install
+	$(BIN)/rlvr web
 
 clean:
 	rm -rf .rlvr build dist *.egg-info

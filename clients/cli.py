@@ -6,6 +6,7 @@ arguments returning the exit code):
 
 - `call`: every RPC of every service, generated from the descriptors (clients/rpc_commands.py);
 - `up`, `status`: the local stack, from `clients.stack`, imported only when one of them runs;
+- `web`: the web console, from `clients.web.server`, imported only when it runs;
 - `models build-tiny`: builds the bundled tiny base model through `rlvr.tiny`'s own CLI.
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
@@ -85,6 +86,23 @@ def register_stack(subparsers: argparse._SubParsersAction) -> None:
         parser.set_defaults(handler=_run_stack(command), passthrough=True)
 
 
+# ---------------------------------------------------------------- the web console
+
+
+def _web(args: argparse.Namespace) -> int:
+    server = _lazy_module("clients.web.server", "web")
+    if server is None:
+        return 1
+    return int(server.main(args.rest) or 0)
+
+
+def register_web(subparsers: argparse._SubParsersAction) -> None:
+    # add_help=False: `rlvr web --help` reaches the parser of clients.web.server.
+    parser = subparsers.add_parser("web", help="serve the web console (jobs, New Training, loops, evaluations) "
+                                   "on http://127.0.0.1:8050", add_help=False)
+    parser.set_defaults(handler=_web, passthrough=True)
+
+
 # ---------------------------------------------------------------- models
 
 
@@ -113,6 +131,7 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
 COMMAND_GROUPS: list[Register] = [
     rpc_commands.register,
     register_stack,
+    register_web,
     register_models,
     train_cmd.register,
     loops_cmd.register,

@@ -1,5 +1,6 @@
 """The local stack: `rlvr up` runs an embedded NATS and all five services as child processes on
-one machine; `rlvr status` prints each service's health.
+one machine, and the web console (`rlvr web`) beside them on its own port; `rlvr status` prints
+each service's health.
 
 Processes: every service runs in its own process group (so vLLM's engine subprocess goes with
 it) and gets SIGTERM if `rlvr up` itself dies (PR_SET_PDEATHSIG), so no orphan is left behind.
@@ -25,6 +26,8 @@ from pathlib import Path
 # Start order: the services others depend on come first.
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 DEFAULT_PORTS = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout": 50054, "benchmark": 50055}
+WEB = "web"  # the web console's process (clients/web): HTTP, not gRPC; started last, stopped first
+DEFAULT_WEB_PORT = 8050
 GRPC_NAMES = {
     "scheduler": "rlvr.v1.SchedulerService",
     "trainer": "rlvr.v1.TrainerService",
@@ -58,10 +61,36 @@ class StackConfig:
     memory_fraction: float = 0.3
     start_timeout: float = 300.0
     log_format: str = "json"
+    web_port: int | None = None  # the web console's port; None: no console
+    web_host: str = "127.0.0.1"  # the console has no login: loopback unless asked (--web-host)
 
     @property
     def addresses(self) -> dict[str, str]:
         return {name: f"{self.host}:{port}" for name, port in self.ports.items()}
+
+    @property
+    def web_url(self) -> str:
+        from clients.web.server import url
+
+        return url(self.web_host, self.web_port) if self.web_port is not None else ""
+
+
+def web_command(cfg: StackConfig) -> list[str]:
+    """The web console's command line: a client of the stack's scheduler and benchmark service."""
+    a = cfg.addresses
+    return [sys.executable, "-m", "clients.web", "--host", cfg.web_host, "--port", str(cfg.web_port),
+            "--scheduler-address", a["scheduler"], "--benchmark-address", a["benchmark"]]
+
+
+def check_web(url: str, timeout: float = 2.0) -> str:
+    """"SERVING" when the console answers its /healthz, else "UNREACHABLE"."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout) as resp:  # noqa: S310 (our own URL)
+            return "SERVING" if resp.status == 200 else "UNREACHABLE"
+    except OSError:
+        return "UNREACHABLE"
 
 
 def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
@@ -137,6 +166,8 @@ class Stack:
         self.say(f"nats       {nats.url:<24} pid {nats.pid}")
         for name in SERVICES:
             self._launch(name)
+        if self.cfg.web_port is not None:
+            self._launch(WEB)
         self._write_state(nats.url)
 
     def _launch(self, name: str) -> None:
@@ -145,8 +176,10 @@ class Stack:
         assert self.nats is not None
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
+        nats_url: str = self.nats.url  # type: ignore[attr-defined]
+        command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg, nats_url)
         self.procs[name] = subprocess.Popen(
-            service_command(name, self.cfg, self.nats.url),  # type: ignore[attr-defined]
+            command,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
             start_new_session=True, preexec_fn=_parent_death_hook(),
         )
@@ -181,7 +214,7 @@ class Stack:
             self.say(f"model      {self.cfg.model} -> {path}")
 
     def _write_state(self, nats_url: str) -> None:
-        state = {"nats_url": nats_url, "addresses": self.cfg.addresses,
+        state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": asdict(self.cfg)}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
@@ -195,13 +228,18 @@ class Stack:
     def wait_serving(self) -> bool:
         """Waits until every health check answers SERVING; False if a service died or time ran out."""
         deadline = time.monotonic() + self.cfg.start_timeout
-        pending = set(SERVICES)
+        pending = set(SERVICES) | ({WEB} if WEB in self.procs else set())
         while pending and time.monotonic() < deadline:
             for name, code in self.dead():
                 self.report_dead(name, code)
                 return False
             for name in sorted(pending):
-                if check_health(self.cfg.addresses[name], timeout=1.0) == "SERVING":
+                if name == WEB:
+                    if check_web(self.cfg.web_url, timeout=1.0) == "SERVING":
+                        pending.discard(name)
+                        self.say(f"{name:<10} {self.cfg.web_url:<24} pid {self.procs[name].pid}  SERVING "
+                                 "(the web console)")
+                elif check_health(self.cfg.addresses[name], timeout=1.0) == "SERVING":
                     pending.discard(name)
                     self.say(f"{name:<10} {self.cfg.addresses[name]:<24} pid {self.procs[name].pid}  SERVING")
             if pending:
@@ -213,7 +251,7 @@ class Stack:
         return True
 
     def stop(self, grace: float = 15.0) -> None:
-        for name in reversed(SERVICES):
+        for name in (WEB, *reversed(SERVICES)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -249,11 +287,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
 
 
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    """`rlvr up`'s options: the stack's, and where the web console listens."""
+    add_arguments(parser)
+    parser.add_argument("--web-port", type=int, default=None,
+                        help=f"the web console's port (default {DEFAULT_WEB_PORT}, a free one with --base-port 0; "
+                             "0 = a free one)")
+    parser.add_argument("--web-host", default="127.0.0.1",
+                        help="address the web console binds to (default 127.0.0.1: it has no login)")
+    parser.add_argument("--no-web", action="store_true", help="do not start the web console")
+
+
 def config_from_args(args: argparse.Namespace) -> StackConfig:
     cfg = StackConfig(host=args.host, nats_port=args.nats_port, database_url=args.database_url,
                       model=args.model, rollout_backend=args.rollout_backend,
                       memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,
                       log_format=args.log_format)
+    if not getattr(args, "no_web", True):
+        cfg.web_host = args.web_host
+        port = args.web_port if args.web_port is not None else 0 if args.base_port == 0 else DEFAULT_WEB_PORT
+        cfg.web_port = port or free_port(args.web_host)
     if args.home is not None:
         cfg.home = args.home.expanduser().resolve()
     if args.base_port == 0:
@@ -285,6 +338,8 @@ def up(args: argparse.Namespace) -> int:
             code = 1
         else:
             stack.say(f"\nrlvr is up (state in {stack.cfg.home}); Ctrl-C stops every service.")
+            if stack.cfg.web_port is not None:
+                stack.say(f"web console: {stack.cfg.web_url}")
             while True:
                 dead = stack.dead()
                 if dead:
@@ -311,11 +366,12 @@ def status(args: argparse.Namespace) -> int:
     configured addresses."""
     home = args.home.expanduser() if getattr(args, "home", None) else _home()
     addresses = {name: f"127.0.0.1:{port}" for name, port in DEFAULT_PORTS.items()}
-    nats_url = ""
+    nats_url = web_url = ""
     with contextlib.suppress(OSError, ValueError):
         state = json.loads((home / "stack.json").read_text())
         addresses.update(state["addresses"])
         nats_url = state.get("nats_url", "")
+        web_url = state.get("web_url", "")
     for name in DEFAULT_PORTS:
         env = os.environ.get(f"RLVR_{name.upper()}_ADDRESS")
         if env:
@@ -327,4 +383,6 @@ def status(args: argparse.Namespace) -> int:
         print(f"{name:<10} {addresses[name]:<24} {st}")
     if nats_url:
         print(f"{'nats':<10} {nats_url}")
+    if web_url:
+        print(f"{WEB:<10} {web_url:<24} {check_web(web_url)}")
     return 0 if ok else 1

@@ -59,7 +59,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
                 break
         assert any("rlvr is up" in line for line in lines), "".join(lines)
         up_seconds = time.monotonic() - started
-        for name in SERVICES:
+        for name in (*SERVICES, "web"):  # the five services and the web console
             assert any(line.startswith(name) and "SERVING" in line for line in lines), name
         state = json.loads((home / "stack.json").read_text())
         children = _descendants(proc.pid)
@@ -68,7 +68,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         status = subprocess.run([sys.executable, "-m", "clients.cli", "status", "--home", str(home)],
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("SERVING") == 5
+        assert status.stdout.count("SERVING") == 6 and state["web_url"] in status.stdout
         if PROBE.exists():
             probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
                                    capture_output=True, text=True, timeout=60)

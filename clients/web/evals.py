@@ -1,0 +1,74 @@
+"""Evaluations: the list, an evaluation's detail page (the overall score and the four tiles:
+accuracy, accuracy strict, format, answered; the per-question Detailed Results, filtered to the
+wrong answers on request, a page at a time) and the leaderboard of a benchmark. Read-only, from the
+benchmark service; every page works without JavaScript (a running evaluation reloads itself)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from clients.web import views
+from clients.web.console import Console
+from rlvr.v1 import benchmark_pb2 as B
+
+RESULTS_PAGE = 20
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    try:
+        return max(1, int(request.query_params.get(name, default)))
+    except ValueError:
+        return default
+
+
+def routes(console: Console) -> list[Route]:
+    benchmark = console.sdk.benchmark
+
+    def list_page(request: Request) -> Response:
+        name = request.query_params.get("benchmark", "")
+        evaluations = benchmark.list_evaluations(B.ListEvaluationsRequest(benchmark=name, limit=100)).evaluations
+        benchmarks = benchmark.list_benchmarks().benchmarks
+        rows = [{"ev": ev, "status": views.eval_status(ev.status), "policy": views.policy(ev),
+                 "created": views.when(ev.created_at)} for ev in evaluations]
+        running = any(ev.status not in views.FINAL_EVAL for ev in evaluations)
+        return console.page(request, "evals.html", {"rows": rows, "benchmarks": benchmarks, "chosen": name,
+                                                    "reload": 10 if running else 0}, active="evals")
+
+    def eval_page(request: Request) -> Response:
+        eval_id = request.path_params["eval_id"]
+        ev = benchmark.get_evaluation(B.GetEvaluationRequest(id=eval_id))
+        wrong = request.query_params.get("wrong", "") in ("1", "true", "on")
+        page = _int(request, "page", 1)
+        resp = benchmark.get_evaluation_results(B.GetEvaluationResultsRequest(
+            id=eval_id, only_wrong=wrong, offset=(page - 1) * RESULTS_PAGE, limit=RESULTS_PAGE))
+        infos = {b.name: b for b in benchmark.list_benchmarks().benchmarks}
+        info = infos.get(ev.benchmark)
+        final = ev.status in views.FINAL_EVAL
+        return console.page(request, "eval.html", {
+            "ev": ev, "status": views.eval_status(ev.status), "policy": views.policy(ev), "final": final,
+            "display_name": info.display_name if info else ev.benchmark, "tiles": views.eval_tiles(ev.scores),
+            "results": resp.results, "total": resp.total, "wrong": wrong, "page": page,
+            "pages": max(1, -(-resp.total // RESULTS_PAGE)), "first": (page - 1) * RESULTS_PAGE + 1,
+            "finish_reason": views.finish_reason, "when": views.when, "reload": 0 if final else 5,
+        }, active="evals")
+
+    def leaderboard(request: Request) -> Response:
+        benchmarks = list(benchmark.list_benchmarks().benchmarks)
+        name = request.query_params.get("benchmark") or (benchmarks[0].name if benchmarks else "")
+        column = request.query_params.get("column", "")
+        resp = benchmark.get_leaderboard(B.GetLeaderboardRequest(benchmark=name, score_column=column, limit=50))
+        info = next((b for b in benchmarks if b.name == resp.benchmark), None)
+        columns = list(info.score_columns) if info else [k for k, _ in views.EVAL_TILES]
+        titles = dict(views.EVAL_TILES)
+        return console.page(request, "leaderboard.html", {
+            "benchmarks": benchmarks, "resp": resp, "columns": columns, "titles": titles,
+            "display_name": info.display_name if info else resp.benchmark, "policy": views.policy,
+            "when": views.when}, active="leaderboard")
+
+    return [
+        Route("/evals", list_page),
+        Route("/evals/{eval_id}", eval_page),
+        Route("/leaderboard", leaderboard),
+    ]

@@ -1,0 +1,215 @@
+"""The New Training form and the "Start an automated loop" form: their fields, field for field as the
+spec lists them, the values a submitted form turns into (a JobSpec, a LoopSpec), and where the
+server's INVALID_ARGUMENT error goes back on the page.
+
+Field names are the contract's field paths (`grpo.lora_rank`; `loop.target` for the LoopSpec's own
+fields), so the field named at the start of an error message (`grpo.lora_rank: 99 is out of
+range; ...`, or `job.grpo.lora_rank: ...` from CreateLoop) is the input the error belongs next
+to. Nothing here knows a range: ranges and defaults come from the server (clients/web/limits.py),
+and a field left empty stays unset in the spec, so the scheduler fills in its default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clients.web.limits import FormLimits, set_path
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+
+@dataclass(frozen=True)
+class Field:
+    path: str        # the form name: a JobSpec path, or "loop.<LoopSpec field>"
+    label: str       # the spec's label
+    kind: str        # int | float | text | bool | enum | word (a closed list of strings)
+    widget: str      # slider | number | lr | steps | batch | radio | select | checkbox | text | percent
+    help: str = ""   # the spec's words for it
+    only: str = ""   # shown and sent only with: math_pairs | boxed | colocate | dataset_benchmark
+    step: str = "1"  # the input's step ("any" for floats)
+
+    @property
+    def id(self) -> str:
+        return "f-" + self.path.replace(".", "-")
+
+
+RUN = [
+    Field("name", "Name", "text", "text", "Labels the run; default: derived from the model and the loss type."),
+    Field("base_model", "Base model", "text", "text", "A Hugging Face hub id, a local path, or a bundled tiny model."),
+]
+REWARD = [
+    Field("reward.function", "Reward", "enum", "radio"),
+    Field("reward.synthetic_prompts", "Synthetic prompts", "int", "number",
+          "How many problems to generate on the fly.", only="math_pairs"),
+    Field("reward.format_bonus", "Format bonus", "bool", "checkbox",
+          "A small extra reward for wrapping the answer in <think>…</think><answer>…</answer>, on top of "
+          "whether the answer itself was correct."),
+    Field("reward.dataset", "Dataset", "text", "text",
+          "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns.",
+          only="boxed"),
+]
+GRPO = [
+    Field("grpo.group_size", "Group size", "int", "slider",
+          "Rollouts generated per prompt: the group GRPO compares against itself."),
+    Field("grpo.max_completion_tokens", "Max completion", "int", "slider",
+          "Cap on how long each generated answer can be, in tokens."),
+    Field("grpo.lora_rank", "Rank (r)", "int", "slider", "LoRA adapter capacity."),
+    Field("grpo.lora_alpha", "Alpha", "int", "slider", "LoRA scaling factor."),
+    Field("grpo.learning_rate", "Learning Rate", "float", "lr",
+          "Deliberately lower than SFT's range: RL updates are noisier.", step="any"),
+    Field("grpo.max_steps", "Max Steps", "int", "steps",
+          "Full (-1) trains every prompt for the chosen epochs instead of stopping at a fixed step count."),
+    Field("grpo.batch_size", "Batch Size", "int", "batch",
+          "Examples per gradient step; should be a multiple of Group size."),
+]
+ADVANCED = [
+    Field("advanced.loss_type", "Loss Type", "enum", "select"),
+    Field("advanced.epochs", "Epochs", "int", "number", "Passes over the prompts when Max Steps is Full."),
+    Field("advanced.quantization", "Quantization", "enum", "select"),
+    Field("advanced.generation_backend", "Generation Backend", "enum", "select",
+          "vLLM (colocate) is fast and shares the training GPU; Transformers runs in-process (use it if vLLM runs "
+          "out of memory); vLLM (rollout server) generates on the dedicated rollout service."),
+    Field("advanced.gpu_memory_fraction", "GPU memory", "float", "slider",
+          "How much of the training GPU vLLM (colocate) keeps for itself.", only="colocate", step="0.05"),
+    Field("advanced.gpu_selection", "GPU Selection", "text", "text"),
+    Field("advanced.kl_beta", "KL beta", "float", "number", "KL coefficient against the base model.", step="any"),
+    Field("advanced.temperature", "Temperature", "float", "number", "Sampling temperature of the rollouts.",
+          step="any"),
+    Field("reward.format_bonus_weight", "Format bonus weight", "float", "number",
+          "Size of the format bonus when earned.", step="any"),
+    Field("advanced.seed", "Seed", "int", "number", "Seed for prompts, sampling and initialisation."),
+    Field("advanced.checkpoint_every", "Checkpoint every", "int", "number",
+          "Save a PEFT checkpoint every N steps (0 = only the final adapter)."),
+    Field("advanced.lora_init", "LoRA init", "word", "select",
+          "peft's kaiming-uniform A (default) or the LoRA paper's gaussian N(0, 1/r)."),
+    Field("advanced.dynamic_sampling", "Dynamic sampling", "bool", "checkbox",
+          "DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups."),
+]
+LOOP = [
+    Field("loop.name", "Name", "text", "text", "Labels the loop, for example “math-pairs to 35%”."),
+    Field("loop.benchmark", "Benchmark", "word", "select", "Which environment scores each round."),
+    Field("loop.score_column", "Score Column", "word", "select",
+          "The leaderboard column read back each round; resets when you change the benchmark."),
+    Field("loop.target", "Target", "float", "percent",
+          "Stop once the score reaches this percent, on the leaderboard's scale.", step="any"),
+    Field("loop.max_rounds", "Max Rounds", "int", "number", "Upper bound on rounds; each one is a full training run."),
+    Field("loop.give_up_after", "Give Up After", "int", "number",
+          "Stop early if this many rounds in a row show no real gain."),
+    Field("loop.reclaim_storage", "Reclaim storage between rounds", "bool", "checkbox",
+          "Rounds only ever publish their LoRA adapter, which is always kept; uncheck it if a round's merged "
+          "export should also survive."),
+    Field("loop.benchmark_limit", "Questions per evaluation", "int", "number", "0 = the whole benchmark."),
+    Field("loop.min_gain", "Real-gain threshold", "float", "number",
+          "Points a round must gain over the best before it; empty = one standard error.", step="any"),
+    Field("loop.benchmark_dataset", "Benchmark dataset", "text", "text",
+          "Boxed benchmark only: the dataset to score on (default: the job's dataset).", only="dataset_benchmark"),
+]
+JOB_FIELDS = RUN + REWARD + GRPO + ADVANCED
+ALL_FIELDS = {f.path: f for f in JOB_FIELDS + LOOP}
+
+# The spec's descriptions of the reward functions (the labels come from the server).
+REWARD_NOTES = {
+    C.REWARD_FUNCTION_MATH_PAIRS: ("A self-generating arithmetic task: adding adjacent pairs, multiplying; the "
+                                   "correct final number wins. No dataset needed, ideal first run.",
+                                   "No, self-generated"),
+    C.REWARD_FUNCTION_GSM8K: ("Grade-school word problems from the built-in openai/gsm8k dataset. Rewards the "
+                              "correct final number.", "No, uses the built-in dataset"),
+    C.REWARD_FUNCTION_BOXED: ("Any Hugging Face dataset with a prompt and a ground_truth column. Rewards a correct "
+                              "\\boxed{...} final answer.", "Yes, pick one in the Dataset field"),
+}
+_FIELD_PATH = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
+
+
+class FormErrors(dict[str, str]):
+    """Errors by field path; "" holds an error that belongs to no field (shown above the form)."""
+
+
+def _number(text: str, kind: str) -> int | float:
+    value: int | float = int(text) if kind == "int" else float(text.removesuffix("%"))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors: FormErrors,
+           active: set[str], strip: str = "") -> None:
+    """Sets every field of `fields` found in `form` on `message` (paths without `strip`)."""
+    for f in fields:
+        if f.only and f.only not in active:
+            continue
+        path = f.path.removeprefix(strip)
+        raw = form.get(f.path, "")
+        text = raw.strip() if isinstance(raw, str) else ""
+        if f.kind == "bool":
+            set_path(message, path, bool(text))  # an unchecked box sends nothing: off
+            continue
+        if not text:
+            continue  # unset: the server's default
+        try:
+            value: object = (_number(text, f.kind) if f.kind in ("int", "float") else
+                             int(text) if f.kind == "enum" else text)
+        except ValueError:
+            what = "a whole number" if f.kind in ("int", "enum") else "a number"
+            errors[f.path] = f"{text!r} is not {what}"
+            continue
+        try:
+            set_path(message, path, value)
+        except (ValueError, TypeError):  # e.g. a negative seed (uint64)
+            errors[f.path] = f"{text!r} is out of range for {f.label}"
+
+
+def active_options(form: Mapping[str, str], limits: FormLimits | None = None) -> set[str]:
+    """Which conditional fields the form's choices show: the reward's, the backend's, the benchmark's."""
+    active = set()
+    reward = str(form.get("reward.function", "")).strip()
+    if reward in ("", str(C.REWARD_FUNCTION_MATH_PAIRS)):
+        active.add("math_pairs")
+    if reward == str(C.REWARD_FUNCTION_BOXED):
+        active.add("boxed")
+    if str(form.get("advanced.generation_backend", "")).strip() == str(C.GENERATION_BACKEND_VLLM_COLOCATE):
+        active.add("colocate")
+    benchmark = str(form.get("loop.benchmark", "")).strip()
+    if limits is not None and any(b.name == benchmark and b.needs_dataset for b in limits.benchmarks):
+        active.add("dataset_benchmark")
+    return active
+
+
+def job_spec(form: Mapping[str, str], limits: FormLimits | None = None) -> tuple[C.JobSpec, FormErrors]:
+    """The JobSpec of a submitted New Training form, and the values that are not numbers at all."""
+    spec, errors = C.JobSpec(), FormErrors()
+    _parse(JOB_FIELDS, form, spec, errors, active_options(form, limits))
+    return spec, errors
+
+
+def loop_spec(form: Mapping[str, str], limits: FormLimits | None = None) -> tuple[S.LoopSpec, FormErrors]:
+    """The LoopSpec of the form's "Start an automated loop" part plus its job settings. The job's own
+    name stays empty: the scheduler names each round's job "<loop name> R<k>"."""
+    job, errors = job_spec(form, limits)
+    job.name = ""
+    spec = S.LoopSpec(job=job)
+    _parse(LOOP, form, spec, errors, active_options(form, limits), strip="loop.")
+    return spec, errors
+
+
+def error_field(details: str, *, loop: bool = False) -> str:
+    """The form field an INVALID_ARGUMENT message names (`grpo.lora_rank: ...`); CreateLoop's
+    `job.<path>` is the job field, its own fields are `loop.<field>`. "" when it names no field of
+    the form."""
+    m = _FIELD_PATH.match(details)
+    if not m:
+        return ""
+    path = m.group(1)
+    if loop:
+        path = path.removeprefix("job.") if path.startswith("job.") else f"loop.{path}"
+    return path if path in ALL_FIELDS else ""
+
+
+def lr_presets(low: float | None, high: float | None) -> list[str]:
+    """The Learning Rate buttons: the 1-2-5 values inside the server's range."""
+    if low is None or high is None or low <= 0:
+        return []
+    values = [m * 10.0 ** e for e in range(-9, 0) for m in (1, 2, 5)]
+    return [f"{v:.0e}".replace("e-0", "e-") for v in values if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]

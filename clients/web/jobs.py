@@ -1,0 +1,164 @@
+"""The jobs pages: the list (status, progress, a reward/accuracy sparkline) and an RLVR job's detail
+page (the RL Metrics card above the Actions panel, the Training Summary beside them), live while
+the job runs, with the actions: Download Adapter (a zip), Merge Model (with progress), Export
+History (CSV / JSONL) and Cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from clients.base import RlvrError
+from clients.web import live, views
+from clients.web.console import Console, see_other
+from clients.web.downloads import zip_stream
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+PAGE_SIZE = 20
+REGIONS = ("job-status", "rl-metrics", "actions", "job-details")
+
+
+def routes(console: Console) -> list[Route]:
+    scheduler = console.sdk.scheduler
+
+    def read(job_id: str) -> tuple[C.Job, S.JobMetrics]:
+        return (scheduler.get_job(S.GetJobRequest(id=job_id)),
+                scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id)))
+
+    def context(job: C.Job, metrics: S.JobMetrics, csrf_token: str) -> dict[str, Any]:
+        current, total = views.progress(job)
+        return {"job": job, "status": views.job_status(job.status), "final": views.is_final_job(job),
+                "current": current, "total": total, "metrics": views.metrics_view(metrics),
+                "has_steps": metrics.has_steps, "summary": views.summary(job.summary), "when": views.when,
+                "csrf_token": csrf_token}
+
+    def regions(job: C.Job, metrics: S.JobMetrics, csrf_token: str) -> dict[str, str]:
+        ctx = context(job, metrics, csrf_token)
+        return {region: console.fragment(f"job/_{region.replace('-', '_')}.html", ctx) for region in REGIONS}
+
+    def list_page(request: Request) -> Response:
+        page = max(1, int(request.query_params.get("page", "1") or 1))
+        resp = scheduler.list_jobs(S.ListJobsRequest(limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE))
+
+        def metrics_of(job: C.Job) -> S.JobMetrics | None:
+            try:
+                return scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job.id))
+            except RlvrError:
+                return None
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            sparks = list(pool.map(lambda job: views.sparkline(metrics_of(job)), resp.jobs))
+        rows = [{"job": job, "status": views.job_status(job.status), "spark": spark,
+                 "current": job.current_step, "total": max(job.total_steps, 0), "created": views.when(job.created_at)}
+                for job, spark in zip(resp.jobs, sparks, strict=True)]
+        running = any(not views.is_final_job(job) for job in resp.jobs)
+        return console.page(request, "jobs.html", {
+            "rows": rows, "total": resp.total, "page": page, "pages": max(1, -(-resp.total // PAGE_SIZE)),
+            "reload": 10 if running else 0}, active="jobs")
+
+    def job_page(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        job, metrics = read(job_id)
+        ctx = context(job, metrics, request.state.csrf_token)
+        if not ctx["final"]:
+            ctx["live_url"] = f"/jobs/{job_id}/events?since={views.job_fingerprint(job, metrics)}"
+            ctx["refresh"] = 10  # without JavaScript: <noscript> reloads the page
+        return console.page(request, "job.html", ctx, active="jobs")
+
+    async def job_events(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        token = request.state.csrf_token
+        await run_in_threadpool(scheduler.get_job, S.GetJobRequest(id=job_id))  # NOT_FOUND before streaming
+        events = live.job_events(
+            job_id, request.query_params.get("since", ""), console.stream_client,
+            read=lambda: read(job_id), render=lambda job, metrics: regions(job, metrics, token),
+            fingerprint=views.job_fingerprint, is_final=views.is_final_job,
+            caught_up=lambda job, metrics: not job.current_step or metrics.tiles.steps >= job.current_step)
+        return EventSourceResponse(events, ping=15)
+
+    def _zip(request: Request, stream_of: Any, what: str) -> Response:
+        job_id = request.path_params["job_id"]
+        chunks = stream_of(job_id)
+        try:
+            first = next(chunks)  # FAILED_PRECONDITION / NOT_FOUND now, as a page, not mid-download
+        except StopIteration:
+            raise HTTPException(404, f"the server sent no {what} files for job {job_id}") from None
+
+        def all_chunks() -> Iterator[C.FileChunk]:
+            yield first
+            yield from chunks
+
+        folder = f"job-{job_id}-{what}"
+        return StreamingResponse(zip_stream(all_chunks(), folder), media_type="application/zip",
+                                 headers={"content-disposition": f'attachment; filename="{folder}.zip"'})
+
+    def adapter_zip(request: Request) -> Response:
+        return _zip(request, lambda job_id: scheduler.download_adapter(S.DownloadAdapterRequest(job_id=job_id)),
+                    "adapter")
+
+    def merged_zip(request: Request) -> Response:
+        return _zip(request, lambda job_id: scheduler.download_merged_model(
+            S.DownloadMergedModelRequest(job_id=job_id)), "merged")
+
+    def export(request: Request) -> Response:
+        job_id, fmt = request.path_params["job_id"], request.path_params["fmt"]
+        formats = {"csv": S.EXPORT_FORMAT_CSV, "jsonl": S.EXPORT_FORMAT_JSONL}
+        if fmt not in formats:
+            raise HTTPException(404, f"no export format {fmt!r}; csv or jsonl")
+        resp = scheduler.export_history(S.ExportHistoryRequest(job_id=job_id, format=formats[fmt]))
+        name = resp.filename or f"job-{job_id}-history.{fmt}"
+        return Response(resp.content, media_type=resp.content_type or "text/plain",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})
+
+    async def merge(request: Request) -> Response:
+        await console.form(request)
+        job_id = request.path_params["job_id"]
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return EventSourceResponse(_merge_events(job_id))
+        last = await run_in_threadpool(scheduler.merge, job_id)
+        return console.page(request, "merged.html", {"job_id": job_id, "progress": last,
+                                                     "size": views.human_size(last.size_bytes)}, active="jobs")
+
+    async def _merge_events(job_id: str) -> AsyncIterator[dict[str, str]]:
+        stream = live.StreamThread(console.stream_client(),
+                                   lambda c: c.merge_model(S.MergeModelRequest(job_id=job_id)))
+        try:
+            while True:
+                items, ended = await stream.next_batch(None)
+                for p in items:
+                    yield {"event": "progress", "data": json.dumps({
+                        "stage": p.stage, "fraction": p.fraction, "done": p.done, "path": p.path,
+                        "size": views.human_size(p.size_bytes) if p.size_bytes else ""})}
+                if ended:
+                    if stream.error is not None:
+                        yield {"event": "failed", "data": f"{stream.error.code.name}: {stream.error.details}"}
+                    return
+        finally:
+            stream.close()
+
+    async def cancel(request: Request) -> Response:
+        await console.form(request)
+        job_id = request.path_params["job_id"]
+        await run_in_threadpool(scheduler.cancel_job, S.CancelJobRequest(id=job_id))
+        return see_other(f"/jobs/{job_id}")
+
+    return [
+        Route("/jobs", list_page),
+        Route("/jobs/{job_id}", job_page),
+        Route("/jobs/{job_id}/events", job_events),
+        Route("/jobs/{job_id}/adapter.zip", adapter_zip),
+        Route("/jobs/{job_id}/merged.zip", merged_zip),
+        Route("/jobs/{job_id}/history.{fmt}", export),
+        Route("/jobs/{job_id}/merge", merge, methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+    ]

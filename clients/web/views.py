@@ -1,0 +1,304 @@
+"""What the templates show, computed by the terminal views and the HTML reports: nothing here
+recomputes a figure the server or those modules already compute.
+
+- the RL Metrics card: `jobs_view` (series, tiles, trend words, number format) and `report.chart_png`
+  (the same matplotlib charts as `rlvr jobs report`), embedded as data URIs;
+- the loop page: `loops_view` (status words, percents, deltas, round states, durations) and
+  `loop_report.chart_png` (the bar chart per round);
+- evaluations: `eval_cmd.TILES` (the four score columns);
+- the Training Summary: `train_cmd.summary_rows`.
+
+The one drawing of its own is the jobs list's sparkline (an inline SVG polyline of reward and
+accuracy): the reports have no chart that small.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+from dataclasses import dataclass
+
+from markupsafe import Markup, escape
+
+from clients import jobs_view, loop_report, loops_view, report
+from clients.eval_cmd import TILES as EVAL_TILES
+from clients.jobs_cmd import human_size as human_size  # re-exported: the job page's sizes
+from clients.train_cmd import summary_rows
+from rlvr.v1 import benchmark_pb2 as B
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+FINAL_JOB = (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED)
+FINAL_EVAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
+ARROW_WORDS = {"↑": "up", "↓": "down", "→": "unchanged"}  # a delta arrow in words, for screen readers
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def when(ts) -> str:  # noqa: ANN001 (protobuf Timestamp)
+    return ts.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC") if ts.seconds else ""
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def job_status(status: int) -> str:
+    """COMPLETED, RUNNING, ... (the reports' badge classes)."""
+    return jobs_view.status_name(status)
+
+
+def is_final_job(job: C.Job) -> bool:
+    return job.status in FINAL_JOB
+
+
+def progress(job: C.Job) -> tuple[int, int]:
+    """(current step, total steps) for a <progress>; total 0 when unknown."""
+    return job.current_step, max(job.total_steps, 0)
+
+
+def job_fingerprint(job: C.Job, metrics: S.JobMetrics | None) -> str:
+    """Changes whenever the job page would: status, step, stored steps, adapter."""
+    steps = metrics.tiles.steps if metrics is not None and metrics.has_steps else 0
+    return f"{job.status}-{job.current_step}-{steps}-{job.adapter.version}-{len(job.error)}"
+
+
+def summary(summary_msg: C.TrainingSummary) -> list[tuple[str, str]]:
+    return [(k, str(v)) for k, v in summary_rows(summary_msg) if str(v)]
+
+
+@dataclass(frozen=True)
+class TrendView:
+    label: str
+    arrow: str
+    word: str
+    early: str
+    late: str
+    delta: str
+    peak: str
+    peak_step: int
+    window: int
+
+
+@dataclass(frozen=True)
+class ChartView:
+    key: str
+    title: str
+    src: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class MetricsView:
+    has_steps: bool
+    message: str
+    partial: bool
+    trends: list[TrendView]
+    tiles: list[tuple[str, str]]
+    charts: list[ChartView]
+
+
+def _trend(label: str, trend: S.Trend) -> TrendView:
+    return TrendView(label=label, arrow=report.ARROWS.get(trend.direction, "?"),
+                     word=jobs_view.DIRECTION_WORDS.get(trend.direction, "unknown"), early=jobs_view.num(trend.early),
+                     late=jobs_view.num(trend.late), delta=f"{trend.delta:+.3f}", peak=jobs_view.num(trend.peak),
+                     peak_step=trend.peak_step, window=trend.window)
+
+
+@functools.lru_cache(maxsize=64)
+def _charts(serialized: bytes) -> tuple[ChartView, ...]:
+    """The card's charts (the same PNGs as `rlvr jobs report`), cached by the metrics' bytes: every
+    viewer of a step, and the page and its first live update, share one rendering."""
+    metrics = S.JobMetrics.FromString(serialized)
+    trends = {"reward": metrics.reward_trend, "accuracy": metrics.accuracy_trend}
+    out = []
+    for series in jobs_view.series_of(metrics):
+        png = report.chart_png(series, trends.get(series.key))
+        caption = (f"{series.title}: steps {series.steps[0]}–{series.steps[-1]}, last {jobs_view.num(series.values[-1])}, "
+                   f"min {jobs_view.num(min(series.values))}, max {jobs_view.num(max(series.values))}")
+        out.append(ChartView(series.key, series.title, data_uri(png), caption))
+    return tuple(out)
+
+
+def metrics_view(metrics: S.JobMetrics) -> MetricsView:
+    """The RL Metrics card: trends, tiles and charts as `rlvr jobs show` has them."""
+    partial = metrics.status in (C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED)
+    if not metrics.has_steps:
+        return MetricsView(False, metrics.message or "no training step recorded yet", partial, [], [], [])
+    # Only what the charts depend on goes into the cache key (status changes must not re-render).
+    key = S.JobMetrics(series=metrics.series, has_kl=metrics.has_kl, has_entropy=metrics.has_entropy,
+                       accuracy_trend=metrics.accuracy_trend, reward_trend=metrics.reward_trend)
+    return MetricsView(
+        has_steps=True, message=metrics.message, partial=partial,
+        trends=[_trend("Accuracy Trend", metrics.accuracy_trend), _trend("Reward Trend", metrics.reward_trend)],
+        tiles=jobs_view.tile_values(metrics.tiles),
+        charts=list(_charts(key.SerializeToString(deterministic=True))),
+    )
+
+
+def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) -> Markup:
+    """Reward (blue) and accuracy (green) per step as a small inline SVG, labelled for screen readers."""
+    if metrics is None or not metrics.has_steps or not metrics.series:
+        return Markup('<span class="muted">no steps yet</span>')
+    points = sorted(metrics.series, key=lambda p: p.step)
+    rewards = [p.reward for p in points]
+    accuracies = [p.accuracy for p in points]
+    lo, hi = min(rewards + accuracies), max(rewards + accuracies)
+    span = (hi - lo) or 1.0
+
+    def line(values: list[float]) -> str:
+        n = len(values)
+        xs = [width / 2] if n == 1 else [i * (width - 4) / (n - 1) + 2 for i in range(n)]
+        return " ".join(f"{x:.1f},{height - 3 - (v - lo) / span * (height - 6):.1f}" for x, v in zip(xs, values,
+                                                                                                      strict=True))
+
+    label = (f"reward {jobs_view.num(rewards[0])} to {jobs_view.num(rewards[-1])}, accuracy "
+             f"{jobs_view.num(accuracies[0])} to {jobs_view.num(accuracies[-1])} over {len(points)} steps")
+    marker = "round" if len(points) > 1 else "square"
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(label)}"><title>{escape(label)}</title>'
+        f'<polyline fill="none" stroke="{report.COLORS["reward"]}" stroke-width="2" stroke-linecap="{marker}" '
+        f'points="{line(rewards)}"/>'
+        f'<polyline fill="none" stroke="{report.COLORS["accuracy"]}" stroke-width="2" stroke-linecap="{marker}" '
+        f'points="{line(accuracies)}"/></svg>'
+    )
+
+
+# ---------------------------------------------------------------- loops
+
+
+@dataclass(frozen=True)
+class Tile:
+    label: str
+    value: str
+    more: str = ""
+
+
+@dataclass(frozen=True)
+class RoundView:
+    index: int
+    job_id: str
+    evaluation_id: str
+    trained_on: str
+    duration: str
+    score: str          # "36.2%" or the unscored round's state
+    scored: bool
+    arrow: str
+    arrow_word: str
+    delta: str
+    best: bool
+    notes: str
+    error: str
+
+
+def loop_tiles(loop: S.Loop) -> list[Tile]:
+    """The header stats: best score with its gain over round 1, target, rounds run of the max,
+    elapsed (training / benchmarking split), baseline."""
+    spec = loop.spec
+    if loop.HasField("best_score"):
+        best = loops_view.pct(loop.best_score)
+        more = f"R{loop.best_round}" if loop.best_round else ""
+        if loop.HasField("gain_over_first") and loop.best_round not in (0, 1):
+            more += f", {loops_view.pts(loop.gain_over_first)} over R1"
+    else:
+        best, more = "–", "no round scored yet"
+    elapsed = loops_view.duration(loop.elapsed_seconds) if loop.elapsed_seconds else "–"
+    split = (f"training {loops_view.duration(loop.training_seconds)} · benchmarking "
+             f"{loops_view.duration(loop.benchmarking_seconds)}"
+             if loop.training_seconds or loop.benchmarking_seconds else "")
+    if loop.elapsed_seconds and not loops_view.is_final(loop.status):
+        split = ("so far · " + split) if split else "so far"
+    scored = sum(r.HasField("score") for r in loop.rounds)
+    rounds = f"{len(loop.rounds)} of {spec.max_rounds}" if spec.max_rounds else str(len(loop.rounds))
+    baseline = loops_view.pct(loop.baseline_score) if loop.HasField("baseline_score") else "–"
+    return [Tile("Best score", best, more),
+            Tile("Target", loops_view.target_text(spec.target) if spec.target else "–", spec.score_column),
+            Tile("Rounds", rounds, f"{scored} scored"),
+            Tile("Elapsed", elapsed, split),
+            Tile("Baseline", baseline, "the base model")]
+
+
+def round_views(loop: S.Loop) -> list[RoundView]:
+    out = []
+    for r in loop.rounds:
+        scored = r.HasField("score")
+        arrow = loops_view.delta_arrow(r.delta) if r.HasField("delta") else ""
+        if scored:
+            notes = ("real gain" if r.real_gain else
+                     f"no real gain (needs > {r.gain_threshold:.1f} pts)" if r.gain_threshold > 0 else "no real gain")
+        else:
+            notes = ""
+        if r.reclaimed_bytes:
+            notes = (notes + "; " if notes else "") + f"reclaimed {human_size(r.reclaimed_bytes)}"
+        out.append(RoundView(
+            index=r.index, job_id=r.job_id, evaluation_id=r.evaluation_id,
+            trained_on=f"R{r.base_round}" if r.base_round else "base model",
+            duration=loops_view.duration(r.duration_seconds),
+            score=loops_view.pct(r.score) if scored else loops_view.round_state(r), scored=scored,
+            arrow=arrow, arrow_word=ARROW_WORDS.get(arrow, ""),
+            delta=f"{r.delta:+.1f}" if r.HasField("delta") else "", best=r.best, notes=notes, error=r.error))
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _loop_chart(serialized: bytes) -> str:
+    return data_uri(loop_report.chart_png(S.Loop.FromString(serialized)))
+
+
+def loop_chart(loop: S.Loop) -> tuple[str, str] | None:
+    """The bar chart per round (`rlvr loops report`'s) as (data URI, caption); None before anything
+    is scored. Cached by what the bars show (durations and elapsed time left out)."""
+    if not loop_report.has_chart(loop):
+        return None
+    key = S.Loop(spec=S.LoopSpec(target=loop.spec.target))
+    if loop.HasField("baseline_score"):
+        key.baseline_score = loop.baseline_score
+    for r in loop.rounds:
+        key.rounds.add(index=r.index, status=r.status, best=r.best, current_step=r.current_step,
+                       total_steps=r.total_steps, **({"score": r.score} if r.HasField("score") else {}))
+    scored = [r for r in loop.rounds if r.HasField("score")]
+    caption = f"{len(scored)} scored round{'s' if len(scored) != 1 else ''}"
+    best = loops_view.best_round(loop)
+    if best is not None and best.HasField("score"):
+        caption += f"; BEST R{best.index} at {loops_view.pct(best.score)}"
+    if loop.HasField("baseline_score"):
+        caption += f"; baseline (dashed line) {loops_view.pct(loop.baseline_score)}"
+    if loop.spec.target:
+        caption += f"; target (solid line) {loops_view.target_text(loop.spec.target)}"
+    return _loop_chart(key.SerializeToString(deterministic=True)), caption
+
+
+def loop_settings(loop: S.Loop) -> list[tuple[str, str]]:
+    rows = [("Name", loop.spec.name or "–"), *loops_view.settings_rows(loop.spec)]
+    for label, ts in (("Created", loop.created_at), ("Started", loop.started_at), ("Finished", loop.finished_at)):
+        if ts.seconds:
+            rows.append((label, when(ts)))
+    return rows
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- evaluations
+
+
+def eval_status(status: int) -> str:
+    return B.EvaluationStatus.Name(status).removeprefix("EVALUATION_STATUS_")
+
+
+def eval_tiles(scores: B.ScoreBreakdown) -> list[Tile]:
+    """The overall score (the benchmark's default column), then the four columns."""
+    return [Tile(f"Score ({scores.score_column or 'accuracy'})", f"{scores.score:.1%}"),
+            *(Tile(title, f"{getattr(scores, key):.1%}") for key, title in EVAL_TILES)]
+
+
+def policy(ev: B.Evaluation | B.LeaderboardEntry) -> str:
+    return f"{ev.adapter_name} v{ev.adapter_version}" if ev.adapter_name else "base model"
+
+
+def finish_reason(value: int) -> str:
+    return C.FinishReason.Name(value).removeprefix("FINISH_REASON_").lower()

@@ -1,0 +1,398 @@
+"""The web console (clients/web) against in-memory twins of the scheduler and the benchmark service
+(tests/web_fakes.py, which validate with the scheduler's own rules): routing, CSRF, the form's
+ranges and defaults as the server answers them, errors placed next to their field, downloads,
+merge progress and the live streams. The browser test on the real stack is tests/test_web_e2e.py.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import grpc
+import pytest
+from starlette.testclient import TestClient
+from web_fakes import FakeSdk, app_over_fakes
+
+from clients.base import RlvrError
+from clients.web import forms, limits
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+from services.scheduler import jobspec, loopspec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def sdk() -> FakeSdk:
+    return FakeSdk()
+
+
+@pytest.fixture
+def client(sdk: FakeSdk) -> TestClient:
+    return TestClient(app_over_fakes(sdk), base_url="http://127.0.0.1:8050")
+
+
+def token(client: TestClient, page: str = "/train") -> str:
+    found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', client.get(page).text)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+def message_of(page: str, path: str) -> str:
+    """The text of a field's message slot (error or warning) on a rendered form."""
+    field = forms.ALL_FIELDS[path]
+    m = re.search(rf'id="{field.id}-msg"[^>]*>(.*?)</p>', page, re.S)
+    assert m, f"no message slot for {path}"
+    return html.unescape(m.group(1)).strip()
+
+
+def input_value(page: str, path: str) -> str:
+    m = re.search(rf'<input id="{forms.ALL_FIELDS[path].id}" name="{re.escape(path)}" value="([^"]*)"', page)
+    assert m, f"no input for {path}"
+    return html.unescape(m.group(1))
+
+
+def default_form(client: TestClient) -> dict[str, str]:
+    """What the New Training form submits as first shown (its inputs' values, checked boxes only)."""
+    page = client.get("/train").text
+    data: dict[str, str] = {}
+    for path, f in forms.ALL_FIELDS.items():
+        if f.widget in ("checkbox",):
+            if re.search(rf'id="{f.id}" name="{re.escape(path)}" value="on" checked', page):
+                data[path] = "on"
+        elif f.widget == "radio":
+            m = re.search(rf'name="{re.escape(path)}" value="(\d+)" checked', page)
+            data[path] = m.group(1) if m else ""
+        elif f.widget in ("select", "batch"):
+            block = re.search(rf'<select id="{f.id}".*?</select>', page, re.S)
+            chosen = re.search(r'<option value="([^"]*)"[^>]* selected', block.group(0)) if block else None
+            data[path] = chosen.group(1) if chosen else ""
+        else:
+            data[path] = input_value(page, path)
+    data["csrf_token"] = token(client)
+    return data
+
+
+# ---------------------------------------------------------------- ranges and defaults from the server
+
+
+def test_the_console_imports_no_service_code() -> None:
+    code = ("import sys, clients.web.app, clients.web.server; "
+            "print([m for m in sys.modules if m == 'services' or m.startswith('services.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_ranges_and_defaults_asked_of_the_server_match_jobspec(sdk: FakeSdk) -> None:
+    got = limits.ask(sdk.scheduler, sdk.benchmark)
+    assert not got.problems
+    for path, rng in [("reward.synthetic_prompts", jobspec.SYNTHETIC_PROMPTS), ("grpo.group_size", jobspec.GROUP_SIZE),
+                      ("grpo.max_completion_tokens", jobspec.MAX_COMPLETION), ("grpo.lora_rank", jobspec.LORA_RANK),
+                      ("grpo.lora_alpha", jobspec.LORA_ALPHA), ("grpo.learning_rate", jobspec.LEARNING_RATE),
+                      ("advanced.epochs", jobspec.EPOCHS), ("advanced.kl_beta", jobspec.KL_BETA),
+                      ("advanced.temperature", jobspec.TEMPERATURE), ("reward.format_bonus_weight",
+                                                                       jobspec.FORMAT_BONUS_WEIGHT),
+                      ("advanced.gpu_memory_fraction", jobspec.GPU_MEMORY_FRACTION),
+                      ("advanced.checkpoint_every", jobspec.CHECKPOINT_EVERY)]:
+        limit = got.limits[path]
+        assert (limit.low, limit.high) == pytest.approx((rng.low, rng.high)), path
+        assert float(limit.default) == pytest.approx(rng.default), path
+    assert got.limits["grpo.batch_size"].choices == tuple(str(b) for b in jobspec.BATCH_SIZES)
+    assert got.limits["grpo.batch_size"].default == str(jobspec.BATCH_SIZE_DEFAULT)
+    assert (got.limits["grpo.max_steps"].low, got.limits["grpo.max_steps"].high) == (-1, jobspec.MAX_STEPS_HIGH)
+    assert got.limits["advanced.lora_init"].choices == jobspec.LORA_INITS
+    assert got.choices["reward.function"] == sorted(jobspec.REWARD_NAMES.items())
+    assert dict(got.choices["advanced.generation_backend"]) == jobspec.BACKEND_NAMES
+    assert dict(got.choices["advanced.loss_type"]) == jobspec.LOSS_NAMES
+    assert (got.limits["loop.max_rounds"].low, got.limits["loop.max_rounds"].high) == (1, loopspec.MAX_ROUNDS.high)
+    assert got.limits["loop.give_up_after"].default == str(loopspec.GIVE_UP_AFTER.default)
+    assert got.loop_defaults is not None and got.loop_defaults.benchmark == "rlvr-math-pairs-heldout"
+    # The form's first values: the spec's defaults, batch size 4 (not the resolved, rounded 8).
+    assert got.default_text("grpo.batch_size") == "4" and got.default_text("grpo.group_size") == "8"
+    assert got.default_text("grpo.learning_rate") == "1e-06" and got.default_text("reward.format_bonus") == "on"
+
+
+def test_parse_allowed_reads_the_contract_error_format() -> None:
+    limit = limits.parse_allowed("grpo.lora_rank", "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)")
+    assert limit is not None and (limit.low, limit.high, limit.default) == (4, 64, "8")
+    assert limit.check(4) and limit.check(64) and not limit.check(99) and not limit.check(3)
+    lr = limits.parse_allowed("grpo.learning_rate",
+                              "grpo.learning_rate: -1.0 is out of range; allowed: 5e-07 to 1e-05 (default 1e-06)")
+    assert lr is not None and (lr.low, lr.high, lr.default) == (5e-7, 1e-5, "1e-06")
+    assert limits.parse_allowed("grpo.lora_rank", "reward.dataset: required") is None
+    words = limits.parse_allowed("advanced.gpu_selection", 'advanced.gpu_selection: \'?\' is out of range; allowed: '
+                                 '"auto", "cpu", or a comma list of device indices such as "0,1"')
+    assert words is not None and words.low is None and not words.choices  # words only: a hint, no check
+    assert limits.parse_choices("x: 99 is out of range; allowed: 1 (vLLM (rollout server)), 2 (Transformers "
+                                "(in-process))") == [(1, "vLLM (rollout server)"), (2, "Transformers (in-process)")]
+
+
+def test_form_fields_map_to_the_contract_and_errors_to_fields() -> None:
+    for path in forms.ALL_FIELDS:
+        proto_path = path.removeprefix("loop.")
+        message = S.LoopSpec() if path.startswith("loop.") else C.JobSpec()
+        limits.get_path(message, proto_path)  # every form field is a field of the contract
+    assert forms.error_field("grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)") == "grpo.lora_rank"
+    assert forms.error_field("job.grpo.lora_rank: 99 is out of range", loop=True) == "grpo.lora_rank"
+    assert forms.error_field("max_rounds: 9 rounds of job.grpo.lora_rank 8 ...", loop=True) == "loop.max_rounds"
+    assert forms.error_field("init_adapter.version: -1 is out of range") == ""
+    assert forms.lr_presets(5e-7, 1e-5) == ["5e-7", "1e-6", "2e-6", "5e-6", "1e-5"]
+
+
+# ---------------------------------------------------------------- the pages
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("/jobs", ["Jobs", "rising", 'role="img"', "step 12"]),
+    ("/jobs/job0001", ["RL Metrics", "Accuracy Trend", "Reward Trend", "Best Accuracy", "Final Loss",
+                       'id="chart-reward"', 'id="chart-loss"', "Download Adapter", "Merge Model", "Export History",
+                       "Training Summary", "RLVR (GRPO)"]),
+    ("/jobs/job0002", ["no training step recorded yet", 'data-live="/jobs/job0002/events?since=', "Cancel job"]),
+    ("/train", ["Reward Function", "GRPO Configuration", "Advanced Options", "Training Summary", "Start Training",
+                "Start an automated loop", "Score Column", "Give Up After", "Reclaim storage between rounds",
+                "Math Pairs (synthetic)", "Allowed: 4-64 (default 8)"]),
+    ("/loops", ["Training Loops", "math-pairs to 70%"]),
+    ("/loops/3f9c1a2b4d5e", ["Best score", "Target", "Rounds", "Elapsed", 'id="chart-scores"', "BEST",
+                             'href="/jobs/job001abcdef"', "↑", "+7.5"]),
+    ("/evals", ["Evaluations", "ev1"]),
+    ("/evals/ev1", ["Score Breakdown", "Accuracy Strict", "Format", "Answered", "Detailed Results",
+                    "Questions 1–20 of 45"]),
+    ("/leaderboard", ["Leaderboard", "RLVR Math Pairs held-out", "ev1"]),
+])
+def test_pages_render_the_specs_content(client: TestClient, url: str, expected: list[str]) -> None:
+    resp = client.get(url)
+    assert resp.status_code == 200, resp.text[:2000]
+    for text in expected:
+        assert text in resp.text, f"{url}: {text!r} missing"
+    assert resp.text.count("<h1") == 1
+
+
+def test_wrong_answers_filter_and_paging(client: TestClient) -> None:
+    page = client.get("/evals/ev1?wrong=1").text
+    rows = re.findall(r'<tr class="(right|wrong)">', page)
+    assert rows and set(rows) == {"wrong"} and "Questions 1–20 of 36 wrong" in page
+    last = client.get("/evals/ev1?wrong=1&page=2").text
+    assert "Questions 21–36 of 36 wrong" in last and 'rel="prev"' in last and 'rel="next"' not in last
+
+
+def test_unknown_ids_and_unreachable_services_are_pages_not_tracebacks(client: TestClient, sdk: FakeSdk) -> None:
+    resp = client.get("/jobs/nope")
+    assert resp.status_code == 404 and "NOT_FOUND: job &#39;nope&#39; not found" in resp.text
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise RlvrError(grpc.StatusCode.UNAVAILABLE, "connection refused", "rlvr.v1.SchedulerService/ListJobs")
+
+    sdk.scheduler.list_jobs = down  # type: ignore[method-assign]
+    resp = client.get("/jobs")
+    assert resp.status_code == 503 and "the scheduler service at fake:1 did not answer" in resp.text
+
+
+# ---------------------------------------------------------------- CSRF
+
+
+def test_posts_need_this_browsers_token_and_this_origin(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    good = data.pop("csrf_token")
+    for url in ("/train", "/loops", "/train/summary", "/jobs/job0001/merge", "/jobs/job0002/cancel",
+                "/loops/3f9c1a2b4d5e/stop"):
+        assert client.post(url, data=data).status_code == 403, url
+        assert client.post(url, data={**data, "csrf_token": "0" * 64}).status_code == 403, url
+    # The token belongs to the cookie: another browser's token does not pass.
+    other = TestClient(client.app, base_url="http://127.0.0.1:8050")
+    assert other.post("/train", data={**data, "csrf_token": good}).status_code == 403
+    # Another site posting with a valid pair (it cannot read them, but even so) is refused.
+    resp = client.post("/train", data={**data, "csrf_token": good}, headers={"origin": "http://evil.example"})
+    assert resp.status_code == 403
+    assert not [c for c in sdk.scheduler.calls if not c.endswith(" dry")]
+    resp = client.post("/train", data={**data, "csrf_token": good}, headers={"origin": "http://127.0.0.1:8050"},
+                       follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"].startswith("/jobs/job")
+    first = TestClient(client.app).get("/jobs").headers["set-cookie"]
+    assert first.startswith("rlvr_csrf=") and "HttpOnly" in first and "SameSite=Strict" in first
+
+
+# ---------------------------------------------------------------- the form
+
+
+def test_an_invalid_value_is_answered_next_to_its_field_and_nothing_starts(client: TestClient,
+                                                                          sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data["grpo.lora_rank"] = "99"
+    jobs = len(sdk.scheduler.jobs)
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 200
+    page = resp.text
+    assert message_of(page, "grpo.lora_rank") == "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)"
+    assert input_value(page, "grpo.lora_rank") == "99"  # what was typed stays
+    assert re.search(r'id="f-grpo-lora_rank"[^>]*aria-invalid="true"', page)
+    assert 'href="#f-grpo-lora_rank"' in page  # the error summary links to the field
+    assert "CreateJob" in sdk.scheduler.calls and len(sdk.scheduler.jobs) == jobs  # the server said no
+
+
+def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data["grpo.group_size"] = "eight"
+    resp = client.post("/train", data=data)
+    assert resp.status_code == 200 and message_of(resp.text, "grpo.group_size") == "'eight' is not a whole number"
+
+
+def test_start_training_rounds_the_batch_size_up_with_the_servers_warning(client: TestClient,
+                                                                         sdk: FakeSdk) -> None:
+    data = default_form(client)
+    assert (data["grpo.batch_size"], data["grpo.group_size"]) == ("4", "8")
+    page = client.get("/train").text
+    assert "rounded up to 8" in message_of(page, "grpo.batch_size")  # the dry run's warning, beside the field
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    job = sdk.scheduler.jobs[resp.headers["location"].rsplit("/", 1)[1]]
+    assert job.spec.grpo.batch_size == 8 and any("grpo.batch_size" in w for w in job.warnings)
+    assert job.spec.reward.format_bonus and not job.spec.reward.dataset and job.spec.grpo.lora_rank == 8
+    shown = client.get(resp.headers["location"]).text
+    assert "warning: grpo.batch_size 4" in html.unescape(shown)
+
+
+def test_conditional_fields_are_sent_only_with_their_choice(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data["advanced.gpu_memory_fraction"] = "0.5"  # shown for vLLM (colocate) only
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303  # not sent with the rollout server's backend, so not refused
+    data["advanced.generation_backend"] = str(C.GENERATION_BACKEND_VLLM_COLOCATE)
+    data["reward.function"] = str(C.REWARD_FUNCTION_BOXED)  # needs a dataset
+    resp = client.post("/train", data=data)
+    assert resp.status_code == 200 and message_of(resp.text, "reward.dataset").startswith("reward.dataset: required")
+
+
+def test_the_summary_preview_is_a_dry_run(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data["grpo.group_size"] = "4"
+    data["grpo.batch_size"] = "2"
+    answer = client.post("/train/summary", data=data).json()
+    assert "Training Summary" in answer["sidebar"] and "rounded up to 4" in answer["messages"]["grpo.batch_size"]["text"]
+    data["grpo.lora_rank"] = "2"
+    answer = client.post("/train/summary", data=data).json()
+    assert answer["messages"]["grpo.lora_rank"]["kind"] == "error"
+    assert "CreateJob" not in sdk.scheduler.calls
+
+
+def test_start_an_automated_loop(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    resp = client.post("/loops", data=data)  # no target
+    assert resp.status_code == 200 and message_of(resp.text, "loop.target").startswith("target: 0.0 is out of range")
+    data.update({"loop.target": "35%", "loop.max_rounds": "9"})  # 9 rounds of rank 8 exceed rank 64
+    resp = client.post("/loops", data=data)
+    assert resp.status_code == 200 and message_of(resp.text, "loop.max_rounds").startswith("max_rounds: 9 rounds")
+    data.update({"loop.max_rounds": "3", "grpo.lora_rank": "99"})  # CreateLoop's job.* error: the job field
+    resp = client.post("/loops", data=data)
+    assert resp.status_code == 200 and message_of(resp.text, "grpo.lora_rank").startswith("job.grpo.lora_rank: 99")
+    data.update({"grpo.lora_rank": "4", "loop.name": "math-pairs to 35%", "loop.reclaim_storage": ""})
+    resp = client.post("/loops", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    loop = sdk.scheduler.loops[resp.headers["location"].rsplit("/", 1)[1]]
+    assert loop.spec.name == "math-pairs to 35%" and loop.spec.target == 35.0 and loop.spec.max_rounds == 3
+    assert not loop.spec.reclaim_storage and loop.spec.score_column == "accuracy"
+
+
+# ---------------------------------------------------------------- actions
+
+
+def test_download_adapter_is_a_zip_of_the_peft_folder(client: TestClient) -> None:
+    resp = client.get("/jobs/job0001/adapter.zip")
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/zip"
+    assert 'filename="job-job0001-adapter.zip"' in resp.headers["content-disposition"]
+    with zipfile.ZipFile(io.BytesIO(resp.content)) as z:
+        assert sorted(z.namelist()) == ["job-job0001-adapter/adapter_config.json",
+                                        "job-job0001-adapter/adapter_model.safetensors"]
+        assert z.read("job-job0001-adapter/adapter_model.safetensors") == b"x" * 1000 + b"y" * 1000
+    resp = client.get("/jobs/job0002/adapter.zip")  # no adapter yet: the server's reason, as a page
+    assert resp.status_code == 409 and "has no adapter yet" in resp.text
+
+
+def test_export_history(client: TestClient) -> None:
+    resp = client.get("/jobs/job0001/history.csv")
+    assert resp.text.startswith("step,reward_mean") and 'filename="job-job0001.csv"' in resp.headers["content-disposition"]
+    assert client.get("/jobs/job0001/history.jsonl").headers["content-type"].startswith("application/x-ndjson")
+    assert client.get("/jobs/job0001/history.xml").status_code == 404
+    rounds = client.get("/loops/3f9c1a2b4d5e/rounds.csv")
+    assert rounds.text.startswith("round,status,job_id")
+
+
+def sse(resp) -> list[tuple[str, str]]:  # noqa: ANN001 (an httpx response)
+    events, kind, data = [], "message", []
+    for line in resp.iter_lines():
+        if line.startswith("event:"):
+            kind = line.split(":", 1)[1].strip()
+        elif line.startswith("data:"):
+            data.append(line.split(":", 1)[1].removeprefix(" "))
+        elif not line and data:
+            events.append((kind, "\n".join(data)))
+            kind, data = "message", []
+    return events
+
+
+def test_merge_model_streams_its_progress(client: TestClient, sdk: FakeSdk) -> None:
+    t = token(client, "/jobs/job0001")
+    with client.stream("POST", "/jobs/job0001/merge", data={"csrf_token": t},
+                       headers={"accept": "text/event-stream"}) as resp:
+        events = sse(resp)
+    progress = [json.loads(d) for k, d in events if k == "progress"]
+    assert [p["fraction"] for p in progress] == [0.2, 0.6, 1.0] and progress[-1]["done"]
+    assert progress[-1]["path"] == "/srv/merged/x" and progress[-1]["size"] == "2.0 KiB"
+    page = client.post("/jobs/job0001/merge", data={"csrf_token": t})  # without JavaScript: waits, then says
+    assert page.status_code == 200 and "/srv/merged/x" in page.text and "/jobs/job0001/merged.zip" in page.text
+
+
+def test_live_job_page_sends_regions_then_done(client: TestClient) -> None:
+    with client.stream("GET", "/jobs/job0001/events") as resp:
+        events = sse(resp)
+    kinds = [k for k, _ in events if k != "ping"]
+    assert kinds == ["update", "done"]
+    regions = json.loads(events[0][1])
+    assert set(regions) == {"job-status", "rl-metrics", "actions", "job-details"}
+    assert regions["rl-metrics"].startswith('<section id="rl-metrics"') and "Best Reward" in regions["rl-metrics"]
+    assert client.get("/jobs/nope/events").status_code == 404
+
+
+def test_live_loop_page_follows_watch_loop(client: TestClient) -> None:
+    with client.stream("GET", "/loops/3f9c1a2b4d5e/events") as resp:
+        events = [(k, d) for k, d in sse(resp) if k != "ping"]
+    kinds = [k for k, _ in events]  # a burst of changes is one update: the latest Loop
+    assert kinds[-1] == "done" and set(kinds[:-1]) == {"update"}
+    regions = json.loads(events[-2][1])
+    assert set(regions) == {"loop-status", "loop-tiles", "loop-chart", "loop-rounds"}
+    assert "Stopped" in regions["loop-status"] and "BEST" in regions["loop-rounds"]
+
+
+# ---------------------------------------------------------------- rlvr web / rlvr up
+
+
+def test_rlvr_web_and_up_options() -> None:
+    import argparse
+
+    from clients import cli, stack
+    from clients.web import server
+
+    assert cli.main(["web", "--help"]) == 0
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.host, args.port) == ("127.0.0.1", server.DEFAULT_PORT)
+    assert server.is_loopback("127.0.0.1") and server.is_loopback("::1") and not server.is_loopback("0.0.0.0")
+    up = argparse.ArgumentParser()
+    stack.add_up_arguments(up)
+    cfg = stack.config_from_args(up.parse_args(["--web-port", "8123"]))
+    assert cfg.web_port == 8123 and cfg.web_host == "127.0.0.1" and cfg.web_url == "http://127.0.0.1:8123"
+    command = stack.web_command(cfg)
+    assert command[1:3] == ["-m", "clients.web"] and cfg.addresses["scheduler"] in command
+    assert stack.config_from_args(up.parse_args(["--no-web"])).web_port is None
+    assert stack.config_from_args(up.parse_args([])).web_port == stack.DEFAULT_WEB_PORT
+    assert stack.config_from_args(up.parse_args(["--base-port", "0"])).web_port not in (None, 0, 8050)
+    status = argparse.ArgumentParser()
+    stack.add_arguments(status)
+    assert stack.config_from_args(status.parse_args([])).web_port is None  # `rlvr status`, the demo: no console

@@ -1,0 +1,239 @@
+"""In-memory twins of the scheduler and benchmark clients the web console calls, for
+tests/test_web_app.py (and `python tests/web_fakes.py PORT`, the console over these fakes for a
+look in a browser).
+
+The fake scheduler validates with the scheduler's own rules (services/scheduler/jobspec.py and
+loopspec.py) and answers their errors as the real one does (INVALID_ARGUMENT with the message), so
+the console's range probing and error placement are tested against the real validation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_jobs_view import RISING, make_metrics  # noqa: E402
+from test_loops_view import make_loop, running_loop  # noqa: E402
+
+from clients.base import RlvrError  # noqa: E402
+from rlvr.common.errors import InvalidArgument  # noqa: E402
+from rlvr.v1 import benchmark_pb2 as B  # noqa: E402
+from rlvr.v1 import common_pb2 as C  # noqa: E402
+from rlvr.v1 import scheduler_pb2 as S  # noqa: E402
+from services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS  # noqa: E402
+from services.scheduler.jobspec import resolve_spec  # noqa: E402
+from services.scheduler.loopspec import resolve_loop_spec  # noqa: E402
+
+BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, size=b.size,
+                                   score_columns=list(SCORE_COLUMNS), default_score_column=b.default_score_column,
+                                   needs_dataset=b.needs_dataset) for b in BENCHMARKS.values()]
+
+
+def invalid(e: InvalidArgument) -> RlvrError:
+    return RlvrError(grpc.StatusCode.INVALID_ARGUMENT, str(e), "rlvr.v1.SchedulerService/CreateJob")
+
+
+def not_found(what: str) -> RlvrError:
+    return RlvrError(grpc.StatusCode.NOT_FOUND, f"{what} not found", "rlvr.v1.SchedulerService/Get")
+
+
+class FakeScheduler:
+    def __init__(self) -> None:
+        self.ids = (f"job{i:04d}" for i in itertools.count(1))
+        self.jobs: dict[str, C.Job] = {}
+        self.metrics: dict[str, S.JobMetrics] = {}
+        self.loops: dict[str, S.Loop] = {}
+        self.calls: list[str] = []
+        self.closed = 0
+        done = self.add_job("rising", C.JOB_STATUS_COMPLETED, RISING)
+        done.adapter.name, done.adapter.version = f"job-{done.id}", 12
+        self.add_job("queued", C.JOB_STATUS_QUEUED, [])
+        for loop in (make_loop(), running_loop()):
+            self.loops[loop.id] = loop
+
+    def add_job(self, name: str, status: int, accuracy: list[float]) -> C.Job:
+        resolved = resolve_spec(C.JobSpec(name=name))
+        job = C.Job(id=next(self.ids), spec=resolved.spec, status=status, summary=resolved.summary,
+                    current_step=len(accuracy), total_steps=max(len(accuracy), 100))
+        job.created_at.FromSeconds(1_700_000_000)
+        self.jobs[job.id] = job
+        metrics = make_metrics(accuracy, job_id=job.id)
+        metrics.status = status
+        self.metrics[job.id] = metrics
+        return job
+
+    def close(self) -> None:
+        self.closed += 1
+
+    # ------------------------------------------------------------ jobs
+
+    def create_job(self, request: S.CreateJobRequest, **_: object) -> S.CreateJobResponse:
+        self.calls.append("CreateJob" + (" dry" if request.dry_run else ""))
+        try:
+            resolved = resolve_spec(request.spec)
+        except InvalidArgument as e:
+            raise invalid(e) from None
+        resp = S.CreateJobResponse(summary=resolved.summary, warnings=resolved.warnings,
+                                   resolved_spec=resolved.spec)
+        if not request.dry_run:
+            job = C.Job(id=next(self.ids), spec=resolved.spec, status=C.JOB_STATUS_QUEUED,
+                        summary=resolved.summary, warnings=resolved.warnings, total_steps=resolved.total_steps)
+            self.jobs[job.id] = job
+            self.metrics[job.id] = make_metrics([], job_id=job.id)
+            resp.job.CopyFrom(job)
+        return resp
+
+    def get_job(self, request: S.GetJobRequest, **_: object) -> C.Job:
+        if request.id not in self.jobs:
+            raise not_found(f"job {request.id!r}")
+        return self.jobs[request.id]
+
+    def list_jobs(self, request: S.ListJobsRequest | None = None, **_: object) -> S.ListJobsResponse:
+        jobs = list(reversed(self.jobs.values()))
+        return S.ListJobsResponse(jobs=jobs, total=len(jobs))
+
+    def get_job_metrics(self, request: S.GetJobMetricsRequest, **_: object) -> S.JobMetrics:
+        self.get_job(S.GetJobRequest(id=request.job_id))
+        return self.metrics[request.job_id]
+
+    def cancel_job(self, request: S.CancelJobRequest, **_: object) -> C.Job:
+        self.calls.append(f"CancelJob {request.id}")
+        job = self.get_job(S.GetJobRequest(id=request.id))
+        job.status = C.JOB_STATUS_CANCELLED
+        return job
+
+    def watch_job(self, request: S.WatchJobRequest, **_: object) -> Iterator[C.JobEvent]:
+        job = self.get_job(S.GetJobRequest(id=request.id))
+        yield C.JobEvent(status=C.JobStatusEvent(job_id=job.id, status=job.status))
+
+    def download_adapter(self, request: S.DownloadAdapterRequest, **_: object) -> Iterator[C.FileChunk]:
+        job = self.get_job(S.GetJobRequest(id=request.job_id))
+        if not job.adapter.name:
+            raise RlvrError(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} has no adapter yet")
+        yield C.FileChunk(path="adapter_config.json", data=b'{"r": 8}', file_size=8, last=True)
+        yield C.FileChunk(path="adapter_model.safetensors", data=b"x" * 1000, file_size=2000)
+        yield C.FileChunk(path="adapter_model.safetensors", offset=1000, data=b"y" * 1000, file_size=2000, last=True)
+
+    def download_merged_model(self, request: S.DownloadMergedModelRequest, **_: object) -> Iterator[C.FileChunk]:
+        yield C.FileChunk(path="config.json", data=b"{}", file_size=2, last=True)
+
+    def merge_model(self, request: S.MergeModelRequest, **_: object) -> Iterator[S.MergeModelProgress]:
+        self.calls.append(f"MergeModel {request.job_id}")
+        yield S.MergeModelProgress(stage="loading", fraction=0.2)
+        yield S.MergeModelProgress(stage="merging", fraction=0.6)
+        yield S.MergeModelProgress(stage="done", fraction=1.0, done=True, path="/srv/merged/x", size_bytes=2048)
+
+    def merge(self, job_id: str, **_: object) -> S.MergeModelProgress:
+        return list(self.merge_model(S.MergeModelRequest(job_id=job_id)))[-1]
+
+    def export_history(self, request: S.ExportHistoryRequest, **_: object) -> S.ExportHistoryResponse:
+        self.get_job(S.GetJobRequest(id=request.job_id))
+        jsonl = request.format == S.EXPORT_FORMAT_JSONL
+        content = b'{"step": 1, "reward_mean": 0.5}\n' if jsonl else b"step,reward_mean\n1,0.5\n"
+        return S.ExportHistoryResponse(content=content, rows=1, filename=f"job-{request.job_id}.{'jsonl' if jsonl else 'csv'}",
+                                       content_type="application/x-ndjson" if jsonl else "text/csv")
+
+    # ------------------------------------------------------------ loops
+
+    def create_loop(self, request: S.CreateLoopRequest, **_: object) -> S.CreateLoopResponse:
+        self.calls.append("CreateLoop" + (" dry" if request.dry_run else ""))
+        try:
+            resolved = resolve_loop_spec(request.spec, BENCHMARK_INFOS, 64)
+        except InvalidArgument as e:
+            raise invalid(e) from None
+        resp = S.CreateLoopResponse(resolved_spec=resolved.spec, summary=resolved.job.summary,
+                                    warnings=resolved.warnings)
+        if not request.dry_run:
+            loop = S.Loop(id=f"loop{len(self.loops) + 1:04d}", spec=resolved.spec, status=S.LOOP_STATUS_QUEUED,
+                          summary=resolved.job.summary)
+            self.loops[loop.id] = loop
+            resp.loop.CopyFrom(loop)
+        return resp
+
+    def get_loop(self, request: S.GetLoopRequest, **_: object) -> S.Loop:
+        if request.id not in self.loops:
+            raise not_found(f"loop {request.id!r}")
+        return self.loops[request.id]
+
+    def list_loops(self, request: S.ListLoopsRequest | None = None, **_: object) -> S.ListLoopsResponse:
+        return S.ListLoopsResponse(loops=list(self.loops.values()), total=len(self.loops))
+
+    def stop_loop(self, request: S.StopLoopRequest, **_: object) -> S.Loop:
+        self.calls.append(f"StopLoop {request.id}")
+        loop = self.get_loop(S.GetLoopRequest(id=request.id))
+        loop.status = S.LOOP_STATUS_STOPPED
+        return loop
+
+    def watch_loop(self, request: S.WatchLoopRequest, **_: object) -> Iterator[S.Loop]:
+        loop = S.Loop()
+        loop.CopyFrom(self.get_loop(S.GetLoopRequest(id=request.id)))
+        yield loop
+        final = S.Loop()
+        final.CopyFrom(loop)
+        final.status = S.LOOP_STATUS_STOPPED
+        yield final
+
+
+class FakeBenchmark:
+    def __init__(self) -> None:
+        self.evaluation = B.Evaluation(id="ev1", model="rlvr-tiny", benchmark="rlvr-math-pairs-heldout",
+                                       status=B.EVALUATION_STATUS_COMPLETED, questions_total=45, questions_done=45,
+                                       label="math-pairs to 70% R1 (loop 3f9c1a2b4d5e)", adapter_name="job-x",
+                                       adapter_version=3)
+        self.evaluation.scores.CopyFrom(B.ScoreBreakdown(score=0.2, accuracy=0.2, accuracy_strict=0.2, format=1.0,
+                                                         answered=1.0, score_column="accuracy"))
+        self.results = [B.QuestionResult(index=i, prompt=f"Add the pairs of {i} <and> {i + 1}", ground_truth=str(i),
+                                         completion=f"<think>{i}</think><answer>{i if i % 5 == 0 else i + 1}</answer>",
+                                         extracted_answer=str(i if i % 5 == 0 else i + 1),
+                                         accuracy=1.0 if i % 5 == 0 else 0.0, format=1.0, strict=i % 5 == 0,
+                                         finish_reason=C.FINISH_REASON_STOP) for i in range(45)]
+
+    def list_benchmarks(self, request: object = None, **_: object) -> B.ListBenchmarksResponse:
+        return B.ListBenchmarksResponse(benchmarks=BENCHMARK_INFOS)
+
+    def list_evaluations(self, request: B.ListEvaluationsRequest | None = None, **_: object) -> B.ListEvaluationsResponse:
+        return B.ListEvaluationsResponse(evaluations=[self.evaluation])
+
+    def get_evaluation(self, request: B.GetEvaluationRequest, **_: object) -> B.Evaluation:
+        if request.id != self.evaluation.id:
+            raise RlvrError(grpc.StatusCode.NOT_FOUND, f"evaluation {request.id!r} not found",
+                            "rlvr.v1.BenchmarkService/GetEvaluation")
+        return self.evaluation
+
+    def get_evaluation_results(self, request: B.GetEvaluationResultsRequest, **_: object
+                               ) -> B.GetEvaluationResultsResponse:
+        rows = [r for r in self.results if not request.only_wrong or r.accuracy < 1]
+        page = rows[request.offset:request.offset + request.limit] if request.limit else rows[request.offset:]
+        return B.GetEvaluationResultsResponse(results=page, total=len(rows))
+
+    def get_leaderboard(self, request: B.GetLeaderboardRequest, **_: object) -> B.GetLeaderboardResponse:
+        column = request.score_column or "accuracy"
+        entry = B.LeaderboardEntry(rank=1, evaluation_id="ev1", model="rlvr-tiny", adapter_name="job-x",
+                                   adapter_version=3, scores=self.evaluation.scores, label="R1")
+        return B.GetLeaderboardResponse(benchmark=request.benchmark, score_column=column, entries=[entry])
+
+
+class FakeSdk:
+    def __init__(self) -> None:
+        self.scheduler = FakeScheduler()
+        self.benchmark = FakeBenchmark()
+
+
+def app_over_fakes(sdk: FakeSdk | None = None):  # noqa: ANN201 (a Starlette app)
+    from clients.web.app import create_app
+
+    sdk = sdk or FakeSdk()
+    return create_app(sdk, stream_client=lambda: sdk.scheduler, secret=b"test-secret",
+                      addresses={"scheduler": "fake:1", "benchmark": "fake:2"})
+
+
+if __name__ == "__main__":  # the console over the fakes, to look at
+    import uvicorn
+
+    uvicorn.run(app_over_fakes(), host="127.0.0.1", port=int(sys.argv[1]) if len(sys.argv) > 1 else 8050)
