@@ -151,7 +151,11 @@ def test_the_compose_commands_serve_a_job_and_an_evaluation(compose_stack) -> No
     events = list(client.scheduler.watch(job.id, timeout=600))
     assert events[-1].status.status == C.JOB_STATUS_COMPLETED, events[-1]
     assert sorted({e.metric.step for e in events if e.HasField("metric")}) == [1, 2]
-    done = client.scheduler.get_job(S.GetJobRequest(id=job.id))
+    deadline = time.monotonic() + 30  # the store takes the final status (and adapter) a moment after the watch
+    while not (done := client.scheduler.get_job(S.GetJobRequest(id=job.id))).adapter.name:
+        assert time.monotonic() < deadline, done
+        time.sleep(0.2)
+    assert done.status == C.JOB_STATUS_COMPLETED
     assert done.adapter.name == f"job-{job.id}" and done.adapter.version == 2
     # The evaluation of the trained adapter, by the benchmark service, from the shared artifact root.
     evaluation = client.benchmark.run_evaluation(B.RunEvaluationRequest(
@@ -164,8 +168,5 @@ def test_the_compose_commands_serve_a_job_and_an_evaluation(compose_stack) -> No
     assert finished.scores.format > 0  # rlvr-tiny-small writes the answer format
     # Both services wrote to the one PostgreSQL the compose file shares between them.
     with Store(database_url) as store:
-        deadline = time.monotonic() + 30  # the store gets the final status through the event consumer
-        while store.get_job(job.id).status != "COMPLETED" and time.monotonic() < deadline:
-            time.sleep(0.2)
         assert store.get_job(job.id).status == "COMPLETED"
         assert store.get_evaluation(evaluation.id).status == "COMPLETED"
