@@ -111,27 +111,7 @@ def _tile(label: str, value: str, more: str = "") -> str:
 
 
 def _tiles(loop: S.Loop) -> str:
-    if loop.HasField("best_score"):
-        best = V.pct(loop.best_score)
-        more = f"R{loop.best_round}" if loop.best_round else ""
-        if loop.HasField("gain_over_first") and loop.best_round not in (0, 1):
-            more += f", {V.pts(loop.gain_over_first)} over R1"
-    else:
-        best, more = "-", "no round scored yet"
-    spec = loop.spec
-    split = (f"training {V.duration(loop.training_seconds)} · benchmarking {V.duration(loop.benchmarking_seconds)}"
-             if loop.training_seconds or loop.benchmarking_seconds else "")
-    elapsed = V.duration(loop.elapsed_seconds) if loop.elapsed_seconds else "-"
-    rounds = f"{len(loop.rounds)} of {spec.max_rounds}" if spec.max_rounds else str(len(loop.rounds))
-    scored = sum(r.HasField("score") for r in loop.rounds)
-    baseline = V.pct(loop.baseline_score) if loop.HasField("baseline_score") else "-"
-    return "".join([
-        _tile("Best score", best, more),
-        _tile("Target", V.target_text(spec.target) if spec.target else "-", spec.score_column),
-        _tile("Rounds", rounds, f"{scored} scored"),
-        _tile("Elapsed", elapsed, split),
-        _tile("Baseline", baseline, "the base model"),
-    ])
+    return "".join(_tile(label, value, more) for label, value, more in V.header_tiles(loop))
 
 
 def _rounds_table(loop: S.Loop) -> str:

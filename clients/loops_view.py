@@ -124,6 +124,33 @@ def best_round(loop: S.Loop) -> S.Round | None:
     return None
 
 
+def header_tiles(loop: S.Loop, dash: str = "-") -> list[tuple[str, str, str]]:
+    """The loop page's header stats as (label, value, detail): best score with its round and gain
+    over round 1, target, rounds run of the max, elapsed (with the training / benchmarking split),
+    baseline. What the HTML report and the web console draw as tiles."""
+    spec = loop.spec
+    if loop.HasField("best_score"):
+        best = pct(loop.best_score)
+        more = f"R{loop.best_round}" if loop.best_round else ""
+        if loop.HasField("gain_over_first") and loop.best_round not in (0, 1):
+            more += f", {pts(loop.gain_over_first)} over R1"
+    else:
+        best, more = dash, "no round scored yet"
+    elapsed = duration(loop.elapsed_seconds) if loop.elapsed_seconds else dash
+    split = (f"training {duration(loop.training_seconds)} · benchmarking {duration(loop.benchmarking_seconds)}"
+             if loop.training_seconds or loop.benchmarking_seconds else "")
+    if loop.elapsed_seconds and not is_final(loop.status):
+        split = ("so far · " + split) if split else "so far"
+    scored = sum(r.HasField("score") for r in loop.rounds)
+    rounds = f"{len(loop.rounds)} of {spec.max_rounds}" if spec.max_rounds else str(len(loop.rounds))
+    baseline = pct(loop.baseline_score) if loop.HasField("baseline_score") else dash
+    return [("Best score", best, more),
+            ("Target", target_text(spec.target) if spec.target else dash, spec.score_column),
+            ("Rounds", rounds, f"{scored} scored"),
+            ("Elapsed", elapsed, split),
+            ("Baseline", baseline, "the base model")]
+
+
 def side_by_side(left: Sequence[str], right: Sequence[str], width: int = 80, gap: int = 2) -> list[str]:
     """Two blocks of lines next to each other when they fit in `width`, else one under the other
     (with a blank line between)."""

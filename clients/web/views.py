@@ -195,30 +195,8 @@ class RoundView:
 
 
 def loop_tiles(loop: S.Loop) -> list[Tile]:
-    """The header stats: best score with its gain over round 1, target, rounds run of the max,
-    elapsed (training / benchmarking split), baseline."""
-    spec = loop.spec
-    if loop.HasField("best_score"):
-        best = loops_view.pct(loop.best_score)
-        more = f"R{loop.best_round}" if loop.best_round else ""
-        if loop.HasField("gain_over_first") and loop.best_round not in (0, 1):
-            more += f", {loops_view.pts(loop.gain_over_first)} over R1"
-    else:
-        best, more = "–", "no round scored yet"
-    elapsed = loops_view.duration(loop.elapsed_seconds) if loop.elapsed_seconds else "–"
-    split = (f"training {loops_view.duration(loop.training_seconds)} · benchmarking "
-             f"{loops_view.duration(loop.benchmarking_seconds)}"
-             if loop.training_seconds or loop.benchmarking_seconds else "")
-    if loop.elapsed_seconds and not loops_view.is_final(loop.status):
-        split = ("so far · " + split) if split else "so far"
-    scored = sum(r.HasField("score") for r in loop.rounds)
-    rounds = f"{len(loop.rounds)} of {spec.max_rounds}" if spec.max_rounds else str(len(loop.rounds))
-    baseline = loops_view.pct(loop.baseline_score) if loop.HasField("baseline_score") else "–"
-    return [Tile("Best score", best, more),
-            Tile("Target", loops_view.target_text(spec.target) if spec.target else "–", spec.score_column),
-            Tile("Rounds", rounds, f"{scored} scored"),
-            Tile("Elapsed", elapsed, split),
-            Tile("Baseline", baseline, "the base model")]
+    """The header stats (`loops_view.header_tiles`)."""
+    return [Tile(label, value, more) for label, value, more in loops_view.header_tiles(loop, dash="–")]
 
 
 def round_views(loop: S.Loop) -> list[RoundView]:
