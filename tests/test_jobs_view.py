@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
+from cli_fakes import run, serving
 
 from clients import cli, jobs_view, train_cmd
 from rlvr.v1 import common_pb2 as C
@@ -302,18 +302,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 @pytest.fixture
 def scheduler() -> Iterator[tuple[str, FakeScheduler]]:
     fake = FakeScheduler()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}", fake
-    server.stop(0)
-
-
-def run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capfd.readouterr()
-    return code, out, err
+    with serving(fake) as address:
+        yield address, fake
 
 
 def test_show_prints_the_job_then_the_rl_metrics(scheduler, capfd) -> None:

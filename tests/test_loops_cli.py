@@ -10,11 +10,11 @@ import io
 import json
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
+from cli_fakes import run, serving
 from test_loops_view import make_loop, running_loop
 
 from clients import cli, loops_cmd
@@ -95,18 +95,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 @pytest.fixture
 def scheduler() -> Iterator[tuple[str, FakeScheduler]]:
     fake = FakeScheduler()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}", fake
-    server.stop(0)
-
-
-def run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capfd.readouterr()
-    return code, out, err
+    with serving(fake) as address:
+        yield address, fake
 
 
 # ---------------------------------------------------------------- parsing
