@@ -181,15 +181,7 @@ def render_html(loop: S.Loop, chart: bytes | None) -> str:
         parts.append(f'<p class="error">error: {esc(loop.error)}</p>')
     parts += [f'<div class="tiles">{_tiles(loop)}</div>', "<h2>Score per round</h2>"]
     if chart is not None:
-        scored = [r for r in loop.rounds if r.HasField("score")]
-        caption = f"{len(scored)} scored round{'s' if len(scored) != 1 else ''}"
-        best = V.best_round(loop)
-        if best is not None and best.HasField("score"):
-            caption += f"; BEST R{best.index} at {V.pct(best.score)}"
-        if loop.HasField("baseline_score"):
-            caption += f"; baseline (dashed) {V.pct(loop.baseline_score)}"
-        if spec.target:
-            caption += f"; target (line) {V.target_text(spec.target)}"
+        caption = V.chart_caption(loop)
         parts.append(f'<figure class="card">{img_tag("scores", "Benchmark score per round", chart)}'
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     else:

@@ -151,6 +151,20 @@ def header_tiles(loop: S.Loop, dash: str = "-") -> list[tuple[str, str, str]]:
             ("Baseline", baseline, "the base model")]
 
 
+def chart_caption(loop: S.Loop) -> str:
+    """What the bar chart of the scores per round shows, in words (its caption and alt text)."""
+    scored = [r for r in loop.rounds if r.HasField("score")]
+    caption = f"{len(scored)} scored round{'s' if len(scored) != 1 else ''}"
+    best = best_round(loop)
+    if best is not None and best.HasField("score"):
+        caption += f"; BEST R{best.index} at {pct(best.score)}"
+    if loop.HasField("baseline_score"):
+        caption += f"; baseline (dashed line) {pct(loop.baseline_score)}"
+    if loop.spec.target:
+        caption += f"; target (solid line) {target_text(loop.spec.target)}"
+    return caption
+
+
 def side_by_side(left: Sequence[str], right: Sequence[str], width: int = 80, gap: int = 2) -> list[str]:
     """Two blocks of lines next to each other when they fit in `width`, else one under the other
     (with a blank line between)."""

@@ -237,16 +237,7 @@ def loop_chart(loop: S.Loop) -> tuple[str, str] | None:
     for r in loop.rounds:
         key.rounds.add(index=r.index, status=r.status, best=r.best, current_step=r.current_step,
                        total_steps=r.total_steps, **({"score": r.score} if r.HasField("score") else {}))
-    scored = [r for r in loop.rounds if r.HasField("score")]
-    caption = f"{len(scored)} scored round{'s' if len(scored) != 1 else ''}"
-    best = loops_view.best_round(loop)
-    if best is not None and best.HasField("score"):
-        caption += f"; BEST R{best.index} at {loops_view.pct(best.score)}"
-    if loop.HasField("baseline_score"):
-        caption += f"; baseline (dashed line) {loops_view.pct(loop.baseline_score)}"
-    if loop.spec.target:
-        caption += f"; target (solid line) {loops_view.target_text(loop.spec.target)}"
-    return _loop_chart(key.SerializeToString(deterministic=True)), caption
+    return _loop_chart(key.SerializeToString(deterministic=True)), loops_view.chart_caption(loop)
 
 
 def loop_settings(loop: S.Loop) -> list[tuple[str, str]]:
