@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -95,25 +94,13 @@ def print_table(loop: scheduler_pb2.Loop) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clients.sdk import ClientSettings, connect
-    from clients.stack import Stack, StackConfig, free_port
+    from clients.stack import local_stack
     from rlvr.common.settings import rlvr_home
-    from rlvr.models import is_tiny
 
     args = parse_args(argv)
     home = (args.home or rlvr_home() / "bench" / f"loop-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if is_tiny(args.model):  # a tiny model trains several times faster on one torch thread here
-        os.environ.setdefault("RLVR_TRAINER_TORCH_THREADS", "1")
-    cfg = StackConfig(home=home, model=args.model,
-                      ports={name: free_port() for name in ("scheduler", "trainer", "reward", "rollout", "benchmark")})
-    stack = Stack(cfg)
     started = time.monotonic()
-    try:
-        stack.start()
-        if not stack.wait_serving():
-            print(f"the stack did not come up; logs in {home / 'logs'}", file=sys.stderr)
-            return 1
-        client = connect(ClientSettings(**{f"{name}_address": address for name, address in cfg.addresses.items()}))
+    with local_stack(home, args.model) as (_, client):
         base = base_score(client, args.eval_n)
         target = round(base + args.gain, 1)
         created = client.scheduler.create_loop(scheduler_pb2.CreateLoopRequest(spec=loop_spec(args, target)))
@@ -129,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
             if line != last and (running is None or running.current_step % 10 == 0 or "step" not in line):
                 print(f"{time.monotonic() - started:7.0f}s  {line}", flush=True)
                 last = line
-    finally:
-        stack.stop()
     print_table(loop)
     overhead = loop.elapsed_seconds - loop.training_seconds - loop.benchmarking_seconds
     print(f"\n{scheduler_pb2.LoopStatus.Name(loop.status)[12:]}: {loop.message}{(' ' + loop.error) if loop.error else ''}")

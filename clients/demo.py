@@ -8,7 +8,6 @@ everything. Every step goes through the public gRPC API, as a user's program wou
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -131,47 +130,33 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     """The whole stack on this machine: held-out accuracy of the base model, one RLVR job with
     `spec` through the services (live progress bar), held-out accuracy of its adapter. Stops the
     stack however it ends; raises RlvrError for an RPC that fails."""
-    from clients.sdk import ClientSettings, connect
-    from clients.stack import Stack, StackConfig, free_port
+    from clients.stack import local_stack
     from clients.train_cmd import summary_lines, watch_job
-    from rlvr.models import is_tiny
 
-    if is_tiny(spec.base_model):  # a tiny model trains several times faster on one torch thread here
-        os.environ.setdefault("RLVR_TRAINER_TORCH_THREADS", "1")
-    cfg = StackConfig(home=home.resolve(), model=spec.base_model,
-                      ports={name: free_port() for name in ("scheduler", "trainer", "reward", "rollout", "benchmark")})
-    stack = Stack(cfg)
     started = time.monotonic()
     try:
-        stack.start()
-        if not stack.wait_serving():
-            raise RuntimeError(f"the stack did not come up; logs in {cfg.home / 'logs'}")
-        a = cfg.addresses
-        rlvr = connect(ClientSettings(scheduler_address=a["scheduler"], trainer_address=a["trainer"],
-                                      reward_address=a["reward"], rollout_address=a["rollout"],
-                                      benchmark_address=a["benchmark"]))
-        say(f"\n1/3 held-out Math Pairs accuracy of the base model ({eval_n} questions, greedy)")
-        before = evaluate(rlvr.benchmark, eval_n, "base")
-        say(f"    base     {_scores(before)}")
+        with local_stack(home, spec.base_model) as (_, rlvr):
+            say(f"\n1/3 held-out Math Pairs accuracy of the base model ({eval_n} questions, greedy)")
+            before = evaluate(rlvr.benchmark, eval_n, "base")
+            say(f"    base     {_scores(before)}")
 
-        say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs")
-        created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=spec))
-        say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
-        train_started = time.monotonic()
-        status = watch_job(rlvr.scheduler, created.job.id)
-        job = _settled(rlvr.scheduler, created.job.id)
-        train_seconds = time.monotonic() - train_started
-        if status != common_pb2.JOB_STATUS_COMPLETED or not job.adapter.name:
-            return Outcome(before, None, job, train_seconds, time.monotonic() - started,
-                           error=job.error or common_pb2.JobStatus.Name(job.status))
+            say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs")
+            created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=spec))
+            say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
+            train_started = time.monotonic()
+            status = watch_job(rlvr.scheduler, created.job.id)
+            job = _settled(rlvr.scheduler, created.job.id)
+            train_seconds = time.monotonic() - train_started
+            if status != common_pb2.JOB_STATUS_COMPLETED or not job.adapter.name:
+                return Outcome(before, None, job, train_seconds, time.monotonic() - started,
+                               error=job.error or common_pb2.JobStatus.Name(job.status))
 
-        say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
-        on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
-        after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout)
-        say(f"    trained  {_scores(after)}")
-        return Outcome(before, after, job, train_seconds, time.monotonic() - started)
+            say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
+            on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
+            after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout)
+            say(f"    trained  {_scores(after)}")
+            return Outcome(before, after, job, train_seconds, time.monotonic() - started)
     finally:
-        stack.stop()
         say("stack stopped.")
 
 

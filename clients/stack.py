@@ -20,8 +20,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Start order: the services others depend on come first.
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
@@ -271,6 +273,32 @@ class Stack:
             self.nats = None
         with contextlib.suppress(OSError):
             (self.cfg.home / "stack.json").unlink()
+
+
+@contextlib.contextmanager
+def local_stack(home: Path, model: str, *, web: bool = False) -> Iterator[tuple[Stack, Any]]:
+    """The whole stack on free ports under `home` serving `model`, started and SERVING, with an SDK
+    client for it (`clients.sdk.Rlvr`); stopped however the block ends. What `rlvr demo` and the
+    bench scripts run on. RuntimeError naming the logs when it does not come up."""
+    from clients.sdk import ClientSettings, connect
+    from rlvr.models import is_tiny
+
+    if is_tiny(model):  # a tiny model trains several times faster on one torch thread here
+        os.environ.setdefault("RLVR_TRAINER_TORCH_THREADS", "1")
+    cfg = StackConfig(home=home.resolve(), model=model, ports={name: free_port() for name in SERVICES},
+                      web_port=free_port() if web else None)
+    stack = Stack(cfg)
+    try:
+        stack.start()
+        if not stack.wait_serving():
+            raise RuntimeError(f"the stack did not come up; logs in {cfg.home / 'logs'}")
+        client = connect(ClientSettings(**{f"{name}_address": cfg.addresses[name] for name in SERVICES}))
+        try:
+            yield stack, client
+        finally:
+            client.close()
+    finally:
+        stack.stop()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
