@@ -152,6 +152,7 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=8, lora_alpha=4) if stacked else None
     set_num_threads = torch.set_num_threads  # the in-process vLLM worker replaces it with a no-op
+    environ = dict(os.environ)  # vLLM sets variables (LD_PRELOAD, ...); earlier tests may have set some
     captured = _capture_colocated(monkeypatch)
     events: list[C.MetricEvent] = []
     job = _job(tmp_path, tiny_model, job_id="col", generation_backend="vllm_colocate", gpu_memory_fraction=0.1,
@@ -185,7 +186,8 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
     # variables gone.
     assert torch.set_num_threads is set_num_threads
     assert not torch.distributed.is_initialized()
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ and "LD_PRELOAD" not in os.environ
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "LD_PRELOAD"):
+        assert os.environ.get(key) == environ.get(key), key  # as before the job, whatever that was
 
 
 @pytest.mark.vllm
