@@ -121,6 +121,21 @@ def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
     return cmd
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` still runs (zombies, which only wait to be
+    reaped, do not count). Reads /proc; False where there is none."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp, ...
+            return True
+    return False
+
+
 def check_health(address: str, timeout: float = 2.0) -> str:
     """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE"."""
     import grpc
@@ -268,6 +283,11 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
             if proc.poll() is None:
                 proc.wait(timeout=5)
+        # Back only once every process of every group is gone: a killed multi-GB engine takes a
+        # moment to give its memory back, and a caller may start the next stack at once.
+        deadline = time.monotonic() + 10
+        while any(group_alive(proc.pid) for proc in self.procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if self.nats is not None:
             self.nats.stop()  # type: ignore[attr-defined]
             self.nats = None

@@ -35,12 +35,21 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, it names one process even
+    after its pid is reused (pid_max is 32768 here, and a test run spawns thousands)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return fields[0] != "Z" and int(fields[19]) == started
 
 
 @pytest.mark.vllm
@@ -64,6 +73,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         state = json.loads((home / "stack.json").read_text())
         children = _descendants(proc.pid)
         assert set(state["pids"].values()) <= children
+        started_at = {pid: _started(pid) for pid in children}
 
         status = subprocess.run([sys.executable, "-m", "clients.cli", "status", "--home", str(home)],
                                 capture_output=True, text=True, timeout=60)
@@ -80,8 +90,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         rest, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, rest
         assert "stopped." in rest
-        time.sleep(0.5)
-        left = [pid for pid in children if _alive(pid)]
+        left = [pid for pid in children if _alive(pid, started_at[pid])]  # `rlvr up` waits for them all
         assert not left, f"orphans after Ctrl-C: {left}"
         assert not (home / "stack.json").exists()
         print(f"stack SERVING after {up_seconds:.1f} s")
