@@ -28,6 +28,8 @@ from services.trainer.config import JobConfig
 from services.trainer.runner import load_policy, read_init_adapter
 from services.trainer.stacking import Adapter, StackingError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
+
 # Max |logit difference| between the stacked policy and the published adapter, in float32. They
 # differ by float32 rounding only (other groupings of the same products): 1.7e-5 measured here on
 # rlvr-tiny-test with adapters that move the logits by about 3, and 1.5e-5 already between the
@@ -174,20 +176,6 @@ def test_a_folder_without_safetensors_is_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ real models
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """One torch thread, as in test_trainer_job: much faster for these tiny matrices on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
-    from rlvr.tiny.build import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
 
 
 def random_lora(base: str | Path, out: Path, seed: int, std: float = 0.3, **config: Any) -> Path:

@@ -27,24 +27,11 @@ from services.trainer import runner
 from services.trainer.config import job_config_from_request
 from services.trainer.rollouts import AdapterTag, AdapterVersionMismatch, Sampling
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the "test" model is tiny: a second thread only adds overhead
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
-    from rlvr.tiny.build import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
 
 
 def _spec(model: str, max_steps: int, fraction: float | None) -> C.JobSpec:

@@ -25,26 +25,11 @@ from services.trainer.rollouts import AdapterTag, LocalGenerator, RolloutBatch, 
 from services.trainer.runner import JobDeps, run_job
 from services.trainer.scorers import LocalScorer, Score, ScoreSettings
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
+
 METRIC_FIELDS = {f.name for f in C.MetricEvent.DESCRIPTOR.fields} - {"kl"}  # kl: only when kl_beta > 0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """One torch thread: the "test" model's matrices are tiny, and on a shared 2-core machine a
-    second thread made generation 4-15x slower (measured: 0.08 s vs 0.3-1.3 s for 8 x 32 tokens)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
-    from rlvr.tiny.build import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
 
 
 class ShapedScorer(LocalScorer):

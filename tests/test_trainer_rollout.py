@@ -19,25 +19,13 @@ import pytest
 
 from rlvr.v1 import common_pb2 as C
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("services.rollout.server") is None,
-                                reason="the rollout server is not built yet")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),  # tests/fixtures_trainer.py
+    pytest.mark.skipif(importlib.util.find_spec("services.rollout.server") is None,
+                       reason="the rollout server is not built yet"),
+]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the "test" model is tiny: a second thread only adds overhead
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
-    from rlvr.tiny.build import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
 
 
 BACKENDS = ["transformers", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])]
