@@ -30,25 +30,21 @@ class ModelSize:
     max_position_embeddings: int = 4096
 
 
+_TEST_SHAPE = ModelSize(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=1,
+    num_key_value_heads=1,
+    intermediate_size=128,
+)
+
 SIZES: dict[str, ModelSize] = {
     # builds and trains in seconds; for tests only, its outputs are noise
-    "test": ModelSize(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    ),
+    "test": _TEST_SHAPE,
     # the "test" shape (its own entry so it builds under its own name), warmed up ten times longer:
     # it writes the answer format and stops, and is right on a few percent of the problems, so loop
     # and reward tests see real, non-zero scores; still built in seconds
-    "small": ModelSize(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    ),
+    "small": _TEST_SHAPE,
     # ~2.4M parameters: the size DESIGN.md measured GRPO on (0.34 s per step at batch 8 on 2 cores)
     "default": ModelSize(
         hidden_size=256,
