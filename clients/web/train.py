@@ -98,35 +98,31 @@ def routes(console: Console) -> list[Route]:
         # Unchecked boxes send nothing: the submitted form is all there is (no defaults mixed in).
         return {f: data.get(f, "") for f in forms.ALL_FIELDS}
 
-    async def start_training(request: Request) -> Response:
+    async def submit(request: Request, *, loop: bool) -> Response:
+        """Start Training (a job) or Start loop: the form's spec to the scheduler, then its page; a
+        refused value is shown next to the field the scheduler's message names."""
         data = await console.form(request)
         limits = await run_in_threadpool(console.limits.get)
         values = submitted(data)
-        spec, errors = forms.job_spec(values, limits)
+        spec, errors = (forms.loop_spec if loop else forms.job_spec)(values, limits)
         if not errors:
             try:
-                resp = await run_in_threadpool(scheduler.create_job, S.CreateJobRequest(spec=spec))
-                return see_other(f"/jobs/{resp.job.id}")
+                if loop:
+                    resp = await run_in_threadpool(scheduler.create_loop, S.CreateLoopRequest(spec=spec))
+                    return see_other(f"/loops/{resp.loop.id}")
+                created = await run_in_threadpool(scheduler.create_job, S.CreateJobRequest(spec=spec))
+                return see_other(f"/jobs/{created.job.id}")
             except RlvrError as e:
                 if e.code.name != "INVALID_ARGUMENT":
                     raise
-                errors = forms.FormErrors({forms.error_field(e.details): e.details})
+                errors = forms.FormErrors({forms.error_field(e.details, loop=loop): e.details})
         return await run_in_threadpool(lambda: render(request, values, errors, limits=limits))
 
+    async def start_training(request: Request) -> Response:
+        return await submit(request, loop=False)
+
     async def start_loop(request: Request) -> Response:
-        data = await console.form(request)
-        limits = await run_in_threadpool(console.limits.get)
-        values = submitted(data)
-        spec, errors = forms.loop_spec(values, limits)
-        if not errors:
-            try:
-                resp = await run_in_threadpool(scheduler.create_loop, S.CreateLoopRequest(spec=spec))
-                return see_other(f"/loops/{resp.loop.id}")
-            except RlvrError as e:
-                if e.code.name != "INVALID_ARGUMENT":
-                    raise
-                errors = forms.FormErrors({forms.error_field(e.details, loop=True): e.details})
-        return await run_in_threadpool(lambda: render(request, values, errors, limits=limits))
+        return await submit(request, loop=True)
 
     async def summary(request: Request) -> Response:
         """The sidebar and the per-field messages for what the form holds now (a dry run)."""
