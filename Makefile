@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 protos: install
 	$(BIN)/python -m rlvr.protogen
 
+# ruff, then the architecture's layers (.importlinter: fails on any import across a layer).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
 # tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no

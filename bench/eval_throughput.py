@@ -127,8 +127,8 @@ def score_inprocess(function: str, items: list[tuple[str, str]]) -> float:
 
 
 def score_grpc(reward: RewardClient, function: str, items: list[tuple[str, str]], batch: int) -> float:
+    from rlvr.jobspec import REWARD_FUNCTIONS as FUNCTIONS
     from rlvr.v1 import reward_pb2
-    from services.benchmark.peers import FUNCTIONS
 
     t0 = time.perf_counter()
     for i in range(0, len(items), batch):

@@ -79,19 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlvr.rewards.scoring import score
     from rlvr.tasks import math_pairs as mp
     from rlvr.tasks import render_prompt
     from rlvr.tiny.build import generate_greedy, heldout_accuracy
-    from services.reward.scoring import score
     from services.trainer import artifacts
-    from services.trainer.config import JobConfig
+    from services.trainer.config import job_config
     from services.trainer.runner import JobDeps, run_job
     from services.trainer.scorers import LocalScorer, ScoreSettings
 
     model_dir = base_model(args)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     root = ROOT / ".rlvr" / "bench" / f"sweep-{os.getpid()}"
-    job = JobConfig(
+    job = job_config(
         job_id=f"sweep{os.getpid()}", base_model=str(model_dir), artifact_root=root, group_size=args.group_size,
         batch_size=args.batch_size, max_completion_tokens=args.max_tokens, lora_rank=args.rank,
         lora_alpha=args.alpha, learning_rate=args.lr, max_steps=args.steps, loss_type=args.loss_type,

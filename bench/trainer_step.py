@@ -104,12 +104,12 @@ def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
 
 
 def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path) -> list[dict[str, float]]:
-    from services.trainer.config import JobConfig
+    from services.trainer.config import job_config
     from services.trainer.rollouts import ServiceGenerator
     from services.trainer.runner import JobDeps, run_job
     from services.trainer.scorers import LocalScorer, ScoreSettings
 
-    job = JobConfig(
+    job = job_config(
         job_id=f"bench-{backend}-{os.getpid()}", base_model=base, artifact_root=root, group_size=args.group_size,
         batch_size=args.batch_size, max_completion_tokens=args.max_tokens, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, learning_rate=args.learning_rate, max_steps=args.steps,
@@ -142,12 +142,12 @@ def run_trl(args: argparse.Namespace, base: str, root: Path) -> list[dict[str, f
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    from services.reward.scoring import score
-    from services.trainer.config import JobConfig
+    from rlvr.rewards.scoring import score
+    from services.trainer.config import job_config
     from services.trainer.engine import grpo_args
     from services.trainer.runner import training_prompts
 
-    job = JobConfig(job_id="trl", base_model=base, artifact_root=root, group_size=args.group_size,
+    job = job_config(job_id="trl", base_model=base, artifact_root=root, group_size=args.group_size,
                     batch_size=args.batch_size, max_completion_tokens=args.max_tokens, learning_rate=args.learning_rate,
                     loss_type=args.loss_type, max_steps=args.steps)
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -130,8 +130,9 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     """The whole stack on this machine: held-out accuracy of the base model, one RLVR job with
     `spec` through the services (live progress bar), held-out accuracy of its adapter. Stops the
     stack however it ends; raises RlvrError for an RPC that fails."""
+    from clients.jobs_view import summary_lines
     from clients.stack import local_stack
-    from clients.train_cmd import summary_lines, watch_job
+    from clients.train_cmd import watch_job
 
     started = time.monotonic()
     try:

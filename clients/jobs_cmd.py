@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from clients.jobs_view import human_size
+
 EXPORT_FORMATS = ("csv", "jsonl")
 
 
@@ -21,15 +23,6 @@ def _format_enum(name: str) -> int:
     from rlvr.v1 import scheduler_pb2 as S
 
     return {"csv": S.EXPORT_FORMAT_CSV, "jsonl": S.EXPORT_FORMAT_JSONL}[name]
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # unreachable
 
 
 def terminal_width(out: TextIO) -> int:
@@ -42,7 +35,7 @@ def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # no
     """Prints the job's RL Metrics card; on a failed GetJobMetrics, one warning line on stderr
     (the job itself was shown already). Returns whether the card was printed."""
     from clients import jobs_view
-    from clients.base import RlvrError
+    from rlvr.peers.base import RlvrError
     from rlvr.v1 import scheduler_pb2 as S
 
     out = out or sys.stdout
@@ -132,12 +125,21 @@ def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
 COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, "export": cmd_export}
 
 
+def scheduler_client(args: argparse.Namespace):  # -> SchedulerClient
+    """The scheduler client of a command: `--address` if given, else the settings' address."""
+    from clients.sdk import ClientSettings, connect
+
+    settings = ClientSettings()
+    if getattr(args, "address", None):
+        settings = ClientSettings(scheduler_address=args.address)
+    return connect(settings).scheduler
+
+
 def cmd_jobs_action(args: argparse.Namespace) -> int:
-    from clients.base import RlvrError
-    from clients.train_cmd import _client
+    from rlvr.peers.base import RlvrError
 
     try:
-        return COMMANDS[args.jobs_command](args, _client(args))
+        return COMMANDS[args.jobs_command](args, scheduler_client(args))
     except RlvrError as e:
         print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
         return 1

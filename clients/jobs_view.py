@@ -72,6 +72,16 @@ def supports_unicode(stream: object, environ: Mapping[str, str] | None = None) -
     return _locale_is_utf8(os.environ if environ is None else environ) is not False
 
 
+def human_size(size: int) -> str:
+    """A byte count as people read it: "512 B", "3.4 MiB"."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # unreachable
+
+
 def wrap(text: str, width: int, indent: str = "", hang: str = "") -> list[str]:
     """`text` in lines of at most `width`, each starting with `indent` (`indent + hang` after the
     first)."""
@@ -357,3 +367,24 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
     if charts:
         lines += [""] + charts_lines(charts, width, unicode=unicode)
     return "\n".join(lines)
+
+
+def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
+    """The Training Summary's label/value rows (the CLI's and the HTML report's)."""
+    steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
+    return [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
+            ("Group Size", summary.group_size), ("Max Completion", summary.max_completion),
+            ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
+            ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
+            ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
+            ("Quantization", summary.quantization)]
+
+
+def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None, width: int = 80,
+                  unicode: bool = True) -> list[str]:
+    """The Training Summary and its warnings, in lines of at most `width` columns."""
+    lines = ["Training Summary"] + [shorten_middle(f"  {k:<15} {v}", width, unicode=unicode)
+                                    for k, v in summary_rows(summary)]
+    for w in warnings or []:
+        lines += wrap(f"warning: {w}", width, hang="  ")
+    return lines

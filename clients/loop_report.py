@@ -145,7 +145,7 @@ def _rounds_table(loop: S.Loop) -> str:
 
 
 def _settings(loop: S.Loop) -> str:
-    from clients.train_cmd import summary_rows
+    from clients.jobs_view import summary_rows
 
     parts = ['<div class="settings"><div class="card"><h3>Loop settings</h3><table class="summary">',
              table_rows([("Name", loop.spec.name or "-"), *V.settings_rows(loop.spec)])]

@@ -245,7 +245,7 @@ COMMANDS = {"start": cmd_start, "list": cmd_list, "show": cmd_show, "watch": cmd
 
 
 def cmd_loops(args: argparse.Namespace) -> int:
-    from clients.base import RlvrError
+    from rlvr.peers.base import RlvrError
 
     try:
         return COMMANDS[args.loops_command](args, train_cmd._client(args))

@@ -190,7 +190,7 @@ def _trend_card(label: str, trend: S.Trend) -> str:
 
 
 def _summary_rows(job: C.Job) -> list[tuple[str, str]]:
-    from clients.train_cmd import summary_rows
+    from clients.jobs_view import summary_rows
 
     rows = [("Job", job.id), ("Name", job.spec.name or "-"), ("Base model", job.spec.base_model or "-")]
     if job.HasField("summary"):

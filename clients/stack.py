@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.peers.base import check_health
+
 # Start order: the services others depend on come first.
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 DEFAULT_PORTS = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout": 50054, "benchmark": 50055}
@@ -134,21 +136,6 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp, ...
             return True
     return False
-
-
-def check_health(address: str, timeout: float = 2.0) -> str:
-    """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE"."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                              timeout=timeout)
-        except grpc.RpcError as e:
-            return "UNREACHABLE" if e.code() in (grpc.StatusCode.UNAVAILABLE,
-                                                 grpc.StatusCode.DEADLINE_EXCEEDED) else e.code().name
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -3,7 +3,7 @@ live, and list, show (with the RL Metrics card) or cancel jobs. Talks to the sch
 SDK. `rlvr jobs report|download|merge|export` live in clients/jobs_cmd.py and are registered here.
 
 Flags left out are left unset in the JobSpec, so the scheduler applies the spec's defaults in one
-place (services/scheduler/jobspec.py) and says what it rounded or ignored in its warnings.
+place (rlvr/jobspec.py) and says what it rounded or ignored in its warnings.
 """
 
 from __future__ import annotations
@@ -12,35 +12,66 @@ import argparse
 import sys
 
 from clients import jobs_cmd, jobs_view
+from clients.jobs_view import summary_lines
+from rlvr.jobspec import (
+    BACKEND_KEYS,
+    BATCH_SIZE_DEFAULT,
+    BATCH_SIZES,
+    CHECKPOINT_EVERY,
+    EPOCHS,
+    FORMAT_BONUS_WEIGHT,
+    GPU_MEMORY_FRACTION,
+    GROUP_SIZE,
+    KL_BETA,
+    LEARNING_RATE,
+    LORA_ALPHA,
+    LORA_INITS,
+    LORA_RANK,
+    LOSS_NAMES,
+    MAX_COMPLETION,
+    MAX_STEPS_DEFAULT,
+    QUANT_KEYS,
+    REWARD_FUNCTIONS,
+    SYNTHETIC_PROMPTS,
+    TEMPERATURE,
+    FloatRange,
+    IntRange,
+)
 from rlvr.v1 import common_pb2 as C
 
-REWARDS = {"math_pairs": C.REWARD_FUNCTION_MATH_PAIRS, "gsm8k": C.REWARD_FUNCTION_GSM8K,
-           "boxed": C.REWARD_FUNCTION_BOXED}
-LOSSES = {"grpo": C.LOSS_TYPE_GRPO, "dapo": C.LOSS_TYPE_DAPO, "dr_grpo": C.LOSS_TYPE_DR_GRPO}
-QUANTS = {"full": C.QUANTIZATION_FULL, "4bit": C.QUANTIZATION_4BIT, "8bit": C.QUANTIZATION_8BIT}
-BACKENDS = {"vllm": C.GENERATION_BACKEND_VLLM, "vllm-colocate": C.GENERATION_BACKEND_VLLM_COLOCATE,
-            "transformers": C.GENERATION_BACKEND_TRANSFORMERS}
+# The choices of the enum flags: the spec's keys, with "-" for "_" where a flag reads better.
+REWARDS = REWARD_FUNCTIONS
+LOSSES = {key: value for value, key in LOSS_NAMES.items()}
+QUANTS = {key: value for value, key in QUANT_KEYS.items()}
+BACKENDS = {key.replace("_", "-"): value for value, key in BACKEND_KEYS.items()}
 
-# flag -> (message path, field, type, help)
+
+def _range(what: str, rng: IntRange | FloatRange) -> str:
+    return f"{what}, {rng.text()} (default {rng.default:g})"
+
+
+# flag -> (message path, field, type, help); ranges and defaults from rlvr/jobspec.py
 SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
-    ("--synthetic-prompts", "reward", "synthetic_prompts", int, "Math Pairs problems, 8-100000 (default 256)"),
-    ("--format-bonus-weight", "reward", "format_bonus_weight", float, "format bonus size, 0-1 (default 0.1)"),
+    ("--synthetic-prompts", "reward", "synthetic_prompts", int, _range("Math Pairs problems", SYNTHETIC_PROMPTS)),
+    ("--format-bonus-weight", "reward", "format_bonus_weight", float, _range("format bonus size", FORMAT_BONUS_WEIGHT)),
     ("--dataset", "reward", "dataset", str, "boxed-answer dataset: hub name or local JSONL/Parquet/CSV"),
-    ("--group-size", "grpo", "group_size", int, "rollouts per prompt, 2-32 (default 8)"),
-    ("--max-completion", "grpo", "max_completion_tokens", int, "tokens per completion, 32-2048 (default 256)"),
-    ("--rank", "grpo", "lora_rank", int, "LoRA rank r, 4-64 (default 8)"),
-    ("--alpha", "grpo", "lora_alpha", int, "LoRA alpha, 4-128 (default 16)"),
-    ("--lr", "grpo", "learning_rate", float, "learning rate, 5e-7 to 1e-5 (default 1e-6)"),
-    ("--max-steps", "grpo", "max_steps", int, "-1 = full (every prompt for --epochs), else a count (default 100)"),
-    ("--batch-size", "grpo", "batch_size", int, "one of 1,2,4,8,16,32 (default 4; rounded up to a multiple "
-                                                "of the group size)"),
-    ("--epochs", "advanced", "epochs", int, "passes over the prompts when --max-steps -1 (default 1)"),
-    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, "vllm-colocate's memory share, 0.05-0.95 (default 0.3)"),
+    ("--group-size", "grpo", "group_size", int, _range("rollouts per prompt", GROUP_SIZE)),
+    ("--max-completion", "grpo", "max_completion_tokens", int, _range("tokens per completion", MAX_COMPLETION)),
+    ("--rank", "grpo", "lora_rank", int, _range("LoRA rank r", LORA_RANK)),
+    ("--alpha", "grpo", "lora_alpha", int, _range("LoRA alpha", LORA_ALPHA)),
+    ("--lr", "grpo", "learning_rate", float, _range("learning rate", LEARNING_RATE)),
+    ("--max-steps", "grpo", "max_steps", int,
+     f"-1 = full (every prompt for --epochs), else a count (default {MAX_STEPS_DEFAULT})"),
+    ("--batch-size", "grpo", "batch_size", int,
+     f"one of {','.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT}; rounded up to a multiple of the group size)"),
+    ("--epochs", "advanced", "epochs", int, _range("passes over the prompts when --max-steps -1", EPOCHS)),
+    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, _range("vllm-colocate's memory share", GPU_MEMORY_FRACTION)),
     ("--gpu", "advanced", "gpu_selection", str, 'GPU selection: "auto", "cpu" or "0,1" (default auto)'),
-    ("--kl-beta", "advanced", "kl_beta", float, "KL coefficient, 0-1 (default 0)"),
-    ("--temperature", "advanced", "temperature", float, "rollout temperature, 0.1-2 (default 1.0)"),
+    ("--kl-beta", "advanced", "kl_beta", float, _range("KL coefficient", KL_BETA)),
+    ("--temperature", "advanced", "temperature", float, _range("rollout temperature", TEMPERATURE)),
     ("--seed", "advanced", "seed", int, "seed (default 0)"),
-    ("--checkpoint-every", "advanced", "checkpoint_every", int, "save a checkpoint every N steps (default 0)"),
+    ("--checkpoint-every", "advanced", "checkpoint_every", int,
+     _range("save a checkpoint every N steps (0 = never)", CHECKPOINT_EVERY)),
 ]
 
 
@@ -58,7 +89,7 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                         "transformers (in-process)")
     for flag, _, field, kind, text in SPEC_FLAGS:
         p.add_argument(flag, dest=field, type=kind, default=None, help=text)
-    p.add_argument("--lora-init", choices=("default", "gaussian"), default=None,
+    p.add_argument("--lora-init", choices=LORA_INITS, default=None,
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
@@ -94,38 +125,6 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     return spec
 
 
-def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
-    """The Training Summary's label/value rows (the CLI's and the HTML report's)."""
-    steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
-    return [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
-            ("Group Size", summary.group_size), ("Max Completion", summary.max_completion),
-            ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
-            ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
-            ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
-            ("Quantization", summary.quantization)]
-
-
-def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None, width: int = 80,
-                  unicode: bool = True) -> list[str]:
-    """The Training Summary and its warnings, in lines of at most `width` columns."""
-    from clients.jobs_view import shorten_middle, wrap
-
-    lines = ["Training Summary"] + [shorten_middle(f"  {k:<15} {v}", width, unicode=unicode)
-                                    for k, v in summary_rows(summary)]
-    for w in warnings or []:
-        lines += wrap(f"warning: {w}", width, hang="  ")
-    return lines
-
-
-def _client(args: argparse.Namespace):  # -> SchedulerClient
-    from clients.sdk import ClientSettings, connect
-
-    settings = ClientSettings()
-    if getattr(args, "address", None):
-        settings = ClientSettings(scheduler_address=args.address)
-    return connect(settings).scheduler
-
-
 def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN001 (SDK client)
     """A live progress bar with reward and accuracy until the job ends; Ctrl-C detaches."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -159,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
-    client = _client(args)
+    client = jobs_cmd.scheduler_client(args)
     try:
         resp = client.create_job(scheduler_pb2.CreateJobRequest(spec=spec_from_args(args), dry_run=args.dry_run))
     except RlvrError as e:
@@ -183,7 +182,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
-    client = _client(args)
+    client = jobs_cmd.scheduler_client(args)
     try:
         if args.jobs_command == "list":
             resp = client.list_jobs(scheduler_pb2.ListJobsRequest(limit=args.limit))

@@ -15,6 +15,7 @@ import pytest
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
+from rlvr.rewards.scoring import score
 from rlvr.tasks import Problem, TaskError, get_task, heldout_split
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -23,7 +24,6 @@ from services.benchmark.evaluations import INTERRUPTED, EvaluationManager
 from services.benchmark.events import MemoryEvents
 from services.benchmark.planning import RolloutModel
 from services.benchmark.runner import AdapterTag, Answer, Question, Sampling, Score, run_questions
-from services.reward.scoring import score
 
 Script = Callable[[Question, AdapterTag], tuple[str, str]]  # -> (completion, "STOP" | "LENGTH")
 

@@ -16,9 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.stack import free_port
 from rlvr.common.errors import FailedPrecondition, NotFound, map_errors
-from rlvr.common.server import GrpcService, ServiceRunner
 from rlvr.common.settings import SettingsError, load_settings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.common.server import GrpcService, ServiceRunner
 from services.reward.settings import RewardSettings
 from services.scheduler.settings import SchedulerSettings
 

@@ -87,8 +87,9 @@ def local_commands(compose: dict, ports: dict[str, int], data: Path, database_ur
 @pytest.fixture(scope="module")
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str]]:
     from clients.sdk import ClientSettings, connect
-    from clients.stack import check_health, free_port
+    from clients.stack import free_port
     from rlvr.infra.nats_server import _parent_death_hook
+    from rlvr.peers.base import check_health
 
     if not _reachable(*NATS):
         _missing("NATS is not reachable at 127.0.0.1:4222")

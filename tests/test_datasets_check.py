@@ -11,10 +11,10 @@ from test_scheduler_jobs import FakeWorkers
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.infra.store import Store
+from rlvr.jobspec import resolve_spec
 from rlvr.v1 import common_pb2 as C
 from services.scheduler.datasets import check_dataset
 from services.scheduler.jobs import JobManager
-from services.scheduler.jobspec import resolve_spec
 
 
 def boxed(dataset: str, split: str = "") -> C.RewardConfig:

@@ -5,8 +5,8 @@ The short variant (CI) trains a few steps on each generation backend and checks 
 issue names: every step's metrics stored exactly once, every step's completions produced by the
 adapter version of the step before (the trainer fails the job otherwise, and the stored points
 carry the version), the final adapter in PEFT format loading in `peft` and in vLLM (uploaded to the
-rollout server under a new name and generating from it). The learning measurement (held-out
-accuracy up by at least 8 points) is `bench/learning.py`, slow; `test_learning_gain` runs it.
+rollout server under a new name and generating from it). How much the
+model learns is measured, not tested: `bench/learning.py` (`--require-gain N` fails below N points).
 """
 
 from __future__ import annotations
@@ -150,12 +150,3 @@ def test_a_job_trains_through_every_service(stack, backend: int) -> None:
     adapter = Path(job.adapter.path)
     _loads_in_peft(adapter)
     _generates_in_vllm(client, adapter, f"e2e-check-{backend}")
-
-
-@pytest.mark.slow
-def test_learning_gain(tmp_path: Path) -> None:
-    """The long measurement: `bench/learning.py` with its defaults must show +8 points."""
-    out = tmp_path / "learning.json"
-    proc = subprocess.run([sys.executable, "bench/learning.py", "--out", str(out), "--require-gain", "8"],
-                          cwd=Path(__file__).resolve().parents[1], env={**os.environ}, timeout=3600)
-    assert proc.returncode == 0

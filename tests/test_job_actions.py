@@ -23,12 +23,12 @@ import pytest
 import pytest_asyncio
 
 from clients.sdk import RlvrError, SchedulerClient
-from clients.transfer import ADAPTER_FILES
-from rlvr.common.server import ServiceRunner
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.infra.schema import JobRow
 from rlvr.infra.store import Store
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
+from services.common.server import ServiceRunner
 
 MODEL = "rlvr-tiny-test"
 

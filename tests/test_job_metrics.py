@@ -155,8 +155,8 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
     from fixtures_infra import connected_bus
 
     from clients.sdk import RlvrError, SchedulerClient
-    from rlvr.common.server import ServiceRunner
     from rlvr.infra.events import job_metrics_subject, metric_msg_id
+    from services.common.server import ServiceRunner
     from services.scheduler.server import build_service
     from services.scheduler.settings import SchedulerSettings
 

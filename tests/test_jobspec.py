@@ -3,8 +3,8 @@
 import pytest
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.jobspec import resolve_spec
 from rlvr.v1 import common_pb2 as C
-from services.scheduler.jobspec import resolve_spec
 
 
 def spec(**groups: dict) -> C.JobSpec:

@@ -283,7 +283,7 @@ def test_list_line_fits_under_its_header() -> None:
 
 
 def test_summary_rows_come_from_the_training_summary() -> None:
-    from clients.train_cmd import summary_rows
+    from clients.jobs_view import summary_rows
 
     loop = make_loop()
     text = "\n".join(V.settings_lines(loop.spec, loop.summary))

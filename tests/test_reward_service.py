@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rlvr.common.server import ServiceRunner
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import reward_pb2 as R
 from rlvr.v1 import reward_pb2_grpc
+from services.common.server import ServiceRunner
 from services.reward.server import build_service
 from services.reward.settings import RewardSettings
 

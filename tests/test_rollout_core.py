@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.adapters import base_linear_shapes
 from rlvr.tiny import build_untrained_model
 from services.rollout.adapters import (
     AdapterRegistry,
@@ -24,7 +25,6 @@ from services.rollout.adapters import (
     AdapterVersionMismatch,
     StaleVersionError,
     UnknownAdapterError,
-    base_linear_shapes,
 )
 from services.rollout.backend import AdapterVersion, PromptGroupOut, PromptInput, SamplingSpec
 from services.rollout.engine import CoreConfig, RolloutCore

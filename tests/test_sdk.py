@@ -22,7 +22,6 @@ from clients.sdk import (
     SchedulerClient,
     connect,
 )
-from clients.transfer import adapter_upload, save_file_chunks
 from rlvr.common.client import (
     CONTRACT_MODULES,
     DEFAULT_DEADLINES,
@@ -34,6 +33,7 @@ from rlvr.common.client import (
     method_kind,
     service_config,
 )
+from rlvr.transfer import adapter_upload, save_file_chunks
 from rlvr.v1 import (
     common_pb2,
     reward_pb2,

@@ -21,10 +21,10 @@ import torch
 # The rollout core's own fixtures and helpers: the same engine start and peft reference as its tests.
 from test_rollout_core import core, greedy, make_lora, model_dir, reference_greedy, upload  # noqa: F401
 
+from rlvr.adapters import base_linear_shapes
 from services.rollout.adapters import check_adapter_files
-from services.rollout.backend import base_linear_shapes
 from services.trainer import artifacts, stacking
-from services.trainer.config import JobConfig
+from services.trainer.config import job_config
 from services.trainer.runner import load_policy, read_init_adapter
 from services.trainer.stacking import Adapter, StackingError
 
@@ -248,7 +248,7 @@ def test_published_adapter_is_the_stacked_policy(tmp_path: Path, tiny_model: str
     """base + init (merged) + a fresh adapter with random B, exactly as the trainer builds and
     saves it, equals PeftModel.from_pretrained(base, published) on the original base."""
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=1, **init_config)
-    job = JobConfig(job_id="stack", base_model=tiny_model, artifact_root=tmp_path, lora_rank=8, lora_alpha=4,
+    job = job_config(job_id="stack", base_model=tiny_model, artifact_root=tmp_path, lora_rank=8, lora_alpha=4,
                     init_adapter_path=str(init_dir))
     init = read_init_adapter(job)
     policy, tokenizer = load_policy(job, tiny_model, "cpu")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.rewards.scoring import score
 from rlvr.tasks import (
     BoxedTask,
     GSM8KTask,
@@ -29,7 +30,6 @@ from rlvr.tasks import (
 )
 from rlvr.tasks import math_pairs as mp
 from rlvr.tasks.sources import peek_columns
-from services.reward.scoring import score
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 import pytest
 
-from rlvr.common.server import ServiceRunner
 from rlvr.common.settings import ServiceSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as R
 from rlvr.v1 import rollout_pb2_grpc
+from services.common.server import ServiceRunner
 from services.trainer.rollouts import AdapterTag, AdapterVersionMismatch, Sampling, ServiceGenerator
 
 

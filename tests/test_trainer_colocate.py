@@ -78,10 +78,10 @@ def test_an_engine_that_cannot_start_fails_the_job_naming_the_memory_fraction(
 def _prompts(model: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from services.trainer.config import JobConfig
+    from services.trainer.config import job_config
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    job = JobConfig(job_id="p", base_model=model, artifact_root=Path("."), synthetic_prompts=16)
+    job = job_config(job_id="p", base_model=model, artifact_root=Path("."), synthetic_prompts=16)
     return [tokenizer(p, add_special_tokens=False)["input_ids"] for p, _ in runner.training_prompts(job, tokenizer)[:count]]
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from rlvr.v1 import common_pb2 as C
 from services.trainer import runner
-from services.trainer.config import JobConfig
+from services.trainer.config import JobConfig, job_config
 from services.trainer.rollouts import AdapterTag, LocalGenerator, RolloutBatch, Sampling
 from services.trainer.runner import JobDeps, run_job
 from services.trainer.scorers import LocalScorer, Score, ScoreSettings
@@ -48,7 +48,7 @@ def _job(tmp_path: Path, model: str, **overrides: Any) -> JobConfig:
         loss_type="dapo", generation_backend="transformers", synthetic_prompts=16,
     )
     options.update(overrides)
-    return JobConfig(**options)
+    return job_config(**options)
 
 
 def _scorer() -> ShapedScorer:

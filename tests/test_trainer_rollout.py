@@ -51,7 +51,7 @@ class ShapedScorer:
 
 @contextlib.asynccontextmanager
 async def rollout_service(tmp_path: Path, model: str, backend: str) -> AsyncIterator[str]:
-    from rlvr.common.server import ServiceRunner
+    from services.common.server import ServiceRunner
     from services.rollout.server import build_service
     from services.rollout.settings import RolloutSettings
 
@@ -62,9 +62,9 @@ async def rollout_service(tmp_path: Path, model: str, backend: str) -> AsyncIter
 
 
 def _job(tmp_path: Path, model: str, backend: str, max_steps: int) -> Any:
-    from services.trainer.config import JobConfig
+    from services.trainer.config import job_config
 
-    return JobConfig(job_id=f"ro-{backend}", base_model=model, artifact_root=tmp_path / "artifacts",
+    return job_config(job_id=f"ro-{backend}", base_model=model, artifact_root=tmp_path / "artifacts",
                      group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, lora_alpha=64,
                      learning_rate=1e-3, max_steps=max_steps, loss_type="dapo", generation_backend="vllm",
                      synthetic_prompts=16)

@@ -17,11 +17,11 @@ import pytest
 from fixtures_infra import connected_bus
 
 from rlvr.common.client import make_channel
-from rlvr.common.server import ServiceRunner
 from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject, metric_msg_id
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 from rlvr.v1 import trainer_pb2_grpc
+from services.common.server import ServiceRunner
 from services.trainer.server import build_service
 from services.trainer.settings import TrainerSettings
 

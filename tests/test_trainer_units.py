@@ -11,7 +11,7 @@ import pytest
 from rlvr.common.errors import InvalidArgument
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
-from services.trainer.config import JobConfig, job_config_from_request
+from services.trainer.config import job_config, job_config_from_request
 from services.trainer.metrics import StepRecord, metric_event
 from services.trainer.rollouts import BASE_MODEL, AdapterTag, AdapterVersionMismatch, check_versions
 from services.trainer.scorers import LocalScorer, Score, ScoreSettings
@@ -45,16 +45,16 @@ def test_job_config_rejects_bad_values(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="outside the artifact root"):
         job_config_from_request(request, tmp_path)
     with pytest.raises(InvalidArgument, match="multiple of grpo.group_size"):
-        JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=4)
+        job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=4)
 
 
 def test_full_run_step_count(tmp_path: Path) -> None:
     # max_steps = -1: every prompt for every epoch, group_size completions each, batch_size per step.
-    job = JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
+    job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
                     max_steps=-1, epochs=3)
     assert job.steps_for(25) == math.ceil(25 * 3 * 4 / 8) == 38
-    assert JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, max_steps=7).steps_for(25) == 7
-    assert JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, total_steps=5).steps_for(25) == 5
+    assert job_config(job_id="x", base_model="m", artifact_root=tmp_path, max_steps=7).steps_for(25) == 7
+    assert job_config(job_id="x", base_model="m", artifact_root=tmp_path, total_steps=5).steps_for(25) == 5
 
 
 def test_version_check_names_the_stale_completion() -> None:
@@ -91,7 +91,7 @@ def test_metric_event_has_every_field() -> None:
 def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) -> None:
     from services.trainer.engine import grpo_args
 
-    job = JobConfig(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
+    job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
                     loss_type=loss_type, kl_beta=0.04, temperature=0.7, learning_rate=5e-6)  # type: ignore[arg-type]
     args = grpo_args(job, total_steps=12, output_dir=tmp_path / "trl", use_cpu=True)
     assert (args.loss_type, args.scale_rewards, args.beta) == (loss_type, scale, 0.04)
@@ -146,11 +146,11 @@ def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> No
     gsm8k = get_task("gsm8k")
     truths = {split: {p.ground_truth for p in gsm8k.prompts(split=split)} for split in ("train", "test")}
     for split in ("train", "test"):
-        job = JobConfig(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path, reward_function="gsm8k",
+        job = job_config(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path, reward_function="gsm8k",
                         dataset_split=split)
         prompts = training_prompts(job, tokenizer)
         assert len(prompts) == len(gsm8k.prompts(split=split))
         assert {t for _, t in prompts} == truths[split]
-    first = [t for _, t in training_prompts(JobConfig(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path,
+    first = [t for _, t in training_prompts(job_config(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path,
                                                       reward_function="gsm8k", dataset_split="test"), tokenizer)]
     assert first != [p.ground_truth for p in gsm8k.prompts(split="test", shuffle=False)]  # seeded, not file order

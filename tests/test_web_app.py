@@ -20,11 +20,12 @@ import pytest
 from starlette.testclient import TestClient
 from web_fakes import FakeSdk, app_over_fakes
 
-from clients.base import RlvrError
 from clients.web import forms, limits
+from rlvr import jobspec
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
-from services.scheduler import jobspec, loopspec
+from services.scheduler import loopspec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 tests/test_web_app.py (and `python tests/web_fakes.py PORT`, the console over these fakes for a
 look in a browser).
 
-The fake scheduler validates with the scheduler's own rules (services/scheduler/jobspec.py and
+The fake scheduler validates with the scheduler's own rules (rlvr/jobspec.py and
 loopspec.py) and answers their errors as the real one does (INVALID_ARGUMENT with the message), so
 the console's range probing and error placement are tested against the real validation.
 """
@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_jobs_view import RISING, make_metrics  # noqa: E402
 from test_loops_view import make_loop, running_loop  # noqa: E402
 
-from clients.base import RlvrError  # noqa: E402
 from rlvr.common.errors import InvalidArgument  # noqa: E402
+from rlvr.jobspec import resolve_spec  # noqa: E402
+from rlvr.peers.base import RlvrError  # noqa: E402
 from rlvr.v1 import benchmark_pb2 as B  # noqa: E402
 from rlvr.v1 import common_pb2 as C  # noqa: E402
 from rlvr.v1 import scheduler_pb2 as S  # noqa: E402
 from services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS  # noqa: E402
-from services.scheduler.jobspec import resolve_spec  # noqa: E402
 from services.scheduler.loopspec import resolve_loop_spec  # noqa: E402
 
 BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, size=b.size,

@@ -21,10 +21,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from clients import loop_report, report
-from clients.base import RlvrError
 from clients.web import evals, jobs, loops, train
 from clients.web.console import HERE, Console, see_other
 from clients.web.csrf import CsrfMiddleware
+from rlvr.peers.base import RlvrError
 
 STATUS_FOR_CODE = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503,
                    "DEADLINE_EXCEEDED": 504, "ALREADY_EXISTS": 409}

@@ -1,6 +1,6 @@
 """The New Training form's ranges, defaults and choices, asked of the scheduler.
 
-The spec's ranges live in one place, the scheduler's validation (services/scheduler/jobspec.py and
+The spec's ranges live in one place, the scheduler's validation (rlvr/jobspec.py and
 loopspec.py), and the console imports no service code. So it asks, through two things the
 contract already promises:
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from clients.base import RlvrError
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S

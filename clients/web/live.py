@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 from starlette.concurrency import run_in_threadpool
 
-from clients.base import RlvrError
+from rlvr.peers.base import RlvrError
 
 POLL_SECONDS = 2.0      # re-read a running job this often when no event arrives
 CATCH_UP_SECONDS = 10.0  # after the job ended, wait at most this long for its last steps to be stored

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from clients.base import RlvrError
 from clients.web import forms, views
 from clients.web.console import Console, see_other
 from clients.web.limits import FormLimits
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import scheduler_pb2 as S
 
 TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholders, sent only when typed

@@ -23,8 +23,8 @@ from markupsafe import Markup, escape
 
 from clients import jobs_view, loop_report, loops_view, report
 from clients.eval_cmd import TILES as EVAL_TILES
-from clients.jobs_cmd import human_size as human_size  # re-exported: the job page's sizes
-from clients.train_cmd import summary_rows
+from clients.jobs_view import human_size as human_size  # re-exported: the job page's sizes
+from clients.jobs_view import summary_rows
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S

@@ -254,7 +254,7 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
 def heldout_accuracy(
     model, tokenizer, n: int = 500, seed: int = 0, batch_size: int = 128
 ) -> tuple[float, int]:
-    from services.reward.scoring import score
+    from rlvr.rewards.scoring import score
 
     problems = mp.heldout_problems(n, seed)
     prompts = [render_prompt(tokenizer, p) for p in problems]

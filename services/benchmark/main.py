@@ -2,8 +2,8 @@
 
 import sys
 
-from rlvr.common.server import service_main
 from services.benchmark.settings import BenchmarkSettings
+from services.common.server import service_main
 
 DESCRIPTION = "The rlvr benchmark service: evaluations of a model or adapter on held-out tasks."
 

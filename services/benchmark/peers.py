@@ -15,20 +15,16 @@ from pathlib import Path
 
 import grpc
 
-from clients.transfer import adapter_upload
 from rlvr.common.client import make_channel
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
+from rlvr.jobspec import REWARD_FUNCTIONS
 from rlvr.tasks import Message, Problem
+from rlvr.transfer import adapter_upload
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.benchmark.catalog import RewardName
 from services.benchmark.planning import RolloutModel
 from services.benchmark.runner import AdapterTag, Answer, EvaluationError, Question, Sampling, Score
 
-FUNCTIONS: dict[str, int] = {
-    "math_pairs": common_pb2.REWARD_FUNCTION_MATH_PAIRS,
-    "gsm8k": common_pb2.REWARD_FUNCTION_GSM8K,
-    "boxed": common_pb2.REWARD_FUNCTION_BOXED,
-}
 CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -103,7 +99,7 @@ class ServicePeers:
         return info.version
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
-        request = reward_pb2.GetProblemsRequest(function=FUNCTIONS[function], split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
+        request = reward_pb2.GetProblemsRequest(function=REWARD_FUNCTIONS[function], split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
                                                 limit=limit, dataset=dataset, dataset_split=split)
         try:
             response = await self.reward.GetProblems(request)
@@ -148,7 +144,7 @@ class ServicePeers:
 
     async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:
         request = reward_pb2.ScoreRequest(
-            function=FUNCTIONS[function],
+            function=REWARD_FUNCTIONS[function],
             items=[reward_pb2.ScoreItem(completion=c, ground_truth=g) for c, g in items],
         )
         try:

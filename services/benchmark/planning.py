@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, out_of_range
 from rlvr.models import is_tiny
 from rlvr.tasks import (
@@ -35,7 +36,6 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_TOKENS = (32, 2048)  # the rollout service's range
 DEFAULT_MAX_TOKENS = 256
 MAX_LABEL_CHARS = 200
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 @dataclass(frozen=True)

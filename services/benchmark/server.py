@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rlvr.common.errors import Unavailable, map_errors
-from rlvr.common.server import GrpcService
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 from services.benchmark.evaluations import EvaluationManager
 from services.benchmark.settings import BenchmarkSettings
+from services.common.server import GrpcService
 
 log = logging.getLogger("rlvr.benchmark")
 
@@ -73,9 +73,9 @@ class BenchmarkCore:
         self.peers = None
 
     async def start(self) -> None:
-        from rlvr.infra.startup import open_bus, open_store
         from services.benchmark.events import BusEvents
         from services.benchmark.peers import ServicePeers
+        from services.common.startup import open_bus, open_store
 
         s = self.settings
         self.store = await open_store(s)

@@ -2,7 +2,7 @@
 
 import sys
 
-from rlvr.common.server import service_main
+from services.common.server import service_main
 from services.reward.settings import RewardSettings
 
 DESCRIPTION = "The rlvr reward service: scores completions (accuracy and format kept apart)."

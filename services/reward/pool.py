@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from services.reward.scoring import (
+from rlvr.rewards.scoring import (
     DEFAULT_FORMAT_WEIGHT,
     TIMED_OUT,
     ScoreResult,

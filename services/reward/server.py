@@ -1,5 +1,5 @@
 """gRPC glue of the reward service: a thin shell over the pure scoring functions
-(services/reward/scoring.py), the time-limited scoring pool (pool.py) and the tasks (rlvr/tasks).
+(rlvr/rewards/scoring.py), the time-limited scoring pool (pool.py) and the tasks (rlvr/tasks).
 
 Validation happens here, before any work; scoring runs in the pool's worker processes so a
 pathological completion costs at most its time limit and never blocks the event loop.
@@ -13,8 +13,8 @@ import time
 import grpc
 
 from rlvr.common.errors import InvalidArgument, map_errors, out_of_range
-from rlvr.common.server import GrpcService
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.common.server import GrpcService
 from services.reward.settings import RewardSettings
 
 FUNCTION_NAMES = {

@@ -26,11 +26,10 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from services.rollout.backend import AdapterVersion, GenerationBackend, base_linear_shapes
+from services.rollout.backend import AdapterVersion, GenerationBackend
 
 __all__ = [
     "AdapterRegistry",
-    "base_linear_shapes",
     "AdapterRejected",
     "AdapterVersionMismatch",
     "StaleVersionError",

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from rlvr.jobspec import GREEDY_EPS
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
 
-# Temperatures below this are greedy, as in vLLM's sampler (`_SAMPLING_EPS`).
-GREEDY_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -237,22 +237,3 @@ class PromptCodec:
                 )
             encoded.append(ids)
         return encoded
-
-
-def base_linear_shapes(model_path: str | Path, trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
-    """`{module name: (in_features, out_features)}` of the base model's LoRA-able linear layers.
-
-    Built on the meta device from the config alone, so it costs no weights and no memory.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    head = model.get_output_embeddings()
-    return {
-        name: (module.in_features, module.out_features)
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not head
-    }

@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from services.rollout.adapters import (
-    DEFAULT_MAX_ADAPTER_BYTES,
-    AdapterRegistry,
-    base_linear_shapes,
-)
+from rlvr.adapters import base_linear_shapes
+from services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
 from services.rollout.backend import (
     AdapterVersion,
     BackendInfo,

@@ -2,7 +2,7 @@
 
 import sys
 
-from rlvr.common.server import service_main
+from services.common.server import service_main
 from services.rollout.settings import RolloutSettings
 
 DESCRIPTION = "The rlvr rollout server: vLLM (or transformers) generation with live LoRA adapter versions."

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, map_errors, out_of_range
-from rlvr.common.server import GrpcService, StartupError
 from rlvr.common.settings import setting_label
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.server import GrpcService, StartupError
 from services.rollout.settings import RolloutSettings
 
 log = logging.getLogger("rlvr.rollout")

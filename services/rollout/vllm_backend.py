@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
 from services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
@@ -57,9 +56,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The LoRA id of the all-zero adapter that stands for the base model on CPU; the registry's ids count up
-# from 1 and would need a billion pushes to reach it (vLLM keeps LoRA ids in int32 tensors).
-ZERO_LORA_UID = 1_000_000_000
 
 
 class VLLMBackend(GenerationBackend):
@@ -306,31 +302,3 @@ class VLLMBackend(GenerationBackend):
         if len(completions) != n:
             raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
         return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions)
-
-
-def write_zero_lora(model_path: str, trust_remote_code: bool) -> str:
-    """A rank-1 LoRA of zeros on every `q_proj` (any one module would do): the base model, as a LoRA."""
-    import torch
-    from safetensors.torch import save_file
-
-    from services.rollout.adapters import base_linear_shapes
-
-    shapes = base_linear_shapes(model_path, trust_remote_code)
-    modules = [m for m in shapes if m.endswith(".q_proj")] or [next(iter(shapes))]
-    tensors = {}
-    for module in modules:
-        in_features, out_features = shapes[module]
-        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.zeros(1, in_features)
-        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.zeros(out_features, 1)
-    directory = tempfile.mkdtemp(prefix="rlvr-zero-lora-")
-    save_file(tensors, f"{directory}/adapter_model.safetensors")
-    config = {
-        "peft_type": "LORA",
-        "r": 1,
-        "lora_alpha": 1,
-        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in modules}),
-        "bias": "none",
-    }
-    with open(f"{directory}/adapter_config.json", "w") as fh:
-        json.dump(config, fh)
-    return directory

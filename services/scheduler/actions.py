@@ -25,9 +25,10 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from clients.transfer import ADAPTER_FILES, directory_chunks, directory_size
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
+from rlvr.transfer import directory_chunks, directory_size
 from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
 from services.scheduler.convert import spec_from_json
 from services.scheduler.jobs import JobManager, WorkerState

@@ -47,7 +47,7 @@ def spec_from_json(text: str) -> common_pb2.JobSpec:
 
 
 def job_to_proto(row: JobRow) -> common_pb2.Job:
-    from services.scheduler.jobspec import summary
+    from rlvr.jobspec import summary
 
     spec = spec_from_json(row.spec_json)
     job = common_pb2.Job(
@@ -106,8 +106,8 @@ def loop_to_proto(loop: LoopRow, rounds: Sequence[RoundRow], jobs: Mapping[str, 
                   now: datetime | None = None) -> scheduler_pb2.Loop:
     """The contract's Loop from its stored rows: best round, deltas, gain over round 1 and the
     times are derived here (services/scheduler/loop_rules.py), never stored twice."""
+    from rlvr.jobspec import summary, total_steps
     from services.scheduler import loop_rules
-    from services.scheduler.jobspec import summary, total_steps
 
     now = now or datetime.now(UTC)
     spec = loop_spec_from_json(loop.spec_json)

@@ -36,6 +36,7 @@ from rlvr.infra.events import (
 )
 from rlvr.infra.schema import JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
+from rlvr.jobspec import ResolvedJob, resolve_spec
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.scheduler.convert import (
     TERMINAL,
@@ -47,7 +48,6 @@ from services.scheduler.convert import (
     spec_to_json,
 )
 from services.scheduler.datasets import check_dataset
-from services.scheduler.jobspec import ResolvedJob, resolve_spec
 
 log = logging.getLogger("rlvr.scheduler.jobs")
 

@@ -34,6 +34,7 @@ from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Rl
 from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import ConflictError, Store
+from rlvr.jobspec import resolve_spec
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 from services.scheduler import loop_rules
 from services.scheduler.benchmarks import Benchmarks, interrupted
@@ -48,7 +49,6 @@ from services.scheduler.convert import (
     now_ts,
 )
 from services.scheduler.jobs import JobManager
-from services.scheduler.jobspec import resolve_spec
 from services.scheduler.loopspec import ResolvedLoop, resolve_loop_spec
 from services.scheduler.reclaim import reclaim_job
 

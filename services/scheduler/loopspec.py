@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlvr.common.errors import InvalidArgument, out_of_range
+from rlvr.jobspec import NAME_RE, REWARD_NAMES, IntRange, ResolvedJob, resolve_spec
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
-from services.scheduler.jobspec import NAME_RE, REWARD_NAMES, IntRange, ResolvedJob, resolve_spec
 
 MAX_ROUNDS = IntRange(1, 100, 8)
 GIVE_UP_AFTER = IntRange(1, 100, 2)

@@ -2,7 +2,7 @@
 
 import sys
 
-from rlvr.common.server import service_main
+from services.common.server import service_main
 from services.scheduler.settings import SchedulerSettings
 
 DESCRIPTION = "The rlvr scheduler: the public API for jobs and training loops, the store, dispatch to trainer workers."

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rlvr.common.errors import Unavailable, map_errors
-from rlvr.common.server import GrpcService
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.server import GrpcService
 from services.scheduler.actions import JobActions
 from services.scheduler.benchmarks import GrpcBenchmarks
 from services.scheduler.jobs import GrpcWorkers, JobManager
@@ -123,7 +123,7 @@ class SchedulerCore:
         self.bus = None
 
     async def start(self) -> None:
-        from rlvr.infra.startup import open_bus, open_store
+        from services.common.startup import open_bus, open_store
 
         s = self.settings
         self.store = await open_store(s)

@@ -21,10 +21,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import InvalidArgument
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def check_name(name: str, field: str) -> str:

@@ -222,7 +222,7 @@ class ColocatedGenerator:
         server's workaround, reused."""
         from vllm.lora.request import LoRARequest
 
-        from services.rollout.vllm_backend import ZERO_LORA_UID, write_zero_lora
+        from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
 
         self._base_lora_dir = write_zero_lora(self.model_path, trust_remote_code)
         self._base_lora = LoRARequest(lora_name="base@zero", lora_int_id=ZERO_LORA_UID, lora_path=self._base_lora_dir)
@@ -317,7 +317,7 @@ class ColocatedGenerator:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from services.rollout.backend import GREEDY_EPS
+        from rlvr.jobspec import GREEDY_EPS
 
         started = time.perf_counter()
         lora = self._lora_for(expected)

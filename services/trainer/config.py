@@ -10,79 +10,75 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.jobspec import (
+    BACKEND_KEYS,
+    GPU_MEMORY_FRACTION,
+    LOSS_NAMES,
+    QUANT_KEYS,
+    REWARD_KEYS,
+    SYNTHETIC_PROMPTS,
+    Backend,
+    LossType,
+    Quantization,
+    RewardName,
+    resolve_spec,
+)
 from rlvr.v1 import common_pb2, trainer_pb2
-from services.scheduler.jobspec import GPU_MEMORY_FRACTION, resolve_spec
 from services.trainer.artifacts import under_root
 
 C = common_pb2
 
-LossType = Literal["grpo", "dapo", "dr_grpo"]
-Quantization = Literal["full", "4bit", "8bit"]
-# "vllm": the rollout server; "vllm_colocate": a vLLM engine in the job's process; "transformers": in-process.
-Backend = Literal["vllm", "vllm_colocate", "transformers"]
-RewardName = Literal["math_pairs", "gsm8k", "boxed"]
 
 # A job id becomes a NATS subject token and a folder name: no dots, slashes or wildcards.
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 ADAPTER_NAME_MAX = 128
 
-_REWARDS: dict[int, RewardName] = {
-    C.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
-    C.REWARD_FUNCTION_GSM8K: "gsm8k",
-    C.REWARD_FUNCTION_BOXED: "boxed",
-}
-_LOSSES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
-_QUANT: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit", C.QUANTIZATION_8BIT: "8bit"}
-_BACKENDS: dict[int, Backend] = {
-    C.GENERATION_BACKEND_VLLM: "vllm",
-    C.GENERATION_BACKEND_VLLM_COLOCATE: "vllm_colocate",
-    C.GENERATION_BACKEND_TRANSFORMERS: "transformers",
-}
-
 
 @dataclass(frozen=True)
 class JobConfig:
-    """One job, every option resolved. Field names follow the spec's cards."""
+    """One job, every option resolved. Field names follow the spec's cards; no field restates a spec
+    default (rlvr/jobspec.py holds them): build one from a request (`job_config_from_request`) or
+    with the spec's defaults (`job_config`)."""
 
     job_id: str
     base_model: str  # hub id, local path, or rlvr-tiny[-<size>]
     artifact_root: Path
     # Reward Function card
-    reward_function: RewardName = "math_pairs"
-    synthetic_prompts: int = 256
-    format_bonus: bool = True
-    format_bonus_weight: float = 0.1
-    dataset: str = ""
-    dataset_split: str = "train"
+    reward_function: RewardName
+    synthetic_prompts: int
+    format_bonus: bool
+    format_bonus_weight: float
+    dataset: str
+    dataset_split: str
     # GRPO Configuration card
-    group_size: int = 8
-    max_completion_tokens: int = 256
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    learning_rate: float = 1e-6
-    max_steps: int = 100  # -1 = Full
-    batch_size: int = 8  # completions per optimizer step, a multiple of group_size
+    group_size: int
+    max_completion_tokens: int
+    lora_rank: int
+    lora_alpha: int
+    learning_rate: float
+    max_steps: int  # -1 = Full
+    batch_size: int  # completions per optimizer step, a multiple of group_size
     # Advanced Options
-    loss_type: LossType = "grpo"
-    epochs: int = 1
-    quantization: Quantization = "full"
-    generation_backend: Backend = "transformers"
+    loss_type: LossType
+    epochs: int
+    quantization: Quantization
+    generation_backend: Backend
     # vllm_colocate: the share of the device's memory the job's vLLM engine keeps (host memory on CPU)
-    gpu_memory_fraction: float = GPU_MEMORY_FRACTION.default
-    gpu_selection: str = "auto"
-    kl_beta: float = 0.0
-    temperature: float = 1.0
-    dynamic_sampling: bool = False
+    gpu_memory_fraction: float
+    gpu_selection: str
+    kl_beta: float
+    temperature: float
+    dynamic_sampling: bool
     # LoRA A initialisation of a fresh adapter: peft's default (kaiming-uniform) or "gaussian"
     # (the LoRA paper's N(0, 1/r)); advanced.lora_init.
-    lora_init: Literal["default", "gaussian"] = "default"
-    seed: int = 0
-    checkpoint_every: int = 0
+    lora_init: Literal["default", "gaussian"]
+    seed: int
+    checkpoint_every: int
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
@@ -150,12 +146,12 @@ def job_config_from_request(
         job_id=request.job_id,
         base_model=spec.base_model,
         artifact_root=artifact_root,
-        reward_function=_REWARDS[r.function],
-        synthetic_prompts=r.synthetic_prompts or 256,
+        reward_function=REWARD_KEYS[r.function],
+        synthetic_prompts=r.synthetic_prompts or SYNTHETIC_PROMPTS.default,  # 0 unless math_pairs
         format_bonus=r.format_bonus,
         format_bonus_weight=r.format_bonus_weight,
         dataset=r.dataset,
-        dataset_split=r.dataset_split or "train",
+        dataset_split=r.dataset_split,
         group_size=g.group_size,
         max_completion_tokens=g.max_completion_tokens,
         lora_rank=g.lora_rank,
@@ -163,10 +159,10 @@ def job_config_from_request(
         learning_rate=g.learning_rate,
         max_steps=g.max_steps,
         batch_size=g.batch_size,
-        loss_type=_LOSSES[a.loss_type],
+        loss_type=LOSS_NAMES[a.loss_type],
         epochs=a.epochs,
-        quantization=_QUANT[a.quantization],
-        generation_backend=_BACKENDS[a.generation_backend],
+        quantization=QUANT_KEYS[a.quantization],
+        generation_backend=BACKEND_KEYS[a.generation_backend],
         # a proto float: 0.3 arrives as 0.30000001192...
         gpu_memory_fraction=round(a.gpu_memory_fraction, 6) if a.HasField("gpu_memory_fraction")
         else GPU_MEMORY_FRACTION.default,
@@ -181,3 +177,10 @@ def job_config_from_request(
         total_steps=max(0, request.total_steps),
         data_roots=tuple(data_roots),
     )
+
+
+def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: object) -> JobConfig:
+    """A JobConfig with the spec's defaults (resolved by `resolve_spec`, as for any submitted job) for
+    every field not given: in-process runs, tests and benches."""
+    request = trainer_pb2.StartJobRequest(job_id=job_id, spec=C.JobSpec(base_model=base_model))
+    return replace(job_config_from_request(request, artifact_root), **fields)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 import sys
 
-from rlvr.common.server import service_main
+from services.common.server import service_main
 from services.trainer.settings import TrainerSettings
 
 DESCRIPTION = "An rlvr trainer worker: runs one GRPO job at a time on a LoRA adapter."

@@ -144,7 +144,7 @@ class ServiceGenerator:
     """Generation through RolloutService (vLLM, or its transformers fallback) with adapter sync."""
 
     def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0) -> None:
-        from clients.sdk import RolloutClient  # the SDK's typed client: deadlines, RlvrError
+        from rlvr.peers.clients import RolloutClient  # the typed client: deadlines, RlvrError
 
         self.address = address
         self.client = RolloutClient(address)
@@ -158,7 +158,7 @@ class ServiceGenerator:
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Waits until the rollout server's health is SERVING: a job queued while the stack starts
         (vLLM takes tens of seconds) must wait for the engine, not fail on "starting"."""
-        from clients.stack import check_health
+        from rlvr.peers.base import check_health
 
         deadline = time.monotonic() + timeout_s
         status = check_health(self.address)
@@ -171,7 +171,7 @@ class ServiceGenerator:
 
     def forget(self, name: str) -> None:
         """Unloads `name` if the server holds it (a rerun of a job id starts again at version 1)."""
-        from clients.sdk import RlvrError
+        from rlvr.peers.base import RlvrError
 
         try:
             self.client.unload_adapter(rollout_pb2.UnloadAdapterRequest(name=name))

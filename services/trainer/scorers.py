@@ -15,13 +15,8 @@ from typing import Protocol
 import grpc
 
 from rlvr.common.client import make_channel
-from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-
-_FUNCTIONS = {
-    "math_pairs": common_pb2.REWARD_FUNCTION_MATH_PAIRS,
-    "gsm8k": common_pb2.REWARD_FUNCTION_GSM8K,
-    "boxed": common_pb2.REWARD_FUNCTION_BOXED,
-}
+from rlvr.jobspec import REWARD_FUNCTIONS
+from rlvr.v1 import reward_pb2, reward_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -49,11 +44,11 @@ class Scorer(Protocol):
 
 
 class LocalScorer:
-    """Scores in this process with services.reward.scoring (no time limit per completion: the
-    scoring functions are linear in the input, see services/reward/answers.py)."""
+    """Scores in this process with rlvr.rewards.scoring (no time limit per completion: the
+    scoring functions are linear in the input, see rlvr/rewards/answers.py)."""
 
     def __init__(self, settings: ScoreSettings) -> None:
-        from services.reward.scoring import score  # the reward service's own pure functions
+        from rlvr.rewards.scoring import score  # the reward service's own pure functions
 
         self._score = score
         self.settings = settings
@@ -88,7 +83,7 @@ class ServiceScorer:
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
         s = self.settings
         request = reward_pb2.ScoreRequest(
-            function=_FUNCTIONS[s.function],
+            function=REWARD_FUNCTIONS[s.function],
             items=[reward_pb2.ScoreItem(completion=c, ground_truth=t)
                    for c, t in zip(completions, ground_truths, strict=True)],
             format_bonus=s.format_bonus,

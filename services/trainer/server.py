@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, map_errors
-from rlvr.common.server import GrpcService
 from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
+from services.common.server import GrpcService
 from services.trainer import artifacts
 from services.trainer.settings import TrainerSettings
 from services.trainer.worker import JobSupervisor

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
@@ -60,6 +61,8 @@ EPOCHS = IntRange(1, 100, 1)
 GPU_MEMORY_FRACTION = FloatRange(0.05, 0.95, 0.3)
 KL_BETA = FloatRange(0.0, 1.0, 0.0)
 TEMPERATURE = FloatRange(0.1, 2.0, 1.0)
+# Temperatures below this are greedy, as in vLLM's sampler (`_SAMPLING_EPS`): evaluations ask for 0.
+GREEDY_EPS = 1e-5
 LORA_INITS = ("default", "gaussian")
 DEFAULT_DATASET_SPLIT = "train"
 GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
@@ -75,7 +78,28 @@ BACKEND_NAMES = {
     C.GENERATION_BACKEND_VLLM_COLOCATE: "vLLM (colocate)",
     C.GENERATION_BACKEND_TRANSFORMERS: "Transformers (in-process)",
 }
-LOSS_NAMES = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
+LossType = Literal["grpo", "dapo", "dr_grpo"]
+Quantization = Literal["full", "4bit", "8bit"]
+# "vllm": the rollout server; "vllm_colocate": a vLLM engine in the job's process; "transformers": in-process.
+Backend = Literal["vllm", "vllm_colocate", "transformers"]
+RewardName = Literal["math_pairs", "gsm8k", "boxed"]
+
+# Each enum's short key, declared once: the trainer's JobConfig, the reward calls and the CLI's
+# choices (`rlvr train --reward gsm8k`, with "-" for "_") all derive from these.
+REWARD_KEYS: dict[int, RewardName] = {
+    C.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
+    C.REWARD_FUNCTION_GSM8K: "gsm8k",
+    C.REWARD_FUNCTION_BOXED: "boxed",
+}
+REWARD_FUNCTIONS: dict[str, int] = {key: value for value, key in REWARD_KEYS.items()}
+LOSS_NAMES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
+QUANT_KEYS: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit",
+                                       C.QUANTIZATION_8BIT: "8bit"}
+BACKEND_KEYS: dict[int, Backend] = {
+    C.GENERATION_BACKEND_VLLM: "vllm",
+    C.GENERATION_BACKEND_VLLM_COLOCATE: "vllm_colocate",
+    C.GENERATION_BACKEND_TRANSFORMERS: "transformers",
+}
 QUANT_NAMES = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
                C.QUANTIZATION_8BIT: "8-bit"}
 

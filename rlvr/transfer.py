@@ -14,10 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import rollout_pb2 as ro
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 """The files of a PEFT adapter directory, in the order they are uploaded."""
 
 CHUNK_SIZE = 1024 * 1024

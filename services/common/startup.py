@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rlvr.common.server import StartupError
 from rlvr.common.settings import ServiceSettings, setting_label
 from rlvr.infra.events import EventBus, EventBusError
 from rlvr.infra.store import Store, StoreError
+from services.common.server import StartupError
 
 
 async def open_store(settings: ServiceSettings) -> Store:

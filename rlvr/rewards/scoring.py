@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from services.reward.answers import MAX_ANSWER_CHARS, answers_match, last_boxed, last_number
+from rlvr.rewards.answers import MAX_ANSWER_CHARS, answers_match, last_boxed, last_number
 
 ScoringFunction = Literal["math_pairs", "gsm8k", "boxed"]
 SCORING_FUNCTIONS: tuple[str, ...] = get_args(ScoringFunction)

@@ -96,3 +96,18 @@ class ServiceClient:
 
     def _client_stream(self, rpc: str, requests: Iterable[Any], timeout: float | None) -> Any:
         return self._unary(rpc, iter(requests), timeout)
+
+
+def check_health(address: str, timeout: float = 2.0) -> str:
+    """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE"."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                              timeout=timeout)
+        except grpc.RpcError as e:
+            return "UNREACHABLE" if e.code() in (grpc.StatusCode.UNAVAILABLE,
+                                                 grpc.StatusCode.DEADLINE_EXCEEDED) else e.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
