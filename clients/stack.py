@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.common.settings import DEFAULT_PORTS
 from rlvr.peers.base import check_health
 
 # Start order: the services others depend on come first.
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
-DEFAULT_PORTS = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout": 50054, "benchmark": 50055}
 WEB = "web"  # the web console's process (clients/web): HTTP, not gRPC; started last, stopped first
 DEFAULT_WEB_PORT = 8050
 GRPC_NAMES = {
@@ -312,7 +312,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--home", type=Path, default=None, help="state folder (default $RLVR_HOME/stack)")
     parser.add_argument("--host", default="127.0.0.1", help="address every service binds to")
     parser.add_argument("--base-port", type=int, default=None,
-                        help="scheduler port; the others follow (default 50051..50055; 0 = free ports)")
+                        help="scheduler port; the others follow (default "
+                        f"{min(DEFAULT_PORTS.values())}..{max(DEFAULT_PORTS.values())}; 0 = free ports)")
     parser.add_argument("--nats-port", type=int, default=0, help="embedded NATS port (0 = a free one)")
     parser.add_argument("--database-url", default="", help="store URL (default SQLite under --home)")
     parser.add_argument("--model", default="rlvr-tiny", help="base model of the rollout server")

@@ -8,8 +8,10 @@ torch/transformers only inside the functions that need them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 # The two files of a PEFT adapter directory: what is uploaded, downloaded, checked and kept.
@@ -63,3 +65,25 @@ def write_zero_lora(model_path: str, trust_remote_code: bool) -> str:
     with open(f"{directory}/adapter_config.json", "w") as fh:
         json.dump(config, fh)
     return directory
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    alpha: float
+    target_modules: list[str]
+    size_bytes: int
+
+
+def read_adapter_summary(directory: Path) -> AdapterSummary:
+    """LoRA alpha, target modules (sorted) and bytes on disk of the adapter in `directory`; a
+    missing or unreadable adapter_config.json gives alpha 0 and no modules."""
+    config: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads((directory / ADAPTER_FILES[0]).read_text())
+    modules = config.get("target_modules") or []
+    size = sum(p.stat().st_size for p in directory.glob("*") if p.is_file())
+    return AdapterSummary(
+        alpha=float(config.get("lora_alpha", 0) or 0),  # type: ignore[arg-type]  # JSON: a number or absent
+        target_modules=sorted(modules) if isinstance(modules, list) else [str(modules)],
+        size_bytes=size,
+    )

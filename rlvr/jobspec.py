@@ -1,5 +1,5 @@
 """Job spec validation and the Training Summary: the one place where the spec's ranges and
-defaults live (the proto comments document the same numbers; tests check both agree).
+defaults live (the proto comments state the same numbers; tests/test_spec_docs.py checks they agree).
 
 `resolve_spec` takes the JobSpec a user sent and returns it with every default filled in and the
 batch size rounded up to a multiple of the group size, plus the warnings to show; a value out of
@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from google.protobuf.message import Message
 
 from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
@@ -68,12 +71,12 @@ DEFAULT_DATASET_SPLIT = "train"
 GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 
-REWARD_NAMES = {
+REWARD_NAMES: dict[int, str] = {
     C.REWARD_FUNCTION_MATH_PAIRS: "Math Pairs (synthetic)",
     C.REWARD_FUNCTION_GSM8K: "GSM8K accuracy",
     C.REWARD_FUNCTION_BOXED: "Boxed-answer accuracy",
 }
-BACKEND_NAMES = {
+BACKEND_NAMES: dict[int, str] = {
     C.GENERATION_BACKEND_VLLM: "vLLM (rollout server)",
     C.GENERATION_BACKEND_VLLM_COLOCATE: "vLLM (colocate)",
     C.GENERATION_BACKEND_TRANSFORMERS: "Transformers (in-process)",
@@ -86,12 +89,12 @@ RewardName = Literal["math_pairs", "gsm8k", "boxed"]
 
 # Each enum's short key, declared once: the trainer's JobConfig, the reward calls and the CLI's
 # choices (`rlvr train --reward gsm8k`, with "-" for "_") all derive from these.
-REWARD_KEYS: dict[int, RewardName] = {
+REWARD_KEYS: dict[common_pb2.RewardFunction, RewardName] = {
     C.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
     C.REWARD_FUNCTION_GSM8K: "gsm8k",
     C.REWARD_FUNCTION_BOXED: "boxed",
 }
-REWARD_FUNCTIONS: dict[str, int] = {key: value for value, key in REWARD_KEYS.items()}
+REWARD_FUNCTIONS: dict[str, common_pb2.RewardFunction] = {key: value for value, key in REWARD_KEYS.items()}
 LOSS_NAMES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
 QUANT_KEYS: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit",
                                        C.QUANTIZATION_8BIT: "8bit"}
@@ -100,8 +103,8 @@ BACKEND_KEYS: dict[int, Backend] = {
     C.GENERATION_BACKEND_VLLM_COLOCATE: "vllm_colocate",
     C.GENERATION_BACKEND_TRANSFORMERS: "transformers",
 }
-QUANT_NAMES = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
-               C.QUANTIZATION_8BIT: "8-bit"}
+QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
+                               C.QUANTIZATION_8BIT: "8-bit"}
 
 
 @dataclass
@@ -112,8 +115,8 @@ class ResolvedJob:
     total_steps: int
 
 
-def _int(msg: object, field: str, path: str, rng: IntRange) -> int:
-    if not msg.HasField(field):  # type: ignore[attr-defined]
+def _int(msg: Message, field: str, path: str, rng: IntRange) -> int:
+    if not msg.HasField(field):
         setattr(msg, field, rng.default)
         return rng.default
     value = getattr(msg, field)
@@ -122,8 +125,8 @@ def _int(msg: object, field: str, path: str, rng: IntRange) -> int:
     return int(value)
 
 
-def _float(msg: object, field: str, path: str, rng: FloatRange) -> float:
-    if not msg.HasField(field):  # type: ignore[attr-defined]
+def _float(msg: Message, field: str, path: str, rng: FloatRange) -> float:
+    if not msg.HasField(field):
         setattr(msg, field, rng.default)
         return rng.default
     value = getattr(msg, field)
@@ -134,7 +137,7 @@ def _float(msg: object, field: str, path: str, rng: FloatRange) -> float:
     return float(value)
 
 
-def _enum(msg: object, field: str, path: str, names: dict[int, str], default: int) -> int:
+def _enum(msg: Message, field: str, path: str, names: Mapping[int, object], default: int) -> int:
     value = getattr(msg, field)
     if value == 0:
         setattr(msg, field, default)

@@ -1,7 +1,8 @@
 """Chunked file transfer over the contract's FileChunk, both ways and for every user: a directory
 as a chunk stream (`directory_chunks`: the LoadAdapter upload of a PEFT directory, the scheduler's
 DownloadAdapter and DownloadMergedModel), and a received stream written back to disk
-(`save_file_chunks`).
+(`save_file_chunks`), and the LoadAdapter stream reassembled on the receiving side
+(`AdapterUpload`).
 
 Adapters and merged checkpoints never travel as one message (the channel limit is 64 MiB, and a
 merged model is gigabytes): each file is a run of chunks, `path` relative to the directory.
@@ -15,10 +16,9 @@ from pathlib import Path
 from typing import IO
 
 from rlvr.adapters import ADAPTER_FILES
+from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import rollout_pb2 as ro
-
-"""The files of a PEFT adapter directory, in the order they are uploaded."""
 
 CHUNK_SIZE = 1024 * 1024
 """Default chunk size: far below the 64 MiB message limit, large enough to keep per-message
@@ -99,6 +99,50 @@ def adapter_upload(
             yield ro.LoadAdapterRequest(chunk=chunk)
 
     return messages()
+
+
+class AdapterUpload:
+    """The receiving side of `adapter_upload`: feed it each LoadAdapterRequest in order, then call
+    `finish()` for the header and the files' bytes. Every malformed stream raises InvalidArgument
+    naming the field (a header sent twice or not first, a file other than ADAPTER_FILES, a chunk out
+    of order, more than `limit` bytes, a total that differs from the announced one)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.header: ro.AdapterHeader | None = None
+        self.files: dict[str, bytearray] = {}
+        self.total = 0
+
+    def add(self, part: ro.LoadAdapterRequest) -> None:
+        if part.WhichOneof("part") == "header":
+            if self.header is not None:
+                raise InvalidArgument("header: sent twice; send it once, first")
+            self.header = part.header
+            if self.header.total_size > self.limit:
+                raise out_of_range("header.total_size", self.header.total_size, f"at most {self.limit} bytes")
+            return
+        if self.header is None:
+            raise InvalidArgument("header: the first message must be the adapter header")
+        chunk = part.chunk
+        if chunk.path not in ADAPTER_FILES:
+            raise InvalidArgument(f"chunk.path: {chunk.path!r} is not accepted; send only {', '.join(ADAPTER_FILES)}")
+        buf = self.files.setdefault(chunk.path, bytearray())
+        if chunk.offset != len(buf):
+            raise InvalidArgument(f"chunk.offset: {chunk.offset} for {chunk.path} but {len(buf)} bytes received")
+        self.total += len(chunk.data)
+        if self.total > self.limit:
+            raise out_of_range("upload size", f"more than {self.limit} bytes", f"at most {self.limit} bytes")
+        buf.extend(chunk.data)
+
+    def finish(self) -> tuple[ro.AdapterHeader, dict[str, bytes]]:
+        header = self.header
+        if header is None:
+            raise InvalidArgument("header: the upload was empty")
+        if header.version < 1:
+            raise out_of_range("header.version", header.version, ">= 1")
+        if header.total_size and header.total_size != self.total:
+            raise InvalidArgument(f"header.total_size: {header.total_size} announced but {self.total} bytes received")
+        return header, {name: bytes(data) for name, data in self.files.items()}
 
 
 def save_file_chunks(chunks: Iterable[cm.FileChunk], directory: str | os.PathLike[str]) -> list[Path]:

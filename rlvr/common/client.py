@@ -32,6 +32,7 @@ from google.protobuf import descriptor_pool
 
 # Imported for their side effect: they add the v1 services to the default descriptor pool that
 # `method_kind` reads.
+from rlvr.common.settings import DEFAULT_PORTS
 from rlvr.v1 import benchmark_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
 
 CONTRACT_MODULES = (scheduler_pb2, trainer_pb2, reward_pb2, rollout_pb2, benchmark_pb2)
@@ -46,13 +47,7 @@ SERVICE_NAMES: dict[str, str] = {
 }
 """Short name (CLI, settings) -> full gRPC service name."""
 
-DEFAULT_ADDRESSES: dict[str, str] = {
-    "scheduler": "127.0.0.1:50051",
-    "trainer": "127.0.0.1:50052",
-    "reward": "127.0.0.1:50053",
-    "rollout": "127.0.0.1:50054",
-    "benchmark": "127.0.0.1:50055",
-}
+DEFAULT_ADDRESSES: dict[str, str] = {name: f"127.0.0.1:{port}" for name, port in DEFAULT_PORTS.items()}
 """Where the local stack (`rlvr up`) serves each service."""
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

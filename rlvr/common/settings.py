@@ -22,6 +22,16 @@ from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+# Each service's port, declared once: the services' `--port` defaults, the clients' default
+# addresses (rlvr.common.client.DEFAULT_ADDRESSES) and the local stack (`rlvr up`) derive from it.
+DEFAULT_PORTS: dict[str, int] = {"scheduler": 50051, "trainer": 50052, "reward": 50053, "rollout": 50054,
+                                 "benchmark": 50055}
+
+
+def local_address(service: str) -> str:
+    """The service's address on this host with its default port."""
+    return f"127.0.0.1:{DEFAULT_PORTS[service]}"
+
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("rlvr_config_file", default=None)
 
 
@@ -223,7 +233,7 @@ class DataRootFields(BaseSettings):
 class PeerFields(BaseSettings):
     model_config = SettingsConfigDict(use_attribute_docstrings=True)
 
-    rollout_address: str = "127.0.0.1:50054"
+    rollout_address: str = local_address("rollout")
     """The rollout service (HOST:PORT)."""
-    reward_address: str = "127.0.0.1:50053"
+    reward_address: str = local_address("reward")
     """The reward service (HOST:PORT)."""

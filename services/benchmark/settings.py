@@ -6,14 +6,22 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import NatsFields, PeerFields, ServiceSettings, StoreFields, port_field, rlvr_home
+from rlvr.common.settings import (
+    DEFAULT_PORTS,
+    NatsFields,
+    PeerFields,
+    ServiceSettings,
+    StoreFields,
+    port_field,
+    rlvr_home,
+)
 
 
 class BenchmarkSettings(PeerFields, NatsFields, StoreFields, ServiceSettings):
     service_name = "benchmark"
     model_config = SettingsConfigDict(env_prefix="RLVR_BENCHMARK_", extra="ignore", use_attribute_docstrings=True)
 
-    port: int = port_field(50055)
+    port: int = port_field(DEFAULT_PORTS["benchmark"])
     """gRPC port of the benchmark service."""
     batch_size: int = Field(default=128, ge=1, le=4096)
     """Questions per Generate call; progress events and stored rows follow these batches. 128 is the

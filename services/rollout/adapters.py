@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from rlvr.common.errors import FailedPrecondition, NotFound
 from services.rollout.backend import AdapterVersion, GenerationBackend
 
 __all__ = [
@@ -54,18 +55,18 @@ class AdapterRejected(ValueError):
     """The upload cannot be served (bad name, size, files, config or weights): INVALID_ARGUMENT."""
 
 
-class StaleVersionError(Exception):
+class StaleVersionError(FailedPrecondition):
     """A pushed version is not greater than the live one (FAILED_PRECONDITION, not bad input)."""
 
 
-class UnknownAdapterError(LookupError):
+class UnknownAdapterError(NotFound):
     """No live adapter under that name (NOT_FOUND)."""
 
     def __str__(self) -> str:  # LookupError would quote the message like a dict key
         return str(self.args[0]) if self.args else ""
 
 
-class AdapterVersionMismatch(LookupError):
+class AdapterVersionMismatch(NotFound):
     """A request pinned a version that is not the live one (NOT_FOUND, naming the live version: the
     contract's AdapterSelector); never served silently from another version."""
 

