@@ -11,9 +11,6 @@ model learns is measured, not tested: `bench/learning.py` (`--require-gain N` fa
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
