@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlvr.jobspec import MAX_COMPLETION
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 
@@ -279,7 +280,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     run.add_argument("--temperature", type=float, default=None, help="0-2 (default 0: greedy)")
     run.add_argument("--top-p", type=float, default=None, help="(0, 1] (default 1)")
-    run.add_argument("--max-tokens", type=int, default=None, help="32-2048 (default 256)")
+    run.add_argument("--max-tokens", type=int, default=None, help=f"{MAX_COMPLETION.text()} (default {MAX_COMPLETION.default})")
     run.add_argument("--dataset", default="", help="boxed only: hub dataset or local file (prompt, ground_truth)")
     run.add_argument("--split", default="", help="boxed only: dataset split (default test)")
     run.add_argument("--label", default="", help="a label shown on the leaderboard")

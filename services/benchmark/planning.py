@@ -18,6 +18,7 @@ from typing import Protocol
 
 from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, out_of_range
+from rlvr.jobspec import MAX_COMPLETION
 from rlvr.models import is_tiny
 from rlvr.tasks import (
     COMPACT_STYLE,
@@ -33,8 +34,8 @@ from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
 from services.benchmark.runner import AdapterTag, Generator, Question, Sampling, Scorer
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-MAX_TOKENS = (32, 2048)  # the rollout service's range
-DEFAULT_MAX_TOKENS = 256
+MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
+DEFAULT_MAX_TOKENS = MAX_COMPLETION.default
 MAX_LABEL_CHARS = 200
 
 
@@ -138,7 +139,7 @@ def prompt_style_for(model: str, setting: str) -> PromptStyle:
     "auto", else what the model's folder declares; the tiny models are compact even when their
     folder is on another host."""
     if setting in (COMPACT_STYLE, FULL_STYLE):
-        return setting  # type: ignore[return-value]  # narrowed by the membership test
+        return setting  # narrowed by the membership test
     folder = default_model_dir(model) if is_tiny(model) else Path(model).expanduser()
     if folder.is_dir():
         return model_dir_prompt_style(folder)
