@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 protos: install
 	$(BIN)/python -m rlvr.protogen
 
-# ruff, then the architecture's layers (.importlinter: fails on any import across a layer).
+# ruff, then the architecture's layers (.importlinter: fails on any import across a layer), then
+# mypy over rlvr/ and services/ ([tool.mypy] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
 # tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no

@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from clients import loops_view, train_cmd
+from clients import jobs_cmd, loops_view, train_cmd
 from rlvr.v1 import scheduler_pb2 as S
 
 # The benchmark each reward function's prompts are drawn beside (the default --benchmark).
@@ -248,7 +248,7 @@ def cmd_loops(args: argparse.Namespace) -> int:
     from rlvr.peers.base import RlvrError
 
     try:
-        return COMMANDS[args.loops_command](args, train_cmd._client(args))
+        return COMMANDS[args.loops_command](args, jobs_cmd.scheduler_client(args))
     except RlvrError as e:
         print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
         return 2 if e.code.name == "INVALID_ARGUMENT" else 1

@@ -1,4 +1,4 @@
-"""The typed Python SDK: one client per service over the v1 contract, and `connect()`.
+"""The typed Python SDK: one client per service over the v1 contract, `connect()` and `connect_async()`.
 
     from clients.sdk import connect
     from rlvr.v1 import scheduler_pb2
@@ -8,18 +8,25 @@
         for event in rlvr.scheduler.watch(job.id):
             print(event)
 
+    async with connect_async() as rlvr:  # asyncio: the same methods, awaited
+        job = (await rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=...))).job
+        async for event in rlvr.scheduler.watch(job.id):
+            print(event)
+
 Every RPC is a method named after it in snake_case: request message in, response message out;
-a server stream returns an iterator, a client stream takes an iterable of requests. Each call
-carries a deadline (`timeout`, default from `rlvr.common.client.deadline_for`), idempotent calls
-retry on UNAVAILABLE (the channel's service config), and a failed call raises `RlvrError` with
-the server's code and message rather than a grpc traceback. Channels are synchronous: the
-simplest thing for scripts and notebooks; services use `make_channel(..., aio=True)` instead.
+a server stream returns an iterator (async: an `AsyncStream`), a client stream takes an iterable
+of requests. Each call carries a deadline (`timeout`, default from
+`rlvr.common.client.deadline_for`), idempotent calls retry on UNAVAILABLE (the channel's service
+config), and a failed call raises `RlvrError` with the server's code and message rather than a grpc
+traceback. The sync and the async client of a service are built from one table of its RPCs
+(`rlvr.peers.base`), so they cannot differ in any of this.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -29,8 +36,20 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rlvr.common.client import DEFAULT_ADDRESSES
-from rlvr.peers.base import RlvrError, ServiceClient, default_timeout
+from rlvr.peers.base import (
+    AsyncServiceClient,
+    AsyncStream,
+    RlvrError,
+    ServerStream,
+    ServiceClient,
+    Unary,
+    default_timeout,
+)
 from rlvr.peers.clients import (
+    AsyncBenchmarkClient,
+    AsyncRewardClient,
+    AsyncRolloutClient,
+    AsyncTrainerClient,
     BenchmarkClient,
     RewardClient,
     RolloutClient,
@@ -39,9 +58,17 @@ from rlvr.peers.clients import (
 from rlvr.transfer import adapter_upload, save_file_chunks
 from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import scheduler_pb2 as sc
-from rlvr.v1 import scheduler_pb2_grpc
 
 __all__ = [
+    "ASYNC_CLIENT_CLASSES",
+    "AsyncBenchmarkClient",
+    "AsyncRewardClient",
+    "AsyncRlvr",
+    "AsyncRolloutClient",
+    "AsyncSchedulerClient",
+    "AsyncServiceClient",
+    "AsyncStream",
+    "AsyncTrainerClient",
     "BenchmarkClient",
     "ClientSettings",
     "RewardClient",
@@ -54,6 +81,7 @@ __all__ = [
     "TrainerClient",
     "adapter_upload",
     "connect",
+    "connect_async",
     "default_timeout",
     "export_format",
     "save_file_chunks",
@@ -85,76 +113,29 @@ class ClientSettings(BaseSettings):
         return str(getattr(self, f"{service}_address"))
 
 
-class SchedulerClient(ServiceClient):
+class SchedulerRpcs:
     """rlvr.v1.SchedulerService: jobs, metrics, artifacts and automated loops."""
 
     service = "scheduler"
-    _stub_class = scheduler_pb2_grpc.SchedulerServiceStub
+    create_job = Unary("CreateJob", sc.CreateJobRequest, sc.CreateJobResponse)
+    get_job = Unary("GetJob", sc.GetJobRequest, cm.Job)
+    list_jobs = Unary("ListJobs", sc.ListJobsRequest, sc.ListJobsResponse)
+    cancel_job = Unary("CancelJob", sc.CancelJobRequest, cm.Job)
+    watch_job = ServerStream("WatchJob", sc.WatchJobRequest, cm.JobEvent)
+    get_job_metrics = Unary("GetJobMetrics", sc.GetJobMetricsRequest, sc.JobMetrics)
+    download_adapter = ServerStream("DownloadAdapter", sc.DownloadAdapterRequest, cm.FileChunk)
+    merge_model = ServerStream("MergeModel", sc.MergeModelRequest, sc.MergeModelProgress)
+    download_merged_model = ServerStream("DownloadMergedModel", sc.DownloadMergedModelRequest, cm.FileChunk)
+    export_history = Unary("ExportHistory", sc.ExportHistoryRequest, sc.ExportHistoryResponse)
+    create_loop = Unary("CreateLoop", sc.CreateLoopRequest, sc.CreateLoopResponse)
+    get_loop = Unary("GetLoop", sc.GetLoopRequest, sc.Loop)
+    list_loops = Unary("ListLoops", sc.ListLoopsRequest, sc.ListLoopsResponse)
+    stop_loop = Unary("StopLoop", sc.StopLoopRequest, sc.Loop)
+    watch_loop = ServerStream("WatchLoop", sc.WatchLoopRequest, sc.Loop)
 
-    def create_job(
-        self, request: sc.CreateJobRequest, *, timeout: float | None = None
-    ) -> sc.CreateJobResponse:
-        return self._unary("CreateJob", request, timeout)
 
-    def get_job(self, request: sc.GetJobRequest, *, timeout: float | None = None) -> cm.Job:
-        return self._unary("GetJob", request, timeout)
-
-    def list_jobs(
-        self, request: sc.ListJobsRequest | None = None, *, timeout: float | None = None
-    ) -> sc.ListJobsResponse:
-        return self._unary("ListJobs", request if request is not None else sc.ListJobsRequest(), timeout)
-
-    def cancel_job(self, request: sc.CancelJobRequest, *, timeout: float | None = None) -> cm.Job:
-        return self._unary("CancelJob", request, timeout)
-
-    def watch_job(
-        self, request: sc.WatchJobRequest, *, timeout: float | None = None
-    ) -> Iterator[cm.JobEvent]:
-        return self._server_stream("WatchJob", request, timeout)
-
-    def get_job_metrics(
-        self, request: sc.GetJobMetricsRequest, *, timeout: float | None = None
-    ) -> sc.JobMetrics:
-        return self._unary("GetJobMetrics", request, timeout)
-
-    def download_adapter(
-        self, request: sc.DownloadAdapterRequest, *, timeout: float | None = None
-    ) -> Iterator[cm.FileChunk]:
-        return self._server_stream("DownloadAdapter", request, timeout)
-
-    def merge_model(
-        self, request: sc.MergeModelRequest, *, timeout: float | None = None
-    ) -> Iterator[sc.MergeModelProgress]:
-        return self._server_stream("MergeModel", request, timeout)
-
-    def download_merged_model(
-        self, request: sc.DownloadMergedModelRequest, *, timeout: float | None = None
-    ) -> Iterator[cm.FileChunk]:
-        return self._server_stream("DownloadMergedModel", request, timeout)
-
-    def export_history(
-        self, request: sc.ExportHistoryRequest, *, timeout: float | None = None
-    ) -> sc.ExportHistoryResponse:
-        return self._unary("ExportHistory", request, timeout)
-
-    def create_loop(
-        self, request: sc.CreateLoopRequest, *, timeout: float | None = None
-    ) -> sc.CreateLoopResponse:
-        return self._unary("CreateLoop", request, timeout)
-
-    def get_loop(self, request: sc.GetLoopRequest, *, timeout: float | None = None) -> sc.Loop:
-        return self._unary("GetLoop", request, timeout)
-
-    def list_loops(
-        self, request: sc.ListLoopsRequest | None = None, *, timeout: float | None = None
-    ) -> sc.ListLoopsResponse:
-        return self._unary("ListLoops", request if request is not None else sc.ListLoopsRequest(), timeout)
-
-    def stop_loop(self, request: sc.StopLoopRequest, *, timeout: float | None = None) -> sc.Loop:
-        return self._unary("StopLoop", request, timeout)
-
-    def watch_loop(self, request: sc.WatchLoopRequest, *, timeout: float | None = None) -> Iterator[sc.Loop]:
-        return self._server_stream("WatchLoop", request, timeout)
+class SchedulerClient(SchedulerRpcs, ServiceClient):
+    """rlvr.v1.SchedulerService, synchronous, with conveniences over its RPCs."""
 
     # ------------------------------------------------------------ conveniences
 
@@ -189,10 +170,7 @@ class SchedulerClient(ServiceClient):
             if on_progress is not None:
                 on_progress(progress)
             last = progress
-        if last is None or not last.done:
-            raise RlvrError(grpc.StatusCode.INTERNAL, f"the merge of job {job_id} ended without a result",
-                            self._method("MergeModel"))
-        return last
+        return _merged(last, job_id, self._method("MergeModel"), self.address)
 
     def save_merged_model(
         self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
@@ -217,12 +195,7 @@ class SchedulerClient(ServiceClient):
         Returns the file written."""
         request = sc.ExportHistoryRequest(job_id=job_id, format=export_format(fmt))
         response = self.export_history(request, timeout=timeout)
-        target = Path(path) if path is not None else Path.cwd()
-        if target.is_dir():
-            target = target / response.filename
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(response.content)
-        return target
+        return _write(path, response.filename, response.content)
 
     def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> Iterator[sc.Loop]:
         """The loop now, then again at every change (status, a round's progress or score); the
@@ -249,16 +222,136 @@ class SchedulerClient(ServiceClient):
         "jsonl" (one object per line), or an ExportFormat value; `path` a file, or a folder to write
         `loop-<id>-rounds.<csv|jsonl>` into (default: the current folder). Written here from
         GetLoop; returns the file written."""
-        from clients.loops_view import export_text
-
-        ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
         loop = self.get_loop(sc.GetLoopRequest(id=loop_id), timeout=timeout)
-        target = Path(path) if path is not None else Path.cwd()
-        if target.is_dir():
-            target = target / f"loop-{loop.id or loop_id}-rounds.{ext}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(export_text(loop, ext), encoding="utf-8")
-        return target
+        return _write_loop(loop, loop_id, fmt, path)
+
+
+class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
+    """rlvr.v1.SchedulerService, asyncio: the RPCs and the conveniences of `SchedulerClient`,
+    awaited (files are written in a worker thread)."""
+
+    def watch(
+        self, job_id: str, *, from_start: bool = True, timeout: float | None = None
+    ) -> AsyncStream[cm.JobEvent]:
+        """`SchedulerClient.watch`: read it with `async for`."""
+        return self.watch_job(sc.WatchJobRequest(id=job_id, from_start=from_start), timeout=timeout)
+
+    async def save_adapter(
+        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> list[Path]:
+        """`SchedulerClient.save_adapter`."""
+        return await _save_chunks(self.download_adapter(sc.DownloadAdapterRequest(job_id=job_id), timeout=timeout),
+                                  directory)
+
+    async def merge(
+        self,
+        job_id: str,
+        *,
+        on_progress: Callable[[sc.MergeModelProgress], Awaitable[None] | None] | None = None,
+        timeout: float | None = None,
+    ) -> sc.MergeModelProgress:
+        """`SchedulerClient.merge`; `on_progress` may be a coroutine function."""
+        last: sc.MergeModelProgress | None = None
+        async with self.merge_model(sc.MergeModelRequest(job_id=job_id), timeout=timeout) as stream:
+            async for progress in stream:
+                if on_progress is not None:
+                    seen = on_progress(progress)
+                    if seen is not None:
+                        await seen
+                last = progress
+        return _merged(last, job_id, self._method("MergeModel"), self.address)
+
+    async def save_merged_model(
+        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> list[Path]:
+        """`SchedulerClient.save_merged_model`."""
+        request = sc.DownloadMergedModelRequest(job_id=job_id)
+        return await _save_chunks(self.download_merged_model(request, timeout=timeout), directory)
+
+    async def export(
+        self,
+        job_id: str,
+        fmt: str | int = "csv",
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Path:
+        """`SchedulerClient.export`."""
+        request = sc.ExportHistoryRequest(job_id=job_id, format=export_format(fmt))
+        response = await self.export_history(request, timeout=timeout)
+        return await asyncio.to_thread(_write, path, response.filename, response.content)
+
+    async def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> AsyncIterator[sc.Loop]:
+        """`SchedulerClient.watch_loop_updates`: ends after the first Loop with a final status."""
+        from clients.loops_view import is_final
+
+        async with self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout) as stream:
+            async for loop in stream:
+                yield loop
+                if is_final(loop.status):
+                    return
+
+    async def export_loop(
+        self,
+        loop_id: str,
+        fmt: str | int = "csv",
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Path:
+        """`SchedulerClient.export_loop`."""
+        loop = await self.get_loop(sc.GetLoopRequest(id=loop_id), timeout=timeout)
+        return await asyncio.to_thread(_write_loop, loop, loop_id, fmt, path)
+
+
+def _merged(last: sc.MergeModelProgress | None, job_id: str, method: str, address: str) -> sc.MergeModelProgress:
+    if last is None or not last.done:
+        raise RlvrError(grpc.StatusCode.INTERNAL, f"the merge of job {job_id} ended without a result", method,
+                        address)
+    return last
+
+
+def _write(path: str | os.PathLike[str] | None, name: str, content: bytes | str) -> Path:
+    """Writes `content` to `path`, or into it as `name` when it is a folder (default: the current
+    folder); returns the file written."""
+    target = Path(path) if path is not None else Path.cwd()
+    if target.is_dir():
+        target = target / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        target.write_text(content, encoding="utf-8")
+    else:
+        target.write_bytes(content)
+    return target
+
+
+def _write_loop(loop: sc.Loop, loop_id: str, fmt: str | int, path: str | os.PathLike[str] | None) -> Path:
+    from clients.loops_view import export_text
+
+    ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
+    return _write(path, f"loop-{loop.id or loop_id}-rounds.{ext}", export_text(loop, ext))
+
+
+async def _save_chunks(stream: AsyncStream[cm.FileChunk], directory: str | os.PathLike[str]) -> list[Path]:
+    """`save_file_chunks` over an async stream: a worker thread writes the files, pulling each
+    chunk from the event loop as it needs it (no chunk waits in memory, no write blocks the loop)."""
+    loop = asyncio.get_running_loop()
+    done = cm.FileChunk()
+
+    async def pull() -> cm.FileChunk:
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return done
+
+    def chunks() -> Iterator[cm.FileChunk]:
+        while (chunk := asyncio.run_coroutine_threadsafe(pull(), loop).result()) is not done:
+            yield chunk
+
+    try:
+        return await asyncio.to_thread(save_file_chunks, chunks(), directory)
+    finally:
+        stream.cancel()
 
 
 def export_format(fmt: str | int) -> int:
@@ -276,6 +369,13 @@ def export_format(fmt: str | int) -> int:
 CLIENT_CLASSES: dict[str, type[ServiceClient]] = {
     cls.service: cls for cls in (SchedulerClient, TrainerClient, RewardClient, RolloutClient, BenchmarkClient)
 }
+"""The synchronous client of each service, by short name."""
+
+ASYNC_CLIENT_CLASSES: dict[str, type[AsyncServiceClient]] = {
+    cls.service: cls
+    for cls in (AsyncSchedulerClient, AsyncTrainerClient, AsyncRewardClient, AsyncRolloutClient, AsyncBenchmarkClient)
+}
+"""The asyncio client of each service, by short name: the same RPC table as its sync twin."""
 
 
 class Rlvr:
@@ -307,3 +407,35 @@ def connect(settings: ClientSettings | None = None) -> Rlvr:
     (RLVR_SCHEDULER_ADDRESS, ...), else the local stack's defaults. Connects lazily: nothing
     is dialled until the first call."""
     return Rlvr(settings if settings is not None else ClientSettings())
+
+
+class AsyncRlvr:
+    """`Rlvr` for asyncio: an async client for each service, from one ClientSettings. Close it
+    (`await rlvr.close()`, or use `async with`)."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout)
+        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout)
+        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout)
+        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout)
+        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout)
+
+    async def close(self) -> None:
+        for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
+            await client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def connect_async(settings: ClientSettings | None = None) -> AsyncRlvr:
+    """`connect` for asyncio, used as `async with connect_async() as rlvr:`; every method is then
+    awaited (a server stream read with `async for`). Call it inside a coroutine: grpc.aio binds its
+    channels to the running event loop. Connects lazily, like `connect`."""
+    return AsyncRlvr(settings if settings is not None else ClientSettings())

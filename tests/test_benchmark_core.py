@@ -15,6 +15,7 @@ import pytest
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
+from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.rewards.scoring import score
 from rlvr.tasks import Problem, TaskError, get_task, heldout_split
 from rlvr.v1 import benchmark_pb2 as B
@@ -23,7 +24,7 @@ from services.benchmark.catalog import BENCHMARKS, tally
 from services.benchmark.evaluations import INTERRUPTED, EvaluationManager
 from services.benchmark.events import MemoryEvents
 from services.benchmark.planning import RolloutModel
-from services.benchmark.runner import AdapterTag, Answer, Question, Sampling, Score, run_questions
+from services.benchmark.runner import Answer, Question, run_questions
 
 Script = Callable[[Question, AdapterTag], tuple[str, str]]  # -> (completion, "STOP" | "LENGTH")
 
@@ -91,7 +92,7 @@ class LocalPeers:
 
     async def score(self, function: str, items: Sequence[tuple[str, str]]) -> list[Score]:
         results = [score(function, c, g) for c, g in items]  # type: ignore[arg-type]
-        return [Score(r.reward, r.accuracy, r.format, r.strict, r.extracted_answer or "") for r in results]
+        return [Score.of(r) for r in results]
 
 
 @pytest.fixture
@@ -262,7 +263,7 @@ async def test_adapter_path_uploads_the_next_version(sqlite_store: Store, tmp_pa
 
 @pytest.mark.parametrize("fault, cause", [
     ("generate", "Generate failed: UNAVAILABLE: engine died"),
-    ("stamp", "answered by adapter other v9, expected the base model"),
+    ("stamp", "answered by other v9, expected the base model"),
 ])
 async def test_a_peer_failure_fails_the_evaluation_with_its_cause(sqlite_store: Store, fault: str, cause: str) -> None:
     peers = LocalPeers(fail_generate_at=1 if fault == "generate" else None,

@@ -1,11 +1,12 @@
 """The SDK and the shared channel over real gRPC: fake servicers on a loopback port, the real
-clients, retries, deadlines and readable errors."""
+clients (sync and asyncio), retries, deadlines and readable errors."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import re
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -14,13 +15,19 @@ import grpc
 import pytest
 
 from clients.sdk import (
+    ASYNC_CLIENT_CLASSES,
     CLIENT_CLASSES,
+    AsyncRewardClient,
+    AsyncRolloutClient,
+    AsyncSchedulerClient,
+    AsyncStream,
     ClientSettings,
     RewardClient,
     RlvrError,
     RolloutClient,
     SchedulerClient,
     connect,
+    connect_async,
 )
 from rlvr.common.client import (
     CONTRACT_MODULES,
@@ -33,6 +40,7 @@ from rlvr.common.client import (
     method_kind,
     service_config,
 )
+from rlvr.peers.base import rpcs_of
 from rlvr.transfer import adapter_upload, save_file_chunks
 from rlvr.v1 import (
     common_pb2,
@@ -121,6 +129,10 @@ class FakeRollout(rollout_pb2_grpc.RolloutServiceServicer):
     def GetInfo(self, request, context):
         self.deadlines["GetInfo"] = context.time_remaining()
         return rollout_pb2.RolloutInfo(model="tiny", backend="transformers")
+
+    def ListAdapters(self, request, context):  # slower than the deadlines the tests give it
+        time.sleep(1.0)
+        return rollout_pb2.ListAdaptersResponse()
 
 
 class Fakes:
@@ -259,7 +271,8 @@ def _snake(name: str) -> str:
 def test_every_rpc_has_a_typed_sdk_method() -> None:
     services = {s.full_name: s for m in CONTRACT_MODULES for s in m.DESCRIPTOR.services_by_name.values()}
     assert set(services) == {SERVICE_NAMES[short] for short in CLIENT_CLASSES}
-    for short, client in CLIENT_CLASSES.items():
+    assert set(ASYNC_CLIENT_CLASSES) == set(CLIENT_CLASSES)
+    for short, client in [*CLIENT_CLASSES.items(), *ASYNC_CLIENT_CLASSES.items()]:
         for method in services[SERVICE_NAMES[short]].methods:
             # A client stream's typed method takes the request iterable; the friendly one
             # (load_adapter) takes a directory.
@@ -267,6 +280,43 @@ def test_every_rpc_has_a_typed_sdk_method() -> None:
             assert callable(getattr(client, name, None)), (
                 f"{client.__name__} lacks {name} ({method.full_name})"
             )
+        assert {rpc.method for rpc in rpcs_of(client).values()} == {
+            m.full_name.replace(f".{m.name}", f"/{m.name}") for m in services[SERVICE_NAMES[short]].methods}
+
+
+def test_the_sync_and_async_clients_share_one_rpc_table() -> None:
+    for short, client in CLIENT_CLASSES.items():
+        twin = ASYNC_CLIENT_CLASSES[short]
+        assert rpcs_of(client) == rpcs_of(twin)  # the very same descriptors, not copies
+        assert all(a is b for a, b in zip(rpcs_of(client).values(), rpcs_of(twin).values(), strict=True))
+    # Conveniences come in pairs too.
+    for name in ("watch", "save_adapter", "merge", "save_merged_model", "export", "watch_loop_updates", "export_loop"):
+        assert callable(getattr(SchedulerClient, name)) and callable(getattr(AsyncSchedulerClient, name))
+    assert callable(RolloutClient.load_adapter) and callable(AsyncRolloutClient.load_adapter)
+
+
+def _declare(service: str, **rpcs: object) -> str:
+    """Declares a client class; the error it fails with (Python 3.11 wraps an error of
+    __set_name__ in a RuntimeError), or ""."""
+    try:
+        type("Declared", (), {"service": service, **rpcs})
+    except (RuntimeError, TypeError) as e:
+        return str(e.__cause__ or e)
+    return ""
+
+
+def test_a_declaration_that_is_not_the_contract_fails_at_import() -> None:
+    from rlvr.peers.base import ServerStream, Unary
+
+    R, W = reward_pb2, rollout_pb2
+    assert _declare("rollout", generate=ServerStream("Generate", W.GenerateRequest, W.GenerateResponse)) == ""
+    assert "is a server_stream call, declared unary" in _declare(
+        "rollout", generate=Unary("Generate", W.GenerateRequest, W.GenerateResponse))
+    assert "the request of rlvr.v1.RewardService/Score is rlvr.v1.ScoreRequest" in _declare(
+        "reward", score=Unary("Score", R.GetProblemsRequest, R.ScoreResponse))
+    assert "not in the contract" in _declare("reward", x=Unary("Nope", R.ScoreRequest, R.ScoreResponse))
+    assert "is the method get_problems" in _declare(
+        "reward", problems=Unary("GetProblems", R.GetProblemsRequest, R.GetProblemsResponse))
 
 
 def _contract_methods() -> dict[str, object]:
@@ -319,3 +369,87 @@ def test_raw_stubs_on_shared_channels_get_a_deadline(fakes: Fakes) -> None:
     assert asyncio.run(aio_calls()) == 1
     assert within(fakes.rollout.deadlines["GetInfo"], DEFAULT_DEADLINES["unary"])
     assert fakes.reward.calls["GetProblems"] == 3
+
+
+def test_a_call_past_its_deadline_is_deadline_exceeded(fakes: Fakes) -> None:
+    with RolloutClient(fakes.address) as rollout, pytest.raises(RlvrError) as caught:
+        rollout.list_adapters(timeout=0.2)
+    assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert caught.value.method == "rlvr.v1.RolloutService/ListAdapters"
+
+
+# ------------------------------------------------------------------------------ the asyncio clients
+
+
+async def test_async_unary_calls_have_the_same_deadlines_and_retries(fakes: Fakes) -> None:
+    async with AsyncRewardClient(fakes.address) as reward:
+        items = [reward_pb2.ScoreItem(completion="abc", ground_truth="7")]
+        response = await reward.score(reward_pb2.ScoreRequest(items=items))
+        assert response.results[0].reward == 3 and response.results[0].extracted_answer == "7"
+        assert within(fakes.reward.deadlines["Score"], METHOD_DEADLINES["rlvr.v1.RewardService/Score"])
+        await reward.score(reward_pb2.ScoreRequest(items=items), timeout=2.5)
+        assert within(fakes.reward.deadlines["Score"], 2.5)
+        problems = await reward.get_problems()  # idempotent: retried through two UNAVAILABLE
+    assert [p.id for p in problems.problems] == ["p1"] and fakes.reward.calls["GetProblems"] == 3
+    async with AsyncSchedulerClient(fakes.address) as scheduler:
+        with pytest.raises(RlvrError) as caught:
+            await scheduler.create_job(scheduler_pb2.CreateJobRequest())
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE and fakes.scheduler.calls["CreateJob"] == 1
+
+
+async def test_async_errors_are_rlvr_errors_naming_the_call(fakes: Fakes) -> None:
+    async with AsyncSchedulerClient(fakes.address) as scheduler:
+        with pytest.raises(RlvrError) as caught:
+            await scheduler.get_job(scheduler_pb2.GetJobRequest(id="nope"))
+    error = caught.value
+    assert (error.code, error.details, str(error)) == (
+        grpc.StatusCode.NOT_FOUND, "job 'nope' not found", "NOT_FOUND: job 'nope' not found")
+    assert (error.method, error.address, error.service, error.call) == (
+        "rlvr.v1.SchedulerService/GetJob", fakes.address, "scheduler", "GetJob")
+    assert error.describe() == f"scheduler service at {fakes.address}: GetJob failed: NOT_FOUND: job 'nope' not found"
+    assert error.__cause__ is None and error.__suppress_context__
+
+
+async def test_async_deadline_exceeded(fakes: Fakes) -> None:
+    async with AsyncRolloutClient(fakes.address) as rollout:
+        started = time.monotonic()
+        with pytest.raises(RlvrError) as caught:
+            await rollout.list_adapters(timeout=0.2)
+    assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started < 0.9
+
+
+async def test_async_streams_events_and_maps_stream_errors(fakes: Fakes) -> None:
+    async with connect_async(ClientSettings(scheduler_address=fakes.address)) as rlvr:
+        stream = rlvr.scheduler.watch("job-1")
+        assert isinstance(stream, AsyncStream)
+        events = [event async for event in stream]
+        assert [e.metric.step for e in events] == [1, 2, 3]
+        assert within(fakes.scheduler.deadlines["WatchJob"], DEFAULT_DEADLINES["watch"])
+        seen = []
+        with pytest.raises(RlvrError) as caught:
+            async for event in rlvr.scheduler.watch("broken", timeout=5):
+                seen.append(event)
+        assert len(seen) == 3 and caught.value.code == grpc.StatusCode.INTERNAL
+        assert caught.value.method == "rlvr.v1.SchedulerService/WatchJob"
+        assert within(fakes.scheduler.deadlines["WatchJob"], 5)
+        async with rlvr.scheduler.watch("job-1") as stream:  # leaving early cancels the call
+            first = await stream.__anext__()
+        assert first.metric.step == 1
+        assert [event async for event in stream] == []  # and ends it
+
+
+async def test_async_uploads_and_downloads(fakes: Fakes, tmp_path: Path) -> None:
+    (tmp_path / "adapter").mkdir()
+    directory = _adapter_dir(tmp_path / "adapter")
+    async with connect_async(ClientSettings(scheduler_address=fakes.address, rollout_address=fakes.address,
+                                            timeout=4)) as rlvr:
+        info = await rlvr.rollout.load_adapter("math", 3, directory)
+        assert (info.name, info.version, info.size_bytes) == ("math", 3, 2_560_000 + 8)
+        assert within(fakes.rollout.deadlines["LoadAdapter"], 4)  # the settings' timeout, as in sync
+        written = await rlvr.scheduler.save_adapter("job-1", tmp_path / "out")
+        assert (await rlvr.rollout.get_info()).model == "tiny"
+    assert within(fakes.rollout.deadlines["GetInfo"], 4)
+    assert [p.name for p in written] == ["adapter_config.json", "adapter_model.safetensors"]
+    assert (tmp_path / "out" / "adapter_model.safetensors").read_bytes() == b"0123456789"
+    header, *chunks = fakes.rollout.uploads
+    assert header.header.total_size == 2_560_000 + 8 and len(chunks) == 4

@@ -5,6 +5,9 @@
   _LENGTH as clipped) and, once `services/rollout/server.py` exists, a whole job against the real
   rollout server (transformers backend here; vLLM under the `vllm` marker).
 - `ServiceScorer` against the real reward service, when it exists.
+
+Both go through the typed sync clients of rlvr.peers; a failed call is one line naming the service,
+its address and the call. `ScriptedRollout` also serves tests/test_peers.py.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import grpc
 import pytest
 
 from rlvr.common.settings import ServiceSettings
+from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as R
 from rlvr.v1 import rollout_pb2_grpc
 from services.common.server import ServiceRunner
-from services.trainer.rollouts import AdapterTag, AdapterVersionMismatch, Sampling, ServiceGenerator
+from services.trainer.rollouts import AdapterVersionMismatch, RolloutError, ServiceGenerator
 
 
 class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
@@ -32,10 +36,12 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.live: dict[str, int] = {}
         self.uploads: list[tuple[str, int, dict[str, int]]] = []
         self.requests: list[R.GenerateRequest] = []
+        self.deadlines: dict[str, float | None] = {}
         self.ignore_upload = ignore_upload
 
     async def Generate(self, request: R.GenerateRequest, context: Any) -> AsyncIterator[R.GenerateResponse]:
         self.requests.append(request)
+        self.deadlines["Generate"] = context.time_remaining()
         name = request.adapter.name
         version = self.live.get(name, 0) if name else 0
         if request.adapter.version and request.adapter.version != version:
@@ -67,7 +73,10 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         return R.UnloadAdapterResponse(name=request.name, version=self.live.pop(request.name))
 
     async def GetInfo(self, request: R.GetInfoRequest, context: Any) -> R.RolloutInfo:
-        return R.RolloutInfo(model="some/model", backend="scripted")
+        return R.RolloutInfo(model="some/model", backend="scripted", max_model_len=512)
+
+    async def ListAdapters(self, request: R.ListAdaptersRequest, context: Any) -> R.ListAdaptersResponse:
+        return R.ListAdaptersResponse(adapters=[R.AdapterInfo(name=n, version=v) for n, v in self.live.items()])
 
 
 class _Service:
@@ -113,8 +122,11 @@ async def test_service_generator_speaks_the_rollout_contract(tmp_path: Path) -> 
             assert servicer.uploads[-1] == ("job-a", 1, {"adapter_config.json": 2, "adapter_model.safetensors": 3000})
             generator.generate([[1]], sampling, AdapterTag("job-a", 1))
             generator.publish_adapter(tmp_path, AdapterTag("job-a", 2))  # the server drops it silently
-            with pytest.raises(Exception, match="NOT_FOUND"):  # the explicit selector already refuses
+            with pytest.raises(RolloutError) as caught:  # the explicit selector already refuses
                 generator.generate([[1]], sampling, AdapterTag("job-a", 2))
+            assert str(caught.value) == (f"rollout service at {runner.address}: Generate failed: NOT_FOUND: "
+                                         "job-a v2 is not live")
+            assert caught.value.code == grpc.StatusCode.NOT_FOUND
             generator.close()
 
         await asyncio.to_thread(flow)
@@ -152,7 +164,7 @@ async def test_service_scorer_against_the_reward_service() -> None:
 
     from services.reward.server import build_service
     from services.reward.settings import RewardSettings
-    from services.trainer.scorers import Score, ScoreSettings, ServiceScorer
+    from services.trainer.scorers import Score, ScoreError, ScoreSettings, ServiceScorer
 
     settings = RewardSettings(port=0)
     async with ServiceRunner(build_service(settings), settings) as runner:
@@ -160,4 +172,11 @@ async def test_service_scorer_against_the_reward_service() -> None:
         scores = await asyncio.to_thread(
             scorer.score, ["<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "76"], ["77", "77"])
         scorer.close()
+        refused = ServiceScorer(runner.address, ScoreSettings("math_pairs", True, 2.0))  # weight out of range
+        with pytest.raises(ScoreError) as caught:
+            await asyncio.to_thread(refused.score, ["76"], ["77"])
+        refused.close()
     assert scores == [Score(pytest.approx(1.2), 1.0, 1.0), Score(0.0, 0.0, 0.0)]
+    message = str(caught.value)
+    assert message.startswith(f"reward service at {runner.address}: Score failed: INVALID_ARGUMENT: format_bonus_weight")
+    assert "\n" not in message

@@ -360,7 +360,13 @@ def test_a_stacked_job_on_a_quantized_base_trains_over_exactly_base_plus_init(
             param.data = param.data.float()
     # int8 also quantizes activations, so float32 rounding-level input changes move its logits by up
     # to 7e-4 (measured: the same between two peft adapters side by side and their combination).
-    tolerance = LOGIT_TOLERANCE if quantization == "4bit" else 2e-3
+    # A CPU with AVX512-BF16 runs bitsandbytes' 4-bit matmul in bfloat16 (its fused CPU kernel casts
+    # the input), so two models that differ only in how they hold the same adapter differ by up to
+    # 4e-4 there (measured; without the adapter's part 0.75, so 2e-3 still tells them apart).
+    import bitsandbytes.functional as bnbf
+
+    bf16_kernel = quantization == "4bit" and bnbf.has_avx512bf16()
+    tolerance = LOGIT_TOLERANCE if quantization == "4bit" and not bf16_kernel else 2e-3
     assert max_logit_difference(policy, on_quantized_base(Path(result.adapter_path)), ids) <= tolerance
 
 
@@ -399,33 +405,58 @@ class EvenTruthsOnly(LocalScorer):
                 for c, t in zip(completions, ground_truths, strict=True)]
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["off", "on"])
-def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path: Path, tiny_model: str, dynamic: bool,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["off", "on", "ambiguous"])
+def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_once(
+    tmp_path: Path, tiny_model: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With dynamic sampling the kept groups have a reward spread; in every mode each generated
+    completion is scored exactly once (the rewards TRL trains with are the rollout's own scores,
+    row for row). "ambiguous": a training set that asks questions with two answers (no dynamic
+    sampling), whose rows are scored against their own answers."""
     from services.trainer.engine import GrpoEngine
 
     trained: list[list[str]] = []  # the ground truths of the rows each step trains on
+    rewards: list[tuple[list[float], list[float]]] = []  # (what TRL got, the scorer's rule on the same rows)
     original = GrpoEngine._reward
 
     def spy(self: GrpoEngine, completions: list[str], ground_truth: list[str], **kw: Any) -> list[float]:
         trained.append(list(ground_truth))
-        return original(self, completions, ground_truth, **kw)
+        got = original(self, completions, ground_truth, **kw)
+        rule = [len(c) / 100 if int(t) % 2 == 0 else 0.0 for c, t in zip(completions, ground_truth, strict=True)]
+        rewards.append((got, rule))
+        return got
+
+    generated: list[int] = []  # completions per generate call
+    generate = LocalGenerator.generate
+
+    def counted(self: LocalGenerator, prompts: Sequence[list[int]], sampling: Sampling,
+                expected: AdapterTag) -> RolloutBatch:
+        batch = generate(self, prompts, sampling, expected)
+        generated.append(len(batch.completion_ids))
+        return batch
 
     monkeypatch.setattr(GrpoEngine, "_reward", spy)
+    monkeypatch.setattr(LocalGenerator, "generate", counted)
+    if mode == "ambiguous":  # every odd row asks the question of the row before with another answer
+        training_prompts = runner.training_prompts
+        monkeypatch.setattr(runner, "training_prompts", lambda job, tokenizer: [
+            (rows[i - 1][0], str(int(rows[i - 1][1]) + 1)) if i % 2 else row
+            for rows in [training_prompts(job, tokenizer)] for i, row in enumerate(rows)])
     scorer = EvenTruthsOnly()
     events: list[C.MetricEvent] = []
-    job = _job(tmp_path, tiny_model, max_steps=4, synthetic_prompts=64, dynamic_sampling=dynamic)
+    job = _job(tmp_path, tiny_model, max_steps=4, synthetic_prompts=64, dynamic_sampling=mode == "on")
     result = run_job(job, JobDeps(scorer=scorer, publish=events.append))
     assert result.status == "completed", result.error
     assert len(trained) == 4 and all(len(rows) == job.batch_size for rows in trained)
+    assert scorer.calls == generated, (scorer.calls, generated)  # each completion once, when generated
+    assert all(got == rule for got, rule in rewards), rewards
     odd = [sum(int(t) % 2 for t in rows) for rows in trained]
-    if dynamic:
+    if mode == "on":
         assert odd == [0, 0, 0, 0], trained  # every kept group had a reward spread
-        # each step scores its own prompts once and the kept rows once; more means further draws
-        assert sum(scorer.calls) > 4 * 2 * job.batch_size, scorer.calls
+        assert len(generated) > 4, generated  # some step drew further prompts (and scored only those)
     else:
         assert sum(odd) > 0, trained  # the control: without it, some steps train on signal-less groups
-        assert scorer.calls == [job.batch_size] * 4
+        assert generated == [job.batch_size] * 4
     assert [e.step for e in events] == [1, 2, 3, 4]
 
 

@@ -4,7 +4,9 @@ the metric event, TRL's config per loss type, and the scorers. No model is loade
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,14 @@ from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
 from services.trainer.config import job_config, job_config_from_request
 from services.trainer.metrics import StepRecord, metric_event
-from services.trainer.rollouts import BASE_MODEL, AdapterTag, AdapterVersionMismatch, check_versions
+from services.trainer.rollouts import (
+    BASE_MODEL,
+    AdapterTag,
+    AdapterVersionMismatch,
+    RolloutBatch,
+    Sampling,
+    check_versions,
+)
 from services.trainer.scorers import LocalScorer, Score, ScoreSettings
 
 METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
@@ -124,13 +133,107 @@ def test_event_ids_match_the_scheduler() -> None:
 def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:
     """An extra round's seed must differ from every step's own seed and every other round's, or a
     prompt drawn again later would be sampled with the same random stream."""
-    from services.trainer.engine import _round_seed, _step_seed
+    from services.trainer.step import round_seed, step_seed
 
     for job_seed in (0, 1, 12345):
-        own = {_step_seed(job_seed, step) for step in range(1, 2001)}
-        extra = [_round_seed(job_seed, step, r) for step in range(1, 2001) for r in (1, 2, 3)]
+        own = {step_seed(job_seed, step) for step in range(1, 2001)}
+        extra = [round_seed(job_seed, step, r) for step in range(1, 2001) for r in (1, 2, 3)]
         assert len(set(extra)) == len(extra) and not own & set(extra)
         assert all(0 <= s < 2**63 for s in extra)
+
+
+class _Tokens:
+    """A tokenizer for `Step` without a model: a prompt is one id (its length), a completion decodes to
+    as many "x" as it has ids."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [len(text)]}
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["x" * len(row) for row in ids]
+
+
+class _Generator:
+    """Row j of a call gets j + 1 tokens (so each group has a length spread); records rows per call."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
+        rows = [list(p) for p in prompts for _ in range(sampling.group_size)]
+        self.rows.append(len(rows))
+        return RolloutBatch(rows, [[7] * (j + 1) for j in range(len(rows))], [[-0.5] * (j + 1) for j in range(len(rows))],
+                            [False] * len(rows), expected, 0.0)
+
+    def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _EvenOnly:
+    """A reward spread (by length) only for even answers; records the items of each call."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
+        self.items.append(len(completions))
+        return [Score(len(c) / 10 if int(t) % 2 == 0 else 0.0, 0.0, 0.0)
+                for c, t in zip(completions, ground_truths, strict=True)]
+
+    def close(self) -> None:
+        pass
+
+
+def _step(tmp_path: Path, prompts: list[tuple[str, str]], dynamic: bool) -> tuple[Any, _Generator, _EvenOnly]:
+    import threading
+
+    from services.trainer.dynamic import PromptDraw
+    from services.trainer.step import Step, StepContext, StepHooks, answers
+
+    job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=2, batch_size=4,
+                     dynamic_sampling=dynamic)
+    generator, scorer = _Generator(), _EvenOnly()
+    hooks = StepHooks(save_adapter=lambda model, step: tmp_path, publish=lambda event: None, cancel=threading.Event())
+    ctx = StepContext(job=job, tokenizer=_Tokens(), generator=generator, scorer=scorer, hooks=hooks, total_steps=1,
+                      truth=answers(prompts), draw=PromptDraw(prompts, job.seed) if dynamic else None, live=BASE_MODEL)
+    return Step(ctx, 1), generator, scorer
+
+
+def test_a_dynamic_sampling_step_scores_each_completion_once(tmp_path: Path) -> None:
+    """Generate -> score in the rollout, once per completion and round; the rows TRL trains on carry
+    their scores, and the reward function returns them without scoring again."""
+    prompts = [(f"question {i}", str(i)) for i in range(1, 9)]  # odd answers first: no signal in the own groups
+    step, generator, scorer = _step(tmp_path, [p for p in prompts if int(p[1]) % 2] + [p for p in prompts
+                                                                                        if not int(p[1]) % 2], True)
+    rows = step.rollout(["question 1", "question 1", "question 3", "question 3"])
+    assert scorer.items == generator.rows and len(generator.rows) > 1  # further rounds, each scored once
+    assert len(rows["completion_ids"]) == 4 and all(int(t) % 2 == 0 for t in rows["ground_truth"])
+    texts = ["x" * len(c) for c in rows["completion_ids"]]
+    assert rows["score"] == _EvenOnly().score(texts, rows["ground_truth"])  # each row's own score
+    assert rows["logprobs"] == [[-0.5] * len(c) for c in rows["completion_ids"]]
+    rewards = step.rewards(rows["score"], texts, rows["ground_truth"])
+    assert rewards == [s.reward for s in rows["score"]] and scorer.items == generator.rows  # not scored again
+    # The metrics describe every completion generated, the groups not trained on included.
+    assert len(step.record.scores) == len(step.record.completion_lengths) == sum(generator.rows)
+    assert step.record.groups_drawn == sum(generator.rows) // 2 and step.record.groups_with_signal >= 2
+
+
+def test_a_step_over_a_question_with_two_answers_scores_in_the_reward_function(tmp_path: Path) -> None:
+    """The rollout sees prompts, not rows: with a question asked twice with different answers it
+    cannot score, so TRL's rows are scored against their own answers (once) by the reward function."""
+    from services.trainer.step import answers
+
+    prompts = [("q", "2"), ("q", "3"), ("r", "4")]
+    assert answers(prompts) is None and answers(prompts[1:]) == {"q": "3", "r": "4"}
+    step, generator, scorer = _step(tmp_path, prompts, False)
+    rows = step.rollout(["q", "q", "r", "r"])
+    assert "score" not in rows and scorer.items == []
+    texts = ["x" * len(c) for c in rows["completion_ids"]]
+    assert step.rewards(None, texts, ["3", "3", "4", "4"]) == [0.0, 0.0, 0.3, 0.4]
+    assert scorer.items == [4] and step.record.scores and step.record.scored_at is not None
 
 
 def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> None:

@@ -24,12 +24,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, update
+from sqlalchemy import Engine, Table, create_engine, event, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, SQLModel, select
+from sqlmodel import Session, SQLModel, col, select
 
 from rlvr.infra.schema import (
     ARTIFACT_KINDS,
@@ -80,6 +80,10 @@ def _first_line(e: BaseException) -> str:
 def _one_line(text: str) -> str:
     """Errors are shown in one line (Job.error): keep them so whatever the caller passed."""
     return " ".join(text.split())[:2000]
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return model.__table__  # type: ignore[attr-defined]  # set by SQLModel's metaclass on table=True models only
 
 
 def _check_aware(model: type[SQLModel], values: dict[str, Any]) -> None:
@@ -162,7 +166,7 @@ class Store:
         attempts = len(TABLES) + 2
         for attempt in range(attempts):
             try:
-                SQLModel.metadata.create_all(self.engine, tables=[t.__table__ for t in TABLES])
+                SQLModel.metadata.create_all(self.engine, tables=[_table(t) for t in TABLES])
                 return
             except SQLAlchemyError as e:
                 if attempt < attempts - 1 and "already exists" in str(e):
@@ -259,7 +263,7 @@ class Store:
             return 0
         for value in values:
             _check_aware(model, value)
-        table = model.__table__
+        table = _table(model)
         insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
         keys = [c.name for c in table.primary_key.columns]
         stmt = insert(table).on_conflict_do_nothing(index_elements=keys).returning(*table.primary_key.columns)
@@ -285,7 +289,7 @@ class Store:
         return self._list(
             JobRow,
             *_status_filter(JobRow, status),
-            order=[JobRow.created_at.desc(), JobRow.id],
+            order=[col(JobRow.created_at).desc(), JobRow.id],
             limit=limit,
             offset=offset,
         )
@@ -324,7 +328,7 @@ class Store:
         return self._list(
             LoopRow,
             *_status_filter(LoopRow, status),
-            order=[LoopRow.created_at.desc(), LoopRow.id],
+            order=[col(LoopRow.created_at).desc(), LoopRow.id],
             limit=limit,
             offset=offset,
         )
@@ -350,7 +354,7 @@ class Store:
             # stopped concurrently gets no new round.
             still_open = session.exec(
                 update(LoopRow)
-                .where(LoopRow.id == round_.loop_id, LoopRow.status.not_in(list(LOOP_FINAL_STATUSES)))
+                .where(col(LoopRow.id) == round_.loop_id, col(LoopRow.status).not_in(list(LOOP_FINAL_STATUSES)))
                 .values(status=LoopRow.status)
             )
             if still_open.rowcount == 0:
@@ -389,7 +393,7 @@ class Store:
         return self._list(
             EvaluationRow,
             *_status_filter(EvaluationRow, status),
-            order=[EvaluationRow.created_at.desc(), EvaluationRow.id],
+            order=[col(EvaluationRow.created_at).desc(), EvaluationRow.id],
             limit=limit,
             offset=offset,
         )
@@ -440,10 +444,12 @@ class Store:
             return True
 
 
-def _status_filter(model: type[SQLModel], status: str | Iterable[str] | None) -> list[Any]:
+def _status_filter(
+    model: type[JobRow] | type[LoopRow] | type[EvaluationRow], status: str | Iterable[str] | None
+) -> list[Any]:
     if status is None:
         return []
-    column = model.status
+    column = col(model.status)
     if isinstance(status, str):
         return [column == status]
     return [column.in_(list(status))]

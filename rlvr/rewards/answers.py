@@ -189,8 +189,8 @@ def _parse(text: str, depth: int = 0) -> Number | None:
             return None
         return float(coefficient) * math.sqrt(radicand)
     if text.count("/") == 1:
-        num, den = text.split("/")
-        return _divide(_parse(num, depth + 1), _parse(den, depth + 1))
+        num_text, den_text = text.split("/")
+        return _divide(_parse(num_text, depth + 1), _parse(den_text, depth + 1))
     return None
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.tasks.base import Message, Problem, Split, TaskError, check_count
+from rlvr.tasks.base import Message, Problem, RewardFunction, Split, TaskError, check_count
 from rlvr.tasks.sources import dataset_splits, load_rows, require_columns
 
 PROMPT_COLUMN = "prompt"
@@ -54,7 +54,7 @@ class BoxedTask:
     """A user's dataset, local (under ``data_roots``) or from the hub."""
 
     name = "boxed"
-    reward_function = "boxed"
+    reward_function: RewardFunction = "boxed"
 
     def __init__(self, source: str, data_roots: Sequence[str | Path] = ()) -> None:
         if not source or not source.strip():

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from rlvr.tasks.base import Problem, Split, TaskError, check_count
+from rlvr.tasks.base import Problem, RewardFunction, Split, TaskError, check_count
 from rlvr.tasks.sources import Rows, check_split, dataset_splits, load_rows, require_columns
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
@@ -49,7 +49,7 @@ class GSM8KTask:
     """GSM8K from the bundled copy, or from ``source`` (a local JSONL/Parquet/CSV or a hub name)."""
 
     name = "gsm8k"
-    reward_function = "gsm8k"
+    reward_function: RewardFunction = "gsm8k"
 
     def __init__(self, source: str | None = None, data_roots: Sequence[str | Path] = ()) -> None:
         self.source = None if source in BUILTIN_NAMES else source

@@ -19,8 +19,9 @@ import hashlib
 import itertools
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import cast
 
-from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, Split, TaskError, check_count
+from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, RewardFunction, Split, TaskError, check_count
 
 MIN_VALUE = 1
 MAX_VALUE = 9
@@ -51,8 +52,8 @@ def canonical_key(numbers: Sequence[int]) -> CanonicalKey:
     True
     """
     a, b, c, d = numbers
-    first, second = sorted([tuple(sorted((a, b))), tuple(sorted((c, d)))])
-    return (first, second)  # type: ignore[return-value]  # sorted() loses the tuple length
+    first, second = sorted([(min(a, b), max(a, b)), (min(c, d), max(c, d))])
+    return (first, second)
 
 
 def _hash_int(text: str) -> int:
@@ -69,7 +70,7 @@ def is_heldout(numbers: Sequence[int]) -> bool:
 def all_heldout() -> tuple[Numbers, ...]:
     """Every held-out problem, in lexicographic order."""
     values = range(MIN_VALUE, MAX_VALUE + 1)
-    return tuple(n for n in itertools.product(values, repeat=NUM_VALUES) if is_heldout(n))
+    return tuple(cast(Numbers, n) for n in itertools.product(values, repeat=NUM_VALUES) if is_heldout(n))
 
 
 def _draw(seed: int, index: int) -> Numbers:
@@ -85,7 +86,7 @@ def _draw(seed: int, index: int) -> Numbers:
             MIN_VALUE + int.from_bytes(digest[4 * k : 4 * k + 4], "big") % span for k in range(NUM_VALUES)
         )
         if not is_heldout(numbers):
-            return numbers  # type: ignore[return-value]
+            return cast(Numbers, numbers)  # NUM_VALUES long
     raise AssertionError("unreachable")
 
 
@@ -102,7 +103,7 @@ def parse_numbers(text: str) -> Numbers:
     tail = text.removeprefix(QUESTION_PREFIX).split()
     if len(tail) != NUM_VALUES or not all(t.isdigit() for t in tail):
         raise TaskError(f"not a Math Pairs question: {text!r}")
-    return tuple(int(t) for t in tail)  # type: ignore[return-value]
+    return cast(Numbers, tuple(int(t) for t in tail))  # NUM_VALUES long: checked above
 
 
 def worked_solution(numbers: Sequence[int]) -> str:
@@ -131,7 +132,7 @@ class MathPairsTask:
     """Training prompts generated from a seed; the held-out benchmark as the ``test`` split."""
 
     name = "math_pairs"
-    reward_function = "math_pairs"
+    reward_function: RewardFunction = "math_pairs"
 
     def splits(self) -> tuple[Split, ...]:
         return ("train", "test")

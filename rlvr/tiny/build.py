@@ -79,7 +79,7 @@ class BuildReport:
 
     def summary(self) -> str:
         band = self.recipe.get("band")
-        within = f" (band {band[0]:.0%}-{band[1]:.0%})" if band else ""  # type: ignore[index]
+        within = f" (band {band[0]:.0%}-{band[1]:.0%})" if isinstance(band, list) else ""  # JSON's list
         return (
             f"tiny model '{self.size}' at {self.path}: {self.params / 1e6:.2f}M parameters, built in "
             f"{self.build_seconds:.1f} s ({self.steps} warm-up steps); greedy held-out Math Pairs accuracy "
@@ -322,7 +322,7 @@ def build_tiny_model(
         build_seconds=round(time.perf_counter() - started, 2),
         heldout_accuracy=accuracy,
         heldout_n=n,
-        recipe=_jsonable(asdict(RECIPES[size])),  # type: ignore[arg-type]  # as it reads back from the report
+        recipe=_jsonable(asdict(RECIPES[size])),  # as it reads back from the report
         final_loss=round(final_loss, 4),
         steps=steps,
     )
@@ -382,7 +382,7 @@ def _build_with_pinned_kernels(out: Path, size: str, seed: int, progress: Progre
     return BuildReport(**json.loads(report))
 
 
-def _jsonable(value: object) -> object:
+def _jsonable(value: dict[str, object]) -> dict[str, object]:
     """What a value reads back as from JSON (tuples become lists)."""
     return json.loads(json.dumps(value))
 

@@ -1,29 +1,32 @@
 """The rollout and reward services as the evaluation core sees them (planning.Peers, runner's
-Generator and Scorer), over grpc.aio channels from `make_channel`: every call has a deadline and the
-idempotent ones (GetInfo, ListAdapters, GetProblems, Score) retry on UNAVAILABLE.
+Generator and Scorer), over the typed asyncio clients of rlvr.peers: every call has a deadline, the
+idempotent ones (GetInfo, ListAdapters, GetProblems, Score) retry on UNAVAILABLE, and a failed call
+is an `RlvrError` that `failure` translates, in one place:
 
-Errors while checking a request keep their meaning for the caller (a dataset the reward service
-refuses is INVALID_ARGUMENT, an unreachable peer UNAVAILABLE); errors while running become the
-evaluation's one-line cause, naming the service, its address and the call.
+- while a request is checked, a refusal keeps its meaning for our caller (a dataset the reward
+  service refuses is INVALID_ARGUMENT, an unreachable peer UNAVAILABLE);
+- while an evaluation runs, it becomes the evaluation's one-line cause, naming the service, its
+  address and the call.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
-from rlvr.common.client import make_channel
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
 from rlvr.jobspec import REWARD_FUNCTIONS
+from rlvr.peers.base import RlvrError
+from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
+from rlvr.peers.types import AdapterTag, Sampling, Score, chat_prompt, generate_request, score_request
 from rlvr.tasks import Message, Problem
-from rlvr.transfer import adapter_upload
-from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlvr.v1 import common_pb2, reward_pb2
 from services.benchmark.catalog import RewardName
 from services.benchmark.planning import RolloutModel
-from services.benchmark.runner import AdapterTag, Answer, EvaluationError, Question, Sampling, Score
+from services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
 
 CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -32,23 +35,30 @@ CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
 }
 
 
-def checking_error(e: grpc.aio.AioRpcError, service: str, address: str) -> Exception:
-    """A peer's refusal while a request is checked, as the same kind of error for our caller."""
-    details = e.details() or e.code().name
-    if e.code() in CODES:
-        return CODES[e.code()](details)
-    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Unavailable(f"the {service} service at {address} is unreachable ({e.code().name}: {details})")
-    return RuntimeError(f"the {service} service at {address}: {e.code().name}: {details}")
+def failure(e: RlvrError, *, running: bool) -> Exception:
+    """A peer's failed call as our own error: the evaluation's cause while `running`, else (while a
+    request is checked) the same kind of error for our caller."""
+    if running:
+        return EvaluationError(e.describe())
+    details = e.details or e.code.name
+    if e.code in CODES:
+        return CODES[e.code](details)
+    if e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"the {e.service} service at {e.address} is unreachable ({e.code.name}: {details})")
+    return RuntimeError(f"the {e.service} service at {e.address}: {e.code.name}: {details}")
 
 
-def running_error(e: grpc.aio.AioRpcError, service: str, address: str, call: str) -> EvaluationError:
-    return EvaluationError(f"{service} service at {address}: {call} failed: {e.code().name}: "
-                           f"{' '.join((e.details() or '').split())}")
+@contextmanager
+def translated(*, running: bool = False) -> Iterator[None]:
+    try:
+        yield
+    except RlvrError as e:
+        raise failure(e, running=running) from None
 
 
 class ServicePeers:
-    """planning.Peers over gRPC; also the Generator and the Scorer of the runner."""
+    """planning.Peers over gRPC; also the Generator and the Scorer of the runner. Create it inside
+    the event loop that uses it (grpc.aio channels belong to one loop)."""
 
     def __init__(self, rollout_address: str, reward_address: str, *, generate_timeout_s: float = 600.0,
                  score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0) -> None:
@@ -57,54 +67,39 @@ class ServicePeers:
         self.generate_timeout_s = generate_timeout_s
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
-        self._rollout_channel = make_channel(rollout_address, aio=True)
-        self._reward_channel = make_channel(reward_address, aio=True)
-        self.rollout = rollout_pb2_grpc.RolloutServiceStub(self._rollout_channel)
-        self.reward = reward_pb2_grpc.RewardServiceStub(self._reward_channel)
-        self.generator = self
-        self.scorer = self
+        self.rollout = AsyncRolloutClient(rollout_address)
+        self.reward = AsyncRewardClient(reward_address)
+        self.generator: Generator = self  # planning.Peers declares these as the protocols
+        self.scorer: Scorer = self
 
     async def close(self) -> None:
-        await self._rollout_channel.close()
-        await self._reward_channel.close()
+        await self.rollout.close()
+        await self.reward.close()
 
     # ------------------------------------------------------------------ checks (planning.Peers)
 
     async def rollout_model(self) -> RolloutModel:
-        try:
-            info = await self.rollout.GetInfo(rollout_pb2.GetInfoRequest())
-        except grpc.aio.AioRpcError as e:
-            raise checking_error(e, "rollout", self.rollout_address) from None
+        with translated():
+            info = await self.rollout.get_info()
         return RolloutModel(model=info.model, max_model_len=info.max_model_len, address=self.rollout_address)
 
     async def live_adapters(self) -> dict[str, int]:
-        try:
-            response = await self.rollout.ListAdapters(rollout_pb2.ListAdaptersRequest())
-        except grpc.aio.AioRpcError as e:
-            raise checking_error(e, "rollout", self.rollout_address) from None
+        with translated():
+            response = await self.rollout.list_adapters()
         return {a.name: a.version for a in response.adapters}
 
     async def upload_adapter(self, name: str, version: int, directory: Path) -> int:
-        # Read in a worker thread: an adapter can be hundreds of MB and the event loop serves calls.
-        messages = await asyncio.to_thread(list, adapter_upload(name, version, directory))
-
-        async def stream() -> AsyncIterator[rollout_pb2.LoadAdapterRequest]:
-            for message in messages:
-                yield message
-
-        try:
-            info = await self.rollout.LoadAdapter(stream(), timeout=self.upload_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise checking_error(e, "rollout", self.rollout_address) from None
+        # The files are read in a worker thread, a chunk at a time: an adapter can be hundreds of
+        # MB and the event loop serves calls meanwhile.
+        with translated():
+            info = await self.rollout.load_adapter(name, version, directory, timeout=self.upload_timeout_s)
         return info.version
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
         request = reward_pb2.GetProblemsRequest(function=REWARD_FUNCTIONS[function], split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
                                                 limit=limit, dataset=dataset, dataset_split=split)
-        try:
-            response = await self.reward.GetProblems(request)
-        except grpc.aio.AioRpcError as e:
-            raise checking_error(e, "reward", self.reward_address) from None
+        with translated():
+            response = await self.reward.get_problems(request)
         return [
             Problem(id=p.id, task=function, question=p.question, ground_truth=p.ground_truth,
                     compact=p.compact or None,
@@ -115,40 +110,22 @@ class ServicePeers:
     # ------------------------------------------------------------------ the run (Generator, Scorer)
 
     async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
-        request = rollout_pb2.GenerateRequest(
-            prompts=[
-                rollout_pb2.Prompt(messages=rollout_pb2.ChatMessages(
-                    messages=[common_pb2.ChatMessage(role=r, content=c) for r, c in q.messages]))
-                for q in questions
-            ],
-            n=1,
-            sampling=common_pb2.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                               seed=sampling.seed, max_tokens=sampling.max_tokens),
-            # An explicit version: the rollout service refuses rather than answer with another one.
-            adapter=common_pb2.AdapterSelector(name=adapter.name, version=adapter.version),
-            request_id=f"benchmark-q{questions[0].index}",
-        )
+        # An explicit version: the rollout service refuses rather than answer with another one.
+        request = generate_request([chat_prompt(q.messages) for q in questions], sampling, adapter,
+                                   request_id=f"benchmark-q{questions[0].index}")
         answers: list[Answer] = []
-        try:
-            async for response in self.rollout.Generate(request, timeout=self.generate_timeout_s):
-                for c in response.completions:
-                    if not 0 <= c.prompt_index < len(questions):
-                        raise EvaluationError(f"rollout service at {self.rollout_address} answered prompt "
-                                              f"{c.prompt_index} of {len(questions)}")
-                    reason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
-                    answers.append(Answer(questions[c.prompt_index].index, c.text, reason,
-                                          AdapterTag(c.adapter_name, c.adapter_version)))
-        except grpc.aio.AioRpcError as e:
-            raise running_error(e, "rollout", self.rollout_address, "Generate") from None
+        with translated(running=True):
+            async with self.rollout.generate(request, timeout=self.generate_timeout_s) as stream:
+                async for response in stream:
+                    for c in response.completions:
+                        if not 0 <= c.prompt_index < len(questions):
+                            raise EvaluationError(f"rollout service at {self.rollout_address} answered prompt "
+                                                  f"{c.prompt_index} of {len(questions)}")
+                        reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
+                        answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
         return answers
 
     async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:
-        request = reward_pb2.ScoreRequest(
-            function=REWARD_FUNCTIONS[function],
-            items=[reward_pb2.ScoreItem(completion=c, ground_truth=g) for c, g in items],
-        )
-        try:
-            response = await self.reward.Score(request, timeout=self.score_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise running_error(e, "reward", self.reward_address, "Score") from None
-        return [Score(r.reward, r.accuracy, r.format, r.strict, r.extracted_answer) for r in response.results]
+        with translated(running=True):
+            response = await self.reward.score(score_request(function, items), timeout=self.score_timeout_s)
+        return [Score.of(r) for r in response.results]

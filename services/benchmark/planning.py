@@ -20,6 +20,7 @@ from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, out_of_range
 from rlvr.jobspec import MAX_COMPLETION
 from rlvr.models import is_tiny
+from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.tasks import (
     COMPACT_STYLE,
     FULL_STYLE,
@@ -31,7 +32,7 @@ from rlvr.tasks import (
 from rlvr.tiny import default_model_dir
 from rlvr.v1 import benchmark_pb2, common_pb2
 from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
-from services.benchmark.runner import AdapterTag, Generator, Question, Sampling, Scorer
+from services.benchmark.runner import Generator, Question, Scorer
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
@@ -79,8 +80,7 @@ class Plan:
 
     @property
     def sampling_proto(self) -> common_pb2.SamplingParams:
-        s = self.sampling
-        return common_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=s.max_tokens)
+        return self.sampling.to_proto()
 
 
 def check_sampling(request: benchmark_pb2.RunEvaluationRequest) -> Sampling:

@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import Float, cast, func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from rlvr.infra.schema import EvaluationRow, QuestionResultRow
 from rlvr.infra.store import Store
@@ -30,7 +30,7 @@ TERMINAL = frozenset({"COMPLETED", "FAILED"})
 STATUS_RANK = {"QUEUED": 1, "RUNNING": 2, "COMPLETED": 3, "FAILED": 3}
 
 
-def status_value(name: str) -> int:
+def status_value(name: str) -> benchmark_pb2.EvaluationStatus:
     return benchmark_pb2.EvaluationStatus.Value(f"EVALUATION_STATUS_{name}")
 
 
@@ -116,7 +116,7 @@ def list_evaluations(store: Store, benchmark: str, limit: int) -> list[Evaluatio
     stmt = select(EvaluationRow)
     if benchmark:
         stmt = stmt.where(EvaluationRow.benchmark == benchmark)
-    stmt = stmt.order_by(EvaluationRow.created_at.desc(), EvaluationRow.id).limit(limit)
+    stmt = stmt.order_by(col(EvaluationRow.created_at).desc(), EvaluationRow.id).limit(limit)
     with Session(store.engine) as session:
         return list(session.exec(stmt).all())
 
@@ -135,7 +135,7 @@ def leaderboard(store: Store, benchmark: str, score_column: str, limit: int) -> 
     stmt = (
         select(EvaluationRow)
         .where(EvaluationRow.benchmark == benchmark, EvaluationRow.status == "COMPLETED")
-        .order_by(column.desc().nulls_last(), EvaluationRow.finished_at.asc(), EvaluationRow.id)
+        .order_by(column.desc().nulls_last(), col(EvaluationRow.finished_at).asc(), EvaluationRow.id)
         .limit(limit)
     )
     with Session(store.engine) as session:
@@ -149,7 +149,7 @@ def question_results(
     where = [QuestionResultRow.evaluation_id == evaluation_id]
     if only_wrong:
         where.append(QuestionResultRow.accuracy < 1.0)
-    stmt = select(QuestionResultRow).where(*where).order_by(QuestionResultRow.index).offset(offset)
+    stmt = select(QuestionResultRow).where(*where).order_by(col(QuestionResultRow.index)).offset(offset)
     if limit:
         stmt = stmt.limit(limit)
     with Session(store.engine) as session:

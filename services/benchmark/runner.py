@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from rlvr.infra.schema import QuestionResultRow
 from rlvr.infra.store import Store
+from rlvr.peers.types import AdapterTag, Sampling, Score
 from services.benchmark.catalog import RewardName, Tally
 
 FinishReason = Literal["STOP", "LENGTH"]
@@ -43,41 +44,11 @@ class Question:
 
 
 @dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class AdapterTag:
-    """The policy that must answer: ("", 0) is the base model alone."""
-
-    name: str = ""
-    version: int = 0
-
-    def __str__(self) -> str:
-        return f"adapter {self.name} v{self.version}" if self.name else "the base model"
-
-
-@dataclass(frozen=True)
 class Answer:
     index: int
     text: str
     finish_reason: FinishReason
     adapter: AdapterTag  # as stamped by the engine
-
-
-@dataclass(frozen=True)
-class Score:
-    """The reward service's components of one completion."""
-
-    reward: float
-    accuracy: float
-    format: float
-    strict: bool  # correct, and written exactly as the ground truth in its canonical place
-    extracted_answer: str
 
 
 class Generator(Protocol):
@@ -161,8 +132,7 @@ async def run_questions(
 
     async def generate(batch: Sequence[Question]) -> tuple[list[Answer], float]:
         t0 = time.perf_counter()
-        seeded = Sampling(sampling.temperature, sampling.top_p, sampling.max_tokens,
-                          batch_seed(sampling.seed, batch[0].index))
+        seeded = replace(sampling, seed=batch_seed(sampling.seed or 0, batch[0].index))
         answers = await generator.generate(batch, seeded, adapter)
         return answers, time.perf_counter() - t0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -17,6 +18,11 @@ from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 from services.benchmark.evaluations import EvaluationManager
 from services.benchmark.settings import BenchmarkSettings
 from services.common.server import GrpcService
+
+if TYPE_CHECKING:  # imported by start()
+    from rlvr.infra.events import EventBus
+    from rlvr.infra.store import Store
+    from services.benchmark.peers import ServicePeers
 
 log = logging.getLogger("rlvr.benchmark")
 
@@ -68,9 +74,9 @@ class BenchmarkCore:
     def __init__(self, settings: BenchmarkSettings, servicer: BenchmarkServicer) -> None:
         self.settings = settings
         self.servicer = servicer
-        self.store = None
-        self.bus = None
-        self.peers = None
+        self.store: Store | None = None
+        self.bus: EventBus | None = None
+        self.peers: ServicePeers | None = None
 
     async def start(self) -> None:
         from services.benchmark.events import BusEvents

@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rlvr.common.settings import ServiceSettings, setting_label
+from rlvr.common.settings import NatsFields, ServiceSettings, StoreFields, setting_label
 from rlvr.infra.events import EventBus, EventBusError
 from rlvr.infra.store import Store, StoreError
 from services.common.server import StartupError
 
 
 async def open_store(settings: ServiceSettings) -> Store:
-    url: str = settings.database_url  # type: ignore[attr-defined]
+    assert isinstance(settings, StoreFields), f"{type(settings).__name__} has no database_url"
+    url = settings.database_url
     try:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -26,7 +27,8 @@ async def open_store(settings: ServiceSettings) -> Store:
 
 
 async def open_bus(settings: ServiceSettings, name: str) -> EventBus:
-    url: str = settings.nats_url  # type: ignore[attr-defined]
+    assert isinstance(settings, NatsFields), f"{type(settings).__name__} has no nats_url"
+    url = settings.nats_url
     try:
         return await EventBus.connect(url, name=name)
     except (EventBusError, OSError) as e:

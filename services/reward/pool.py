@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from rlvr.rewards.scoring import (
     DEFAULT_FORMAT_WEIGHT,
@@ -30,7 +31,7 @@ from rlvr.rewards.scoring import (
     score,
 )
 
-ScoreFn = Callable[[str, str, str, bool, float], ScoreResult]
+ScoreFn = Callable[[ScoringFunction, str, str, bool, float], ScoreResult]
 DEFAULT_TIMEOUT_S = 2.0
 _CHUNK = 256  # results per message
 _MIN_ITEMS_PER_WORKER = 256  # smaller batches are not worth splitting
@@ -44,7 +45,7 @@ class ScoreItem:
     format_bonus: bool = True
     format_weight: float = DEFAULT_FORMAT_WEIGHT
 
-    def args(self) -> tuple[str, str, str, bool, float]:
+    def args(self) -> tuple[ScoringFunction, str, str, bool, float]:
         return (self.function, self.completion, self.ground_truth, self.format_bonus, self.format_weight)
 
 
@@ -77,7 +78,7 @@ def _worker_main(conn: Connection, state, score_fn: ScoreFn) -> None:  # state: 
 
 
 class _Worker:
-    def __init__(self, ctx: mp.context.BaseContext, score_fn: ScoreFn) -> None:
+    def __init__(self, ctx: mp.context.SpawnContext, score_fn: ScoreFn) -> None:
         self.state = ctx.Array("d", [0.0, -1.0], lock=False)
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, self.state, score_fn), daemon=True)
@@ -164,7 +165,7 @@ class ScoringPool:
         poll_s = min(0.05, timeout_s / 4)
         while pending:
             by_conn = {self._workers[slot].conn: slot for slot in pending}
-            for conn in wait(list(by_conn), timeout=poll_s):
+            for conn in cast(list[Connection], wait(list(by_conn), timeout=poll_s)):  # a subset of by_conn
                 slot = by_conn[conn]
                 try:
                     message = conn.recv()
@@ -181,7 +182,7 @@ class ScoringPool:
                     index = sent[start + offset]
                     if kind == "error":
                         raise RuntimeError(f"scoring item {index} failed: {value}")
-                    results[index] = value  # type: ignore[assignment]
+                    results[index] = value
             now = time.monotonic()
             for slot in list(pending):
                 state = self._workers[slot].state

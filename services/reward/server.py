@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 
-from rlvr.common.errors import InvalidArgument, map_errors, out_of_range
+from rlvr.common.errors import InvalidArgument, Unavailable, map_errors, out_of_range
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from services.common.server import GrpcService
 from services.reward.settings import RewardSettings
 
-FUNCTION_NAMES = {
+if TYPE_CHECKING:  # both are imported when first used
+    from rlvr.rewards.scoring import ScoringFunction
+    from services.reward.pool import ScoringPool
+
+FUNCTION_NAMES: dict[int, ScoringFunction] = {
     common_pb2.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
     common_pb2.REWARD_FUNCTION_GSM8K: "gsm8k",
     common_pb2.REWARD_FUNCTION_BOXED: "boxed",
@@ -35,7 +40,7 @@ DISPLAY = {
 }
 
 
-def function_name(value: int, field: str = "function") -> str:
+def function_name(value: int, field: str = "function") -> ScoringFunction:
     if value == common_pb2.REWARD_FUNCTION_UNSPECIFIED:
         return "math_pairs"
     if value not in FUNCTION_NAMES:
@@ -47,7 +52,7 @@ def function_name(value: int, field: str = "function") -> str:
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self, settings: RewardSettings) -> None:
         self.settings = settings
-        self._pool = None
+        self._pool: ScoringPool | None = None
 
     def start(self) -> None:
         import os
@@ -75,8 +80,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             raise out_of_range("timeout_seconds", timeout, "0.001-10 (default 0.5)")
         bonus = request.format_bonus if request.HasField("format_bonus") else True
         items = [ScoreItem(function, it.completion, it.ground_truth, bonus, weight) for it in request.items]
+        if self._pool is None:  # the port is open before start() has made the pool
+            raise Unavailable("the reward service is starting; retry")
         t0 = time.perf_counter()
-        results = await asyncio.to_thread(self._pool.score_batch, items, timeout)  # type: ignore[union-attr]
+        results = await asyncio.to_thread(self._pool.score_batch, items, timeout)
         return reward_pb2.ScoreResponse(
             results=[common_pb2.RewardComponents(reward=r.reward, accuracy=r.accuracy, format=r.format,
                                                  strict=r.strict, extracted_answer=r.extracted_answer or "",

@@ -34,7 +34,7 @@ def job_status_name(value: int) -> str:
     return common_pb2.JobStatus.Name(value).removeprefix("JOB_STATUS_")
 
 
-def job_status_value(name: str) -> int:
+def job_status_value(name: str) -> common_pb2.JobStatus:
     return common_pb2.JobStatus.Value(f"JOB_STATUS_{name}")
 
 
@@ -84,7 +84,7 @@ def loop_status_name(value: int) -> str:
     return scheduler_pb2.LoopStatus.Name(value).removeprefix("LOOP_STATUS_")
 
 
-def loop_status_value(name: str) -> int:
+def loop_status_value(name: str) -> scheduler_pb2.LoopStatus:
     return scheduler_pb2.LoopStatus.Value(f"LOOP_STATUS_{name}")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class ScoredRound(Protocol):
@@ -23,6 +23,9 @@ class ScoredRound(Protocol):
     status: str
     score: float | None
     real_gain: bool
+
+
+R = TypeVar("R", bound=ScoredRound)  # a round type the rules hand back as it came (a RoundRow)
 
 
 def percent(share: float) -> float:
@@ -56,13 +59,13 @@ def is_real_gain(score: float, best_before: float, threshold: float) -> bool:
     return score - best_before > threshold
 
 
-def scored(rounds: Sequence[ScoredRound]) -> list[ScoredRound]:
+def scored(rounds: Sequence[R]) -> list[R]:
     return [r for r in rounds if r.status == "SCORED" and r.score is not None]
 
 
-def best_round(rounds: Sequence[ScoredRound]) -> ScoredRound | None:
+def best_round(rounds: Sequence[R]) -> R | None:
     """The round with the highest score; ties go to the earlier round. None before any score."""
-    best: ScoredRound | None = None
+    best: R | None = None
     for r in sorted(scored(rounds), key=lambda r: r.index):
         assert r.score is not None
         if best is None or r.score > (best.score or 0.0):

@@ -21,6 +21,7 @@ which a driver waits out (bounded by `peer_wait_seconds`) instead of failing the
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
@@ -112,7 +113,7 @@ class LoopManager:
     def _spawn(self, loop_id: str) -> None:
         task = asyncio.create_task(self._drive(loop_id), name=f"loop-{loop_id}")
         self._drivers[loop_id] = task
-        task.add_done_callback(lambda t, i=loop_id: self._drivers.pop(i, None) if self._drivers.get(i) is t else None)
+        task.add_done_callback(lambda t: self._drivers.pop(loop_id, None) if self._drivers.get(loop_id) is t else None)
 
     # ------------------------------------------------------------------ API
 
@@ -276,7 +277,7 @@ class LoopManager:
 
     # ------------------------------------------------------------------ a round
 
-    async def _start_round(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec, rounds: list[RoundRow]) -> None:
+    async def _start_round(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec, rounds: builtins.list[RoundRow]) -> None:
         index = len(rounds) + 1
         best = loop_rules.best_round(rounds)
         job_spec = common_pb2.JobSpec()
@@ -316,8 +317,11 @@ class LoopManager:
                                        f"round {round_.index}: training job {job_id} on {job.worker or 'a worker'}")
             elif job.status in TERMINAL:
                 break
-            seen = job.status
-            job = await self.jobs.wait_job(job_id, lambda r, s=seen: r.status != s)
+
+            def changed(row: JobRow, seen: str = job.status) -> bool:
+                return row.status != seen
+
+            job = await self.jobs.wait_job(job_id, changed)
         training = (job.finished_at - job.started_at).total_seconds() if job.started_at and job.finished_at else 0.0
         if job.status == "COMPLETED" and job.adapter_path:
             await self._update_round(round_, status="BENCHMARKING", training_seconds=training)
@@ -329,7 +333,7 @@ class LoopManager:
         await self._fail(loop.id, error, round_.index)
 
     async def _benchmark(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec, round_: RoundRow,
-                         rounds: list[RoundRow]) -> None:
+                         rounds: builtins.list[RoundRow]) -> None:
         job = await self.jobs.job_row(round_.job_id or "")
         if loop.status != "BENCHMARKING":
             await self._set_status(loop.id, "BENCHMARKING", round_.index,

@@ -12,11 +12,12 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.jobspec import (
     BACKEND_KEYS,
+    DEFAULT_DATASET_SPLIT,
     GPU_MEMORY_FRACTION,
     LOSS_NAMES,
     QUANT_KEYS,
@@ -123,6 +124,11 @@ class JobConfig:
         return data
 
 
+def as_typed(value: float) -> float:
+    """A proto `float` (32-bit) as the decimal the user typed: 0.3 arrives as 0.30000001192..."""
+    return float(f"{value:.7g}")
+
+
 def job_config_from_request(
     request: trainer_pb2.StartJobRequest, artifact_root: Path, data_roots: tuple[Path, ...] = ()
 ) -> JobConfig:
@@ -149,9 +155,9 @@ def job_config_from_request(
         reward_function=REWARD_KEYS[r.function],
         synthetic_prompts=r.synthetic_prompts or SYNTHETIC_PROMPTS.default,  # 0 unless math_pairs
         format_bonus=r.format_bonus,
-        format_bonus_weight=r.format_bonus_weight,
+        format_bonus_weight=as_typed(r.format_bonus_weight),
         dataset=r.dataset,
-        dataset_split=r.dataset_split,
+        dataset_split=r.dataset_split or DEFAULT_DATASET_SPLIT,  # "" for Math Pairs, which has no splits
         group_size=g.group_size,
         max_completion_tokens=g.max_completion_tokens,
         lora_rank=g.lora_rank,
@@ -163,12 +169,11 @@ def job_config_from_request(
         epochs=a.epochs,
         quantization=QUANT_KEYS[a.quantization],
         generation_backend=BACKEND_KEYS[a.generation_backend],
-        # a proto float: 0.3 arrives as 0.30000001192...
-        gpu_memory_fraction=round(a.gpu_memory_fraction, 6) if a.HasField("gpu_memory_fraction")
+        gpu_memory_fraction=as_typed(a.gpu_memory_fraction) if a.HasField("gpu_memory_fraction")
         else GPU_MEMORY_FRACTION.default,
         gpu_selection=a.gpu_selection,
         kl_beta=a.kl_beta,
-        temperature=a.temperature,
+        temperature=as_typed(a.temperature),
         dynamic_sampling=a.dynamic_sampling,
         lora_init="gaussian" if a.lora_init == "gaussian" else "default",
         seed=a.seed,
@@ -179,8 +184,8 @@ def job_config_from_request(
     )
 
 
-def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: object) -> JobConfig:
+def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any) -> JobConfig:
     """A JobConfig with the spec's defaults (resolved by `resolve_spec`, as for any submitted job) for
     every field not given: in-process runs, tests and benches."""
     request = trainer_pb2.StartJobRequest(job_id=job_id, spec=C.JobSpec(base_model=base_model))
-    return replace(job_config_from_request(request, artifact_root), **fields)  # type: ignore[arg-type]
+    return replace(job_config_from_request(request, artifact_root), **fields)

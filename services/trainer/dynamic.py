@@ -7,7 +7,8 @@ sampling a step keeps generating groups for further training prompts until it ha
 *with* a reward spread as the step has prompts, or it has drawn `MAX_DRAW_FACTOR` times the step's
 prompts; groups without signal fill the batch when too few carry one, so a step never shrinks.
 
-Pure selection logic here; `GrpoEngine._rollout` drives the generation and scoring rounds.
+Pure selection logic here; `Step.rollout` (step.py) drives the generation and scoring rounds. Each
+completion is scored once: the kept groups' scores are the rewards TRL trains with.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class PromptDraw:
         self._order: list[int] = []
 
     def take(self, n: int) -> list[tuple[str, str]]:
-        out = []
+        out: list[tuple[str, str]] = []
         while len(out) < n:
             if not self._order:
                 self._order = list(range(len(self._prompts)))

@@ -37,7 +37,8 @@ STATUS_BY_OUTCOME = {
 
 
 def status_event(
-    job_id: str, status: int, message: str = "", adapter: common_pb2.AdapterRef | None = None, step: int = 0
+    job_id: str, status: common_pb2.JobStatus, message: str = "", adapter: common_pb2.AdapterRef | None = None,
+    step: int = 0,
 ) -> common_pb2.JobStatusEvent:
     now = Timestamp()
     now.GetCurrentTime()

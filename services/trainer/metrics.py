@@ -1,9 +1,9 @@
 """One step's measurements and the `MetricEvent` built from them.
 
-The engine fills a `StepRecord` as the step runs (generation, scoring, the optimizer step, the
-adapter sync, each timed where it happens) and finishes it with what TRL logged for the step
-(loss, KL, entropy, learning rate). Reward mean/std come from the scores themselves, not from
-TRL's log, whose `reward_std` is the mean of per-group standard deviations.
+The step (services/trainer/step.py) fills its `StepRecord` as it runs (generation, scoring, the
+optimizer step, the adapter sync, each timed where it happens) and finishes it with what TRL logged
+for the step (loss, KL, entropy, learning rate). Reward mean/std come from the scores themselves,
+not from TRL's log, whose `reward_std` is the mean of per-group standard deviations.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -27,10 +28,9 @@ class StepRecord:
     adapter_version: int = 0
     completion_lengths: list[int] = field(default_factory=list)
     clipped: list[bool] = field(default_factory=list)
-    scores: list[Score] = field(default_factory=list)  # the completions trained on
-    # With dynamic sampling: every completion generated this step (the policy's performance);
-    # the reward/accuracy/format metrics describe these rather than the kept groups.
-    policy_scores: list[Score] | None = None
+    # Every completion generated this step (the policy's performance): with dynamic sampling also
+    # those of groups not trained on; the reward/accuracy/format metrics describe these.
+    scores: list[Score] = field(default_factory=list)
     groups_with_signal: int = 0
     groups_drawn: int = 0
     generate_seconds: float = 0.0
@@ -51,9 +51,9 @@ class StepRecord:
         self.step_seconds = time.perf_counter() - self.started
 
 
-def _finite(value: object) -> float | None:
+def _finite(value: Any) -> float | None:  # a log value of any type: None unless a finite number
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
@@ -64,7 +64,7 @@ def metric_event(
 ) -> common_pb2.MetricEvent:
     """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
     entropy, kl); `kl` is set only when the KL term is computed (kl_beta > 0)."""
-    scores = record.policy_scores if record.policy_scores is not None else record.scores
+    scores = record.scores
     rewards = [s.reward for s in scores]
     lengths: Sequence[int] = record.completion_lengths or [0]
     event = common_pb2.MetricEvent(

@@ -11,7 +11,8 @@
   process, loading every adapter version as a LoRA and checking each completion's as above.
 
 All return the same `RolloutBatch`: one row per completion, prompts repeated `group_size` times in
-a row (the layout GRPO's group-relative advantage and TRL's RepeatSampler use).
+a row (the layout GRPO's group-relative advantage and TRL's RepeatSampler use). `AdapterTag` and
+`Sampling` are the peer types every caller of the rollout service shares (`rlvr.peers.types`).
 """
 
 from __future__ import annotations
@@ -22,32 +23,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from rlvr.peers.base import RlvrError
+from rlvr.peers.clients import RolloutClient
+from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, generate_request, token_prompt
 from rlvr.v1 import common_pb2, rollout_pb2
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
-
-@dataclass(frozen=True)
-class AdapterTag:
-    """Which policy generated (or must generate) a completion: ("", 0) is the bare base model."""
-
-    name: str
-    version: int
-
-    def __str__(self) -> str:
-        return f"{self.name or 'base model'} v{self.version}"
-
-
-BASE_MODEL = AdapterTag("", 0)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    group_size: int
-    max_tokens: int
-    temperature: float
-    seed: int | None = None
+__all__ = [
+    "BASE_MODEL",
+    "AdapterTag",
+    "AdapterVersionMismatch",
+    "LocalGenerator",
+    "PolicyGenerator",
+    "RolloutBatch",
+    "RolloutError",
+    "Sampling",
+    "ServiceGenerator",
+    "check_versions",
+]
 
 
 @dataclass
@@ -64,6 +60,15 @@ class RolloutBatch:
 
 class AdapterVersionMismatch(RuntimeError):
     """A completion came from another adapter version than the one the trainer pushed."""
+
+
+class RolloutError(RuntimeError):
+    """The rollout service failed a call; the message is one line naming the service, its address,
+    the call and the status ("rollout service at H:P: Generate failed: NOT_FOUND: ...")."""
+
+    def __init__(self, error: RlvrError) -> None:
+        super().__init__(error.describe())
+        self.code = error.code
 
 
 class PolicyGenerator(Protocol):
@@ -93,7 +98,7 @@ def check_versions(stamps: Sequence[AdapterTag], expected: AdapterTag, step: int
 class LocalGenerator:
     """In-process sampling from the policy being trained (transformers + peft)."""
 
-    def __init__(self, tokenizer: object, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int]) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
         self.model: torch.nn.Module | None = None  # bound by the engine once TRL has wrapped it
@@ -107,7 +112,7 @@ class LocalGenerator:
 
         assert self.model is not None, "LocalGenerator.bind(model) first"
         started = time.perf_counter()
-        pad = int(self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        pad = int(self.tokenizer.pad_token_id)
         rows = [list(p) for p in prompts for _ in range(sampling.group_size)]
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -123,7 +128,7 @@ class LocalGenerator:
             max_new_tokens=sampling.max_tokens, pad_token_id=pad, eos_token_id=self.eos_token_ids,
         )
         with torch.no_grad():
-            out = self.model.generate(  # type: ignore[operator]
+            out = self.model.generate(  # type: ignore[operator]  # a transformers model; nn.Module says Tensor | Module
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
             )
         completion_ids, clipped = [], []
@@ -141,11 +146,10 @@ class LocalGenerator:
 
 
 class ServiceGenerator:
-    """Generation through RolloutService (vLLM, or its transformers fallback) with adapter sync."""
+    """Generation through RolloutService (vLLM, or its transformers fallback) with adapter sync,
+    over the typed sync client (deadlines, retries); every failed call is a `RolloutError`."""
 
     def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0) -> None:
-        from rlvr.peers.clients import RolloutClient  # the typed client: deadlines, RlvrError
-
         self.address = address
         self.client = RolloutClient(address)
         self.generate_timeout_s = generate_timeout_s
@@ -153,7 +157,10 @@ class ServiceGenerator:
         self.step = 0  # for error messages only
 
     def info(self) -> rollout_pb2.RolloutInfo:
-        return self.client.get_info()
+        try:
+            return self.client.get_info()
+        except RlvrError as e:
+            raise RolloutError(e) from None
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Waits until the rollout server's health is SERVING: a job queued while the stack starts
@@ -171,37 +178,31 @@ class ServiceGenerator:
 
     def forget(self, name: str) -> None:
         """Unloads `name` if the server holds it (a rerun of a job id starts again at version 1)."""
-        from rlvr.peers.base import RlvrError
-
         try:
             self.client.unload_adapter(rollout_pb2.UnloadAdapterRequest(name=name))
         except RlvrError as e:
             if e.code.name != "NOT_FOUND":
-                raise
+                raise RolloutError(e) from None
 
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
         started = time.perf_counter()
         n = sampling.group_size
-        request = rollout_pb2.GenerateRequest(
-            prompts=[rollout_pb2.Prompt(token_ids=rollout_pb2.TokenIds(ids=p)) for p in prompts],
-            n=n,
-            sampling=common_pb2.SamplingParams(
-                temperature=sampling.temperature, top_p=1.0, seed=sampling.seed, max_tokens=sampling.max_tokens
-            ),
-            # An explicit version: the server itself refuses (NOT_FOUND) if it is not the live one.
-            adapter=common_pb2.AdapterSelector(name=expected.name, version=expected.version),
-            request_id=f"trainer-step-{self.step}",
-        )
+        # An explicit version: the server itself refuses (NOT_FOUND) if it is not the live one.
+        request = generate_request([token_prompt(p) for p in prompts], sampling, expected,
+                                   request_id=f"trainer-step-{self.step}")
         by_index: dict[tuple[int, int], rollout_pb2.Completion] = {}
-        for response in self.client.generate(request, timeout=self.generate_timeout_s):
-            for c in response.completions:
-                by_index[(c.prompt_index, c.sample_index)] = c
+        try:
+            for response in self.client.generate(request, timeout=self.generate_timeout_s):
+                for c in response.completions:
+                    by_index[(c.prompt_index, c.sample_index)] = c
+        except RlvrError as e:
+            raise RolloutError(e) from None
         missing = [(p, s) for p in range(len(prompts)) for s in range(n) if (p, s) not in by_index]
         if missing:
             raise RuntimeError(f"rollout service at {self.address} returned {len(by_index)} of "
                                f"{len(prompts) * n} completions (first missing: prompt {missing[0][0]})")
         ordered = [by_index[(p, s)] for p in range(len(prompts)) for s in range(n)]
-        check_versions([AdapterTag(c.adapter_name, c.adapter_version) for c in ordered], expected, self.step)
+        check_versions([AdapterTag.of(c) for c in ordered], expected, self.step)
         for c in ordered:
             sent = list(prompts[c.prompt_index])
             if c.prompt_token_ids and list(c.prompt_token_ids) != sent:
@@ -218,7 +219,10 @@ class ServiceGenerator:
         )
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
-        info = self.client.load_adapter(tag.name, tag.version, directory, timeout=self.upload_timeout_s)
+        try:
+            info = self.client.load_adapter(tag.name, tag.version, directory, timeout=self.upload_timeout_s)
+        except RlvrError as e:
+            raise RolloutError(e) from None
         if (info.name, info.version) != (tag.name, tag.version):
             raise AdapterVersionMismatch(f"rollout service loaded {info.name} v{info.version} "
                                          f"when asked for {tag}")

@@ -368,7 +368,8 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
 
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
-    from services.trainer.engine import GrpoEngine, StepHooks
+    from services.trainer.engine import GrpoEngine
+    from services.trainer.step import StepHooks
 
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)
@@ -378,7 +379,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     if job.generation_backend == "vllm":
         generator = deps.generator
         assert generator is not None
-        initial = _prepare_rollout(job, generator, base_path, rank)  # type: ignore[arg-type]
+        initial = _prepare_rollout(job, generator, base_path, rank)  # type: ignore[arg-type]  # a ServiceGenerator (JobDeps)
     elif job.generation_backend == "vllm_colocate":
         generator = deps.generator or colocated
         assert generator is not None

@@ -3,7 +3,8 @@
 `ServiceScorer` calls the reward service (RewardService.Score), the deployment path of DESIGN.md;
 `LocalScorer` calls the same pure scoring functions in-process (tests, single-process benchmarks,
 and a worker configured without a reward service). Both keep the components apart: the GRPO
-advantage uses `reward`, the metrics report `accuracy` and `format` separately.
+advantage uses `reward`, the metrics report `accuracy` and `format` separately. `Score` is the peer
+type every caller of the reward service shares (`rlvr.peers.types`).
 """
 
 from __future__ import annotations
@@ -12,25 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
+from rlvr.jobspec import RewardName
+from rlvr.peers.base import RlvrError
+from rlvr.peers.clients import RewardClient
+from rlvr.peers.types import Score, score_request
 
-from rlvr.common.client import make_channel
-from rlvr.jobspec import REWARD_FUNCTIONS
-from rlvr.v1 import reward_pb2, reward_pb2_grpc
-
-
-@dataclass(frozen=True)
-class Score:
-    """One completion's score; reward = accuracy + format_bonus_weight * format (bonus on)."""
-
-    reward: float
-    accuracy: float
-    format: float
+__all__ = ["LocalScorer", "Score", "ScoreError", "ScoreSettings", "Scorer", "ServiceScorer"]
 
 
 @dataclass(frozen=True)
 class ScoreSettings:
-    function: str  # "math_pairs" | "gsm8k" | "boxed"
+    function: RewardName
     format_bonus: bool = True
     format_bonus_weight: float = 0.1
 
@@ -57,7 +50,7 @@ class LocalScorer:
         s = self.settings
         out = []
         for completion, truth in zip(completions, ground_truths, strict=True):
-            r = self._score(s.function, completion, truth, s.format_bonus, s.format_bonus_weight)  # type: ignore[arg-type]
+            r = self._score(s.function, completion, truth, s.format_bonus, s.format_bonus_weight)
             out.append(Score(reward=r.reward, accuracy=r.accuracy, format=r.format))
         return out
 
@@ -70,33 +63,28 @@ class ScoreError(RuntimeError):
 
 
 class ServiceScorer:
-    """Scores through RewardService.Score (one call per step; Score is idempotent and retried by
-    the channel on UNAVAILABLE)."""
+    """Scores through RewardService.Score over the typed sync client (one call per step; Score is
+    idempotent and retried by the channel on UNAVAILABLE); a failed call is a `ScoreError`."""
 
     def __init__(self, address: str, settings: ScoreSettings, timeout_s: float = 300.0) -> None:
         self.settings = settings
-        self._channel = make_channel(address)
-        self._stub = reward_pb2_grpc.RewardServiceStub(self._channel)
+        self.client = RewardClient(address)
         self._timeout_s = timeout_s
         self.address = address
 
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
         s = self.settings
-        request = reward_pb2.ScoreRequest(
-            function=REWARD_FUNCTIONS[s.function],
-            items=[reward_pb2.ScoreItem(completion=c, ground_truth=t)
-                   for c, t in zip(completions, ground_truths, strict=True)],
-            format_bonus=s.format_bonus,
-            format_bonus_weight=s.format_bonus_weight,
-        )
+        request = score_request(s.function, zip(completions, ground_truths, strict=True),
+                                format_bonus=s.format_bonus, format_bonus_weight=s.format_bonus_weight)
         try:
-            response = self._stub.Score(request, timeout=self._timeout_s)
-        except grpc.RpcError as e:
-            raise ScoreError(f"reward service at {self.address}: Score failed: {e.code().name}: {e.details()}") from None
+            response = self.client.score(request, timeout=self._timeout_s)
+        except RlvrError as e:
+            raise ScoreError(e.describe()) from None
         if len(response.results) != len(completions):
             raise ScoreError(f"reward service at {self.address} returned {len(response.results)} scores "
                              f"for {len(completions)} completions")
+        # The components the trainer uses, as LocalScorer gives them.
         return [Score(reward=r.reward, accuracy=r.accuracy, format=r.format) for r in response.results]
 
     def close(self) -> None:
-        self._channel.close()
+        self.client.close()

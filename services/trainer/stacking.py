@@ -200,7 +200,8 @@ def _targets(first: Mapping[str, Any], second: Mapping[str, Any]) -> str | list[
         if a != b:
             raise StackingError(f"the adapters' target_modules differ and one is a regex ({a!r} vs {b!r}); they "
                                 "cannot be written as one adapter")
-        return a  # type: ignore[return-value]
+        assert isinstance(a, str)  # equal to b, and one of them is a str
+        return a
     return sorted({*(a or []), *(b or [])})
 
 

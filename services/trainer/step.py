@@ -1,0 +1,230 @@
+"""One GRPO step, in the order it runs: generate -> score -> update -> push -> publish.
+
+TRL's `GRPOTrainer` runs the steps (engine.py builds it and wires its seams); each seam calls one
+method of the step's `Step`, which alone builds the step's `StepRecord`:
+
+1. generate  `Step.rollout` (TRL's rollout_func): `group_size` completions of each of the step's
+             prompts from the live policy; with dynamic sampling (dynamic.py) further prompts'
+             groups until enough carry a reward spread.
+2. score     also in `Step.rollout`, once per generated completion, right after its generation
+             round (dynamic sampling needs the scores to choose the groups). The rows TRL trains
+             on go back to it with their scores (the per-row "score" field).
+3. update    TRL: its reward function (`Step.rewards`) returns those scores' rewards, scoring
+             nothing again; TRL computes the advantages, the loss and the optimizer step
+             (`Step.updated` marks its end).
+4. push      `Step.push` (on_step_end): the adapter saved as version = step number and made the
+             live policy of the generator.
+5. publish   `Step.publish` (on_log): the record plus TRL's log line for the step, as one
+             `MetricEvent`.
+
+The adapter is pushed before the metrics are published: the event reports the push's time
+(sync_seconds), and TRL's log line (the loss) comes only after on_step_end.
+
+One exception to "scored in the rollout": the rollout function sees prompts, not dataset rows, so
+when the training set asks one question with different answers (possible only without dynamic
+sampling, which refuses such a set) it cannot tell which answer a row has. Such a job's rows are
+scored in step 3 instead, against TRL's rows' own answers; still once each.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rlvr.v1 import common_pb2
+from services.trainer.config import JobConfig
+from services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
+from services.trainer.metrics import StepRecord, metric_event
+from services.trainer.rollouts import AdapterTag, PolicyGenerator, RolloutBatch, Sampling
+from services.trainer.scorers import Score, Scorer
+
+log = logging.getLogger("rlvr.trainer.step")
+
+
+@dataclass
+class StepHooks:
+    """What a step calls out to; the runner provides them (artifacts, events, progress)."""
+
+    save_adapter: Callable[[Any, int], Path]  # (peft model, step) -> the directory holding the step's adapter
+    publish: Callable[[common_pb2.MetricEvent], None]
+    cancel: threading.Event
+
+
+def step_seed(job_seed: int, step: int) -> int:
+    """The sampling seed of a step's own rollouts."""
+    return (job_seed * 1_000_003 + step) % 2**63
+
+
+def round_seed(job_seed: int, step: int, extra_round: int) -> int:
+    """The sampling seed of dynamic sampling's extra round of a step: mixed so that it meets no
+    other step's or round's seed (see `step_seed`)."""
+    mixed = (job_seed * 1_000_003 + step) * 0x9E3779B97F4A7C15 + extra_round * 0xBF58476D1CE4E5B9
+    return (mixed ^ (mixed >> 31)) % 2**63
+
+
+def answers(prompts: Sequence[tuple[str, str]]) -> dict[str, str] | None:
+    """Each training question's answer, or None when some question is asked with different answers."""
+    truth = dict(prompts)
+    return truth if all(truth[p] == a for p, a in prompts) else None
+
+
+@dataclass
+class StepContext:
+    """What every step of a job uses, and the job-wide state the steps advance (`live`, `adapter_step`)."""
+
+    job: JobConfig
+    tokenizer: Any
+    generator: PolicyGenerator
+    scorer: Scorer
+    hooks: StepHooks
+    total_steps: int
+    truth: dict[str, str] | None  # `answers` of the training set
+    draw: PromptDraw | None  # further prompts: with dynamic sampling only
+    live: AdapterTag  # the policy the next rollouts must come from
+    adapter_step: int = 0  # the last step whose adapter is saved
+    _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def ids(self, prompt: str) -> list[int]:
+        ids = self._prompt_ids.get(prompt)
+        if ids is None:
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            self._prompt_ids[prompt] = ids
+        return ids
+
+
+class Step:
+    """One optimizer step; its methods run in the order they are defined (see the module's doc)."""
+
+    def __init__(self, ctx: StepContext, number: int) -> None:
+        self.ctx = ctx
+        self.number = number
+        self.record = StepRecord(step=number, adapter_version=ctx.live.version)
+
+    # 1. generate, 2. score -----------------------------------------------------------------------
+
+    def rollout(self, prompts: list[str]) -> dict[str, Any]:
+        """TRL's rollout_func: `prompts` holds each prompt `group_size` times in a row. Returns the
+        rows to train on, each with its score (in the same rows' order as TRL's `prompts` unless
+        dynamic sampling replaced groups, when the rows also carry their own ground_truth)."""
+        job, g = self.ctx.job, self.ctx.job.group_size
+        unique = prompts[::g]
+        if len(prompts) != len(unique) * g or any(prompts[i] != unique[i // g] for i in range(len(prompts))):
+            raise RuntimeError(f"expected each prompt {g} times in a row from TRL's sampler, got {len(prompts)} rows")
+        if hasattr(self.ctx.generator, "step"):
+            self.ctx.generator.step = self.number  # for its error messages
+        sampling = Sampling(group_size=g, max_tokens=job.max_completion_tokens, temperature=job.temperature,
+                            seed=step_seed(job.seed, self.number))
+        batch = self._generate([self.ctx.ids(p) for p in unique], sampling)
+        self.record.adapter_version = batch.adapter.version if batch.adapter.name == job.adapter_name else 0
+        if self.ctx.truth is None:  # scored in `rewards`, against each row's own answer
+            self.record.completion_lengths = [len(c) for c in batch.completion_ids]
+            self.record.clipped = list(batch.clipped)
+            logprobs = batch.logprobs if batch.logprobs and all(batch.logprobs) else None
+            return {"prompt_ids": batch.prompt_ids, "completion_ids": batch.completion_ids, "logprobs": logprobs}
+        groups = self._score(unique, [self.ctx.truth[p] for p in unique], batch)
+        if self.ctx.draw is not None:
+            groups = self._with_signal(groups, len(unique), sampling)
+        self.record.scored_at = time.perf_counter()  # the training phase starts here
+        self._generated(groups)
+        if self.ctx.draw is None:
+            return _rows(groups)
+        self.record.groups_with_signal = sum(grp.has_signal for grp in groups)
+        self.record.groups_drawn = len(groups)
+        chosen = select_groups(groups, len(unique))
+        # per row: TRL hands it to the reward function in place of the dataset's column
+        return _rows(chosen) | {"ground_truth": [grp.truth for grp in chosen for _ in range(g)]}
+
+    def _generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> RolloutBatch:
+        batch = self.ctx.generator.generate(prompt_ids, sampling, self.ctx.live)
+        self.record.generate_seconds += batch.seconds
+        return batch
+
+    def _score(self, prompts: list[str], truths: list[str], batch: RolloutBatch) -> list[Group]:
+        """The batch's completions scored (one scorer call), as groups."""
+        g = self.ctx.job.group_size
+        started = time.perf_counter()
+        texts = self.ctx.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+        scores = self.ctx.scorer.score(texts, [t for t in truths for _ in range(g)])
+        self.record.score_seconds += time.perf_counter() - started
+        return split_groups(batch, prompts, truths, scores, g)
+
+    def _with_signal(self, groups: list[Group], need: int, sampling: Sampling) -> list[Group]:
+        """Dynamic sampling (dynamic.py): further prompts' groups, generated and scored a round at
+        a time, until `need` groups carry a reward spread or the draw limit is reached."""
+        assert self.ctx.draw is not None
+        for extra_round in range(1, MAX_DRAW_FACTOR):
+            if sum(grp.has_signal for grp in groups) >= need:
+                break
+            drawn = self.ctx.draw.take(need)
+            more = self._generate([self.ctx.ids(p) for p, _ in drawn],
+                                  replace(sampling, seed=round_seed(self.ctx.job.seed, self.number, extra_round)))
+            groups = groups + self._score([p for p, _ in drawn], [t for _, t in drawn], more)
+        return groups
+
+    def _generated(self, groups: Sequence[Group]) -> None:
+        """Every completion generated this step goes into the step's metrics (with dynamic
+        sampling: also those of groups not trained on, as the policy's performance)."""
+        self.record.completion_lengths = [len(c) for grp in groups for c in grp.completion_ids]
+        self.record.clipped = [c for grp in groups for c in grp.clipped]
+        self.record.scores = [s for grp in groups for s in grp.scores]
+
+    # 3. update (TRL) -----------------------------------------------------------------------------
+
+    def rewards(self, scores: Sequence[Score] | None, completions: list[str], ground_truth: list[str]) -> list[float]:
+        """TRL's reward function: the rows' total rewards, from the scores the rollout attached
+        (`scores`); only rows that came unscored (see the module's doc) are scored here."""
+        if scores is None:
+            started = time.perf_counter()
+            scores = self.ctx.scorer.score(completions, ground_truth)
+            self.record.scores = scores
+            self.record.score_seconds += time.perf_counter() - started
+            self.record.scored_at = time.perf_counter()
+        return [s.reward for s in scores]
+
+    def updated(self) -> None:
+        """TRL's optimizer step is done."""
+        self.record.optimizer_done_at = time.perf_counter()
+
+    # 4. push -------------------------------------------------------------------------------------
+
+    def push(self, model: Any) -> None:
+        """Saves the adapter (PEFT files only) and makes it the generator's live version = step number."""
+        ctx = self.ctx
+        started = time.perf_counter()  # sync = saving the PEFT files + pushing them to the generator
+        adapter_dir = ctx.hooks.save_adapter(model, self.number)
+        ctx.adapter_step = self.number
+        tag = AdapterTag(ctx.job.adapter_name, self.number)
+        ctx.generator.publish_adapter(adapter_dir, tag)
+        ctx.live = tag
+        self.record.sync_seconds = time.perf_counter() - started
+        self.record.finish()
+
+    # 5. publish ----------------------------------------------------------------------------------
+
+    def publish(self, logs: dict[str, Any]) -> None:
+        """The step's MetricEvent, from the record and TRL's log line for the step."""
+        ctx, record = self.ctx, self.record
+        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0)
+        log.info(
+            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s",
+            event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
+            event.completion_length_mean, event.step_seconds,
+            f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
+        )
+        ctx.hooks.publish(event)
+
+
+def _rows(groups: Sequence[Group]) -> dict[str, Any]:
+    """What TRL's rollout_func returns: the groups' rows, each with its score."""
+    rows = lambda name: [row for grp in groups for row in getattr(grp, name)]  # noqa: E731
+    logprobs = rows("logprobs") if all(grp.logprobs for grp in groups) else None
+    return {
+        "prompt_ids": rows("prompt_ids"), "completion_ids": rows("completion_ids"),
+        "logprobs": logprobs if logprobs and all(logprobs) else None,
+        "score": rows("scores"),
+    }
