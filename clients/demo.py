@@ -90,20 +90,6 @@ def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None =
     return client.get_evaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation.id))
 
 
-def _settled(client, job_id: str, timeout_s: float = 60.0) -> common_pb2.Job:  # noqa: ANN001
-    """The job as stored once its final status is in: the watch reads events straight off NATS,
-    the store gets them a moment later through the scheduler's consumer."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = client.get_job(scheduler_pb2.GetJobRequest(id=job_id))
-        done = job.status in (common_pb2.JOB_STATUS_FAILED, common_pb2.JOB_STATUS_CANCELLED) or (
-            # the status and the last metric points reach the store through separate consumers
-            job.status == common_pb2.JOB_STATUS_COMPLETED and job.current_step >= job.total_steps)
-        if done or time.monotonic() > deadline:
-            return job
-        time.sleep(0.5)
-
-
 def _scores(e: benchmark_pb2.Evaluation) -> str:
     s = e.scores
     return (f"accuracy {s.accuracy:6.1%}  accuracy_strict {s.accuracy_strict:6.1%}  format {s.format:6.1%}  "
@@ -146,7 +132,8 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
             say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
             train_started = time.monotonic()
             status = watch_job(rlvr.scheduler, created.job.id)
-            job = _settled(rlvr.scheduler, created.job.id)
+            # The watch ends once the scheduler's store holds the job's end (and every step before it).
+            job = rlvr.scheduler.get_job(scheduler_pb2.GetJobRequest(id=created.job.id))
             train_seconds = time.monotonic() - train_started
             if status != common_pb2.JOB_STATUS_COMPLETED or not job.adapter.name:
                 return Outcome(before, None, job, train_seconds, time.monotonic() - started,

@@ -11,7 +11,6 @@ model learns is measured, not tested: `bench/learning.py` (`--require-gain N` fa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from rlvr.v1 import scheduler_pb2 as S
 pytestmark = pytest.mark.vllm
 MODEL = "rlvr-tiny-test"
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
-TERMINAL = (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED)
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +65,10 @@ def _train(client, backend: int, steps: int) -> C.Job:  # noqa: ANN001 (the SDK 
     created = client.scheduler.create_job(S.CreateJobRequest(spec=_spec(backend, steps)))
     job_id = created.job.id
     seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
-    # The store gets the final status and the last points a moment after the watch sees them: the
-    # scheduler's status and metric consumers run apart, so wait for both (bounded).
-    deadline = time.monotonic() + 60
-    while True:
-        job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
-        settled = job.status in TERMINAL and (job.status != C.JOB_STATUS_COMPLETED or job.current_step == steps)
-        if settled or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
+    # The watch ends once the store holds the job's end, and (one ordered consumer) every step before it.
+    job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
     assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    assert job.current_step == steps
     assert sorted(set(seen)) == list(range(1, steps + 1))
     return job
 

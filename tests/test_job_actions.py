@@ -75,17 +75,11 @@ async def stack(nats_server, tmp_path_factory: pytest.TempPathFactory):
             store = Store(settings.database_url)
             created = await asyncio.to_thread(client.create_job, S.CreateJobRequest(spec=_spec()))
             job_id = created.job.id
-            deadline = time.monotonic() + 240
-            while True:
-                job = await asyncio.to_thread(client.get_job, S.GetJobRequest(id=job_id))
-                # Status and metric events arrive on two consumers: wait for both.
-                if job.status in (C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED) or (
-                        job.status == C.JOB_STATUS_COMPLETED and job.current_step == job.adapter.version
-                        and len(store.metric_points(job_id)) == job.current_step):
-                    break
-                assert time.monotonic() < deadline, f"job not done in time: {job}"
-                await asyncio.sleep(0.2)
+            # The watch ends once the store holds the job's end, and with it every step.
+            await asyncio.to_thread(lambda: list(client.watch(job_id, timeout=240)))
+            job = await asyncio.to_thread(client.get_job, S.GetJobRequest(id=job_id))
             assert job.status == C.JOB_STATUS_COMPLETED, job.error
+            assert len(store.metric_points(job_id)) == job.current_step
             assert job.adapter.version == 2 and job.current_step == 2
             yield Stack(client=client, store=store, root=root, job=job, base_path=base_path)
             client.close()

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 from fixtures_infra import connected_bus  # fixtures come through conftest.py
 from nats.js.api import StorageType
@@ -251,6 +252,74 @@ async def test_failed_handler_gets_the_event_again(nats_server: EmbeddedNats) ->
         await bus.subscribe_durable(job_status_subject(job), f"flaky-{job}", flaky)
         await _collect(1, done)
     assert len(done) == 1 and len(calls) == 2 and calls[0] == calls[1]
+
+
+async def test_ordered_consumer_never_lets_an_event_overtake(nats_server: EmbeddedNats) -> None:
+    """One consumer over all of a job's subjects, `ordered`: a slow or failing handler holds back the
+    events after it (the status that ends a job never overtakes its last metrics)."""
+    job, calls, done = _job(), [], []
+
+    async def handler(event: Event) -> None:
+        calls.append(event.data)
+        if event.data == b"m2" and calls.count(b"m2") == 1:
+            raise RuntimeError("store briefly down")
+        if event.subject.endswith(".metrics"):
+            await asyncio.sleep(0.2)  # a slow store
+        done.append(event.data)
+
+    async with connected_bus(nats_server.url) as bus:
+        await bus.publish(job_metrics_subject(job), b"m1", metric_msg_id(job, 1))
+        await bus.publish(job_metrics_subject(job), b"m2", metric_msg_id(job, 2))
+        await bus.publish(job_status_subject(job), b"COMPLETED", f"{job}:status:COMPLETED")
+        sub = await bus.subscribe_durable(f"rlvr.jobs.{job}.>", f"ordered-{job}", handler, ordered=True)
+        await _collect(3, done)
+        await sub.stop()
+        info = await bus.js.consumer_info(STREAM_NAME, f"ordered-{job}")
+    assert done == [b"m1", b"m2", b"COMPLETED"]
+    assert calls == [b"m1", b"m2", b"m2", b"COMPLETED"]  # the status waited for the retry
+    assert info.config.max_ack_pending == 1
+
+
+async def test_a_consumer_takes_over_from_the_ones_it_replaces(private_nats: EmbeddedNats) -> None:
+    """An upgrade from two consumers (metrics, status) to one: the new one starts where the old ones
+    had acknowledged everything, not at the start of the stream, and the old ones are deleted."""
+    job, old, new = _job(), [], []
+
+    async def old_handler(event: Event) -> None:
+        old.append(event.data)
+
+    async def new_handler(event: Event) -> None:
+        new.append(event.data)
+
+    async with connected_bus(private_nats.url) as bus:
+        for data, subject in [(b"m1", job_metrics_subject(job)), (b"s2", job_status_subject(job)),
+                              (b"m3", job_metrics_subject(job)), (b"s4", job_status_subject(job))]:
+            await bus.publish(subject, data, data.decode())
+        subs = [await bus.subscribe_durable("rlvr.jobs.*.metrics", "old-metrics", old_handler),
+                await bus.subscribe_durable("rlvr.jobs.*.status", "old-status", old_handler)]
+        await _collect(4, old)
+        for sub in subs:
+            await sub.stop()
+        await bus.publish(job_metrics_subject(job), b"m5", "m5")
+        await bus.publish(job_status_subject(job), b"s6", "s6")
+
+        replaced = ("old-metrics", "old-status", "never-existed")
+        sub = await bus.subscribe_durable("rlvr.jobs.>", "one", new_handler, ordered=True, replaces=replaced)
+        await _collect(3, new)
+        await sub.stop()
+        # The metrics consumer acknowledged up to m3: from s4 on (a repeat is harmless: handlers are
+        # idempotent), never the whole history.
+        assert new == [b"s4", b"m5", b"s6"]
+        for name in ("old-metrics", "old-status"):
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await bus.js.consumer_info(STREAM_NAME, name)
+
+        # Started again (its start position is kept): it resumes after its own acks.
+        await bus.publish(job_metrics_subject(job), b"m7", "m7")
+        await bus.subscribe_durable("rlvr.jobs.>", "one", new_handler, ordered=True, replaces=replaced)
+        await _collect(4, new)
+        await asyncio.sleep(0.3)
+    assert new == [b"s4", b"m5", b"s6", b"m7"]
 
 
 async def test_watch_live_and_from_start(nats_server: EmbeddedNats) -> None:

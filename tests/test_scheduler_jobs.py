@@ -1,12 +1,16 @@
-"""The scheduler's job core over a real store and a real NATS: create, dispatch to a worker,
-metric events stored exactly once, status transitions, cancel, watch."""
+"""The scheduler's job core over a real store and a real NATS: create, dispatch to a worker (every
+outcome of StartJob), metric events stored exactly once and never behind the status that ends
+their job, status transitions, cancel, watch; and the gRPC adapter's reading of status codes."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 from fixtures_infra import connected_bus
 
@@ -14,18 +18,37 @@ from rlvr.common.errors import FailedPrecondition, NotFound
 from rlvr.infra.events import job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.infra.store import Store
 from rlvr.v1 import common_pb2 as C
-from services.scheduler.jobs import JobManager, WorkerState
+from rlvr.v1 import trainer_pb2 as T
+from rlvr.v1 import trainer_pb2_grpc
+from services.scheduler.jobs import JobManager
+from services.scheduler.workers import (
+    GrpcWorkers,
+    JobNotOnWorker,
+    MergeOutputExists,
+    WorkerBusy,
+    WorkerFailed,
+    WorkerRejected,
+    WorkerState,
+    WorkerUnavailable,
+)
 
 
 class FakeWorkers:
-    """Two trainer workers that accept jobs and report them running until told otherwise."""
+    """Trainer workers (one by default) that accept jobs and report them running until told
+    otherwise. StartJob is idempotent by job id and refuses another job while one runs, as a real
+    trainer does. `fail_next[address] = (error, started, down)` scripts the next StartJob there: it
+    raises `error`, after starting the job when `started`, and leaves the worker unreachable (its
+    status None) when `down`; `down` holds the unreachable addresses."""
 
     def __init__(self, n: int = 1) -> None:
         self.addresses = [f"w{i}:1" for i in range(n)]
         self.running: dict[str, str] = {}
-        self.started: list[tuple[str, str, int]] = []
+        self.started: list[tuple[str, str, int]] = []  # the jobs really started
+        self.calls: list[tuple[str, str]] = []  # every StartJob
         self.cancelled: list[str] = []
         self.last: dict[str, tuple[str, str]] = {}
+        self.down: set[str] = set()
+        self.fail_next: dict[str, tuple[Exception, bool, bool]] = {}
 
     def finish(self, job_id: str, status: str) -> None:
         """The job ends on its worker, which then reports it as its last job (like a real trainer)."""
@@ -34,7 +57,9 @@ class FakeWorkers:
                 del self.running[address]
                 self.last[address] = (job_id, status)
 
-    async def status(self, address: str) -> WorkerState:
+    async def status(self, address: str) -> WorkerState | None:
+        if address in self.down:
+            return None
         job = self.running.get(address, "")
         last_job, last_status = self.last.get(address, ("", ""))
         return WorkerState(address=address, name=address, busy=bool(job), job_id=job, last_job_id=last_job,
@@ -42,8 +67,20 @@ class FakeWorkers:
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int) -> str:
         assert spec.grpo.batch_size % spec.grpo.group_size == 0  # the resolved spec is sent
+        self.calls.append((address, job_id))
+        error, started, down = self.fail_next.pop(address, (None, False, False))
+        if down:
+            self.down.add(address)
+        if error is not None and not started:
+            raise error
+        if self.running.get(address) == job_id:
+            return address  # already running this job: OK, nothing started
+        if address in self.running:
+            raise WorkerBusy(f"worker {address} is busy with job {self.running[address]}")
         self.running[address] = job_id
         self.started.append((address, job_id, total_steps))
+        if error is not None:
+            raise error  # started, but the answer is lost
         return address
 
     async def cancel(self, address: str, job_id: str) -> C.AdapterRef:
@@ -98,10 +135,9 @@ async def test_queue_dispatch_metrics_once_and_complete(nats_server, sqlite_stor
             workers.finish(first.id, "COMPLETED")
 
             async def first_done() -> bool:
-                # Status and metrics arrive on two consumers: wait for both.
-                job = await jobs.get(first.id)
-                return job.status == C.JOB_STATUS_COMPLETED and job.current_step == 3
+                return (await jobs.get(first.id)).status == C.JOB_STATUS_COMPLETED
             await _until(first_done)
+            # One consumer, in stream order: the steps published before COMPLETED are stored.
             points = sqlite_store.metric_points(first.id)
             assert [p.step for p in points] == [1, 2, 3]
             job = await jobs.get(first.id)
@@ -172,3 +208,329 @@ async def test_worker_that_lost_its_job_fails_it(sqlite_store: Store) -> None:
     await jobs.dispatch_once()
     failed = await jobs.get(job.id)
     assert failed.status == C.JOB_STATUS_FAILED and "no longer runs" in failed.error
+
+
+# ---------------------------------------------------------------- dispatch: every outcome of StartJob
+
+
+async def _one_queued(sqlite_store: Store, n: int = 1) -> tuple[JobManager, FakeWorkers, str]:
+    workers = FakeWorkers(n)
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(C.JobSpec(), dry_run=False)
+    return jobs, workers, job.id
+
+
+async def test_dispatch_success(sqlite_store: Store) -> None:
+    jobs, workers, job_id = await _one_queued(sqlite_store)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("RUNNING", "w0:1") and row.started_at is not None
+    assert workers.calls == [("w0:1", job_id)]
+    await jobs.dispatch_once()  # the worker reports it running: nothing changes, nothing is sent
+    assert sqlite_store.get_job(job_id).status == "RUNNING" and workers.calls == [("w0:1", job_id)]
+
+
+async def test_dispatch_unavailable_waits_for_that_worker(sqlite_store: Store) -> None:
+    """No answer and the worker cannot be asked: the job may run there, so it is given to no other
+    worker until that one answers; then, not running there, it is dispatched again."""
+    jobs, workers, job_id = await _one_queued(sqlite_store, n=2)
+    workers.fail_next["w0:1"] = (WorkerUnavailable("trainer w0:1 did not answer StartJob: UNAVAILABLE"), False, True)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("QUEUED", "w0:1")  # in doubt on w0
+    await jobs.dispatch_once()
+    await jobs.dispatch_once()
+    assert workers.calls == [("w0:1", job_id)], "w1 is idle but must not get a job that may run on w0"
+    assert sqlite_store.get_job(job_id).status == "QUEUED"
+
+    workers.down.clear()  # w0 answers again, without the job
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert row.status == "RUNNING" and len(workers.started) == 1 and workers.started[0][1] == job_id
+    assert row.worker == workers.started[0][0]
+
+
+async def test_dispatch_deadline_but_started(sqlite_store: Store) -> None:
+    """StartJob started the job but its answer was lost: the worker says it runs it, so it is
+    RUNNING there and StartJob is not sent again."""
+    jobs, workers, job_id = await _one_queued(sqlite_store, n=2)
+    workers.fail_next["w0:1"] = (WorkerUnavailable("DEADLINE_EXCEEDED"), True, False)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("RUNNING", "w0:1")
+    await jobs.dispatch_once()
+    assert workers.calls == [("w0:1", job_id)] and workers.started == [("w0:1", job_id, row.total_steps)]
+
+
+async def test_dispatch_deadline_started_then_unreachable(sqlite_store: Store) -> None:
+    """Started, the answer lost, and the worker unreachable for a while: in doubt, then RUNNING as
+    soon as the worker says it runs the job (no second StartJob)."""
+    jobs, workers, job_id = await _one_queued(sqlite_store, n=2)
+    workers.fail_next["w0:1"] = (WorkerUnavailable("DEADLINE_EXCEEDED"), True, True)
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(job_id).status == "QUEUED"
+    workers.down.clear()
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("RUNNING", "w0:1") and workers.calls == [("w0:1", job_id)]
+
+
+async def test_dispatch_deadline_not_started(sqlite_store: Store) -> None:
+    """No answer, and the worker (asked at once) does not have the job: it stays queued and the
+    next round starts it, once."""
+    jobs, workers, job_id = await _one_queued(sqlite_store)
+    workers.fail_next["w0:1"] = (WorkerUnavailable("DEADLINE_EXCEEDED"), False, False)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("QUEUED", "") and workers.started == []
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(job_id).status == "RUNNING"
+    assert workers.calls == [("w0:1", job_id)] * 2 and len(workers.started) == 1
+
+
+async def test_dispatch_busy_with_another_job(sqlite_store: Store) -> None:
+    """WorkerBusy (RESOURCE_EXHAUSTED): the job waits in the queue, and is not failed."""
+    jobs, workers, job_id = await _one_queued(sqlite_store)
+    workers.fail_next["w0:1"] = (WorkerBusy("worker w0 is busy with job other"), False, False)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker, row.error) == ("QUEUED", "", "")
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(job_id).status == "RUNNING"
+
+
+async def test_dispatch_already_running_this_job(sqlite_store: Store) -> None:
+    """The worker runs the job already (its first start was lost to the scheduler): StartJob
+    answers OK without starting anything, and the job is RUNNING there."""
+    jobs, workers, job_id = await _one_queued(sqlite_store)
+    workers.running["w0:1"] = job_id
+
+    async def idle_status(address: str) -> WorkerState:  # reported idle a moment before
+        return WorkerState(address=address, name=address, busy=False, job_id="")
+
+    real_status, workers.status = workers.status, idle_status  # type: ignore[method-assign]
+    await jobs.dispatch_once()
+    workers.status = real_status  # type: ignore[method-assign]
+    row = sqlite_store.get_job(job_id)
+    assert (row.status, row.worker) == ("RUNNING", "w0:1") and workers.started == []
+
+
+async def test_dispatch_invalid_argument_fails_the_job(nats_server, sqlite_store: Store) -> None:
+    """A refusal (INVALID_ARGUMENT, FAILED_PRECONDITION) fails the job with the trainer's message,
+    and the FAILED status is published: a watch ends."""
+    workers = FakeWorkers()
+    message = "spec.grpo.lora_rank: 0 is out of range; allowed: 1-256"
+    workers.fail_next["w0:1"] = (WorkerRejected(message), False, False)
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(C.JobSpec(), dry_run=False)
+        watched = asyncio.create_task(_watch_all(jobs, job.id))
+        await asyncio.sleep(0.3)
+        await jobs.dispatch_once()
+        row = sqlite_store.get_job(job.id)
+        assert (row.status, row.error) == ("FAILED", message) and row.finished_at is not None
+        events = await asyncio.wait_for(watched, 10)
+    assert events[-1].status.status == C.JOB_STATUS_FAILED and events[-1].status.message == message
+
+
+async def _watch_all(jobs: JobManager, job_id: str) -> list[C.JobEvent]:
+    return [e async for e in jobs.watch(job_id, from_start=True)]
+
+
+async def test_cancel_reaches_a_job_in_doubt(sqlite_store: Store) -> None:
+    """A job in doubt on a worker is cancelled there too (it may run there)."""
+    jobs, workers, job_id = await _one_queued(sqlite_store)
+    workers.fail_next["w0:1"] = (WorkerUnavailable("DEADLINE_EXCEEDED"), True, True)
+    await jobs.dispatch_once()
+    workers.down.clear()
+    cancelled = await jobs.cancel(job_id)
+    assert cancelled.status == C.JOB_STATUS_CANCELLED and workers.cancelled == [job_id]
+
+    # A worker that no longer has the job: cancelled all the same.
+    jobs, workers, other = await _one_queued(sqlite_store)
+    await jobs.dispatch_once()
+    workers.running.clear()
+
+    async def not_there(address: str, job_id: str) -> C.AdapterRef:
+        raise JobNotOnWorker(f"job_id: {job_id!r} is not running on worker {address}")
+
+    workers.cancel = not_there  # type: ignore[method-assign]
+    assert (await jobs.cancel(other)).status == C.JOB_STATUS_CANCELLED
+
+
+def test_the_job_core_imports_no_grpc() -> None:
+    root = Path(__file__).resolve().parents[1] / "services" / "scheduler"
+    for name in ("jobs.py", "actions.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in imported if m == "grpc" or m.startswith("grpc.")}, name
+
+
+# ---------------------------------------------------------------- the gRPC adapter reads codes, not text
+
+
+class ScriptedTrainer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self) -> None:
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+        self.delay = 0.0
+
+    async def StartJob(self, request, context):  # noqa: N802
+        await asyncio.sleep(self.delay)
+        if self.code is not None:
+            await context.abort(self.code, self.details)
+        return T.StartJobResponse(job_id=request.job_id, worker="scripted")
+
+    async def CancelJob(self, request, context):  # noqa: N802
+        await context.abort(self.code or grpc.StatusCode.NOT_FOUND, self.details)
+
+    async def MergeAdapter(self, request, context):  # noqa: N802
+        yield T.MergeProgress(stage="loading", fraction=0.1)
+        await context.abort(self.code or grpc.StatusCode.ALREADY_EXISTS, self.details)
+
+
+async def test_grpc_workers_turn_status_codes_into_domain_errors() -> None:
+    trainer = ScriptedTrainer()
+    server = grpc.aio.server()
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(trainer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        workers = GrpcWorkers([address], start_timeout_s=0.5)
+
+        async def start() -> str:
+            return await workers.start(address, "j1", C.JobSpec(), 3)
+
+        assert await start() == "scripted"
+        cases: list[tuple[grpc.StatusCode, str, type[Exception]]] = [
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "worker w is busy with job j0", WorkerBusy),
+            # The word "busy" in a refusal is not read: the code decides.
+            (grpc.StatusCode.FAILED_PRECONDITION, "quantization busy-wait unsupported", WorkerRejected),
+            (grpc.StatusCode.INVALID_ARGUMENT, "spec.grpo.lora_rank: 0 is out of range", WorkerRejected),
+            (grpc.StatusCode.INTERNAL, "internal error (ref 1)", WorkerFailed),
+            (grpc.StatusCode.UNAVAILABLE, "gone", WorkerUnavailable),
+        ]
+        for code, details, error in cases:
+            trainer.code, trainer.details = code, details
+            with pytest.raises(error) as raised:
+                await start()
+            assert type(raised.value) is error and details in str(raised.value), code
+        trainer.code, trainer.delay = None, 2.0
+        with pytest.raises(WorkerUnavailable, match="DEADLINE_EXCEEDED"):
+            await start()
+        trainer.delay = 0.0
+
+        trainer.code, trainer.details = grpc.StatusCode.NOT_FOUND, "job_id: 'j1' is not running"
+        with pytest.raises(JobNotOnWorker, match="not running"):
+            await workers.cancel(address, "j1")
+        trainer.code, trainer.details = grpc.StatusCode.ALREADY_EXISTS, "output_name: 'm' already exists"
+        with pytest.raises(MergeOutputExists):
+            [p async for p in workers.merge(address, T.MergeAdapterRequest(output_name="m"))]
+    finally:
+        await server.stop(None)
+    with pytest.raises(WorkerUnavailable):
+        await start()
+    assert await workers.status(address) is None
+
+
+# ---------------------------------------------------------------- one ordered stream of job events
+
+
+async def test_completed_never_overtakes_a_metric(nats_server, sqlite_store: Store) -> None:
+    """Steps published before COMPLETED are stored before the row reads COMPLETED, however slow
+    storing a step is; and a watch ends only once the store holds the end."""
+    workers = FakeWorkers()
+    steps = 5
+    add_point = sqlite_store.add_metric_point
+
+    def slow_add(point):  # type: ignore[no-untyped-def]
+        time.sleep(0.15)
+        return add_point(point)
+
+    sqlite_store.add_metric_point = slow_add  # type: ignore[method-assign]
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers, poll_seconds=0.1)
+        await jobs.start()
+        try:
+            _, job = await jobs.create(C.JobSpec(), dry_run=False)
+            await _until(lambda: _status_is(jobs, job.id, C.JOB_STATUS_RUNNING))
+            watched = asyncio.create_task(_watch_all(jobs, job.id))
+            for step in range(1, steps + 1):
+                ev = C.MetricEvent(job_id=job.id, step=step, total_steps=steps, reward_mean=0.1, loss=1.0)
+                await bus.publish(job_metrics_subject(job.id), ev.SerializeToString(), metric_msg_id(job.id, step))
+            done = C.JobStatusEvent(job_id=job.id, status=C.JOB_STATUS_COMPLETED,
+                                    adapter=C.AdapterRef(name=f"job-{job.id}", version=steps, path="/x"))
+            await bus.publish(job_status_subject(job.id), done.SerializeToString(), f"{job.id}:status:COMPLETED")
+
+            seen_completed = 0
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                row = sqlite_store.get_job(job.id)
+                stored = [p.step for p in sqlite_store.metric_points(job.id)]
+                if row.status == "COMPLETED":
+                    assert stored == list(range(1, steps + 1)), f"COMPLETED with only steps {stored} stored"
+                    assert row.current_step == steps
+                    seen_completed += 1
+                    if seen_completed > 3:
+                        break
+                await asyncio.sleep(0.01)
+            assert seen_completed > 3, "the job never read COMPLETED"
+
+            events = await asyncio.wait_for(watched, 10)
+            assert [e.metric.step for e in events if e.HasField("metric")] == list(range(1, steps + 1))
+            assert events[-1].status.status == C.JOB_STATUS_COMPLETED
+        finally:
+            await jobs.stop()
+
+
+async def _status_is(jobs: JobManager, job_id: str, status: int) -> bool:
+    return (await jobs.get(job_id)).status == status
+
+
+async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sqlite_store: Store) -> None:
+    """A status the scheduler finds itself (a worker that lost its job) is published like any
+    other, so a watch of the job ends."""
+    workers = FakeWorkers()
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(C.JobSpec(), dry_run=False)
+        await jobs.dispatch_once()
+        watched = asyncio.create_task(_watch_all(jobs, job.id))
+        await asyncio.sleep(0.3)
+        workers.running.clear()  # the worker restarted and forgot it
+        await jobs.dispatch_once()
+        events = await asyncio.wait_for(watched, 10)
+        assert events[-1].status.status == C.JOB_STATUS_FAILED and "no longer runs" in events[-1].status.message
+        stream = [C.JobStatusEvent.FromString(e.data).status async for e in _take(bus, job_status_subject(job.id), 3)]
+        assert stream == [C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING, C.JOB_STATUS_FAILED]
+
+
+async def test_a_watch_ends_when_the_store_does_though_the_stream_never_says(nats_server, sqlite_store: Store
+                                                                          ) -> None:
+    """A terminal status stored but never published (NATS refused it): the watch still ends."""
+    import services.scheduler.jobs as jobs_module
+
+    workers = FakeWorkers()
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(C.JobSpec(), dry_run=False)
+        await jobs.dispatch_once()
+        watched = asyncio.create_task(_watch_all(jobs, job.id))
+        await asyncio.sleep(0.3)
+        jobs.bus = None  # publishing is lost from here on
+        original, jobs_module.STREAM_GRACE_S = jobs_module.STREAM_GRACE_S, 0.5
+        try:
+            await jobs.cancel(job.id)
+            events = await asyncio.wait_for(watched, 10)
+        finally:
+            jobs_module.STREAM_GRACE_S = original
+    assert events[-1].status.status == C.JOB_STATUS_CANCELLED
+
+
+async def _take(bus, subject: str, n: int):  # type: ignore[no-untyped-def]
+    async for event in bus.watch(subject):
+        yield event
+        n -= 1
+        if n == 0:
+            return

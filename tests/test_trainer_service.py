@@ -1,9 +1,11 @@
 """The trainer service over real gRPC with a real embedded NATS: each job in its own process.
 
 StartJob -> one MetricEvent per step on rlvr.jobs.<id>.metrics (msg ids "<job>:<step>", so a
-republished step is dropped by the stream), RUNNING and COMPLETED on .status; a second StartJob
-while busy is FAILED_PRECONDITION; CancelJob stops a job within seconds and keeps the adapter of
-its last finished step; MergeAdapter writes a loadable Hugging Face checkpoint.
+republished step is dropped by the stream), RUNNING and COMPLETED on .status; StartJob is
+idempotent by job id (the same job again is OK and starts nothing, even while it is being started
+and after its first caller went away) and another job while busy is RESOURCE_EXHAUSTED; CancelJob
+stops a job within seconds and keeps the adapter of its last finished step; MergeAdapter writes a
+loadable Hugging Face checkpoint, and refuses an existing output with ALREADY_EXISTS.
 """
 
 from __future__ import annotations
@@ -80,9 +82,11 @@ async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path
         response = await stub.StartJob(_request(job_id, tiny_model, max_steps=3))
         assert (response.job_id, response.worker) == (job_id, "trainer-test")
 
+        again = await stub.StartJob(_request(job_id, tiny_model, max_steps=3))  # already running it: OK
+        assert (again.job_id, again.worker) == (job_id, "trainer-test")
         with pytest.raises(grpc.aio.AioRpcError) as busy:
             await stub.StartJob(_request(job_id + "-b", tiny_model, max_steps=3))
-        assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION and job_id in busy.value.details()
+        assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and job_id in busy.value.details()
         status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
         assert status.busy and status.job_id == job_id
 
@@ -115,6 +119,10 @@ async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path
 
         AutoModelForCausalLM.from_pretrained(merged[-1].path)
         assert merged[-1].size_bytes > 0 and Path(merged[-1].path).parent == settings.artifact_root / "merged"
+        with pytest.raises(grpc.aio.AioRpcError) as exists:
+            await stub.MergeAdapter(T.MergeAdapterRequest(
+                base_model=tiny_model, adapter_path=str(adapter), output_name=f"m-{job_id}")).read()
+        assert exists.value.code() == grpc.StatusCode.ALREADY_EXISTS
         with pytest.raises(grpc.aio.AioRpcError) as outside:
             await stub.MergeAdapter(T.MergeAdapterRequest(adapter_path="/etc", output_name="x")).read()
         assert outside.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -185,3 +193,36 @@ async def test_a_crashed_or_failing_job_fails_alone_with_its_cause(nats_server, 
 async def _idle(supervisor: object) -> None:
     while supervisor.current is not None:  # type: ignore[attr-defined]
         await asyncio.sleep(0.05)
+
+
+async def test_start_is_idempotent_by_job_id_and_outlives_its_caller(
+        nats_server, tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.trainer import worker as worker_module
+    from services.trainer.worker import JobSupervisor, WorkerBusy
+
+    real_check = worker_module.check_quantization
+
+    def slow_check(*args: object) -> None:  # a start that takes a while
+        time.sleep(0.5)
+        real_check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module, "check_quantization", slow_check)
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    job_id = f"idem-{time.monotonic_ns()}"
+    request = _request(job_id, tiny_model, max_steps=500)
+    first = asyncio.create_task(supervisor.start(request))
+    await asyncio.sleep(0.1)
+    status = supervisor.status()
+    assert status.busy and status.job_id == job_id  # being started: already this job's worker
+    with pytest.raises(WorkerBusy, match=job_id):
+        await supervisor.start(_request("another", tiny_model, max_steps=3))
+    first.cancel()  # its caller goes away (a deadline): the start goes on
+    assert await supervisor.start(request) is False  # the same job: shares that start
+    assert first.cancelled()
+    assert supervisor.current is not None and supervisor.current.config.job_id == job_id
+    pid = supervisor.current.process.pid
+    assert await supervisor.start(request) is False  # and once it runs: nothing new
+    assert supervisor.current is not None and supervisor.current.process.pid == pid
+    await supervisor.cancel(job_id)
+    assert supervisor.last is not None and supervisor.last.job_id == job_id
+    await supervisor.close()

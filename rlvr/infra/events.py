@@ -2,8 +2,9 @@
 
 DESIGN.md, Events: the trainer publishes one metric event per optimizer step on
 `rlvr.jobs.<id>.metrics`, services publish status changes on `rlvr.{jobs,loops,evals}.<id>.status`;
-the scheduler reads them with a durable consumer and stores each one exactly once; the SDK and the
-CLI watch a job live from the stream. Payloads are serialized protobuf messages of the contract:
+the scheduler reads every job event with one durable consumer, in stream order (a job's last
+metrics before the status that ends it), and stores each one exactly once; the SDK and the CLI
+watch a job live from the stream. Payloads are serialized protobuf messages of the contract:
 this module only ever sees bytes.
 
 Exactly once, end to end, is built from three at-least-once pieces:
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 import nats
@@ -30,7 +31,15 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    PubAck,
+    StorageType,
+    StreamConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +121,8 @@ def eval_status_subject(evaluation_id: str) -> str:
 
 
 ALL_JOB_METRICS = "rlvr.jobs.*.metrics"
+ALL_JOB_EVENTS = "rlvr.jobs.>"
+"""Every event of every job (metrics and status): read as one stream, the order between them holds."""
 ALL_STATUS = "rlvr.*.*.status"
 
 
@@ -264,7 +275,7 @@ class EventBus:
                     servers=[u.strip() for u in url.split(",")],
                     name=name,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py says int, but sleeps on it: seconds
                     connect_timeout=2,
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
@@ -312,6 +323,8 @@ class EventBus:
         batch: int = 64,
         ack_wait_s: float = 60.0,
         max_deliver: int = 20,
+        ordered: bool = False,
+        replaces: Sequence[str] = (),
     ) -> DurableSubscription:
         """Feed every event on `subject` to `handler` once, acknowledging after it returns.
 
@@ -319,6 +332,15 @@ class EventBus:
         of this process. A handler that raises gets the message again after a growing delay; after
         `max_deliver` deliveries the message is terminated and logged as an error, so one poison
         event cannot stall the consumer forever. Handlers must be idempotent (the store is).
+
+        `ordered`: events are handled one at a time in stream order, with no overtaking even
+        across a failure or a restart. The server holds at most one unacknowledged event for this
+        consumer (max_ack_pending 1), so it delivers the next only once the handler's ack is in; a
+        failing handler holds back every later event until its redelivery succeeds or is dropped.
+
+        `replaces`: durable consumers of an earlier layout that this one takes over. When this
+        consumer does not exist yet it starts right after the oldest position they acknowledged
+        (not at the start of the stream); then they are deleted. Missing ones are ignored.
         """
         config = ConsumerConfig(
             durable_name=durable_name,
@@ -329,10 +351,26 @@ class EventBus:
             ack_wait=ack_wait_s,
             max_deliver=max_deliver,
         )
+        if ordered:
+            config.max_ack_pending = 1
+            batch = 1  # a bigger fetch would wait out its timeout for events the server holds back
         try:
+            existing = await self._consumer_info(durable_name)
+            if existing is not None:  # how it started is fixed at creation: keep it
+                config.deliver_policy = existing.config.deliver_policy
+                config.opt_start_seq = existing.config.opt_start_seq
+            elif replaces:
+                resume = await self._resume_after(replaces)
+                if resume is not None:
+                    config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                    config.opt_start_seq = resume + 1
             # Create or update: a restarted service with new settings brings the consumer along.
             await self.js.add_consumer(STREAM_NAME, config)
             psub = await self.js.pull_subscribe_bind(durable=durable_name, stream=STREAM_NAME)
+            for old in replaces:
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await self.js.delete_consumer(STREAM_NAME, old)
+                    log.info("durable consumer %s replaced by %s", old, durable_name)
         except nats.errors.Error as e:
             raise EventBusError(
                 f"cannot create durable consumer {durable_name!r} on {subject}: {e}"
@@ -341,6 +379,22 @@ class EventBus:
         sub = DurableSubscription(durable_name, psub, task)
         self._subscriptions.append(sub)
         return sub
+
+    async def _consumer_info(self, name: str) -> ConsumerInfo | None:
+        try:
+            return await self.js.consumer_info(STREAM_NAME, name)
+        except nats.js.errors.NotFoundError:
+            return None
+
+    async def _resume_after(self, names: Sequence[str]) -> int | None:
+        """The oldest stream sequence up to which all of these consumers acknowledged everything;
+        None when none of them exists."""
+        floors = []
+        for name in names:
+            info = await self._consumer_info(name)
+            if info is not None:
+                floors.append(info.ack_floor.stream_seq if info.ack_floor is not None else 0)
+        return min(floors) if floors else None
 
     async def _fetch_loop(
         self,
@@ -365,8 +419,17 @@ class EventBus:
                 log.warning("consumer %s: fetch failed (%s: %s); retrying", name, type(e).__name__, e)
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                await self._handle(msg, name, handler, max_deliver)
+            for i, msg in enumerate(msgs):
+                try:
+                    await self._handle(msg, name, handler, max_deliver)
+                except asyncio.CancelledError:
+                    # Stopping: what this fetch holds goes back now (the one being handled may be
+                    # done already; handlers are idempotent), rather than after the ack wait, which
+                    # would hold up the next consumer of an ordered stream.
+                    for held in msgs[i:]:
+                        with contextlib.suppress(Exception):
+                            await held.nak()
+                    raise
 
     async def _handle(self, msg: Msg, name: str, handler: Handler, max_deliver: int) -> None:
         event = _event(msg)

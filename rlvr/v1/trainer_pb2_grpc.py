@@ -60,8 +60,9 @@ class TrainerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def StartJob(self, request, context):
-        """Starts a job on this worker. FAILED_PRECONDITION when the worker is busy or the job's
-        quantization cannot run on this host.
+        """Starts a job on this worker. Idempotent by job id: asked again for the job it runs (or is
+        starting), the worker starts nothing and answers OK. RESOURCE_EXHAUSTED while it runs another
+        job; FAILED_PRECONDITION when the job's quantization cannot run on this host.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,6 +86,7 @@ class TrainerServiceServicer:
     def MergeAdapter(self, request, context):
         """Merges an adapter into its base model and saves a full Hugging Face checkpoint under the
         artifact root. Server-streamed progress; the last message has done = true and the path.
+        ALREADY_EXISTS when the output folder exists.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

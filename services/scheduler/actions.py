@@ -1,6 +1,7 @@
 """The job Actions of the scheduler, and the RL Metrics card over the store: Download Adapter,
 Merge Model (with Download Merged Model) and Export History. No gRPC here: the servicer maps calls
-onto `JobActions` and the errors of rlvr.common.errors onto status codes.
+onto `JobActions` and the errors of rlvr.common.errors onto status codes, and the trainer workers
+are reached through services/scheduler/workers.py, whose failures arrive as its domain exceptions.
 
 Files are read from the paths the store records: a job's adapter folder (`JobRow.adapter_path`,
 written by the trainer) and its merged checkpoint (an `ArtifactRow` of kind "merged"). The
@@ -18,12 +19,11 @@ for a job merge once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
-
-import grpc
+from typing import Protocol, TypeVar, cast
 
 from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -31,8 +31,15 @@ from rlvr.infra.schema import ArtifactRow, JobRow
 from rlvr.transfer import directory_chunks, directory_size
 from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
 from services.scheduler.convert import spec_from_json
-from services.scheduler.jobs import JobManager, WorkerState
+from services.scheduler.jobs import JobManager
 from services.scheduler.metrics import export_history, job_metrics
+from services.scheduler.workers import (
+    MergeOutputExists,
+    WorkerError,
+    WorkerRejected,
+    WorkerState,
+    WorkerUnavailable,
+)
 
 log = logging.getLogger("rlvr.scheduler.actions")
 
@@ -42,11 +49,15 @@ T = TypeVar("T")
 class MergeWorkers(Protocol):
     """What Merge Model needs of the trainer workers (`GrpcWorkers` is the real one)."""
 
-    addresses: Sequence[str]
+    @property
+    def addresses(self) -> Sequence[str]: ...
 
     async def status(self, address: str) -> WorkerState | None: ...
     def merge(self, address: str, request: trainer_pb2.MergeAdapterRequest
-              ) -> AsyncIterator[trainer_pb2.MergeProgress]: ...
+              ) -> AsyncGenerator[trainer_pb2.MergeProgress, None]:
+        """The merge's progress; a failure raises MergeOutputExists, WorkerUnavailable,
+        WorkerRejected or WorkerFailed. Closing the iterator (`aclose`) stops the merge there."""
+        ...
 
 
 def merged_name(row: JobRow) -> str:
@@ -61,7 +72,7 @@ async def _in_thread(chunks: Iterator[T]) -> AsyncIterator[T]:
         item = await asyncio.to_thread(next, chunks, done)
         if item is done:
             return
-        yield item  # type: ignore[misc]
+        yield cast(T, item)  # not the sentinel: checked above
 
 
 class JobActions:
@@ -128,24 +139,27 @@ class JobActions:
             request = trainer_pb2.MergeAdapterRequest(base_model=spec_from_json(row.spec_json).base_model,
                                                       adapter_path=str(folder), output_name=merged_name(row))
             log.info("merging job %s on trainer %s as %s", job_id, address, request.output_name)
-            call = self._workers().merge(address, request)
             try:
-                async for p in call:
-                    if p.done:
-                        artifact = await self._record(row, p.path, p.size_bytes)
-                        yield _done(artifact)
-                        return
-                    yield scheduler_pb2.MergeModelProgress(stage=p.stage, fraction=p.fraction)
-            except grpc.aio.AioRpcError as e:
-                artifact = await self._adopt_existing(row, e)
-                if artifact is None:
-                    raise _merge_error(address, e) from None
-                yield _done(artifact)
+                # Closed however this ends (done, or our client went away): the trainer stops its merge.
+                async with contextlib.aclosing(self._workers().merge(address, request)) as progress:
+                    async for p in progress:
+                        if p.done:
+                            artifact = await self._record(row, p.path, p.size_bytes)
+                            yield _done(artifact)
+                            return
+                        yield scheduler_pb2.MergeModelProgress(stage=p.stage, fraction=p.fraction)
+            except MergeOutputExists as e:
+                adopted = await self._adopt_existing(row)
+                if adopted is None:
+                    raise FailedPrecondition(f"trainer {address} refused the merge: {e}") from None
+                yield _done(adopted)
                 return
-            finally:  # our client went away (or we are done): the trainer stops its merge process
-                cancel = getattr(call, "cancel", None)
-                if cancel is not None:
-                    cancel()
+            except WorkerUnavailable as e:
+                raise Unavailable(f"trainer {address} did not finish the merge: {e}") from None
+            except WorkerRejected as e:
+                raise FailedPrecondition(f"trainer {address} refused the merge: {e}") from None
+            except WorkerError as e:
+                raise RuntimeError(f"merge on trainer {address} failed: {e}") from None
             raise RuntimeError(f"trainer {address} ended the merge of job {job_id} without a result")
 
     async def merged_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
@@ -162,7 +176,7 @@ class JobActions:
             yield chunk
 
     def _workers(self) -> MergeWorkers:
-        return self.jobs.workers  # type: ignore[return-value]
+        return cast(MergeWorkers, self.jobs.workers)  # the manager's Workers: GrpcWorkers also merges
 
     async def _pick_worker(self) -> str:
         """An idle reachable trainer if there is one (a merge loads the whole base model), else
@@ -189,12 +203,10 @@ class JobActions:
         artifact = ArtifactRow(job_id=row.id, kind="merged", path=path, size_bytes=size_bytes)
         return await asyncio.to_thread(self.jobs.store.add_artifact, artifact)
 
-    async def _adopt_existing(self, row: JobRow, error: grpc.aio.AioRpcError) -> ArtifactRow | None:
+    async def _adopt_existing(self, row: JobRow) -> ArtifactRow | None:
         """The trainer refuses to overwrite a merged folder; one left by a merge whose end the
         scheduler never recorded (a restart) is complete (the trainer renames it into place) and
         is recorded now."""
-        if error.code() != grpc.StatusCode.FAILED_PRECONDITION or "already exists" not in (error.details() or ""):
-            return None
         folder = self.root / "merged" / merged_name(row)
         if not (folder / "config.json").is_file():
             return None
@@ -206,11 +218,3 @@ def _done(artifact: ArtifactRow) -> scheduler_pb2.MergeModelProgress:
     return scheduler_pb2.MergeModelProgress(stage="done", fraction=1.0, done=True, path=artifact.path,
                                             size_bytes=artifact.size_bytes)
 
-
-def _merge_error(address: str, e: grpc.aio.AioRpcError) -> Exception:
-    code, details = e.code(), e.details() or e.code().name
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Unavailable(f"trainer {address} did not finish the merge: {code.name}: {details}")
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-        return FailedPrecondition(f"trainer {address} refused the merge: {details}")
-    return RuntimeError(f"merge on trainer {address} failed: {code.name}: {details}")

@@ -1,34 +1,47 @@
 """The scheduler's job core: create, list, cancel, dispatch to trainer workers, and fold the
-events of running jobs into the store.
+events of running jobs into the store. No gRPC here: the trainer workers are reached through the
+`Workers` interface (services/scheduler/workers.py, whose `GrpcWorkers` turns status codes into
+the domain exceptions handled below); tests may pass their own.
 
 State flows one way: a job row is the record. Transitions the scheduler makes itself (queued,
-dispatched, cancelled, a worker found dead) are written to the store first and then published as
-status events; transitions the trainer's job process makes (running, completed, failed) arrive
-as status events on NATS and are written by the durable consumer. Status event ids are
-`<job>:status:<STATUS>`, so the two publishers of the same transition are deduplicated by the
-stream, and a terminal status is never overwritten by a late non-terminal one.
+dispatched, cancelled, a worker found dead or done) are written to the store first and then
+published as status events; transitions the trainer's job process makes (running, completed,
+failed) arrive as status events on NATS. Status event ids are `<job>:status:<STATUS>` (the
+store's spelling, QUEUED, RUNNING, ...; services/trainer/publisher.py's `status_msg_id` makes the
+same), so the two publishers of the same transition are deduplicated by the stream, and a
+terminal status is never overwritten by a late non-terminal one.
 
-The trainer workers are reached through the small `Workers` interface; `GrpcWorkers` is the real
-one, tests may pass their own.
+All of a job's events (`rlvr.jobs.<id>.metrics` and `.status`) are stored by one durable consumer
+that handles them one at a time in stream order. The trainer publishes a step's metrics before the
+status that ends the job, so when a row reads COMPLETED every step is already stored; and a watch
+(`watch`) ends only once the store holds the job's end.
+
+Dispatch cannot start a job twice. StartJob is idempotent by job id on the trainer; when its
+outcome is unknown (no answer in time, or the worker unreachable) the scheduler asks the worker
+whether it runs the job before anything else may be tried, and while the worker cannot be asked
+the job stays QUEUED with that worker recorded in `worker` ("in doubt"): it is given to no other
+worker until that one answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
-import grpc
+from google.protobuf.message import DecodeError
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from rlvr.infra.events import (
-    ALL_JOB_METRICS,
+    ALL_JOB_EVENTS,
+    DurableSubscription,
+    Event,
     EventBus,
     cancel_and_wait,
     job_events_subject,
@@ -37,7 +50,7 @@ from rlvr.infra.events import (
 from rlvr.infra.schema import JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.jobspec import ResolvedJob, resolve_spec
-from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from rlvr.v1 import common_pb2
 from services.scheduler.convert import (
     TERMINAL,
     job_status_name,
@@ -45,73 +58,32 @@ from services.scheduler.convert import (
     job_to_proto,
     metric_event_from_row,
     now_ts,
+    spec_from_json,
     spec_to_json,
 )
 from services.scheduler.datasets import check_dataset
+from services.scheduler.workers import (
+    JobNotOnWorker,
+    WorkerBusy,
+    WorkerError,
+    Workers,
+    WorkerState,
+    WorkerUnavailable,
+)
+
+__all__ = ["JobManager", "WorkerState", "Workers"]
 
 log = logging.getLogger("rlvr.scheduler.jobs")
 
-ALL_JOB_STATUS = "rlvr.jobs.*.status"
+EVENTS_CONSUMER = "scheduler-job-events"
+"""The durable consumer of every job event."""
+OLD_CONSUMERS = ("scheduler-metrics", "scheduler-job-status")
+"""The consumers of an earlier layout (metrics and status apart): taken over and deleted at start."""
 
-
-@dataclass
-class WorkerState:
-    address: str
-    name: str
-    busy: bool
-    job_id: str
-    last_job_id: str = ""
-    last_status: str = ""
-    last_error: str = ""
-    last_adapter: common_pb2.AdapterRef | None = None
-
-
-class Workers(Protocol):
-    addresses: Sequence[str]
-
-    async def status(self, address: str) -> WorkerState | None: ...
-    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str: ...
-    async def cancel(self, address: str, job_id: str) -> common_pb2.AdapterRef | None: ...
-
-
-class GrpcWorkers:
-    """Trainer workers over gRPC (deadlines and retries from rlvr.common.client)."""
-
-    def __init__(self, addresses: Sequence[str]) -> None:
-        from rlvr.common.client import make_channel
-
-        self.addresses = list(addresses)
-        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(make_channel(a, aio=True)) for a in addresses}
-
-    async def status(self, address: str) -> WorkerState | None:
-        try:
-            s = await self._stubs[address].GetWorkerStatus(trainer_pb2.GetWorkerStatusRequest(), timeout=5)
-        except grpc.aio.AioRpcError as e:
-            log.warning("worker %s unreachable: %s", address, e.code().name)
-            return None
-        last = job_status_name(s.last_job_status) if s.last_job_status else ""
-        return WorkerState(address=address, name=s.worker, busy=s.busy, job_id=s.job_id,
-                           last_job_id=s.last_job_id, last_status=last, last_error=s.last_job_error,
-                           last_adapter=s.last_job_adapter if s.last_job_adapter.name else None)
-
-    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str:
-        resp = await self._stubs[address].StartJob(
-            trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps), timeout=60)
-        return resp.worker
-
-    async def cancel(self, address: str, job_id: str) -> common_pb2.AdapterRef | None:
-        resp = await self._stubs[address].CancelJob(trainer_pb2.TrainerCancelJobRequest(job_id=job_id),
-                                                    timeout=60)
-        return resp.adapter if resp.adapter.name else None
-
-    def merge(self, address: str, request: trainer_pb2.MergeAdapterRequest
-              ) -> AsyncIterator[trainer_pb2.MergeProgress]:
-        """MergeAdapter on one worker: its progress stream (the call's deadline is the method's
-        default, an hour; cancelling the iteration cancels the merge there)."""
-        from rlvr.common.client import deadline_for
-
-        return self._stubs[address].MergeAdapter(
-            request, timeout=deadline_for("rlvr.v1.TrainerService/MergeAdapter"))
+STREAM_GRACE_S = 5.0
+"""How long a watch whose job the store has ended waits for that end to come off the stream."""
+STORE_GRACE_S = 30.0
+"""How long a watch that read a job's end off the stream waits for the store to hold it."""
 
 
 class JobManager:
@@ -123,7 +95,7 @@ class JobManager:
         self.workers = workers
         self.poll_seconds = poll_seconds
         self._tasks: list[asyncio.Task[None]] = []
-        self._subs: list[object] = []
+        self._subs: list[DurableSubscription] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         # Every stored change of a job (status, step, adapter) bumps `generation` and notifies
@@ -135,10 +107,8 @@ class JobManager:
 
     async def start(self) -> None:
         if self.bus is not None:
-            self._subs.append(await self.bus.subscribe_durable(ALL_JOB_METRICS, "scheduler-metrics",
-                                                               self._on_metric))
-            self._subs.append(await self.bus.subscribe_durable(ALL_JOB_STATUS, "scheduler-job-status",
-                                                               self._on_status))
+            self._subs.append(await self.bus.subscribe_durable(ALL_JOB_EVENTS, EVENTS_CONSUMER, self._on_event,
+                                                               ordered=True, replaces=OLD_CONSUMERS))
         self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="dispatch"))
 
     async def stop(self) -> None:
@@ -146,7 +116,7 @@ class JobManager:
             await cancel_and_wait(task)
         for sub in self._subs:
             with contextlib.suppress(Exception):
-                await sub.stop()  # type: ignore[attr-defined]
+                await sub.stop()
 
     # ------------------------------------------------------------------ API
 
@@ -237,8 +207,13 @@ class JobManager:
             if row.status in TERMINAL:
                 raise FailedPrecondition(f"job {job_id} has already ended ({row.status}); nothing to cancel")
             fields: dict[str, object] = {"status": "CANCELLED", "finished_at": datetime.now(UTC)}
-            if row.status == "RUNNING" and row.worker:
-                adapter = await self.workers.cancel(row.worker, job_id)
+            if row.worker:  # RUNNING there, or QUEUED with its start there in doubt
+                try:
+                    adapter = await self.workers.cancel(row.worker, job_id)
+                except JobNotOnWorker:
+                    adapter = None  # not there (never started, or the worker restarted): nothing to stop
+                except WorkerUnavailable as e:
+                    raise Unavailable(f"job {job_id} is not cancelled: {e}; try again") from None
                 if adapter is not None:
                     fields.update(adapter_name=adapter.name, adapter_version=adapter.version,
                                   adapter_path=adapter.path)
@@ -249,7 +224,13 @@ class JobManager:
         return job_to_proto(row)
 
     async def watch(self, job_id: str, from_start: bool) -> AsyncIterator[common_pb2.JobEvent]:
-        """Status and metric events until the job ends. A finished job replays from the store."""
+        """Status and metric events until the job ends. A finished job replays from the store.
+
+        Live events come off the stream, but the final status is given only once the store holds
+        the job's end (so every step too: see the module docstring), bounded by STORE_GRACE_S: a
+        client that reads the job when its watch ends sees it ended. The store is watched
+        alongside, so a watch also ends when the job's end never reaches the stream (a status the
+        scheduler stored but could not publish)."""
         row = await self._row(job_id)
         if row.status in TERMINAL or self.bus is None:
             if from_start:
@@ -258,20 +239,63 @@ class JobManager:
             yield common_pb2.JobEvent(status=self._status_event(row))
             return
         yield common_pb2.JobEvent(status=self._status_event(row))
-        async for event in self.bus.watch(job_events_subject(job_id), from_start=from_start):
-            if event.subject.endswith(".metrics"):
-                yield common_pb2.JobEvent(metric=common_pb2.MetricEvent.FromString(event.data))
-            elif event.subject.endswith(".status"):
-                status = common_pb2.JobStatusEvent.FromString(event.data)
-                yield common_pb2.JobEvent(status=status)
-                if job_status_name(status.status) in TERMINAL:
+        events = aiter(self.bus.watch(job_events_subject(job_id), from_start=from_start))
+        stored_end = asyncio.create_task(self._ended_row(job_id))
+        pending: asyncio.Future[Event] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(events))
+                if not stored_end.done():
+                    either: set[asyncio.Future[Any]] = {pending, stored_end}
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                    if not pending.done():
+                        continue  # the store has the end: the stream gets STREAM_GRACE_S to bring it
+                else:
+                    await asyncio.wait({pending}, timeout=STREAM_GRACE_S)
+                    if not pending.done():
+                        yield common_pb2.JobEvent(status=self._status_event(stored_end.result()))
+                        return
+                event, pending = pending.result(), None
+                if event.subject.endswith(".metrics"):
+                    yield common_pb2.JobEvent(metric=common_pb2.MetricEvent.FromString(event.data))
+                elif event.subject.endswith(".status"):
+                    status = common_pb2.JobStatusEvent.FromString(event.data)
+                    if job_status_name(status.status) not in TERMINAL:
+                        yield common_pb2.JobEvent(status=status)
+                        continue
+                    done, _ = await asyncio.wait({stored_end}, timeout=STORE_GRACE_S)
+                    if done:
+                        stored = stored_end.result()
+                        if stored.status != job_status_name(status.status):  # the store's word is final
+                            status = self._status_event(stored)
+                    else:
+                        log.warning("job %s ended on the stream but not in the store within %.0f s",
+                                    job_id, STORE_GRACE_S)
+                    yield common_pb2.JobEvent(status=status)
                     return
+        finally:
+            for task in (pending, stored_end):
+                if task is not None:
+                    await cancel_and_wait(task)  # type: ignore[arg-type]
+            await events.aclose()  # type: ignore[attr-defined]
+
+    async def _ended_row(self, job_id: str) -> JobRow:
+        """The job's row once it has ended; a failed read of the store is tried again."""
+        while True:
+            try:
+                return await self.wait_job(job_id, lambda r: r.status in TERMINAL)
+            except NotFound:
+                raise
+            except Exception as e:  # a watch must not end on a store hiccup
+                log.warning("watch of job %s: reading the store failed (%s); trying again", job_id, e)
+                await asyncio.sleep(self.poll_seconds)
 
     async def job_row(self, job_id: str) -> JobRow:
         """The stored row of a job; NotFound naming the id when there is none."""
         return await self._row(job_id)
 
-    async def metric_points(self, job_id: str) -> list[MetricPointRow]:
+    async def metric_points(self, job_id: str) -> builtins.list[MetricPointRow]:
         """The job's stored steps, in step order."""
         return await asyncio.to_thread(self.store.metric_points, job_id)
 
@@ -292,40 +316,59 @@ class JobManager:
                                                          path=row.adapter_path))
         return event
 
-    async def _publish_status(self, job_id: str, status: str, message: str) -> None:
+    async def _publish_status(self, job_id: str, status: str, message: str,
+                              adapter: common_pb2.AdapterRef | None = None) -> None:
         if self.bus is None:
             return
         event = common_pb2.JobStatusEvent(job_id=job_id, status=job_status_value(status), message=message,
                                           time=now_ts())
+        if adapter is not None:
+            event.adapter.CopyFrom(adapter)
         try:
             await self.bus.publish(job_status_subject(job_id), event.SerializeToString(),
                                    f"{job_id}:status:{status}")
-        except Exception as e:  # the store already has it; a watcher falls back on polling
+        except Exception as e:  # the store has it already: a watch sees it there (see `watch`)
             log.warning("could not publish status of %s: %s", job_id, e)
 
-    async def _on_metric(self, event: object) -> None:
-        metric = common_pb2.MetricEvent.FromString(event.data)  # type: ignore[attr-defined]
-        stored = await asyncio.to_thread(self.store.add_metric_point, metric_point_from_event(metric))
-        if stored:
-            row = await asyncio.to_thread(self.store.get_job, metric.job_id)
-            if row is not None and metric.step > row.current_step:
-                await asyncio.to_thread(self.store.update_job, metric.job_id, current_step=metric.step)
-                await self.notify()
+    async def _on_event(self, event: Event) -> None:
+        """Every job event, in stream order (one durable consumer): a step's metrics are stored
+        before a later status of the same job is. An event that cannot be decoded, or of a job
+        this store does not know, is skipped: retrying it could never succeed, and it would hold
+        back every later event."""
+        kind = event.subject.rsplit(".", 1)[-1]
+        try:
+            if kind == "metrics":
+                await self._on_metric(common_pb2.MetricEvent.FromString(event.data))
+            elif kind == "status":
+                await self._on_status(common_pb2.JobStatusEvent.FromString(event.data))
+        except DecodeError as e:
+            log.error("skipping %s seq %d: not a %s event (%s)", event.subject, event.seq, kind, e)
 
-    async def _on_status(self, event: object) -> None:
-        status = common_pb2.JobStatusEvent.FromString(event.data)  # type: ignore[attr-defined]
+    async def _on_metric(self, metric: common_pb2.MetricEvent) -> None:
+        row = await asyncio.to_thread(self.store.get_job, metric.job_id)
+        if row is None:
+            log.warning("skipping step %d of job %r: no such job in the store", metric.step, metric.job_id)
+            return
+        stored = await asyncio.to_thread(self.store.add_metric_point, metric_point_from_event(metric))
+        if stored and metric.step > row.current_step:
+            await asyncio.to_thread(self.store.update_job, metric.job_id, current_step=metric.step)
+            await self.notify()
+
+    async def _on_status(self, status: common_pb2.JobStatusEvent) -> None:
         await self._apply_status(status.job_id, job_status_name(status.status), status.message,
                                  status.adapter if status.adapter.name else None)
 
     async def _apply_status(self, job_id: str, status: str, message: str,
-                            adapter: common_pb2.AdapterRef | None) -> None:
+                            adapter: common_pb2.AdapterRef | None) -> bool:
+        """Stores a status transition; False when there was none to store (unknown job, the same
+        status, QUEUED, or a job that has ended: only a missing adapter is still filled in)."""
         async with self._lock:
             row = await asyncio.to_thread(self.store.get_job, job_id)
             if row is None or row.status in TERMINAL or status in ("QUEUED", row.status):
                 if row is not None and adapter is not None and row.status in TERMINAL and not row.adapter_name:
                     await asyncio.to_thread(self.store.update_job, job_id, adapter_name=adapter.name,
                                             adapter_version=adapter.version, adapter_path=adapter.path)
-                return
+                return False
             fields: dict[str, object] = {"status": status}
             if status == "RUNNING" and row.started_at is None:
                 fields["started_at"] = datetime.now(UTC)
@@ -339,6 +382,7 @@ class JobManager:
         await self.notify()
         if status in TERMINAL:
             self._wake.set()
+        return True
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -351,7 +395,8 @@ class JobManager:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
 
     async def dispatch_once(self) -> None:
-        """Reconciles running jobs with their workers, then gives queued jobs to idle workers."""
+        """Reconciles running jobs with their workers, settles the starts in doubt, then gives
+        queued jobs to idle workers (oldest first)."""
         running = await asyncio.to_thread(self.store.list_jobs, "RUNNING", 1000, 0)
         busy_workers = {r.worker for r in running}
         states = {a: await self.workers.status(a) for a in self.workers.addresses}
@@ -360,43 +405,90 @@ class JobManager:
             if state is None or state.job_id == row.id:
                 continue  # unreachable (keep waiting) or still at work
             if state.last_job_id == row.id and state.last_status in TERMINAL:
-                await self._apply_status(row.id, state.last_status, state.last_error, state.last_adapter)
+                status, message, adapter = state.last_status, state.last_error, state.last_adapter
             else:
-                await self._apply_status(row.id, "FAILED",
-                                         f"trainer {row.worker} no longer runs this job (worker restarted?)", None)
+                status, adapter = "FAILED", None
+                message = f"trainer {row.worker} no longer runs this job (worker restarted?)"
+            if await self._apply_status(row.id, status, message, adapter):
+                await self._publish_status(row.id, status, message or status.lower(), adapter)
             busy_workers.discard(row.worker)
-        idle = [a for a, s in states.items() if s is not None and not s.busy and a not in busy_workers]
-        if not idle:
-            return
         # The store lists newest first; the queue is served oldest first.
         queued = await asyncio.to_thread(self.store.list_jobs, "QUEUED", 10_000, 0)
-        for row, address in zip(sorted(queued, key=lambda r: r.created_at), idle, strict=False):
+        queued.sort(key=lambda r: r.created_at)
+        free: list[JobRow] = []
+        for row in queued:
+            if not row.worker:
+                free.append(row)
+            elif await self._settle_doubt(row, states.get(row.worker)):
+                busy_workers.add(row.worker)  # running there, or still in doubt: that worker is taken
+            else:
+                free.append(row)
+        idle = [a for a, s in states.items() if s is not None and not s.busy and a not in busy_workers]
+        for row, address in zip(free, idle, strict=False):
             await self._start_on(row, address)
 
-    async def _start_on(self, row: JobRow, address: str) -> None:
-        from services.scheduler.convert import spec_from_json
-
+    async def _settle_doubt(self, row: JobRow, state: WorkerState | None) -> bool:
+        """A queued job whose StartJob on `row.worker` had no answer: True when it runs there (now
+        RUNNING) or that worker still cannot say; False when the worker does not have it (the job
+        is free to be dispatched again)."""
+        if state is None and row.worker in self.workers.addresses:
+            return True  # still unreachable: try no other worker
         async with self._lock:
             current = await asyncio.to_thread(self.store.get_job, row.id)
-            if current is None or current.status != "QUEUED":
-                return  # cancelled meanwhile
+            if current is None or current.status != "QUEUED" or current.worker != row.worker:
+                return current is not None and current.status == "RUNNING"
+            if state is not None and state.has_job(row.id):
+                await self._mark_running(row.id, row.worker)
+            else:
+                log.info("job %s did not start on %s; it is queued again", row.id, row.worker)
+                await asyncio.to_thread(self.store.update_job, row.id, worker="")
+                return False
+        await self._running(row.id, row.worker)
+        return True
+
+    async def _start_on(self, row: JobRow, address: str) -> None:
+        """StartJob on `address`; every outcome is handled here (see the module docstring)."""
+        async with self._lock:
+            current = await asyncio.to_thread(self.store.get_job, row.id)
+            if current is None or current.status != "QUEUED" or current.worker:
+                return  # cancelled, dispatched or in doubt meanwhile
+            error = ""
             try:
                 await self.workers.start(address, row.id, spec_from_json(row.spec_json), row.total_steps)
-            except grpc.aio.AioRpcError as e:
-                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    return  # try again next round
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "busy" in (e.details() or ""):
+            except WorkerBusy:
+                return  # another job holds the worker: next round
+            except WorkerUnavailable as e:
+                state = await self.workers.status(address)
+                if state is None:
+                    log.warning("StartJob of %s on %s has no answer (%s) and the worker cannot be asked: "
+                                "the job waits for it", row.id, address, e)
+                    await asyncio.to_thread(self.store.update_job, row.id, worker=address)
                     return
-                error = e.details() or e.code().name
+                if not state.has_job(row.id):
+                    log.warning("job %s did not start on %s (%s); next round tries again", row.id, address, e)
+                    return
+                log.info("job %s runs on %s although StartJob had no answer (%s)", row.id, address, e)
+            except WorkerError as e:
+                error = str(e) or type(e).__name__
+            if error:
                 await asyncio.to_thread(self.store.update_job, row.id, status="FAILED", error=error,
                                         finished_at=datetime.now(UTC))
             else:
-                error = ""
-                await asyncio.to_thread(self.store.update_job, row.id, status="RUNNING", worker=address,
-                                        started_at=datetime.now(UTC))
-        await self.notify()
+                await self._mark_running(row.id, address)
         if error:
+            await self.notify()
             await self._publish_status(row.id, "FAILED", error)
+            self._wake.set()
         else:
-            log.info("dispatched job %s to %s", row.id, address)
-            await self._publish_status(row.id, "RUNNING", f"started on {address}")
+            await self._running(row.id, address)
+
+    async def _mark_running(self, job_id: str, address: str) -> None:
+        """Under the lock: the job is RUNNING on `address`."""
+        await asyncio.to_thread(self.store.update_job, job_id, status="RUNNING", worker=address,
+                                started_at=datetime.now(UTC))
+
+    async def _running(self, job_id: str, address: str) -> None:
+        """After `_mark_running`, out of the lock: tell the watchers."""
+        log.info("dispatched job %s to %s", job_id, address)
+        await self.notify()
+        await self._publish_status(job_id, "RUNNING", f"started on {address}")

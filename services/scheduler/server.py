@@ -1,8 +1,9 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
 The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions;
-loops.py: automated training loops) know nothing of gRPC; this module opens the store and the
-event bus at start (a bad URL stops the service with one line naming the setting) and maps calls.
+loops.py: automated training loops) know nothing of gRPC: the trainers are reached through
+workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a bad URL
+stops the service with one line naming the setting) and maps calls.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rlvr.common.errors import Unavailable, map_errors
+from rlvr.infra.events import EventBus
+from rlvr.infra.store import Store
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.server import GrpcService
 from services.scheduler.actions import JobActions
 from services.scheduler.benchmarks import GrpcBenchmarks
-from services.scheduler.jobs import GrpcWorkers, JobManager
+from services.scheduler.jobs import JobManager
 from services.scheduler.loops import LoopManager
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.workers import GrpcWorkers
 
 log = logging.getLogger("rlvr.scheduler")
 
@@ -119,8 +123,8 @@ class SchedulerCore:
     def __init__(self, settings: SchedulerSettings, servicer: SchedulerServicer) -> None:
         self.settings = settings
         self.servicer = servicer
-        self.store = None
-        self.bus = None
+        self.store: Store | None = None
+        self.bus: EventBus | None = None
 
     async def start(self) -> None:
         from services.common.startup import open_bus, open_store

@@ -2,8 +2,11 @@
 
 The servicer holds no training logic: `JobSupervisor` (worker.py) runs each job in its own process,
 and MergeAdapter runs `services.trainer.merge` in a child process whose JSON progress lines are
-streamed back. Errors follow rlvr.common.errors (`@map_errors`): a busy worker or a quantization the
-host cannot run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUMENT.
+streamed back. Errors follow rlvr.common.errors (`@map_errors`): a quantization the host cannot
+run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUMENT. Two answers
+have codes of their own, so that the scheduler reads them by code and never by text: StartJob of
+another job while one runs is RESOURCE_EXHAUSTED (StartJob of the job that runs is OK: it is
+idempotent by job id), and MergeAdapter onto an existing output folder is ALREADY_EXISTS.
 """
 
 from __future__ import annotations
@@ -17,14 +20,24 @@ from pathlib import Path
 
 import grpc
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, map_errors
+from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors
 from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.server import GrpcService
 from services.trainer import artifacts
 from services.trainer.settings import TrainerSettings
-from services.trainer.worker import JobSupervisor
+from services.trainer.worker import JobSupervisor, WorkerBusy
 
 log = logging.getLogger("rlvr.trainer.server")
+
+
+class Busy(RlvrServiceError):
+    """This worker runs another job."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class AlreadyExists(RlvrServiceError):
+    code = grpc.StatusCode.ALREADY_EXISTS
 
 
 @map_errors
@@ -36,7 +49,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def StartJob(
         self, request: trainer_pb2.StartJobRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.StartJobResponse:
-        await self.supervisor.start(request)
+        try:
+            started = await self.supervisor.start(request)
+        except WorkerBusy as e:
+            raise Busy(str(e)) from None
+        if not started:
+            log.info("StartJob of job %s again: already running it", request.job_id)
         return trainer_pb2.StartJobResponse(job_id=request.job_id, worker=self.settings.worker_name)
 
     async def CancelJob(
@@ -68,7 +86,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         base_model = request.base_model or _adapter_base(adapter)
         output = root / "merged" / name
         if output.exists():
-            raise FailedPrecondition(f"output_name: {name!r} already exists under {root / 'merged'}; pick another")
+            raise AlreadyExists(f"output_name: {name!r} already exists under {root / 'merged'}; pick another")
         output.parent.mkdir(parents=True, exist_ok=True)
         async for progress in _run_merge(base_model, adapter, output):
             yield progress

@@ -6,6 +6,11 @@ writes (progress.json after every step, result.json at the end), cancels it (SIG
 after `cancel_grace_seconds`), and turns its exit into the last job's outcome. When the process
 died without a result (killed, out of memory, a crash in native code) the supervisor publishes the
 job's final status itself, under the same Nats-Msg-Id the process would have used.
+
+StartJob is idempotent by job id: asked to start the job it runs (or is starting) the supervisor
+starts nothing and answers as the first call did, so a caller whose first call went unanswered may
+ask again. Another job while one runs is refused with `WorkerBusy`. A start runs to its end even
+when its caller goes away (a deadline), so the worker never runs a job it does not know of.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlvr.common.errors import FailedPrecondition, NotFound
+from rlvr.common.errors import NotFound
 from rlvr.v1 import common_pb2, trainer_pb2
 from services.trainer import artifacts
 from services.trainer.config import JobConfig, job_config_from_request
@@ -29,7 +35,15 @@ from services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_
 from services.trainer.quantization import check_quantization
 from services.trainer.settings import TrainerSettings
 
+if TYPE_CHECKING:  # imported when first needed
+    from rlvr.infra.events import EventBus
+
 log = logging.getLogger("rlvr.trainer.worker")
+
+
+class WorkerBusy(Exception):
+    """StartJob of a job while this worker runs or starts another one (the servicer answers
+    RESOURCE_EXHAUSTED, which the scheduler tells apart from a refusal by its code)."""
 
 
 @dataclass
@@ -44,7 +58,7 @@ class RunningJob:
 @dataclass
 class LastJob:
     job_id: str
-    status: int
+    status: common_pb2.JobStatus
     error: str = ""
     adapter: common_pb2.AdapterRef | None = None
 
@@ -55,15 +69,34 @@ class JobSupervisor:
         self.root = Path(settings.artifact_root)
         self.current: RunningJob | None = None
         self.last: LastJob | None = None
-        self._starting = False
-        self._bus = None  # an EventBus, connected on first need (a crashed job's final status)
+        self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
+        self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
 
     # ------------------------------------------------------------------ start
 
-    async def start(self, request: trainer_pb2.StartJobRequest) -> None:
+    async def start(self, request: trainer_pb2.StartJobRequest) -> bool:
+        """Starts the job in a process of its own: True when started now, False when this job runs
+        here already (or an earlier call is starting it: this one shares its outcome). Raises
+        WorkerBusy while another job runs, InvalidArgument or FailedPrecondition for a job that
+        cannot run here."""
+        if self.current is not None and self.current.config.job_id == request.job_id:
+            return False
+        if self._starting is not None:
+            starting_id, starting = self._starting
+            if starting_id != request.job_id:
+                raise WorkerBusy(f"worker {self.settings.worker_name} is busy starting job {starting_id}; "
+                                 "one job per worker")
+            await asyncio.shield(starting)
+            return False
         job = job_config_from_request(request, self.root, tuple(self.settings.data_roots))
         self._check_idle()
-        self._starting = True  # StartJob awaits below: a second one must see the worker busy
+        task = asyncio.get_running_loop().create_task(self._launch(job, request), name=f"start-{job.job_id}")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a lone failure is logged in _launch
+        self._starting = (job.job_id, task)
+        await asyncio.shield(task)  # a caller that goes away does not stop the start half way
+        return True
+
+    async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest) -> None:
         try:
             await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
             job_dir = artifacts.job_dir(self.root, job.job_id)
@@ -80,15 +113,18 @@ class JobSupervisor:
             self.current = running
             log.info("job %s started (pid %d), log %s", job.job_id, process.pid, job_dir / "job.log")
             asyncio.get_running_loop().create_task(self._follow(running))
+        except Exception as e:
+            # Also the outcome the worker reports, for a caller that went away before this answer.
+            log.warning("job %s did not start: %s", job.job_id, e)
+            self.last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED, str(e) or type(e).__name__)
+            raise
         finally:
-            self._starting = False
+            self._starting = None
 
     def _check_idle(self) -> None:
-        if self._starting:
-            raise FailedPrecondition(f"worker {self.settings.worker_name} is busy starting another job")
         if self.current is not None:
             step, total = self._progress(self.current.config.job_id)
-            raise FailedPrecondition(
+            raise WorkerBusy(
                 f"worker {self.settings.worker_name} is busy with job {self.current.config.job_id} "
                 f"(step {step} of {total or '?'}); one job per worker"
             )
@@ -159,6 +195,9 @@ class JobSupervisor:
     # ------------------------------------------------------------------ cancel, status, shutdown
 
     async def cancel(self, job_id: str) -> common_pb2.AdapterRef | None:
+        if self._starting is not None and self._starting[0] == job_id:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting[1])  # started (then stopped below) or failed
         running = self.current
         if running is None or running.config.job_id != job_id:
             if self.last is not None and self.last.job_id == job_id:
@@ -185,9 +224,11 @@ class JobSupervisor:
         if self.current is not None:
             status.job_id = self.current.config.job_id
             status.current_step, status.total_steps = self._progress(status.job_id)
+        elif self._starting is not None:  # being started: already this job's worker
+            status.busy, status.job_id = True, self._starting[0]
         if self.last is not None:
             status.last_job_id = self.last.job_id
-            status.last_job_status = self.last.status  # type: ignore[assignment]
+            status.last_job_status = self.last.status
             status.last_job_error = self.last.error
             if self.last.adapter is not None:
                 status.last_job_adapter.CopyFrom(self.last.adapter)
@@ -195,6 +236,9 @@ class JobSupervisor:
 
     async def close(self) -> None:
         """Service shutdown: a running job is cancelled (its adapter kept), then NATS closed."""
+        if self._starting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting[1])
         if self.current is not None:
             await self.cancel(self.current.config.job_id)
         if self._bus is not None:

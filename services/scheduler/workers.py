@@ -1,0 +1,179 @@
+"""The trainer workers as the scheduler's cores see them, and the gRPC adapter that reaches them.
+
+`Workers` is a small interface of plain Python (tests pass their own); `GrpcWorkers` is the real
+one. The adapter is the only place where the scheduler reads the trainers' status codes: it turns
+a failed call into one of the domain exceptions below, so jobs.py and actions.py never import
+grpc. The codes, by trainer.proto:
+
+- UNAVAILABLE, DEADLINE_EXCEEDED -> `WorkerUnavailable`: not reached, or no answer in time. The
+  call may still have taken effect (a StartJob whose answer was lost started the job).
+- RESOURCE_EXHAUSTED on StartJob -> `WorkerBusy`: the worker runs another job. (StartJob is
+  idempotent by job id: asked again for the job it runs, the worker answers OK.)
+- NOT_FOUND on CancelJob -> `JobNotOnWorker`: the worker does not run that job.
+- ALREADY_EXISTS on MergeAdapter -> `MergeOutputExists`: the output folder is there already.
+- INVALID_ARGUMENT, FAILED_PRECONDITION -> `WorkerRejected`: the request cannot succeed there as
+  it is; asking again will not help.
+- any other code (INTERNAL, ...) -> `WorkerFailed`: the worker failed the call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from services.scheduler.convert import job_status_name
+
+log = logging.getLogger("rlvr.scheduler.workers")
+
+
+# ---------------------------------------------------------------------------- domain
+
+
+class WorkerError(Exception):
+    """A call to a trainer worker failed; the message is one readable line (the trainer's own
+    words where it gave any)."""
+
+
+class WorkerUnavailable(WorkerError):
+    """The worker was not reached or did not answer in time: the call's outcome is unknown."""
+
+
+class WorkerBusy(WorkerError):
+    """StartJob refused because the worker runs another job."""
+
+
+class JobNotOnWorker(WorkerError):
+    """The worker does not run (and did not last run) that job."""
+
+
+class MergeOutputExists(WorkerError):
+    """MergeAdapter refused: its output folder exists already."""
+
+
+class WorkerRejected(WorkerError):
+    """The worker refused the request: a bad argument or an unmet precondition."""
+
+
+class WorkerFailed(WorkerError):
+    """The worker failed the call (INTERNAL or another code it does not answer on purpose)."""
+
+
+@dataclass
+class WorkerState:
+    address: str
+    name: str
+    busy: bool
+    job_id: str
+    last_job_id: str = ""
+    last_status: str = ""
+    last_error: str = ""
+    last_adapter: common_pb2.AdapterRef | None = None
+
+    def has_job(self, job_id: str) -> bool:
+        """The worker runs the job, or ran it last (it may have ended already)."""
+        return bool(job_id) and job_id in (self.job_id, self.last_job_id)
+
+
+class Workers(Protocol):
+    """What the job core needs of the trainer workers."""
+
+    @property
+    def addresses(self) -> Sequence[str]: ...
+
+    async def status(self, address: str) -> WorkerState | None:
+        """The worker's state; None when it cannot be reached."""
+        ...
+
+    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str:
+        """Starts the job there (OK again for the job it already runs); returns the worker's name.
+        Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected or WorkerFailed."""
+        ...
+
+    async def cancel(self, address: str, job_id: str) -> common_pb2.AdapterRef | None:
+        """Stops the job there; its partial adapter, if a step finished. Raises JobNotOnWorker,
+        WorkerUnavailable, WorkerRejected or WorkerFailed."""
+        ...
+
+
+# ---------------------------------------------------------------------------- gRPC
+
+
+_UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def worker_error(e: grpc.aio.AioRpcError, address: str, method: str) -> WorkerError:
+    """The domain exception of a failed call to `method` on the worker at `address`."""
+    code, details = e.code(), e.details() or e.code().name
+    if code in _UNKNOWN_OUTCOME:
+        return WorkerUnavailable(f"trainer {address} did not answer {method}: {code.name}: {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and method == "StartJob":
+        return WorkerBusy(details)
+    if code == grpc.StatusCode.NOT_FOUND and method == "CancelJob":
+        return JobNotOnWorker(details)
+    if code == grpc.StatusCode.ALREADY_EXISTS and method == "MergeAdapter":
+        return MergeOutputExists(details)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+        return WorkerRejected(details)
+    return WorkerFailed(f"{code.name}: {details}")
+
+
+class GrpcWorkers:
+    """Trainer workers over gRPC (deadlines and retries from rlvr.common.client; StartJob and
+    CancelJob are not retried by the channel, see IDEMPOTENT_METHODS)."""
+
+    def __init__(self, addresses: Sequence[str], start_timeout_s: float = 60.0) -> None:
+        from rlvr.common.client import make_channel
+
+        self.addresses = list(addresses)
+        self.start_timeout_s = start_timeout_s
+        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(make_channel(a, aio=True)) for a in addresses}
+
+    async def status(self, address: str) -> WorkerState | None:
+        try:
+            s = await self._stubs[address].GetWorkerStatus(trainer_pb2.GetWorkerStatusRequest(), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            log.warning("worker %s unreachable: %s", address, e.code().name)
+            return None
+        last = job_status_name(s.last_job_status) if s.last_job_status else ""
+        return WorkerState(address=address, name=s.worker, busy=s.busy, job_id=s.job_id,
+                           last_job_id=s.last_job_id, last_status=last, last_error=s.last_job_error,
+                           last_adapter=s.last_job_adapter if s.last_job_adapter.name else None)
+
+    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str:
+        try:
+            resp = await self._stubs[address].StartJob(
+                trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps),
+                timeout=self.start_timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise worker_error(e, address, "StartJob") from None
+        return resp.worker
+
+    async def cancel(self, address: str, job_id: str) -> common_pb2.AdapterRef | None:
+        try:
+            resp = await self._stubs[address].CancelJob(trainer_pb2.TrainerCancelJobRequest(job_id=job_id),
+                                                        timeout=60)
+        except grpc.aio.AioRpcError as e:
+            raise worker_error(e, address, "CancelJob") from None
+        return resp.adapter if resp.adapter.name else None
+
+    async def merge(self, address: str, request: trainer_pb2.MergeAdapterRequest
+                    ) -> AsyncGenerator[trainer_pb2.MergeProgress, None]:
+        """MergeAdapter on one worker: its progress stream (the call's deadline is the method's
+        default, an hour). Closing the iteration (`contextlib.aclosing`) cancels the call, and the
+        worker stops its merge process."""
+        from rlvr.common.client import deadline_for
+
+        call = self._stubs[address].MergeAdapter(
+            request, timeout=deadline_for("rlvr.v1.TrainerService/MergeAdapter"))
+        try:
+            async for progress in call:
+                yield progress
+        except grpc.aio.AioRpcError as e:
+            raise worker_error(e, address, "MergeAdapter") from None
+        finally:
+            call.cancel()
