@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.jobspec import LOSS_NAMES
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 BENCHMARK = "rlvr-math-pairs-heldout"
@@ -28,8 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=None, help="state folder (default $RLVR_HOME/demo)")
 
 
-LOSSES = {"grpo": common_pb2.LOSS_TYPE_GRPO, "dapo": common_pb2.LOSS_TYPE_DAPO,
-          "dr_grpo": common_pb2.LOSS_TYPE_DR_GRPO}
+LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 
 # The measured configuration of bench/learning.py (README, "Learning"): every value inside the
 # spec's ranges. `rlvr demo` runs it with fewer steps by default.

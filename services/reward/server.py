@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from rlvr.common.errors import InvalidArgument, Unavailable, map_errors, out_of_range
+from rlvr.jobspec import REWARD_KEYS, REWARD_NAMES
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from services.common.server import GrpcService
 from services.reward.settings import RewardSettings
@@ -22,19 +23,15 @@ if TYPE_CHECKING:  # both are imported when first used
     from rlvr.rewards.scoring import ScoringFunction
     from services.reward.pool import ScoringPool
 
-FUNCTION_NAMES: dict[int, ScoringFunction] = {
-    common_pb2.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
-    common_pb2.REWARD_FUNCTION_GSM8K: "gsm8k",
-    common_pb2.REWARD_FUNCTION_BOXED: "boxed",
-}
+# ListRewardFunctions: (display name from the spec, needs a dataset, description)
 DISPLAY = {
-    common_pb2.REWARD_FUNCTION_MATH_PAIRS: ("Math Pairs (synthetic)", False,
+    common_pb2.REWARD_FUNCTION_MATH_PAIRS: (REWARD_NAMES[common_pb2.REWARD_FUNCTION_MATH_PAIRS], False,
                                             "A self-generating arithmetic task: add adjacent pairs, multiply; "
                                             "the correct final number wins. No dataset needed."),
-    common_pb2.REWARD_FUNCTION_GSM8K: ("GSM8K accuracy", False,
+    common_pb2.REWARD_FUNCTION_GSM8K: (REWARD_NAMES[common_pb2.REWARD_FUNCTION_GSM8K], False,
                                        "Grade-school word problems from the built-in openai/gsm8k; "
                                        "rewards the correct final number. The Dataset field is ignored."),
-    common_pb2.REWARD_FUNCTION_BOXED: ("Boxed-answer accuracy", True,
+    common_pb2.REWARD_FUNCTION_BOXED: (REWARD_NAMES[common_pb2.REWARD_FUNCTION_BOXED], True,
                                        "Any dataset with prompt and ground_truth columns; rewards a correct "
                                        "\\boxed{...} final answer."),
 }
@@ -43,9 +40,9 @@ DISPLAY = {
 def function_name(value: int, field: str = "function") -> ScoringFunction:
     if value == common_pb2.REWARD_FUNCTION_UNSPECIFIED:
         return "math_pairs"
-    if value not in FUNCTION_NAMES:
-        raise out_of_range(field, value, ", ".join(common_pb2.RewardFunction.Name(v) for v in FUNCTION_NAMES))
-    return FUNCTION_NAMES[value]
+    if value not in REWARD_KEYS:  # the spec's keys are the scoring functions' names
+        raise out_of_range(field, value, ", ".join(common_pb2.RewardFunction.Name(v) for v in REWARD_KEYS))
+    return REWARD_KEYS[value]  # type: ignore[index]  # checked just above: a RewardFunction value
 
 
 @map_errors

@@ -123,6 +123,12 @@ class JobConfig:
         data["data_roots"] = [str(p) for p in self.data_roots]
         return data
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobConfig:
+        """The JobConfig `to_json` wrote: the job process reads its worker's, already validated."""
+        return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
+                      "data_roots": tuple(Path(p) for p in data["data_roots"])})
+
 
 def as_typed(value: float) -> float:
     """A proto `float` (32-bit) as the decimal the user typed: 0.3 arrives as 0.30000001192..."""

@@ -1,6 +1,7 @@
 """The process one job runs in: `python -m services.trainer.job_process --job-dir DIR`.
 
-The worker (worker.py) writes `request.pb` (the StartJobRequest) and `settings.json` into the job
+The worker (worker.py) writes `request.pb` (the StartJobRequest, for the record), `config.json` (the
+JobConfig it validated, which this process reads as is) and `settings.json` into the job
 folder and starts this module in a new process group, so that a cancel is immediate (SIGTERM asks
 for a stop at the next step boundary, SIGKILL after a grace period ends it outright), a crash
 fails this job only, and all its memory goes back to the system when it exits.
@@ -13,6 +14,7 @@ It publishes its own events to NATS (RUNNING, one MetricEvent per step, the fina
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from rlvr.v1 import common_pb2, trainer_pb2
+from rlvr.v1 import common_pb2
 from services.trainer import artifacts
 from services.trainer.quantization import cuda_visible_devices
 from services.trainer.settings import TrainerSettings
@@ -61,8 +63,11 @@ def _set_threads(threads: int) -> None:
 
 def run(job_dir: Path) -> int:
     settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
-    request = trainer_pb2.StartJobRequest.FromString((job_dir / "request.pb").read_bytes())
-    visible = cuda_visible_devices(request.spec.advanced.gpu_selection)
+    from services.trainer.config import JobConfig
+
+    # The worker validated the request and wrote its JobConfig: nothing is resolved twice.
+    job = JobConfig.from_json(json.loads((job_dir / "config.json").read_text()))
+    visible = cuda_visible_devices(job.gpu_selection)
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch is imported, or it is too late
 
@@ -72,14 +77,12 @@ def run(job_dir: Path) -> int:
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
 
-    from services.trainer.config import job_config_from_request
     from services.trainer.runner import JobDeps, JobResult, one_line, run_job
     from services.trainer.scorers import LocalScorer, ScoreSettings, ServiceScorer
 
     publisher = None
     result: JobResult
     try:
-        job = job_config_from_request(request, settings.artifact_root, tuple(settings.data_roots))
         if settings.nats_url:
             from services.trainer.publisher import EventPublisher
 
@@ -112,7 +115,7 @@ def run(job_dir: Path) -> int:
                 generator.close()
     except Exception as e:  # set-up failed before the job could run (bad request, NATS down)
         log.exception("job set-up failed")
-        result = JobResult(job_id=request.job_id, status="failed", error=one_line(e))
+        result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
     artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)

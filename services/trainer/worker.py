@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -102,6 +103,7 @@ class JobSupervisor:
             job_dir = artifacts.job_dir(self.root, job.job_id)
             await asyncio.to_thread(self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
+            (job_dir / "config.json").write_text(json.dumps(job.to_json()))
             (job_dir / "settings.json").write_text(self.settings.model_dump_json())
             with open(job_dir / "job.log", "ab") as job_log:
                 process = await asyncio.create_subprocess_exec(
