@@ -217,6 +217,7 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     killer does) or cancelled with SIGTERM, nothing of its session is left."""
     import psutil
 
+    from services.trainer.config import job_config_from_request
     from services.trainer.settings import TrainerSettings
 
     job_dir = tmp_path / "jobs" / how
@@ -226,6 +227,9 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     (job_dir / "settings.json").write_text(settings.model_dump_json())
     request = T.StartJobRequest(job_id=how, spec=_spec(tiny_model, 500, 0.1), total_steps=500)
     (job_dir / "request.pb").write_bytes(request.SerializeToString())
+    # what the worker writes: the JobConfig it validated, which the job process reads as is
+    job = job_config_from_request(request, tmp_path)
+    (job_dir / "config.json").write_text(json.dumps(job.to_json()))
     with open(job_dir / "job.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir)],
                                    cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
