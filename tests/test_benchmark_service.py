@@ -323,3 +323,26 @@ def test_default_tiny_model_matches_build_tiny(services: Services, nats_server, 
         ev = run(client, sampling=C.SamplingParams(max_tokens=max_tokens), timeout=900)
         assert ev.questions_total == report["heldout_n"] == 500
         assert ev.scores.accuracy == pytest.approx(report["heldout_accuracy"], abs=1e-12), max_tokens
+
+
+async def test_the_loop_managers_view_of_the_benchmark_service(stack: Stack) -> None:
+    """services/scheduler/benchmarks.GrpcBenchmarks (the loop core's Benchmarks) over the typed
+    asyncio client against the real service: each call's answer, and each failure as the project's
+    error kind (unknown evaluation None, refusal InvalidArgument, unreachable Unavailable)."""
+    from rlvr.common.errors import InvalidArgument, Unavailable
+    from services.scheduler.benchmarks import GrpcBenchmarks
+
+    benchmarks = GrpcBenchmarks(stack.address)
+    assert HELDOUT in {b.name for b in await benchmarks.list()}
+    assert await benchmarks.get("no-such-evaluation") is None
+    assert await benchmarks.wait("no-such-evaluation") is None
+    started = await benchmarks.run(B.RunEvaluationRequest(benchmark=HELDOUT, limit=4, sampling=greedy(),
+                                                          label="loop view"))
+    done = await benchmarks.wait(started.id)
+    assert done is not None and done.status == B.EVALUATION_STATUS_COMPLETED and done.questions_done == 4
+    found = await benchmarks.find(HELDOUT, "loop view")
+    assert found is not None and found.id == started.id
+    with pytest.raises(InvalidArgument, match="limit"):
+        await benchmarks.run(B.RunEvaluationRequest(benchmark=HELDOUT, limit=-1))
+    with pytest.raises(Unavailable, match="unreachable"):
+        await GrpcBenchmarks(f"127.0.0.1:{_free_port()}").list()

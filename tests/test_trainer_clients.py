@@ -162,9 +162,10 @@ async def test_stamps_are_checked_even_when_the_server_serves_latest(tmp_path: P
 async def test_service_scorer_against_the_reward_service() -> None:
     import asyncio
 
+    from rlvr.peers.types import Score
     from services.reward.server import build_service
     from services.reward.settings import RewardSettings
-    from services.trainer.scorers import Score, ScoreError, ScoreSettings, ServiceScorer
+    from services.trainer.scorers import ScoreError, ScoreSettings, ServiceScorer
 
     settings = RewardSettings(port=0)
     async with ServiceRunner(build_service(settings), settings) as runner:

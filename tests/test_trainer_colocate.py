@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
+from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 from services.trainer import runner
 from services.trainer.config import job_config_from_request
-from services.trainer.rollouts import AdapterTag, AdapterVersionMismatch, Sampling
+from services.trainer.rollouts import AdapterVersionMismatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

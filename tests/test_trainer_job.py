@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.v1 import common_pb2 as C
 from services.trainer import runner
 from services.trainer.config import JobConfig, job_config
-from services.trainer.rollouts import AdapterTag, LocalGenerator, RolloutBatch, Sampling
+from services.trainer.rollouts import LocalGenerator, RolloutBatch
 from services.trainer.runner import JobDeps, run_job
-from services.trainer.scorers import LocalScorer, Score, ScoreSettings
+from services.trainer.scorers import LocalScorer, ScoreSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

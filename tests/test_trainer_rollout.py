@@ -40,7 +40,7 @@ class ShapedScorer:
         self.local = LocalScorer(ScoreSettings("math_pairs"))
 
     def score(self, completions: Any, ground_truths: Any) -> list[Any]:
-        from services.trainer.scorers import Score
+        from rlvr.peers.types import Score
 
         return [Score(s.reward + len(c) / 100, s.accuracy, s.format)
                 for s, c in zip(self.local.score(completions, ground_truths), completions, strict=True)]

@@ -11,19 +11,13 @@ from typing import Any
 import pytest
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
 from services.trainer.config import job_config, job_config_from_request
 from services.trainer.metrics import StepRecord, metric_event
-from services.trainer.rollouts import (
-    BASE_MODEL,
-    AdapterTag,
-    AdapterVersionMismatch,
-    RolloutBatch,
-    Sampling,
-    check_versions,
-)
-from services.trainer.scorers import LocalScorer, Score, ScoreSettings
+from services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
+from services.trainer.scorers import LocalScorer, ScoreSettings
 
 METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
 

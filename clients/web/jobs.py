@@ -82,8 +82,7 @@ def routes(console: Console) -> list[Route]:
         events = live.job_events(
             job_id, request.query_params.get("since", ""), console.stream_client,
             read=lambda: read(job_id), render=lambda job, metrics: regions(job, metrics, token),
-            fingerprint=views.job_fingerprint, is_final=views.is_final_job,
-            caught_up=lambda job, metrics: not job.current_step or metrics.tiles.steps >= job.current_step)
+            fingerprint=views.job_fingerprint, is_final=views.is_final_job)
         return EventSourceResponse(events, ping=15)
 
     def _zip(request: Request, stream_of: Any, what: str) -> Response:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -33,7 +32,6 @@ from starlette.concurrency import run_in_threadpool
 from rlvr.peers.base import RlvrError
 
 POLL_SECONDS = 2.0      # re-read a running job this often when no event arrives
-CATCH_UP_SECONDS = 10.0  # after the job ended, wait at most this long for its last steps to be stored
 _END = object()
 
 
@@ -89,33 +87,32 @@ def done_event(reason: str = "") -> dict[str, str]:
 
 async def job_events(job_id: str, since: str, stream_client: Callable[[], Any],
                      read: Callable[[], tuple[Any, Any]], render: Callable[[Any, Any], dict[str, str]],
-                     fingerprint: Callable[[Any, Any], str], is_final: Callable[[Any], bool],
-                     caught_up: Callable[[Any, Any], bool]) -> AsyncIterator[dict[str, str]]:
+                     fingerprint: Callable[[Any, Any], str],
+                     is_final: Callable[[Any], bool]) -> AsyncIterator[dict[str, str]]:
     """The job page's events. `read()` -> (job, metrics) (blocking: run in a thread); `render`
-    -> regions; `since` the fingerprint the page was rendered at (no update until it changes)."""
+    -> regions; `since` the fingerprint the page was rendered at (no update until it changes).
+    A job that reads as ended has every step stored (the scheduler stores its events in order), so
+    the update rendered with the final status is the last one."""
     from rlvr.v1 import scheduler_pb2 as S
 
     stream = StreamThread(stream_client(), lambda c: c.watch_job(S.WatchJobRequest(id=job_id, from_start=False)))
     watching = True  # until WatchJob ends (the job ended, or the stream broke: then polling alone)
     last = since
-    ended_at: float | None = None
     try:
         while True:
             if watching:
                 _, ended = await stream.next_batch(POLL_SECONDS)
                 watching = not ended
             else:
-                await asyncio.sleep(POLL_SECONDS / 4 if ended_at else POLL_SECONDS)
+                await asyncio.sleep(POLL_SECONDS)
             job, metrics = await run_in_threadpool(read)
             shown = fingerprint(job, metrics)
             if shown != last:
                 yield update_event(await run_in_threadpool(render, job, metrics))
                 last = shown
             if is_final(job):
-                ended_at = ended_at or time.monotonic()
-                if caught_up(job, metrics) or time.monotonic() - ended_at > CATCH_UP_SECONDS:
-                    yield done_event("ended")
-                    return
+                yield done_event("ended")
+                return
     finally:
         stream.close()
 

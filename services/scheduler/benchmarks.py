@@ -1,8 +1,8 @@
 """The benchmark service as the loop manager sees it: list benchmarks, start an evaluation, find one
 by label, wait for one to end.
 
-`Benchmarks` is the interface the loop core uses; `GrpcBenchmarks` is the real one. It translates
-gRPC failures into the project's errors here, once, so the loop core never sees gRPC: an
+`Benchmarks` is the interface the loop core uses; `GrpcBenchmarks` is the real one, over the typed
+client of rlvr.peers. It translates the client's failures into the project's errors here, once, so the loop core never sees gRPC: an
 unreachable service (UNAVAILABLE, DEADLINE_EXCEEDED) is `Unavailable`, which the loop waits out;
 an unknown evaluation is None; a refused request keeps its status (InvalidArgument, ...).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import grpc
-
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
-from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
+from rlvr.peers.base import RlvrError
+from rlvr.peers.clients import AsyncBenchmarkClient
+from rlvr.v1 import benchmark_pb2
 
 log = logging.getLogger("rlvr.scheduler.benchmarks")
 
@@ -32,49 +32,48 @@ class Benchmarks(Protocol):
     async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
 
 
-_CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+_KINDS: dict[str, type[RlvrServiceError]] = {
+    "INVALID_ARGUMENT": InvalidArgument,
+    "NOT_FOUND": NotFound,
+    "FAILED_PRECONDITION": FailedPrecondition,
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": Unavailable,
 }
 
 
 class GrpcBenchmarks:
-    """The benchmark service over gRPC (deadlines and retries from rlvr.common.client)."""
+    """The benchmark service through its typed asyncio client (deadlines, retries and `RlvrError`
+    from rlvr.peers); create it inside a coroutine."""
 
     def __init__(self, address: str) -> None:
-        from rlvr.common.client import make_channel
-
         self.address = address
-        self._stub = benchmark_pb2_grpc.BenchmarkServiceStub(make_channel(address, aio=True))
+        self._client = AsyncBenchmarkClient(address)
 
-    def _error(self, e: grpc.aio.AioRpcError) -> RlvrServiceError:
-        kind = _CODES.get(e.code(), RlvrServiceError)
+    def _error(self, e: RlvrError) -> RlvrServiceError:
+        kind = _KINDS.get(e.code.name, RlvrServiceError)
         if kind is Unavailable:
-            return Unavailable(f"the benchmark service at {self.address} is unreachable ({e.code().name}: "
-                               f"{e.details() or 'no details'})")
-        return kind(f"benchmark service: {e.details() or e.code().name}")
+            return Unavailable(f"the benchmark service at {self.address} is unreachable ({e.code.name}: "
+                               f"{e.details or 'no details'})")
+        return kind(f"benchmark service: {e.details or e.code.name}")
 
     async def list(self) -> list[benchmark_pb2.BenchmarkInfo]:
         try:
-            resp = await self._stub.ListBenchmarks(benchmark_pb2.ListBenchmarksRequest(), timeout=15)
-        except grpc.aio.AioRpcError as e:
+            resp = await self._client.list_benchmarks(timeout=15)
+        except RlvrError as e:
             raise self._error(e) from None
         return list(resp.benchmarks)
 
     async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation:
         try:
-            return await self._stub.RunEvaluation(request, timeout=300)  # it may upload an adapter first
-        except grpc.aio.AioRpcError as e:
+            return await self._client.run_evaluation(request, timeout=300)  # it may upload an adapter first
+        except RlvrError as e:
             raise self._error(e) from None
 
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None:
         try:
-            return await self._stub.GetEvaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation_id), timeout=15)
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
+            return await self._client.get_evaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation_id), timeout=15)
+        except RlvrError as e:
+            if e.code.name == "NOT_FOUND":
                 return None
             raise self._error(e) from None
 
@@ -82,9 +81,9 @@ class GrpcBenchmarks:
         """The newest evaluation of `benchmark` with exactly this label that did not fail, else the
         newest one that failed, else None."""
         try:
-            resp = await self._stub.ListEvaluations(
+            resp = await self._client.list_evaluations(
                 benchmark_pb2.ListEvaluationsRequest(benchmark=benchmark, limit=10_000), timeout=30)
-        except grpc.aio.AioRpcError as e:
+        except RlvrError as e:
             raise self._error(e) from None
         matches = [e for e in resp.evaluations if e.label == label]  # newest first
         alive = [e for e in matches if e.status != benchmark_pb2.EVALUATION_STATUS_FAILED]
@@ -94,11 +93,12 @@ class GrpcBenchmarks:
         """The evaluation once it has a final status (None when the service does not know it).
         Follows WatchEvaluation; a stream that ends early is answered by GetEvaluation."""
         try:
-            async for event in self._stub.WatchEvaluation(benchmark_pb2.WatchEvaluationRequest(id=evaluation_id)):
-                if event.status in FINAL:
-                    break
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
+            async with self._client.watch_evaluation(benchmark_pb2.WatchEvaluationRequest(id=evaluation_id)) as events:
+                async for event in events:
+                    if event.status in FINAL:
+                        break
+        except RlvrError as e:
+            if e.code.name == "NOT_FOUND":
                 return None
             raise self._error(e) from None
         evaluation = await self.get(evaluation_id)

@@ -81,14 +81,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlvr.common.errors import FailedPrecondition
-from services.trainer.rollouts import (
-    BASE_MODEL,
-    AdapterTag,
-    AdapterVersionMismatch,
-    RolloutBatch,
-    Sampling,
-    check_versions,
-)
+from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling
+from services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
 
 if TYPE_CHECKING:
     from vllm import LLM

@@ -17,8 +17,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlvr.peers.types import Score
 from services.trainer.rollouts import RolloutBatch
-from services.trainer.scorers import Score
 
 MAX_DRAW_FACTOR = 4  # at most 4x the step's prompts are generated for one step
 _SPREAD = 1e-9

@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlvr.peers.types import AdapterTag, Score
 from services.trainer.config import JobConfig
 from services.trainer.dynamic import PromptDraw
-from services.trainer.rollouts import AdapterTag, PolicyGenerator
-from services.trainer.scorers import Score, Scorer
+from services.trainer.rollouts import PolicyGenerator
+from services.trainer.scorers import Scorer
 from services.trainer.step import Step, StepContext, StepHooks, answers
 
 if TYPE_CHECKING:

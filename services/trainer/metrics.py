@@ -17,8 +17,8 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from rlvr.peers.types import Score
 from rlvr.v1 import common_pb2
-from services.trainer.scorers import Score
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
-from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, generate_request, token_prompt
+from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
 from rlvr.v1 import common_pb2, rollout_pb2
 
 if TYPE_CHECKING:
@@ -33,14 +33,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
-    "BASE_MODEL",
-    "AdapterTag",
     "AdapterVersionMismatch",
     "LocalGenerator",
     "PolicyGenerator",
     "RolloutBatch",
     "RolloutError",
-    "Sampling",
     "ServiceGenerator",
     "check_versions",
 ]

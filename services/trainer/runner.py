@@ -26,17 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlvr.common.errors import FailedPrecondition
+from rlvr.peers.types import BASE_MODEL, AdapterTag
 from rlvr.v1 import common_pb2
 from services.trainer import artifacts, stacking
 from services.trainer.config import JobConfig
 from services.trainer.quantization import bnb_config, check_quantization, pick_device, quiet_bitsandbytes
-from services.trainer.rollouts import (
-    BASE_MODEL,
-    AdapterTag,
-    LocalGenerator,
-    PolicyGenerator,
-    ServiceGenerator,
-)
+from services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
 from services.trainer.scorers import Scorer
 
 if TYPE_CHECKING:

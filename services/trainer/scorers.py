@@ -18,7 +18,7 @@ from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RewardClient
 from rlvr.peers.types import Score, score_request
 
-__all__ = ["LocalScorer", "Score", "ScoreError", "ScoreSettings", "Scorer", "ServiceScorer"]
+__all__ = ["LocalScorer", "ScoreError", "ScoreSettings", "Scorer", "ServiceScorer"]
 
 
 @dataclass(frozen=True)

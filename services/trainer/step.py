@@ -36,12 +36,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.v1 import common_pb2
 from services.trainer.config import JobConfig
 from services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
 from services.trainer.metrics import StepRecord, metric_event
-from services.trainer.rollouts import AdapterTag, PolicyGenerator, RolloutBatch, Sampling
-from services.trainer.scorers import Score, Scorer
+from services.trainer.rollouts import PolicyGenerator, RolloutBatch
+from services.trainer.scorers import Scorer
 
 log = logging.getLogger("rlvr.trainer.step")
 
