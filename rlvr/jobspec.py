@@ -17,7 +17,7 @@ from typing import Literal
 
 from google.protobuf.message import Message
 
-from rlvr.common.errors import InvalidArgument, out_of_range
+from rlvr.common.errors import InvalidArgument, bounded, out_of_range, shown
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
 from rlvr.v1 import common_pb2
 
@@ -26,6 +26,16 @@ C = common_pb2
 DEFAULT_BASE_MODEL = "rlvr-tiny"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ %-]{0,127}$")
+# The size limits of the strings a user sends (names, model ids, datasets, splits, labels): a value
+# over its limit is INVALID_ARGUMENT naming the field and the limit, before it is used anywhere.
+MAX_NAME_CHARS = 128  # job, loop and adapter names; ids
+MAX_MODEL_CHARS = 1024  # a hub id or a local path
+MAX_DATASET_CHARS = 1024  # a hub dataset or a local path
+MAX_PATH_CHARS = 1024
+MAX_SPLIT_CHARS = 128
+MAX_OPTION_CHARS = 64  # short settings: gpu_selection, lora_init
+MAX_LABEL_CHARS = 200
+SEED_MAX = 2**63 - 1  # what SQLite stores (a signed 64-bit integer); a uint64 field can carry more
 GPU_SELECTION_RE = re.compile(r"^(auto|cpu|\d+(,\d+)*)$")
 
 
@@ -70,6 +80,7 @@ LORA_INITS = ("default", "gaussian")
 DEFAULT_DATASET_SPLIT = "train"
 GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
+JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 
 REWARD_NAMES: dict[int, str] = {
     C.REWARD_FUNCTION_MATH_PAIRS: "Math Pairs (synthetic)",
@@ -264,8 +275,31 @@ def summary(spec: common_pb2.JobSpec, steps: int) -> common_pb2.TrainingSummary:
     )
 
 
+def check_sizes(spec: common_pb2.JobSpec) -> None:
+    """Every string of a JobSpec within its size limit (InvalidArgument naming the field)."""
+    for path, value, limit in (
+        ("name", spec.name, MAX_NAME_CHARS),
+        ("base_model", spec.base_model, MAX_MODEL_CHARS),
+        ("reward.dataset", spec.reward.dataset, MAX_DATASET_CHARS),
+        ("reward.dataset_split", spec.reward.dataset_split, MAX_SPLIT_CHARS),
+        ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
+        ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
+        ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
+        ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),
+    ):
+        bounded(path, value, limit)
+
+
+def default_name(base_model: str, loss: str) -> str:
+    """A job's name when none is given: the model's last path part and the loss, in the characters
+    a name allows (so a model id with other characters never makes the name the field at fault)."""
+    stem = re.sub(r"[^A-Za-z0-9._ %-]+", "-", base_model.rstrip("/").split("/")[-1]).lstrip("._ %-")
+    return f"{stem or 'job'}-{loss}"[:MAX_NAME_CHARS]
+
+
 def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) -> ResolvedJob:
     """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+    check_sizes(user_spec)
     spec = common_pb2.JobSpec()
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
@@ -274,10 +308,12 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) ->
     _validate_grpo(spec, warnings)
     _validate_advanced(spec, warnings)
     if not spec.name:
-        spec.name = f"{spec.base_model.rstrip('/').split('/')[-1]}-{LOSS_NAMES[spec.advanced.loss_type]}"[:128]
+        spec.name = default_name(spec.base_model, LOSS_NAMES[spec.advanced.loss_type])
     if not NAME_RE.match(spec.name):
-        raise InvalidArgument(f"name: {spec.name!r} is not allowed; use 1-128 letters, digits, spaces "
+        raise InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
                               "and . _ - %, starting with a letter or digit")
+    if spec.advanced.seed > JOB_SEED.high:
+        raise out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default 0)")
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
         raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
     steps = total_steps(spec, n_prompts)

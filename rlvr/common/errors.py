@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -45,23 +46,69 @@ class Unavailable(RlvrServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+MAX_SHOWN_CHARS = 120
+"""A value echoed in a message (and so in the log) is cut to this many characters of its repr."""
+MAX_MESSAGE_BYTES = 4096
+"""A status message is cut to this many UTF-8 bytes: gRPC sends it percent-encoded in a trailer,
+and a trailer over the 16 KiB metadata limit turns the real error into RESOURCE_EXHAUSTED."""
+MAX_LOG_LINE_CHARS = 2000
+
+
+def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`repr(value)`, cut to `limit` characters with an ellipsis and the original length."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters shown"
+    return f"{text[:limit]}… ({size})"
+
+
+def clip(text: str, max_bytes: int = MAX_MESSAGE_BYTES) -> str:
+    """`text` cut to at most `max_bytes` UTF-8 bytes, with an ellipsis and the original length."""
+    if len(text.encode("utf-8", "surrogatepass")) <= max_bytes:
+        return text
+    keep = max_bytes // 4 if any(ord(c) > 0x7F for c in text) else max_bytes - 64
+    return f"{text[:keep]}… (message cut; {len(text)} characters)"
+
+
 def out_of_range(field: str, value: object, allowed: str) -> InvalidArgument:
     """The standard bad-input message: field, value, and the allowed range or values."""
-    return InvalidArgument(f"{field}: {value!r} is out of range; allowed: {allowed}")
+    return InvalidArgument(f"{field}: {shown(value)} is out of range; allowed: {allowed}")
+
+
+def too_long(field: str, value: str, limit: int) -> InvalidArgument:
+    """The message for a string over its size limit: field, length and limit (not the value)."""
+    return InvalidArgument(f"{field}: {len(value)} characters, over the limit of {limit}")
+
+
+def bounded(field: str, value: str, limit: int) -> str:
+    """`value`, or InvalidArgument naming `field` and `limit` when it is longer."""
+    if len(value) > limit:
+        raise too_long(field, value, limit)
+    return value
+
+
+def _clipped_trace(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "… (line cut)\n"
+                   for line in lines)
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status code and client-facing message for an exception raised by core code."""
+    """The status code and client-facing message for an exception raised by core code; values
+    echoed in it are cut (see `clip`)."""
     if isinstance(exc, RlvrServiceError):
-        return exc.code, str(exc)
+        return exc.code, clip(str(exc))
     if isinstance(exc, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        return grpc.StatusCode.INVALID_ARGUMENT, clip(str(exc))
     ref = uuid.uuid4().hex[:8]
-    log.error("internal error ref=%s: %s: %s", ref, type(exc).__name__, exc, exc_info=exc)
+    log.error("internal error ref=%s: %s: %s\n%s", ref, type(exc).__name__, clip(str(exc), MAX_LOG_LINE_CHARS),
+              _clipped_trace(exc))
     return grpc.StatusCode.INTERNAL, f"internal error (ref {ref}); the server log has the cause"
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """Ends the call with the mapped status of `exc` (raises grpc.aio.AbortError)."""
     code, message = status_for(exc)
     if code != grpc.StatusCode.INTERNAL:
         log.info("rpc error %s: %s", code.name, message)
@@ -80,7 +127,7 @@ def grpc_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # mapped, never leaked
-                await _abort(context, exc)
+                await abort_with(context, exc)
 
         return stream_wrapper
 
@@ -91,7 +138,7 @@ def grpc_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # mapped, never leaked
-            await _abort(context, exc)
+            await abort_with(context, exc)
 
     return unary_wrapper
 

@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Protocol
 
 from rlvr.adapters import ADAPTER_FILES
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, out_of_range
-from rlvr.jobspec import MAX_COMPLETION
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, bounded, out_of_range, shown
+from rlvr.jobspec import (
+    MAX_COMPLETION,
+    MAX_DATASET_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_MODEL_CHARS,
+    MAX_NAME_CHARS,
+    MAX_PATH_CHARS,
+    MAX_SPLIT_CHARS,
+    SEED_MAX,
+)
 from rlvr.models import is_tiny
 from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.tasks import (
@@ -37,7 +46,6 @@ from services.benchmark.runner import Generator, Question, Scorer
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
 DEFAULT_MAX_TOKENS = MAX_COMPLETION.default
-MAX_LABEL_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -95,11 +103,21 @@ def check_sampling(request: benchmark_pb2.RunEvaluationRequest) -> Sampling:
         raise out_of_range("sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)")
     # The request's own seed wins; sampling.seed is accepted for callers that fill SamplingParams only.
     seed = request.seed or (sp.seed if sp.HasField("seed") else 0)
+    if seed > SEED_MAX:
+        field = "seed" if request.seed else "sampling.seed"
+        raise out_of_range(field, seed, f"0-{SEED_MAX} (a signed 64-bit integer, as the evaluation is stored)")
     return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
 
 
 def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark, Sampling]:
     """The checks that need no other service."""
+    for field, value, limit in (("model", request.model, MAX_MODEL_CHARS), ("benchmark", request.benchmark, MAX_NAME_CHARS),
+                                ("adapter.name", request.adapter.name, MAX_NAME_CHARS),
+                                ("dataset", request.dataset, MAX_DATASET_CHARS),
+                                ("dataset_split", request.dataset_split, MAX_SPLIT_CHARS),
+                                ("label", request.label, MAX_LABEL_CHARS),
+                                ("adapter_path", request.adapter_path, MAX_PATH_CHARS)):
+        bounded(field, value, limit)
     benchmark = get_benchmark(request.benchmark)
     if request.limit < 0:
         raise out_of_range("limit", request.limit, ">= 0 (0 = the whole benchmark)")
@@ -109,13 +127,12 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark
         raise InvalidArgument(f"dataset: required for the {benchmark.name} benchmark (a hub dataset or a local "
                               "JSONL/Parquet/CSV file with prompt and ground_truth columns)")
     if not benchmark.needs_dataset and (request.dataset or request.dataset_split):
-        raise InvalidArgument(f"dataset: {request.dataset or request.dataset_split!r} given, but only the boxed "
+        given = "dataset" if request.dataset else "dataset_split"
+        raise InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only the boxed "
                               f"benchmark takes a dataset ({benchmark.name} has its own questions)")
-    if len(request.label) > MAX_LABEL_CHARS:
-        raise out_of_range("label", f"{len(request.label)} characters", f"at most {MAX_LABEL_CHARS}")
     name = request.adapter.name
     if name and not NAME.match(name):
-        raise InvalidArgument(f"adapter.name: {name!r} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
+        raise InvalidArgument(f"adapter.name: {shown(name)} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
     if request.adapter.version < 0:
         raise out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)")
     if request.adapter.version and not name:

@@ -20,13 +20,15 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rlvr.common.errors import InvalidArgument, abort_with
 from rlvr.common.logs import configure_logging
 from rlvr.common.settings import ServiceSettings, SettingsError, load_settings, setting_label
 
@@ -79,6 +81,104 @@ def _check_port_free(settings: ServiceSettings) -> None:
             raise SettingsError(_port_error(settings)) from None
 
 
+class _Undecodable:
+    """What a request deserializer returns in place of bytes that do not parse: the handler answers
+    INVALID_ARGUMENT naming the field (grpc's default is UNKNOWN "Unexpected <class DecodeError>")."""
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _checked_deserializer(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError:
+            from rlvr.common.wire import undecodable_field
+
+            message_class = getattr(deserializer, "__self__", None)
+            descriptor = getattr(message_class, "DESCRIPTOR", None)
+            if descriptor is None:
+                return _Undecodable(InvalidArgument(f"request: {len(data)} bytes that do not parse"))
+            field, why = undecodable_field(data, descriptor)
+            return _Undecodable(InvalidArgument(f"{field}: {why} (the request's {len(data)} bytes do not parse "
+                                                f"as {descriptor.full_name})"))
+
+    return deserialize
+
+
+async def _checked_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            await abort_with(context, request.error)
+        yield request
+
+
+def _unary_in(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """A unary-request behaviour (coroutine, or async generator for server streaming)."""
+    import inspect
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream_out(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await abort_with(context, request.error)
+            async for item in behaviour(request, context):
+                yield item
+
+        return stream_out
+
+    async def unary_out(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await abort_with(context, request.error)
+        return await behaviour(request, context)
+
+    return unary_out
+
+
+def _stream_in(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream_out(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async for item in behaviour(_checked_stream(requests, context), context):
+                yield item
+
+        return stream_out
+
+    async def unary_out(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(_checked_stream(requests, context), context)
+
+    return unary_out
+
+
+class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Answers INVALID_ARGUMENT, through the project's error mapping, for request bytes that do not
+    parse as the method's request message, naming the field where it can (a string that is not
+    UTF-8, bytes that break off inside a field)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        kind = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        behaviours = {k: getattr(handler, k) for k in kind if getattr(handler, k) is not None}
+        if len(behaviours) != 1:
+            return handler
+        (name, behaviour), = behaviours.items()
+        # Generic handlers may run sync behaviours on a thread pool; only the async ones are wrapped.
+        import inspect
+
+        if not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
+            return handler
+        wrapped = _unary_in(behaviour) if name.startswith("unary") else _stream_in(behaviour)
+        return handler._replace(request_deserializer=_checked_deserializer(handler.request_deserializer),
+                                **{name: wrapped})
+
+
 class ServiceRunner:
     """Runs one Service on a grpc.aio server; usable in-process by tests as an async context."""
 
@@ -95,7 +195,7 @@ class ServiceRunner:
         return f"{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeErrorInterceptor()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service.register(self.server)

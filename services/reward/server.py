@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from rlvr.common.errors import InvalidArgument, Unavailable, map_errors, out_of_range
-from rlvr.jobspec import REWARD_KEYS, REWARD_NAMES
+from rlvr.common.errors import InvalidArgument, Unavailable, bounded, map_errors, out_of_range, shown
+from rlvr.jobspec import MAX_DATASET_CHARS, MAX_SPLIT_CHARS, REWARD_KEYS, REWARD_NAMES
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from services.common.server import GrpcService
 from services.reward.settings import RewardSettings
@@ -94,6 +94,11 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         from rlvr.tasks.render import INSTRUCTIONS
 
         function = function_name(request.function)
+        if request.split not in reward_pb2.ProblemSplit.values():
+            raise out_of_range("split", request.split, ", ".join(f"{v} ({reward_pb2.ProblemSplit.Name(v)})"
+                                                                 for v in reward_pb2.ProblemSplit.values()))
+        bounded("dataset", request.dataset, MAX_DATASET_CHARS)
+        bounded("dataset_split", request.dataset_split, MAX_SPLIT_CHARS)
         if request.limit < 0:
             raise out_of_range("limit", request.limit, ">= 0 (0 = all, or the task's default)")
         if function == "boxed" and not request.dataset.strip():
@@ -125,7 +130,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             source = request.dataset.strip() if function == "boxed" else "openai/gsm8k"
             split = request.dataset_split.strip() or (heldout_split(splits, source) if heldout else "train")
             if split not in splits:
-                raise InvalidArgument(f"dataset_split: {split!r} is not a split of {source!r}; it has: "
+                raise InvalidArgument(f"dataset_split: {shown(split)} is not a split of {shown(source)}; it has: "
                                       f"{', '.join(splits)}")
         return task.prompts(n=request.limit or None, seed=request.seed, split=split, shuffle=not heldout)
 

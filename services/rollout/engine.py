@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlvr.adapters import base_linear_shapes
-from rlvr.common.errors import FailedPrecondition
+from rlvr.common.errors import FailedPrecondition, shown
 from services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
 from services.rollout.backend import (
     AdapterVersion,
@@ -149,7 +149,7 @@ class RolloutCore:
         if not model or _same_model(model, self.config.model):
             return
         raise BaseModelMismatch(
-            f"this rollout server serves base model {self.config.model!r}, not {model!r}; "
+            f"model: this rollout server serves base model {self.config.model!r}, not {shown(model)}; "
             "switching base models needs a restart with another model setting"
         )
 
@@ -177,4 +177,7 @@ def _same_model(a: str, b: str) -> bool:
     if a == b:
         return True
     # The same local directory under two spellings (relative path, symlink) is the same model.
-    return os.path.isdir(a) and os.path.isdir(b) and Path(a).resolve() == Path(b).resolve()
+    try:
+        return os.path.isdir(a) and os.path.isdir(b) and Path(a).resolve() == Path(b).resolve()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL: not a folder
+        return False

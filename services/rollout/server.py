@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from rlvr.adapters import read_adapter_summary
-from rlvr.common.errors import InvalidArgument, map_errors, out_of_range
+from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_range, shown
 from rlvr.common.settings import setting_label
-from rlvr.jobspec import MAX_COMPLETION
+from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
 from rlvr.transfer import AdapterUpload
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.server import GrpcService, StartupError
@@ -39,6 +39,15 @@ def _eager(setting: bool | None) -> bool:
     import torch
 
     return not torch.cuda.is_available()  # compiling buys little on a CPU and costs start time
+
+
+def _check_adapter_name(field: str, name: str) -> None:
+    from services.rollout.adapters import NAME_RE
+
+    bounded(field, name, MAX_NAME_CHARS)
+    if not NAME_RE.fullmatch(name):
+        raise InvalidArgument(f"{field}: {shown(name)} is not an adapter name; use 1-128 letters, digits and "
+                              ". _ -, starting with a letter or digit")
 
 
 @map_errors
@@ -146,6 +155,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> AsyncIterator[rollout_pb2.GenerateResponse]:
         if not request.prompts:
             raise InvalidArgument("prompts: at least one prompt is required")
+        bounded("model", request.model, MAX_MODEL_CHARS)
+        bounded("adapter.name", request.adapter.name, MAX_NAME_CHARS)
+        bounded("request_id", request.request_id, MAX_NAME_CHARS)
+        if request.adapter.version < 0:
+            raise out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)")
         self._check_model(request.model)
         sampling = self._sampling(request)
         prompts = self._prompts(request)
@@ -191,6 +205,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         async for part in request_iterator:
             upload.add(part)
         header, files = upload.finish()
+        _check_adapter_name("header.name", header.name)
         adapter = await self._core().load_adapter(header.name, header.version, files)
         return self._info(adapter, upload.total, time.perf_counter() - t0)
 
@@ -213,6 +228,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
 
     async def UnloadAdapter(self, request, context):  # noqa: N802
+        _check_adapter_name("name", request.name)
         adapter = await self._core().unload_adapter(request.name)
         return rollout_pb2.UnloadAdapterResponse(name=adapter.name, version=adapter.version)
 

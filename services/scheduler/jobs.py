@@ -37,7 +37,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, shown
 from rlvr.infra.events import (
     ALL_JOB_EVENTS,
     DurableSubscription,
@@ -163,8 +163,11 @@ class JobManager:
         job_id = ref.name.removeprefix("job-")
         row = await asyncio.to_thread(self.store.get_job, job_id) if ref.name.startswith("job-") else None
         if row is None or not row.adapter_name:
-            raise InvalidArgument(f"init_adapter.name: {ref.name!r} is not the adapter of a job; use a job's "
+            raise InvalidArgument(f"init_adapter.name: {shown(ref.name)} is not the adapter of a job; use a job's "
                                   "adapter name, job-<id>, as `rlvr jobs show` prints it")
+        if not row.adapter_path:
+            raise FailedPrecondition(f"init_adapter.name: job {row.id}'s adapter {ref.name} has no stored folder "
+                                     "(it was never saved, or a loop reclaimed it); train on another job's adapter")
         if ref.version not in (0, row.adapter_version):
             raise InvalidArgument(f"init_adapter.version: {ref.version} is not kept; job {row.id} keeps its "
                                   f"final version {row.adapter_version} (0 = that one)")

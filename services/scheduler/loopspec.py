@@ -13,8 +13,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlvr.common.errors import InvalidArgument, out_of_range
-from rlvr.jobspec import NAME_RE, REWARD_NAMES, IntRange, ResolvedJob, resolve_spec
+from rlvr.common.errors import InvalidArgument, bounded, out_of_range, shown
+from rlvr.jobspec import (
+    JOB_SEED,
+    MAX_DATASET_CHARS,
+    MAX_NAME_CHARS,
+    MAX_SPLIT_CHARS,
+    NAME_RE,
+    REWARD_NAMES,
+    IntRange,
+    ResolvedJob,
+    resolve_spec,
+)
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 MAX_ROUNDS = IntRange(1, 100, 8)
@@ -55,7 +65,7 @@ def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.
     for info in benchmarks:
         if info.name == spec.benchmark:
             return info
-    raise InvalidArgument(f"benchmark: {spec.benchmark!r} is not a benchmark the benchmark service lists; "
+    raise InvalidArgument(f"benchmark: {shown(spec.benchmark)} is not a benchmark the benchmark service lists; "
                           f"choose one of {names}")
 
 
@@ -65,6 +75,9 @@ def resolve_loop_spec(
     max_lora_rank: int,
 ) -> ResolvedLoop:
     """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+    for field, limit in (("name", MAX_NAME_CHARS), ("benchmark", MAX_NAME_CHARS), ("score_column", MAX_NAME_CHARS),
+                         ("benchmark_dataset", MAX_DATASET_CHARS), ("benchmark_dataset_split", MAX_SPLIT_CHARS)):
+        bounded(field, getattr(user_spec, field), limit)
     spec = scheduler_pb2.LoopSpec()
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
@@ -91,7 +104,7 @@ def resolve_loop_spec(
     info = _benchmark(spec, benchmarks)
     column = spec.score_column.strip() or info.default_score_column
     if column not in info.score_columns:
-        raise InvalidArgument(f"score_column: {column!r} is not a score column of {info.name}; choose one of "
+        raise InvalidArgument(f"score_column: {shown(column)} is not a score column of {info.name}; choose one of "
                               f"{', '.join(info.score_columns)}")
     spec.score_column = column
     if spec.benchmark_limit < 0 or (info.size and spec.benchmark_limit > info.size):
@@ -106,17 +119,21 @@ def resolve_loop_spec(
                                   "to the job's reward.dataset when the job trains on boxed answers")
         spec.benchmark_dataset_split = spec.benchmark_dataset_split.strip() or DEFAULT_BENCHMARK_SPLIT
     elif spec.benchmark_dataset or spec.benchmark_dataset_split:
-        raise InvalidArgument(f"benchmark_dataset: {spec.benchmark_dataset or spec.benchmark_dataset_split!r} "
-                              f"given, but only a benchmark that needs a dataset takes one ({info.name} has its "
+        given = "benchmark_dataset" if spec.benchmark_dataset else "benchmark_dataset_split"
+        raise InvalidArgument(f"{given}: {shown(getattr(spec, given))} given, but only a benchmark that needs a dataset takes one ({info.name} has its "
                               "own questions)")
 
     spec.name = spec.name.strip() or f"{info.name} to {spec.target:g}%"
     if not NAME_RE.match(spec.name):
-        raise InvalidArgument(f"name: {spec.name!r} is not allowed; use 1-128 letters, digits, spaces and "
+        raise InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces and "
                               ". _ - %, starting with a letter or digit (e.g. \"math-pairs to 35%\")")
     if not named_job:  # the rounds' jobs are "<loop name> R<k>"
         spec.job.name = job.spec.name = spec.name
 
+    last_seed = spec.job.advanced.seed + spec.max_rounds - 1  # round k trains with seed + k - 1
+    if last_seed > JOB_SEED.high:
+        raise out_of_range("job.advanced.seed", spec.job.advanced.seed,
+                           f"0-{JOB_SEED.high - spec.max_rounds + 1} for {spec.max_rounds} rounds (round k adds k - 1)")
     rank = spec.job.grpo.lora_rank
     if rank * spec.max_rounds > max_lora_rank:
         fits = max(1, max_lora_rank // rank)
