@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.common.errors import NotFound
+from rlvr.common.errors import NotFound, out_of_range
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
 from rlvr.v1 import benchmark_pb2
@@ -121,8 +121,10 @@ class EvaluationManager:
     async def results(
         self, evaluation_id: str, only_wrong: bool, offset: int, limit: int
     ) -> benchmark_pb2.GetEvaluationResultsResponse:
-        if offset < 0 or limit < 0:
-            raise ValueError(f"offset/limit: {offset}/{limit} is out of range; allowed: >= 0 (limit 0 = all)")
+        if offset < 0:
+            raise out_of_range("offset", offset, ">= 0")
+        if limit < 0:
+            raise out_of_range("limit", limit, ">= 0 (0 = all)")
         await self._row(evaluation_id)
         rows, total = await asyncio.to_thread(
             records.question_results, self.store, evaluation_id, only_wrong, offset, limit

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from rlvr.common.errors import InvalidArgument, Unavailable, bounded, map_errors, out_of_range, shown
-from rlvr.jobspec import MAX_DATASET_CHARS, MAX_SPLIT_CHARS, REWARD_KEYS, REWARD_NAMES
+from rlvr.jobspec import MAX_DATASET_CHARS, MAX_SPLIT_CHARS, REWARD_KEYS, REWARD_NAMES, SYNTHETIC_PROMPTS
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from services.common.server import GrpcService
 from services.reward.settings import RewardSettings
@@ -101,6 +101,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         bounded("dataset_split", request.dataset_split, MAX_SPLIT_CHARS)
         if request.limit < 0:
             raise out_of_range("limit", request.limit, ">= 0 (0 = all, or the task's default)")
+        if function == "math_pairs" and request.limit and not (
+                SYNTHETIC_PROMPTS.low <= request.limit <= SYNTHETIC_PROMPTS.high):
+            raise out_of_range("limit", request.limit, f"0 (the task's default) or {SYNTHETIC_PROMPTS.text()} "
+                                                       "for Math Pairs, which makes its problems")
         if function == "boxed" and not request.dataset.strip():
             raise InvalidArgument("dataset: required for Boxed-answer accuracy (a Hugging Face dataset name or "
                                   "a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")

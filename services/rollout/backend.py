@@ -228,11 +228,11 @@ class PromptCodec:
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(
-                    f"prompts[{i}] has token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
+                    f"prompts[{i}].token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
                 )
             if len(ids) + max_tokens > self.max_model_len:
                 raise ValueError(
-                    f"prompts[{i}] has {len(ids)} tokens; with max_tokens={max_tokens} that exceeds "
+                    f"prompts[{i}]: {len(ids)} tokens; with max_tokens={max_tokens} that exceeds "
                     f"max_model_len={self.max_model_len}"
                 )
             encoded.append(ids)

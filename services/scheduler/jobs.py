@@ -53,6 +53,7 @@ from rlvr.jobspec import ResolvedJob, resolve_spec
 from rlvr.v1 import common_pb2
 from services.scheduler.convert import (
     TERMINAL,
+    check_page,
     job_status_name,
     job_status_value,
     job_to_proto,
@@ -199,6 +200,10 @@ class JobManager:
         return job_to_proto(await self._row(job_id))
 
     async def list(self, status: int, limit: int, offset: int) -> tuple[list[common_pb2.Job], int]:
+        check_page(limit, offset)
+        if status and status not in common_pb2.JobStatus.values():
+            raise InvalidArgument(f"status: {status} is not a JobStatus; allowed: "
+                                  f"{', '.join(common_pb2.JobStatus.keys()[1:])} or unset for all")
         name = job_status_name(status) if status else None
         rows = await asyncio.to_thread(self.store.list_jobs, name, limit or 100, offset)
         total = await asyncio.to_thread(self.store.count_jobs, name)

@@ -42,6 +42,7 @@ from services.scheduler.benchmarks import Benchmarks, interrupted
 from services.scheduler.convert import (
     LOOP_TERMINAL,
     TERMINAL,
+    check_page,
     loop_spec_from_json,
     loop_spec_to_json,
     loop_status_name,
@@ -140,8 +141,7 @@ class LoopManager:
         return await self._view(row)
 
     async def list(self, status: int, limit: int, offset: int) -> tuple[list[scheduler_pb2.Loop], int]:
-        if limit < 0 or offset < 0:
-            raise ValueError(f"limit/offset: {limit}/{offset} is out of range; allowed: >= 0 (limit 0 = 100)")
+        check_page(limit, offset)
         if status and status not in scheduler_pb2.LoopStatus.values():
             raise InvalidArgument(f"status: {status} is not a LoopStatus; allowed: "
                                   f"{', '.join(scheduler_pb2.LoopStatus.keys()[1:])} or unset for all")

@@ -63,8 +63,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return await self._jobs().get(request.id)
 
     async def ListJobs(self, request, context):  # noqa: N802
-        if request.limit < 0 or request.offset < 0:
-            raise ValueError(f"limit/offset: {request.limit}/{request.offset} must be >= 0")
         jobs, total = await self._jobs().list(request.status, request.limit, request.offset)
         return scheduler_pb2.ListJobsResponse(jobs=jobs, total=total)
 
