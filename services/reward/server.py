@@ -101,10 +101,17 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         bounded("dataset_split", request.dataset_split, MAX_SPLIT_CHARS)
         if request.limit < 0:
             raise out_of_range("limit", request.limit, ">= 0 (0 = all, or the task's default)")
-        if function == "math_pairs" and request.limit and not (
-                SYNTHETIC_PROMPTS.low <= request.limit <= SYNTHETIC_PROMPTS.high):
-            raise out_of_range("limit", request.limit, f"0 (the task's default) or {SYNTHETIC_PROMPTS.text()} "
-                                                       "for Math Pairs, which makes its problems")
+        if function == "math_pairs" and request.limit:
+            # Math Pairs makes its training problems (as many as asked, within the spec's range) and
+            # has a fixed held-out pool: say which bound `limit` crossed, naming `limit`.
+            from rlvr.tasks.math_pairs import all_heldout
+
+            heldout = request.split == reward_pb2.PROBLEM_SPLIT_HELDOUT
+            low, high = (1, len(all_heldout())) if heldout else (SYNTHETIC_PROMPTS.low, SYNTHETIC_PROMPTS.high)
+            if not low <= request.limit <= high:
+                what = "held-out problems" if heldout else "generated training problems"
+                raise out_of_range("limit", request.limit, f"0 (the task's default) or {low}-{high} {what} "
+                                                           "for Math Pairs")
         if function == "boxed" and not request.dataset.strip():
             raise InvalidArgument("dataset: required for Boxed-answer accuracy (a Hugging Face dataset name or "
                                   "a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
