@@ -22,6 +22,7 @@ from rlvr.jobspec import (
     FORMAT_BONUS_WEIGHT,
     GPU_MEMORY_FRACTION,
     GROUP_SIZE,
+    JOB_SEED,
     KL_BETA,
     LEARNING_RATE,
     LORA_ALPHA,
@@ -69,7 +70,7 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
     ("--gpu", "advanced", "gpu_selection", str, 'GPU selection: "auto", "cpu" or "0,1" (default auto)'),
     ("--kl-beta", "advanced", "kl_beta", float, _range("KL coefficient", KL_BETA)),
     ("--temperature", "advanced", "temperature", float, _range("rollout temperature", TEMPERATURE)),
-    ("--seed", "advanced", "seed", int, "seed (default 0)"),
+    ("--seed", "advanced", "seed", int, _range("seed", JOB_SEED)),
     ("--checkpoint-every", "advanced", "checkpoint_every", int,
      _range("save a checkpoint every N steps (0 = never)", CHECKPOINT_EVERY)),
 ]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 # The two files of a PEFT adapter directory: what is uploaded, downloaded, checked and kept.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# An adapter name (and a merged model's): a folder name and a vLLM LoRA name, 1-128 characters.
+ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # The LoRA id of the all-zero adapter that stands for the base model on CPU; the registry's ids count up
 # from 1 and would need a billion pushes to reach it (vLLM keeps LoRA ids in int32 tensors).

@@ -313,7 +313,7 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) ->
         raise InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
                               "and . _ - %, starting with a letter or digit")
     if spec.advanced.seed > JOB_SEED.high:
-        raise out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default 0)")
+        raise out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default {JOB_SEED.default})")
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
         raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
     steps = total_steps(spec, n_prompts)

@@ -10,13 +10,12 @@ the rollout service does not hold; FailedPrecondition for a model it does not se
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rlvr.adapters import ADAPTER_FILES
+from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, bounded, out_of_range, shown
 from rlvr.jobspec import (
     MAX_COMPLETION,
@@ -43,7 +42,6 @@ from rlvr.v1 import benchmark_pb2, common_pb2
 from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
 from services.benchmark.runner import Generator, Question, Scorer
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
 DEFAULT_MAX_TOKENS = MAX_COMPLETION.default
 
@@ -131,7 +129,7 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark
         raise InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only the boxed "
                               f"benchmark takes a dataset ({benchmark.name} has its own questions)")
     name = request.adapter.name
-    if name and not NAME.match(name):
+    if name and not ADAPTER_NAME_RE.match(name):
         raise InvalidArgument(f"adapter.name: {shown(name)} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
     if request.adapter.version < 0:
         raise out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)")

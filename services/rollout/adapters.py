@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from rlvr.adapters import ADAPTER_NAME_RE
 from rlvr.common.errors import FailedPrecondition, NotFound
 from services.rollout.backend import AdapterVersion, GenerationBackend
 
@@ -39,7 +40,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_VERSION = 2**63 - 1  # the wire type is int64
 DEFAULT_MAX_ADAPTER_BYTES = 512 * 1024 * 1024
 ADAPTER_CONFIG = "adapter_config.json"
@@ -251,8 +251,8 @@ class AdapterRegistry:
 
 def check_name(name: str) -> None:
     # fullmatch: with match(), "$" would also accept a trailing newline.
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise AdapterRejected(f"adapter name {name!r} must match {NAME_RE.pattern}")
+    if not isinstance(name, str) or not ADAPTER_NAME_RE.fullmatch(name):
+        raise AdapterRejected(f"adapter name {name!r} must match {ADAPTER_NAME_RE.pattern}")
 
 
 def read_upload(files: Mapping[str, bytes] | Path, max_bytes: int) -> dict[str, bytes]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from rlvr.adapters import read_adapter_summary
+from rlvr.adapters import ADAPTER_NAME_RE, read_adapter_summary
 from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_range, shown
 from rlvr.common.settings import setting_label
 from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
@@ -42,10 +42,8 @@ def _eager(setting: bool | None) -> bool:
 
 
 def _check_adapter_name(field: str, name: str) -> None:
-    from services.rollout.adapters import NAME_RE
-
     bounded(field, name, MAX_NAME_CHARS)
-    if not NAME_RE.fullmatch(name):
+    if not ADAPTER_NAME_RE.fullmatch(name):
         raise InvalidArgument(f"{field}: {shown(name)} is not an adapter name; use 1-128 letters, digits and "
                               ". _ -, starting with a letter or digit")
 

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from rlvr.adapters import ADAPTER_FILES
+from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
 from rlvr.common.errors import InvalidArgument
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_name(name: str, field: str) -> str:
-    if not NAME_RE.match(name) or name in (".", ".."):
-        raise InvalidArgument(f"{field}: {name!r} is not a valid name; use ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
+    if not ADAPTER_NAME_RE.match(name) or name in (".", ".."):
+        raise InvalidArgument(f"{field}: {name!r} is not a valid name; use {ADAPTER_NAME_RE.pattern}")
     return name
 
 
