@@ -306,3 +306,30 @@ def test_catalog() -> None:
     assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000
     assert infos["boxed"].size == 0 and infos["boxed"].needs_dataset
     assert all(list(b.score_columns) == ["accuracy", "accuracy_strict", "format", "answered"] for b in infos.values())
+
+
+async def test_a_caller_gone_mid_run_leaves_no_evaluation_stranded(sqlite_store: Store) -> None:
+    """gRPC cancels RunEvaluation's handler when the caller goes away (a scheduler killed while it
+    starts a loop's evaluation). An evaluation stored by then still runs to its end: the caller's
+    successor finds it by its label and waits on it, so one left QUEUED would be waited on forever."""
+    stored = sqlite_store.add_evaluation
+
+    def slow_insert(row: EvaluationRow) -> EvaluationRow:
+        import time
+
+        time.sleep(0.5)  # the caller goes away while the row is being written
+        return stored(row)
+
+    sqlite_store.add_evaluation = slow_insert  # type: ignore[method-assign]
+    manager = EvaluationManager(sqlite_store, LocalPeers())
+    call = asyncio.create_task(manager.run(request(limit=6, label="R2 (loop x)")))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(300):
+        rows = sqlite_store.list_evaluations(None, 10)
+        if rows and rows[0].status not in ("QUEUED", "RUNNING"):
+            break
+        await asyncio.sleep(0.1)
+    assert [(r.status, r.n_done) for r in rows] == [("COMPLETED", 6)]

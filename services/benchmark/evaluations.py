@@ -98,14 +98,25 @@ class EvaluationManager:
             sampling_json=records.extras_json(plan.sampling_proto, plan.label), status="QUEUED",
             n_questions=len(plan.questions), score_column=plan.benchmark.default_score_column,
         )
+        # Shielded: gRPC cancels this handler when its caller goes away (a scheduler killed mid-call),
+        # and the insert's thread runs on regardless. Without the shield a stored row could be left
+        # QUEUED with no task to run it, and a caller that finds it again by its label would wait on
+        # it forever. With it, a stored evaluation always runs to its end.
+        row = await asyncio.shield(self._enqueue(row, plan))
+        return records.evaluation_of(row)
+
+    async def _enqueue(self, row: EvaluationRow, plan: Plan) -> EvaluationRow:
+        """Stores the evaluation QUEUED and starts its task; both or neither."""
         row = await asyncio.to_thread(self.store.add_evaluation, row)
-        await self._publish(row, "queued")
-        task = asyncio.create_task(self._execute(row.id, plan), name=f"evaluation-{row.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        try:
+            await self._publish(row, "queued")
+        finally:
+            task = asyncio.create_task(self._execute(row.id, plan), name=f"evaluation-{row.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         log.info("evaluation %s queued: %s on %s, %d questions", row.id, plan.adapter, plan.benchmark.name,
                  len(plan.questions))
-        return records.evaluation_of(row)
+        return row
 
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation:
         return records.evaluation_of(await self._row(evaluation_id))

@@ -130,11 +130,20 @@ class LoopManager:
         row = LoopRow(name=resolved.spec.name, spec_json=loop_spec_to_json(resolved.spec), status="QUEUED",
                       message="queued: scoring the base model first", created_at=now, started_at=now,
                       warnings_json=json.dumps(resolved.warnings))
-        row = await asyncio.to_thread(self.store.add_loop, row)
-        await self._publish(row.id, "QUEUED", 0, row.message)
-        self._spawn(row.id)
+        # Shielded: gRPC cancels this handler when its caller goes away, and the insert's thread
+        # runs on regardless; a stored loop must get its driver now, not at the next restart.
+        row = await asyncio.shield(self._enqueue(row))
         log.info("loop %s created: %s on %s to %g%%", row.id, row.name, resolved.spec.benchmark, resolved.spec.target)
         return resolved, await self.get(row.id)
+
+    async def _enqueue(self, row: LoopRow) -> LoopRow:
+        """Stores the loop QUEUED and starts its driver; both or neither."""
+        row = await asyncio.to_thread(self.store.add_loop, row)
+        try:
+            await self._publish(row.id, "QUEUED", 0, row.message)
+        finally:
+            self._spawn(row.id)
+        return row
 
     async def get(self, loop_id: str) -> scheduler_pb2.Loop:
         row = await self._loop_row(loop_id)
