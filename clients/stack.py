@@ -32,6 +32,7 @@ from rlvr.peers.base import check_health
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 WEB = "web"  # the web console's process (clients/web): HTTP, not gRPC; started last, stopped first
 DEFAULT_WEB_PORT = 8050
+RESTART_WINDOW = 600.0  # seconds over which StackConfig.max_restarts counts a service's restarts
 GRPC_NAMES = {
     "scheduler": "rlvr.v1.SchedulerService",
     "trainer": "rlvr.v1.TrainerService",
@@ -67,6 +68,9 @@ class StackConfig:
     log_format: str = "json"
     web_port: int | None = None  # the web console's port; None: no console
     web_host: str = "127.0.0.1"  # the console has no login: loopback unless asked (--web-host)
+    # `rlvr up` starts a service that dies again, at most this many times in RESTART_WINDOW seconds
+    # (then it stops everything, as a stack that keeps crashing is not serving anyone).
+    max_restarts: int = 5
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -225,6 +229,16 @@ class Stack:
     def dead(self) -> list[tuple[str, int]]:
         return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
 
+    def revive(self, name: str) -> None:
+        """Starts a dead service again with its command line (same port, same NATS, same store);
+        what it ran picks up from the store. Its process group goes first: an engine subprocess
+        of the dead one must not hold its port or memory."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self._launch(name)
+        if self.nats is not None:
+            self._write_state(self.nats.url)  # type: ignore[attr-defined]
+
     def report_dead(self, name: str, code: int) -> None:
         self.say(f"\nservice {name} exited with code {code}; last lines of {self.logs / (name + '.log')}:")
         self.say(_tail(self.logs / f"{name}.log"))
@@ -332,6 +346,9 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--web-host", default="127.0.0.1",
                         help="address the web console binds to (default 127.0.0.1: it has no login)")
     parser.add_argument("--no-web", action="store_true", help="do not start the web console")
+    parser.add_argument("--max-restarts", type=int, default=5,
+                        help=f"start a service that dies again, at most this many times in {RESTART_WINDOW:.0f} s "
+                             "(then stop everything; 0 = never restart)")
 
 
 def config_from_args(args: argparse.Namespace) -> StackConfig:
@@ -339,6 +356,10 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                       model=args.model, rollout_backend=args.rollout_backend,
                       memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,
                       log_format=args.log_format)
+    if getattr(args, "max_restarts", None) is not None:
+        if args.max_restarts < 0:
+            raise SystemExit(f"rlvr up: error: --max-restarts: {args.max_restarts} is out of range; allowed: >= 0")
+        cfg.max_restarts = args.max_restarts
     if not getattr(args, "no_web", True):
         cfg.web_host = args.web_host
         port = args.web_port if args.web_port is not None else 0 if args.base_port == 0 else DEFAULT_WEB_PORT
@@ -352,6 +373,37 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     return cfg
 
 
+def supervise(stack: Stack, poll: float = 1.0) -> int:
+    """Watches a SERVING stack until it is stopped (the caller's signal handler raises): a service
+    that dies is reported with the end of its log and started again after a back-off (1, 2, 4 ...
+    30 s), so one crash does not take the others down and what it ran resumes from the store. A
+    service that died more than `max_restarts` times in RESTART_WINDOW seconds stops the stack: 1."""
+    restarts: dict[str, list[float]] = {}
+    due: dict[str, float] = {}  # name -> when to start it again
+    while True:
+        now = time.monotonic()
+        for name, rc in stack.dead():
+            if name in due:
+                continue
+            stack.report_dead(name, rc)
+            recent = [t for t in restarts.get(name, []) if now - t < RESTART_WINDOW]
+            if len(recent) >= stack.cfg.max_restarts:
+                stack.say(f"service {name} died {len(recent) + 1} times in {RESTART_WINDOW:.0f} s "
+                          f"(at most {stack.cfg.max_restarts} restarts); stopping the stack")
+                return 1
+            delay = min(30.0, 2.0 ** len(recent))
+            restarts[name] = [*recent, now]
+            due[name] = now + delay
+            stack.say(f"restarting {name} in {delay:.0f} s (restart {len(recent) + 1} of at most "
+                      f"{stack.cfg.max_restarts} in {RESTART_WINDOW:.0f} s)")
+        for name, when in list(due.items()):
+            if now >= when:
+                del due[name]
+                stack.revive(name)
+                stack.say(f"{name:<10} restarted, pid {stack.procs[name].pid}")
+        time.sleep(poll)
+
+
 class _Stop(Exception):
     pass
 
@@ -361,7 +413,8 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    """`rlvr up`: start everything, wait for SERVING, run until Ctrl-C/SIGTERM or a death."""
+    """`rlvr up`: start everything, wait for SERVING, run until Ctrl-C/SIGTERM, starting a service
+    that dies again (`supervise`)."""
     from rlvr.infra.nats_server import NatsStartError
 
     stack = Stack(config_from_args(args))
@@ -376,14 +429,7 @@ def up(args: argparse.Namespace) -> int:
             stack.say(f"\nrlvr is up (state in {stack.cfg.home}); Ctrl-C stops every service.")
             if stack.cfg.web_port is not None:
                 stack.say(f"web console: {stack.cfg.web_url}")
-            while True:
-                dead = stack.dead()
-                if dead:
-                    for name, rc in dead:
-                        stack.report_dead(name, rc)
-                    code = 1
-                    break
-                time.sleep(1.0)
+            code = supervise(stack)
     except NatsStartError as e:
         stack.say(f"rlvr up: error: {e}")
         code = 2

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from test_bootstrap import PROBE
 
+from clients.stack import Stack, StackConfig, supervise
+from rlvr.peers.base import check_health
+
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 
@@ -86,6 +89,27 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
             for name in SERVICES:
                 assert f"rlvr.v1.{name.capitalize()}Service" in probe.stdout
 
+        # kill -9 of one service: `rlvr up` reports it and starts it again on the same address,
+        # and the other services keep running (their pids do not change).
+        reward_pid = state["pids"]["reward"]
+        os.killpg(reward_pid, signal.SIGKILL)
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("reward") and "restarted" in line or proc.poll() is not None:
+                break
+        text = "".join(lines)
+        assert "service reward exited with code -9" in text and "restarting reward in 1 s (restart 1 of at most 5" \
+            in text, text
+        deadline = time.monotonic() + 120
+        while check_health(state["addresses"]["reward"], timeout=1.0) != "SERVING":
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.3)
+        after = json.loads((home / "stack.json").read_text())["pids"]
+        assert after["reward"] != reward_pid and {n: p for n, p in after.items() if n != "reward"} == \
+            {n: p for n, p in state["pids"].items() if n != "reward"}
+        children = _descendants(proc.pid)
+        started_at = {pid: _started(pid) for pid in children}
+
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, rest
@@ -107,3 +131,25 @@ def test_a_dying_service_is_reported(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stdout + out.stderr
     assert "service rollout exited" in out.stdout and "no-such-model" in out.stdout
     assert "stopped." in out.stdout
+
+
+class _Crashing(Stack):
+    """A stack whose one "service" is a real process that exits with 3 as soon as it starts."""
+
+    def _launch(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+
+
+def test_a_service_that_keeps_dying_stops_the_stack_after_its_restarts(tmp_path: Path) -> None:
+    import io
+
+    out = io.StringIO()
+    stack = _Crashing(StackConfig(home=tmp_path, max_restarts=2), out=out)
+    stack.logs.mkdir(parents=True)
+    stack._launch("reward")
+    assert supervise(stack, poll=0.05) == 1
+    text = out.getvalue()
+    assert text.count("service reward exited with code 3") == 3
+    assert "restarting reward in 1 s (restart 1 of at most 2" in text and "restarting reward in 2 s (restart 2" in text
+    assert text.count("reward     restarted") == 2
+    assert "service reward died 3 times in 600 s (at most 2 restarts); stopping the stack" in text
