@@ -26,7 +26,7 @@ SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path, object]]:
     from clients.sdk import ClientSettings, connect
     from clients.stack import Stack, StackConfig, free_port
 
@@ -42,7 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Pa
         client = connect(ClientSettings(scheduler_address=a["scheduler"], trainer_address=a["trainer"],
                                         reward_address=a["reward"], rollout_address=a["rollout"],
                                         benchmark_address=a["benchmark"]))
-        yield client, home
+        yield client, home, running
         client.close()
     finally:
         running.stop()
@@ -132,10 +132,37 @@ def _generates_in_vllm(client, adapter: Path, name: str) -> None:  # noqa: ANN00
 @pytest.mark.parametrize("backend", [C.GENERATION_BACKEND_VLLM, C.GENERATION_BACKEND_TRANSFORMERS],
                          ids=["vllm", "transformers"])
 def test_a_job_trains_through_every_service(stack, backend: int) -> None:
-    client, home = stack
+    client, home, _ = stack
     steps = 3 if backend == C.GENERATION_BACKEND_VLLM else 2
     job = _train(client, backend, steps)
     _check_points(home, job, steps)
     adapter = Path(job.adapter.path)
     _loads_in_peft(adapter)
     _generates_in_vllm(client, adapter, f"e2e-check-{backend}")
+
+
+def test_a_job_survives_its_rollout_server_killed(stack) -> None:
+    """kill -9 of the rollout server (its vLLM engine process with it) mid-job: the trainer waits
+    for it, says so in the job's status events, and the restarted server serves the job's live
+    adapter again (from its disk); the job ends COMPLETED with every step stored once and every
+    step's completions from the version of the step before."""
+    import time
+
+    client, home, running = stack
+    steps = 12
+    spec = _spec(C.GENERATION_BACKEND_VLLM, steps)
+    spec.name = "rollout-killed"
+    job_id = client.scheduler.create_job(S.CreateJobRequest(spec=spec)).job.id
+    deadline = time.monotonic() + 300
+    while client.scheduler.get_job(S.GetJobRequest(id=job_id)).current_step < 2:
+        assert time.monotonic() < deadline and client.scheduler.get_job(S.GetJobRequest(id=job_id)).status in (
+            C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING)
+        time.sleep(0.1)
+    assert running.restart("rollout")  # kill -9 of its process group, started again, SERVING
+    messages = [e.status.message for e in client.scheduler.watch(job_id, from_start=True, timeout=600)
+                if e.HasField("status")]
+    job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
+    assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    _check_points(home, job, steps)
+    # Seen by anyone who watches the job: the wait for the server, then its return.
+    assert any("is back after" in m and "rollout service" in m for m in messages), messages

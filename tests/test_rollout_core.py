@@ -436,3 +436,32 @@ async def test_registry_backend_refusal_keeps_live(model_dir: Path, loras, tmp_p
     backend.refuse = False
     v2 = await registry.load("job", 2, upload(loras["v2"]))
     assert v2.uid != v1.uid and backend.loaded == [v2.key] and not v1.path.exists()
+
+
+async def test_live_adapters_come_back_after_a_restart(model_dir: Path, loras, tmp_path: Path) -> None:
+    """What a server left live (a crash: nothing closed; or a clean stop) is live again in the next
+    process, at the same version and with the same weights; superseded versions and leftovers go."""
+    root, shapes = tmp_path / "adapters", base_linear_shapes(model_dir)
+    first = AdapterRegistry(root, RefusingBackend(), shapes, MAX_LORA_RANK)  # type: ignore[arg-type]
+    await first.load("job", 1, upload(loras["v1"]))
+    await first.load("job", 7, upload(loras["v2"]))
+    await first.load("other", 3, upload(loras["other"]))
+    await first.load("gone", 1, upload(loras["v1"]))
+    await first.unload("gone")
+    (root / "job" / "v2.99").mkdir()  # a half-written version: no files
+    # The first process is killed here: nothing is closed.
+    backend = RefusingBackend()
+    second = AdapterRegistry(root, backend, shapes, MAX_LORA_RANK)  # type: ignore[arg-type]
+    restored = await second.restore()
+    assert sorted((a.name, a.version) for a in restored) == [("job", 7), ("other", 3)]
+    assert second.live_version("job") == 7 and second.live_version("other") == 3 and second.get("gone") is None
+    assert sorted(backend.loaded) == sorted(a.key for a in restored)
+    assert [p.name for p in (root / "job").iterdir()] == [second.get("job").path.name]  # type: ignore[union-attr]
+    assert (second.get("job").path / "adapter_model.safetensors").read_bytes() == \
+        (loras["v2"] / "adapter_model.safetensors").read_bytes()  # type: ignore[union-attr]
+    with pytest.raises(StaleVersionError):
+        await second.load("job", 7, upload(loras["v1"]))  # the restored version counts as live
+    # A clean stop keeps the live versions too; a registry for another base model drops them.
+    await second.close()
+    third = AdapterRegistry(root, RefusingBackend(), {"q_proj": (1, 1)}, MAX_LORA_RANK)  # type: ignore[arg-type]
+    assert await third.restore() == [] and not (root / "job").exists() and not (root / "other").exists()

@@ -12,6 +12,7 @@ Only `adapter_config.json` and `adapter_model.safetensors` are ever read; nothin
 from __future__ import annotations
 
 import asyncio
+import builtins
 import itertools
 import json
 import logging
@@ -49,6 +50,7 @@ MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2}  # safetensors dtype -> bytes per element
 WEIGHT_PREFIX = "base_model.model."
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+_STORED_VERSION = re.compile(r"v([0-9]{1,19})\.([0-9]{1,19})")  # root/<name>/v<version>.<uid>
 
 
 class AdapterRejected(ValueError):
@@ -242,11 +244,47 @@ class AdapterRegistry:
         await asyncio.to_thread(shutil.rmtree, adapter.path, True)
 
     async def close(self) -> None:
-        """Forget everything (the backend is shutting down); stored files are removed."""
-        for adapter in [*self._live.values(), *self._retired.values()]:
+        """Forget everything (the backend is shutting down). Superseded versions' files are removed;
+        each live version's stay on disk, for `restore` in the next server process."""
+        for adapter in self._retired.values():
             await asyncio.to_thread(shutil.rmtree, adapter.path, True)
         self._live.clear()
         self._retired.clear()
+
+    async def restore(self) -> builtins.list[AdapterVersion]:
+        """Makes live again, at their versions, the adapters a previous server process left live on
+        disk (a crash or a restart), so a trainer's next request and a benchmark of an older job
+        find them as they were. Per name, the newest complete version is loaded through the same
+        checks as an upload; other versions of the name are leftovers and go. One that no longer
+        passes (another base model) is logged and removed: it could never be served here."""
+        restored: builtins.list[AdapterVersion] = []
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and p != self._staging):
+            if not ADAPTER_NAME_RE.fullmatch(folder.name):
+                continue
+            stored = []
+            for entry in folder.iterdir():
+                found = _STORED_VERSION.fullmatch(entry.name)
+                if found and (entry / ADAPTER_CONFIG).is_file() and (entry / ADAPTER_WEIGHTS).is_file():
+                    stored.append((int(found[1]), int(found[2]), entry))
+            if not stored:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                continue
+            version, _, newest = max(stored)
+            if version > MAX_VERSION:
+                continue
+            try:
+                adapter = await self._load(folder.name, version, newest)
+            except (AdapterRejected, FailedPrecondition) as e:
+                logger.warning("adapter %s v%d left by a previous server is not restored: %s", folder.name,
+                               version, e)
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                continue
+            for entry in folder.iterdir():
+                if entry != adapter.path:
+                    await asyncio.to_thread(shutil.rmtree, entry, True)
+            logger.info("adapter %s restored from disk", adapter.key)
+            restored.append(adapter)
+        return restored
 
 
 def check_name(name: str) -> None:

@@ -101,7 +101,8 @@ class RolloutCore:
 
     @classmethod
     async def start(cls, config: CoreConfig, backend: GenerationBackend | None = None) -> RolloutCore:
-        """Start the backend (vLLM: ~20-30 s) and an empty registry. `backend` overrides `make_backend`."""
+        """Start the backend (vLLM: ~20-30 s) and the registry, with the adapters a previous server
+        process left live made live again. `backend` overrides `make_backend`."""
         backend = backend or make_backend(config)
         await backend.start()
         shapes = base_linear_shapes(config.model, config.trust_remote_code)
@@ -112,6 +113,7 @@ class RolloutCore:
             max_lora_rank=config.max_lora_rank,
             max_adapter_bytes=config.max_adapter_bytes,
         )
+        await registry.restore()
         return cls(config, backend, registry)
 
     async def shutdown(self) -> None:

@@ -14,6 +14,7 @@ It publishes its own events to NATS (RUNNING, one MetricEvent per step, the fina
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -98,7 +99,15 @@ def run(job_dir: Path) -> int:
         if job.generation_backend == "vllm":
             from services.trainer.rollouts import ServiceGenerator
 
-            generator = ServiceGenerator(settings.rollout_address)
+            notices = itertools.count(1)
+
+            def on_wait(message: str) -> None:
+                if publisher is not None:
+                    publisher.publish_notice(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
+                                             next(notices))
+
+            generator = ServiceGenerator(settings.rollout_address, wait_s=settings.rollout_wait_seconds,
+                                         on_wait=on_wait)
             generator.wait_ready()
 
         def on_step(step: int, total: int) -> None:

@@ -17,11 +17,13 @@ a row (the layout GRPO's group-relative advantage and TRL's RepeatSampler use). 
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
@@ -31,6 +33,9 @@ from rlvr.v1 import common_pb2, rollout_pb2
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("rlvr.trainer.rollouts")
+_T = TypeVar("_T")
 
 __all__ = [
     "AdapterVersionMismatch",
@@ -142,16 +147,33 @@ class LocalGenerator:
         self.model = None
 
 
+# A rollout server that went away (killed, restarted): waited for, then the call is made again.
+# NOT_FOUND is in the list for the adapter a restarted server could not bring back: it is pushed again.
+_RECOVERABLE = frozenset({"UNAVAILABLE", "NOT_FOUND"})
+_MAX_RECOVERIES = 3  # per call: a server that keeps dying under one request is not coming back
+
+
 class ServiceGenerator:
     """Generation through RolloutService (vLLM, or its transformers fallback) with adapter sync,
-    over the typed sync client (deadlines, retries); every failed call is a `RolloutError`."""
+    over the typed sync client (deadlines, retries); every failed call is a `RolloutError`.
 
-    def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0) -> None:
+    A rollout server that goes away mid-job is waited for, for at most `wait_s` seconds, each wait
+    reported through `on_wait` (the job's status message); once it serves again, the adapter last
+    pushed is pushed again (unless the server brought it back from its disk) and the call is made
+    again, with the same seed, so the step is the one it would have been. Only a server that stays
+    away past `wait_s` fails the job, with a message naming the rollout service."""
+
+    def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0,
+                 wait_s: float = 300.0, on_wait: Callable[[str], None] | None = None) -> None:
         self.address = address
         self.client = RolloutClient(address)
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
+        self.wait_s = wait_s
+        self.on_wait = on_wait or (lambda _message: None)
         self.step = 0  # for error messages only
+        self.recoveries = 0  # times the server was waited for and found again
+        self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this trainer made
 
     def info(self) -> rollout_pb2.RolloutInfo:
         try:
@@ -181,7 +203,60 @@ class ServiceGenerator:
             if e.code.name != "NOT_FOUND":
                 raise RolloutError(e) from None
 
+    def _recovering(self, call: Callable[[], _T], what: str, repush: bool = True) -> _T:
+        """`call()`, made again after the rollout server came back when it failed for its absence;
+        `repush`: make this trainer's live version live there again first (not for a push, which
+        brings a newer one itself, from a folder that may already hold the newer weights)."""
+        for attempt in range(_MAX_RECOVERIES + 1):
+            try:
+                return call()
+            except RolloutError as e:
+                if e.code.name not in _RECOVERABLE or attempt == _MAX_RECOVERIES:
+                    raise
+                if e.code.name == "NOT_FOUND" and self._pushed is None:
+                    raise  # nothing of ours to bring back: a real NOT_FOUND
+                self._recover(e, what, repush)
+        raise AssertionError("unreachable")
+
+    def _recover(self, cause: RolloutError, what: str, repush: bool) -> None:
+        """Waits (bounded) until the server serves again, then makes this trainer's live version
+        live there again."""
+        from rlvr.peers.base import check_health
+
+        started = time.monotonic()
+        log.warning("%s at step %d: %s", what, self.step, cause)
+        reported = -math.inf
+        while (status := check_health(self.address)) != "SERVING":
+            waited = time.monotonic() - started
+            if waited > self.wait_s:
+                raise RuntimeError(f"the rollout service at {self.address} did not come back within "
+                                   f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
+                                   f"failed with: {cause}") from None
+            if waited - reported >= 10.0:
+                reported = waited
+                self._tell(f"step {self.step}: waiting for the rollout service at {self.address} "
+                             f"({waited:.0f} s of at most {self.wait_s:.0f} s; {cause.code.name})")
+            time.sleep(1.0)
+        if repush and self._pushed is not None:
+            directory, tag = self._pushed
+            try:
+                self._load(directory, tag)
+            except RolloutError as e:
+                if e.code.name != "FAILED_PRECONDITION":  # "not newer": the server restored it itself
+                    raise
+        self.recoveries += 1
+        message = (f"step {self.step}: the rollout service at {self.address} is back after "
+                   f"{time.monotonic() - started:.0f} s; {what} again")
+        self._tell(message)
+
+    def _tell(self, message: str) -> None:
+        log.warning(message)
+        self.on_wait(message)
+
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
+        return self._recovering(lambda: self._generate(prompts, sampling, expected), "generating")
+
+    def _generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
         started = time.perf_counter()
         n = sampling.group_size
         # An explicit version: the server itself refuses (NOT_FOUND) if it is not the live one.
@@ -216,6 +291,10 @@ class ServiceGenerator:
         )
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        self._recovering(lambda: self._load(directory, tag), f"pushing adapter {tag}", repush=False)
+        self._pushed = (directory, tag)
+
+    def _load(self, directory: Path, tag: AdapterTag) -> None:
         try:
             info = self.client.load_adapter(tag.name, tag.version, directory, timeout=self.upload_timeout_s)
         except RlvrError as e:
