@@ -193,12 +193,17 @@ class Stack:
         )
         log_file.close()
 
-    def restart(self, name: str, sig: signal.Signals = signal.SIGKILL, timeout: float = 120.0) -> bool:
-        """Kills one service's process group with `sig` (SIGKILL: a crash, no clean-up), starts it
-        again with the same command line and waits until it is SERVING again; False on timeout."""
+    def restart(self, name: str, sig: signal.Signals = signal.SIGKILL, timeout: float = 120.0,
+                group: bool = True) -> bool:
+        """Kills one service's process group (`group`; else its main process alone) with `sig`
+        (SIGKILL: a crash, no clean-up), starts it again with the same command line and waits
+        until it is SERVING again; False on timeout."""
         proc = self.procs[name]
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
         proc.wait(timeout=30)
         self._launch(name)
         if self.nats is not None:

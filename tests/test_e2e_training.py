@@ -142,7 +142,8 @@ def test_a_job_trains_through_every_service(stack, backend: int) -> None:
 
 
 def test_a_job_survives_its_rollout_server_killed(stack) -> None:
-    """kill -9 of the rollout server (its vLLM engine process with it) mid-job: the trainer waits
+    """kill -9 of the rollout server mid-job (its main process alone: vLLM's engine processes must
+    not outlive it, and do not, see rlvr.infra.reaper): the trainer waits
     for it, says so in the job's status events, and the restarted server serves the job's live
     adapter again (from its disk); the job ends COMPLETED with every step stored once and every
     step's completions from the version of the step before."""
@@ -158,7 +159,14 @@ def test_a_job_survives_its_rollout_server_killed(stack) -> None:
         assert time.monotonic() < deadline and client.scheduler.get_job(S.GetJobRequest(id=job_id)).status in (
             C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING)
         time.sleep(0.1)
-    assert running.restart("rollout")  # kill -9 of its process group, started again, SERVING
+    from rlvr.infra.reaper import children
+
+    server = running.procs["rollout"].pid
+    engine = children(server)  # vLLM's engine core, with its worker under it
+    assert engine and any(children(p) for p in engine)
+    engine += [w for p in engine for w in children(p)]
+    assert running.restart("rollout", group=False)  # kill -9 of the server alone, started again, SERVING
+    assert not [p for p in engine if Path(f"/proc/{p}").exists()], "vLLM's processes outlived their server"
     messages = [e.status.message for e in client.scheduler.watch(job_id, from_start=True, timeout=600)
                 if e.HasField("status")]
     job = client.scheduler.get_job(S.GetJobRequest(id=job_id))

@@ -33,11 +33,13 @@ import asyncio
 import dataclasses
 import logging
 import shutil
+import subprocess
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
+from rlvr.infra.reaper import children, reap_with_this_process
 from services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
@@ -90,6 +92,7 @@ class VLLMBackend(GenerationBackend):
         self._base_lora: LoRARequest | None = None  # set on CPU, see the module docstring
         self._base_lora_dir: str | None = None
         self.start_seconds: float | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     # ---------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -138,6 +141,9 @@ class VLLMBackend(GenerationBackend):
             **optional,
         )
         self._engine = AsyncLLM.from_engine_args(args)
+        # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
+        # alone, this server would leave both running with the model's memory.
+        self._reaper = reap_with_this_process(children())
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
@@ -148,6 +154,10 @@ class VLLMBackend(GenerationBackend):
             if handler is not None:
                 handler.cancel()
             await asyncio.to_thread(engine.shutdown)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and reaper.stdin is not None:
+            reaper.stdin.close()  # what it watches has ended with the engine: it just exits
+            await asyncio.to_thread(reaper.wait, 10)
         if self._base_lora_dir is not None:
             shutil.rmtree(self._base_lora_dir, ignore_errors=True)
 

@@ -1,0 +1,79 @@
+"""Processes that must not outlive this one, however it ends.
+
+A library may start processes of its own that we cannot give a parent-death signal: vLLM's engine
+core (and its worker under it) is one, started by `AsyncLLM` in the rollout server. Killed with
+`kill -9` alone, the server left them running (a 6 GB worker here), holding memory the restarted
+server then needs. `reap_with_this_process` starts a small watcher that holds the read end of a
+pipe whose write end only this process has: when this process is gone, for any reason, the pipe
+closes, and the watcher SIGKILLs the processes it was given and every descendant of theirs, then
+exits. A process that ended by itself meanwhile is recognised by its start time and left alone (its
+pid may belong to another process by then).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["children", "reap_with_this_process"]
+
+_WATCHER = r"""
+import os, signal, sys
+from pathlib import Path
+
+def stat(pid):
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[19]  # ppid, start time
+
+targets = {int(p): s for p, s in (a.split(":") for a in sys.argv[1:])}
+sys.stdin.buffer.read()  # until the process that started us is gone: EOF
+alive = {p for p, s in targets.items() if (st := stat(p)) is not None and st[1] == s}
+table = {int(e.name): stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+frontier = set(alive)
+while frontier:
+    frontier = {p for p, st in table.items() if st and st[0] in frontier} - alive
+    alive |= frontier
+for pid in alive:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[19]
+
+
+def children(pid: int | None = None) -> list[int]:
+    """The direct children of `pid` (default: this process), from /proc."""
+    pid = os.getpid() if pid is None else pid
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None and st[0] == pid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
+    """Starts the watcher for `pids` (see the module docstring); None where there is no /proc or
+    nothing to watch. Keep the returned handle referenced for as long as this process lives: its
+    stdin is the pipe."""
+    targets = [f"{pid}:{st[1]}" for pid in pids if (st := _stat(pid)) is not None]
+    if not targets or not Path("/proc/self/stat").exists():
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, *targets], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
