@@ -54,8 +54,9 @@ DUPLICATE_WINDOW_S = 120.0
 MAX_AGE_S = 7 * 24 * 3600.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 
-# A subject token must not contain the separator or wildcards, or one job could read another's.
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# A subject token must not contain the separator or wildcards, or one job could read another's. Job,
+# evaluation and loop ids are tokens (the trainer checks a job id with it: it is a folder name too).
+SUBJECT_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 class EventBusError(RuntimeError):
@@ -92,7 +93,7 @@ async def cancel_and_wait(task: asyncio.Task[object], poll_s: float = 1.0) -> No
 
 
 def _token(kind: str, value: str) -> str:
-    if not _TOKEN.match(value):
+    if not SUBJECT_TOKEN_RE.match(value):
         raise ValueError(
             f"{kind} {value!r} cannot be a subject token: use letters, digits, '_' or '-' (1-128)"
         )

@@ -9,12 +9,12 @@ adds what only a worker knows: where artifacts go and the adapter name it pushes
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.infra.events import SUBJECT_TOKEN_RE
 from rlvr.jobspec import (
     BACKEND_KEYS,
     DEFAULT_DATASET_SPLIT,
@@ -36,7 +36,7 @@ C = common_pb2
 
 
 # A job id becomes a NATS subject token and a folder name: no dots, slashes or wildcards.
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+JOB_ID_RE = SUBJECT_TOKEN_RE
 ADAPTER_NAME_MAX = 128
 
 
