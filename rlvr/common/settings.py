@@ -195,10 +195,11 @@ def load_settings(
 
 def rlvr_home() -> Path:
     """Where rlvr keeps models, the local stack's database, NATS data, artifacts and logs:
-    $RLVR_HOME, default ~/.cache/rlvr."""
+    $RLVR_HOME, default ~/.cache/rlvr. Always absolute: paths under it are stored (a built model's
+    record, a stack's state) and read by processes that may run in another folder."""
     import os
 
-    return Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
+    return Path(os.environ.get("RLVR_HOME") or Path.home() / ".cache" / "rlvr").expanduser().absolute()
 
 
 class NatsFields(BaseSettings):

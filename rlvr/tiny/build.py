@@ -19,9 +19,10 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from rlvr.common.settings import rlvr_home
 from rlvr.tasks import math_pairs as mp
 from rlvr.tasks.render import render_prompt
 from rlvr.tiny.model import count_parameters, init_model, save_model
@@ -85,10 +86,6 @@ class BuildReport:
             f"{self.build_seconds:.1f} s ({self.steps} warm-up steps); greedy held-out Math Pairs accuracy "
             f"{self.heldout_accuracy:.1%} on {self.heldout_n} problems{within}"
         )
-
-
-def rlvr_home() -> Path:
-    return Path(os.environ.get("RLVR_HOME") or Path.home() / ".cache" / "rlvr").expanduser()
 
 
 def default_model_dir(name: str) -> Path:
@@ -293,7 +290,7 @@ def build_tiny_model(
             f"size {size!r} is not a tiny model size; choose one of {sorted(RECIPES)} "
             f"(bench-large is untrained: use build_untrained_model)"
         )
-    out = Path(out_dir) if out_dir is not None else default_model_dir(default_model_name(size))
+    out = (Path(out_dir) if out_dir is not None else default_model_dir(default_model_name(size))).absolute()
     existing = None if force else _existing_build(out, size, seed)
     if existing is not None:
         if progress:
@@ -394,4 +391,7 @@ def _existing_build(out: Path, size: str, seed: int) -> BuildReport | None:
     except (OSError, ValueError, TypeError):  # absent, corrupt or from another version: rebuild
         return None
     same = (report.size, report.seed, report.recipe) == (size, seed, _jsonable(asdict(RECIPES[size])))
-    return report if same and (out / "model.safetensors").is_file() else None
+    if not same or not (out / "model.safetensors").is_file():
+        return None
+    # Where it is now, absolute: the folder may have moved, or been recorded relative to another cwd.
+    return replace(report, path=str(out.absolute()))
