@@ -202,7 +202,8 @@ def cmd_export(args: argparse.Namespace, client: BenchmarkClient) -> int:
 def cmd_list(args: argparse.Namespace, client: BenchmarkClient) -> int:
     from rich.table import Table
 
-    resp = client.list_evaluations(B.ListEvaluationsRequest(benchmark=args.benchmark, limit=args.limit))
+    resp = client.list_evaluations(B.ListEvaluationsRequest(benchmark=args.benchmark, limit=args.limit,
+                                                            offset=args.offset))
     table = Table(title="Evaluations", title_justify="left")
     table.add_column("ID", no_wrap=True, min_width=12)  # ids are what the other commands take: never cut
     for name in ("Benchmark", "Policy", "Status", "Score", "Done", "Created", "Label"):
@@ -213,6 +214,14 @@ def cmd_list(args: argparse.Namespace, client: BenchmarkClient) -> int:
         table.add_row(ev.id, ev.benchmark, policy, status_name(ev.status), f"{ev.scores.score:.1%}",
                       f"{ev.questions_done}/{ev.questions_total}", created, ev.label)
     _console().print(table)
+    shown = f"{args.offset + 1}-{args.offset + len(resp.evaluations)} of " if resp.evaluations else ""
+    print(f"{shown}{resp.total} evaluation(s)")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace, client: BenchmarkClient) -> int:
+    resp = client.delete_evaluation(B.DeleteEvaluationRequest(id=args.id))
+    print(f"evaluation {resp.id} deleted with its {resp.results_deleted} per-question result(s)")
     return 0
 
 
@@ -263,7 +272,7 @@ def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> C
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    group = subparsers.add_parser("eval", help="evaluations: run a benchmark, show, export, list, leaderboard")
+    group = subparsers.add_parser("eval", help="evaluations: run a benchmark, show, export, list, delete, leaderboard")
 
     def usage(args: argparse.Namespace) -> int:
         group.print_help(sys.stderr)
@@ -299,8 +308,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.set_defaults(handler=_handler(cmd_export))
     ls = sub.add_parser("list", help="recent evaluations")
     ls.add_argument("--benchmark", default="", help="only this benchmark")
-    ls.add_argument("--limit", type=int, default=0, help="at most N (default 100)")
+    ls.add_argument("--limit", type=int, default=0, help="at most N, up to 500 (default 100)")
+    ls.add_argument("--offset", type=int, default=0, help="skip the N newest (paging; default 0)")
     ls.set_defaults(handler=_handler(cmd_list))
+    delete = sub.add_parser("delete", help="delete a finished evaluation and its per-question results")
+    delete.add_argument("id")
+    delete.set_defaults(handler=_handler(cmd_delete))
     board = sub.add_parser("leaderboard", help="completed evaluations of a benchmark, best first")
     board.add_argument("benchmark")
     board.add_argument("--column", default="", help="accuracy, accuracy_strict, format or answered")
@@ -308,5 +321,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     board.set_defaults(handler=_handler(cmd_leaderboard))
     benchmarks = sub.add_parser("benchmarks", help="the benchmarks, their sizes and score columns")
     benchmarks.set_defaults(handler=_handler(cmd_benchmarks))
-    for parser in (run, show, export, ls, board, benchmarks):
+    for parser in (run, show, export, ls, delete, board, benchmarks):
         parser.add_argument("--address", default=None, help="benchmark HOST:PORT (default RLVR_BENCHMARK_ADDRESS)")

@@ -121,6 +121,7 @@ class SchedulerRpcs:
     get_job = Unary("GetJob", sc.GetJobRequest, cm.Job)
     list_jobs = Unary("ListJobs", sc.ListJobsRequest, sc.ListJobsResponse)
     cancel_job = Unary("CancelJob", sc.CancelJobRequest, cm.Job)
+    delete_job = Unary("DeleteJob", sc.DeleteJobRequest, sc.DeleteJobResponse)
     watch_job = ServerStream("WatchJob", sc.WatchJobRequest, cm.JobEvent)
     get_job_metrics = Unary("GetJobMetrics", sc.GetJobMetricsRequest, sc.JobMetrics)
     download_adapter = ServerStream("DownloadAdapter", sc.DownloadAdapterRequest, cm.FileChunk)

@@ -186,7 +186,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     client = jobs_cmd.scheduler_client(args)
     try:
         if args.jobs_command == "list":
-            resp = client.list_jobs(scheduler_pb2.ListJobsRequest(limit=args.limit))
+            resp = client.list_jobs(scheduler_pb2.ListJobsRequest(limit=args.limit, offset=args.offset))
             print(f"{'ID':<14}{'STATUS':<11}{'STEP':>9}  {'CREATED':<20}NAME")
             for job in resp.jobs:
                 status = C.JobStatus.Name(job.status).removeprefix("JOB_STATUS_")
@@ -204,6 +204,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             job = client.cancel_job(scheduler_pb2.CancelJobRequest(id=args.id))
             kept = f"; adapter {job.adapter.name} v{job.adapter.version} kept" if job.adapter.name else ""
             print(f"job {job.id} cancelled{kept}")
+        elif args.jobs_command == "delete":
+            resp = client.delete_job(scheduler_pb2.DeleteJobRequest(id=args.id))
+            print(f"job {resp.id} deleted with its metrics and files "
+                  f"({jobs_view.human_size(resp.freed_bytes)} freed)")
         elif args.jobs_command == "watch":
             status = watch_job(client, args.id)
             return 0 if status != C.JOB_STATUS_FAILED else 1
@@ -218,16 +222,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                   description="Start an RLVR job: the spec's Reward, GRPO and Advanced options.")
     add_train_arguments(train)
     train.set_defaults(handler=cmd_train)
-    jobs = subparsers.add_parser("jobs", help="list, show, watch or cancel jobs; report, download, merge, export")
+    jobs = subparsers.add_parser("jobs", help="list, show, watch, cancel or delete jobs; report, download, merge, "
+                                 "export")
     sub = jobs.add_subparsers(dest="jobs_command", required=True)
     ls = sub.add_parser("list", help="recent jobs")
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--limit", type=int, default=50, help="at most N, up to 500 (default 50)")
+    ls.add_argument("--offset", type=int, default=0, help="skip the N newest (paging; default 0)")
     for name, text in (("show", "a job's status, summary, adapter and RL Metrics (trends, tiles, charts)"),
                        ("watch", "follow a job live"),
-                       ("cancel", "cancel a job (its partial adapter is kept)")):
+                       ("cancel", "cancel a job (its partial adapter is kept)"),
+                       ("delete", "delete a finished job: its metrics, adapter, checkpoints and merged models")):
         p = sub.add_parser(name, help=text)
         p.add_argument("id")
-    for p in (ls, *[sub.choices[n] for n in ("show", "watch", "cancel")]):
+    for p in (ls, *[sub.choices[n] for n in ("show", "watch", "cancel", "delete")]):
         p.add_argument("--address", default=None, help="scheduler HOST:PORT")
         p.set_defaults(handler=cmd_jobs)
     jobs_cmd.register(sub)

@@ -211,8 +211,9 @@ async def test_leaderboard_best_first_ties_to_the_earlier(sqlite_store: Store) -
     by_answered = await manager.leaderboard("rlvr-math-pairs-heldout", "answered", 2)
     assert [e.evaluation_id for e in by_answered.entries] == [best.id, tied.id]
     listed = await manager.list("gsm8k", 0)
-    assert len(listed) == 1 and listed[0].benchmark == "gsm8k"
-    assert len(await manager.list("", 0)) == 4
+    assert len(listed.evaluations) == 1 and listed.evaluations[0].benchmark == "gsm8k" and listed.total == 1
+    everything = await manager.list("", 0)
+    assert len(everything.evaluations) == 4 and everything.total == 4
     with pytest.raises(ValueError, match="score_column"):
         await manager.leaderboard("rlvr-math-pairs-heldout", "speed", 0)
 
@@ -333,3 +334,31 @@ async def test_a_caller_gone_mid_run_leaves_no_evaluation_stranded(sqlite_store:
             break
         await asyncio.sleep(0.1)
     assert [(r.status, r.n_done) for r in rows] == [("COMPLETED", 6)]
+
+
+async def test_list_pages_and_delete_removes_a_finished_evaluation(sqlite_store: Store) -> None:
+    manager = EvaluationManager(sqlite_store, LocalPeers())
+    ids = [(await manager.run(request(limit=3, label=f"e{i}"))).id for i in range(3)]
+    for evaluation_id in ids:
+        await finished(manager, evaluation_id)
+    first, second = await manager.list("", 2, 0), await manager.list("", 2, 2)
+    assert first.total == second.total == 3 and len(first.evaluations) == 2 and len(second.evaluations) == 1
+    assert {e.id for e in [*first.evaluations, *second.evaluations]} == set(ids)
+    for limit, offset, name in ((-1, 0, "limit"), (501, 0, "limit"), (0, -1, "offset")):
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            await manager.list("", limit, offset)
+
+    gone = await manager.delete(ids[0])
+    assert gone.id == ids[0] and gone.results_deleted == 3
+    assert sqlite_store.get_evaluation(ids[0]) is None and sqlite_store.question_results(ids[0]) == []
+    assert len(sqlite_store.question_results(ids[1])) == 3  # the others keep theirs
+    with pytest.raises(NotFound):
+        await manager.get(ids[0])
+    with pytest.raises(NotFound):  # a second delete: the evaluation is unknown now
+        await manager.delete(ids[0])
+    assert (await manager.list("", 0)).total == 2
+
+    running = sqlite_store.add_evaluation(EvaluationRow(benchmark="gsm8k", status="RUNNING"))
+    with pytest.raises(FailedPrecondition, match="RUNNING"):
+        await manager.delete(running.id)
+    assert sqlite_store.get_evaluation(running.id) is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -265,6 +266,40 @@ def test_cli(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], m
     assert cli.main(["eval", "leaderboard", HELDOUT, "--column", "answered"]) == 0
     assert "answered" in capsys.readouterr().out.lower()
     assert cli.main(["eval", "run", "--benchmark", "nope"]) == 2 and "benchmark" in capsys.readouterr().err
+
+
+def test_delete_evaluation(stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """DeleteEvaluation over gRPC and `rlvr eval delete`: rows and results gone, a second delete
+    NOT_FOUND, an evaluation still queued or running refused; ListEvaluations pages with a total."""
+    monkeypatch.setenv("RLVR_BENCHMARK_ADDRESS", stack.address)
+    client = stack.client
+    running = client.run_evaluation(B.RunEvaluationRequest(benchmark=HELDOUT, limit=16, sampling=greedy(48)))
+    with pytest.raises(RlvrError) as refused:  # it cannot have ended yet: it was just queued
+        client.delete_evaluation(B.DeleteEvaluationRequest(id=running.id))
+    assert refused.value.code.name == "FAILED_PRECONDITION"
+    assert re.fullmatch(rf"evaluation {running.id} is (QUEUED|RUNNING); delete it once it has ended",
+                        refused.value.details)
+    list(client.watch_evaluation(B.WatchEvaluationRequest(id=running.id), timeout=300))
+    assert len(results(client, running.id)) == 16
+
+    everything = client.list_evaluations(B.ListEvaluationsRequest(limit=500))
+    assert everything.total == len(everything.evaluations) >= 2
+    page = client.list_evaluations(B.ListEvaluationsRequest(limit=1, offset=1))
+    assert page.total == everything.total and [e.id for e in page.evaluations] == [everything.evaluations[1].id]
+
+    assert cli.main(["eval", "delete", running.id]) == 0
+    assert capsys.readouterr().out.strip() == f"evaluation {running.id} deleted with its 16 per-question result(s)"
+    for call in (lambda: client.get_evaluation(B.GetEvaluationRequest(id=running.id)),
+                 lambda: results(client, running.id),
+                 lambda: client.delete_evaluation(B.DeleteEvaluationRequest(id=running.id))):
+        with pytest.raises(RlvrError) as gone:
+            call()
+        assert gone.value.code.name == "NOT_FOUND" and running.id in gone.value.details
+    after = client.list_evaluations(B.ListEvaluationsRequest(limit=500))
+    assert after.total == everything.total - 1 and running.id not in {e.id for e in after.evaluations}
+    assert cli.main(["eval", "delete", running.id]) == 2 and "NOT_FOUND" in capsys.readouterr().err
+    assert cli.main(["eval", "list", "--limit", "1", "--offset", "1"]) == 0
+    assert f"2-2 of {after.total} evaluation(s)" in capsys.readouterr().out
 
 
 def test_a_rollout_refusal_mid_run_fails_the_evaluation_with_its_cause(stack: Stack, services: Services,

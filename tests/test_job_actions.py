@@ -24,11 +24,13 @@ import pytest_asyncio
 
 from clients.sdk import RlvrError, SchedulerClient
 from rlvr.adapters import ADAPTER_FILES
-from rlvr.infra.schema import JobRow
+from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import Store
+from rlvr.jobspec import resolve_spec
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 from services.common.server import ServiceRunner
+from services.scheduler.convert import spec_to_json
 
 MODEL = "rlvr-tiny-test"
 
@@ -272,3 +274,72 @@ async def test_actions_refuse_unknown_jobs_and_jobs_without_an_adapter(stack: St
         await asyncio.to_thread(calls["DownloadMergedModel"], unmerged.id)
     assert _code(first) == "FAILED_PRECONDITION"
     assert first.value.details == f"job {unmerged.id} has no merged model yet; run MergeModel first"
+
+
+async def test_delete_job_removes_its_rows_and_files_and_refuses_a_job_in_use(
+        stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    """Last in this module: it deletes the trained job (merged by the tests above)."""
+    from clients.cli import main as cli
+
+    c, job_id = stack.client, stack.job.id
+    job_dir = stack.root / "jobs" / job_id
+    merged = stack.store.artifacts(job_id, "merged")
+    assert job_dir.is_dir() and merged and all(Path(a.path).is_dir() for a in merged)
+    assert stack.store.metric_points(job_id)
+
+    def delete(j: str) -> S.DeleteJobResponse:
+        return c.delete_job(S.DeleteJobRequest(id=j))
+
+    for bad, code, words in (("", "INVALID_ARGUMENT", "id: required"), ("nosuchjob42", "NOT_FOUND", "nosuchjob42")):
+        with pytest.raises(RlvrError) as refused:
+            await asyncio.to_thread(delete, bad)
+        assert _code(refused) == code and words in refused.value.details
+
+    # Not ended yet: cancel first. (RUNNING on no worker: the dispatcher leaves it alone.)
+    running = stack.store.add_job(JobRow(name="running", status="RUNNING"))
+    with pytest.raises(RlvrError) as refused:
+        await asyncio.to_thread(delete, running.id)
+    assert _code(refused) == "FAILED_PRECONDITION"
+    assert refused.value.details == (f"job {running.id} is RUNNING; cancel it first (rlvr jobs cancel {running.id}), "
+                                     "then delete it")
+
+    # A job that starts from this job's adapter and has not ended.
+    spec = _spec()
+    spec.init_adapter.name = stack.job.adapter.name
+    stacked = stack.store.add_job(JobRow(name="stacked", status="RUNNING",
+                                         spec_json=spec_to_json(resolve_spec(spec).spec)))
+    with pytest.raises(RlvrError) as refused:
+        await asyncio.to_thread(delete, job_id)
+    assert _code(refused) == "FAILED_PRECONDITION" and f"job {stacked.id} (RUNNING) starts from" in refused.value.details
+    stack.store.update_job(stacked.id, status="CANCELLED")
+
+    # A round of a loop that has not ended (the row alone: the running loop manager never sees it).
+    loop = stack.store.add_loop(LoopRow(name="open", status="TRAINING"))
+    stack.store.add_round(RoundRow(loop_id=loop.id, index=1, job_id=job_id, status="SCORED"))
+    with pytest.raises(RlvrError) as refused:
+        await asyncio.to_thread(delete, job_id)
+    assert _code(refused) == "FAILED_PRECONDITION"
+    assert f"round 1 of loop {loop.id}, which is TRAINING; stop the loop first" in refused.value.details
+    assert job_dir.is_dir() and stack.store.get_job(job_id) is not None  # nothing deleted by a refusal
+
+    # Once the loop has ended the job goes; the round stays, without its job.
+    stack.store.update_loop(loop.id, status="STOPPED")
+    assert await asyncio.to_thread(cli, ["jobs", "delete", job_id, "--address", c.address]) == 0
+    assert f"job {job_id} deleted" in capsys.readouterr().out
+    assert not job_dir.exists() and not any(Path(a.path).exists() for a in merged)
+    assert not list((stack.root / "merged").glob(f"job-{job_id}-*"))
+    assert stack.store.get_job(job_id) is None and stack.store.metric_points(job_id) == []
+    assert stack.store.artifacts(job_id) == [] and stack.store.get_round(loop.id, 1).job_id is None
+    with pytest.raises(RlvrError) as gone:
+        await asyncio.to_thread(c.get_job, S.GetJobRequest(id=job_id))
+    assert _code(gone) == "NOT_FOUND"
+    for row in stack.store.list_jobs():  # rows made by hand above without a spec, which no job has
+        if row.spec_json == "{}":
+            stack.store.delete_job(row.id)
+    listed = await asyncio.to_thread(c.list_jobs, S.ListJobsRequest(limit=500))
+    assert job_id not in {j.id for j in listed.jobs} and listed.total == len(listed.jobs)
+    with pytest.raises(RlvrError) as again:  # a second delete: the job is unknown now
+        await asyncio.to_thread(delete, job_id)
+    assert _code(again) == "NOT_FOUND"
+    assert await asyncio.to_thread(cli, ["jobs", "delete", job_id, "--address", c.address]) == 1
+    assert "error: NOT_FOUND" in capsys.readouterr().err

@@ -263,10 +263,10 @@ def test_a_loop_survives_scheduler_restarts_and_spends_its_rounds(stack) -> None
     assert ended.message.startswith("all 2 rounds run")
     assert [r.status for r in ended.rounds] == [S.ROUND_STATUS_SCORED] * 2
     # Exactly one job per round, never a second one for the same round.
-    names = [j.spec.name for j in client.scheduler.list_jobs(S.ListJobsRequest(limit=1000)).jobs
+    names = [j.spec.name for j in client.scheduler.list_jobs(S.ListJobsRequest(limit=500)).jobs
              if j.spec.name.startswith("restarted R")]
     assert sorted(names) == ["restarted R1", "restarted R2"]
-    evaluations = client.benchmark.list_evaluations(B.ListEvaluationsRequest(limit=1000)).evaluations
+    evaluations = client.benchmark.list_evaluations(B.ListEvaluationsRequest(limit=500)).evaluations
     labels = [e.label for e in evaluations if e.label.endswith(f"(loop {loop.id})")]
     assert sorted(labels) == sorted({*labels})  # one evaluation per round and one baseline
     assert len(labels) == 3

@@ -335,7 +335,7 @@ def test_idempotent_methods_match_the_contract() -> None:
     read_only = {name for name in methods if re.search(r"/(Get|List|Watch)[A-Z]", name)}
     assert read_only <= contract, f"read-only methods without retries: {read_only - contract}"
     for name in methods:
-        if re.search(r"/(Create|Start|Cancel|Stop|Run|Load|Unload|Merge|Generate)", name):
+        if re.search(r"/(Create|Start|Cancel|Stop|Delete|Run|Load|Unload|Merge|Generate)", name):
             assert name not in IDEMPOTENT_METHODS, name
     config = service_config()["methodConfig"][0]
     assert {f"{n['service']}/{n['method']}" for n in config["name"]} == IDEMPOTENT_METHODS

@@ -201,7 +201,7 @@ def test_unknown_ids_and_unreachable_services_are_pages_not_tracebacks(client: T
 def test_posts_need_this_browsers_token_and_this_origin(client: TestClient, sdk: FakeSdk) -> None:
     data = default_form(client)
     good = data.pop("csrf_token")
-    for url in ("/train", "/loops", "/train/summary", "/jobs/job0001/merge", "/jobs/job0002/cancel",
+    for url in ("/train", "/loops", "/train/summary", "/jobs/job0001/merge", "/jobs/job0002/cancel", "/jobs/job0001/delete",
                 "/loops/3f9c1a2b4d5e/stop"):
         assert client.post(url, data=data).status_code == 403, url
         assert client.post(url, data={**data, "csrf_token": "0" * 64}).status_code == 403, url
@@ -347,6 +347,18 @@ def test_merge_model_streams_its_progress(client: TestClient, sdk: FakeSdk) -> N
     assert progress[-1]["path"] == "/srv/merged/x" and progress[-1]["size"] == "2.0 KiB"
     page = client.post("/jobs/job0001/merge", data={"csrf_token": t})  # without JavaScript: waits, then says
     assert page.status_code == 200 and "/srv/merged/x" in page.text and "/jobs/job0001/merged.zip" in page.text
+
+
+def test_a_finished_job_has_a_delete_button_that_needs_its_box_ticked(client: TestClient, sdk: FakeSdk) -> None:
+    page = client.get("/jobs/job0001").text
+    assert 'action="/jobs/job0001/delete"' in page and 'name="confirm" value="yes" required' in page
+    t = token(client, "/jobs/job0001")
+    unticked = client.post("/jobs/job0001/delete", data={"csrf_token": t}, follow_redirects=False)
+    assert unticked.status_code == 303 and unticked.headers["location"] == "/jobs/job0001"
+    assert "DeleteJob job0001" not in sdk.scheduler.calls
+    resp = client.post("/jobs/job0001/delete", data={"csrf_token": t, "confirm": "yes"}, follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"] == "/jobs"
+    assert "DeleteJob job0001" in sdk.scheduler.calls and client.get("/jobs/job0001").status_code == 404
 
 
 def test_live_job_page_sends_regions_then_done(client: TestClient) -> None:

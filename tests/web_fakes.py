@@ -108,6 +108,12 @@ class FakeScheduler:
         job.status = C.JOB_STATUS_CANCELLED
         return job
 
+    def delete_job(self, request: S.DeleteJobRequest, **_: object) -> S.DeleteJobResponse:
+        self.calls.append(f"DeleteJob {request.id}")
+        self.get_job(S.GetJobRequest(id=request.id))
+        del self.jobs[request.id]
+        return S.DeleteJobResponse(id=request.id)
+
     def watch_job(self, request: S.WatchJobRequest, **_: object) -> Iterator[C.JobEvent]:
         job = self.get_job(S.GetJobRequest(id=request.id))
         yield C.JobEvent(status=C.JobStatusEvent(job_id=job.id, status=job.status))

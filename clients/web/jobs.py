@@ -151,6 +151,14 @@ def routes(console: Console) -> list[Route]:
         await run_in_threadpool(scheduler.cancel_job, S.CancelJobRequest(id=job_id))
         return see_other(f"/jobs/{job_id}")
 
+    async def delete(request: Request) -> Response:
+        form = await console.form(request)
+        job_id = request.path_params["job_id"]
+        if form.get("confirm") != "yes":  # the form's required box, for a client that skipped it
+            return see_other(f"/jobs/{job_id}")
+        await run_in_threadpool(scheduler.delete_job, S.DeleteJobRequest(id=job_id))
+        return see_other("/jobs")
+
     return [
         Route("/jobs", list_page),
         Route("/jobs/{job_id}", job_page),
@@ -160,4 +168,5 @@ def routes(console: Console) -> list[Route]:
         Route("/jobs/{job_id}/history.{fmt}", export),
         Route("/jobs/{job_id}/merge", merge, methods=["POST"]),
         Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+        Route("/jobs/{job_id}/delete", delete, methods=["POST"]),
     ]

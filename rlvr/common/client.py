@@ -58,6 +58,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # and that every name here exists. Deliberately absent:
 #   CreateJob, CreateLoop, RunEvaluation, StartJob: a retry could start the work twice;
 #   CancelJob, StopLoop, UnloadAdapter: the second attempt fails (already ended / unknown);
+#   DeleteJob, DeleteEvaluation: a retry of a delete that went through answers NOT_FOUND, which
+#   would hide the success;
 #   LoadAdapter: a repeated version is FAILED_PRECONDITION, and the upload is large;
 #   MergeModel, MergeAdapter: expensive and write artifacts;
 #   RolloutService/Generate: even with a seed it costs a full generation, and without one the

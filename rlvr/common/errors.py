@@ -88,6 +88,23 @@ def bounded(field: str, value: str, limit: int) -> str:
     return value
 
 
+MAX_PAGE = 500
+"""The largest `limit` of a list call (ListJobs, ListLoops, ListEvaluations), so that a whole page
+stays under the 64 MiB message limit. The largest Job the size limits allow (every bounded string
+at its limit in 4-byte characters, the warnings that quote the dataset, a 2000-character error) is
+~83 KB, so a page of 1000 could reach ~83 MB; 500 of them are ~42 MB, and the largest Evaluation
+is far smaller. tests/test_bad_input.py builds those rows and checks the bound; real rows are a
+few KB, so a full page is a few MB in practice."""
+
+
+def check_page(limit: int, offset: int, default: int = 100) -> None:
+    """A list call's paging: INVALID_ARGUMENT naming `limit` or `offset` when out of range."""
+    if not 0 <= limit <= MAX_PAGE:
+        raise out_of_range("limit", limit, f"0-{MAX_PAGE} (0 = {default})")
+    if offset < 0:
+        raise out_of_range("offset", offset, ">= 0")
+
+
 def _clipped_trace(exc: BaseException) -> str:
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
     return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "… (line cut)\n"

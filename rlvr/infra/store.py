@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, create_engine, event, func, update
+from sqlalchemy import Engine, Table, create_engine, delete, event, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
@@ -314,6 +314,23 @@ class Store:
             order=[MetricPointRow.step],
         )
 
+    def delete_job(self, job_id: str) -> bool:
+        """Removes a job with its metric points and artifact records, in one transaction; a loop
+        round that named it keeps its place without a job (job_id NULL). The rows are deleted
+        explicitly rather than left to ON DELETE, so a database made without those clauses is
+        cleaned the same. Files are the caller's. False when there is no such job."""
+        with self._session() as session:
+            session.exec(delete(MetricPointRow).where(col(MetricPointRow.job_id) == job_id))
+            session.exec(delete(ArtifactRow).where(col(ArtifactRow.job_id) == job_id))
+            session.exec(update(RoundRow).where(col(RoundRow.job_id) == job_id).values(job_id=None))
+            deleted = session.exec(delete(JobRow).where(col(JobRow.id) == job_id)).rowcount
+            session.commit()
+            return deleted == 1
+
+    def rounds_of_job(self, job_id: str) -> list[RoundRow]:
+        """The loop rounds that trained with this job (at most one, in practice)."""
+        return self._list(RoundRow, RoundRow.job_id == job_id, order=[RoundRow.loop_id, RoundRow.index])
+
     # ------------------------------------------------------------------ loops and rounds
 
     def add_loop(self, loop: LoopRow) -> LoopRow:
@@ -400,6 +417,20 @@ class Store:
 
     def update_evaluation(self, evaluation_id: str, **fields: Any) -> EvaluationRow:
         return self._update(EvaluationRow, {"id": evaluation_id}, fields)
+
+    def delete_evaluation(self, evaluation_id: str) -> int | None:
+        """Removes an evaluation and its question results in one transaction; returns how many
+        results went with it, None when there is no such evaluation."""
+        with self._session() as session:
+            results = session.exec(
+                delete(QuestionResultRow).where(col(QuestionResultRow.evaluation_id) == evaluation_id)
+            ).rowcount
+            deleted = session.exec(delete(EvaluationRow).where(col(EvaluationRow.id) == evaluation_id)).rowcount
+            if deleted != 1:
+                session.rollback()
+                return None
+            session.commit()
+            return int(results)
 
     def add_question_results(self, results: Iterable[QuestionResultRow]) -> int:
         """Bulk insert; a result already stored (same evaluation_id, index) is skipped, so a

@@ -66,6 +66,7 @@ class BenchmarkRpcs:
     run_evaluation = Unary("RunEvaluation", bm.RunEvaluationRequest, bm.Evaluation)
     get_evaluation = Unary("GetEvaluation", bm.GetEvaluationRequest, bm.Evaluation)
     list_evaluations = Unary("ListEvaluations", bm.ListEvaluationsRequest, bm.ListEvaluationsResponse)
+    delete_evaluation = Unary("DeleteEvaluation", bm.DeleteEvaluationRequest, bm.DeleteEvaluationResponse)
     get_evaluation_results = Unary("GetEvaluationResults", bm.GetEvaluationResultsRequest,
                                    bm.GetEvaluationResultsResponse)
     watch_evaluation = ServerStream("WatchEvaluation", bm.WatchEvaluationRequest, bm.EvaluationEvent)

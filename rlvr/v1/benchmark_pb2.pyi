@@ -139,18 +139,36 @@ class GetEvaluationRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListEvaluationsRequest(_message.Message):
-    __slots__ = ("benchmark", "limit")
+    __slots__ = ("benchmark", "limit", "offset")
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     benchmark: str
     limit: int
-    def __init__(self, benchmark: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    offset: int
+    def __init__(self, benchmark: _Optional[str] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ListEvaluationsResponse(_message.Message):
-    __slots__ = ("evaluations",)
+    __slots__ = ("evaluations", "total")
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     evaluations: _containers.RepeatedCompositeFieldContainer[Evaluation]
-    def __init__(self, evaluations: _Optional[_Iterable[_Union[Evaluation, _Mapping]]] = ...) -> None: ...
+    total: int
+    def __init__(self, evaluations: _Optional[_Iterable[_Union[Evaluation, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class DeleteEvaluationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteEvaluationResponse(_message.Message):
+    __slots__ = ("id", "results_deleted")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    results_deleted: int
+    def __init__(self, id: _Optional[str] = ..., results_deleted: _Optional[int] = ...) -> None: ...
 
 class QuestionResult(_message.Message):
     __slots__ = ("index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy", "format", "strict", "finish_reason")

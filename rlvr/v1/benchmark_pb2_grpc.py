@@ -54,6 +54,11 @@ class BenchmarkServiceStub:
                 request_serializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.FromString,
                 _registered_method=True)
+        self.DeleteEvaluation = channel.unary_unary(
+                '/rlvr.v1.BenchmarkService/DeleteEvaluation',
+                request_serializer=rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationResponse.FromString,
+                _registered_method=True)
         self.GetEvaluationResults = channel.unary_unary(
                 '/rlvr.v1.BenchmarkService/GetEvaluationResults',
                 request_serializer=rlvr_dot_v1_dot_benchmark__pb2.GetEvaluationResultsRequest.SerializeToString,
@@ -97,6 +102,15 @@ class BenchmarkServiceServicer:
 
     def ListEvaluations(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteEvaluation(self, request, context):
+        """Removes a finished evaluation (COMPLETED or FAILED) and its per-question results for good.
+        FAILED_PRECONDITION while it is QUEUED or RUNNING; NOT_FOUND for an unknown id, so a second
+        delete of the same evaluation answers NOT_FOUND.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,6 +159,11 @@ def add_BenchmarkServiceServicer_to_server(servicer, server):
                     servicer.ListEvaluations,
                     request_deserializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.SerializeToString,
+            ),
+            'DeleteEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteEvaluation,
+                    request_deserializer=rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationResponse.SerializeToString,
             ),
             'GetEvaluationResults': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEvaluationResults,
@@ -270,6 +289,33 @@ class BenchmarkService:
             '/rlvr.v1.BenchmarkService/ListEvaluations',
             rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.SerializeToString,
             rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.BenchmarkService/DeleteEvaluation',
+            rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationRequest.SerializeToString,
+            rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationResponse.FromString,
             options,
             channel_credentials,
             insecure,

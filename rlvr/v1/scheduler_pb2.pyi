@@ -111,6 +111,20 @@ class ListJobsResponse(_message.Message):
     total: int
     def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobResponse(_message.Message):
+    __slots__ = ("id", "freed_bytes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    freed_bytes: int
+    def __init__(self, id: _Optional[str] = ..., freed_bytes: _Optional[int] = ...) -> None: ...
+
 class CancelJobRequest(_message.Message):
     __slots__ = ("id",)
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class SchedulerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_common__pb2.Job.FromString,
                 _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/DeleteJob',
+                request_serializer=rlvr_dot_v1_dot_scheduler__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.DeleteJobResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/rlvr.v1.SchedulerService/WatchJob',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.WatchJobRequest.SerializeToString,
@@ -139,6 +144,19 @@ class SchedulerServiceServicer:
     def CancelJob(self, request, context):
         """Takes effect within seconds; the adapter of the last finished step is kept.
         FAILED_PRECONDITION when the job has already ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteJob(self, request, context):
+        """Removes a finished job (COMPLETED, FAILED or CANCELLED) for good: its rows (the job, its
+        metric points, its artifact records) and the files it made under the artifact root (adapter,
+        checkpoints, the trainer's scratch folder and log, merged checkpoints). FAILED_PRECONDITION
+        for a job still QUEUED or RUNNING (cancel it first), a job that a loop still running uses as a
+        round (stop the loop first; a finished loop keeps the round without its job), or a job whose
+        adapter a queued or running job starts from. NOT_FOUND for an unknown id, so a second delete
+        of the same job answers NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -251,6 +269,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.CancelJobRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_common__pb2.Job.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.DeleteJobRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.DeleteJobResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -416,6 +439,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/CancelJob',
             rlvr_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
             rlvr_dot_v1_dot_common__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/DeleteJob',
+            rlvr_dot_v1_dot_scheduler__pb2.DeleteJobRequest.SerializeToString,
+            rlvr_dot_v1_dot_scheduler__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.common.errors import NotFound, out_of_range
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, check_page, out_of_range
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
 from rlvr.v1 import benchmark_pb2
@@ -121,13 +121,26 @@ class EvaluationManager:
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation:
         return records.evaluation_of(await self._row(evaluation_id))
 
-    async def list(self, benchmark: str, limit: int) -> list[benchmark_pb2.Evaluation]:
+    async def list(self, benchmark: str, limit: int, offset: int = 0) -> benchmark_pb2.ListEvaluationsResponse:
         if benchmark:
             get_benchmark(benchmark)
-        if limit < 0:
-            raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 100)")
-        rows = await asyncio.to_thread(records.list_evaluations, self.store, benchmark, limit or 100)
-        return [records.evaluation_of(r) for r in rows]
+        check_page(limit, offset)
+        rows, total = await asyncio.to_thread(records.list_evaluations, self.store, benchmark, limit or 100, offset)
+        return benchmark_pb2.ListEvaluationsResponse(evaluations=[records.evaluation_of(r) for r in rows], total=total)
+
+    async def delete(self, evaluation_id: str) -> benchmark_pb2.DeleteEvaluationResponse:
+        """Removes a finished evaluation and its per-question results; one still queued or running
+        is refused (it ends on its own, or fails when the service stops)."""
+        if not evaluation_id:
+            raise InvalidArgument("id: required (the id RunEvaluation returned)")
+        row = await self._row(evaluation_id)
+        if row.status not in records.TERMINAL:
+            raise FailedPrecondition(f"evaluation {evaluation_id} is {row.status}; delete it once it has ended")
+        results = await asyncio.to_thread(self.store.delete_evaluation, evaluation_id)
+        if results is None:  # deleted meanwhile by another call
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        log.info("evaluation %s deleted with %d question results", evaluation_id, results)
+        return benchmark_pb2.DeleteEvaluationResponse(id=evaluation_id, results_deleted=results)
 
     async def results(
         self, evaluation_id: str, only_wrong: bool, offset: int, limit: int

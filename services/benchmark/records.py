@@ -111,14 +111,15 @@ def result_of(row: QuestionResultRow) -> benchmark_pb2.QuestionResult:
 # ---------------------------------------------------------------------- queries
 
 
-def list_evaluations(store: Store, benchmark: str, limit: int) -> list[EvaluationRow]:
-    """Newest first, optionally of one benchmark."""
-    stmt = select(EvaluationRow)
-    if benchmark:
-        stmt = stmt.where(EvaluationRow.benchmark == benchmark)
-    stmt = stmt.order_by(col(EvaluationRow.created_at).desc(), EvaluationRow.id).limit(limit)
+def list_evaluations(store: Store, benchmark: str, limit: int, offset: int = 0) -> tuple[list[EvaluationRow], int]:
+    """A page, newest first, optionally of one benchmark; and how many there are in all."""
+    where = [EvaluationRow.benchmark == benchmark] if benchmark else []
+    stmt = (select(EvaluationRow).where(*where)
+            .order_by(col(EvaluationRow.created_at).desc(), EvaluationRow.id).offset(offset).limit(limit))
     with Session(store.engine) as session:
-        return list(session.exec(stmt).all())
+        rows = list(session.exec(stmt).all())
+        total = int(session.exec(select(func.count()).select_from(EvaluationRow).where(*where)).one())
+    return rows, total
 
 
 def _column(name: str) -> Any:  # a SQL expression (see rlvr/infra/store.py on Any)

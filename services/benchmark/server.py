@@ -51,8 +51,11 @@ class BenchmarkServicer(benchmark_pb2_grpc.BenchmarkServiceServicer):
 
     async def ListEvaluations(self, request: benchmark_pb2.ListEvaluationsRequest,  # noqa: N802
                               context: grpc.aio.ServicerContext) -> benchmark_pb2.ListEvaluationsResponse:
-        return benchmark_pb2.ListEvaluationsResponse(
-            evaluations=await self._manager().list(request.benchmark, request.limit))
+        return await self._manager().list(request.benchmark, request.limit, request.offset)
+
+    async def DeleteEvaluation(self, request: benchmark_pb2.DeleteEvaluationRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> benchmark_pb2.DeleteEvaluationResponse:
+        return await self._manager().delete(request.id)
 
     async def GetEvaluationResults(self, request: benchmark_pb2.GetEvaluationResultsRequest,  # noqa: N802
                                    context: grpc.aio.ServicerContext) -> benchmark_pb2.GetEvaluationResultsResponse:

@@ -33,6 +33,7 @@ from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
 from services.scheduler.convert import spec_from_json
 from services.scheduler.jobs import JobManager
 from services.scheduler.metrics import export_history, job_metrics
+from services.scheduler.reclaim import delete_job_files
 from services.scheduler.workers import (
     MergeOutputExists,
     WorkerError,
@@ -85,6 +86,21 @@ class JobActions:
         if not job_id:
             raise InvalidArgument("job_id: required (the id CreateJob returned)")
         return await self.jobs.job_row(job_id)
+
+    # ------------------------------------------------------------------ Delete
+
+    async def delete(self, job_id: str) -> scheduler_pb2.DeleteJobResponse:
+        """DeleteJob: the job's files and rows (JobManager.delete). Refused while the job is being
+        merged; a merge asked for while the delete runs waits for it, then finds no job."""
+        if not job_id:
+            raise InvalidArgument("id: required (the id CreateJob returned)")
+        lock = self._merge_locks.setdefault(job_id, asyncio.Lock())
+        if lock.locked():
+            raise FailedPrecondition(f"job {job_id} is being merged; delete it once the merge has ended")
+        async with lock:
+            freed = await self.jobs.delete(job_id, lambda row: delete_job_files(self.jobs.store, self.root, row))
+        self._merge_locks.pop(job_id, None)
+        return scheduler_pb2.DeleteJobResponse(id=job_id, freed_bytes=freed)
 
     # ------------------------------------------------------------------ RL Metrics and export
 

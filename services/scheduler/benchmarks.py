@@ -12,7 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
+from rlvr.common.errors import (
+    MAX_PAGE,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RlvrServiceError,
+    Unavailable,
+)
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import AsyncBenchmarkClient
 from rlvr.v1 import benchmark_pb2
@@ -80,14 +87,20 @@ class GrpcBenchmarks:
     async def find(self, benchmark: str, label: str) -> benchmark_pb2.Evaluation | None:
         """The newest evaluation of `benchmark` with exactly this label that did not fail, else the
         newest one that failed, else None."""
-        try:
-            resp = await self._client.list_evaluations(
-                benchmark_pb2.ListEvaluationsRequest(benchmark=benchmark, limit=10_000), timeout=30)
-        except RlvrError as e:
-            raise self._error(e) from None
-        matches = [e for e in resp.evaluations if e.label == label]  # newest first
+        matches: list[benchmark_pb2.Evaluation] = []  # newest first
+        offset = 0
+        while True:  # page by page: a page holds at most MAX_PAGE
+            try:
+                resp = await self._client.list_evaluations(
+                    benchmark_pb2.ListEvaluationsRequest(benchmark=benchmark, limit=MAX_PAGE, offset=offset), timeout=30)
+            except RlvrError as e:
+                raise self._error(e) from None
+            matches += [e for e in resp.evaluations if e.label == label]
+            offset += len(resp.evaluations)
+            if not resp.evaluations or offset >= resp.total:
+                break
         alive = [e for e in matches if e.status != benchmark_pb2.EVALUATION_STATUS_FAILED]
-        return (alive or matches or [None])[0]
+        return alive[0] if alive else (matches[0] if matches else None)
 
     async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None:
         """The evaluation once it has a final status (None when the service does not know it).

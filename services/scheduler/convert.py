@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from rlvr.common.errors import out_of_range
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, LoopRow, MetricPointRow, RoundRow
 from rlvr.v1 import common_pb2, scheduler_pb2
 
@@ -29,14 +28,6 @@ def now_ts() -> Timestamp:
     t = Timestamp()
     t.GetCurrentTime()
     return t
-
-
-def check_page(limit: int, offset: int) -> None:
-    """A list call's paging: INVALID_ARGUMENT naming `limit` or `offset` when negative."""
-    if limit < 0:
-        raise out_of_range("limit", limit, ">= 0 (0 = 100)")
-    if offset < 0:
-        raise out_of_range("offset", offset, ">= 0")
 
 
 def job_status_name(value: int) -> str:

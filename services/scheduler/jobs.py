@@ -37,7 +37,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, shown
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, check_page, shown
 from rlvr.infra.events import (
     ALL_JOB_EVENTS,
     DurableSubscription,
@@ -47,13 +47,12 @@ from rlvr.infra.events import (
     job_events_subject,
     job_status_subject,
 )
-from rlvr.infra.schema import JobRow, MetricPointRow, RoundRow, metric_point_from_event
+from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.jobspec import ResolvedJob, resolve_spec
 from rlvr.v1 import common_pb2
 from services.scheduler.convert import (
     TERMINAL,
-    check_page,
     job_status_name,
     job_status_value,
     job_to_proto,
@@ -230,6 +229,38 @@ class JobManager:
         await self.notify()
         self._wake.set()
         return job_to_proto(row)
+
+    async def delete(self, job_id: str, remove_files: Callable[[JobRow], int]) -> int:
+        """Deletes a finished job: `remove_files(row)` first (its files; returns the bytes freed),
+        then its rows. Under the job lock, so no status lands in between. FailedPrecondition for a
+        job that has not ended, that an open loop uses as a round, or whose adapter a job that has
+        not ended starts from."""
+        async with self._lock:
+            row = await self._row(job_id)
+            if row.status not in TERMINAL:
+                raise FailedPrecondition(f"job {job_id} is {row.status}; cancel it first "
+                                         f"(rlvr jobs cancel {job_id}), then delete it")
+            await self._check_unused(row)
+            freed = await asyncio.to_thread(remove_files, row)
+            await asyncio.to_thread(self.store.delete_job, job_id)
+        log.info("job %s deleted (%d bytes of files freed)", job_id, freed)
+        await self.notify()
+        return freed
+
+    async def _check_unused(self, row: JobRow) -> None:
+        for round_ in await asyncio.to_thread(self.store.rounds_of_job, row.id):
+            loop = await asyncio.to_thread(self.store.get_loop, round_.loop_id)
+            if loop is not None and loop.status not in LOOP_FINAL_STATUSES:
+                raise FailedPrecondition(f"job {row.id} is round {round_.index} of loop {loop.id}, which is "
+                                         f"{loop.status}; stop the loop first (rlvr loops stop {loop.id}) "
+                                         "or delete the job once the loop has ended")
+        if not row.adapter_name:
+            return
+        for other in await asyncio.to_thread(self.store.list_jobs, ["QUEUED", "RUNNING"], 100_000, 0):
+            ref = spec_from_json(other.spec_json).init_adapter
+            if ref.name == row.adapter_name or (row.adapter_path and ref.path == row.adapter_path):
+                raise FailedPrecondition(f"job {other.id} ({other.status}) starts from the adapter of job "
+                                         f"{row.id}; delete it once that job has ended")
 
     async def watch(self, job_id: str, from_start: bool) -> AsyncIterator[common_pb2.JobEvent]:
         """Status and metric events until the job ends. A finished job replays from the store.

@@ -31,7 +31,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
+from rlvr.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RlvrServiceError,
+    Unavailable,
+    check_page,
+)
 from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import ConflictError, Store
@@ -42,7 +49,6 @@ from services.scheduler.benchmarks import Benchmarks, interrupted
 from services.scheduler.convert import (
     LOOP_TERMINAL,
     TERMINAL,
-    check_page,
     loop_spec_from_json,
     loop_spec_to_json,
     loop_status_name,

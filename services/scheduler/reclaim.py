@@ -1,4 +1,5 @@
-"""Reclaim storage between loop rounds: delete what a finished job made beside its adapter.
+"""Reclaim storage between loop rounds: delete what a finished job made beside its adapter; and
+delete all of a job's files when the job itself is deleted (`delete_job_files`).
 
 A job's adapter (`<artifact_root>/jobs/<id>/adapter`) is always kept: it is the round's result and
 stays servable and downloadable. What goes, for the loop's "Reclaim storage between rounds":
@@ -13,6 +14,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from rlvr.infra.schema import JobRow
 from rlvr.infra.store import Store
 
 log = logging.getLogger("rlvr.scheduler.reclaim")
@@ -55,4 +57,23 @@ def reclaim_job(store: Store, artifact_root: Path, job_id: str) -> int:
         if size is not None:  # gone (or already gone): so is its record
             freed += size
             store.delete_artifact(artifact.id)
+    return freed
+
+
+def delete_job_files(store: Store, artifact_root: Path, job: JobRow) -> int:
+    """Deletes every file a job made under the artifact root: its recorded artifacts (merged
+    checkpoints, exports, checkpoints), merged checkpoints left unrecorded by a merge that did not
+    finish, its adapter folder, and its whole job folder (`jobs/<id>`: adapter, checkpoints, the
+    trainer's scratch folder, request, progress and log files). Anything outside the root is left
+    alone and logged. Returns the bytes freed. The records are the caller's (Store.delete_job)."""
+    freed = 0
+    for artifact in store.artifacts(job.id):
+        path = Path(artifact.path)
+        freed += _remove(path if path.is_absolute() else artifact_root / path, artifact_root) or 0
+    # Merged checkpoints are named job-<id>-v<version> (services/scheduler/actions.py); ids are hex.
+    for leftover in sorted((artifact_root / "merged").glob(f"job-{job.id}-v*")):
+        freed += _remove(leftover, artifact_root) or 0
+    if job.adapter_path:
+        freed += _remove(Path(job.adapter_path), artifact_root) or 0
+    freed += _remove(artifact_root / "jobs" / job.id, artifact_root) or 0
     return freed

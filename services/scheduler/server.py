@@ -69,6 +69,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def CancelJob(self, request, context):  # noqa: N802
         return await self._jobs().cancel(request.id)
 
+    async def DeleteJob(self, request, context):  # noqa: N802
+        return await self._actions().delete(request.id)
+
     async def WatchJob(self, request, context) -> AsyncIterator:  # noqa: N802
         async for event in self._jobs().watch(request.id, request.from_start):
             yield event
