@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlvr.common.errors import InvalidArgument
+from rlvr.common.errors import FailedPrecondition, InvalidArgument
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
@@ -45,8 +45,26 @@ def test_job_config_rejects_bad_values(tmp_path: Path) -> None:
         job_config_from_request(trainer_pb2.StartJobRequest(job_id="a.b", spec=C.JobSpec()), tmp_path)
     request = _request()
     request.spec.init_adapter.path = "/etc"
-    with pytest.raises(InvalidArgument, match="outside the artifact root"):
+    with pytest.raises(InvalidArgument, match="outside the artifact root") as outside:
         job_config_from_request(request, tmp_path)
+    assert str(tmp_path) not in str(outside.value)  # the server's folder stays in its log
+
+
+def test_init_adapter_errors_name_the_adapter_as_the_client_gave_it(tmp_path: Path) -> None:
+    """A name resolved by the scheduler to a folder: messages say the name, never the folder."""
+    from services.trainer.runner import read_init_adapter
+
+    folder = tmp_path / "jobs" / "abc" / "adapter"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{")
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    request = _request()
+    request.spec.init_adapter.name, request.spec.init_adapter.path = "job-abc", str(folder)
+    job = job_config_from_request(request, tmp_path)
+    assert job.init_adapter_path == str(folder) and job.init_adapter_label == "job-abc"
+    with pytest.raises(FailedPrecondition, match="^init_adapter: 'job-abc' cannot be stacked on: its adapter_config.json") as bad:
+        read_init_adapter(job)
+    assert str(tmp_path) not in str(bad.value)
     with pytest.raises(InvalidArgument, match="multiple of grpo.group_size"):
         job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=4)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.tasks.base import TaskError
+
+log = logging.getLogger("rlvr.tasks.sources")
 
 # Suffix -> the `datasets` builder that reads it.
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -45,8 +48,11 @@ def resolve_local(source: str, data_roots: Sequence[str | Path]) -> Path:
     if not roots:
         raise TaskError(f"dataset path {source!r} is not allowed: no data roots are configured")
     if not any(path.is_relative_to(root) for root in roots):
-        allowed = ", ".join(str(r) for r in roots)
-        raise TaskError(f"dataset path {source!r} is outside the allowed data roots ({allowed})")
+        # The roots are the server's folders: logged for its operator, never sent to a client.
+        log.info("dataset path %r resolves to %s, outside the data roots %s", source[:200], path,
+                 ", ".join(map(str, roots)))
+        raise TaskError(f"dataset path {source!r} is outside the allowed data roots (the server's data_roots "
+                        "setting names them)")
     if path.is_dir():
         if not local_splits(path):
             raise TaskError(f"dataset folder {source!r} holds no split file (train.jsonl, test.parquet, ...; "
@@ -185,6 +191,13 @@ def require_columns(rows: Rows, columns: Sequence[str], source: str) -> None:
         raise TaskError(f"dataset {source!r} has no {names} column; columns present: {present}")
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/])/(?:[^\s'\",;:()\[\]]+/)+([^\s'\",;:()\[\]]*)")
+
+
 def _short(exc: BaseException, limit: int = 300) -> str:
+    """The cause in one line for a client: a server folder named in it (a data root, the hub
+    cache under the server's home) is cut to its last part, `…/name` (the log has the whole)."""
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    log.info("dataset error: %s", text[:2000])
+    text = _ABSOLUTE_PATH.sub(lambda m: f"…/{m.group(1)}", text)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -10,6 +10,7 @@ the rollout service does not hold; FailedPrecondition for a model it does not se
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ from rlvr.tiny import default_model_dir
 from rlvr.v1 import benchmark_pb2, common_pb2
 from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
 from services.benchmark.runner import Generator, Question, Scorer
+
+log = logging.getLogger("rlvr.benchmark")
 
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
 DEFAULT_MAX_TOKENS = MAX_COMPLETION.default
@@ -174,8 +177,12 @@ def adapter_folder(path: str, roots: Sequence[Path]) -> Path:
     folder = Path(path).expanduser().resolve()
     allowed = [Path(r).expanduser().resolve() for r in roots]
     if not any(folder.is_relative_to(r) for r in allowed):
-        raise InvalidArgument(f"adapter_path: {path!r} is outside the allowed adapter roots "
-                              f"({', '.join(map(str, allowed)) or 'none configured'})")
+        # The roots are this server's folders: logged for its operator, never sent to a client.
+        log.info("adapter_path %s resolves to %s, outside the adapter roots %s", shown(path), folder,
+                 ", ".join(map(str, allowed)) or "(none configured)")
+        why = "the allowed adapter roots (the benchmark's adapter_roots setting)" if allowed else \
+            "any adapter root: none is configured (the benchmark's adapter_roots setting)"
+        raise InvalidArgument(f"adapter_path: {shown(path)} is outside {why}")
     missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
     if missing:
         raise InvalidArgument(f"adapter_path: {path!r} is not a PEFT adapter folder (missing {', '.join(missing)})")

@@ -90,7 +90,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     async def GetProblems(self, request: reward_pb2.GetProblemsRequest, context: grpc.aio.ServicerContext  # noqa: N802
                           ) -> reward_pb2.GetProblemsResponse:
-        from rlvr.tasks import ignored_dataset_warning
+        from rlvr.tasks import TaskError, ignored_dataset_warning
         from rlvr.tasks.render import INSTRUCTIONS
 
         function = function_name(request.function)
@@ -115,7 +115,12 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if function == "boxed" and not request.dataset.strip():
             raise InvalidArgument("dataset: required for Boxed-answer accuracy (a Hugging Face dataset name or "
                                   "a local JSONL/Parquet/CSV file with prompt and ground_truth columns)")
-        problems = await asyncio.to_thread(self._problems, function, request)
+        try:
+            problems = await asyncio.to_thread(self._problems, function, request)
+        except TaskError as e:
+            if function != "boxed":
+                raise
+            raise InvalidArgument(f"dataset: {e}") from None  # the data named by `dataset` cannot be read
         warning = ignored_dataset_warning(function, request.dataset)
         return reward_pb2.GetProblemsResponse(
             problems=[reward_pb2.Problem(id=p.id, question=p.question, ground_truth=p.ground_truth,

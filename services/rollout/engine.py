@@ -146,12 +146,17 @@ class RolloutCore:
         """Prompt token ids for chat messages (the model's template, with the generation prompt)."""
         return self.backend.render_chat(messages)
 
-    def check_base_model(self, model: str | None) -> None:
-        """Raise BaseModelMismatch when a request names a base model other than the loaded one."""
+    def check_base_model(self, model: str | None, served_as: str = "") -> None:
+        """Raise BaseModelMismatch when a request names a base model other than the loaded one.
+
+        The message names the model as clients know it (`served_as`: the model setting, what
+        GetInfo answers), never the folder it was loaded from; that goes to the log."""
         if not model or _same_model(model, self.config.model):
             return
+        logger.info("request for base model %s refused: this server loaded %s", shown(model), self.config.model)
+        name = served_as or Path(self.config.model).name or "its model"
         raise BaseModelMismatch(
-            f"model: this rollout server serves base model {self.config.model!r}, not {shown(model)}; "
+            f"model: this rollout server serves base model {name!r}, not {shown(model)}; "
             "switching base models needs a restart with another model setting"
         )
 

@@ -102,7 +102,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _check_model(self, model: str) -> None:
         if not model or model in (self.settings.model, self.model_path):
             return
-        self._core().check_base_model(model)
+        self._core().check_base_model(model, served_as=self.settings.model)
 
     def _prompts(self, request: rollout_pb2.GenerateRequest) -> list:
         from services.rollout.backend import PromptInput

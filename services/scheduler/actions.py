@@ -120,7 +120,9 @@ class JobActions:
         try:
             chunks = await asyncio.to_thread(directory_chunks, folder, ADAPTER_FILES)
         except FileNotFoundError as e:
-            raise FailedPrecondition(f"the adapter of job {job_id} is incomplete on disk: {e}") from None
+            log.warning("the adapter of job %s is incomplete: %s", job_id, e)
+            raise FailedPrecondition(f"the adapter of job {job_id} is incomplete on disk (a file of "
+                                     f"{', '.join(ADAPTER_FILES)} is missing)") from None
         async for chunk in _in_thread(chunks):
             yield chunk
 
@@ -135,8 +137,9 @@ class JobActions:
             raise FailedPrecondition(f"job {row.id} has no adapter yet: {why}")
         folder = Path(row.adapter_path)
         if not folder.is_dir():
-            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk: "
-                                     f"{folder} (the scheduler and the trainers must share the artifact root)")
+            log.warning("the adapter folder of job %s is missing on this scheduler's disk: %s", row.id, folder)
+            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk "
+                                     "(the scheduler and the trainers must share the artifact root)")
         return folder
 
     # ------------------------------------------------------------------ Merge Model

@@ -57,7 +57,7 @@ from services.scheduler.convert import (
     now_ts,
 )
 from services.scheduler.jobs import JobManager
-from services.scheduler.loopspec import ResolvedLoop, resolve_loop_spec
+from services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
 from services.scheduler.reclaim import reclaim_job
 
 log = logging.getLogger("rlvr.scheduler.loops")
@@ -125,11 +125,14 @@ class LoopManager:
     # ------------------------------------------------------------------ API
 
     async def create(self, spec: scheduler_pb2.LoopSpec, dry_run: bool) -> tuple[ResolvedLoop, scheduler_pb2.Loop | None]:
-        resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank)
+        # What needs no peer first: a bad spec is refused at once, not after the benchmark service's
+        # retries when that service is down.
+        own = check_own_fields(spec, self.max_lora_rank)
         try:
-            await self.jobs.check_data(resolved.spec.job)
+            await self.jobs.check_data(own.spec.job)
         except InvalidArgument as e:
             raise InvalidArgument(f"job.{e}") from None
+        resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank)
         if dry_run:
             return resolved, None
         now = _now()

@@ -69,12 +69,11 @@ def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.
                           f"choose one of {names}")
 
 
-def resolve_loop_spec(
-    user_spec: scheduler_pb2.LoopSpec,
-    benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
-    max_lora_rank: int,
-) -> ResolvedLoop:
-    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int) -> ResolvedLoop:
+    """The checks that need no benchmark list (sizes, target, rounds, the job spec, the seeds and
+    ranks the rounds reach): CreateLoop runs them before it asks the benchmark service, so a bad
+    spec is refused at once even while that service is down. The spec it returns still has the
+    benchmark fields as given; `resolve_loop_spec` completes them."""
     for field, limit in (("name", MAX_NAME_CHARS), ("benchmark", MAX_NAME_CHARS), ("score_column", MAX_NAME_CHARS),
                          ("benchmark_dataset", MAX_DATASET_CHARS), ("benchmark_dataset_split", MAX_SPLIT_CHARS)):
         bounded(field, getattr(user_spec, field), limit)
@@ -96,10 +95,34 @@ def resolve_loop_spec(
         raise out_of_range("min_gain", spec.min_gain, "0-100 points (unset = one standard error of the best "
                                                       "score at the benchmark's question count)")
 
-    named_job = bool(spec.job.name)
     job = _job_spec(spec)
     spec.job.CopyFrom(job.spec)
     warnings += job.warnings
+
+    last_seed = spec.job.advanced.seed + spec.max_rounds - 1  # round k trains with seed + k - 1
+    if last_seed > JOB_SEED.high:
+        raise out_of_range("job.advanced.seed", spec.job.advanced.seed,
+                           f"0-{JOB_SEED.high - spec.max_rounds + 1} for {spec.max_rounds} rounds (round k adds k - 1)")
+    rank = spec.job.grpo.lora_rank
+    if rank * spec.max_rounds > max_lora_rank:
+        fits = max(1, max_lora_rank // rank)
+        raise InvalidArgument(
+            f"max_rounds: {spec.max_rounds} rounds of job.grpo.lora_rank {rank} stack to a rank-"
+            f"{rank * spec.max_rounds} adapter, over the rollout server's max LoRA rank {max_lora_rank} (each "
+            f"round adds its rank on top of the best round's); allowed: at most {fits} rounds at rank {rank}, "
+            f"or a smaller rank")
+    return ResolvedLoop(spec=spec, job=job, warnings=warnings)
+
+
+def resolve_loop_spec(
+    user_spec: scheduler_pb2.LoopSpec,
+    benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
+    max_lora_rank: int,
+) -> ResolvedLoop:
+    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+    own = check_own_fields(user_spec, max_lora_rank)
+    spec, job, warnings = own.spec, own.job, own.warnings
+    named_job = bool(user_spec.job.name)
 
     info = _benchmark(spec, benchmarks)
     column = spec.score_column.strip() or info.default_score_column
@@ -130,18 +153,6 @@ def resolve_loop_spec(
     if not named_job:  # the rounds' jobs are "<loop name> R<k>"
         spec.job.name = job.spec.name = spec.name
 
-    last_seed = spec.job.advanced.seed + spec.max_rounds - 1  # round k trains with seed + k - 1
-    if last_seed > JOB_SEED.high:
-        raise out_of_range("job.advanced.seed", spec.job.advanced.seed,
-                           f"0-{JOB_SEED.high - spec.max_rounds + 1} for {spec.max_rounds} rounds (round k adds k - 1)")
-    rank = spec.job.grpo.lora_rank
-    if rank * spec.max_rounds > max_lora_rank:
-        fits = max(1, max_lora_rank // rank)
-        raise InvalidArgument(
-            f"max_rounds: {spec.max_rounds} rounds of job.grpo.lora_rank {rank} stack to a rank-"
-            f"{rank * spec.max_rounds} adapter, over the rollout server's max LoRA rank {max_lora_rank} (each "
-            f"round adds its rank on top of the best round's); allowed: at most {fits} rounds at rank {rank}, "
-            f"or a smaller rank")
     expected = BENCHMARK_OF_REWARD.get(spec.job.reward.function)
     if expected != info.name:
         warnings.append(f"the rounds train on {REWARD_NAMES[spec.job.reward.function]} but are scored on "

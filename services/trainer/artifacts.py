@@ -15,13 +15,16 @@ SIGKILL on cancel safe. Each file is replaced atomically (write a temporary file
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
-from rlvr.common.errors import InvalidArgument
+from rlvr.common.errors import InvalidArgument, shown
+
+log = logging.getLogger("rlvr.trainer.artifacts")
 
 
 def check_name(name: str, field: str) -> str:
@@ -36,7 +39,9 @@ def under_root(root: Path, path: str | Path, field: str) -> Path:
     candidate = Path(path)
     resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
     if resolved != base and base not in resolved.parents:
-        raise InvalidArgument(f"{field}: {str(path)!r} is outside the artifact root {str(base)!r}")
+        log.info("%s: %s resolves to %s, outside the artifact root %s", field, shown(str(path)), resolved, base)
+        raise InvalidArgument(f"{field}: {shown(str(path))} is outside the artifact root (give a folder under it, "
+                              "or a path relative to it)")
     return resolved
 
 

@@ -274,8 +274,9 @@ class ColocatedGenerator:
         try:
             loaded = self.engine.add_lora(request)
         except Exception as e:  # a rank above max_lora_rank, a module vLLM cannot adapt, ...
-            raise AdapterVersionMismatch(f"the colocated vLLM engine could not load {tag} from {directory}: "
-                                         f"{' '.join(str(e).split())[:300]}") from e
+            log.warning("the colocated vLLM engine could not load %s from %s: %s", tag, directory, e)
+            cause = " ".join(str(e).replace(str(directory), "<adapter folder>").split())[:300]
+            raise AdapterVersionMismatch(f"the colocated vLLM engine could not load {tag}: {cause}") from e
         if not loaded or uid not in self.engine.list_loras():
             raise AdapterVersionMismatch(f"the colocated vLLM engine did not load {tag} (LoRA id {uid})")
         previous = self._live[1]

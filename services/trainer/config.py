@@ -83,6 +83,9 @@ class JobConfig:
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
+    # How messages to the client name the init_adapter: its name ("job-<id>"), or the path as the
+    # spec gave it; never the resolved folder (no server paths in client messages).
+    init_adapter_label: str = ""
     total_steps: int = 0  # 0 = derive from max_steps / the prompt count (see `steps_for`)
     data_roots: tuple[Path, ...] = field(default_factory=tuple)
 
@@ -185,6 +188,7 @@ def job_config_from_request(
         seed=a.seed,
         checkpoint_every=a.checkpoint_every,
         init_adapter_path=init_path,
+        init_adapter_label=spec.init_adapter.name or spec.init_adapter.path,
         total_steps=max(0, request.total_steps),
         data_roots=tuple(data_roots),
     )

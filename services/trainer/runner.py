@@ -113,7 +113,7 @@ def read_init_adapter(job: JobConfig) -> stacking.Adapter | None:
         stacking.check_stackable(init.config, "it")
         stacking.lora_modules(init, "it")
     except stacking.StackingError as e:
-        raise FailedPrecondition(f"init_adapter: {job.init_adapter_path!r} cannot be stacked on: {e}") from e
+        raise FailedPrecondition(f"init_adapter: {job.init_adapter_label!r} cannot be stacked on: {e}") from e
     return init
 
 
@@ -164,7 +164,8 @@ def load_policy(job: JobConfig, base_path: str, device: str,
                 model = PeftModel.from_pretrained(model, job.init_adapter_path).merge_and_unload()
             except Exception as e:  # e.g. it targets modules this base model does not have
                 raise FailedPrecondition(
-                    f"init_adapter: cannot load {job.init_adapter_path!r} on {job.base_model!r}: {one_line(e)}"
+                    f"init_adapter: cannot load {job.init_adapter_label!r} on {job.base_model!r}: "
+                    f"{one_line(e).replace(job.init_adapter_path, '<init_adapter>')}"
                 ) from e
         else:
             add_frozen_update(model, init if init is not None else read_init_adapter(job), job)
@@ -193,7 +194,7 @@ def add_frozen_update(model: Any, init: stacking.Adapter | None, job: JobConfig)
         if shape != (a.shape[1], b.shape[0]):
             what = "has no such layer" if layer is None else f"has a {shape[0]}->{shape[1]} layer there"
             raise FailedPrecondition(
-                f"init_adapter: {job.init_adapter_path!r} adapts {name!r} as a {a.shape[1]}->{b.shape[0]} layer, but "
+                f"init_adapter: {job.init_adapter_label!r} adapts {name!r} as a {a.shape[1]}->{b.shape[0]} layer, but "
                 f"{job.base_model!r} {what} (an adapter of another model?)"
             )
         device = next(layer.parameters()).device
@@ -218,7 +219,7 @@ def stacked_rank(job: JobConfig, init: stacking.Adapter | None, model: Any) -> i
     try:
         return stacking.combine(init, stacking.from_peft_model(model, "default")).rank
     except stacking.StackingError as e:
-        raise FailedPrecondition(f"init_adapter: {job.init_adapter_path!r} cannot be stacked on: {e}") from e
+        raise FailedPrecondition(f"init_adapter: {job.init_adapter_label!r} cannot be stacked on: {e}") from e
 
 
 def training_prompts(job: JobConfig, tokenizer: Any) -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors
+from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors, shown
 from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.server import GrpcService
 from services.trainer import artifacts
@@ -81,15 +81,20 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         adapter = artifacts.under_root(root, request.adapter_path, "adapter_path")
         missing = [f for f in artifacts.ADAPTER_FILES if not (adapter / f).is_file()]
         if missing:
-            raise InvalidArgument(f"adapter_path: {request.adapter_path!r} is not a PEFT adapter folder "
+            raise InvalidArgument(f"adapter_path: {shown(_relative(adapter, root))} is not a PEFT adapter folder "
                                   f"(missing {', '.join(missing)})")
         base_model = request.base_model or _adapter_base(adapter)
         output = root / "merged" / name
         if output.exists():
-            raise AlreadyExists(f"output_name: {name!r} already exists under {root / 'merged'}; pick another")
+            raise AlreadyExists(f"output_name: {name!r} already exists among the merged models; pick another")
         output.parent.mkdir(parents=True, exist_ok=True)
         async for progress in _run_merge(base_model, adapter, output):
             yield progress
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` as a client may see it: relative to the artifact root (no server folder in messages)."""
+    return str(path.relative_to(root.resolve())) if path.is_relative_to(root.resolve()) else path.name
 
 
 def _adapter_base(adapter: Path) -> str:

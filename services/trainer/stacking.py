@@ -86,17 +86,18 @@ def read_adapter(path: str | Path) -> Adapter:
     folder = Path(path)
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (folder / f).is_file()]
     if missing:
-        raise StackingError(f"{str(folder)!r} is not a PEFT adapter folder: no {', '.join(missing)}")
+        raise StackingError(f"not a PEFT adapter folder: no {', '.join(missing)}")
     try:
         config = json.loads((folder / CONFIG_FILE).read_text())
     except (OSError, ValueError) as e:
-        raise StackingError(f"{CONFIG_FILE} in {str(folder)!r} is not readable JSON: {e}") from e
+        why = e.strerror if isinstance(e, OSError) else str(e)  # an OSError's text names the path
+        raise StackingError(f"its {CONFIG_FILE} is not readable JSON: {why}") from e
     if not isinstance(config, dict):
-        raise StackingError(f"{CONFIG_FILE} in {str(folder)!r} is not a JSON object")
+        raise StackingError(f"its {CONFIG_FILE} is not a JSON object")
     try:
         tensors = load_file(str(folder / WEIGHTS_FILE))
     except Exception as e:  # safetensors raises its own error types on a corrupt file
-        raise StackingError(f"{WEIGHTS_FILE} in {str(folder)!r} cannot be read: {e}") from e
+        raise StackingError(f"its {WEIGHTS_FILE} cannot be read: {str(e).replace(str(folder), '<folder>')}") from e
     return Adapter(config, tensors)
 
 
