@@ -37,7 +37,8 @@ FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
 def _client(args: argparse.Namespace) -> BenchmarkClient:
     from clients.sdk import BenchmarkClient, ClientSettings
 
-    return BenchmarkClient(args.address or ClientSettings().benchmark_address)
+    settings = ClientSettings(benchmark_address=args.address) if args.address else ClientSettings()
+    return BenchmarkClient(settings.benchmark_address, auth=settings.auth())
 
 
 def _console() -> Console:

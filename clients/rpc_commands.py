@@ -380,6 +380,7 @@ def run_call(args: argparse.Namespace) -> int:
 
     from clients.sdk import ClientSettings, default_timeout
     from rlvr.common.client import make_channel
+    from rlvr.common.settings import SettingsError
 
     method: MethodDescriptor = args.method
     try:
@@ -388,15 +389,19 @@ def run_call(args: argparse.Namespace) -> int:
         print(f"error: invalid request for {method_name(method)}: {e}", file=sys.stderr)
         return 2
     try:
-        settings = ClientSettings()
+        settings = ClientSettings(**({f"{args.service}_address": args.address} if args.address else {}))
+        auth = settings.auth()
     except ValidationError as e:
         first = e.errors()[0]
         print(f"error: setting RLVR_{str(first['loc'][0]).upper()}: {first['msg']}", file=sys.stderr)
         return 2
-    address = args.address or settings.address(args.service)
+    except SettingsError as e:  # an unreadable CA or certificate file
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    address = settings.address(args.service)
     timeout = args.timeout or default_timeout(method_name(method), settings.timeout)
     indent = None if method.server_streaming else 2
-    with make_channel(address) as channel:
+    with make_channel(address, auth=auth) as channel:
         responses = invoke(channel, method, requests, timeout)
         try:
             for response in responses:

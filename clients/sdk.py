@@ -32,9 +32,10 @@ from types import TracebackType
 from typing import Self
 
 import grpc
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.common.client import DEFAULT_ADDRESSES
 from rlvr.peers.base import (
     AsyncServiceClient,
@@ -88,8 +89,42 @@ __all__ = [
 ]
 
 
+def read_stack_file(home: Path | None = None) -> dict[str, object] | None:
+    """The state a running `rlvr up` keeps in `<home>/stack.json` (default $RLVR_HOME/stack): its
+    addresses and its tokens file; None when no stack runs there."""
+    import json
+
+    from rlvr.common.settings import rlvr_home
+
+    path = (home if home is not None else rlvr_home() / "stack") / "stack.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def stack_user_token(state: dict[str, object]) -> str | None:
+    """The user token of a local stack (its tokens file, 0600, readable by whoever started it)."""
+    from rlvr.common.auth import read_tokens_file
+    from rlvr.common.settings import SettingsError
+
+    tokens_file = state.get("tokens_file")
+    if not isinstance(tokens_file, str):
+        return None
+    try:
+        tokens = read_tokens_file(Path(tokens_file))
+    except SettingsError:
+        return None
+    return next((token for token, role in tokens.items() if role == "user"), None)
+
+
 class ClientSettings(BaseSettings):
-    """Where the services are, read from the environment (`RLVR_SCHEDULER_ADDRESS`, ...)."""
+    """Where the services are and how to reach them, read from the environment
+    (`RLVR_SCHEDULER_ADDRESS`, ..., `RLVR_TOKEN`, `RLVR_CA_FILE`).
+
+    With no token set, the token of the local stack (`rlvr up`, its stack.json under $RLVR_HOME)
+    is used when every address here is one of that stack's: it is never sent anywhere else."""
 
     model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore", use_attribute_docstrings=True)
 
@@ -108,9 +143,48 @@ class ClientSettings(BaseSettings):
     rlvr.common.client (30 s for most calls). Streams (Watch*, Generate, downloads) keep their own
     longer defaults; pass `timeout=` to a call to change one."""
 
+    token: str | None = Field(default=None, repr=False)
+    """Bearer token sent on every call (RLVR_TOKEN); unset = the local stack's, else none."""
+    ca_file: Path | None = None
+    """TLS: the CA certificate (PEM) the services' certificates chain to (RLVR_CA_FILE); unset =
+    plaintext."""
+    cert_file: Path | None = None
+    """Mutual TLS: this client's certificate (PEM, RLVR_CERT_FILE), for services that ask for one."""
+    key_file: Path | None = None
+    """Mutual TLS: the key of cert_file (RLVR_KEY_FILE)."""
+
+    @model_validator(mode="after")
+    def _local_stack_token(self) -> Self:
+        if self.token is None:
+            state = read_stack_file()
+            stack_addresses = state.get("addresses") if state else None
+            if state and isinstance(stack_addresses, dict):
+                mine = {self.address(name) for name in DEFAULT_ADDRESSES}
+                if mine <= set(stack_addresses.values()):
+                    self.token = stack_user_token(state)
+        return self
+
+    @classmethod
+    def for_stack(cls, home: Path | None = None, **overrides: object) -> ClientSettings:
+        """Settings for the stack a `rlvr up` (or `clients.stack.Stack`) runs at `home` (default
+        $RLVR_HOME/stack): its addresses and its user token, from its stack.json."""
+        state = read_stack_file(home)
+        if state is None:
+            where = home if home is not None else "$RLVR_HOME/stack"
+            raise FileNotFoundError(f"no running stack at {where} (no stack.json)")
+        addresses = state.get("addresses")
+        values: dict[str, object] = {f"{name}_address": address for name, address in
+                                     (addresses.items() if isinstance(addresses, dict) else ())}
+        values["token"] = stack_user_token(state)
+        return cls(**{**values, **overrides})  # type: ignore[arg-type]
+
     def address(self, service: str) -> str:
         """The address of a service by short name ("reward")."""
         return str(getattr(self, f"{service}_address"))
+
+    def auth(self) -> ChannelAuth:
+        """The token and TLS material the clients present."""
+        return ChannelAuth.from_files(self.token, self.ca_file, self.cert_file, self.key_file)
 
 
 class SchedulerRpcs:
@@ -384,11 +458,12 @@ class Rlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout)
-        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout)
-        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout)
-        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout)
-        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout)
+        auth = settings.auth()
+        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout, auth=auth)
+        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout, auth=auth)
+        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout, auth=auth)
+        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout, auth=auth)
+        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout, auth=auth)
 
     def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
@@ -416,11 +491,12 @@ class AsyncRlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout)
-        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout)
-        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout)
-        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout)
-        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout)
+        auth = settings.auth()
+        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout, auth=auth)
+        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout, auth=auth)
+        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout, auth=auth)
+        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout, auth=auth)
+        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout, auth=auth)
 
     async def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):

@@ -46,7 +46,8 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
         from clients.sdk import SchedulerClient
 
         address = sdk.settings.scheduler_address
-        stream_client = lambda: SchedulerClient(address)  # noqa: E731
+        auth = sdk.settings.auth() if hasattr(sdk.settings, "auth") else None
+        stream_client = lambda: SchedulerClient(address, auth=auth)  # noqa: E731
     env_secret = os.environ.get("RLVR_WEB_SECRET", "").encode()
     console = Console(sdk=sdk, stream_client=stream_client, addresses=dict(addresses or {}), bind=bind,
                       **({"secret": secret or env_secret} if secret or env_secret else {}))

@@ -32,6 +32,7 @@ from google.protobuf import descriptor_pool
 
 # Imported for their side effect: they add the v1 services to the default descriptor pool that
 # `method_kind` reads.
+from rlvr.common.auth import ChannelAuth
 from rlvr.common.settings import DEFAULT_PORTS
 from rlvr.v1 import benchmark_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
 
@@ -201,22 +202,32 @@ class _CallDetails(
     """A concrete ClientCallDetails for the sync interceptor (grpc ships only the interface)."""
 
 
+def _with_token(metadata: Any, token: str | None) -> Any:
+    if token is None:
+        return metadata
+    entries = [(k, v) for k, v in (metadata or ()) if k.lower() != "authorization"]
+    return (*entries, ("authorization", f"Bearer {token}"))
+
+
 class _DefaultDeadline(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Gives a call without a timeout its `deadline_for` default (sync channels)."""
+    """Gives a call without a timeout its `deadline_for` default, and the channel's token (sync
+    channels)."""
 
-    @staticmethod
-    def _with_deadline(details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        if details.timeout is not None:
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+
+    def _with_deadline(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        if details.timeout is not None and self.token is None:
             return details
         return _CallDetails(
             details.method,
-            deadline_for(details.method),
-            details.metadata,
+            deadline_for(details.method) if details.timeout is None else details.timeout,
+            _with_token(details.metadata, self.token),
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),
@@ -239,56 +250,80 @@ class _DefaultDeadline(
         return continuation(self._with_deadline(details), request_iterator)
 
 
-def _aio_details(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-    if details.timeout is not None:
+class _AioDefaults:
+    """The aio interceptors' shared part: the default deadline and the channel's token."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if details.timeout is None:
+            details = details._replace(timeout=deadline_for(details.method))
+        if self.token is not None:
+            metadata = grpc.aio.Metadata(*_with_token(tuple(details.metadata or ()), self.token))
+            details = details._replace(metadata=metadata)
         return details
-    return details._replace(timeout=deadline_for(details.method))
 
 
-class _AioDefaultUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+class _AioDefaultUnaryUnary(_AioDefaults, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(_aio_details(client_call_details), request)
+        return await continuation(self._details(client_call_details), request)
 
 
-class _AioDefaultUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+class _AioDefaultUnaryStream(_AioDefaults, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(_aio_details(client_call_details), request)
+        return await continuation(self._details(client_call_details), request)
 
 
-class _AioDefaultStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+class _AioDefaultStreamUnary(_AioDefaults, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(
         self, continuation: Any, client_call_details: Any, request_iterator: Any
     ) -> Any:
-        return await continuation(_aio_details(client_call_details), request_iterator)
+        return await continuation(self._details(client_call_details), request_iterator)
 
 
-class _AioDefaultStreamStream(grpc.aio.StreamStreamClientInterceptor):
+class _AioDefaultStreamStream(_AioDefaults, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(
         self, continuation: Any, client_call_details: Any, request_iterator: Any
     ) -> Any:
-        return await continuation(_aio_details(client_call_details), request_iterator)
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def channel_credentials(auth: ChannelAuth) -> grpc.ChannelCredentials:
+    """TLS credentials for `auth` (which has a CA): the server's certificate must chain to it; with
+    a certificate and key, they are presented for mutual TLS."""
+    return grpc.ssl_channel_credentials(root_certificates=auth.ca, private_key=auth.key, certificate_chain=auth.cert)
 
 
 @overload
-def make_channel(address: str, *, aio: Literal[False] = False) -> grpc.Channel: ...
+def make_channel(address: str, *, aio: Literal[False] = False, auth: ChannelAuth | None = None) -> grpc.Channel: ...
 
 
 @overload
-def make_channel(address: str, *, aio: Literal[True]) -> grpc.aio.Channel: ...
+def make_channel(address: str, *, aio: Literal[True], auth: ChannelAuth | None = None) -> grpc.aio.Channel: ...
 
 
-def make_channel(address: str, *, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
-    """An insecure channel to `address` ("HOST:PORT") with the options above: retries for the
-    idempotent methods, keepalive, 64 MiB messages, and a default deadline on every call.
+def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = None
+                 ) -> grpc.Channel | grpc.aio.Channel:
+    """A channel to `address` ("HOST:PORT") with the options above: retries for the idempotent
+    methods, keepalive, 64 MiB messages, and a default deadline on every call. `auth` adds the
+    bearer token to every call and, with a CA, makes the channel TLS (rlvr.common.auth);
+    without it the channel is plaintext and sends no token.
 
     `aio=True` gives a grpc.aio channel for asyncio code (the services); the SDK and the CLI use
     the synchronous one. The caller closes it (`channel.close()`, awaited for aio)."""
+    auth = auth or ChannelAuth()
     if aio:
         interceptors: list[grpc.aio.ClientInterceptor] = [
-            _AioDefaultUnaryUnary(),
-            _AioDefaultUnaryStream(),
-            _AioDefaultStreamUnary(),
-            _AioDefaultStreamStream(),
+            _AioDefaultUnaryUnary(auth.token),
+            _AioDefaultUnaryStream(auth.token),
+            _AioDefaultStreamUnary(auth.token),
+            _AioDefaultStreamStream(auth.token),
         ]
+        if auth.tls:
+            return grpc.aio.secure_channel(address, channel_credentials(auth), options=CHANNEL_OPTIONS,
+                                           interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.intercept_channel(grpc.insecure_channel(address, options=CHANNEL_OPTIONS), _DefaultDeadline())
+    channel = (grpc.secure_channel(address, channel_credentials(auth), options=CHANNEL_OPTIONS) if auth.tls
+               else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+    return grpc.intercept_channel(channel, _DefaultDeadline(auth.token))

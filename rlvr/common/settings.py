@@ -96,6 +96,28 @@ class ServiceSettings(BaseSettings):
     """Structured JSON lines (default) or human-readable text."""
     grace_seconds: float = Field(default=10.0, ge=0, le=600)
     """On SIGTERM/SIGINT: how long in-flight calls may run before the server closes."""
+    auth_token: str | None = Field(default=None, repr=False)
+    """Shared secret (role service): accepted from callers as `authorization: Bearer <token>`, and
+    sent by this service to its peers. Also RLVR_AUTH_TOKEN for every service. Unset with no
+    tokens file: no auth (loopback only, unless allow_insecure)."""
+    auth_token_file: Path | None = None
+    """A file holding the shared secret (auth_token), e.g. a Docker secret; also RLVR_AUTH_TOKEN_FILE."""
+    auth_tokens_file: Path | None = None
+    """Per-client tokens: a JSON object {"<token>": "user" | "service", ...}; also RLVR_AUTH_TOKENS_FILE.
+    Users may call every public RPC; only the service role may call the internal ones."""
+    allow_insecure: bool = False
+    """Serve beyond loopback (a host other than 127.0.0.1/::1/localhost) without auth; also
+    RLVR_ALLOW_INSECURE. Off: such a start is refused."""
+    tls_cert_file: Path | None = None
+    """TLS: this service's certificate chain (PEM); with tls_key_file the port serves TLS only, and
+    calls to peers present it as a client certificate. Also RLVR_TLS_CERT_FILE."""
+    tls_key_file: Path | None = None
+    """TLS: the private key of tls_cert_file (PEM); also RLVR_TLS_KEY_FILE."""
+    tls_ca_file: Path | None = None
+    """TLS: the CA certificate(s) (PEM) this service trusts when it calls its peers (and, with
+    tls_client_auth, checks callers' certificates against); also RLVR_TLS_CA_FILE."""
+    tls_client_auth: bool = False
+    """Mutual TLS: callers must present a certificate signed by tls_ca_file; also RLVR_TLS_CLIENT_AUTH."""
 
     @classmethod
     def settings_customise_sources(
@@ -106,11 +128,34 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+        return (init_settings, env_settings, _SharedEnvSource(settings_cls), _ConfigFileSource(settings_cls))
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+SHARED_ENV_FIELDS = ("auth_token", "auth_token_file", "auth_tokens_file", "allow_insecure", "tls_cert_file",
+                     "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file")
+"""Settings every service also reads from `RLVR_<FIELD>` (after its own `RLVR_<SERVICE>_<FIELD>`), so
+one environment (a compose file's, `rlvr up`'s) secures the whole stack."""
+
+
+class _SharedEnvSource(PydanticBaseSettingsSource):
+    """`RLVR_<FIELD>` for the fields in SHARED_ENV_FIELDS."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        import os
+
+        found = {}
+        for name in SHARED_ENV_FIELDS:
+            value = os.environ.get(f"RLVR_{name.upper()}")
+            if value is not None and name in self.settings_cls.model_fields:
+                found[name] = value
+        return found
 
 
 def port_field(default: int) -> Any:
@@ -214,6 +259,9 @@ class StoreFields(BaseSettings):
 
     database_url: str = Field(default_factory=lambda: f"sqlite:///{rlvr_home() / 'stack' / 'rlvr.db'}")
     """The store: sqlite:///PATH (default, under $RLVR_HOME/stack) or postgresql+psycopg://USER@HOST/DB."""
+    database_password_file: Path | None = None
+    """A file holding the database password (a Docker secret), put into database_url at start so the
+    URL carries none; also RLVR_DATABASE_PASSWORD_FILE."""
 
 
 class ArtifactFields(BaseSettings):

@@ -34,7 +34,8 @@ import grpc.aio
 from google.protobuf import descriptor_pool
 from google.protobuf.message import Message
 
-from rlvr.common.client import SERVICE_NAMES, deadline_for, make_channel, method_kind
+from rlvr.common.auth import ChannelAuth
+from rlvr.common.client import SERVICE_NAMES, channel_credentials, deadline_for, make_channel, method_kind
 
 _SHORT_NAMES = {full: short for short, full in SERVICE_NAMES.items()}
 
@@ -303,13 +304,15 @@ def _stream(call: Any, method: str, address: str) -> Iterator[Any]:
 class ServiceClient(_Client):
     """The synchronous client: the channel and the three call shapes, blocking."""
 
-    def __init__(self, target: str | grpc.Channel, *, timeout: float | None = None) -> None:
+    def __init__(self, target: str | grpc.Channel, *, timeout: float | None = None,
+                 auth: ChannelAuth | None = None) -> None:
         """`target` is an address ("HOST:PORT"; the client owns and closes the channel) or a
         channel from `make_channel` (the caller owns it). `timeout` overrides the default
-        deadline of unary calls and uploads."""
+        deadline of unary calls and uploads; `auth` (a token, a CA for TLS) is how the client's
+        own channel reaches a secured service."""
         self._owns_channel = isinstance(target, str)
         self.address = target if isinstance(target, str) else ""
-        self.channel: grpc.Channel = make_channel(target) if isinstance(target, str) else target
+        self.channel: grpc.Channel = make_channel(target, auth=auth) if isinstance(target, str) else target
         self._timeout = timeout
 
     def close(self) -> None:
@@ -386,13 +389,15 @@ class AsyncServiceClient(_Client):
     stream is an `AsyncStream`. Create it inside a coroutine: grpc.aio binds a channel to the
     event loop running when it is made."""
 
-    def __init__(self, target: str | grpc.aio.Channel, *, timeout: float | None = None) -> None:
+    def __init__(self, target: str | grpc.aio.Channel, *, timeout: float | None = None,
+                 auth: ChannelAuth | None = None) -> None:
         """`target` is an address ("HOST:PORT"; the client owns and closes the channel) or a
         channel from `make_channel(..., aio=True)` (the caller owns it). `timeout` overrides the
-        default deadline of unary calls and uploads."""
+        default deadline of unary calls and uploads; `auth` as for `ServiceClient`."""
         self._owns_channel = isinstance(target, str)
         self.address = target if isinstance(target, str) else ""
-        self.channel: grpc.aio.Channel = make_channel(target, aio=True) if isinstance(target, str) else target
+        self.channel: grpc.aio.Channel = (make_channel(target, aio=True, auth=auth) if isinstance(target, str)
+                                          else target)
         self._timeout = timeout
 
     async def close(self) -> None:
@@ -437,11 +442,14 @@ async def in_thread(items: Iterable[_T]) -> AsyncIterator[_T]:
         yield cast(_T, item)
 
 
-def check_health(address: str, timeout: float = 2.0) -> str:
-    """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE"."""
+def check_health(address: str, timeout: float = 2.0, auth: ChannelAuth | None = None) -> str:
+    """The overall health status name of a server ("SERVING", ...), or "UNREACHABLE". Health needs
+    no token; `auth` with a CA reaches a TLS port."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    secure = auth is not None and auth.tls
+    with (grpc.secure_channel(address, channel_credentials(auth)) if secure and auth is not None
+          else grpc.insecure_channel(address)) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                               timeout=timeout)

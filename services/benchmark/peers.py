@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
 from rlvr.jobspec import REWARD_FUNCTIONS
 from rlvr.peers.base import RlvrError
@@ -61,14 +62,15 @@ class ServicePeers:
     the event loop that uses it (grpc.aio channels belong to one loop)."""
 
     def __init__(self, rollout_address: str, reward_address: str, *, generate_timeout_s: float = 600.0,
-                 score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0) -> None:
+                 score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0,
+                 auth: ChannelAuth | None = None) -> None:
         self.rollout_address = rollout_address
         self.reward_address = reward_address
         self.generate_timeout_s = generate_timeout_s
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
-        self.rollout = AsyncRolloutClient(rollout_address)
-        self.reward = AsyncRewardClient(reward_address)
+        self.rollout = AsyncRolloutClient(rollout_address, auth=auth)
+        self.reward = AsyncRewardClient(reward_address, auth=auth)
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
 

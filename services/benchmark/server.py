@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 from services.benchmark.evaluations import EvaluationManager
@@ -91,7 +92,7 @@ class BenchmarkCore:
         self.bus = await open_bus(s, "benchmark")
         # Channels connect lazily: a rollout service still loading its model is not a start failure.
         self.peers = ServicePeers(s.rollout_address, s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
-                                  score_timeout_s=s.score_timeout_seconds)
+                                  score_timeout_s=s.score_timeout_seconds, auth=peer_auth(s))
         manager = EvaluationManager(self.store, self.peers, BusEvents(self.bus), batch_size=s.batch_size,
                                     max_concurrent=s.max_concurrent, prompt_style=s.prompt_style,
                                     adapter_roots=s.adapter_roots)

@@ -28,6 +28,16 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rlvr.common.auth import (
+    HOW_TO_SEND,
+    OPEN_SERVICES,
+    SERVICE_ONLY,
+    TokenTable,
+    bearer,
+    check_exposure,
+    server_tls,
+    token_table,
+)
 from rlvr.common.errors import InvalidArgument, abort_with
 from rlvr.common.logs import configure_logging
 from rlvr.common.settings import ServiceSettings, SettingsError, load_settings, setting_label
@@ -179,6 +189,57 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
                                 **{name: wrapped})
 
 
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """`handler` with its behaviour replaced by one that answers `code` at once, reading nothing:
+    the request's bytes are not even parsed."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(code, message)
+        yield  # pragma: no cover (abort raises)
+
+    kinds = {"unary_unary": unary, "stream_unary": unary, "unary_stream": stream, "stream_stream": stream}
+    name = next(k for k in kinds if getattr(handler, k) is not None)
+    return handler._replace(request_deserializer=None, **{name: kinds[name]})
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Bearer-token auth on every RPC but health and reflection (rlvr.common.auth): no token or an
+    unknown one answers UNAUTHENTICATED, a user token on an internal RPC (SERVICE_ONLY)
+    PERMISSION_DENIED. Never echoes a token."""
+
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method.lstrip("/")
+        if handler is None or method.partition("/")[0] in OPEN_SERVICES:
+            return handler
+        token = bearer(handler_call_details.invocation_metadata)
+        if token is None:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                            f"{method} needs a token: {HOW_TO_SEND}")
+        if not token:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                            f"{method}: the authorization metadata must read `Bearer <token>`")
+        role = self.tokens.role_of(token)
+        if role is None:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                            f"{method}: the token given is not valid for this service; {HOW_TO_SEND}")
+        if method in SERVICE_ONLY and role != "service":
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED,
+                            f"{method} is internal: it needs role service, and this token has role {role} "
+                            f"({SERVICE_ONLY[method]})")
+        return handler
+
+
 class ServiceRunner:
     """Runs one Service on a grpc.aio server; usable in-process by tests as an async context."""
 
@@ -195,7 +256,13 @@ class ServiceRunner:
         return f"{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeErrorInterceptor()])
+        tokens = token_table(self.settings)
+        check_exposure(self.settings, tokens)
+        tls = server_tls(self.settings)
+        interceptors: list[grpc.aio.ServerInterceptor] = [DecodeErrorInterceptor()]
+        if tokens.enabled:
+            interceptors.insert(0, AuthInterceptor(tokens))  # first: a refused call is not even parsed
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service.register(self.server)
@@ -203,12 +270,19 @@ class ServiceRunner:
                  reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         _check_port_free(self.settings)
-        self.port = self.server.add_insecure_port(self.settings.address)
+        if tls is None:
+            self.port = self.server.add_insecure_port(self.settings.address)
+        else:
+            credentials = grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.client_ca,
+                                                      require_client_auth=tls.client_ca is not None)
+            self.port = self.server.add_secure_port(self.settings.address, credentials)
         if self.port == 0:
             raise SettingsError(_port_error(self.settings))
         await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
-        log.info("listening", extra={"address": self.address, "status": "starting"})
+        log.info("listening", extra={"address": self.address, "status": "starting",
+                                     "auth": "tokens" if tokens.enabled else "off",
+                                     "tls": "off" if tls is None else "mutual" if tls.client_ca else "on"})
         await self.service.start()
         await self._set_all(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"address": self.address, "services": ",".join(self.service.service_names)})

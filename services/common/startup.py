@@ -16,6 +16,13 @@ from services.common.server import StartupError
 async def open_store(settings: ServiceSettings) -> Store:
     assert isinstance(settings, StoreFields), f"{type(settings).__name__} has no database_url"
     url = settings.database_url
+    if settings.database_password_file is not None:
+        from sqlalchemy.engine import make_url
+
+        from rlvr.common.auth import read_token_file
+
+        password = read_token_file(settings.database_password_file, setting_label(settings, "database_password_file"))
+        url = make_url(url).set(password=password).render_as_string(hide_password=False)
     try:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import (
     MAX_PAGE,
     FailedPrecondition,
@@ -52,9 +53,9 @@ class GrpcBenchmarks:
     """The benchmark service through its typed asyncio client (deadlines, retries and `RlvrError`
     from rlvr.peers); create it inside a coroutine."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, auth: ChannelAuth | None = None) -> None:
         self.address = address
-        self._client = AsyncBenchmarkClient(address)
+        self._client = AsyncBenchmarkClient(address, auth=auth)
 
     def _error(self, e: RlvrError) -> RlvrServiceError:
         kind = _KINDS.get(e.code.name, RlvrServiceError)

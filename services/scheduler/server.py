@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
@@ -134,9 +135,9 @@ class SchedulerCore:
         self.store = await open_store(s)
         self.bus = await open_bus(s, "scheduler")
         s.artifact_root.mkdir(parents=True, exist_ok=True)
-        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses), data_roots=s.data_roots)
+        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)), data_roots=s.data_roots)
         await jobs.start()
-        loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address), s.artifact_root,
+        loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)
         await loops.start()
         self.servicer.jobs = jobs

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import grpc
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.scheduler.convert import job_status_name
 
@@ -126,12 +127,13 @@ class GrpcWorkers:
     """Trainer workers over gRPC (deadlines and retries from rlvr.common.client; StartJob and
     CancelJob are not retried by the channel, see IDEMPOTENT_METHODS)."""
 
-    def __init__(self, addresses: Sequence[str], start_timeout_s: float = 60.0) -> None:
+    def __init__(self, addresses: Sequence[str], start_timeout_s: float = 60.0, auth: ChannelAuth | None = None
+                 ) -> None:
         from rlvr.common.client import make_channel
 
         self.addresses = list(addresses)
         self.start_timeout_s = start_timeout_s
-        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(make_channel(a, aio=True)) for a in addresses}
+        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(make_channel(a, aio=True, auth=auth)) for a in addresses}
 
     async def status(self, address: str) -> WorkerState | None:
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from rlvr.common.auth import peer_auth
 from rlvr.v1 import common_pb2
 from services.trainer import artifacts
 from services.trainer.quantization import cuda_visible_devices
@@ -94,7 +95,7 @@ def run(job_dir: Path) -> int:
         _set_threads(settings.torch_threads)
         score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
         scorer = (LocalScorer(score_settings) if settings.scorer == "local"
-                  else ServiceScorer(settings.reward_address, score_settings))
+                  else ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings)))
         generator = None
         if job.generation_backend == "vllm":
             from services.trainer.rollouts import ServiceGenerator
@@ -107,7 +108,7 @@ def run(job_dir: Path) -> int:
                                              next(notices))
 
             generator = ServiceGenerator(settings.rollout_address, wait_s=settings.rollout_wait_seconds,
-                                         on_wait=on_wait)
+                                         on_wait=on_wait, auth=peer_auth(settings))
             generator.wait_ready()
 
         def on_step(step: int, total: int) -> None:

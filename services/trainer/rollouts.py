@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
@@ -164,9 +165,11 @@ class ServiceGenerator:
     away past `wait_s` fails the job, with a message naming the rollout service."""
 
     def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0,
-                 wait_s: float = 300.0, on_wait: Callable[[str], None] | None = None) -> None:
+                 wait_s: float = 300.0, on_wait: Callable[[str], None] | None = None,
+                 auth: ChannelAuth | None = None) -> None:
         self.address = address
-        self.client = RolloutClient(address)
+        self.auth = auth
+        self.client = RolloutClient(address, auth=auth)
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.wait_s = wait_s
@@ -187,13 +190,13 @@ class ServiceGenerator:
         from rlvr.peers.base import check_health
 
         deadline = time.monotonic() + timeout_s
-        status = check_health(self.address)
+        status = check_health(self.address, auth=self.auth)
         while status != "SERVING":
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the rollout service at {self.address} is not SERVING after "
                                    f"{timeout_s:.0f} s (health: {status})")
             time.sleep(1.0)
-            status = check_health(self.address)
+            status = check_health(self.address, auth=self.auth)
 
     def forget(self, name: str) -> None:
         """Unloads `name` if the server holds it (a rerun of a job id starts again at version 1)."""
@@ -226,7 +229,7 @@ class ServiceGenerator:
         started = time.monotonic()
         log.warning("%s at step %d: %s", what, self.step, cause)
         reported = -math.inf
-        while (status := check_health(self.address)) != "SERVING":
+        while (status := check_health(self.address, auth=self.auth)) != "SERVING":
             waited = time.monotonic() - started
             if waited > self.wait_s:
                 raise RuntimeError(f"the rollout service at {self.address} did not come back within "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlvr.common.auth import ChannelAuth
 from rlvr.jobspec import RewardName
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RewardClient
@@ -66,9 +67,10 @@ class ServiceScorer:
     """Scores through RewardService.Score over the typed sync client (one call per step; Score is
     idempotent and retried by the channel on UNAVAILABLE); a failed call is a `ScoreError`."""
 
-    def __init__(self, address: str, settings: ScoreSettings, timeout_s: float = 300.0) -> None:
+    def __init__(self, address: str, settings: ScoreSettings, timeout_s: float = 300.0,
+                 auth: ChannelAuth | None = None) -> None:
         self.settings = settings
-        self.client = RewardClient(address)
+        self.client = RewardClient(address, auth=auth)
         self._timeout_s = timeout_s
         self.address = address
 

@@ -104,7 +104,10 @@ class JobSupervisor:
             await asyncio.to_thread(self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
             (job_dir / "config.json").write_text(json.dumps(job.to_json()))
-            (job_dir / "settings.json").write_text(self.settings.model_dump_json())
+            # 0600: the settings carry the service token the job process calls its peers with.
+            fd = os.open(job_dir / "settings.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.settings.model_dump_json())
             with open(job_dir / "job.log", "ab") as job_log:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir),
