@@ -7,6 +7,12 @@ it) and gets SIGTERM if `rlvr up` itself dies (PR_SET_PDEATHSIG), so no orphan i
 On Ctrl-C or SIGTERM the services stop in reverse start order (scheduler first, NATS last), each
 with a grace period, then SIGKILL for whatever is left. A service that dies is reported with the
 tail of its log, and the stack stops: a half stack is not hidden behind a green banner.
+
+Auth, zero-config: each start makes two random tokens, a service token (the services present it to
+each other; it may call the internal RPCs) and a user token (the stack's own clients: the web
+console, `rlvr` commands, `local_stack`'s SDK client), and writes them to `<home>/tokens.json`
+(0600), which the services read as their tokens file and stack.json names for the SDK
+(`ClientSettings`, `ClientSettings.for_stack`).
 """
 
 from __future__ import annotations
@@ -158,6 +164,35 @@ class Stack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nats: object | None = None
         self.logs = cfg.home / "logs"
+        self.service_token = ""
+        self.user_token = ""
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.cfg.home / "tokens.json"
+
+    def _make_tokens(self) -> None:
+        """Fresh tokens for this run, in a file only this user can read."""
+        import secrets
+
+        self.service_token, self.user_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        text = json.dumps({self.service_token: "service", self.user_token: "user"}, indent=2)
+        temp = self.tokens_file.with_suffix(".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temp, self.tokens_file)
+
+    def client_settings(self, *, service: bool = False) -> Any:
+        """SDK settings (`clients.sdk.ClientSettings`) for this stack: its addresses and its user
+        token (`service=True`: the service token, which may also call the internal RPCs, e.g.
+        RolloutService/LoadAdapter, as an operator would)."""
+        from clients.sdk import ClientSettings
+
+        return ClientSettings(**{f"{name}_address": self.cfg.addresses[name] for name in SERVICES},
+                              token=self.service_token if service else self.user_token)
 
     def say(self, msg: str) -> None:
         print(msg, file=self.out, flush=True)  # type: ignore[call-overload]
@@ -167,6 +202,7 @@ class Stack:
 
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._make_tokens()
         self.prepare_model()
         nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host)
         nats.start()
@@ -183,6 +219,14 @@ class Stack:
 
         assert self.nats is not None
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if name == WEB:  # a client of the stack, with the user token
+            env["RLVR_TOKEN"] = self.user_token
+        else:  # a service: accepts the tokens file's tokens, calls its peers with the service token
+            env["RLVR_AUTH_TOKEN"] = self.service_token
+            env["RLVR_AUTH_TOKENS_FILE"] = str(self.tokens_file)
+            for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKEN",
+                        f"RLVR_{name.upper()}_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKENS_FILE"):
+                env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
         nats_url: str = self.nats.url  # type: ignore[attr-defined]
         command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg, nats_url)
@@ -228,6 +272,7 @@ class Stack:
 
     def _write_state(self, nats_url: str) -> None:
         state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
+                 "tokens_file": str(self.tokens_file),
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": asdict(self.cfg)}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
@@ -299,6 +344,8 @@ class Stack:
             self.nats = None
         with contextlib.suppress(OSError):
             (self.cfg.home / "stack.json").unlink()
+        with contextlib.suppress(OSError):
+            self.tokens_file.unlink()  # this run's tokens end with it
 
 
 @contextlib.contextmanager
@@ -306,7 +353,7 @@ def local_stack(home: Path, model: str, *, web: bool = False) -> Iterator[tuple[
     """The whole stack on free ports under `home` serving `model`, started and SERVING, with an SDK
     client for it (`clients.sdk.Rlvr`); stopped however the block ends. What `rlvr demo` and the
     bench scripts run on. RuntimeError naming the logs when it does not come up."""
-    from clients.sdk import ClientSettings, connect
+    from clients.sdk import connect
     from rlvr.models import is_tiny
 
     if is_tiny(model):  # a tiny model trains several times faster on one torch thread here
@@ -318,7 +365,7 @@ def local_stack(home: Path, model: str, *, web: bool = False) -> Iterator[tuple[
         stack.start()
         if not stack.wait_serving():
             raise RuntimeError(f"the stack did not come up; logs in {cfg.home / 'logs'}")
-        client = connect(ClientSettings(**{f"{name}_address": cfg.addresses[name] for name in SERVICES}))
+        client = connect(stack.client_settings())
         try:
             yield stack, client
         finally:

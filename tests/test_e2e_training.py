@@ -27,7 +27,7 @@ SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path, object]]:
-    from clients.sdk import ClientSettings, connect
+    from clients.sdk import connect
     from clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("e2e")
@@ -38,10 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Pa
     try:
         running.start()
         assert running.wait_serving(), (home / "stack.out").read_text()
-        a = cfg.addresses
-        client = connect(ClientSettings(scheduler_address=a["scheduler"], trainer_address=a["trainer"],
-                                        reward_address=a["reward"], rollout_address=a["rollout"],
-                                        benchmark_address=a["benchmark"]))
+        client = connect(running.client_settings())
         yield client, home, running
         client.close()
     finally:
@@ -115,10 +112,17 @@ def _loads_in_peft(adapter: Path) -> None:
         assert torch.equal(loaded[name], tensor), key
 
 
-def _generates_in_vllm(client, adapter: Path, name: str) -> None:  # noqa: ANN001
+def _generates_in_vllm(client, home: Path, adapter: Path, name: str) -> None:  # noqa: ANN001
+    import json
+
+    from clients.sdk import connect
+
     info = client.rollout.get_info()
     assert info.backend == "vllm"
-    loaded = client.rollout.load_adapter(name, 1, adapter)
+    # LoadAdapter is internal (rlvr.common.auth.SERVICE_ONLY): an operator pushes with the service token.
+    service_token = next(t for t, role in json.loads((home / "tokens.json").read_text()).items() if role == "service")
+    with connect(client.settings.model_copy(update={"token": service_token})) as operator:
+        loaded = operator.rollout.load_adapter(name, 1, adapter)
     assert loaded.version == 1
     req = R.GenerateRequest(prompts=[R.Prompt(messages=R.ChatMessages(messages=[
         C.ChatMessage(role="user", content="What is (1+2)*(3+4)?")]))], n=2,
@@ -138,7 +142,7 @@ def test_a_job_trains_through_every_service(stack, backend: int) -> None:
     _check_points(home, job, steps)
     adapter = Path(job.adapter.path)
     _loads_in_peft(adapter)
-    _generates_in_vllm(client, adapter, f"e2e-check-{backend}")
+    _generates_in_vllm(client, home, adapter, f"e2e-check-{backend}")
 
 
 def test_a_job_survives_its_rollout_server_killed(stack) -> None:

@@ -33,7 +33,7 @@ FINAL = {S.LOOP_STATUS_TARGET_REACHED, S.LOOP_STATUS_ROUNDS_SPENT, S.LOOP_STATUS
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from clients.sdk import ClientSettings, connect
+    from clients.sdk import connect
     from clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("loops")
@@ -44,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, ob
     try:
         running.start()
         assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(ClientSettings(**{f"{name}_address": address for name, address in cfg.addresses.items()}))
+        client = connect(running.client_settings())
         yield client, running, home
         client.close()
     finally:

@@ -55,6 +55,30 @@ def _alive(pid: int, started: int | None) -> bool:
     return fields[0] != "Z" and int(fields[19]) == started
 
 
+def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
+    """Auth is on with a token made for this run: a call without it is refused, the CLI (which
+    finds it through stack.json) and `ClientSettings.for_stack` get in, only the owner reads it."""
+    import grpc
+
+    from clients.sdk import ClientSettings, connect
+    from rlvr.v1 import scheduler_pb2
+
+    tokens = Path(state["tokens_file"])
+    assert tokens.parent == home and tokens.stat().st_mode & 0o777 == 0o600
+    assert sorted(json.loads(tokens.read_text()).values()) == ["service", "user"]
+    with grpc.insecure_channel(state["addresses"]["scheduler"]) as channel, pytest.raises(grpc.RpcError) as e:
+        channel.unary_unary("/rlvr.v1.SchedulerService/ListJobs")(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with connect(ClientSettings.for_stack(home)) as rlvr:
+        assert rlvr.scheduler.list_jobs(scheduler_pb2.ListJobsRequest()).total == 0
+    env = {**os.environ, "RLVR_HOME": str(rlvr_home), **{f"RLVR_{name.upper()}_ADDRESS": address
+                                                         for name, address in state["addresses"].items()}}
+    env.pop("RLVR_TOKEN", None)
+    call = subprocess.run([sys.executable, "-m", "clients.cli", "call", "scheduler", "ListJobs", "{}"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert call.returncode == 0, call.stdout + call.stderr
+
+
 @pytest.mark.vllm
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
@@ -82,6 +106,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("SERVING") == 6 and state["web_url"] in status.stdout
+        _check_the_stack_token(tmp_path, home, state)
         if PROBE.exists():
             probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
                                    capture_output=True, text=True, timeout=60)

@@ -69,7 +69,7 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, browser: object) -> Iterator[tuple[object, str]]:
-    from clients.sdk import ClientSettings, connect
+    from clients.sdk import connect
     from clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("web")
@@ -80,7 +80,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, browser: object) -> Iterator
     try:
         running.start()
         assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(ClientSettings(**{f"{name}_address": address for name, address in cfg.addresses.items()}))
+        client = connect(running.client_settings())
         yield client, cfg.web_url
         client.close()
     finally:

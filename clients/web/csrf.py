@@ -1,6 +1,7 @@
 """CSRF protection for the console's POSTs (start a job or a loop, cancel, stop, merge).
 
-The services have no token auth yet, so whoever reaches the console can act through it; what this
+The console has no login of its own (it calls the services with its user token), so whoever
+reaches the console can act through it; what this
 stops is another web site making a visitor's browser act (a form on evil.example posting to
 127.0.0.1:8050). Every browser gets a random `rlvr_csrf` cookie (HttpOnly, SameSite=Strict); every
 form carries `csrf_token` = HMAC-SHA256(the console's secret, that cookie). A POST passes only

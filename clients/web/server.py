@@ -1,7 +1,8 @@
 """`rlvr web`: serves the web console (clients/web/app.py) with uvicorn.
 
-It binds to 127.0.0.1 unless told otherwise: the services have no token auth yet, so anyone who
-can reach the console can start, cancel and stop jobs and loops through it (the CSRF check only
+It binds to 127.0.0.1 unless told otherwise: it has no login of its own and calls the services
+with its user token (RLVR_TOKEN), so anyone who can reach the console can start, cancel and stop
+jobs and loops through it (the CSRF check only
 stops other web sites from doing so through a visitor's browser). `rlvr up` starts it beside the
 services, on its own port, with the stack's addresses.
 """
@@ -54,8 +55,8 @@ def web(args: argparse.Namespace) -> int:
     addresses = {"scheduler": settings.scheduler_address, "benchmark": settings.benchmark_address}
     app = create_app(sdk, addresses=addresses, bind=f"{args.host}:{args.port}")
     if not is_loopback(args.host):
-        print(f"warning: the console on {args.host}:{args.port} has no login (the services have no token auth "
-              "yet): anyone who can reach it can start and stop jobs", file=sys.stderr)
+        print(f"warning: the console on {args.host}:{args.port} has no login of its own (it calls the services "
+              "with its token): anyone who can reach it can start and stop jobs", file=sys.stderr)
     print(f"rlvr web console on {url(args.host, args.port)} (scheduler {settings.scheduler_address}, "
           f"benchmark {settings.benchmark_address}); Ctrl-C stops it", flush=True)
     try:
