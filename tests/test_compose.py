@@ -71,3 +71,76 @@ def test_gpu_reservations_for_rollout_and_trainer() -> None:
         assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
     for name in ("scheduler", "reward", "benchmark"):
         assert "deploy" not in services[name]
+
+
+def make_secrets(folder: Path) -> Path:
+    """Runs deploy/make-secrets.sh (the openssl CLI) into `folder`; the compose file's secrets live there."""
+    import subprocess
+
+    out = subprocess.run(["sh", str(ROOT / "deploy" / "make-secrets.sh"), str(folder)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return folder
+
+
+def secret_files(compose: dict, secrets_dir: Path) -> dict[str, Path]:
+    """Each declared secret's file, with compose's ./secrets resolved to `secrets_dir`."""
+    return {name: secrets_dir / Path(spec["file"]).relative_to("secrets")
+            for name, spec in compose["secrets"].items()}
+
+
+def test_no_password_in_the_file_and_every_service_has_its_secrets(tmp_path: Path) -> None:
+    import json
+
+    from sqlalchemy.engine import make_url
+
+    compose = _compose()
+    text = (ROOT / "docker-compose.yml").read_text()
+    services = compose["services"]
+    postgres = services["postgres"]["environment"]
+    assert "POSTGRES_PASSWORD" not in postgres and postgres["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    assert "postgres_password" in services["postgres"]["secrets"]
+    assert ":rlvr@" not in text
+    env = compose["x-rlvr-service"]["environment"]
+    mounted = {f"/run/secrets/{name}" for name in compose["x-rlvr-service"]["secrets"]}
+    for key in ("RLVR_AUTH_TOKEN_FILE", "RLVR_AUTH_TOKENS_FILE", "RLVR_TLS_CERT_FILE", "RLVR_TLS_KEY_FILE",
+                "RLVR_TLS_CA_FILE", "RLVR_DATABASE_PASSWORD_FILE"):
+        assert env[key] in mounted, key
+    assert set(compose["x-rlvr-service"]["secrets"]) <= set(compose["secrets"])
+    for name in SERVICE_PORTS:
+        db = _flag(services[name]["command"], "--database-url")
+        if db is not None:
+            assert make_url(db).password is None, db
+    # The script makes every file the compose file mounts: tokens, the tokens file, TLS material.
+    files = secret_files(compose, make_secrets(tmp_path / "secrets"))
+    for name, path in files.items():
+        assert path.stat().st_size > 0 and path.stat().st_mode & 0o077 == 0, name
+    roles = json.loads(files["rlvr_tokens"].read_text())
+    assert list(roles.values()) == ["user"] and (tmp_path / "secrets" / "user_token").read_text().strip() in roles
+
+
+def test_services_on_0000_start_only_with_auth(tmp_path: Path, monkeypatch) -> None:
+    """The compose environment, applied to each service's settings: its token makes the 0.0.0.0
+    bind allowed, and without the secrets the same bind is refused."""
+    import pytest
+
+    from rlvr.common.auth import check_exposure, token_table
+    from rlvr.common.settings import SettingsError, load_settings
+
+    compose = _compose()
+    files = secret_files(compose, make_secrets(tmp_path / "secrets"))
+    services = compose["services"]
+    for name in SERVICE_PORTS:
+        settings_module = __import__(f"services.{name}.settings", fromlist=["x"])
+        cls = next(v for k, v in vars(settings_module).items() if k.endswith("Settings") and k != "ServiceSettings")
+        argv = [substitute(a, {}) for a in services[name]["command"][1:]]
+        with monkeypatch.context() as m:
+            for key, value in compose["x-rlvr-service"]["environment"].items():
+                if str(value).startswith("/run/secrets/"):
+                    m.setenv(key, str(files[str(value).removeprefix("/run/secrets/")]))
+            settings = load_settings(cls, argv)
+            assert settings.host == "0.0.0.0"
+            check_exposure(settings, token_table(settings))
+        bare = load_settings(cls, argv)
+        with pytest.raises(SettingsError, match="serving beyond loopback without auth is refused"):
+            check_exposure(bare, token_table(bare))

@@ -5,7 +5,8 @@ and an evaluation through them.
 
 What is mapped, and nothing else: the compose host names (nats, postgres, reward, rollout, trainer,
 benchmark, scheduler) to 127.0.0.1 with free ports; `/data` (the shared volume) to a folder of the
-test's; `--host 0.0.0.0` to 127.0.0.1; and the compose variables RLVR_MODEL to `rlvr-tiny-small`, the
+test's; `--host 0.0.0.0` to 127.0.0.1; `/run/secrets/NAME` to the file `deploy/make-secrets.sh` made
+for the secret (the services serve TLS with token auth, the client uses the user token and the CA); and the compose variables RLVR_MODEL to `rlvr-tiny-small`, the
 seconds-to-build tiny model (the file's default, rlvr-tiny, takes minutes to build), and
 RLVR_MEMORY_FRACTION to 0.3 (vLLM's share of host memory here, as `rlvr up` uses; the file's default
 0.45 is a GPU's). Where those
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fixtures_infra import POSTGRES_URL, _drop_postgres_schema, _postgres_schema_url
-from test_compose import substitute
+from test_compose import make_secrets, secret_files, substitute
 
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -104,10 +105,20 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     ports = {name: free_port() for name in ORDER}
     commands = local_commands(compose, ports, data, database_url, "nats://127.0.0.1:4222",
                               {"RLVR_MODEL": MODEL, "RLVR_MEMORY_FRACTION": "0.3"})
+    # The compose secrets, made by deploy/make-secrets.sh; /run/secrets/NAME is NAME's file.
+    secrets = make_secrets(home / "secrets")
+    files = secret_files(compose, secrets)
+
+    def local(value: str) -> str:
+        if value.startswith("/run/secrets/"):
+            return str(files[value.removeprefix("/run/secrets/")])
+        return value.replace("/data", str(data), 1)
+
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
-                   **{k: substitute(str(v), {}).replace("/data", str(data), 1)
-                      for k, v in compose["x-rlvr-service"]["environment"].items()},
+                   **{k: local(substitute(str(v), {})) for k, v in compose["x-rlvr-service"]["environment"].items()},
                    "RLVR_TRAINER_TORCH_THREADS": "1"}
+    client_settings = ClientSettings(**{f"{n}_address": f"127.0.0.1:{p}" for n, p in ports.items()},
+                                     token=(secrets / "user_token").read_text().strip(), ca_file=files["rlvr_tls_ca"])
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name in ORDER:
@@ -120,11 +131,11 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
         while pending:
             for name in sorted(pending):
                 assert procs[name].poll() is None, f"{name} exited:\n" + (home / f"{name}.log").read_text()[-3000:]
-                if check_health(f"127.0.0.1:{ports[name]}", timeout=1.0) == "SERVING":
+                if check_health(f"127.0.0.1:{ports[name]}", timeout=1.0, auth=client_settings.auth()) == "SERVING":
                     pending.discard(name)
             assert time.monotonic() < deadline, f"not SERVING: {pending}"
             time.sleep(0.5)
-        client = connect(ClientSettings(**{f"{n}_address": f"127.0.0.1:{p}" for n, p in ports.items()}))
+        client = connect(client_settings)  # the user token, over TLS
         yield client, database_url
         client.close()
     finally:
