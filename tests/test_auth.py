@@ -330,3 +330,27 @@ def tiny_rollout_ready() -> None:
     from rlvr.models import resolve_model
 
     resolve_model(MODEL)
+
+
+def test_the_sdk_takes_the_local_stacks_token_only_for_that_stack(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from clients.sdk import ClientSettings
+    from rlvr.common.client import DEFAULT_ADDRESSES
+
+    home = tmp_path / "stack"
+    home.mkdir()
+    (home / "tokens.json").write_text(json.dumps({SERVICE_TOKEN: "service", USER_TOKEN: "user"}))
+    (home / "stack.json").write_text(json.dumps({"addresses": DEFAULT_ADDRESSES,
+                                                 "tokens_file": str(home / "tokens.json")}))
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path))
+    monkeypatch.delenv("RLVR_TOKEN", raising=False)
+    assert ClientSettings().token == USER_TOKEN  # the user token, never the service one
+    assert ClientSettings(reward_address="example.org:50053").token is None  # not sent beyond the stack
+    monkeypatch.setenv("RLVR_TOKEN", "mine")
+    assert ClientSettings().token == "mine"
+    assert ClientSettings.for_stack(home, reward_address="127.0.0.1:1").token == USER_TOKEN
+    (home / "stack.json").unlink()
+    monkeypatch.delenv("RLVR_TOKEN")
+    assert ClientSettings().token is None
+    with pytest.raises(FileNotFoundError, match="no running stack"):
+        ClientSettings.for_stack(home)
