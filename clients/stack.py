@@ -479,6 +479,8 @@ def up(args: argparse.Namespace) -> int:
             code = 1
         else:
             stack.say(f"\nrlvr is up (state in {stack.cfg.home}); Ctrl-C stops every service.")
+            stack.say(f"auth: on, with this run's tokens in {stack.tokens_file} (the SDK and the CLI use its user "
+                      "token for this stack)")
             if stack.cfg.web_port is not None:
                 stack.say(f"web console: {stack.cfg.web_url}")
             code = supervise(stack)

@@ -260,7 +260,6 @@ async def test_tls_stack_serves_a_job_and_refuses_plaintext(tmp_path: Path, nats
 
 async def test_mutual_tls_needs_a_client_certificate(tmp_path: Path) -> None:
     from clients.sdk import connect
-    from rlvr.peers.base import RlvrError
     from services.reward.server import build_service
     from services.reward.settings import RewardSettings
 
@@ -274,9 +273,12 @@ async def test_mutual_tls_needs_a_client_certificate(tmp_path: Path) -> None:
             with connect(stack.client_settings(token=SERVICE_TOKEN, cert_file=pki.client_cert,
                                                key_file=pki.client_key)) as rlvr:
                 assert rlvr.reward.list_reward_functions().functions
-            with connect(stack.client_settings(token=SERVICE_TOKEN)) as rlvr, pytest.raises(RlvrError) as e:
-                rlvr.reward.list_reward_functions(timeout=3)
-            assert e.value.code == grpc.StatusCode.UNAVAILABLE
+            # Without a certificate (a raw channel: no retries), the handshake fails.
+            credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+            with grpc.secure_channel(runner.address, credentials) as channel, pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary("/rlvr.v1.RewardService/ListRewardFunctions")(
+                    b"", metadata=(("authorization", f"Bearer {SERVICE_TOKEN}"),), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
         await asyncio.to_thread(calls)
 

@@ -181,6 +181,23 @@ async def test_unreachable_url_is_one_clear_line() -> None:
     assert "\n" not in str(err.value)
 
 
+async def test_nats_with_a_password(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A NATS server with credentials: the bus connects with them in the URL; without them, or with
+    a wrong password, it fails at start with one line that never shows the password."""
+    server = EmbeddedNats(tmp_path / "n", user="rlvr", password="s3cret-pw").start()
+    try:
+        assert "s3cret-pw" not in server.url and (tmp_path / "n" / "auth.conf").stat().st_mode & 0o077 == 0
+        bus = await EventBus.connect(server.url_with_credentials, name="with-password")
+        await bus.close()
+        for url in (server.url, server.url.replace("nats://", "nats://rlvr:wrong-pw@")):
+            with pytest.raises(EventBusError) as err:
+                await EventBus.connect(url, connect_timeout_s=1.5)
+            assert "wrong-pw" not in str(err.value) and "\n" not in str(err.value)
+        assert "wrong-pw" not in caplog.text and "s3cret-pw" not in caplog.text
+    finally:
+        server.stop()
+
+
 # ---------------------------------------------------------------------- events
 
 

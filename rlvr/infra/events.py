@@ -59,6 +59,13 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 SUBJECT_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
+def redact_url(url: str) -> str:
+    """`url` (a comma list for a cluster) with any password or token in it replaced by ***, for
+    logs and messages: credentials travel in NATS URLs (nats://USER:PASSWORD@HOST:4222)."""
+    return re.sub(r"(://)([^/@,\s]*)@", lambda m: m.group(1) + (m.group(2).split(":", 1)[0] + ":***"
+                                                             if ":" in m.group(2) else "***") + "@", url)
+
+
 class EventBusError(RuntimeError):
     """NATS is unreachable or refused an operation; the message is one readable line."""
 
@@ -264,7 +271,7 @@ class EventBus:
             log.warning("nats %s: %s", name, e)
 
         async def on_disconnected() -> None:
-            log.warning("nats %s: disconnected from %s", name, url)
+            log.warning("nats %s: disconnected from %s", name, redact_url(url))
 
         async def on_reconnected() -> None:
             log.info("nats %s: reconnected to %s", name, nc.connected_url.netloc if nc.connected_url else url)
@@ -287,7 +294,7 @@ class EventBus:
         except (TimeoutError, OSError, nats.errors.Error) as e:
             await nc.close()
             raise EventBusError(
-                f"cannot reach NATS at nats url {url!r} within {connect_timeout_s:g} s: "
+                f"cannot reach NATS at nats url {redact_url(url)!r} within {connect_timeout_s:g} s: "
                 f"{last_error[0] if last_error else type(e).__name__}"
             ) from None
         bus = cls(nc)
@@ -297,7 +304,7 @@ class EventBus:
             except nats.errors.Error as e:
                 await nc.close()
                 raise EventBusError(
-                    f"NATS at {url!r} has no usable JetStream ({type(e).__name__}: {e})"
+                    f"NATS at {redact_url(url)!r} has no usable JetStream ({type(e).__name__}: {e})"
                 ) from None
         return bus
 

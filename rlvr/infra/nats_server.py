@@ -121,7 +121,11 @@ class EmbeddedNats:
         binary: str | os.PathLike[str] | None = None,
         monitor_port: int | None = None,
         start_timeout: float = 10.0,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
+        """`user` and `password`: clients must connect with them (nats://USER:PASSWORD@HOST:PORT,
+        `url_with_credentials`); they are passed in a config file only this user can read."""
         if not 0 <= port <= 65535:
             raise NatsStartError(f"NATS port {port} is out of range 0-65535 (0 picks a free port)", "port")
         self.data_dir = Path(data_dir).expanduser()
@@ -131,6 +135,8 @@ class EmbeddedNats:
         self.binary = binary
         self.monitor_port = monitor_port
         self.start_timeout = start_timeout
+        self.user = user
+        self.password = password
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
 
@@ -145,6 +151,15 @@ class EmbeddedNats:
         if ":" in host:
             host = f"[{host}]"
         return f"nats://{host}:{self.port}"
+
+    @property
+    def url_with_credentials(self) -> str:
+        """`url` with the user and password in it, as the services' nats_url takes it."""
+        if self.user is None:
+            return self.url
+        from urllib.parse import quote
+
+        return self.url.replace("nats://", f"nats://{quote(self.user, safe='')}:{quote(self.password or '', safe='')}@", 1)
 
     @property
     def log_path(self) -> Path:
@@ -172,6 +187,12 @@ class EmbeddedNats:
             cmd += ["-js", "-sd", str(self.data_dir)]
         if self.monitor_port is not None:
             cmd += ["-m", str(self.monitor_port)]
+        if self.user is not None:  # in a 0600 file rather than on the command line, where ps shows it
+            conf = self.data_dir / "auth.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"authorization {{ user: {json.dumps(self.user)}, password: {json.dumps(self.password or '')} }}\n")
+            cmd += ["-c", str(conf)]
         # The server's own log goes to a file: a pipe nobody reads would block it once full.
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (held open for the child's life)
         started = time.monotonic()

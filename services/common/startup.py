@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from rlvr.common.settings import NatsFields, ServiceSettings, StoreFields, setting_label
-from rlvr.infra.events import EventBus, EventBusError
+from rlvr.infra.events import EventBus, EventBusError, redact_url
 from rlvr.infra.store import Store, StoreError
 from services.common.server import StartupError
 
@@ -39,4 +39,4 @@ async def open_bus(settings: ServiceSettings, name: str) -> EventBus:
     try:
         return await EventBus.connect(url, name=name)
     except (EventBusError, OSError) as e:
-        raise StartupError(f"{setting_label(settings, 'nats_url')} = {url!r}: {e}") from None
+        raise StartupError(f"{setting_label(settings, 'nats_url')} = {redact_url(url)!r}: {e}") from None

@@ -133,7 +133,10 @@ def run(job_dir: Path) -> int:
         publisher.publish_status(status_event(result.job_id, STATUS_BY_OUTCOME[result.status], message,
                                               adapter, result.steps_done))
         if not publisher.close(flush_timeout_s=settings.publish_flush_seconds):
-            log.error("some events of job %s could not be published to %s", result.job_id, settings.nats_url)
+            from rlvr.infra.events import redact_url
+
+            log.error("some events of job %s could not be published to %s", result.job_id,
+                      redact_url(settings.nats_url))
     log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
     return 0
 
