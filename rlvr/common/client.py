@@ -30,9 +30,10 @@ import grpc
 import grpc.aio
 from google.protobuf import descriptor_pool
 
+from rlvr.common.auth import ChannelAuth
+
 # Imported for their side effect: they add the v1 services to the default descriptor pool that
 # `method_kind` reads.
-from rlvr.common.auth import ChannelAuth
 from rlvr.common.settings import DEFAULT_PORTS
 from rlvr.v1 import benchmark_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
 

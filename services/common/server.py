@@ -191,7 +191,8 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     """`handler` with its behaviour replaced by one that answers `code` at once, reading nothing:
-    the request's bytes are not even parsed."""
+    the request's bytes are not even parsed. Logged (the message names no token)."""
+    log.warning("call refused (%s): %s", code.name, message)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
