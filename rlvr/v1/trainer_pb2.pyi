@@ -7,14 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartJobRequest(_message.Message):
-    __slots__ = ("job_id", "spec", "total_steps")
+    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    STORED_STEPS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: _common_pb2.JobSpec
     total_steps: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    resume: bool
+    stored_steps: int
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ...) -> None: ...
 
 class StartJobResponse(_message.Message):
     __slots__ = ("job_id", "worker")
@@ -43,7 +47,7 @@ class GetWorkerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker", "busy", "job_id", "current_step", "total_steps", "last_job_id", "last_job_status", "last_job_error", "last_job_adapter")
+    __slots__ = ("worker", "busy", "job_id", "current_step", "total_steps", "last_job_id", "last_job_status", "last_job_error", "last_job_adapter", "last_job_lost")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +57,7 @@ class WorkerStatus(_message.Message):
     LAST_JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_JOB_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_JOB_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_LOST_FIELD_NUMBER: _ClassVar[int]
     worker: str
     busy: bool
     job_id: str
@@ -62,7 +67,8 @@ class WorkerStatus(_message.Message):
     last_job_status: _common_pb2.JobStatus
     last_job_error: str
     last_job_adapter: _common_pb2.AdapterRef
-    def __init__(self, worker: _Optional[str] = ..., busy: _Optional[bool] = ..., job_id: _Optional[str] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_job_id: _Optional[str] = ..., last_job_status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., last_job_error: _Optional[str] = ..., last_job_adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ...) -> None: ...
+    last_job_lost: bool
+    def __init__(self, worker: _Optional[str] = ..., busy: _Optional[bool] = ..., job_id: _Optional[str] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_job_id: _Optional[str] = ..., last_job_status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., last_job_error: _Optional[str] = ..., last_job_adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., last_job_lost: _Optional[bool] = ...) -> None: ...
 
 class MergeAdapterRequest(_message.Message):
     __slots__ = ("base_model", "adapter_path", "output_name")

@@ -88,6 +88,10 @@ class JobConfig:
     init_adapter_label: str = ""
     total_steps: int = 0  # 0 = derive from max_steps / the prompt count (see `steps_for`)
     data_roots: tuple[Path, ...] = field(default_factory=tuple)
+    # A re-dispatch after the trainer was lost (StartJobRequest.resume): go on from the job's last
+    # checkpoint; `stored_steps` are the steps the scheduler stores already, not published again.
+    resume: bool = False
+    stored_steps: int = 0
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -191,6 +195,8 @@ def job_config_from_request(
         init_adapter_label=spec.init_adapter.name or spec.init_adapter.path,
         total_steps=max(0, request.total_steps),
         data_roots=tuple(data_roots),
+        resume=request.resume,
+        stored_steps=max(0, request.stored_steps),
     )
 
 

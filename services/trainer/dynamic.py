@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlvr.peers.types import Score
 from services.trainer.rollouts import RolloutBatch
@@ -88,3 +89,13 @@ class PromptDraw:
                 self._rng.shuffle(self._order)
             out.append(self._prompts[self._order.pop()])
         return out
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the draw (JSON): its generator and the rest of its round."""
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": list(self._order)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._order = [int(i) for i in state["order"]]

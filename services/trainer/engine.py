@@ -42,8 +42,13 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked
 
 __all__ = ["GrpoEngine", "StepHooks", "grpo_args"]
 
-# TRL's output_dir holds nothing we keep (save_strategy="no"); artifacts go through `StepHooks`.
-_TRL_DIR = "trl"
+# TRL's output_dir: its checkpoints (`checkpoint-N`: the adapter, optimizer, LR scheduler, RNG
+# states and trainer state, written every `checkpoint_every` steps) are what a resume starts from;
+# the job's adapters go through `StepHooks`.
+TRL_DIR = "trl"
+# Written into a TRL checkpoint once the checkpoint is whole (TRL writes its files in place, so a
+# kill mid-save leaves a checkpoint without it): our own part of the state, read back on resume.
+RESUME_FILE = "rlvr-resume.json"
 
 
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool) -> Any:  # -> GRPOConfig
@@ -73,7 +78,6 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool)
         data_seed=job.seed,
         logging_steps=1,
         report_to=[],
-        save_strategy="no",
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
@@ -82,7 +86,62 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool)
         remove_unused_columns=False,
         dataloader_num_workers=0,
         log_completions=False,
+        # Checkpoints for crash recovery (`resume_checkpoint`): TRL/transformers' own, so a resume
+        # is `train(resume_from_checkpoint=...)`. Two are kept: the older one is whole while the
+        # newer one is being written.
+        save_strategy="steps" if job.checkpoint_every > 0 else "no",
+        save_steps=max(job.checkpoint_every, 1),
+        save_total_limit=2,
+        save_only_model=False,
     )
+
+
+def resume_checkpoint(job_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The job's last whole TRL checkpoint and our state saved with it (`RESUME_FILE`); None when
+    there is none."""
+    import json
+
+    found: list[tuple[int, Path]] = []
+    for path in (job_dir / TRL_DIR).glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if suffix.isdigit() and (path / RESUME_FILE).is_file():
+            found.append((int(suffix), path))
+    for _, path in sorted(found, reverse=True):
+        try:
+            return path, json.loads((path / RESUME_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class EpochSampler:
+    """TRL's RepeatSampler, resumable across epochs. RepeatSampler draws one permutation per epoch
+    from its own generator, seeded once: a trainer resumed in epoch e starts a fresh sampler, which
+    would draw epoch 0's order again. Told the epoch (transformers' Trainer calls `set_epoch`
+    through accelerate's loader), this one first draws the permutations of the epochs before it,
+    so a resumed run sees the same prompt order as an uninterrupted one; an uninterrupted run's
+    order is RepeatSampler's own."""
+
+    def __init__(self, inner: Any) -> None:  # a trl RepeatSampler
+        self.inner = inner
+        self.epoch = 0
+        self._drawn = 0  # epoch permutations drawn from inner.generator so far
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        import torch
+
+        if self.inner.shuffle:
+            while self._drawn < self.epoch:
+                torch.randperm(self.inner.num_samples, generator=self.inner.generator)
+                self._drawn += 1
+        self._drawn += 1
+        yield from self.inner
 
 
 class _StepCallback:
@@ -102,12 +161,19 @@ class _StepCallback:
         self.engine.current.push(self.engine.model)  # unwrapped: the PeftModel itself
         if self.engine.ctx.hooks.cancel.is_set():
             control.should_training_stop = True
+        every = self.engine.ctx.job.checkpoint_every
+        if control.should_save and (not every or state.global_step % every):
+            control.should_save = False  # transformers' save at the last step: a finished job resumes nothing
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         step = self.engine.step
         if not logs or "loss" not in logs or step is None or step.number != state.global_step:
             return  # the end-of-training summary, or a log line of no step of ours
         step.publish(logs)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """TRL's checkpoint is written: ours goes beside it, last, marking it whole."""
+        self.engine.save_resume_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
 
 
 def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
@@ -117,6 +183,36 @@ def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
         pass
 
     return StepCallback(engine)
+
+
+def trainer_class() -> Any:  # -> type[GRPOTrainer]
+    """GRPOTrainer with `EpochSampler` around its train sampler (nothing else differs)."""
+    from trl import GRPOTrainer
+
+    class Trainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            return EpochSampler(super()._get_train_sampler(dataset))
+
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            # With kl_beta > 0 the policy holds TRL's frozen "ref" adapter too, which peft saves in a
+            # sub-folder; transformers 5 then loads the sub-folders' adapters only, not the trained
+            # one at the checkpoint's root: load that one (exactly its saved tensors).
+            root = Path(resume_from_checkpoint) / "adapter_model.safetensors"
+            peft_model = model if model is not None else self.model
+            subdirs = [p for p in Path(resume_from_checkpoint).iterdir() if (p / root.name).is_file()]
+            if root.is_file() and subdirs:
+                from peft import set_peft_model_state_dict
+                from safetensors.torch import load_file
+
+                active = peft_model.active_adapters[0]
+                result = set_peft_model_state_dict(peft_model, load_file(str(root)), adapter_name=active)
+                missing = [k for k in result.unexpected_keys if "lora_" in k]
+                if missing:
+                    raise RuntimeError(f"checkpoint {root.parent.name}: the adapter has tensors the policy lacks: "
+                                       f"{missing[:3]}")
+
+    return Trainer
 
 
 class GrpoEngine:
@@ -137,7 +233,6 @@ class GrpoEngine:
     ) -> None:
         from datasets import Dataset
         from transformers import PrinterCallback
-        from trl import GRPOTrainer
 
         truth = answers(prompts)
         if job.dynamic_sampling and truth is None:
@@ -151,10 +246,10 @@ class GrpoEngine:
         )
         self.step: Step | None = None  # the step in flight (or the last one)
         dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
-        self.trainer = GRPOTrainer(
+        self.trainer = trainer_class()(
             model=model,
             reward_funcs=self._reward,
-            args=grpo_args(job, total_steps, job.job_dir / _TRL_DIR, use_cpu),
+            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu),
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=self._rollout,
@@ -181,8 +276,36 @@ class GrpoEngine:
         """The last step whose adapter is saved (0 = none)."""
         return self.ctx.adapter_step
 
-    def run(self) -> None:
-        self.trainer.train()
+    def run(self, resume_from: Path | None = None) -> None:
+        """Trains to the end; from the TRL checkpoint `resume_from` on (`resume_checkpoint`), after
+        `restore` of our state saved with it, when given."""
+        self.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+
+    def save_resume_state(self, checkpoint: Path, step: int) -> None:
+        """Our part of a checkpoint, beside TRL's (which holds the adapter, optimizer, scheduler, RNG
+        states and the sampler's position): the policy the next rollouts come from, and dynamic
+        sampling's draw."""
+        from services.trainer import artifacts
+
+        state: dict[str, Any] = {"step": step, "adapter_step": self.ctx.adapter_step}
+        if self.ctx.draw is not None:
+            state["draw"] = self.ctx.draw.state()
+        job = self.ctx.job
+        own = artifacts.checkpoint_dir(job.artifact_root, job.job_id, self.ctx.adapter_step)
+        if self.ctx.adapter_step and not own.is_dir():
+            # The published adapter of the step (init + trained for a stacked job), which a resume
+            # pushes to the rollout server again; not in TRL's folder, whose every adapter folder
+            # TRL would load as another adapter of the policy on resume.
+            artifacts.copy_adapter(artifacts.adapter_dir(job.artifact_root, job.job_id), own)
+        artifacts.write_json_atomic(checkpoint / RESUME_FILE, state)
+
+    def restore(self, state: dict[str, Any], live: AdapterTag) -> None:
+        """Our state of a checkpoint (`save_resume_state`), before `run(resume_from=...)`; `live` is
+        the policy the generator serves now (the checkpoint's adapter, pushed again)."""
+        self.ctx.adapter_step = int(state["adapter_step"])
+        self.ctx.live = live
+        if self.ctx.draw is not None and "draw" in state:
+            self.ctx.draw.restore(state["draw"])
 
     def _rollout(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
         """TRL's rollout_func."""

@@ -362,6 +362,44 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
             owned.close()
 
 
+def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
+    """Resume: where a re-dispatched job (`job.resume`) goes on from, None for step 0.
+
+    The job's last whole TRL checkpoint (engine.py, `resume_checkpoint`): TRL/transformers restore
+    the adapter, the optimizer, the LR scheduler, the python/numpy/torch RNG states and the sampler's
+    position (accelerate's skip_first_batches), and the engine our state saved beside it, so the run
+    goes on as the uninterrupted one would have, bit for bit on the CPU (tests/test_trainer_job.py).
+    Later checkpoints that were not whole are removed. A job with no whole checkpoint (none taken:
+    checkpoint_every 0, or none reached) starts again from step 0, in a clean TRL folder: with
+    the same seed that is the same run again.
+
+    Steps after the checkpoint run again. Their metrics are stored once, the first run's: steps
+    up to `job.stored_steps` (stored by the scheduler already) are not published again, and a step
+    published but not yet stored when the trainer was lost is published again under the same
+    Nats-Msg-Id ("<job>:<step>"), which the stream drops within its duplicate window and the store
+    refuses after it ((job_id, step) is its key). The first run's point is the one kept because it
+    is the one watchers and loop rules may have seen already; the re-run's is the same up to its
+    timings, the run being exact.
+    """
+    import shutil
+
+    from services.trainer.engine import TRL_DIR, resume_checkpoint
+
+    trl = job.job_dir / TRL_DIR
+    found = resume_checkpoint(job.job_dir) if job.resume else None
+    if found is None:
+        if job.resume:
+            log.info("job %s: no whole checkpoint to resume from; starting again from step 0", job.job_id)
+        shutil.rmtree(trl, ignore_errors=True)
+        return None
+    checkpoint, _ = found
+    for other in trl.glob("checkpoint-*"):
+        number = other.name.removeprefix("checkpoint-")
+        if number.isdigit() and int(number) > int(checkpoint.name.removeprefix("checkpoint-")):
+            shutil.rmtree(other, ignore_errors=True)
+    return found
+
+
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
     from services.trainer.engine import GrpoEngine
@@ -385,6 +423,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         initial = BASE_MODEL
     local = isinstance(generator, LocalGenerator)
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
+    resume = resume_point(job)
 
     def save(peft_model: Any, step: int) -> Path:
         path = artifacts.save_adapter(peft_model, adapter, stack_on=init)  # init + trained, as one
@@ -401,9 +440,20 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
              job.generation_backend, job.quantization)
     engine = GrpoEngine(job, model, tokenizer, prompts, generator, deps.scorer, hooks, total, initial,
                         use_cpu=device == "cpu")
+    checkpoint = None
+    if resume is not None:
+        checkpoint, state = resume
+        step = int(state["adapter_step"])
+        live = initial
+        if step:  # the checkpoint's adapter is the live policy again (pushed anew to a rollout server)
+            live = AdapterTag(job.adapter_name, step)
+            generator.publish_adapter(artifacts.checkpoint_dir(job.artifact_root, job.job_id, step), live)
+        engine.restore(state, live)
+        result.steps_done = step
+        log.info("job %s: resuming from step %d (checkpoint %s)", job.job_id, step, checkpoint.name)
     try:
         if not deps.cancel.is_set():
-            engine.run()
+            engine.run(resume_from=checkpoint)
     finally:
         result.steps_done = engine.adapter_step
         if local:

@@ -217,6 +217,11 @@ class Step:
             event.completion_length_mean, event.step_seconds,
             f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
         )
+        if self.number <= ctx.job.stored_steps:
+            # A step re-run after a resume that the scheduler stores already: its stored point stays
+            # the first run's (see runner.py, "Resume"), so it is not published again.
+            log.info("step %d is stored already (the run before the resume published it)", self.number)
+            return
         ctx.hooks.publish(event)
 
 
