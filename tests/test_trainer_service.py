@@ -158,7 +158,7 @@ async def test_cancel_stops_within_seconds_and_keeps_the_adapter(nats_server, tm
         await channel.close()
 
 
-async def test_a_crashed_or_failing_job_fails_alone_with_its_cause(nats_server, tmp_path: Path, tiny_model: str) -> None:
+async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes(nats_server, tmp_path: Path, tiny_model: str) -> None:
     import os
     import signal
 
@@ -175,18 +175,34 @@ async def test_a_crashed_or_failing_job_fails_alone_with_its_cause(nats_server, 
         await asyncio.wait_for(_idle(supervisor), 10)
         assert supervisor.last is not None and "no-such-model" in supervisor.last.error
 
-        # A job process killed from outside (as the OOM killer would): the worker reports it and
-        # publishes the final status the process could not; the worker itself carries on.
+        # A job process killed from outside (as the OOM killer would): the worker reports it lost,
+        # with its cause and the adapter of its last finished step, and publishes no final status
+        # (the scheduler resumes such a job); the worker itself carries on.
         crashed = f"crash-{time.monotonic_ns()}"
-        await supervisor.start(_request(crashed, tiny_model, max_steps=500))
-        await _events(bus, crashed, until_terminal=False, timeout_s=120, metrics_wanted=1)
+        request = _request(crashed, tiny_model, max_steps=6)
+        request.spec.advanced.checkpoint_every = 1
+        await supervisor.start(request)
+        await _events(bus, crashed, until_terminal=False, timeout_s=120, metrics_wanted=2)
         assert supervisor.current is not None
         os.killpg(supervisor.current.process.pid, signal.SIGKILL)
-        _, statuses = await _events(bus, crashed, until_terminal=True, timeout_s=30)
-        assert statuses[-1].status == C.JOB_STATUS_FAILED
-        assert "killed by signal 9" in statuses[-1].message and statuses[-1].adapter.version >= 1
         await asyncio.wait_for(_idle(supervisor), 10)
-        assert not supervisor.status().busy and supervisor.status().last_job_id == crashed
+        status = supervisor.status()
+        assert not status.busy and status.last_job_id == crashed and status.last_job_lost
+        assert status.last_job_status == C.JOB_STATUS_FAILED and "killed by signal 9" in status.last_job_error
+        assert status.last_job_adapter.version >= 2
+        lost_at = status.last_job_adapter.version
+        _, statuses = await _events(bus, crashed, until_terminal=False, timeout_s=10, metrics_wanted=lost_at)
+        assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING]
+
+        # Started again as a resume, it goes on from its last checkpoint (its checkpoints kept)
+        # and each step is on the stream once.
+        request.resume, request.stored_steps = True, 1
+        await supervisor.start(request)
+        metrics, statuses = await _events(bus, crashed, until_terminal=True, timeout_s=120)
+        assert statuses[-1].status == C.JOB_STATUS_COMPLETED, statuses[-1].message
+        assert statuses[1].message.startswith("resuming from step ") and statuses[1].current_step >= 1
+        assert [m.step for m in metrics] == [1, 2, 3, 4, 5, 6]
+        assert statuses[-1].adapter.version == 6
     await supervisor.close()
 
 

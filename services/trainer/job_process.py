@@ -21,7 +21,9 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -30,6 +32,9 @@ from rlvr.v1 import common_pb2
 from services.trainer import artifacts
 from services.trainer.quantization import cuda_visible_devices
 from services.trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from services.trainer.config import JobConfig
 
 log = logging.getLogger("rlvr.trainer.job")
 
@@ -63,6 +68,23 @@ def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads or max(1, cores))
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """A job process must not outlive its trainer service: killed with it (kill -9 included), it
+    would train on unseen and publish beside the run the scheduler resumes. Linux delivers SIGKILL
+    to this process when its parent dies (PR_SET_PDEATHSIG); a parent gone already ends it now."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this job may outlive its trainer",
+                        ctypes.get_errno())
+    if parent_pid and os.getppid() != parent_pid:
+        log.error("the trainer service (pid %d) is gone already; not starting", parent_pid)
+        os._exit(1)
+
+
 def run(job_dir: Path) -> int:
     settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
     from services.trainer.config import JobConfig
@@ -86,12 +108,21 @@ def run(job_dir: Path) -> int:
     result: JobResult
     try:
         if settings.nats_url:
-            from services.trainer.publisher import EventPublisher
+            from rlvr.infra.events import job_status_subject
+            from services.trainer.publisher import EventPublisher, status_msg_id
 
             publisher = EventPublisher(settings.nats_url, name=f"rlvr-trainer-{job.job_id}")
             publisher.start()
-            publisher.publish_status(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING,
-                                                  f"running on {settings.worker_name}"))
+            running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
+            resumed = _resume_step(job)
+            if resumed is None:
+                publisher.publish_status(running)
+            else:  # a status of its own (not the first run's RUNNING, which the stream would drop)
+                running.message = (f"resuming from step {resumed} on {settings.worker_name}" if resumed
+                                   else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
+                running.current_step = resumed
+                publisher.publish(job_status_subject(job.job_id), running.SerializeToString(),
+                                  f"{status_msg_id(job.job_id, running.status)}:resume-{time.time_ns()}")
         _set_threads(settings.torch_threads)
         score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
         scorer = (LocalScorer(score_settings) if settings.scorer == "local"
@@ -141,12 +172,24 @@ def run(job_dir: Path) -> int:
     return 0
 
 
+def _resume_step(job: JobConfig) -> int | None:
+    """None for a first run; for a resume the step it goes on from (0: no checkpoint, step 0 again)."""
+    if not job.resume:
+        return None
+    from services.trainer.engine import resume_checkpoint
+
+    found = resume_checkpoint(job.job_dir)
+    return int(found[1]["adapter_step"]) if found is not None else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.trainer.job_process", description=__doc__)
     parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, default=0, help="the trainer service's pid: this dies with it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    die_with_parent(args.parent_pid)
     return run(args.job_dir)
 
 

@@ -62,6 +62,7 @@ class LastJob:
     status: common_pb2.JobStatus
     error: str = ""
     adapter: common_pb2.AdapterRef | None = None
+    lost: bool = False  # its process died without a result, not on a cancel (WorkerStatus.last_job_lost)
 
 
 class JobSupervisor:
@@ -101,7 +102,7 @@ class JobSupervisor:
         try:
             await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
             job_dir = artifacts.job_dir(self.root, job.job_id)
-            await asyncio.to_thread(self._fresh_job_dir, job_dir)
+            await asyncio.to_thread(self._resumed_job_dir if job.resume else self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
             (job_dir / "config.json").write_text(json.dumps(job.to_json()))
             # 0600: the settings carry the service token the job process calls its peers with.
@@ -111,6 +112,7 @@ class JobSupervisor:
             with open(job_dir / "job.log", "ab") as job_log:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir),
+                    "--parent-pid", str(os.getpid()),  # it dies with this service (job_process.die_with_parent)
                     stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log,
                     start_new_session=True,  # its own process group: a cancel reaches its children too
                 )
@@ -136,11 +138,19 @@ class JobSupervisor:
 
     @staticmethod
     def _fresh_job_dir(job_dir: Path) -> None:
-        """A job id started again (a re-dispatch) starts from nothing: no stale result or adapter."""
+        """A job id started again without `resume` starts from nothing: no stale result or adapter."""
         for name in ("result.json", "progress.json"):
             (job_dir / name).unlink(missing_ok=True)
         for name in ("adapter", "checkpoints", "trl"):
             shutil.rmtree(job_dir / name, ignore_errors=True)
+        job_dir.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _resumed_job_dir(job_dir: Path) -> None:
+        """A resume (StartJobRequest.resume) keeps the checkpoints, the adapter of the last finished
+        step and progress.json (the step that adapter is of, until the resumed run finishes one);
+        only a stale result goes. The job process picks the checkpoint (runner.resume_point)."""
+        (job_dir / "result.json").unlink(missing_ok=True)
         job_dir.mkdir(parents=True, exist_ok=True)
 
     def _progress(self, job_id: str) -> tuple[int, int]:
@@ -175,12 +185,14 @@ class JobSupervisor:
         adapter = adapter_ref(job.adapter_name, step, str(artifacts.adapter_dir(self.root, job.job_id).resolve()))
         if running.cancel_requested:
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_CANCELLED, "", adapter)
-        else:
-            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
-                           f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter)
-        await self._publish_final(last, step)
-        return last
+            await self._publish_final(last, step)
+            return last
+        # Lost, not failed: no final status is published (a FAILED on the stream would be final in
+        # the store). The scheduler reads `lost` in GetWorkerStatus and resumes the job from its
+        # last checkpoint, or fails it itself once its resumes are spent.
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
+                       f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter, lost=True)
 
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url:
@@ -235,6 +247,7 @@ class JobSupervisor:
             status.last_job_id = self.last.job_id
             status.last_job_status = self.last.status
             status.last_job_error = self.last.error
+            status.last_job_lost = self.last.lost
             if self.last.adapter is not None:
                 status.last_job_adapter.CopyFrom(self.last.adapter)
         return status
