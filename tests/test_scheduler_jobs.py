@@ -20,7 +20,8 @@ from rlvr.infra.store import Store
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 from rlvr.v1 import trainer_pb2_grpc
-from services.scheduler.jobs import JobManager
+from services.scheduler import jobs as jobs_module
+from services.scheduler.jobs import MAX_RESUMES, JobManager
 from services.scheduler.workers import (
     GrpcWorkers,
     JobNotOnWorker,
@@ -49,6 +50,8 @@ class FakeWorkers:
         self.last: dict[str, tuple[str, str]] = {}
         self.down: set[str] = set()
         self.fail_next: dict[str, tuple[Exception, bool, bool]] = {}
+        self.lost: set[str] = set()  # addresses whose last job's process died without a result
+        self.resumes: list[tuple[str, bool, int]] = []  # (job, resume, stored_steps) of each job really started
 
     def finish(self, job_id: str, status: str) -> None:
         """The job ends on its worker, which then reports it as its last job (like a real trainer)."""
@@ -57,15 +60,25 @@ class FakeWorkers:
                 del self.running[address]
                 self.last[address] = (job_id, status)
 
+    def lose(self, job_id: str, error: str) -> None:
+        """The job's process dies without a result (kill -9, out of memory), as a trainer reports it."""
+        for address, job in list(self.running.items()):
+            if job == job_id:
+                del self.running[address]
+                self.last[address] = (job_id, f"FAILED:{error}")
+                self.lost.add(address)
+
     async def status(self, address: str) -> WorkerState | None:
         if address in self.down:
             return None
         job = self.running.get(address, "")
         last_job, last_status = self.last.get(address, ("", ""))
+        last_status, _, last_error = last_status.partition(":")
         return WorkerState(address=address, name=address, busy=bool(job), job_id=job, last_job_id=last_job,
-                           last_status=last_status)
+                           last_status=last_status, last_error=last_error, last_lost=address in self.lost)
 
-    async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int) -> str:
+    async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
+                    stored_steps: int = 0) -> str:
         assert spec.grpo.batch_size % spec.grpo.group_size == 0  # the resolved spec is sent
         self.calls.append((address, job_id))
         error, started, down = self.fail_next.pop(address, (None, False, False))
@@ -78,7 +91,9 @@ class FakeWorkers:
         if address in self.running:
             raise WorkerBusy(f"worker {address} is busy with job {self.running[address]}")
         self.running[address] = job_id
+        self.lost.discard(address)
         self.started.append((address, job_id, total_steps))
+        self.resumes.append((job_id, resume, stored_steps))
         if error is not None:
             raise error  # started, but the answer is lost
         return address
@@ -198,16 +213,41 @@ async def test_dry_run_starts_nothing(sqlite_store: Store) -> None:
     assert sqlite_store.count_jobs() == 0
 
 
-async def test_worker_that_lost_its_job_fails_it(sqlite_store: Store) -> None:
-    workers = FakeWorkers()
+async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_store: Store) -> None:
+    workers = FakeWorkers(2)
     jobs = JobManager(sqlite_store, None, workers)
     _, job = await jobs.create(C.JobSpec(), dry_run=False)
     await jobs.dispatch_once()
     assert (await jobs.get(job.id)).status == C.JOB_STATUS_RUNNING
-    workers.running.clear()  # the worker restarted and forgot it
+    assert workers.resumes == [(job.id, False, 0)]
+    sqlite_store.update_job(job.id, current_step=4)  # 4 steps stored
+    for n in range(1, MAX_RESUMES + 1):
+        if n % 2:
+            workers.running.clear()  # the worker restarted and forgot it
+            workers.last.clear()
+        else:
+            workers.lose(job.id, "the job process killed by signal 9 without a result")
+        await jobs.dispatch_once()  # queued again, and started again in the same round
+        row = await jobs.get(job.id)
+        assert row.status == C.JOB_STATUS_RUNNING, row.error
+        assert workers.resumes[-1] == (job.id, True, 4) and len(workers.resumes) == n + 1
+    workers.lose(job.id, "the job process killed by signal 9 without a result")
     await jobs.dispatch_once()
     failed = await jobs.get(job.id)
-    assert failed.status == C.JOB_STATUS_FAILED and "no longer runs" in failed.error
+    assert failed.status == C.JOB_STATUS_FAILED
+    assert failed.error == f"the job process killed by signal 9 without a result; not resumed again after " \
+                           f"{MAX_RESUMES} resumes"
+    assert len(workers.resumes) == MAX_RESUMES + 1
+
+
+async def test_a_job_that_failed_in_its_process_is_not_resumed(sqlite_store: Store) -> None:
+    workers = FakeWorkers()
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(C.JobSpec(), dry_run=False)
+    await jobs.dispatch_once()
+    workers.finish(job.id, "FAILED")  # the job's own failure (a result written): final
+    await jobs.dispatch_once()
+    assert (await jobs.get(job.id)).status == C.JOB_STATUS_FAILED and len(workers.resumes) == 1
 
 
 # ---------------------------------------------------------------- dispatch: every outcome of StartJob
@@ -488,9 +528,11 @@ async def _status_is(jobs: JobManager, job_id: str, status: int) -> bool:
     return (await jobs.get(job_id)).status == status
 
 
-async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sqlite_store: Store) -> None:
-    """A status the scheduler finds itself (a worker that lost its job) is published like any
-    other, so a watch of the job ends."""
+async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sqlite_store: Store,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A status the scheduler finds itself (a worker that lost its job, with no resume left) is
+    published like any other, so a watch of the job ends."""
+    monkeypatch.setattr(jobs_module, "MAX_RESUMES", 0)
     workers = FakeWorkers()
     async with connected_bus(nats_server.url) as bus:
         jobs = JobManager(sqlite_store, bus, workers)
@@ -534,3 +576,19 @@ async def _take(bus, subject: str, n: int):  # type: ignore[no-untyped-def]
         n -= 1
         if n == 0:
             return
+
+
+async def test_a_resume_is_published_so_watchers_see_it(nats_server, sqlite_store: Store) -> None:
+    workers = FakeWorkers()
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(C.JobSpec(), dry_run=False)
+        await jobs.dispatch_once()
+        workers.lose(job.id, "the job process killed by signal 9 without a result")
+        await jobs.dispatch_once()
+        stream = [C.JobStatusEvent.FromString(e.data) async for e in _take(bus, job_status_subject(job.id), 4)]
+    assert [e.status for e in stream] == [C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED,
+                                          C.JOB_STATUS_RUNNING]
+    assert stream[2].message.startswith("resuming from the last checkpoint after the trainer was lost at step 0 "
+                                        "(the job process killed by signal 9 without a result); resume 1 of ")
+    assert stream[3].message == "resumed on w0:1"

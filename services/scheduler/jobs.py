@@ -16,6 +16,15 @@ that handles them one at a time in stream order. The trainer publishes a step's 
 status that ends the job, so when a row reads COMPLETED every step is already stored; and a watch
 (`watch`) ends only once the store holds the job's end.
 
+A job whose trainer was lost resumes. When the worker that runs a job answers that it no longer
+does (its job process died without a result: `last_lost`; or the trainer service was restarted and
+knows nothing of it), the job goes back to the queue and is started again, on the first idle worker,
+as a resume (StartJobRequest.resume): the trainer goes on from the job's last checkpoint, or from
+step 0 when it has none (with the same seed, the same run again). A job is resumed at most
+`MAX_RESUMES` times, counted by this scheduler process (a restart of the scheduler starts the count
+again); then it fails with the cause and the adapter the worker reports. While the worker cannot be
+reached at all the job stays RUNNING there: its job process may still be training.
+
 Dispatch cannot start a job twice. StartJob is idempotent by job id on the trainer; when its
 outcome is unknown (no answer in time, or the worker unreachable) the scheduler asks the worker
 whether it runs the job before anything else may be tried, and while the worker cannot be asked
@@ -84,6 +93,8 @@ STREAM_GRACE_S = 5.0
 """How long a watch whose job the store has ended waits for that end to come off the stream."""
 STORE_GRACE_S = 30.0
 """How long a watch that read a job's end off the stream waits for the store to hold it."""
+MAX_RESUMES = 3
+"""How many times a job whose trainer was lost is resumed before it fails (see the module's doc)."""
 
 
 class JobManager:
@@ -102,6 +113,7 @@ class JobManager:
         # `changed`: `wait_job` and the loop watchers sleep on it (the loop manager bumps it too).
         self.changed = asyncio.Condition()
         self.generation = 0
+        self.resumes: dict[str, int] = {}  # job id -> times resumed after its trainer was lost
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -356,7 +368,9 @@ class JobManager:
         return event
 
     async def _publish_status(self, job_id: str, status: str, message: str,
-                              adapter: common_pb2.AdapterRef | None = None) -> None:
+                              adapter: common_pb2.AdapterRef | None = None, again: str = "") -> None:
+        """`again` names a repeat of a status the job had before (a resume's QUEUED and RUNNING): it
+        goes into the message id, or the stream would drop the event as the first one's duplicate."""
         if self.bus is None:
             return
         event = common_pb2.JobStatusEvent(job_id=job_id, status=job_status_value(status), message=message,
@@ -365,7 +379,7 @@ class JobManager:
             event.adapter.CopyFrom(adapter)
         try:
             await self.bus.publish(job_status_subject(job_id), event.SerializeToString(),
-                                   f"{job_id}:status:{status}")
+                                   f"{job_id}:status:{status}" + (f":{again}" if again else ""))
         except Exception as e:  # the store has it already: a watch sees it there (see `watch`)
             log.warning("could not publish status of %s: %s", job_id, e)
 
@@ -443,13 +457,12 @@ class JobManager:
             state = states.get(row.worker)
             if state is None or state.job_id == row.id:
                 continue  # unreachable (keep waiting) or still at work
-            if state.last_job_id == row.id and state.last_status in TERMINAL:
+            if state.last_job_id == row.id and state.last_status in TERMINAL and not state.last_lost:
                 status, message, adapter = state.last_status, state.last_error, state.last_adapter
+                if await self._apply_status(row.id, status, message, adapter):
+                    await self._publish_status(row.id, status, message or status.lower(), adapter)
             else:
-                status, adapter = "FAILED", None
-                message = f"trainer {row.worker} no longer runs this job (worker restarted?)"
-            if await self._apply_status(row.id, status, message, adapter):
-                await self._publish_status(row.id, status, message or status.lower(), adapter)
+                await self._lost(row, state)
             busy_workers.discard(row.worker)
         # The store lists newest first; the queue is served oldest first.
         queued = await asyncio.to_thread(self.store.list_jobs, "QUEUED", 10_000, 0)
@@ -465,6 +478,32 @@ class JobManager:
         idle = [a for a, s in states.items() if s is not None and not s.busy and a not in busy_workers]
         for row, address in zip(free, idle, strict=False):
             await self._start_on(row, address)
+
+    async def _lost(self, row: JobRow, state: WorkerState) -> None:
+        """A running job its worker no longer runs, though it did not end there: queued again to
+        be resumed, or failed once its resumes are spent (see the module's doc)."""
+        reported = state.last_job_id == row.id
+        why = state.last_error if reported and state.last_error else \
+            f"trainer {row.worker} no longer runs this job (worker restarted?)"
+        done = self.resumes.get(row.id, 0)
+        if done >= MAX_RESUMES:
+            message = f"{why}; not resumed again after {done} resumes" if done else why
+            adapter = state.last_adapter if reported else None
+            if await self._apply_status(row.id, "FAILED", message, adapter):
+                await self._publish_status(row.id, "FAILED", message, adapter)
+            return
+        async with self._lock:
+            current = await asyncio.to_thread(self.store.get_job, row.id)
+            if current is None or current.status != "RUNNING" or current.worker != row.worker:
+                return  # ended or moved meanwhile
+            await asyncio.to_thread(self.store.update_job, row.id, status="QUEUED", worker="")
+        self.resumes[row.id] = done + 1
+        message = (f"resuming from the last checkpoint after the trainer was lost at step {current.current_step} "
+                   f"({why}); resume {done + 1} of {MAX_RESUMES}")
+        log.warning("job %s: %s", row.id, message)
+        await self.notify()
+        await self._publish_status(row.id, "QUEUED", message, again=f"resume-{done + 1}")
+        self._wake.set()
 
     async def _settle_doubt(self, row: JobRow, state: WorkerState | None) -> bool:
         """A queued job whose StartJob on `row.worker` had no answer: True when it runs there (now
@@ -492,8 +531,12 @@ class JobManager:
             if current is None or current.status != "QUEUED" or current.worker:
                 return  # cancelled, dispatched or in doubt meanwhile
             error = ""
+            # A job that ran before (queued again after its trainer was lost; also after a restart
+            # of this scheduler, which forgets `resumes`) goes on from its checkpoint.
+            resume = current.started_at is not None or row.id in self.resumes
             try:
-                await self.workers.start(address, row.id, spec_from_json(row.spec_json), row.total_steps)
+                await self.workers.start(address, row.id, spec_from_json(row.spec_json), row.total_steps,
+                                         resume=resume, stored_steps=current.current_step)
             except WorkerBusy:
                 return  # another job holds the worker: next round
             except WorkerUnavailable as e:
@@ -519,15 +562,19 @@ class JobManager:
             await self._publish_status(row.id, "FAILED", error)
             self._wake.set()
         else:
-            await self._running(row.id, address)
+            await self._running(row.id, address, resume)
 
     async def _mark_running(self, job_id: str, address: str) -> None:
         """Under the lock: the job is RUNNING on `address`."""
         await asyncio.to_thread(self.store.update_job, job_id, status="RUNNING", worker=address,
                                 started_at=datetime.now(UTC))
 
-    async def _running(self, job_id: str, address: str) -> None:
+    async def _running(self, job_id: str, address: str, resume: bool = False) -> None:
         """After `_mark_running`, out of the lock: tell the watchers."""
-        log.info("dispatched job %s to %s", job_id, address)
+        log.info("dispatched job %s to %s%s", job_id, address, " to resume" if resume else "")
         await self.notify()
-        await self._publish_status(job_id, "RUNNING", f"started on {address}")
+        if resume:
+            await self._publish_status(job_id, "RUNNING", f"resumed on {address}",
+                                       again=f"resume-{self.resumes.get(job_id, 0)}")
+        else:
+            await self._publish_status(job_id, "RUNNING", f"started on {address}")

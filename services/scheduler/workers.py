@@ -74,6 +74,9 @@ class WorkerState:
     last_status: str = ""
     last_error: str = ""
     last_adapter: common_pb2.AdapterRef | None = None
+    # The last job's process ended without a result (killed, out of memory) and not on a cancel:
+    # resumable (jobs.py); its last_status reads FAILED.
+    last_lost: bool = False
 
     def has_job(self, job_id: str) -> bool:
         """The worker runs the job, or ran it last (it may have ended already)."""
@@ -90,9 +93,12 @@ class Workers(Protocol):
         """The worker's state; None when it cannot be reached."""
         ...
 
-    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str:
+    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
+                    resume: bool = False, stored_steps: int = 0) -> str:
         """Starts the job there (OK again for the job it already runs); returns the worker's name.
-        Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected or WorkerFailed."""
+        `resume`: from the job's last checkpoint there (StartJobRequest.resume), not publishing the
+        `stored_steps` again. Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
+        or WorkerFailed."""
         ...
 
     async def cancel(self, address: str, job_id: str) -> common_pb2.AdapterRef | None:
@@ -144,12 +150,15 @@ class GrpcWorkers:
         last = job_status_name(s.last_job_status) if s.last_job_status else ""
         return WorkerState(address=address, name=s.worker, busy=s.busy, job_id=s.job_id,
                            last_job_id=s.last_job_id, last_status=last, last_error=s.last_job_error,
-                           last_adapter=s.last_job_adapter if s.last_job_adapter.name else None)
+                           last_adapter=s.last_job_adapter if s.last_job_adapter.name else None,
+                           last_lost=s.last_job_lost)
 
-    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int) -> str:
+    async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
+                    resume: bool = False, stored_steps: int = 0) -> str:
         try:
             resp = await self._stubs[address].StartJob(
-                trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps),
+                trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps, resume=resume,
+                                            stored_steps=stored_steps),
                 timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise worker_error(e, address, "StartJob") from None

@@ -70,9 +70,30 @@ class JobSupervisor:
         self.settings = settings
         self.root = Path(settings.artifact_root)
         self.current: RunningJob | None = None
-        self.last: LastJob | None = None
+        self.last: LastJob | None = self._lost_before_restart()
         self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
+
+    def _lost_before_restart(self) -> LastJob | None:
+        """After a restart of the service: the job it ran when it went away (the newest job folder
+        without a result; its process died with the service), reported lost with the adapter of its
+        last finished step, so that the scheduler resumes it, or records that adapter if it fails it."""
+        jobs = self.root / "jobs"
+        try:
+            started = [d for d in jobs.iterdir() if (d / "config.json").is_file()]
+            newest = max(started, key=lambda d: (d / "config.json").stat().st_mtime, default=None)
+            if newest is None or (newest / "result.json").exists():
+                return None
+            config = JobConfig.from_json(json.loads((newest / "config.json").read_text()))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            log.warning("could not read the job folders under %s: %s", jobs, e)
+            return None
+        step, _ = self._progress(config.job_id)
+        adapter = adapter_ref(config.adapter_name, step, str(artifacts.adapter_dir(self.root, config.job_id).resolve()))
+        log.info("job %s was running when this worker stopped (at step %d): reported lost", config.job_id, step)
+        return LastJob(config.job_id, common_pb2.JOB_STATUS_FAILED,
+                       f"the trainer service {self.settings.worker_name} was restarted while the job ran (at step {step})",
+                       adapter, lost=True)
 
     # ------------------------------------------------------------------ start
 
