@@ -51,6 +51,7 @@ class FakeWorkers:
         self.down: set[str] = set()
         self.fail_next: dict[str, tuple[Exception, bool, bool]] = {}
         self.lost: set[str] = set()  # addresses whose last job's process died without a result
+        self.adapters: dict[str, C.AdapterRef] = {}  # the adapter of each address's last job
         self.resumes: list[tuple[str, bool, int]] = []  # (job, resume, stored_steps) of each job really started
 
     def finish(self, job_id: str, status: str) -> None:
@@ -60,13 +61,15 @@ class FakeWorkers:
                 del self.running[address]
                 self.last[address] = (job_id, status)
 
-    def lose(self, job_id: str, error: str) -> None:
-        """The job's process dies without a result (kill -9, out of memory), as a trainer reports it."""
+    def lose(self, job_id: str, error: str, step: int = 0) -> None:
+        """The job's process dies without a result (kill -9, out of memory) after `step` steps, as a
+        trainer reports it: with the adapter of that step."""
         for address, job in list(self.running.items()):
             if job == job_id:
                 del self.running[address]
                 self.last[address] = (job_id, f"FAILED:{error}")
                 self.lost.add(address)
+                self.adapters[address] = C.AdapterRef(name=f"job-{job_id}", version=step, path=f"/a/{job_id}")
 
     async def status(self, address: str) -> WorkerState | None:
         if address in self.down:
@@ -75,7 +78,8 @@ class FakeWorkers:
         last_job, last_status = self.last.get(address, ("", ""))
         last_status, _, last_error = last_status.partition(":")
         return WorkerState(address=address, name=address, busy=bool(job), job_id=job, last_job_id=last_job,
-                           last_status=last_status, last_error=last_error, last_lost=address in self.lost)
+                           last_status=last_status, last_error=last_error, last_lost=address in self.lost,
+                           last_adapter=self.adapters.get(address))
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
                     stored_steps: int = 0) -> str:
@@ -231,13 +235,15 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
         row = await jobs.get(job.id)
         assert row.status == C.JOB_STATUS_RUNNING, row.error
         assert workers.resumes[-1] == (job.id, True, 4) and len(workers.resumes) == n + 1
-    workers.lose(job.id, "the job process killed by signal 9 without a result")
+    workers.lose(job.id, "the job process killed by signal 9 without a result", step=5)
     await jobs.dispatch_once()
     failed = await jobs.get(job.id)
     assert failed.status == C.JOB_STATUS_FAILED
     assert failed.error == f"the job process killed by signal 9 without a result; not resumed again after " \
                            f"{MAX_RESUMES} resumes"
     assert len(workers.resumes) == MAX_RESUMES + 1
+    # The adapter of its last finished step is kept: recorded, so it can be downloaded and merged.
+    assert (failed.adapter.name, failed.adapter.version, failed.adapter.path) == (f"job-{job.id}", 5, f"/a/{job.id}")
 
 
 async def test_a_job_that_failed_in_its_process_is_not_resumed(sqlite_store: Store) -> None:

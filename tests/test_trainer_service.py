@@ -191,6 +191,11 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
         assert status.last_job_status == C.JOB_STATUS_FAILED and "killed by signal 9" in status.last_job_error
         assert status.last_job_adapter.version >= 2
         lost_at = status.last_job_adapter.version
+        # A worker started again on the same artifact root (the service restarted) reports it lost too.
+        restarted = JobSupervisor(_settings(tmp_path, nats_server.url)).status()
+        assert (restarted.last_job_id, restarted.last_job_lost, restarted.busy) == (crashed, True, False)
+        assert restarted.last_job_adapter == status.last_job_adapter
+        assert "was restarted while the job ran" in restarted.last_job_error
         _, statuses = await _events(bus, crashed, until_terminal=False, timeout_s=10, metrics_wanted=lost_at)
         assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING]
 
