@@ -3,7 +3,9 @@ leaving a half-written one behind.
 
     <artifact_root>/jobs/<job_id>/adapter/            the adapter of the last finished step (PEFT; for a
                                                       job with an init_adapter, init + trained as one)
-    <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT)
+    <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT: the published adapter)
+    <artifact_root>/jobs/<job_id>/trl/checkpoint-N/   TRL's checkpoints at the same steps: what a
+                                                      resume starts from (runner.resume_point)
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
     <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
 
