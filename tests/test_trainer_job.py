@@ -523,3 +523,26 @@ def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adap
     # The step-3 checkpoint alone would not do: the run did move after it.
     at_3 = _adapter_tensors(root / "jobs" / "t1" / "checkpoints" / "step-3")
     assert any(not torch.equal(at_3[k], got[k]) for k in got)
+
+
+def test_a_resumed_vllm_backend_job_serves_its_checkpoint_first_and_publishes_no_stored_step(
+        tmp_path: Path, tiny_model: str) -> None:
+    """On resume the rollout server (restarted, or another one: it holds nothing of the job) gets
+    the checkpoint's adapter as its version before any rollout, so the version check of the next
+    step holds; the re-run steps the scheduler stores already are not published again."""
+    from dataclasses import replace
+
+    def lost(step: int, total: int) -> None:
+        if step == 3:
+            raise RuntimeError("the trainer was lost")
+
+    job = _job(tmp_path, tiny_model, generation_backend="vllm", max_steps=4, checkpoint_every=2)
+    first = run_job(job, JobDeps(scorer=_scorer(), publish=lambda e: None, generator=RolloutTwin(tiny_model),
+                                 on_step=lost))
+    assert first.status == "failed"
+    twin, events = RolloutTwin(tiny_model), []
+    resumed = run_job(replace(job, resume=True, stored_steps=3),
+                      JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
+    assert resumed.status == "completed", resumed.error
+    assert twin.uploads == [AdapterTag("job-t1", v) for v in (2, 3, 4)]
+    assert [(e.step, e.adapter_version) for e in events] == [(4, 3)]  # step 3 ran again, stored already
