@@ -247,3 +247,29 @@ async def test_start_is_idempotent_by_job_id_and_outlives_its_caller(
     await supervisor.cancel(job_id)
     assert supervisor.last is not None and supervisor.last.job_id == job_id
     await supervisor.close()
+
+
+def test_a_restarted_worker_ends_a_job_process_that_outlived_it(tmp_path: Path) -> None:
+    """Job processes die with their service (PR_SET_PDEATHSIG); should one not have, a worker
+    started again kills it before anything else, so it never has two jobs training."""
+    import json
+    import subprocess
+    import sys
+
+    from services.trainer.config import job_config
+    from services.trainer.worker import JobSupervisor
+
+    settings = TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url="", worker_name="trainer-test")
+    job = job_config("orphaned", "rlvr-tiny-test", settings.artifact_root)
+    job.job_dir.mkdir(parents=True)
+    (job.job_dir / "config.json").write_text(json.dumps(job.to_json()))
+    (job.job_dir / "progress.json").write_text(json.dumps({"step": 2, "total_steps": 9}))
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "services.trainer.job_process",
+                               str(job.job_dir)], start_new_session=True)
+    try:
+        (job.job_dir / "pid").write_text(str(orphan.pid))
+        status = JobSupervisor(settings).status()
+        assert orphan.wait(timeout=10) == -9
+        assert (status.last_job_id, status.last_job_lost, status.last_job_adapter.version) == ("orphaned", True, 2)
+    finally:
+        orphan.kill()

@@ -88,6 +88,7 @@ class JobSupervisor:
         except (OSError, ValueError, TypeError, KeyError) as e:
             log.warning("could not read the job folders under %s: %s", jobs, e)
             return None
+        _end_orphan(newest)
         step, _ = self._progress(config.job_id)
         adapter = adapter_ref(config.adapter_name, step, str(artifacts.adapter_dir(self.root, config.job_id).resolve()))
         log.info("job %s was running when this worker stopped (at step %d): reported lost", config.job_id, step)
@@ -137,6 +138,7 @@ class JobSupervisor:
                     stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log,
                     start_new_session=True,  # its own process group: a cancel reaches its children too
                 )
+            (job_dir / "pid").write_text(str(process.pid))  # for a restarted worker (`_lost_before_restart`)
             running = RunningJob(job, process)
             self.current = running
             log.info("job %s started (pid %d), log %s", job.job_id, process.pid, job_dir / "job.log")
@@ -283,6 +285,21 @@ class JobSupervisor:
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
+
+
+def _end_orphan(job_dir: Path) -> None:
+    """Kills the job process of `job_dir` if it still runs (its process group): a job process dies
+    with its service (job_process.die_with_parent), but where that did not happen a restarted worker
+    must still never have two jobs training."""
+    try:
+        pid = int((job_dir / "pid").read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return  # no such process (or no /proc to tell): nothing to end
+    if b"services.trainer.job_process" in argv and str(job_dir).encode() in argv:
+        log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _log_tail(path: Path) -> str:
