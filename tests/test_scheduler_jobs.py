@@ -225,6 +225,7 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
     assert (await jobs.get(job.id)).status == C.JOB_STATUS_RUNNING
     assert workers.resumes == [(job.id, False, 0)]
     sqlite_store.update_job(job.id, current_step=4)  # 4 steps stored
+    started = sqlite_store.get_job(job.id).started_at
     for n in range(1, MAX_RESUMES + 1):
         if n % 2:
             workers.running.clear()  # the worker restarted and forgot it
@@ -235,6 +236,7 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
         row = await jobs.get(job.id)
         assert row.status == C.JOB_STATUS_RUNNING, row.error
         assert workers.resumes[-1] == (job.id, True, 4) and len(workers.resumes) == n + 1
+        assert sqlite_store.get_job(job.id).started_at == started  # the job's start, not the resume's
     workers.lose(job.id, "the job process killed by signal 9 without a result", step=5)
     await jobs.dispatch_once()
     failed = await jobs.get(job.id)

@@ -516,7 +516,7 @@ class JobManager:
             if current is None or current.status != "QUEUED" or current.worker != row.worker:
                 return current is not None and current.status == "RUNNING"
             if state is not None and state.has_job(row.id):
-                await self._mark_running(row.id, row.worker)
+                await self._mark_running(row.id, row.worker, first=current.started_at is None)
             else:
                 log.info("job %s did not start on %s; it is queued again", row.id, row.worker)
                 await asyncio.to_thread(self.store.update_job, row.id, worker="")
@@ -556,7 +556,7 @@ class JobManager:
                 await asyncio.to_thread(self.store.update_job, row.id, status="FAILED", error=error,
                                         finished_at=datetime.now(UTC))
             else:
-                await self._mark_running(row.id, address)
+                await self._mark_running(row.id, address, first=not resume)
         if error:
             await self.notify()
             await self._publish_status(row.id, "FAILED", error)
@@ -564,10 +564,12 @@ class JobManager:
         else:
             await self._running(row.id, address, resume)
 
-    async def _mark_running(self, job_id: str, address: str) -> None:
-        """Under the lock: the job is RUNNING on `address`."""
-        await asyncio.to_thread(self.store.update_job, job_id, status="RUNNING", worker=address,
-                                started_at=datetime.now(UTC))
+    async def _mark_running(self, job_id: str, address: str, first: bool = True) -> None:
+        """Under the lock: the job is RUNNING on `address` (started now, unless it ran before a resume)."""
+        fields: dict[str, object] = {"status": "RUNNING", "worker": address}
+        if first:
+            fields["started_at"] = datetime.now(UTC)
+        await asyncio.to_thread(self.store.update_job, job_id, **fields)
 
     async def _running(self, job_id: str, address: str, resume: bool = False) -> None:
         """After `_mark_running`, out of the lock: tell the watchers."""
