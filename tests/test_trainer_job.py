@@ -540,6 +540,19 @@ def test_a_resumed_vllm_backend_job_serves_its_checkpoint_first_and_publishes_no
     first = run_job(job, JobDeps(scorer=_scorer(), publish=lambda e: None, generator=RolloutTwin(tiny_model),
                                  on_step=lost))
     assert first.status == "failed"
+    # Resumed and stopped before its next step: it reports the checkpoint's adapter, whose files
+    # are the job's adapter again (the lost run had written step 3's).
+    import torch
+
+    stopped = threading.Event()
+    stopped.set()
+    cancelled = run_job(replace(job, resume=True), JobDeps(scorer=_scorer(), publish=lambda e: None,
+                                                           generator=RolloutTwin(tiny_model), cancel=stopped))
+    assert (cancelled.status, cancelled.adapter_version) == ("cancelled", 2)
+    at_2 = _adapter_tensors(tmp_path / "jobs" / "t1" / "checkpoints" / "step-2")
+    reported = _adapter_tensors(Path(cancelled.adapter_path))
+    assert all(torch.equal(at_2[k], reported[k]) for k in at_2)
+
     twin, events = RolloutTwin(tiny_model), []
     resumed = run_job(replace(job, resume=True, stored_steps=3),
                       JobDeps(scorer=_scorer(), publish=events.append, generator=twin))

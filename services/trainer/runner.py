@@ -447,7 +447,13 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         live = initial
         if step:  # the checkpoint's adapter is the live policy again (pushed anew to a rollout server)
             live = AdapterTag(job.adapter_name, step)
-            generator.publish_adapter(artifacts.checkpoint_dir(job.artifact_root, job.job_id, step), live)
+            saved = artifacts.checkpoint_dir(job.artifact_root, job.job_id, step)
+            generator.publish_adapter(saved, live)
+            # The job's adapter is the checkpoint's again (the lost run may have left a later step's):
+            # what a run stopped before its next step reports, as version `step`.
+            artifacts.copy_adapter(saved, adapter)
+            if deps.on_step is not None:
+                deps.on_step(step, total)
         engine.restore(state, live)
         result.steps_done = step
         log.info("job %s: resuming from step %d (checkpoint %s)", job.job_id, step, checkpoint.name)
