@@ -268,6 +268,9 @@ def test_a_restarted_worker_ends_a_job_process_that_outlived_it(tmp_path: Path) 
                                str(job.job_dir)], start_new_session=True)
     try:
         (job.job_dir / "pid").write_text(str(orphan.pid))
+        cmdline = Path(f"/proc/{orphan.pid}/cmdline")
+        while b"services.trainer.job_process" not in cmdline.read_bytes():  # exec is under way
+            time.sleep(0.01)
         status = JobSupervisor(settings).status()
         assert orphan.wait(timeout=10) == -9
         assert (status.last_job_id, status.last_job_lost, status.last_job_adapter.version) == ("orphaned", True, 2)

@@ -79,6 +79,8 @@ class JobSupervisor:
         without a result; its process died with the service), reported lost with the adapter of its
         last finished step, so that the scheduler resumes it, or records that adapter if it fails it."""
         jobs = self.root / "jobs"
+        if not jobs.is_dir():
+            return None  # a new artifact root
         try:
             started = [d for d in jobs.iterdir() if (d / "config.json").is_file()]
             newest = max(started, key=lambda d: (d / "config.json").stat().st_mtime, default=None)
