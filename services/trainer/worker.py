@@ -4,8 +4,12 @@
 `services.trainer.job_process` in a new process group, follows it through the files that process
 writes (progress.json after every step, result.json at the end), cancels it (SIGTERM, then SIGKILL
 after `cancel_grace_seconds`), and turns its exit into the last job's outcome. When the process
-died without a result (killed, out of memory, a crash in native code) the supervisor publishes the
-job's final status itself, under the same Nats-Msg-Id the process would have used.
+died without a result (killed, out of memory, a crash in native code) and not on a cancel, the job
+is lost, not failed: the worker publishes no final status and reports it in GetWorkerStatus
+(`last_job_lost`, with the adapter of its last finished step), and the scheduler resumes it from
+its last checkpoint (StartJobRequest.resume: the job's folder is kept) or fails it. The job process
+dies with this service (job_process.die_with_parent); a worker started again reports the job it
+was running as lost and kills its process should it still run.
 
 StartJob is idempotent by job id: asked to start the job it runs (or is starting) the supervisor
 starts nothing and answers as the first call did, so a caller whose first call went unanswered may
