@@ -24,7 +24,7 @@ from rlvr.v1 import scheduler_pb2 as S
 
 MODEL = "rlvr-tiny-small"  # writes the answer format and is sometimes right: rewards differ, the adapter moves
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
-STEPS = 10  # the kill comes after step 3: room for it before the job ends, even on an idle machine
+STEPS = 6  # the kill comes after step 3, about 3 steps (2 s each, idle) before the job would end
 
 
 @pytest.fixture(scope="module")
