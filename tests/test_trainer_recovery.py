@@ -29,7 +29,7 @@ STEPS = 6  # the kill comes after step 3, about 3 steps (2 s each, idle) before 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from clients.sdk import ClientSettings, connect
+    from clients.sdk import connect
     from clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("recovery")
@@ -40,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, ob
     try:
         running.start()
         assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(ClientSettings(**{f"{name}_address": address for name, address in cfg.addresses.items()}))
+        client = connect(running.client_settings())  # the stack's user token
         yield client, running, home
         client.close()
     finally:
