@@ -38,6 +38,8 @@ from rlvr.peers.base import check_health
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 WEB = "web"  # the web console's process (clients/web): HTTP, not gRPC; started last, stopped first
 DEFAULT_WEB_PORT = 8050
+NATS_SERVICES = ("scheduler", "trainer", "benchmark")  # the services that publish or read events
+NATS_USER = "rlvr"  # the embedded NATS's one user; its password is made at each start
 RESTART_WINDOW = 600.0  # seconds over which StackConfig.max_restarts counts a service's restarts
 GRPC_NAMES = {
     "scheduler": "rlvr.v1.SchedulerService",
@@ -107,15 +109,14 @@ def check_web(url: str, timeout: float = 2.0) -> str:
         return "UNREACHABLE"
 
 
-def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
-    """The child process's command line: the service's own module with explicit flags."""
+def service_command(name: str, cfg: StackConfig) -> list[str]:
+    """The child process's command line: the service's own module with explicit flags (the NATS
+    URL, which holds the embedded server's password, goes in the environment: see Stack._launch)."""
     a = cfg.addresses
     db = cfg.database_url or f"sqlite:///{cfg.home / 'rlvr.db'}"
     artifacts = str(cfg.home / "artifacts")
     cmd = [sys.executable, "-m", f"services.{name}.main", "--host", cfg.host, "--port", str(cfg.ports[name]),
            "--log-format", cfg.log_format]
-    if name in ("scheduler", "trainer", "benchmark"):
-        cmd += ["--nats-url", nats_url]
     if name in ("scheduler", "benchmark"):
         cmd += ["--database-url", db]
     if name in ("scheduler", "trainer"):
@@ -131,6 +132,17 @@ def service_command(name: str, cfg: StackConfig, nats_url: str) -> list[str]:
                 "--memory-fraction", str(cfg.memory_fraction),
                 "--adapter-root", str(cfg.home / "rollout-adapters")]
     return cmd
+
+
+def _write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by this user only (0600), replaced atomically."""
+    temp = path.with_suffix(".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temp, path)
 
 
 def group_alive(pgid: int) -> bool:
@@ -166,24 +178,25 @@ class Stack:
         self.logs = cfg.home / "logs"
         self.service_token = ""
         self.user_token = ""
+        self.nats_password = ""
 
     @property
     def tokens_file(self) -> Path:
         return self.cfg.home / "tokens.json"
 
+    @property
+    def nats_file(self) -> Path:
+        return self.cfg.home / "nats.json"
+
     def _make_tokens(self) -> None:
-        """Fresh tokens for this run, in a file only this user can read."""
+        """Fresh tokens for this run, and the embedded NATS's password, in files only this user can
+        read (tokens.json; nats.json, written once NATS runs: its URL with the credentials)."""
         import secrets
 
         self.service_token, self.user_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        text = json.dumps({self.service_token: "service", self.user_token: "user"}, indent=2)
-        temp = self.tokens_file.with_suffix(".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(temp, self.tokens_file)
+        self.nats_password = secrets.token_urlsafe(24)
+        _write_private(self.tokens_file, json.dumps({self.service_token: "service", self.user_token: "user"},
+                                                    indent=2))
 
     def client_settings(self, *, service: bool = False) -> Any:
         """SDK settings (`clients.sdk.ClientSettings`) for this stack: its addresses and its user
@@ -204,9 +217,11 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._make_tokens()
         self.prepare_model()
-        nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host)
+        nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host,
+                            user=NATS_USER, password=self.nats_password)
         nats.start()
         self.nats = nats
+        _write_private(self.nats_file, json.dumps({"url": nats.url_with_credentials}))
         self.say(f"nats       {nats.url:<24} pid {nats.pid}")
         for name in SERVICES:
             self._launch(name)
@@ -227,9 +242,11 @@ class Stack:
             for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKEN",
                         f"RLVR_{name.upper()}_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKENS_FILE"):
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
+        if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
+            env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
+            env.pop("RLVR_NATS_URL", None)
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
-        nats_url: str = self.nats.url  # type: ignore[attr-defined]
-        command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg, nats_url)
+        command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg)
         self.procs[name] = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
@@ -272,7 +289,7 @@ class Stack:
 
     def _write_state(self, nats_url: str) -> None:
         state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
-                 "tokens_file": str(self.tokens_file),
+                 "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": asdict(self.cfg)}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
@@ -344,8 +361,9 @@ class Stack:
             self.nats = None
         with contextlib.suppress(OSError):
             (self.cfg.home / "stack.json").unlink()
-        with contextlib.suppress(OSError):
-            self.tokens_file.unlink()  # this run's tokens end with it
+        for secret in (self.tokens_file, self.nats_file):
+            with contextlib.suppress(OSError):
+                secret.unlink()  # this run's tokens and NATS password end with it
 
 
 @contextlib.contextmanager

@@ -105,7 +105,8 @@ def loop_events(client_home: Path, loop_id: str) -> list[S.LoopStatusEvent]:
 
     from rlvr.infra.events import EventBus, loop_status_subject
 
-    nats_url = json.loads((client_home / "stack.json").read_text())["nats_url"]
+    state = json.loads((client_home / "stack.json").read_text())
+    nats_url = json.loads(Path(state["nats_file"]).read_text())["url"]  # with the stack's NATS password
 
     async def read() -> list[S.LoopStatusEvent]:
         bus = await EventBus.connect(nats_url, name="test-loop-events")

@@ -55,6 +55,31 @@ def _alive(pid: int, started: int | None) -> bool:
     return fields[0] != "Z" and int(fields[19]) == started
 
 
+def _check_the_nats_password(state: dict) -> None:
+    """The embedded NATS takes only the stack's user and password, which no command line shows."""
+    import asyncio
+
+    from rlvr.infra.events import EventBus, EventBusError
+
+    secret = Path(state["nats_file"])
+    assert secret.stat().st_mode & 0o777 == 0o600
+    url = json.loads(secret.read_text())["url"]
+    assert "@" in url and "@" not in state["nats_url"]
+    password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
+    for pid in state["pids"].values():
+        assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+    async def connect(nats_url: str) -> bool:
+        try:
+            bus = await EventBus.connect(nats_url, name="test-stack-nats", connect_timeout_s=3)
+        except EventBusError:
+            return False
+        await bus.close()
+        return True
+
+    assert asyncio.run(connect(url)) and not asyncio.run(connect(state["nats_url"]))
+
+
 def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
     """Auth is on with a token made for this run: a call without it is refused, the CLI (which
     finds it through stack.json) and `ClientSettings.for_stack` get in, only the owner reads it."""
@@ -66,6 +91,7 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
     tokens = Path(state["tokens_file"])
     assert tokens.parent == home and tokens.stat().st_mode & 0o777 == 0o600
     assert sorted(json.loads(tokens.read_text()).values()) == ["service", "user"]
+    _check_the_nats_password(state)
     with grpc.insecure_channel(state["addresses"]["scheduler"]) as channel, pytest.raises(grpc.RpcError) as e:
         channel.unary_unary("/rlvr.v1.SchedulerService/ListJobs")(b"", timeout=10)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED

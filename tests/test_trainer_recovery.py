@@ -161,3 +161,16 @@ def test_a_killed_trainer_service_resumes_the_job_when_restarted(stack, uninterr
     statuses = _check_resumed(client, home, job_id, uninterrupted)
     messages = [s.message for s in statuses]
     assert any("was restarted while the job ran" in m for m in messages), messages
+
+
+def test_a_killed_scheduler_leaves_the_job_running_to_the_same_end(stack, uninterrupted) -> None:  # noqa: ANN001
+    """kill -9 of the scheduler mid-job: the job trains on, the restarted scheduler reads the steps
+    published meanwhile off the stream (its durable consumer) and stores each once."""
+    client, running, home = stack
+    job_id = _create(client, "scheduler-killed")
+    _until_step(client, job_id, 2)
+    worker = _job_process(job_id)
+    assert running.restart("scheduler")
+    assert _alive(worker) or client.scheduler.get_job(S.GetJobRequest(id=job_id)).status == C.JOB_STATUS_COMPLETED
+    statuses = _check_resumed(client, home, job_id, uninterrupted)
+    assert not any(s.message.startswith("resuming") for s in statuses)  # never lost: it just went on

@@ -274,7 +274,8 @@ class EventBus:
             log.warning("nats %s: disconnected from %s", name, redact_url(url))
 
         async def on_reconnected() -> None:
-            log.info("nats %s: reconnected to %s", name, nc.connected_url.netloc if nc.connected_url else url)
+            log.info("nats %s: reconnected to %s", name,
+                     redact_url(nc.connected_url.geturl() if nc.connected_url else url))
 
         nc = NatsClient()
         try:
