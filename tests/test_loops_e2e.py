@@ -222,7 +222,7 @@ def test_stop_loop_cancels_the_running_round(stack) -> None:
     assert after.status == S.LOOP_STATUS_STOPPED and len(after.rounds) == 1
 
 
-def _job_process(job_id: str) -> int:
+def _job_process(job_id: str, missing_ok: bool = False) -> int | None:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -232,6 +232,8 @@ def _job_process(job_id: str) -> int:
             continue
         if b"services.trainer.job_process" in cmdline and any(job_id.encode() in part for part in cmdline):
             return int(proc.name)
+    if missing_ok:
+        return None
     raise AssertionError(f"no job process for {job_id}")
 
 
@@ -240,10 +242,22 @@ def test_a_failing_round_fails_the_loop_with_its_cause(stack) -> None:
     loop = start(client, loop_spec("failing", column="accuracy", target=100.0, steps=500))
     running = until(client, loop.id, lambda lp: job_running(client, lp) and lp.rounds[0].current_step >= 1)
     job_id = running.rounds[0].job_id
-    os.kill(_job_process(job_id), signal.SIGKILL)  # a real fault: the round's training process dies
+    # A real fault that does not go away: the round's training process dies each time it runs. A
+    # lost trainer is resumed (services/scheduler/jobs.py MAX_RESUMES), so the job fails only after
+    # its resumes are spent, with the cause.
+    killed: set[int] = set()
+    deadline = time.monotonic() + 300
+    while client.scheduler.get_loop(S.GetLoopRequest(id=loop.id)).status not in FINAL:
+        assert time.monotonic() < deadline, f"the loop did not end; killed {len(killed)} job processes"
+        pid = _job_process(job_id, missing_ok=True)
+        if pid is not None and pid not in killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.1)
     ended = finish(client, loop.id)
-    assert ended.status == S.LOOP_STATUS_FAILED
+    assert ended.status == S.LOOP_STATUS_FAILED and len(killed) == 4  # the first run and 3 resumes
     assert ended.error.startswith(f"round 1's job {job_id} failed: the job process killed by signal 9")
+    assert ended.error.endswith("not resumed again after 3 resumes")
     assert "\n" not in ended.error and ended.rounds[0].status == S.ROUND_STATUS_FAILED
     assert ended.rounds[0].error == ended.error and ended.baseline_score >= 0  # what ran before is kept
 
