@@ -483,3 +483,43 @@ async def test_cancel_and_wait_survives_a_swallowed_cancellation() -> None:
     assert not done  # one cancel() is not enough for such a loop
     await asyncio.wait_for(cancel_and_wait(task, poll_s=0.1), timeout=5)
     assert task.cancelled() and swallowed == [True]
+
+
+async def test_nats_over_tls_with_a_password_and_the_services_settings(tmp_path: Path) -> None:
+    """An embedded NATS that takes TLS clients with the user and password only; a service reaches
+    it through its settings: the URL (with the password) from a file, and the CA."""
+    from fixtures_tls import make_pki
+
+    from services.common.server import StartupError
+    from services.common.startup import open_bus
+    from services.scheduler.settings import SchedulerSettings
+
+    pki = make_pki(tmp_path / "pki")
+    server = EmbeddedNats(tmp_path / "nats", user="rlvr", password="pa:ss/wörd", tls_cert=pki.cert,
+                          tls_key=pki.key).start()
+    try:
+        async def reaches(url: str, ca: Path | None) -> bool:
+            try:
+                bus = await EventBus.connect(url, name="test-tls", connect_timeout_s=3, tls_ca_file=ca)
+            except EventBusError as e:
+                assert "pa:ss" not in str(e) and "w%C3%B6rd" not in str(e)  # the password is never shown
+                return False
+            await bus.publish(job_status_subject(_job()), b"x", uuid.uuid4().hex)
+            await bus.close()
+            return True
+
+        good = server.url_with_credentials
+        assert await reaches(good, pki.ca)
+        assert not await reaches(good, None)  # plaintext to a TLS port
+        assert not await reaches(server.url, pki.ca)  # no credentials
+        assert not await reaches(good.replace("pa%3Ass", "guess"), pki.ca)
+        (tmp_path / "nats-url").write_text(good + "\n")
+        settings = SchedulerSettings(nats_url_file=tmp_path / "nats-url", nats_ca_file=pki.ca)
+        bus = await open_bus(settings, "test-settings")
+        await bus.close()
+        with pytest.raises(StartupError, match=r"nats_url_file: cannot read"):
+            await open_bus(SchedulerSettings(nats_url_file=tmp_path / "missing", nats_ca_file=pki.ca), "x")
+        with pytest.raises(StartupError, match=r"RLVR_SCHEDULER_NATS_URL\) = 'nats://rlvr:\*\*\*@.*CERTIFICATE_VERIFY_FAILED"):
+            await open_bus(SchedulerSettings(nats_url=good), "x")  # without the CA: refused, password hidden
+    finally:
+        server.stop()

@@ -251,7 +251,27 @@ class NatsFields(BaseSettings):
     model_config = SettingsConfigDict(use_attribute_docstrings=True)
 
     nats_url: str = "nats://127.0.0.1:4222"
-    """NATS server (JetStream on) for metric and status events; a comma list for a cluster."""
+    """NATS server (JetStream on) for metric and status events; a comma list for a cluster. With a
+    user and password: nats://USER:PASSWORD@HOST:4222 (better from nats_url_file); over TLS:
+    tls://HOST:4222."""
+    nats_url_file: Path | None = None
+    """A file holding nats_url (e.g. a Docker secret, as the URL carries the NATS password); when
+    set, it replaces nats_url."""
+    nats_ca_file: Path | None = None
+    """The CA that the NATS server's TLS certificate chains to (PEM); set, the connection is TLS
+    and the server's certificate is checked against it (unset: the system's CAs for tls:// URLs)."""
+
+    def nats_connection(self) -> tuple[str, Path | None]:
+        """(the NATS URL, the CA file): what EventBus.connect takes."""
+        if self.nats_url_file is not None:
+            try:
+                url = self.nats_url_file.read_text().strip()
+            except OSError as e:
+                raise SettingsError(f"nats_url_file: cannot read {self.nats_url_file}: {e.strerror or e}") from None
+            if not url:
+                raise SettingsError(f"nats_url_file: {self.nats_url_file} is empty")
+            return url, self.nats_ca_file
+        return self.nats_url, self.nats_ca_file
 
 
 class StoreFields(BaseSettings):

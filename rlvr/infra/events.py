@@ -20,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -64,6 +67,23 @@ def redact_url(url: str) -> str:
     logs and messages: credentials travel in NATS URLs (nats://USER:PASSWORD@HOST:4222)."""
     return re.sub(r"(://)([^/@,\s]*)@", lambda m: m.group(1) + (m.group(2).split(":", 1)[0] + ":***"
                                                              if ":" in m.group(2) else "***") + "@", url)
+
+
+def _credentials_apart(url: str) -> tuple[list[str], str | None, str | None]:
+    """The servers of `url` (a comma list) without credentials, and the user and password of the
+    first that has them, percent-decoded: nats-py would send them still encoded, so a password with
+    a ":" "/" "@" or a non-ASCII letter (written %3A, ...) would never match."""
+    servers: list[str] = []
+    user: str | None = None
+    password: str | None = None
+    for server in (u.strip() for u in url.split(",")):
+        parts = urlsplit(server)
+        if parts.username is not None and "@" in parts.netloc:
+            if user is None:
+                user, password = unquote(parts.username), unquote(parts.password or "")
+            server = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+        servers.append(server)
+    return servers, user, password
 
 
 class EventBusError(RuntimeError):
@@ -256,9 +276,12 @@ class EventBus:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str = "rlvr", connect_timeout_s: float = 5.0, ensure: bool = True
+        cls, url: str, *, name: str = "rlvr", connect_timeout_s: float = 5.0, ensure: bool = True,
+        tls_ca_file: str | os.PathLike[str] | None = None,
     ) -> EventBus:
         """Connect to `url` (comma-separated for a cluster) and, by default, ensure the stream.
+        With `tls_ca_file` the connection is TLS and the server's certificate must chain to that CA
+        (a tls:// URL without it uses the system's CAs).
 
         Once connected the client reconnects forever: a NATS restart must not kill a service. The
         first connection, however, is bounded, so a wrong URL fails at start with one line.
@@ -277,11 +300,21 @@ class EventBus:
             log.info("nats %s: reconnected to %s", name,
                      redact_url(nc.connected_url.geturl() if nc.connected_url else url))
 
+        tls = None
+        if tls_ca_file is not None:
+            try:
+                tls = ssl.create_default_context(cafile=os.fspath(tls_ca_file))
+            except (OSError, ssl.SSLError) as e:
+                raise EventBusError(f"nats_ca_file {os.fspath(tls_ca_file)!r} is not a readable PEM CA: {e}") from None
+        servers, user, password = _credentials_apart(url)
         nc = NatsClient()
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    servers=[u.strip() for u in url.split(",")],
+                    servers=servers,
+                    user=user,
+                    password=password,
+                    tls=tls,
                     name=name,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py says int, but sleeps on it: seconds

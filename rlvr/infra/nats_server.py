@@ -123,9 +123,13 @@ class EmbeddedNats:
         start_timeout: float = 10.0,
         user: str | None = None,
         password: str | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         """`user` and `password`: clients must connect with them (nats://USER:PASSWORD@HOST:PORT,
-        `url_with_credentials`); they are passed in a config file only this user can read."""
+        `url_with_credentials`); they are passed in a config file only this user can read.
+        `tls_cert` and `tls_key` (PEM files): clients must connect over TLS (EventBus.connect's
+        tls_ca_file, the services' nats_ca_file)."""
         if not 0 <= port <= 65535:
             raise NatsStartError(f"NATS port {port} is out of range 0-65535 (0 picks a free port)", "port")
         self.data_dir = Path(data_dir).expanduser()
@@ -137,6 +141,10 @@ class EmbeddedNats:
         self.start_timeout = start_timeout
         self.user = user
         self.password = password
+        if (tls_cert is None) != (tls_key is None):
+            raise NatsStartError("NATS over TLS needs both tls_cert and tls_key", "tls_cert")
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
 
@@ -191,8 +199,12 @@ class EmbeddedNats:
             conf = self.data_dir / "auth.conf"
             fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(f"authorization {{ user: {json.dumps(self.user)}, password: {json.dumps(self.password or '')} }}\n")
+                # ensure_ascii=False: the config parser knows \" \\ \t \n \r \xXX, not \uXXXX.
+                user, password = (json.dumps(v, ensure_ascii=False) for v in (self.user, self.password or ""))
+                f.write(f"authorization {{ user: {user}, password: {password} }}\n")
             cmd += ["-c", str(conf)]
+        if self.tls_cert is not None and self.tls_key is not None:
+            cmd += ["--tls", "--tlscert", os.fspath(self.tls_cert), "--tlskey", os.fspath(self.tls_key)]
         # The server's own log goes to a file: a pipe nobody reads would block it once full.
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (held open for the child's life)
         started = time.monotonic()

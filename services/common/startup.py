@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rlvr.common.settings import NatsFields, ServiceSettings, StoreFields, setting_label
+from rlvr.common.settings import NatsFields, ServiceSettings, SettingsError, StoreFields, setting_label
 from rlvr.infra.events import EventBus, EventBusError, redact_url
 from rlvr.infra.store import Store, StoreError
 from services.common.server import StartupError
@@ -35,8 +35,11 @@ async def open_store(settings: ServiceSettings) -> Store:
 
 async def open_bus(settings: ServiceSettings, name: str) -> EventBus:
     assert isinstance(settings, NatsFields), f"{type(settings).__name__} has no nats_url"
-    url = settings.nats_url
     try:
-        return await EventBus.connect(url, name=name)
+        url, ca_file = settings.nats_connection()
+    except SettingsError as e:
+        raise StartupError(str(e)) from None
+    try:
+        return await EventBus.connect(url, name=name, tls_ca_file=ca_file)
     except (EventBusError, OSError) as e:
         raise StartupError(f"{setting_label(settings, 'nats_url')} = {redact_url(url)!r}: {e}") from None

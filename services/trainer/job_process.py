@@ -107,11 +107,12 @@ def run(job_dir: Path) -> int:
     publisher = None
     result: JobResult
     try:
-        if settings.nats_url:
+        if settings.nats_url or settings.nats_url_file is not None:
             from rlvr.infra.events import job_status_subject
             from services.trainer.publisher import EventPublisher, status_msg_id
 
-            publisher = EventPublisher(settings.nats_url, name=f"rlvr-trainer-{job.job_id}")
+            nats_url, nats_ca = settings.nats_connection()
+            publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca)
             publisher.start()
             running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
             resumed = _resume_step(job)
@@ -167,7 +168,7 @@ def run(job_dir: Path) -> int:
             from rlvr.infra.events import redact_url
 
             log.error("some events of job %s could not be published to %s", result.job_id,
-                      redact_url(settings.nats_url))
+                      redact_url(publisher.nats_url))
     log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
     return 0
 

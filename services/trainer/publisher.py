@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 from rlvr.infra.events import EventBus, EventBusError, job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.v1 import common_pb2
@@ -31,8 +32,9 @@ def status_msg_id(job_id: str, status: int) -> str:
 class EventPublisher:
     """A NATS connection of its own in a background thread; `publish` never blocks."""
 
-    def __init__(self, nats_url: str, name: str = "rlvr-trainer-job") -> None:
+    def __init__(self, nats_url: str, name: str = "rlvr-trainer-job", ca_file: Path | None = None) -> None:
         self.nats_url = nats_url
+        self.ca_file = ca_file  # NATS over TLS: the CA its certificate chains to
         self.name = name
         self._queue: deque[tuple[str, bytes, str]] = deque()
         self._wake: asyncio.Event | None = None
@@ -65,7 +67,8 @@ class EventPublisher:
     async def _run(self, ready: threading.Event, failure: list[BaseException], timeout_s: float) -> None:
         self._wake = asyncio.Event()
         try:
-            bus = await EventBus.connect(self.nats_url, name=self.name, connect_timeout_s=timeout_s)
+            bus = await EventBus.connect(self.nats_url, name=self.name, connect_timeout_s=timeout_s,
+                                         tls_ca_file=self.ca_file)
         except BaseException as e:
             failure.append(e)
             ready.set()

@@ -224,7 +224,7 @@ class JobSupervisor:
                        f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter, lost=True)
 
     async def _publish_final(self, last: LastJob, step: int) -> None:
-        if not self.settings.nats_url:
+        if not self.settings.nats_url and self.settings.nats_url_file is None:
             return
         from rlvr.infra.events import EventBus, EventBusError, job_status_subject
         from services.trainer.publisher import status_msg_id
@@ -232,7 +232,8 @@ class JobSupervisor:
         event = status_event(last.job_id, last.status, last.error or "cancelled", last.adapter, step)
         try:
             if self._bus is None:
-                self._bus = await EventBus.connect(self.settings.nats_url, name=f"rlvr-{self.settings.worker_name}")
+                url, ca_file = self.settings.nats_connection()
+                self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file)
             await self._bus.publish(job_status_subject(last.job_id), event.SerializeToString(),
                                     status_msg_id(last.job_id, last.status))
         except EventBusError as e:
