@@ -117,6 +117,17 @@ def test_no_password_in_the_file_and_every_service_has_its_secrets(tmp_path: Pat
         assert path.stat().st_size > 0 and path.stat().st_mode & 0o077 == 0, name
     roles = json.loads(files["rlvr_tokens"].read_text())
     assert list(roles.values()) == ["user"] and (tmp_path / "secrets" / "user_token").read_text().strip() in roles
+    # NATS: its authorization block and TLS from the secrets; the services read its URL (password
+    # included) from a secret and check its certificate against the CA; no URL in a command line.
+    nats = services["nats"]
+    assert _flag(nats["command"], "-c") == "/run/secrets/nats_auth" and "--tls" in nats["command"]
+    assert {"nats_auth", "rlvr_tls_cert", "rlvr_tls_key"} <= set(nats["secrets"])
+    password = files["nats_url"].read_text().strip().split("@")[0].rsplit(":", 1)[1]
+    assert f'password: "{password}"' in files["nats_auth"].read_text() and password not in text
+    for name in ("scheduler", "trainer", "benchmark"):
+        assert env[f"RLVR_{name.upper()}_NATS_URL_FILE"] == "/run/secrets/nats_url" in mounted
+        assert env[f"RLVR_{name.upper()}_NATS_CA_FILE"] == "/run/secrets/rlvr_tls_ca" in mounted
+        assert "--nats-url" not in services[name]["command"]
 
 
 def test_services_on_0000_start_only_with_auth(tmp_path: Path, monkeypatch) -> None:

@@ -1,7 +1,6 @@
-"""docker-compose.yml, run: its own service commands started as separate local processes (no Docker
-engine here), against this machine's PostgreSQL (127.0.0.1:5432, database `test`, a schema of the
-test's own) and NATS with JetStream (127.0.0.1:4222) instead of embedded ones, driving a short job
-and an evaluation through them.
+"""docker-compose.yml, run: its own service commands, and its NATS's, started as separate local
+processes (no Docker engine here), against this machine's PostgreSQL (127.0.0.1:5432, database
+`test`, a schema of the test's own), driving a short job and an evaluation through them.
 
 What is mapped, and nothing else: the compose host names (nats, postgres, reward, rollout, trainer,
 benchmark, scheduler) to 127.0.0.1 with free ports; `/data` (the shared volume) to a folder of the
@@ -19,7 +18,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,15 +37,6 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 MODEL = "rlvr-tiny-small"
-NATS = ("127.0.0.1", 4222)
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def _missing(why: str) -> None:
@@ -56,7 +45,7 @@ def _missing(why: str) -> None:
     pytest.skip(why)
 
 
-def local_commands(compose: dict, ports: dict[str, int], data: Path, database_url: str, nats_url: str,
+def local_commands(compose: dict, ports: dict[str, int], data: Path, database_url: str,
                    env: dict[str, str]) -> dict[str, list[str]]:
     """Each service's compose command, mapped onto this machine (see the module docstring)."""
     bin_dir = Path(sys.executable).parent
@@ -74,9 +63,6 @@ def local_commands(compose: dict, ports: dict[str, int], data: Path, database_ur
             elif arg.startswith("postgresql"):
                 assert "@postgres:5432/" in arg
                 arg = database_url
-            elif arg.startswith("nats://"):
-                assert arg == "nats://nats:4222"
-                arg = nats_url
             else:
                 arg = re.sub(rf"^({hosts}):\d+$", lambda m: f"127.0.0.1:{ports[m.group(1)]}", arg)
                 arg = re.sub(r"^/data(?=/|$)", str(data), arg)
@@ -89,11 +75,9 @@ def local_commands(compose: dict, ports: dict[str, int], data: Path, database_ur
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str]]:
     from clients.sdk import ClientSettings, connect
     from clients.stack import free_port
-    from rlvr.infra.nats_server import _parent_death_hook
+    from rlvr.infra.nats_server import _parent_death_hook, find_nats_binary
     from rlvr.peers.base import check_health
 
-    if not _reachable(*NATS):
-        _missing("NATS is not reachable at 127.0.0.1:4222")
     made = _postgres_schema_url(POSTGRES_URL)
     if made is None:
         _missing(f"PostgreSQL is not reachable at {POSTGRES_URL}")
@@ -103,7 +87,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     data = home / "data"
     (data / "datasets").mkdir(parents=True)
     ports = {name: free_port() for name in ORDER}
-    commands = local_commands(compose, ports, data, database_url, "nats://127.0.0.1:4222",
+    commands = local_commands(compose, ports, data, database_url,
                               {"RLVR_MODEL": MODEL, "RLVR_MEMORY_FRACTION": "0.3"})
     # The compose secrets, made by deploy/make-secrets.sh; /run/secrets/NAME is NAME's file.
     secrets = make_secrets(home / "secrets")
@@ -114,9 +98,19 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
             return str(files[value.removeprefix("/run/secrets/")])
         return value.replace("/data", str(data), 1)
 
+    # The compose file's own NATS: its command (credentials and TLS from the secrets), here.
+    nats_port = free_port()
+    nats_argv = [{"4222": str(nats_port), "/data": str(home / "nats")}.get(a, local(a))
+                 for a in compose["services"]["nats"]["command"]]
+    nats_proc = subprocess.Popen([str(find_nats_binary()), "-a", "127.0.0.1", *nats_argv], stdin=subprocess.DEVNULL,
+                                 stdout=open(home / "nats.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                 start_new_session=True, preexec_fn=_parent_death_hook())
+    local_nats_url = home / "nats_url"  # the secret's URL, with nats:4222 mapped as the other host names
+    local_nats_url.write_text(files["nats_url"].read_text().replace("@nats:4222", f"@127.0.0.1:{nats_port}"))
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
                    **{k: local(substitute(str(v), {})) for k, v in compose["x-rlvr-service"]["environment"].items()},
-                   "RLVR_TRAINER_TORCH_THREADS": "1"}
+                   "RLVR_TRAINER_TORCH_THREADS": "1",
+                   **{f"RLVR_{n.upper()}_NATS_URL_FILE": str(local_nats_url) for n in ("scheduler", "trainer", "benchmark")}}
     client_settings = ClientSettings(**{f"{n}_address": f"127.0.0.1:{p}" for n, p in ports.items()},
                                      token=(secrets / "user_token").read_text().strip(), ca_file=files["rlvr_tls_ca"])
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -136,7 +130,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
             assert time.monotonic() < deadline, f"not SERVING: {pending}"
             time.sleep(0.5)
         client = connect(client_settings)  # the user token, over TLS
-        yield client, database_url
+        yield client, database_url, (local_nats_url.read_text().strip(), files["rlvr_tls_ca"])
         client.close()
     finally:
         for proc in reversed(list(procs.values())):
@@ -148,13 +142,15 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
+        nats_proc.terminate()
+        nats_proc.wait(timeout=20)
         _drop_postgres_schema(POSTGRES_URL, schema)
 
 
 def test_the_compose_commands_serve_a_job_and_an_evaluation(compose_stack) -> None:
     from rlvr.infra.store import Store
 
-    client, database_url = compose_stack
+    client, database_url, (nats_url, nats_ca) = compose_stack
     spec = C.JobSpec(name="compose", base_model=MODEL)  # the default backend: through the rollout server
     spec.reward.synthetic_prompts = 64
     g = spec.grpo
@@ -175,6 +171,24 @@ def test_the_compose_commands_serve_a_job_and_an_evaluation(compose_stack) -> No
     finished = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=evaluation.id))
     assert finished.status == B.EVALUATION_STATUS_COMPLETED and finished.questions_done == 16, finished.error
     assert finished.scores.format > 0  # rlvr-tiny-small writes the answer format
+    # The job's events went through the compose file's NATS (its password, over TLS).
+    import asyncio
+
+    from rlvr.infra.events import EventBus, job_events_subject
+
+    async def job_events() -> int:
+        bus = await EventBus.connect(nats_url, name="test-compose-nats", tls_ca_file=nats_ca)
+        try:
+            seen = 0
+            async for _ in bus.watch(job_events_subject(job.id), from_start=True):
+                seen += 1
+                if seen == 3:  # two steps' metrics and at least one status
+                    break
+            return seen
+        finally:
+            await bus.close()
+
+    assert asyncio.run(asyncio.wait_for(job_events(), 30)) == 3
     # Both services wrote to the one PostgreSQL the compose file shares between them.
     with Store(database_url) as store:
         assert store.get_job(job.id).status == "COMPLETED"
