@@ -269,3 +269,23 @@ def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> No
     first = [t for _, t in training_prompts(job_config(job_id="j", base_model="rlvr-tiny-test", artifact_root=tmp_path,
                                                       reward_function="gsm8k", dataset_split="test"), tokenizer)]
     assert first != [p.ground_truth for p in gsm8k.prompts(split="test", shuffle=False)]  # seeded, not file order
+
+
+def test_a_rollout_server_that_stays_away_fails_the_step_naming_it() -> None:
+    """The bounded wait (RLVR_TRAINER_ROLLOUT_WAIT_SECONDS): told to the job's watchers while it
+    lasts, then one error that names the rollout service, the step and the cause."""
+    from clients.stack import free_port
+    from services.trainer.rollouts import ServiceGenerator
+
+    told: list[str] = []
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    generator = ServiceGenerator(address, wait_s=2.0, on_wait=told.append)
+    generator.step = 7
+    try:
+        with pytest.raises(RuntimeError) as e:
+            generator.generate([[1, 2, 3]], Sampling(group_size=2, max_tokens=4), AdapterTag())
+    finally:
+        generator.close()
+    assert str(e.value).startswith(f"the rollout service at {address} did not come back within 2 s")
+    assert "generating at step 7 failed with: rollout service at" in str(e.value) and "UNAVAILABLE" in str(e.value)
+    assert told and told[0].startswith(f"step 7: waiting for the rollout service at {address} (0 s of at most 2 s")
