@@ -465,3 +465,17 @@ async def test_live_adapters_come_back_after_a_restart(model_dir: Path, loras, t
     await second.close()
     third = AdapterRegistry(root, RefusingBackend(), {"q_proj": (1, 1)}, MAX_LORA_RANK)  # type: ignore[arg-type]
     assert await third.restore() == [] and not (root / "job").exists() and not (root / "other").exists()
+
+
+async def test_the_engine_reaper_takes_only_the_engines_processes(core: RolloutCore) -> None:
+    """What dies with a killed rollout server is vLLM's own processes, never another child of the
+    process (here pytest's, e.g. the session's NATS server)."""
+    reaper = getattr(core.backend, "_reaper", None)
+    if core.backend.name != "vllm":
+        assert reaper is None
+        return
+    assert reaper is not None and reaper.poll() is None
+    watched = [int(arg.split(":")[0]) for arg in reaper.args[3:]]
+    assert watched
+    for pid in watched:
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::"), pid

@@ -140,10 +140,13 @@ class VLLMBackend(GenerationBackend):
             disable_log_stats=True,
             **optional,
         )
+        before = set(children())
         self._engine = AsyncLLM.from_engine_args(args)
         # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
-        # alone, this server would leave both running with the model's memory.
-        self._reaper = reap_with_this_process(children())
+        # alone, this server would leave both running with the model's memory. Only the processes
+        # the engine started: this process may have other children (an in-process server in tests
+        # shares its process with their NATS server), which are not the engine's to take along.
+        self._reaper = reap_with_this_process(sorted(set(children()) - before))
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
