@@ -244,7 +244,8 @@ class Stack:
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
             env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
-            env.pop("RLVR_NATS_URL", None)
+            for key in (f"RLVR_{name.upper()}_NATS_URL_FILE", f"RLVR_{name.upper()}_NATS_CA_FILE"):
+                env.pop(key, None)  # the caller's would replace the stack's NATS (see NatsFields)
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
         command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg)
         self.procs[name] = subprocess.Popen(
@@ -266,9 +267,7 @@ class Stack:
             else:
                 os.kill(proc.pid, sig)
         proc.wait(timeout=30)
-        self._launch(name)
-        if self.nats is not None:
-            self._write_state(self.nats.url)  # type: ignore[attr-defined]
+        self._relaunch(name)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
@@ -302,6 +301,10 @@ class Stack:
         of the dead one must not hold its port or memory."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self._relaunch(name)
+
+    def _relaunch(self, name: str) -> None:
+        """A service started again, and stack.json naming its new pid."""
         self._launch(name)
         if self.nats is not None:
             self._write_state(self.nats.url)  # type: ignore[attr-defined]

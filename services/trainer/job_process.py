@@ -108,8 +108,7 @@ def run(job_dir: Path) -> int:
     result: JobResult
     try:
         if settings.nats_url or settings.nats_url_file is not None:
-            from rlvr.infra.events import job_status_subject
-            from services.trainer.publisher import EventPublisher, status_msg_id
+            from services.trainer.publisher import EventPublisher
 
             nats_url, nats_ca = settings.nats_connection()
             publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca)
@@ -122,8 +121,7 @@ def run(job_dir: Path) -> int:
                 running.message = (f"resuming from step {resumed} on {settings.worker_name}" if resumed
                                    else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
                 running.current_step = resumed
-                publisher.publish(job_status_subject(job.job_id), running.SerializeToString(),
-                                  f"{status_msg_id(job.job_id, running.status)}:resume-{time.time_ns()}")
+                publisher.publish_again(running, f"resume-{time.time_ns()}")
         _set_threads(settings.torch_threads)
         score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
         scorer = (LocalScorer(score_settings) if settings.scorer == "local"
@@ -136,8 +134,8 @@ def run(job_dir: Path) -> int:
 
             def on_wait(message: str) -> None:
                 if publisher is not None:
-                    publisher.publish_notice(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
-                                             next(notices))
+                    publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
+                                            f"notice:{next(notices)}")
 
             generator = ServiceGenerator(settings.rollout_address, wait_s=settings.rollout_wait_seconds,
                                          on_wait=on_wait, auth=peer_auth(settings))

@@ -117,11 +117,12 @@ class EventPublisher:
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),
                      status_msg_id(event.job_id, event.status))
 
-    def publish_notice(self, event: common_pb2.JobStatusEvent, n: int) -> None:
-        """A running job's news (the wait for a peer, its return): a status event with an id of its
-        own, `n` counting per job, so the stream keeps each and WatchJob shows each."""
+    def publish_again(self, event: common_pb2.JobStatusEvent, key: str) -> None:
+        """A status the job had already, with news (the wait for a peer, a resume): an id of its own
+        (`key`, unique per job), so the stream does not drop it as the first one's duplicate and
+        WatchJob shows each."""
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),
-                     f"{status_msg_id(event.job_id, event.status)}:notice:{n}")
+                     f"{status_msg_id(event.job_id, event.status)}:{key}")
 
     def close(self, flush_timeout_s: float = 30.0) -> bool:
         """Publishes what is queued (for at most `flush_timeout_s`), then disconnects. True when

@@ -175,7 +175,6 @@ class ServiceGenerator:
         self.wait_s = wait_s
         self.on_wait = on_wait or (lambda _message: None)
         self.step = 0  # for error messages only
-        self.recoveries = 0  # times the server was waited for and found again
         self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this trainer made
 
     def info(self) -> rollout_pb2.RolloutInfo:
@@ -187,16 +186,25 @@ class ServiceGenerator:
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Waits until the rollout server's health is SERVING: a job queued while the stack starts
         (vLLM takes tens of seconds) must wait for the engine, not fail on "starting"."""
+        status = self._until_serving(timeout_s)
+        if status is not None:
+            raise RuntimeError(f"the rollout service at {self.address} is not SERVING after "
+                               f"{timeout_s:.0f} s (health: {status})")
+
+    def _until_serving(self, timeout_s: float, on_wait: Callable[[float], None] | None = None) -> str | None:
+        """Polls the server's health every second until SERVING (None), or until `timeout_s` have
+        passed (its last health status); `on_wait(seconds waited)` before each sleep."""
         from rlvr.peers.base import check_health
 
-        deadline = time.monotonic() + timeout_s
-        status = check_health(self.address, auth=self.auth)
-        while status != "SERVING":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the rollout service at {self.address} is not SERVING after "
-                                   f"{timeout_s:.0f} s (health: {status})")
+        started = time.monotonic()
+        while (status := check_health(self.address, auth=self.auth)) != "SERVING":
+            waited = time.monotonic() - started
+            if waited > timeout_s:
+                return status
+            if on_wait is not None:
+                on_wait(waited)
             time.sleep(1.0)
-            status = check_health(self.address, auth=self.auth)
+        return None
 
     def forget(self, name: str) -> None:
         """Unloads `name` if the server holds it (a rerun of a job id starts again at version 1)."""
@@ -224,22 +232,22 @@ class ServiceGenerator:
     def _recover(self, cause: RolloutError, what: str, repush: bool) -> None:
         """Waits (bounded) until the server serves again, then makes this trainer's live version
         live there again."""
-        from rlvr.peers.base import check_health
-
         started = time.monotonic()
         log.warning("%s at step %d: %s", what, self.step, cause)
         reported = -math.inf
-        while (status := check_health(self.address, auth=self.auth)) != "SERVING":
-            waited = time.monotonic() - started
-            if waited > self.wait_s:
-                raise RuntimeError(f"the rollout service at {self.address} did not come back within "
-                                   f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
-                                   f"failed with: {cause}") from None
+
+        def every_10_s(waited: float) -> None:
+            nonlocal reported
             if waited - reported >= 10.0:
                 reported = waited
                 self._tell(f"step {self.step}: waiting for the rollout service at {self.address} "
-                             f"({waited:.0f} s of at most {self.wait_s:.0f} s; {cause.code.name})")
-            time.sleep(1.0)
+                           f"({waited:.0f} s of at most {self.wait_s:.0f} s; {cause.code.name})")
+
+        status = self._until_serving(self.wait_s, every_10_s)
+        if status is not None:
+            raise RuntimeError(f"the rollout service at {self.address} did not come back within "
+                               f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
+                               f"failed with: {cause}") from None
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
@@ -247,7 +255,6 @@ class ServiceGenerator:
             except RolloutError as e:
                 if e.code.name != "FAILED_PRECONDITION":  # "not newer": the server restored it itself
                     raise
-        self.recoveries += 1
         message = (f"step {self.step}: the rollout service at {self.address} is back after "
                    f"{time.monotonic() - started:.0f} s; {what} again")
         self._tell(message)
