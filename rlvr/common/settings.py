@@ -16,11 +16,11 @@ import json
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 # Each service's port, declared once: the services' `--port` defaults, the clients' default
 # addresses (rlvr.common.client.DEFAULT_ADDRESSES) and the local stack (`rlvr up`) derive from it.
@@ -304,5 +304,38 @@ class PeerFields(BaseSettings):
 
     rollout_address: str = local_address("rollout")
     """The rollout service (HOST:PORT)."""
+    rollout_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Several rollout replicas (a comma list or JSON list of HOST:PORT, all serving the same base
+    model); set, it replaces rollout_address: each step's (each batch's) prompts are spread across
+    them, every adapter version is pushed to all of them, and a replica that dies is dropped while
+    others remain."""
     reward_address: str = local_address("reward")
     """The reward service (HOST:PORT)."""
+
+    @field_validator("rollout_addresses", mode="before")
+    @classmethod
+    def _address_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the environment's or a flag's: a comma list or a JSON list
+            if value.lstrip().startswith("["):
+                try:
+                    return json.loads(value)
+                except json.JSONDecodeError:
+                    raise ValueError("not a JSON list of HOST:PORT addresses") from None
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("rollout_addresses")
+    @classmethod
+    def _distinct_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            host, _, port = address.strip().rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"{address!r} is not HOST:PORT")
+        twice = sorted({a for a in value if value.count(a) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given twice (each replica once)")
+        return [a.strip() for a in value]
+
+    def rollout_replicas(self) -> list[str]:
+        """The rollout servers to use: rollout_addresses when set, else rollout_address alone."""
+        return list(self.rollout_addresses) or [self.rollout_address]

@@ -7,13 +7,26 @@ is an `RlvrError` that `failure` translates, in one place:
   service refuses is INVALID_ARGUMENT, an unreachable peer UNAVAILABLE);
 - while an evaluation runs, it becomes the evaluation's one-line cause, naming the service, its
   address and the call.
+
+Several rollout replicas (the `rollout_addresses` setting) are one rollout service to the core: a
+batch's questions are split into contiguous parts, one Generate call per replica at once (greedy,
+the default, answers the same whatever the split; a seeded sample is the single server's on vLLM,
+which seeds each prompt alike), an uploaded adapter goes to every replica, and a replica that
+fails a part because it is down (UNAVAILABLE; it is then left out for RETRY_DOWN_S) or does not
+hold the adapter version (NOT_FOUND) has that part answered by the others, with a warning. Only
+when no replica can answer does the evaluation fail.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -28,6 +41,9 @@ from rlvr.v1 import common_pb2, reward_pb2
 from services.benchmark.catalog import RewardName
 from services.benchmark.planning import RolloutModel
 from services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
+
+log = logging.getLogger("rlvr.benchmark")
+_R = TypeVar("_R")
 
 CODES: dict[grpc.StatusCode, type[RlvrServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -57,45 +73,94 @@ def translated(*, running: bool = False) -> Iterator[None]:
         raise failure(e, running=running) from None
 
 
+@dataclass
+class _Replica:
+    address: str
+    client: AsyncRolloutClient
+    down_until: float = 0.0  # time.monotonic() until which it is left out
+
+
+RETRY_DOWN_S = 30.0  # a replica found down is left out this long, then tried again
+_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 class ServicePeers:
     """planning.Peers over gRPC; also the Generator and the Scorer of the runner. Create it inside
-    the event loop that uses it (grpc.aio channels belong to one loop)."""
+    the event loop that uses it (grpc.aio channels belong to one loop). `rollout_address`: one
+    address, or several replicas of the rollout service (see the module doc)."""
 
-    def __init__(self, rollout_address: str, reward_address: str, *, generate_timeout_s: float = 600.0,
+    def __init__(self, rollout_address: str | Sequence[str], reward_address: str, *, generate_timeout_s: float = 600.0,
                  score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0,
                  auth: ChannelAuth | None = None) -> None:
-        self.rollout_address = rollout_address
+        addresses = [rollout_address] if isinstance(rollout_address, str) else list(rollout_address)
+        self.rollout_address = ", ".join(addresses)
         self.reward_address = reward_address
         self.generate_timeout_s = generate_timeout_s
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
-        self.rollout = AsyncRolloutClient(rollout_address, auth=auth)
+        self.replicas = [_Replica(a, AsyncRolloutClient(a, auth=auth)) for a in addresses]
         self.reward = AsyncRewardClient(reward_address, auth=auth)
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
 
     async def close(self) -> None:
-        await self.rollout.close()
+        for replica in self.replicas:
+            await replica.client.close()
         await self.reward.close()
+
+    # ------------------------------------------------------------------ the replicas
+
+    def _up(self) -> list[_Replica]:
+        """The replicas not left out (all of them again when every one is)."""
+        now = time.monotonic()
+        return [r for r in self.replicas if r.down_until <= now] or list(self.replicas)
+
+    def _down(self, replica: _Replica, error: RlvrError) -> None:
+        replica.down_until = time.monotonic() + RETRY_DOWN_S
+        log.warning("the rollout replica at %s is down (%s); the others answer, it is tried again in %.0f s",
+                    replica.address, error.describe(), RETRY_DOWN_S)
+
+    async def _on_each(self, call: Callable[[AsyncRolloutClient], Awaitable[_R]]) -> list[tuple[_Replica, _R]]:
+        """`call` on every replica up, at once; the answers of those that answered. One found down
+        is left out while another answers; any other failure is raised, translated."""
+        replicas = self._up()
+        results = await asyncio.gather(*(call(r.client) for r in replicas), return_exceptions=True)
+        answered = [(r, res) for r, res in zip(replicas, results, strict=True) if not isinstance(res, BaseException)]
+        for replica, res in zip(replicas, results, strict=True):
+            if not isinstance(res, BaseException):
+                continue
+            if not (isinstance(res, RlvrError) and res.code in _GONE and answered):
+                raise failure(res, running=False) if isinstance(res, RlvrError) else res
+            self._down(replica, res)
+        return answered
 
     # ------------------------------------------------------------------ checks (planning.Peers)
 
     async def rollout_model(self) -> RolloutModel:
-        with translated():
-            info = await self.rollout.get_info()
-        return RolloutModel(model=info.model, max_model_len=info.max_model_len, address=self.rollout_address)
+        infos = await self._on_each(lambda client: client.get_info())
+        models = {info.model for _, info in infos}
+        if len(models) > 1:
+            served = ", ".join(f"{r.address} serves {info.model!r}" for r, info in infos)
+            raise FailedPrecondition(f"the rollout replicas serve different models ({served}); give the benchmark "
+                                     "replicas of one model")
+        return RolloutModel(model=infos[0][1].model, max_model_len=min(info.max_model_len for _, info in infos),
+                            address=", ".join(r.address for r, _ in infos))
 
     async def live_adapters(self) -> dict[str, int]:
-        with translated():
-            response = await self.rollout.list_adapters()
-        return {a.name: a.version for a in response.adapters}
+        """Each adapter's newest live version on any replica (one that lags refuses its parts with
+        NOT_FOUND, and the others answer them)."""
+        live: dict[str, int] = {}
+        for _, response in await self._on_each(lambda client: client.list_adapters()):
+            for a in response.adapters:
+                live[a.name] = max(a.version, live.get(a.name, 0))
+        return live
 
     async def upload_adapter(self, name: str, version: int, directory: Path) -> int:
         # The files are read in a worker thread, a chunk at a time: an adapter can be hundreds of
-        # MB and the event loop serves calls meanwhile.
-        with translated():
-            info = await self.rollout.load_adapter(name, version, directory, timeout=self.upload_timeout_s)
-        return info.version
+        # MB and the event loop serves calls meanwhile. Every replica up gets it.
+        infos = await self._on_each(
+            lambda client: client.load_adapter(name, version, directory, timeout=self.upload_timeout_s))
+        return min(info.version for _, info in infos)
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
         request = reward_pb2.GetProblemsRequest(function=REWARD_FUNCTIONS[function], split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
@@ -112,19 +177,51 @@ class ServicePeers:
     # ------------------------------------------------------------------ the run (Generator, Scorer)
 
     async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
+        pending, answers = list(questions), []
+        cannot: dict[str, RlvrError] = {}  # replicas that could not answer this batch, and why
+        while pending:
+            replicas = [r for r in self._up() if r.address not in cannot]
+            if not replicas:
+                why = "; ".join(e.describe() for e in cannot.values())
+                raise EvaluationError(f"no rollout replica could answer questions {pending[0].index}-"
+                                      f"{pending[-1].index}: {why}")
+            k = min(len(replicas), len(pending))
+            bounds = [round(j * len(pending) / k) for j in range(k + 1)]
+            parts = [pending[bounds[j]:bounds[j + 1]] for j in range(k)]
+            results = await asyncio.gather(*(self._generate(r, part, sampling, adapter)
+                                             for r, part in zip(replicas, parts, strict=False)), return_exceptions=True)
+            pending = []
+            for replica, part, result in zip(replicas, parts, results, strict=False):
+                if not isinstance(result, BaseException):
+                    answers += result
+                    continue
+                if not (isinstance(result, RlvrError) and len(self.replicas) > 1
+                        and result.code in (*_GONE, grpc.StatusCode.NOT_FOUND)):
+                    raise failure(result, running=True) if isinstance(result, RlvrError) else result
+                cannot[replica.address] = result
+                if result.code in _GONE:
+                    self._down(replica, result)
+                else:
+                    log.warning("the rollout replica at %s cannot answer with %s (%s); the others answer",
+                                replica.address, adapter, result.describe())
+                pending += part
+            pending.sort(key=lambda q: q.index)
+        return answers
+
+    async def _generate(self, replica: _Replica, questions: Sequence[Question], sampling: Sampling,
+                        adapter: AdapterTag) -> list[Answer]:
         # An explicit version: the rollout service refuses rather than answer with another one.
         request = generate_request([chat_prompt(q.messages) for q in questions], sampling, adapter,
                                    request_id=f"benchmark-q{questions[0].index}")
         answers: list[Answer] = []
-        with translated(running=True):
-            async with self.rollout.generate(request, timeout=self.generate_timeout_s) as stream:
-                async for response in stream:
-                    for c in response.completions:
-                        if not 0 <= c.prompt_index < len(questions):
-                            raise EvaluationError(f"rollout service at {self.rollout_address} answered prompt "
-                                                  f"{c.prompt_index} of {len(questions)}")
-                        reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
-                        answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
+        async with replica.client.generate(request, timeout=self.generate_timeout_s) as stream:
+            async for response in stream:
+                for c in response.completions:
+                    if not 0 <= c.prompt_index < len(questions):
+                        raise EvaluationError(f"rollout service at {replica.address} answered prompt "
+                                              f"{c.prompt_index} of {len(questions)}")
+                    reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
+                    answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
         return answers
 
     async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:

@@ -91,7 +91,7 @@ class BenchmarkCore:
         self.store = await open_store(s)
         self.bus = await open_bus(s, "benchmark")
         # Channels connect lazily: a rollout service still loading its model is not a start failure.
-        self.peers = ServicePeers(s.rollout_address, s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
+        self.peers = ServicePeers(s.rollout_replicas(), s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
                                   score_timeout_s=s.score_timeout_seconds, auth=peer_auth(s))
         manager = EvaluationManager(self.store, self.peers, BusEvents(self.bus), batch_size=s.batch_size,
                                     max_concurrent=s.max_concurrent, prompt_style=s.prompt_style,

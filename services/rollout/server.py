@@ -54,6 +54,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.settings = settings
         self.core: RolloutCore | None = None
         self.model_path = ""
+        self.generate_calls = 0  # answered in full (GetInfo)
+        self.completions_generated = 0
 
     async def start(self) -> None:
         import asyncio
@@ -168,9 +170,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         copies = 1
         if sampling.greedy and sampling.n > 1:
             copies, sampling = sampling.n, dataclasses.replace(sampling, n=1)
+        returned = 0
         async for group in self._core().generate(
             prompts, sampling, name, version, request.request_id or None
         ):
+            returned += len(group.completions) * copies
             yield rollout_pb2.GenerateResponse(
                 completions=[
                     rollout_pb2.Completion(
@@ -192,6 +196,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     for k in range(copies)
                 ]
             )
+        self.generate_calls += 1
+        self.completions_generated += returned
 
     async def LoadAdapter(
         self,
@@ -240,6 +246,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_model_len=info.max_model_len,
             memory_fraction=self.settings.memory_fraction,
             loaded_adapters=len(self._core().list_adapters()),
+            generate_calls=self.generate_calls,
+            completions_generated=self.completions_generated,
         )
 
 

@@ -128,7 +128,7 @@ def run(job_dir: Path) -> int:
                   else ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings)))
         generator = None
         if job.generation_backend == "vllm":
-            from services.trainer.rollouts import ServiceGenerator
+            from services.trainer.replicas import rollout_generator
 
             notices = itertools.count(1)
 
@@ -137,8 +137,8 @@ def run(job_dir: Path) -> int:
                     publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
                                             f"notice:{next(notices)}")
 
-            generator = ServiceGenerator(settings.rollout_address, wait_s=settings.rollout_wait_seconds,
-                                         on_wait=on_wait, auth=peer_auth(settings))
+            generator = rollout_generator(settings.rollout_replicas(), wait_s=settings.rollout_wait_seconds,
+                                          on_wait=on_wait, auth=peer_auth(settings))
             generator.wait_ready()
 
         def on_step(step: int, total: int) -> None:

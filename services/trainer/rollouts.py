@@ -44,6 +44,7 @@ __all__ = [
     "PolicyGenerator",
     "RolloutBatch",
     "RolloutError",
+    "RolloutGone",
     "ServiceGenerator",
     "check_versions",
 ]
@@ -72,6 +73,14 @@ class RolloutError(RuntimeError):
     def __init__(self, error: RlvrError) -> None:
         super().__init__(error.describe())
         self.code = error.code
+
+
+class RolloutGone(RuntimeError):
+    """A rollout server that went away did not come back within the wait (one line naming it)."""
+
+    def __init__(self, message: str, address: str) -> None:
+        super().__init__(message)
+        self.address = address
 
 
 class PolicyGenerator(Protocol):
@@ -245,9 +254,9 @@ class ServiceGenerator:
 
         status = self._until_serving(self.wait_s, every_10_s)
         if status is not None:
-            raise RuntimeError(f"the rollout service at {self.address} did not come back within "
-                               f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
-                               f"failed with: {cause}") from None
+            raise RolloutGone(f"the rollout service at {self.address} did not come back within "
+                              f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
+                              f"failed with: {cause}", self.address) from None
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:

@@ -31,6 +31,7 @@ from rlvr.v1 import common_pb2
 from services.trainer import artifacts, stacking
 from services.trainer.config import JobConfig
 from services.trainer.quantization import bnb_config, check_quantization, pick_device, quiet_bitsandbytes
+from services.trainer.replicas import ReplicatedGenerator
 from services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
 from services.trainer.scorers import Scorer
 
@@ -44,7 +45,8 @@ Outcome = Literal["completed", "cancelled", "failed"]
 
 @dataclass
 class JobDeps:
-    """What a job talks to. `generator` is required for the vllm backend (a ServiceGenerator);
+    """What a job talks to. `generator` is required for the vllm backend (a ServiceGenerator, or a
+    ReplicatedGenerator over several rollout servers);
     for the transformers backend the runner makes a LocalGenerator over the policy itself, for
     vllm_colocate a ColocatedGenerator (services/trainer/colocate.py) with the job's memory
     fraction, which it closes when the job ends."""
@@ -245,23 +247,25 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
-def _prepare_rollout(job: JobConfig, generator: ServiceGenerator, base_path: str, rank: int) -> AdapterTag:
-    """Checks the rollout service serves this base model and can load an adapter of `rank` (the
-    published one's), clears a stale adapter of this job's name, and uploads the init_adapter:
-    step 1 samples from base + init (the fresh adapter starts at B = 0); later steps sample from
-    the pushed combined versions."""
-    info = generator.info()
-    served = info.model
-    if not _same_model(served, job.base_model) and not _same_model(served, base_path):
-        raise FailedPrecondition(
-            f"the rollout service at {generator.address} serves {served!r}, but this job trains {job.base_model!r}"
-        )
-    limit = int(getattr(info, "max_lora_rank", 0) or 0)
-    if limit and rank > limit:
-        what = (f"init_adapter: the published adapter's rank {rank} (the init adapter's plus grpo.lora_rank "
-                f"{job.lora_rank})" if job.init_adapter_path else f"grpo.lora_rank: {rank}")
-        raise FailedPrecondition(f"{what} exceeds the max_lora_rank {limit} of the rollout service at "
-                                 f"{generator.address}")
+def _prepare_rollout(job: JobConfig, generator: ServiceGenerator | ReplicatedGenerator, base_path: str,
+                     rank: int) -> AdapterTag:
+    """Checks the rollout service (each replica) serves this base model and can load an adapter of
+    `rank` (the published one's), clears a stale adapter of this job's name, and uploads the
+    init_adapter: step 1 samples from base + init (the fresh adapter starts at B = 0); later steps
+    sample from the pushed combined versions."""
+    for server in generator.replicas if isinstance(generator, ReplicatedGenerator) else [generator]:
+        info = server.info()
+        served = info.model
+        if not _same_model(served, job.base_model) and not _same_model(served, base_path):
+            raise FailedPrecondition(
+                f"the rollout service at {server.address} serves {served!r}, but this job trains {job.base_model!r}"
+            )
+        limit = int(getattr(info, "max_lora_rank", 0) or 0)
+        if limit and rank > limit:
+            what = (f"init_adapter: the published adapter's rank {rank} (the init adapter's plus grpo.lora_rank "
+                    f"{job.lora_rank})" if job.init_adapter_path else f"grpo.lora_rank: {rank}")
+            raise FailedPrecondition(f"{what} exceeds the max_lora_rank {limit} of the rollout service at "
+                                     f"{server.address}")
     generator.forget(job.adapter_name)
     if job.init_adapter_path:
         generator.forget(_init_tag(job).name)
