@@ -58,6 +58,10 @@ class CoreConfig:
     enforce_eager: bool = False
     """vLLM only: skip torch.compile/graph capture (faster start, first request ~4x sooner on CPU)."""
     trust_remote_code: bool = False
+    tensor_parallel_size: int = 1
+    """vLLM only: devices one engine shards the model over."""
+    data_parallel_size: int = 1
+    """vLLM only: engine copies in this server."""
 
 
 def make_backend(config: CoreConfig) -> GenerationBackend:
@@ -75,6 +79,8 @@ def make_backend(config: CoreConfig) -> GenerationBackend:
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             trust_remote_code=config.trust_remote_code,
+            tensor_parallel_size=config.tensor_parallel_size,
+            data_parallel_size=config.data_parallel_size,
         )
     if config.backend == "transformers":
         from services.rollout.hf_backend import TransformersBackend

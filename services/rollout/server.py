@@ -62,12 +62,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
         from rlvr.models import resolve_model
         from services.rollout.engine import CoreConfig, RolloutCore
+        from services.rollout.parallel import prepare_parallel
 
         s = self.settings
         try:
             self.model_path = await asyncio.to_thread(resolve_model, s.model, lambda m: log.info(m))
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
             raise StartupError(f"{setting_label(s, 'model')} = {s.model!r}: {e}") from None
+        await asyncio.to_thread(prepare_parallel, s, self.model_path)
         config = CoreConfig(
             model=self.model_path,
             adapter_root=s.adapter_root,
@@ -80,6 +82,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             seed=s.seed,
             trust_remote_code=s.trust_remote_code,
             enforce_eager=_eager(s.enforce_eager),
+            tensor_parallel_size=s.tensor_parallel_size,
+            data_parallel_size=s.data_parallel_size,
         )
         s.adapter_root.mkdir(parents=True, exist_ok=True)
         try:

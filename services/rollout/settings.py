@@ -33,6 +33,14 @@ class RolloutSettings(ServiceSettings):
     """Where uploaded adapter versions are written (atomically) before they go live."""
     max_adapter_bytes: int = Field(default=2 * 1024**3, ge=1024)
     """Largest adapter upload accepted."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """vLLM: the devices one engine shards the model over (tensor parallelism; the model's attention
+    heads must divide by it). On a CPU host each shard is a process with cores of its own
+    (VLLM_CPU_OMP_THREADS_BIND, when unset, splits this process's cores between them)."""
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
+    """vLLM: engine copies in this server (data parallelism), vLLM balancing requests across them;
+    each uses tensor_parallel_size devices. For copies on other hosts, run more rollout servers and
+    give the trainer and the benchmark all their addresses (rollout_addresses)."""
     enforce_eager: bool | None = None
     """vLLM: skip graph capture/compilation (starts faster; unset = on for CPU-only hosts, off with CUDA)."""
     seed: int = 0

@@ -76,6 +76,8 @@ class VLLMBackend(GenerationBackend):
         enforce_eager: bool = False,
         max_num_seqs: int | None = None,
         trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
     ) -> None:
         self.model_path = model
         self.max_lora_rank = max_lora_rank
@@ -87,6 +89,8 @@ class VLLMBackend(GenerationBackend):
         self.enforce_eager = enforce_eager
         self.max_num_seqs = max_num_seqs
         self.trust_remote_code = trust_remote_code
+        self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size = data_parallel_size
         self._engine: AsyncLLM | None = None
         self._codec: PromptCodec | None = None
         self._base_lora: LoRARequest | None = None  # set on CPU, see the module docstring
@@ -114,6 +118,8 @@ class VLLMBackend(GenerationBackend):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
+        if self.data_parallel_size > 1:  # checked against this vLLM's EngineArgs (check_parallel)
+            optional["data_parallel_size"] = self.data_parallel_size
         on_cpu = self._on_cpu()
         if on_cpu:
             # See the module docstring; without chunking one step must fit a whole prompt.
@@ -137,6 +143,7 @@ class VLLMBackend(GenerationBackend):
             max_cpu_loras=2 * self.max_loras + on_cpu,
             logprobs_mode="processed_logprobs",
             enforce_eager=self.enforce_eager,
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=True,
             **optional,
         )
@@ -194,6 +201,8 @@ class VLLMBackend(GenerationBackend):
                 "dtype": self.dtype,
                 "gpu_memory_utilization": str(self.gpu_memory_utilization),
                 "enforce_eager": str(self.enforce_eager),
+                "tensor_parallel_size": str(self.tensor_parallel_size),
+                "data_parallel_size": str(self.data_parallel_size),
             },
         )
 
