@@ -50,6 +50,16 @@ GRPC_NAMES = {
 }
 
 
+def replica_name(k: int) -> str:
+    """The process name of rollout replica k (1 is "rollout" itself)."""
+    return "rollout" if k == 1 else f"rollout-{k}"
+
+
+def service_of(name: str) -> str:
+    """The service a process name runs ("rollout-2" runs the rollout service)."""
+    return "rollout" if name.startswith("rollout-") else name
+
+
 def _home() -> Path:
     from rlvr.common.settings import rlvr_home
 
@@ -79,6 +89,15 @@ class StackConfig:
     # `rlvr up` starts a service that dies again, at most this many times in RESTART_WINDOW seconds
     # (then it stops everything, as a stack that keeps crashing is not serving anyone).
     max_restarts: int = 5
+    # Rollout servers: "rollout", then "rollout-2" ... (ports[name] each); the trainer and the
+    # benchmark get all their addresses (rollout_addresses).
+    rollout_replicas: int = 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The services' process names in start order, the extra rollout replicas after "rollout"."""
+        extra = tuple(replica_name(k) for k in range(2, self.rollout_replicas + 1))
+        return tuple(n for name in SERVICES for n in ((name, *extra) if name == "rollout" else (name,)))
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -115,7 +134,8 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
     a = cfg.addresses
     db = cfg.database_url or f"sqlite:///{cfg.home / 'rlvr.db'}"
     artifacts = str(cfg.home / "artifacts")
-    cmd = [sys.executable, "-m", f"services.{name}.main", "--host", cfg.host, "--port", str(cfg.ports[name]),
+    port, replica, name = cfg.ports[name], name.removeprefix("rollout"), service_of(name)  # replica: "", "-2" ...
+    cmd = [sys.executable, "-m", f"services.{name}.main", "--host", cfg.host, "--port", str(port),
            "--log-format", cfg.log_format]
     if name in ("scheduler", "benchmark"):
         cmd += ["--database-url", db]
@@ -123,6 +143,8 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
         cmd += ["--artifact-root", artifacts]
     if name in ("trainer", "benchmark"):
         cmd += ["--rollout-address", a["rollout"], "--reward-address", a["reward"]]
+        if cfg.rollout_replicas > 1:
+            cmd += ["--rollout-addresses", ",".join(a[n] for n in cfg.names if service_of(n) == "rollout")]
     if name == "scheduler":
         cmd += ["--trainer-addresses", a["trainer"], "--benchmark-address", a["benchmark"]]
     if name == "benchmark":  # trained adapters it may upload for an evaluation: the stack's own
@@ -130,7 +152,7 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
     if name == "rollout":
         cmd += ["--model", cfg.model, "--backend", cfg.rollout_backend,
                 "--memory-fraction", str(cfg.memory_fraction),
-                "--adapter-root", str(cfg.home / "rollout-adapters")]
+                "--adapter-root", str(cfg.home / f"rollout-adapters{replica}")]
     return cmd
 
 
@@ -223,7 +245,7 @@ class Stack:
         self.nats = nats
         _write_private(self.nats_file, json.dumps({"url": nats.url_with_credentials}))
         self.say(f"nats       {nats.url:<24} pid {nats.pid}")
-        for name in SERVICES:
+        for name in self.cfg.names:
             self._launch(name)
         if self.cfg.web_port is not None:
             self._launch(WEB)
@@ -239,8 +261,9 @@ class Stack:
         else:  # a service: accepts the tokens file's tokens, calls its peers with the service token
             env["RLVR_AUTH_TOKEN"] = self.service_token
             env["RLVR_AUTH_TOKENS_FILE"] = str(self.tokens_file)
-            for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKEN",
-                        f"RLVR_{name.upper()}_AUTH_TOKEN_FILE", f"RLVR_{name.upper()}_AUTH_TOKENS_FILE"):
+            service = service_of(name).upper()
+            for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKEN",
+                        f"RLVR_{service}_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKENS_FILE"):
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
             env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
@@ -316,7 +339,7 @@ class Stack:
     def wait_serving(self) -> bool:
         """Waits until every health check answers SERVING; False if a service died or time ran out."""
         deadline = time.monotonic() + self.cfg.start_timeout
-        pending = set(SERVICES) | ({WEB} if WEB in self.procs else set())
+        pending = set(self.cfg.names) | ({WEB} if WEB in self.procs else set())
         while pending and time.monotonic() < deadline:
             for name, code in self.dead():
                 self.report_dead(name, code)
@@ -339,7 +362,7 @@ class Stack:
         return True
 
     def stop(self, grace: float = 15.0) -> None:
-        for name in (WEB, *reversed(SERVICES)):
+        for name in (WEB, *reversed(self.cfg.names)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -406,6 +429,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="rlvr-tiny", help="base model of the rollout server")
     parser.add_argument("--rollout-backend", choices=("vllm", "transformers"), default="vllm")
     parser.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM memory fraction")
+    parser.add_argument("--rollout-replicas", type=int, default=1,
+                        help="rollout servers to start (1-8), each with the model; the trainer and the benchmark "
+                             "spread their generation across them (each vLLM one takes --memory-fraction)")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
 
@@ -429,6 +455,10 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                       model=args.model, rollout_backend=args.rollout_backend,
                       memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,
                       log_format=args.log_format)
+    replicas = getattr(args, "rollout_replicas", 1)
+    if not 1 <= replicas <= 8:
+        raise SystemExit(f"rlvr up: error: --rollout-replicas: {replicas} is out of range; allowed: 1-8")
+    cfg.rollout_replicas = replicas
     if getattr(args, "max_restarts", None) is not None:
         if args.max_restarts < 0:
             raise SystemExit(f"rlvr up: error: --max-restarts: {args.max_restarts} is out of range; allowed: >= 0")
@@ -443,6 +473,9 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         cfg.ports = {name: free_port(args.host) for name in DEFAULT_PORTS}
     elif args.base_port is not None:
         cfg.ports = {name: args.base_port + i for i, name in enumerate(DEFAULT_PORTS)}
+    last = max(cfg.ports.values()) if args.base_port != 0 else 0
+    for k in range(2, replicas + 1):  # after the five services' ports (free ones with --base-port 0)
+        cfg.ports[replica_name(k)] = last + k - 1 if last else free_port(args.host)
     return cfg
 
 
@@ -534,7 +567,8 @@ def status(args: argparse.Namespace) -> int:
         if env:
             addresses[name] = env
     ok = True
-    for name in SERVICES:
+    replicas = sorted((n for n in addresses if n.startswith("rollout-")), key=lambda n: int(n.split("-")[1]))
+    for name in (*SERVICES, *replicas):
         st = check_health(addresses[name])
         ok &= st == "SERVING"
         print(f"{name:<10} {addresses[name]:<24} {st}")

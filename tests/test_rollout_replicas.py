@@ -290,3 +290,41 @@ def test_an_evaluation_across_two_replicas(replicas: Replicas, nats_server: Any)
         assert (tuned.adapter_name, tuned.adapter_version) == ("eval-lora", 1)
         assert _live(replicas.a)["eval-lora"] == _live(replicas.b)["eval-lora"] == 1  # uploaded to both
 
+
+
+def test_a_stack_with_two_rollout_replicas_trains_through_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlvr up --rollout-replicas 2` as the stack runs it: the job process reads both addresses from
+    its settings, and a job created through the SDK generates on both and leaves its adapter on both."""
+    monkeypatch.setenv("RLVR_TRAINER_TORCH_THREADS", "1")  # the tiny model: one thread steps faster
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # and decodes faster in the rollout servers
+    from clients.sdk import RolloutClient, connect
+    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.common.auth import ChannelAuth
+    from rlvr.v1 import scheduler_pb2 as S
+
+    names = ("scheduler", "trainer", "reward", "rollout", "benchmark", "rollout-2")
+    cfg = StackConfig(home=tmp_path, model="rlvr-tiny-test", ports={name: free_port() for name in names},
+                      rollout_backend="transformers", rollout_replicas=2, start_timeout=300.0, log_format="text")
+    with open(tmp_path / "stack.out", "w") as out:
+        running = Stack(cfg, out=out)
+        try:
+            running.start()
+            assert running.wait_serving(), (tmp_path / "stack.out").read_text()
+            spec = C.JobSpec(name="two-replicas", base_model="rlvr-tiny-test")
+            spec.reward.synthetic_prompts = 16
+            g = spec.grpo
+            g.group_size, g.batch_size, g.max_completion_tokens, g.max_steps = 4, 8, 32, 2
+            g.lora_rank, g.lora_alpha, g.learning_rate = 4, 64, 1e-5
+            spec.advanced.generation_backend = C.GENERATION_BACKEND_VLLM  # through the rollout service(s)
+            spec.advanced.loss_type = C.LOSS_TYPE_DAPO
+            with connect(running.client_settings()) as client:
+                job_id = client.scheduler.create_job(S.CreateJobRequest(spec=spec)).job.id
+                list(client.scheduler.watch(job_id, timeout=300))
+                job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
+            assert job.status == C.JOB_STATUS_COMPLETED, job.error
+            for name in ("rollout", "rollout-2"):
+                with RolloutClient(cfg.addresses[name], auth=ChannelAuth(token=running.service_token)) as rollout:
+                    assert rollout.get_info().generate_calls == 2, name  # half of each step's prompts
+                    assert {a.name: a.version for a in rollout.list_adapters().adapters}[job.adapter.name] == 2
+        finally:
+            running.stop()
