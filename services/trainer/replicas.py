@@ -71,7 +71,6 @@ class ReplicatedGenerator:
         self.all = list(self.replicas)  # closed at the end, dropped or not
         self.wait_s = wait_s
         self.dropped: list[str] = []  # "ADDRESS (why)", in the order they went
-        self.calls = dict.fromkeys(addresses, 0)  # Generate calls each replica answered
         self._pool = ThreadPoolExecutor(max_workers=len(addresses), thread_name_prefix="rollout-replica")
         self._turn = 0
         self._step = 0
@@ -172,11 +171,10 @@ class ReplicatedGenerator:
             batches = self._each([(r, partial(r.generate, [prompts[i] for i in idx], sampling, expected))
                                   for r, idx in parts], "generating")
             pending = []
-            for (replica, indices), batch in zip(parts, batches, strict=True):
+            for (_, indices), batch in zip(parts, batches, strict=True):
                 if batch is None:  # its replica was dropped: the next round gives its prompts to others
                     pending += indices
                     continue
-                self.calls[replica.address] += 1
                 for k, index in enumerate(indices):  # the part's k-th prompt is the step's prompt `index`
                     for s in range(n):
                         j = k * n + s
