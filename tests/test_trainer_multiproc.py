@@ -82,7 +82,8 @@ def _ranks(job_dir: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if b"--rank-of" in argv and str(job_dir).encode() in argv and state != "Z":
+        rank = b"--rank-of" in argv and b"torch.distributed.run" not in argv  # not torchrun itself
+        if rank and str(job_dir).encode() in argv and state != "Z":
             pids.append(int(entry.name))
     return pids
 
@@ -176,3 +177,32 @@ async def _idle(supervisor: object) -> None:
     while supervisor.current is not None:  # type: ignore[attr-defined]
         await asyncio.sleep(0.05)
 
+
+
+async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_path: Path) -> None:
+    """SIGKILL to the job's process group (the worker's last resort on cancel, or the OOM killer):
+    torchrun dies, and each rank with it (PR_SET_PDEATHSIG, kept across the launcher's exec)."""
+    import os
+    import signal
+
+    from services.trainer.worker import JobSupervisor
+
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    job_id = f"mp-kill-{time.monotonic_ns()}"
+    job_dir = tmp_path / "artifacts" / "jobs" / job_id
+    await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
+    deadline = time.monotonic() + 120
+    while not all(f"[rank {r}]" in (job_dir / "job.log").read_text() for r in (0, 1)):  # past die_with_parent
+        assert time.monotonic() < deadline, (job_dir / "job.log").read_text()[-3000:]
+        await asyncio.sleep(0.2)
+    ranks = _ranks(job_dir)
+    assert len(ranks) == 2 and supervisor.current is not None
+    os.killpg(supervisor.current.process.pid, signal.SIGKILL)
+    await asyncio.wait_for(_idle(supervisor), 10)
+    deadline = time.monotonic() + 10
+    while _ranks(job_dir):
+        assert time.monotonic() < deadline, f"ranks {_ranks(job_dir)} outlived their launcher"
+        await asyncio.sleep(0.1)
+    status = supervisor.status()
+    assert status.last_job_id == job_id and status.last_job_lost and "killed by signal 9" in status.last_job_error
+    await supervisor.close()

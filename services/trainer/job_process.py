@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
     if group is not None:
         die_with_parent(args.rank_of)  # torchrun, which dies with the worker
+        log.info("training process %d of %d started (pid %d)", group.rank, group.world, os.getpid())
         return run(args.job_dir, group)
     die_with_parent(args.parent_pid)
     return launch(args.job_dir)

@@ -488,7 +488,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         result.steps_done = step
         log.info("job %s: resuming from step %d (checkpoint %s)", job.job_id, step, checkpoint.name)
     try:
-        if not deps.cancel.is_set():
+        if not group.any(deps.cancel.is_set()):  # all processes train, or none
             engine.run(resume_from=checkpoint)
     finally:
         result.steps_done = engine.adapter_step
