@@ -31,6 +31,8 @@ from rlvr.jobspec import (
     LOSS_NAMES,
     MAX_COMPLETION,
     MAX_STEPS_DEFAULT,
+    NUM_PROCESSES,
+    PRECISIONS,
     QUANT_KEYS,
     REWARD_FUNCTIONS,
     SYNTHETIC_PROMPTS,
@@ -73,6 +75,8 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
     ("--seed", "advanced", "seed", int, _range("seed", JOB_SEED)),
     ("--checkpoint-every", "advanced", "checkpoint_every", int,
      _range("save a checkpoint every N steps (0 = never)", CHECKPOINT_EVERY)),
+    ("--processes", "advanced", "num_processes", int,
+     _range("training processes, data parallel (one per device --gpu lists)", NUM_PROCESSES)),
 ]
 
 
@@ -92,6 +96,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
         p.add_argument(flag, dest=field, type=kind, default=None, help=text)
     p.add_argument("--lora-init", choices=LORA_INITS, default=None,
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="training precision: fp32 (default), bf16, or fp16 (CUDA only)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
 
@@ -119,6 +125,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.advanced.dynamic_sampling = True
     if args.lora_init:
         spec.advanced.lora_init = args.lora_init
+    if args.precision:
+        spec.advanced.precision = args.precision
     for _, group, field, _, _ in SPEC_FLAGS:
         value = getattr(args, field)
         if value is not None:

@@ -33,7 +33,7 @@ MAX_MODEL_CHARS = 1024  # a hub id or a local path
 MAX_DATASET_CHARS = 1024  # a hub dataset or a local path
 MAX_PATH_CHARS = 1024
 MAX_SPLIT_CHARS = 128
-MAX_OPTION_CHARS = 64  # short settings: gpu_selection, lora_init
+MAX_OPTION_CHARS = 64  # short settings: gpu_selection, lora_init, precision
 MAX_LABEL_CHARS = 200
 SEED_MAX = 2**63 - 1  # what SQLite stores (a signed 64-bit integer); a uint64 field can carry more
 GPU_SELECTION_RE = re.compile(r"^(auto|cpu|\d+(,\d+)*)$")
@@ -81,6 +81,14 @@ DEFAULT_DATASET_SPLIT = "train"
 GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
+# Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
+# NCCL on GPUs); one per device listed in gpu_selection.
+NUM_PROCESSES = IntRange(1, 8, 1)
+# Training precision: "fp32" (default), or mixed precision over a base loaded in that dtype (the
+# LoRA weights stay fp32). fp16 needs a CUDA device (torch's CPU autocast has no fp16 training).
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISION_KEYS: dict[str, Precision] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+PRECISIONS = tuple(PRECISION_KEYS)
 
 REWARD_NAMES: dict[int, str] = {
     C.REWARD_FUNCTION_MATH_PAIRS: "Math Pairs (synthetic)",
@@ -235,6 +243,7 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     if not GPU_SELECTION_RE.match(a.gpu_selection):
         raise out_of_range("advanced.gpu_selection", a.gpu_selection,
                            '"auto", "cpu", or a comma list of device indices such as "0,1"')
+    _validate_processes(spec, backend)
     _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
     _float(a, "temperature", "advanced.temperature", TEMPERATURE)
     if not a.HasField("seed"):
@@ -244,6 +253,38 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     if a.lora_init not in LORA_INITS:
         raise out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{v}"' for v in LORA_INITS) +
                            ' (default "default")')
+    a.precision = a.precision.strip() or PRECISIONS[0]
+    if a.precision not in PRECISIONS:
+        raise out_of_range("advanced.precision", a.precision, ", ".join(f'"{v}"' for v in PRECISIONS[:-1]) +
+                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")')
+
+
+def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
+    """advanced.num_processes against the fields it must agree with: one process per listed device,
+    whole groups on every process, and the options that do not run across processes yet."""
+    a, g = spec.advanced, spec.grpo
+    procs = _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
+    if a.gpu_selection not in ("auto", "cpu"):
+        devices = a.gpu_selection.split(",")
+        if len(set(devices)) != len(devices):
+            raise InvalidArgument(f"advanced.gpu_selection: {a.gpu_selection!r} lists a device twice")
+        if len(devices) != procs:
+            raise InvalidArgument(
+                f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
+                f"advanced.num_processes is {procs}; a job trains with one process per device: set "
+                f"advanced.num_processes to {len(devices)} or list {procs} device(s)")
+    if procs == 1:
+        return
+    if g.batch_size % (procs * g.group_size):
+        raise InvalidArgument(
+            f"grpo.batch_size: {g.batch_size} does not split into whole groups of grpo.group_size {g.group_size} "
+            f"on each of advanced.num_processes {procs}; use a multiple of {procs * g.group_size}")
+    if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
+        raise InvalidArgument(f"advanced.num_processes: {procs} processes cannot each start a vLLM (colocate) "
+                              "engine yet; use the vLLM (rollout server) or Transformers backend, or 1 process")
+    if a.dynamic_sampling:
+        raise InvalidArgument(f"advanced.dynamic_sampling: not supported across processes yet "
+                              f"(advanced.num_processes {procs}); use 1 process or turn it off")
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:
@@ -284,6 +325,7 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("reward.dataset_split", spec.reward.dataset_split, MAX_SPLIT_CHARS),
         ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
         ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
+        ("advanced.precision", spec.advanced.precision, MAX_OPTION_CHARS),
         ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
         ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),
     ):

@@ -99,7 +99,38 @@ def test_enums_and_selection() -> None:
         resolve_spec(spec(advanced={"loss_type": 9}))
     with pytest.raises(InvalidArgument, match="advanced.gpu_selection"):
         resolve_spec(spec(advanced={"gpu_selection": "gpu0"}))
-    assert resolve_spec(spec(advanced={"gpu_selection": "0,1"})).spec.advanced.gpu_selection == "0,1"
+    two = resolve_spec(spec(grpo={"batch_size": 16}, advanced={"gpu_selection": "0,1", "num_processes": 2}))
+    assert two.spec.advanced.gpu_selection == "0,1"
+
+
+def test_num_processes_agrees_with_the_devices_and_the_batch() -> None:
+    a = resolve_spec(C.JobSpec()).spec.advanced
+    assert a.num_processes == 1 and a.precision == "fp32"
+    with pytest.raises(InvalidArgument, match=r"advanced.num_processes: 9 is out of range; allowed: 1-8 \(default 1\)"):
+        resolve_spec(spec(advanced={"num_processes": 9}))
+    # Two devices and one process: refused (transformers would silently wrap the model in DataParallel).
+    with pytest.raises(InvalidArgument, match=r"advanced.gpu_selection: '0,1' lists 2 device\(s\) but "
+                                              r"advanced.num_processes is 1"):
+        resolve_spec(spec(advanced={"gpu_selection": "0,1"}))
+    with pytest.raises(InvalidArgument, match="advanced.gpu_selection: '1,1' lists a device twice"):
+        resolve_spec(spec(advanced={"gpu_selection": "1,1", "num_processes": 2}))
+    # Whole groups on every process: 8 completions of groups of 8 do not split over 2.
+    with pytest.raises(InvalidArgument, match=r"grpo.batch_size: 8 .* advanced.num_processes 2; use a multiple of 16"):
+        resolve_spec(spec(advanced={"num_processes": 2}))
+    ok = resolve_spec(spec(grpo={"batch_size": 8, "group_size": 4}, advanced={"num_processes": 2, "gpu_selection": "cpu"}))
+    assert ok.spec.advanced.num_processes == 2
+    with pytest.raises(InvalidArgument, match="advanced.num_processes: 2 processes cannot each start a vLLM"):
+        resolve_spec(spec(grpo={"batch_size": 16}, advanced={
+            "num_processes": 2, "generation_backend": C.GENERATION_BACKEND_VLLM_COLOCATE}))
+    with pytest.raises(InvalidArgument, match="advanced.dynamic_sampling: not supported across processes"):
+        resolve_spec(spec(grpo={"batch_size": 16}, advanced={"num_processes": 2, "dynamic_sampling": True}))
+
+
+def test_precision() -> None:
+    assert resolve_spec(spec(advanced={"precision": " bf16 "})).spec.advanced.precision == "bf16"
+    with pytest.raises(InvalidArgument, match='advanced.precision: \'fp8\' is out of range; allowed: "fp32", '
+                                              '"bf16" or "fp16" \\(default "fp32"\\)'):
+        resolve_spec(spec(advanced={"precision": "fp8"}))
 
 
 def test_lora_init_and_dynamic_sampling() -> None:

@@ -26,6 +26,7 @@ RANGED = {
     "kl_beta": jobspec.KL_BETA,
     "temperature": jobspec.TEMPERATURE,
     "checkpoint_every": jobspec.CHECKPOINT_EVERY,
+    "num_processes": jobspec.NUM_PROCESSES,
 }
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
 SPEC_MESSAGES = ("RewardConfig", "GrpoConfig", "AdvancedOptions")
@@ -70,3 +71,5 @@ def test_the_other_stated_defaults_match() -> None:
     assert f'Default "{jobspec.DEFAULT_DATASET_SPLIT}"' in comments["dataset_split"]
     for init in jobspec.LORA_INITS:
         assert f'"{init}"' in comments["lora_init"]
+    for precision in jobspec.PRECISIONS:
+        assert f'"{precision}"' in comments["precision"]

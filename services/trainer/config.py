@@ -20,11 +20,13 @@ from rlvr.jobspec import (
     DEFAULT_DATASET_SPLIT,
     GPU_MEMORY_FRACTION,
     LOSS_NAMES,
+    PRECISION_KEYS,
     QUANT_KEYS,
     REWARD_KEYS,
     SYNTHETIC_PROMPTS,
     Backend,
     LossType,
+    Precision,
     Quantization,
     RewardName,
     resolve_spec,
@@ -80,6 +82,10 @@ class JobConfig:
     lora_init: Literal["default", "gaussian"]
     seed: int
     checkpoint_every: int
+    # Training processes (data parallel, launched with torchrun by the worker) and precision
+    # ("fp32", "bf16", "fp16"); advanced.num_processes and advanced.precision.
+    num_processes: int
+    precision: Precision
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
@@ -191,6 +197,8 @@ def job_config_from_request(
         lora_init="gaussian" if a.lora_init == "gaussian" else "default",
         seed=a.seed,
         checkpoint_every=a.checkpoint_every,
+        num_processes=a.num_processes,
+        precision=PRECISION_KEYS[a.precision],
         init_adapter_path=init_path,
         init_adapter_label=spec.init_adapter.name or spec.init_adapter.path,
         total_steps=max(0, request.total_steps),

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.peers.types import AdapterTag, Score
 from services.trainer.config import JobConfig
+from services.trainer.distributed import Group, merge_records, shareable
 from services.trainer.dynamic import PromptDraw
 from services.trainer.rollouts import PolicyGenerator
 from services.trainer.scorers import Scorer
@@ -51,14 +52,17 @@ TRL_DIR = "trl"
 RESUME_FILE = "rlvr-resume.json"
 
 
-def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool) -> Any:  # -> GRPOConfig
-    """TRL's config for a job. CPU facts (DESIGN.md): fp32 and no gradient checkpointing, whose
-    defaults (bf16, checkpointing on) make steps 8-13x slower here."""
+def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
+              processes: int = 1) -> Any:  # -> GRPOConfig
+    """TRL's config for a job. CPU facts (DESIGN.md): no gradient checkpointing, and fp32 unless the
+    job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
+    steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
+    share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide)."""
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=str(output_dir),
-        per_device_train_batch_size=job.batch_size,
+        per_device_train_batch_size=job.batch_size // processes,
         gradient_accumulation_steps=1,
         num_generations=job.group_size,
         max_completion_length=job.max_completion_tokens,
@@ -78,8 +82,8 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool)
         data_seed=job.seed,
         logging_steps=1,
         report_to=[],
-        bf16=False,
-        fp16=False,
+        bf16=job.precision == "bf16",
+        fp16=job.precision == "fp16",
         gradient_checkpointing=False,
         use_cpu=use_cpu,
         disable_tqdm=True,
@@ -158,8 +162,21 @@ class _StepCallback:
         self.engine.current.updated()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.engine.current.push(self.engine.model)  # unwrapped: the PeftModel itself
-        if self.engine.ctx.hooks.cancel.is_set():
+        engine, group = self.engine, self.engine.group
+        step = engine.current
+        if group.world == 1:
+            step.push(engine.model)  # unwrapped: the PeftModel itself
+        else:
+            # Rank 0 publishes the step with every rank's completions, saves and pushes the adapter
+            # once; the others wait for the push (and fail with it) before they generate again.
+            parts = group.gather(shareable(step.record))
+            if group.is_main:
+                merge_records(step.record, parts)
+            group.on_main(lambda: step.push(engine.model))
+            engine.ctx.adapter_step = step.number
+            engine.ctx.live = AdapterTag(engine.ctx.job.adapter_name, step.number)
+        # A cancel seen by any process stops them all after this step.
+        if group.any(engine.ctx.hooks.cancel.is_set()):
             control.should_training_stop = True
         every = self.engine.ctx.job.checkpoint_every
         if control.should_save and (not every or state.global_step % every):
@@ -167,12 +184,16 @@ class _StepCallback:
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         step = self.engine.step
+        if not self.engine.group.is_main:
+            return  # rank 0 publishes the step (with every rank's completions: on_step_end)
         if not logs or "loss" not in logs or step is None or step.number != state.global_step:
             return  # the end-of-training summary, or a log line of no step of ours
         step.publish(logs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """TRL's checkpoint is written: ours goes beside it, last, marking it whole."""
+        if not self.engine.group.is_main:
+            return
         self.engine.save_resume_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
 
 
@@ -230,6 +251,7 @@ class GrpoEngine:
         total_steps: int,
         initial: AdapterTag,
         use_cpu: bool,
+        group: Group | None = None,  # a job of several processes: this one's rank (distributed.py)
     ) -> None:
         from datasets import Dataset
         from transformers import PrinterCallback
@@ -245,11 +267,12 @@ class GrpoEngine:
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
         )
         self.step: Step | None = None  # the step in flight (or the last one)
+        self.group = group or Group()
         dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
         self.trainer = trainer_class()(
             model=model,
             reward_funcs=self._reward,
-            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu),
+            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world),
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=self._rollout,

@@ -9,6 +9,11 @@ fails this job only, and all its memory goes back to the system when it exits.
 It publishes its own events to NATS (RUNNING, one MetricEvent per step, the final status), keeps
 `progress.json` current after every step (the worker's GetWorkerStatus reads it), and writes
 `result.json` last. A process that dies without writing the result is reported by the worker.
+
+A job of several processes (advanced.num_processes, services/trainer/distributed.py): this process
+execs torchrun over N ranks of this module (`--rank-of`); rank 0 does all of the above, the other
+ranks train their share of each step, and a rank other than 0 that fails writes
+`result-rank<N>.json`, which the worker reports when rank 0 could not write its result.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rlvr.common.auth import peer_auth
 from rlvr.v1 import common_pb2
 from services.trainer import artifacts
-from services.trainer.quantization import cuda_visible_devices
+from services.trainer.distributed import Group, launch_command, visible_devices
 from services.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
@@ -61,11 +66,11 @@ def adapter_ref(name: str, version: int, path: str) -> common_pb2.AdapterRef | N
     return common_pb2.AdapterRef(name=name, version=version, path=path) if version > 0 else None
 
 
-def _set_threads(threads: int) -> None:
+def _set_threads(threads: int, processes: int = 1) -> None:
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(threads or max(1, cores))
+    torch.set_num_threads(threads or max(1, cores // processes))  # the cores shared by the job's processes
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -85,15 +90,34 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def run(job_dir: Path) -> int:
-    settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
+def _read_job(job_dir: Path) -> JobConfig:
     from services.trainer.config import JobConfig
 
     # The worker validated the request and wrote its JobConfig: nothing is resolved twice.
-    job = JobConfig.from_json(json.loads((job_dir / "config.json").read_text()))
-    visible = cuda_visible_devices(job.gpu_selection)
+    return JobConfig.from_json(json.loads((job_dir / "config.json").read_text()))
+
+
+def launch(job_dir: Path) -> int:
+    """The job process the worker started: runs the job, or for a job of several processes execs
+    torchrun over its ranks (keeping this pid, the worker's handle on the whole group)."""
+    job = _read_job(job_dir)
+    visible = visible_devices(job.gpu_selection, job.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch is imported, or it is too late
+    if job.num_processes == 1:
+        return run(job_dir)
+    command = launch_command(job_dir, job.num_processes, os.getpid())
+    log.info("job %s: %d training processes: %s", job.job_id, job.num_processes, " ".join(command))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(command[0], command)  # PR_SET_PDEATHSIG is kept: torchrun dies with the worker
+
+
+def run(job_dir: Path, group: Group | None = None) -> int:
+    """Runs the job in this process: the whole job, or rank `group.rank` of it."""
+    group = group or Group()
+    settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
+    job = _read_job(job_dir)
 
     cancel = threading.Event()
     # SIGTERM = cancel: finish the step in flight, save, report CANCELLED (the worker SIGKILLs
@@ -107,7 +131,7 @@ def run(job_dir: Path) -> int:
     publisher = None
     result: JobResult
     try:
-        if settings.nats_url or settings.nats_url_file is not None:
+        if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
             from services.trainer.publisher import EventPublisher
 
             nats_url, nats_ca = settings.nats_connection()
@@ -122,7 +146,7 @@ def run(job_dir: Path) -> int:
                                    else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
                 running.current_step = resumed
                 publisher.publish_again(running, f"resume-{time.time_ns()}")
-        _set_threads(settings.torch_threads)
+        _set_threads(settings.torch_threads, group.world)
         score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
         scorer = (LocalScorer(score_settings) if settings.scorer == "local"
                   else ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings)))
@@ -145,8 +169,8 @@ def run(job_dir: Path) -> int:
             artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})
 
         deps = JobDeps(scorer=scorer, publish=publisher.publish_metric if publisher else (lambda _e: None),
-                       cancel=cancel, generator=generator, on_step=on_step,
-                       colocate_enforce_eager=settings.colocate_enforce_eager)
+                       cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
+                       colocate_enforce_eager=settings.colocate_enforce_eager, group=group)
         try:
             result = run_job(job, deps)
         finally:
@@ -156,6 +180,12 @@ def run(job_dir: Path) -> int:
     except Exception as e:  # set-up failed before the job could run (bad request, NATS down)
         log.exception("job set-up failed")
         result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
+    if not group.is_main:
+        log.info("job %s, rank %d: %s %s", result.job_id, group.rank, result.status, result.error)
+        if result.status != "failed":
+            return 0
+        artifacts.write_json_atomic(job_dir / f"result-rank{group.rank}.json", result.to_json())
+        return 1  # torchrun then stops the other ranks rather than leaving them waiting for this one
     artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)
@@ -168,7 +198,8 @@ def run(job_dir: Path) -> int:
             log.error("some events of job %s could not be published to %s", result.job_id,
                       redact_url(publisher.nats_url))
     log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
-    return 0
+    # A failed job of several processes: a nonzero exit makes torchrun stop the other ranks.
+    return 1 if group.world > 1 and result.status == "failed" else 0
 
 
 def _resume_step(job: JobConfig) -> int | None:
@@ -185,11 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.trainer.job_process", description=__doc__)
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="the trainer service's pid: this dies with it")
+    parser.add_argument("--rank-of", type=int, default=0,
+                        help="a rank of a job of several processes, started by torchrun in the job process PID")
     args = parser.parse_args(argv)
+    group = Group.from_env() if args.rank_of else None
+    where = f" [rank {group.rank}]" if group is not None else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
+    if group is not None:
+        die_with_parent(args.rank_of)  # torchrun, which dies with the worker
+        log.info("training process %d of %d started (pid %d)", group.rank, group.world, os.getpid())
+        return run(args.job_dir, group)
     die_with_parent(args.parent_pid)
-    return run(args.job_dir)
+    return launch(args.job_dir)
 
 
 if __name__ == "__main__":

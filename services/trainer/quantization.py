@@ -20,7 +20,7 @@ from rlvr.common.errors import FailedPrecondition
 
 def pick_device(gpu_selection: str) -> str:
     """"cpu" or "cuda" for a job's GPU Selection ("auto", "cpu", or device indices such as "0,1",
-    which the job process has already put in CUDA_VISIBLE_DEVICES). A job asking for GPUs on a
+    which the job process has already put in CUDA_VISIBLE_DEVICES: distributed.visible_devices). A job asking for GPUs on a
     host without CUDA fails rather than running on the CPU."""
     import torch
 
@@ -36,11 +36,33 @@ def pick_device(gpu_selection: str) -> str:
     )
 
 
-def cuda_visible_devices(gpu_selection: str) -> str | None:
-    """The CUDA_VISIBLE_DEVICES a job process sets before importing torch (None: leave it)."""
-    if gpu_selection in ("auto", ""):
-        return None
-    return "" if gpu_selection == "cpu" else gpu_selection
+def check_precision(precision: str, gpu_selection: str = "auto") -> None:
+    """Raises FailedPrecondition (one line, naming advanced.precision) if the job's device cannot
+    train in `precision`: fp16 needs CUDA (torch's CPU autocast has no fp16 training, and the
+    GradScaler fp16 needs is CUDA's), bf16 a device that supports it (any CPU; a CUDA device
+    from Ampere on)."""
+    if precision == "fp32":
+        return
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"advanced.precision: {precision!r} is not one of fp32, bf16, fp16")
+    import torch
+
+    device = pick_device(gpu_selection)
+    if device == "cpu":
+        if precision == "fp16":
+            raise FailedPrecondition("advanced.precision: fp16 needs a CUDA device, and this job trains on the CPU "
+                                     f"(advanced.gpu_selection {gpu_selection!r}); use bf16 or fp32")
+        return
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise FailedPrecondition(f"advanced.precision: bf16 is not supported by this worker's CUDA device "
+                                 f"{torch.cuda.get_device_name()!r}; use fp16 or fp32")
+
+
+def torch_dtype(precision: str) -> Any:  # -> torch.dtype
+    """The dtype the base model is loaded in for `precision` (the LoRA weights stay float32)."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def bnb_config(quantization: str) -> Any:  # -> transformers.BitsAndBytesConfig | None

@@ -107,12 +107,25 @@ def check_versions(stamps: Sequence[AdapterTag], expected: AdapterTag, step: int
             )
 
 
-class LocalGenerator:
-    """In-process sampling from the policy being trained (transformers + peft)."""
+def prompt_seed(seed: int, index: int) -> int:
+    """The sampling seed of the `index`-th prompt of a step's batch, from the step's seed."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) % 2**64
+    return (mixed ^ (mixed >> 31)) % 2**63
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int]) -> None:
+
+class LocalGenerator:
+    """In-process sampling from the policy being trained (transformers + peft).
+
+    With a seed, each prompt's group is sampled under a seed of its own (`prompt_seed` of the
+    step's seed and the prompt's index in the step's whole batch: `prompt_offset` is where this
+    process's share of it starts), so a job split across processes (advanced.num_processes) gets
+    the completions a single process would."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int],
+                 prompt_offset: int = 0) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
+        self.prompt_offset = prompt_offset
         self.model: torch.nn.Module | None = None  # bound by the engine once TRL has wrapped it
 
     def bind(self, model: torch.nn.Module) -> None:
@@ -120,10 +133,27 @@ class LocalGenerator:
 
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
         import torch
+
+        started = time.perf_counter()
+        if sampling.seed is None:
+            completion_ids, clipped = self._sample(prompts, sampling)
+        else:
+            completion_ids, clipped = [], []
+            device = next(self.model.parameters()).device if self.model is not None else None
+            for i, prompt in enumerate(prompts):
+                with torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else []):
+                    torch.manual_seed(prompt_seed(sampling.seed, self.prompt_offset + i))
+                    ids, cut = self._sample([prompt], sampling)
+                completion_ids += ids
+                clipped += cut
+        rows = [list(p) for p in prompts for _ in range(sampling.group_size)]
+        return RolloutBatch(rows, completion_ids, None, clipped, expected, time.perf_counter() - started)
+
+    def _sample(self, prompts: Sequence[list[int]], sampling: Sampling) -> tuple[list[list[int]], list[bool]]:
+        import torch
         from transformers import GenerationConfig
 
         assert self.model is not None, "LocalGenerator.bind(model) first"
-        started = time.perf_counter()
         pad = int(self.tokenizer.pad_token_id)
         rows = [list(p) for p in prompts for _ in range(sampling.group_size)]
         width = max(len(r) for r in rows)
@@ -148,7 +178,7 @@ class LocalGenerator:
             stop = next((j for j, t in enumerate(generated) if t in self.eos_token_ids), None)
             completion_ids.append(generated if stop is None else generated[: stop + 1])
             clipped.append(stop is None)
-        return RolloutBatch(rows, completion_ids, None, clipped, expected, time.perf_counter() - started)
+        return completion_ids, clipped
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         pass  # the model generating is the model training: nothing to send

@@ -30,7 +30,15 @@ from rlvr.peers.types import BASE_MODEL, AdapterTag
 from rlvr.v1 import common_pb2
 from services.trainer import artifacts, stacking
 from services.trainer.config import JobConfig
-from services.trainer.quantization import bnb_config, check_quantization, pick_device, quiet_bitsandbytes
+from services.trainer.distributed import Group, device_count_problem
+from services.trainer.quantization import (
+    bnb_config,
+    check_precision,
+    check_quantization,
+    pick_device,
+    quiet_bitsandbytes,
+    torch_dtype,
+)
 from services.trainer.replicas import ReplicatedGenerator
 from services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
 from services.trainer.scorers import Scorer
@@ -59,6 +67,9 @@ class JobDeps:
     # vllm_colocate: run the engine eagerly (True) or compiled (False); None = eager on a CPU-only
     # host (colocate.py). The trainer setting `colocate_enforce_eager`.
     colocate_enforce_eager: bool | None = None
+    # This process's rank in a job of advanced.num_processes processes (distributed.py): rank 0
+    # alone saves, pushes and publishes; the default is a job of one process.
+    group: Group = field(default_factory=Group)
 
 
 @dataclass
@@ -140,7 +151,6 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     Q(W) + init (the same logits as peft's Q(W) + init adapter, measured 0 difference), for one
     extra low-rank product per layer.
     """
-    import torch
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
@@ -152,8 +162,10 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     quant = bnb_config(job.quantization)
+    # advanced.precision: the frozen base in that dtype; peft keeps the LoRA weights in float32
+    # (get_peft_model's autocast_adapter_dtype), and TRL trains under autocast (engine.grpo_args).
     model = AutoModelForCausalLM.from_pretrained(
-        base_path, dtype=torch.float32, quantization_config=quant, device_map=device if quant else None
+        base_path, dtype=torch_dtype(job.precision), quantization_config=quant, device_map=device if quant else None
     )
     if quant is None:
         model.to(device)
@@ -350,7 +362,15 @@ def run_job(job: JobConfig, deps: JobDeps) -> JobResult:
 
 def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     device = pick_device(job.gpu_selection)
+    group = deps.group
+    problem = device_count_problem(device, group)
+    if problem is not None:
+        raise FailedPrecondition(problem)
+    if device == "cuda" and group.world > 1:
+        device = f"cuda:{group.local_rank}"  # one device per rank (the job sees exactly num_processes)
+    group.connect(device)
     check_quantization(job.quantization, job.gpu_selection)
+    check_precision(job.precision, job.gpu_selection)
     quiet_bitsandbytes()
     if job.generation_backend == "vllm" and deps.generator is None:
         raise FailedPrecondition("generation backend vllm needs the rollout service; none was configured")
@@ -417,17 +437,23 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     if job.generation_backend == "vllm":
         generator = deps.generator
         assert generator is not None
-        initial = _prepare_rollout(job, generator, base_path, rank)  # type: ignore[arg-type]  # a ServiceGenerator (JobDeps)
+        # Once per job, by rank 0; the other ranks wait for it (and fail with it).
+        initial = deps.group.on_main(
+            lambda: _prepare_rollout(job, generator, base_path, rank))  # type: ignore[arg-type]  # a ServiceGenerator (JobDeps)
     elif job.generation_backend == "vllm_colocate":
         generator = deps.generator or colocated
         assert generator is not None
         initial = _publish_init(job, generator)
     else:
-        generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer))
+        # Each prompt's group is sampled under a seed of its own (step, index in the step's global
+        # batch): the completions do not depend on how the batch is split across processes.
+        offset = deps.group.rank * (job.prompts_per_step // deps.group.world)
+        generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer), prompt_offset=offset)
         initial = BASE_MODEL
     local = isinstance(generator, LocalGenerator)
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
-    resume = resume_point(job)
+    group = deps.group
+    resume = group.on_main(lambda: resume_point(job))  # rank 0 tidies the checkpoints; every rank resumes
 
     def save(peft_model: Any, step: int) -> Path:
         path = artifacts.save_adapter(peft_model, adapter, stack_on=init)  # init + trained, as one
@@ -443,7 +469,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)
     engine = GrpoEngine(job, model, tokenizer, prompts, generator, deps.scorer, hooks, total, initial,
-                        use_cpu=device == "cpu")
+                        use_cpu=device == "cpu", group=group)
     checkpoint = None
     if resume is not None:
         checkpoint, state = resume
@@ -452,17 +478,21 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         if step:  # the checkpoint's adapter is the live policy again (pushed anew to a rollout server)
             live = AdapterTag(job.adapter_name, step)
             saved = artifacts.checkpoint_dir(job.artifact_root, job.job_id, step)
-            generator.publish_adapter(saved, live)
-            # The job's adapter is the checkpoint's again (the lost run may have left a later step's):
-            # what a run stopped before its next step reports, as version `step`.
-            artifacts.copy_adapter(saved, adapter)
-            if deps.on_step is not None:
-                deps.on_step(step, total)
+
+            def restore_adapter() -> None:
+                generator.publish_adapter(saved, live)
+                # The job's adapter is the checkpoint's again (the lost run may have left a later
+                # step's): what a run stopped before its next step reports, as version `step`.
+                artifacts.copy_adapter(saved, adapter)
+                if deps.on_step is not None:
+                    deps.on_step(step, total)
+
+            group.on_main(restore_adapter)
         engine.restore(state, live)
         result.steps_done = step
         log.info("job %s: resuming from step %d (checkpoint %s)", job.job_id, step, checkpoint.name)
     try:
-        if not deps.cancel.is_set():
+        if not group.any(deps.cancel.is_set()):  # all processes train, or none
             engine.run(resume_from=checkpoint)
     finally:
         result.steps_done = engine.adapter_step

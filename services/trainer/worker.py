@@ -37,7 +37,7 @@ from rlvr.v1 import common_pb2, trainer_pb2
 from services.trainer import artifacts
 from services.trainer.config import JobConfig, job_config_from_request
 from services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
-from services.trainer.quantization import check_quantization
+from services.trainer.quantization import check_precision, check_quantization
 from services.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:  # imported when first needed
@@ -129,6 +129,7 @@ class JobSupervisor:
     async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest) -> None:
         try:
             await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
+            await asyncio.to_thread(check_precision, job.precision, job.gpu_selection)
             job_dir = artifacts.job_dir(self.root, job.job_id)
             await asyncio.to_thread(self._resumed_job_dir if job.resume else self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
@@ -170,6 +171,7 @@ class JobSupervisor:
         """A job id started again without `resume` starts from nothing: no stale result or adapter."""
         for name in ("result.json", "progress.json"):
             (job_dir / name).unlink(missing_ok=True)
+        _unlink_rank_results(job_dir)
         for name in ("adapter", "checkpoints", "trl"):
             shutil.rmtree(job_dir / name, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -180,6 +182,7 @@ class JobSupervisor:
         step and progress.json (the step that adapter is of, until the resumed run finishes one);
         only a stale result goes. The job process picks the checkpoint (runner.resume_point)."""
         (job_dir / "result.json").unlink(missing_ok=True)
+        _unlink_rank_results(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
 
     def _progress(self, job_id: str) -> tuple[int, int]:
@@ -214,6 +217,11 @@ class JobSupervisor:
         adapter = adapter_ref(job.adapter_name, step, str(artifacts.adapter_dir(self.root, job.job_id).resolve()))
         if running.cancel_requested:
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_CANCELLED, "", adapter)
+            await self._publish_final(last, step)
+            return last
+        failed_rank = _rank_failure(job_dir)
+        if failed_rank is not None:  # a job of several processes whose rank other than 0 failed
+            last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED, failed_rank, adapter)
             await self._publish_final(last, step)
             return last
         # Lost, not failed: no final status is published (a FAILED on the stream would be final in
@@ -307,6 +315,21 @@ def _end_orphan(job_dir: Path) -> None:
         log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def _unlink_rank_results(job_dir: Path) -> None:
+    for path in job_dir.glob("result-rank*.json"):
+        path.unlink(missing_ok=True)
+
+
+def _rank_failure(job_dir: Path) -> str | None:
+    """The error of the first failed rank of a job of several processes (job_process.py), if any."""
+    for path in sorted(job_dir.glob("result-rank*.json")):
+        data = artifacts.read_json(path)
+        if data is not None and data.get("status") == "failed":
+            rank = path.stem.removeprefix("result-rank")
+            return f"training process {rank} failed: {data.get('error') or 'no cause given'}"
+    return None
 
 
 def _log_tail(path: Path) -> str:
