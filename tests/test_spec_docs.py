@@ -26,6 +26,7 @@ RANGED = {
     "kl_beta": jobspec.KL_BETA,
     "temperature": jobspec.TEMPERATURE,
     "checkpoint_every": jobspec.CHECKPOINT_EVERY,
+    "max_async_steps": jobspec.MAX_ASYNC_STEPS,
 }
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
 SPEC_MESSAGES = ("RewardConfig", "GrpoConfig", "AdvancedOptions")

@@ -43,7 +43,7 @@ JOB_PROBES: list[tuple[str, object]] = [
     ("grpo.max_completion_tokens", 0), ("grpo.lora_rank", 0), ("grpo.lora_alpha", 0),
     ("grpo.learning_rate", -1.0), ("grpo.max_steps", 0), ("grpo.batch_size", 0), ("advanced.epochs", 0),
     ("advanced.kl_beta", -1.0), ("advanced.temperature", -1.0), ("advanced.checkpoint_every", -1),
-    ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"),
+    ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.max_async_steps", -1),
 ]
 ENUM_PROBES = ["reward.function", "advanced.loss_type", "advanced.quantization", "advanced.generation_backend"]
 LOOP_PROBES: list[tuple[str, object]] = [("max_rounds", 0), ("give_up_after", 0), ("min_gain", -1.0)]
