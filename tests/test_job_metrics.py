@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 
 from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.v1 import common_pb2 as C
@@ -113,6 +114,20 @@ def test_kl_and_entropy_only_where_logged() -> None:
     assert logged.has_kl and logged.has_entropy
     assert [p.kl for p in logged.series] == [0.0, 0.01] and all(p.HasField("kl") for p in logged.series)
     assert [p.entropy for p in logged.series] == [2.0, 1.9]
+
+
+def test_max_policy_lag_is_a_tile_of_jobs_with_asynchronous_steps_only() -> None:
+    job = _job()
+    points = _points(job, [0.1, 0.2, 0.3])
+    for point, lag in zip(points, (0, 1, 1), strict=True):
+        point.policy_lag = lag
+    plain = job_metrics(job, points)
+    assert not plain.tiles.HasField("max_policy_lag") and [p.policy_lag for p in plain.series] == [0, 1, 1]
+    spec = C.JobSpec()
+    spec.advanced.max_async_steps = 1
+    job.spec_json = json_format.MessageToJson(spec)
+    overlapped = job_metrics(job, points)
+    assert overlapped.tiles.HasField("max_policy_lag") and overlapped.tiles.max_policy_lag == 1
 
 
 def test_no_steps_yet_says_so() -> None:
