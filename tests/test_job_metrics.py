@@ -182,6 +182,7 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         client = SchedulerClient(runner.address)
         spec = C.JobSpec(name="metrics-grpc")
         spec.grpo.max_steps = 4
+        spec.advanced.max_async_steps = 1
         job = (await asyncio.to_thread(client.create_job, S.CreateJobRequest(spec=spec))).job
 
         def metrics() -> S.JobMetrics:
@@ -193,7 +194,7 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         accuracy = [0.0, 0.1, 0.2, 0.4]
         for step, acc in enumerate(accuracy, start=1):
             event = C.MetricEvent(job_id=job.id, step=step, total_steps=4, reward_mean=acc + 0.1, accuracy=acc,
-                                  loss=0.5, completion_length_mean=20.0)
+                                  loss=0.5, completion_length_mean=20.0, policy_lag=min(step - 1, 1))
             if step > 2:
                 event.entropy = 1.5
             await bus.publish(job_metrics_subject(job.id), event.SerializeToString(), metric_msg_id(job.id, step))
@@ -207,6 +208,8 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         assert m.tiles.steps == 4 and m.tiles.final_reward == pytest.approx(0.5) and m.tiles.best_accuracy == 0.4
         assert m.has_entropy and not m.has_kl and not m.series[0].HasField("entropy")
         assert m.series[3].entropy == 1.5
+        # Asynchronous steps' staleness: stored per step from the events, the largest as a tile.
+        assert [p.policy_lag for p in m.series] == [0, 1, 1, 1] and m.tiles.max_policy_lag == 1
 
         with pytest.raises(RlvrError) as missing:
             await asyncio.to_thread(client.get_job_metrics, S.GetJobMetricsRequest(job_id="nosuchjob"))
