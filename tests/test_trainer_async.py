@@ -160,3 +160,31 @@ def test_the_bound_refuses_a_prefetch_older_than_max_async_steps(tmp_path: Path)
         assert prefetch.take(Step(ctx, 5), ["p"] * 8) is None and "other prompts" in prefetch.dropped[-1][1]
     finally:
         prefetch.close()
+
+
+def test_the_sampler_peeks_every_epoch_as_it_will_yield_it() -> None:
+    """`EpochSampler.peek` (what the prefetch takes a later step's prompts from) gives each epoch's
+    order before TRL's loop draws it, across epoch boundaries and for a resumed sampler."""
+    import torch
+    from trl.trainer.utils import RepeatSampler
+
+    from services.trainer.engine import EpochSampler
+
+    def sampler() -> EpochSampler:
+        return EpochSampler(RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, seed=7))
+
+    peeking, plain = sampler(), sampler()
+    ahead = [peeking.peek(epoch) for epoch in range(4)]  # before any is drawn
+    for epoch in range(4):
+        if epoch < 3:
+            assert peeking.peek(epoch + 1) == ahead[epoch + 1]  # peeking draws nothing
+        peeking.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        got = list(peeking)
+        assert got == list(plain) == ahead[epoch] and len(got) == 18  # 3 batches of 3 prompts x 2
+        assert peeking.peek(epoch) == got  # the epoch being yielded
+    assert len({tuple(order) for order in ahead}) == 4  # shuffled anew every epoch
+    resumed = sampler()  # a resume in epoch 3 draws the epochs before it first
+    resumed.set_epoch(3)
+    assert resumed.peek(3) == list(resumed) == got
+    assert torch.equal(resumed.inner.generator.get_state(), peeking.inner.generator.get_state())
