@@ -248,10 +248,11 @@ class Step:
         ctx, record = self.ctx, self.record
         event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0)
         log.info(
-            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s",
+            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
             event.completion_length_mean, event.step_seconds,
             f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
+            f" policy lag {record.policy_lag}" if ctx.job.max_async_steps else "",
         )
         if self.number <= ctx.job.stored_steps:
             # A step re-run after a resume that the scheduler stores already: its stored point stays
