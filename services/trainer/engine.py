@@ -18,7 +18,9 @@ adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into 
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed).
+step per generation, so no importance ratio is needed) unless advanced.max_async_steps > 0: then the
+next steps are generated while this one trains (prefetch.py), and TRL's truncated importance
+sampling against the rollout's logprobs corrects the lag (`trainer_class(correct_lag=True)`).
 """
 
 from __future__ import annotations
