@@ -4,6 +4,7 @@ through the whole stack (embedded NATS, SQLite, the five services, the rollout s
     python bench/learning.py                        # the measured configuration (see README)
     python bench/learning.py --steps 100 --backend transformers
     python bench/learning.py --require-gain 8       # exit 1 below +8 points (tests/test_e2e_training.py)
+    python bench/learning.py --steps 100 --max-async-steps 1   # generation one step ahead of training
 
 Every setting is inside the spec's ranges (group size 2-32, rank 4-64, alpha 4-128, learning rate
 5e-7 to 1e-5, batch size 1-32, at most 300 steps here). The evaluations are the benchmark
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=RECIPE["dynamic_sampling"])
     p.add_argument("--lora-init", choices=("default", "gaussian"), default=RECIPE["lora_init"])
     p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
+    p.add_argument("--max-async-steps", type=int, default=0,
+                   help="advanced.max_async_steps: steps generated ahead of training (vllm backend; 0 = synchronous)")
     p.add_argument("--eval-n", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--home", type=Path, default=None, help="state folder (default: a fresh one under $RLVR_HOME/bench)")
@@ -58,7 +61,7 @@ def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
         max_tokens=args.max_tokens, rank=args.rank, alpha=args.alpha, lr=args.lr,
         loss_type=LOSSES[args.loss_type], temperature=args.temperature, prompts=args.prompts,
         backend=args.backend, seed=args.seed, dynamic_sampling=args.dynamic_sampling, lora_init=args.lora_init,
-        name="bench-learning")
+        max_async_steps=args.max_async_steps, name="bench-learning")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         ("gain (points)", f"{outcome.gain_points:+.1f}"),
         ("accuracy_strict before -> after", f"{before.accuracy_strict:.1%} -> {after.accuracy_strict:.1%}"),
         ("held-out questions (greedy)", f"{args.eval_n}"),
+        ("one standard error after (points)", f"{100 * (after.accuracy * (1 - after.accuracy) / args.eval_n) ** 0.5:.1f}"),
         ("GRPO steps", f"{steps}"),
         ("training wall time", f"{outcome.train_seconds:.0f} s ({outcome.train_seconds / max(1, steps):.2f} s/step)"),
         ("total wall time", f"{outcome.total_seconds:.0f} s"),
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = (f"{args.model}, {args.backend}, group {args.group_size}, batch {args.batch_size}, rank {args.rank}, "
                 f"alpha {args.alpha}, lr {args.lr:g}, {args.loss_type}, temperature {args.temperature:g}, "
                 f"{args.prompts} prompts, max tokens {args.max_tokens}, dynamic sampling {args.dynamic_sampling}, "
-                f"LoRA init {args.lora_init}, seed {args.seed}")
+                f"LoRA init {args.lora_init}, seed {args.seed}, max async steps {args.max_async_steps}")
     print(f"\n{settings}\n")
     width = max(len(k) for k, _ in rows)
     print(f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "accuracy_before": before.accuracy, "accuracy_after": after.accuracy, "gain_points": outcome.gain_points,
-        "steps": steps, "train_seconds": outcome.train_seconds, "total_seconds": outcome.total_seconds,
+        "steps": steps, "eval_n": args.eval_n, "max_async_steps": args.max_async_steps,
+        "train_seconds": outcome.train_seconds, "total_seconds": outcome.total_seconds,
         "adapter": job.adapter.path,
     }, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -42,7 +42,7 @@ RECIPE: dict[str, object] = {
 
 def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max_tokens: int, rank: int, alpha: int,
                 lr: float, loss_type: int, temperature: float, prompts: int, backend: str, seed: int = 0,
-                dynamic_sampling: bool = False, lora_init: str = "default",
+                dynamic_sampling: bool = False, lora_init: str = "default", max_async_steps: int = 0,
                 name: str = "demo-math-pairs") -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name=name, base_model=model)
     spec.reward.function = common_pb2.REWARD_FUNCTION_MATH_PAIRS
@@ -55,6 +55,8 @@ def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max
     a.dynamic_sampling, a.lora_init = dynamic_sampling, lora_init
     a.generation_backend = (common_pb2.GENERATION_BACKEND_VLLM if backend == "vllm"
                             else common_pb2.GENERATION_BACKEND_TRANSFORMERS)
+    if max_async_steps:
+        a.max_async_steps = max_async_steps
     return spec
 
 

@@ -207,11 +207,15 @@ TILE_FIELDS: list[tuple[str, Callable[[S.StatTiles], str]]] = [
 
 
 def tile_values(tiles: S.StatTiles) -> list[tuple[str, str]]:
-    return [(label, value(tiles)) for label, value in TILE_FIELDS]
+    """The five tiles, and a job with asynchronous steps' largest policy lag (in adapter versions)."""
+    values = [(label, value(tiles)) for label, value in TILE_FIELDS]
+    if tiles.HasField("max_policy_lag"):
+        values.append(("Max Policy Lag", str(tiles.max_policy_lag)))
+    return values
 
 
 def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80) -> list[str]:
-    """The five tiles as boxes side by side (two rows of boxes when `width` is narrow)."""
+    """The tiles as boxes side by side (two rows of boxes when `width` is narrow)."""
     items = tile_values(tiles)
     cell = 15
     per_row = max(1, min(len(items), (width + 1) // (cell + 1)))

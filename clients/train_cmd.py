@@ -29,6 +29,7 @@ from rlvr.jobspec import (
     LORA_INITS,
     LORA_RANK,
     LOSS_NAMES,
+    MAX_ASYNC_STEPS,
     MAX_COMPLETION,
     MAX_STEPS_DEFAULT,
     NUM_PROCESSES,
@@ -77,6 +78,8 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
      _range("save a checkpoint every N steps (0 = never)", CHECKPOINT_EVERY)),
     ("--processes", "advanced", "num_processes", int,
      _range("training processes, data parallel (one per device --gpu lists)", NUM_PROCESSES)),
+    ("--max-async-steps", "advanced", "max_async_steps", int,
+     _range("steps of generation ahead of training on the rollout server (0 = synchronous)", MAX_ASYNC_STEPS)),
 ]
 
 
@@ -149,8 +152,9 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
             for event in client.watch_job(scheduler_pb2.WatchJobRequest(id=job_id, from_start=True)):
                 if event.HasField("metric"):
                     m = event.metric
+                    lag = f" lag {m.policy_lag}" if m.policy_lag else ""  # asynchronous steps' stale data
                     bar.update(task, completed=m.step, total=m.total_steps or None,
-                               stats=f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}")
+                               stats=f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}{lag}")
                 else:
                     status = event.status.status
                     name = C.JobStatus.Name(status).removeprefix("JOB_STATUS_").lower()

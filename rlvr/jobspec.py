@@ -80,6 +80,9 @@ LORA_INITS = ("default", "gaussian")
 DEFAULT_DATASET_SPLIT = "train"
 GSM8K_SPLITS = BUNDLED_SPLITS  # the built-in copy's
 CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
+# Steps of generation run ahead of training (0 = synchronous); a step trains on completions at most
+# this many adapter versions old. The rollout server backend only.
+MAX_ASYNC_STEPS = IntRange(0, 4, 0)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -249,6 +252,13 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
     if not a.HasField("seed"):
         a.seed = 0
     _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+    if _int(a, "max_async_steps", "advanced.max_async_steps", MAX_ASYNC_STEPS) and \
+            backend != C.GENERATION_BACKEND_VLLM:
+        raise InvalidArgument(
+            f"advanced.max_async_steps: {a.max_async_steps} needs the vLLM (rollout server) backend, which generates "
+            f"in another process while the trainer trains; {BACKEND_NAMES[backend]} generates inside the training "
+            f"process, so only 0 (synchronous) is allowed with it (range {MAX_ASYNC_STEPS.text()}, default "
+            f"{MAX_ASYNC_STEPS.default})")
     a.lora_init = a.lora_init.strip() or "default"
     if a.lora_init not in LORA_INITS:
         raise out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{v}"' for v in LORA_INITS) +
@@ -285,6 +295,9 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
     if a.dynamic_sampling:
         raise InvalidArgument(f"advanced.dynamic_sampling: not supported across processes yet "
                               f"(advanced.num_processes {procs}); use 1 process or turn it off")
+    if a.max_async_steps:
+        raise InvalidArgument(f"advanced.max_async_steps: asynchronous steps are not supported across processes "
+                              f"yet (advanced.num_processes {procs}); use 1 process or 0")
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:

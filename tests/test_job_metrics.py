@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 
 from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.v1 import common_pb2 as C
@@ -115,6 +116,20 @@ def test_kl_and_entropy_only_where_logged() -> None:
     assert [p.entropy for p in logged.series] == [2.0, 1.9]
 
 
+def test_max_policy_lag_is_a_tile_of_jobs_with_asynchronous_steps_only() -> None:
+    job = _job()
+    points = _points(job, [0.1, 0.2, 0.3])
+    for point, lag in zip(points, (0, 1, 1), strict=True):
+        point.policy_lag = lag
+    plain = job_metrics(job, points)
+    assert not plain.tiles.HasField("max_policy_lag") and [p.policy_lag for p in plain.series] == [0, 1, 1]
+    spec = C.JobSpec()
+    spec.advanced.max_async_steps = 1
+    job.spec_json = json_format.MessageToJson(spec)
+    overlapped = job_metrics(job, points)
+    assert overlapped.tiles.HasField("max_policy_lag") and overlapped.tiles.max_policy_lag == 1
+
+
 def test_no_steps_yet_says_so() -> None:
     queued = job_metrics(_job("QUEUED"), [])
     assert not queued.has_steps and "queued" in queued.message and queued.status == C.JOB_STATUS_QUEUED
@@ -167,6 +182,7 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         client = SchedulerClient(runner.address)
         spec = C.JobSpec(name="metrics-grpc")
         spec.grpo.max_steps = 4
+        spec.advanced.max_async_steps = 1
         job = (await asyncio.to_thread(client.create_job, S.CreateJobRequest(spec=spec))).job
 
         def metrics() -> S.JobMetrics:
@@ -178,7 +194,7 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         accuracy = [0.0, 0.1, 0.2, 0.4]
         for step, acc in enumerate(accuracy, start=1):
             event = C.MetricEvent(job_id=job.id, step=step, total_steps=4, reward_mean=acc + 0.1, accuracy=acc,
-                                  loss=0.5, completion_length_mean=20.0)
+                                  loss=0.5, completion_length_mean=20.0, policy_lag=min(step - 1, 1))
             if step > 2:
                 event.entropy = 1.5
             await bus.publish(job_metrics_subject(job.id), event.SerializeToString(), metric_msg_id(job.id, step))
@@ -192,6 +208,8 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
         assert m.tiles.steps == 4 and m.tiles.final_reward == pytest.approx(0.5) and m.tiles.best_accuracy == 0.4
         assert m.has_entropy and not m.has_kl and not m.series[0].HasField("entropy")
         assert m.series[3].entropy == 1.5
+        # Asynchronous steps' staleness: stored per step from the events, the largest as a tile.
+        assert [p.policy_lag for p in m.series] == [0, 1, 1, 1] and m.tiles.max_policy_lag == 1
 
         with pytest.raises(RlvrError) as missing:
             await asyncio.to_thread(client.get_job_metrics, S.GetJobMetricsRequest(job_id="nosuchjob"))

@@ -52,6 +52,7 @@ BOUNDS = [
     ("reward", "synthetic_prompts", 8, 100_000, "8-100000"),
     ("advanced", "epochs", 1, 100, "1-100"),
     ("advanced", "gpu_memory_fraction", 0.05, 0.95, "0.05 to 0.95"),
+    ("advanced", "max_async_steps", 0, 4, "0-4"),
 ]
 
 
@@ -188,3 +189,15 @@ def test_input_is_not_modified() -> None:
     s = spec(grpo={"batch_size": 4})
     resolve_spec(s)
     assert s.grpo.batch_size == 4 and not s.grpo.HasField("group_size")
+
+
+def test_max_async_steps_defaults_to_synchronous_and_needs_the_rollout_server() -> None:
+    assert resolve_spec(C.JobSpec()).spec.advanced.max_async_steps == 0
+    assert resolve_spec(spec(advanced={"max_async_steps": 2})).spec.advanced.max_async_steps == 2
+    for backend in (C.GENERATION_BACKEND_TRANSFORMERS, C.GENERATION_BACKEND_VLLM_COLOCATE):
+        resolve_spec(spec(advanced={"generation_backend": backend, "max_async_steps": 0}))
+        with pytest.raises(InvalidArgument) as err:
+            resolve_spec(spec(advanced={"generation_backend": backend, "max_async_steps": 1}))
+        msg = str(err.value)
+        assert msg.startswith("advanced.max_async_steps: 1 needs the vLLM (rollout server) backend"), msg
+        assert "only 0 (synchronous)" in msg and "range 0-4" in msg

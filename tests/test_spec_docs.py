@@ -27,6 +27,7 @@ RANGED = {
     "temperature": jobspec.TEMPERATURE,
     "checkpoint_every": jobspec.CHECKPOINT_EVERY,
     "num_processes": jobspec.NUM_PROCESSES,
+    "max_async_steps": jobspec.MAX_ASYNC_STEPS,
 }
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
 SPEC_MESSAGES = ("RewardConfig", "GrpoConfig", "AdvancedOptions")

@@ -215,9 +215,10 @@ def test_metric_event_maps_field_for_field(store: Store) -> None:
     job = store.add_job(JobRow(name="e"))
     when = Timestamp()
     when.FromDatetime(datetime(2026, 3, 1, 12, tzinfo=UTC))
-    event = common_pb2.MetricEvent(job_id=job.id, step=1, loss=0.5, entropy=0.0, adapter_version=4, time=when)
+    event = common_pb2.MetricEvent(job_id=job.id, step=1, loss=0.5, entropy=0.0, adapter_version=4, time=when,
+                                   policy_lag=1)
     row = metric_point_from_event(event)
-    assert (row.kl, row.entropy, row.loss, row.adapter_version) == (None, 0.0, 0.5, 4)
+    assert (row.kl, row.entropy, row.loss, row.adapter_version, row.policy_lag) == (None, 0.0, 0.5, 4, 1)
     assert row.created_at == datetime(2026, 3, 1, 12, tzinfo=UTC)
     assert store.add_metric_point(row) and not store.add_metric_point(metric_point_from_event(event))
 
@@ -275,3 +276,19 @@ def test_concurrent_create_all_on_one_database(store_url: str) -> None:
     for s in stores:
         s.close()
     assert not errors, errors
+
+
+def test_a_database_made_before_policy_lag_gains_the_column(store_url: str) -> None:
+    """A metric_points table of the earlier shape (no policy_lag) takes the column, default 0, when
+    a service creates the tables; its stored points stay, and new points store their lag."""
+    with Store(store_url) as old:
+        old.create_all()
+        job = old.add_job(JobRow(name="before"))
+        assert old.add_metric_point(_metric(job.id, 1))
+        with old.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE metric_points DROP COLUMN policy_lag")
+    with Store(store_url) as new:
+        new.create_all()
+        new.create_all()  # a second start finds the column there
+        assert new.add_metric_point(_metric(job.id, 2, policy_lag=1))
+        assert [(p.step, p.policy_lag) for p in new.metric_points(job.id)] == [(1, 0), (2, 1)]

@@ -85,7 +85,8 @@ def test_grpo_steps_train_the_adapter_only(tmp_path: Path, tiny_model: str, monk
     assert [e.step for e in events] == [1, 2, 3] and all(e.total_steps == 3 for e in events)
     for event in events:
         present = {f.name for f, _ in event.ListFields()}
-        assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio"}, event
+        # zero (unset on the wire) on a synchronous step: adapter_version at step 1, policy_lag always
+        assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio", "policy_lag"}, event
         assert event.HasField("entropy") and not event.HasField("kl")
         assert event.step_seconds >= event.generate_seconds + event.score_seconds + event.train_seconds > 0
         assert 0 < event.completion_length_mean <= event.completion_length_max <= 32

@@ -90,7 +90,7 @@ def test_version_check_names_the_stale_completion() -> None:
 
 
 def test_metric_event_has_every_field() -> None:
-    record = StepRecord(step=2, adapter_version=1, completion_lengths=[3, 5, 7, 9],
+    record = StepRecord(step=3, adapter_version=1, policy_lag=1, completion_lengths=[3, 5, 7, 9],
                         clipped=[False, False, False, True],
                         scores=[Score(1.1, 1, 1), Score(0.1, 0, 1), Score(0.0, 0, 0), Score(1.0, 1, 0)],
                         generate_seconds=0.5, score_seconds=0.01, sync_seconds=0.02)
@@ -101,7 +101,7 @@ def test_metric_event_has_every_field() -> None:
     assert event.reward_mean == pytest.approx(0.55) and event.reward_std == pytest.approx(0.5024938)
     assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
     assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)
-    assert event.train_seconds == pytest.approx(0.25) and event.adapter_version == 1
+    assert event.train_seconds == pytest.approx(0.25) and (event.adapter_version, event.policy_lag) == (1, 1)
     assert event.HasField("kl") and event.HasField("entropy") and event.HasField("time")
     assert set(METRIC_FIELDS) <= {f.name for f, _ in event.ListFields()} | {"adapter_version"}
     # KL is reported only when the KL term is computed (kl_beta > 0).

@@ -28,7 +28,7 @@ class Field:
     kind: str        # int | float | text | bool | enum | word (a closed list of strings)
     widget: str      # slider | number | lr | steps | batch | radio | select | checkbox | text | percent
     help: str = ""   # the spec's words for it
-    only: str = ""   # shown and sent only with: math_pairs | boxed | colocate | dataset_benchmark
+    only: str = ""   # shown and sent only with: math_pairs | boxed | colocate | vllm | dataset_benchmark
     step: str = "1"  # the input's step ("any" for floats)
 
     @property
@@ -91,6 +91,9 @@ ADVANCED = [
           "peft's kaiming-uniform A (default) or the LoRA paper's gaussian N(0, 1/r)."),
     Field("advanced.dynamic_sampling", "Dynamic sampling", "bool", "checkbox",
           "DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups."),
+    Field("advanced.max_async_steps", "Max async steps", "int", "number",
+          "Generate the next steps on the rollout server while this one trains (0 = synchronous); a step "
+          "trains on completions at most this many adapter versions old.", only="vllm"),
 ]
 LOOP = [
     Field("loop.name", "Name", "text", "text", "Labels the loop, for example “math-pairs to 35%”."),
@@ -173,8 +176,11 @@ def active_options(form: Mapping[str, str], limits: FormLimits | None = None) ->
         active.add("math_pairs")
     if reward == str(C.REWARD_FUNCTION_BOXED):
         active.add("boxed")
-    if str(form.get("advanced.generation_backend", "")).strip() == str(C.GENERATION_BACKEND_VLLM_COLOCATE):
+    backend = str(form.get("advanced.generation_backend", "")).strip()
+    if backend == str(C.GENERATION_BACKEND_VLLM_COLOCATE):
         active.add("colocate")
+    if backend in ("", str(C.GENERATION_BACKEND_VLLM)):
+        active.add("vllm")
     benchmark = str(form.get("loop.benchmark", "")).strip()
     if limits is not None and any(b.name == benchmark and b.needs_dataset for b in limits.benchmarks):
         active.add("dataset_benchmark")

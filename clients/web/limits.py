@@ -45,6 +45,7 @@ JOB_PROBES: list[tuple[str, object]] = [
     ("advanced.kl_beta", -1.0), ("advanced.temperature", -1.0), ("advanced.checkpoint_every", -1),
     ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.num_processes", 0),
     ("advanced.precision", "?"),
+    ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.max_async_steps", -1),
 ]
 ENUM_PROBES = ["reward.function", "advanced.loss_type", "advanced.quantization", "advanced.generation_backend"]
 LOOP_PROBES: list[tuple[str, object]] = [("max_rounds", 0), ("give_up_after", 0), ("min_gain", -1.0)]

@@ -28,7 +28,8 @@ from rlvr.v1 import scheduler_pb2 as S
 
 TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholders, sent only when typed
 ONLY_NOTES = {"math_pairs": "Math Pairs only", "boxed": "Boxed-answer accuracy only",
-              "colocate": "vLLM (colocate) only", "dataset_benchmark": "boxed benchmark only"}
+              "colocate": "vLLM (colocate) only", "vllm": "vLLM (rollout server) only",
+              "dataset_benchmark": "boxed benchmark only"}
 
 
 def default_values(limits: FormLimits) -> dict[str, str]:

@@ -124,6 +124,14 @@ class MetricPointRow(SQLModel, table=True):
     sync_seconds: float = 0.0
     step_seconds: float = 0.0
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)  # the event's time
+    # Added after the first release: `Store.create_all` adds it to an older table (ADDED_COLUMNS).
+    policy_lag: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+
+
+# Columns added to a table after databases were made with it: (table, column). `Store.create_all`
+# adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
+# database takes the new metric without a migration tool. Only columns with a server default.
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"),)
 
 
 class LoopRow(SQLModel, table=True):

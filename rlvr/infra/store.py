@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, create_engine, delete, event, func, update
+from sqlalchemy import Engine, Table, create_engine, delete, event, func, inspect, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
@@ -32,6 +32,7 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col, select
 
 from rlvr.infra.schema import (
+    ADDED_COLUMNS,
     ARTIFACT_KINDS,
     LOOP_FINAL_STATUSES,
     TABLES,
@@ -167,6 +168,7 @@ class Store:
         for attempt in range(attempts):
             try:
                 SQLModel.metadata.create_all(self.engine, tables=[_table(t) for t in TABLES])
+                self._add_columns()
                 return
             except SQLAlchemyError as e:
                 if attempt < attempts - 1 and "already exists" in str(e):
@@ -174,6 +176,25 @@ class Store:
                 raise StoreError(
                     f"cannot create tables at store url {_redact(self.url)!r}: {_first_line(e)}"
                 ) from None
+
+    def _add_columns(self) -> None:
+        """Adds the schema's later columns (`ADDED_COLUMNS`) that an older table lacks; a
+        concurrent start that added one first is fine."""
+        tables = {_table(t).name: _table(t) for t in TABLES}
+        inspector = inspect(self.engine)
+        for table_name, column_name in ADDED_COLUMNS:
+            if column_name in {c["name"] for c in inspector.get_columns(table_name)}:
+                continue
+            column = tables[table_name].c[column_name]
+            kind = column.type.compile(dialect=self.engine.dialect)
+            default = column.server_default.arg  # type: ignore[union-attr]  # ADDED_COLUMNS have one
+            try:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(f'ALTER TABLE {table_name} ADD COLUMN {column_name} {kind} '
+                                         f"NOT NULL DEFAULT {default}")
+            except SQLAlchemyError as e:
+                if "duplicate column" not in str(e).lower() and "already exists" not in str(e).lower():
+                    raise
 
     def close(self) -> None:
         self.engine.dispose()

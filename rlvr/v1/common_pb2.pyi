@@ -113,7 +113,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class AdvancedOptions(_message.Message):
     LORA_INIT_FIELD_NUMBER: _ClassVar[int]
     NUM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    MAX_ASYNC_STEPS_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -142,7 +143,8 @@ class AdvancedOptions(_message.Message):
     lora_init: str
     num_processes: int
     precision: str
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ...) -> None: ...
+    max_async_steps: int
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter")
@@ -235,7 +237,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +259,7 @@ class MetricEvent(_message.Message):
     SYNC_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -278,7 +281,8 @@ class MetricEvent(_message.Message):
     sync_seconds: float
     step_seconds: float
     time: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    policy_lag: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ...) -> None: ...
 
 class JobStatusEvent(_message.Message):
     __slots__ = ("job_id", "status", "message", "time", "adapter", "current_step")

@@ -158,21 +158,23 @@ class Trend(_message.Message):
     def __init__(self, early: _Optional[float] = ..., late: _Optional[float] = ..., delta: _Optional[float] = ..., direction: _Optional[_Union[TrendDirection, str]] = ..., peak: _Optional[float] = ..., peak_step: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
 
 class StatTiles(_message.Message):
-    __slots__ = ("steps", "final_reward", "best_reward", "best_accuracy", "final_loss")
+    __slots__ = ("steps", "final_reward", "best_reward", "best_accuracy", "final_loss", "max_policy_lag")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     FINAL_REWARD_FIELD_NUMBER: _ClassVar[int]
     BEST_REWARD_FIELD_NUMBER: _ClassVar[int]
     BEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     FINAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     steps: int
     final_reward: float
     best_reward: float
     best_accuracy: float
     final_loss: float
-    def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ...) -> None: ...
+    max_policy_lag: int
+    def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag")
     STEP_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +183,7 @@ class SeriesPoint(_message.Message):
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_LENGTH_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -189,7 +192,8 @@ class SeriesPoint(_message.Message):
     entropy: float
     completion_length: float
     format: float
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ...) -> None: ...
+    policy_lag: int
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -21,7 +21,7 @@ from datetime import UTC
 
 from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.v1 import common_pb2, scheduler_pb2
-from services.scheduler.convert import TERMINAL, job_status_value
+from services.scheduler.convert import TERMINAL, job_status_value, spec_from_json
 
 FLAT_THRESHOLD = 0.01
 """|delta| below this is FLAT: one point on the 0-1 scale of reward and accuracy."""
@@ -54,7 +54,7 @@ def compute_trend(steps: Sequence[int], values: Sequence[float]) -> scheduler_pb
 def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
     s = scheduler_pb2.SeriesPoint(step=point.step, reward=point.reward_mean, accuracy=point.accuracy,
                                   loss=point.loss, completion_length=point.completion_length_mean,
-                                  format=point.format)
+                                  format=point.format, policy_lag=point.policy_lag)
     if point.kl is not None:
         s.kl = point.kl
     if point.entropy is not None:
@@ -93,6 +93,8 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,
                                                best_reward=max(rewards), best_accuracy=max(accuracies),
                                                final_loss=last.loss))
+    if spec_from_json(job.spec_json).advanced.max_async_steps:
+        out.tiles.max_policy_lag = max(p.policy_lag for p in points)
     out.series.extend(series_point(p) for p in points)
     out.has_kl = any(p.kl is not None for p in points)
     out.has_entropy = any(p.entropy is not None for p in points)

@@ -20,6 +20,7 @@ from rlvr.jobspec import (
     DEFAULT_DATASET_SPLIT,
     GPU_MEMORY_FRACTION,
     LOSS_NAMES,
+    MAX_ASYNC_STEPS,
     PRECISION_KEYS,
     QUANT_KEYS,
     REWARD_KEYS,
@@ -86,6 +87,9 @@ class JobConfig:
     # ("fp32", "bf16", "fp16"); advanced.num_processes and advanced.precision.
     num_processes: int
     precision: Precision
+    # advanced.max_async_steps: steps of generation ahead of training (0 = synchronous); the bound
+    # on the policy lag of a step's training data (services/trainer/prefetch.py).
+    max_async_steps: int
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
@@ -199,6 +203,7 @@ def job_config_from_request(
         checkpoint_every=a.checkpoint_every,
         num_processes=a.num_processes,
         precision=PRECISION_KEYS[a.precision],
+        max_async_steps=a.max_async_steps if a.HasField("max_async_steps") else MAX_ASYNC_STEPS.default,
         init_adapter_path=init_path,
         init_adapter_label=spec.init_adapter.name or spec.init_adapter.path,
         total_steps=max(0, request.total_steps),

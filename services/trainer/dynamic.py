@@ -14,6 +14,7 @@ completion is scored once: the kept groups' scores are the rewards TRL trains wi
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ class Group:
     logprobs: list[list[float]] | None
     clipped: list[bool]
     scores: list[Score]
+    version: int = 0  # the job's adapter version that generated it (0: the base or the init adapter)
 
     @property
     def has_signal(self) -> bool:
@@ -44,7 +46,7 @@ class Group:
 
 
 def split_groups(batch: RolloutBatch, prompts: Sequence[str], truths: Sequence[str], scores: Sequence[Score],
-                 group_size: int) -> list[Group]:
+                 group_size: int, version: int = 0) -> list[Group]:
     """The batch's rows as groups: rows [i*g, (i+1)*g) belong to prompts[i]."""
     if len(batch.completion_ids) != len(prompts) * group_size or len(scores) != len(batch.completion_ids):
         raise RuntimeError(f"expected {len(prompts)} x {group_size} scored completions, "
@@ -55,7 +57,7 @@ def split_groups(batch: RolloutBatch, prompts: Sequence[str], truths: Sequence[s
         groups.append(Group(
             prompt=prompt, truth=truth, prompt_ids=batch.prompt_ids[rows], completion_ids=batch.completion_ids[rows],
             logprobs=batch.logprobs[rows] if batch.logprobs else None, clipped=list(batch.clipped[rows]),
-            scores=list(scores[rows]),
+            scores=list(scores[rows]), version=version,
         ))
     return groups
 
@@ -80,20 +82,23 @@ class PromptDraw:
         self._prompts = list(prompts)
         self._rng = random.Random(seed * 7_919 + 17)
         self._order: list[int] = []
+        self._lock = threading.Lock()  # asynchronous steps draw on the prefetch thread (prefetch.py)
 
     def take(self, n: int) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
-        while len(out) < n:
-            if not self._order:
-                self._order = list(range(len(self._prompts)))
-                self._rng.shuffle(self._order)
-            out.append(self._prompts[self._order.pop()])
+        with self._lock:
+            while len(out) < n:
+                if not self._order:
+                    self._order = list(range(len(self._prompts)))
+                    self._rng.shuffle(self._order)
+                out.append(self._prompts[self._order.pop()])
         return out
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the draw (JSON): its generator and the rest of its round."""
-        version, internal, gauss = self._rng.getstate()
-        return {"rng": [version, list(internal), gauss], "order": list(self._order)}
+        with self._lock:
+            version, internal, gauss = self._rng.getstate()
+            return {"rng": [version, list(internal), gauss], "order": list(self._order)}
 
     def restore(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]

@@ -18,7 +18,9 @@ adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into 
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed).
+step per generation, so no importance ratio is needed) unless advanced.max_async_steps > 0: then the
+next steps are generated while this one trains (prefetch.py), and TRL's truncated importance
+sampling against the rollout's logprobs corrects the lag (`trainer_class(correct_lag=True)`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rlvr.peers.types import AdapterTag, Score
 from services.trainer.config import JobConfig
 from services.trainer.distributed import Group, merge_records, shareable
 from services.trainer.dynamic import PromptDraw
+from services.trainer.prefetch import Prefetcher
 from services.trainer.rollouts import PolicyGenerator
 from services.trainer.scorers import Scorer
 from services.trainer.step import Step, StepContext, StepHooks, answers
@@ -52,6 +55,11 @@ TRL_DIR = "trl"
 RESUME_FILE = "rlvr-resume.json"
 
 
+# The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
+LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
+                  "vllm_importance_sampling_clip_max": 3.0}
+
+
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
               processes: int = 1) -> Any:  # -> GRPOConfig
     """TRL's config for a job. CPU facts (DESIGN.md): no gradient checkpointing, and fp32 unless the
@@ -60,7 +68,9 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide)."""
     from trl import GRPOConfig
 
+    lag: dict[str, Any] = LAG_CORRECTION if job.max_async_steps else {}
     return GRPOConfig(
+        **lag,
         output_dir=str(output_dir),
         per_device_train_batch_size=job.batch_size // processes,
         gradient_accumulation_steps=1,
@@ -130,6 +140,7 @@ class EpochSampler:
         self.inner = inner
         self.epoch = 0
         self._drawn = 0  # epoch permutations drawn from inner.generator so far
+        self._orders: dict[int, list[int]] = {}  # the order of the epoch being yielded
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -145,7 +156,29 @@ class EpochSampler:
                 torch.randperm(self.inner.num_samples, generator=self.inner.generator)
                 self._drawn += 1
         self._drawn += 1
-        yield from self.inner
+        order = list(self.inner)  # drawn as RepeatSampler draws it (one permutation), kept for `peek`
+        self._orders = {self.epoch: order}
+        yield from order
+
+    def peek(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s order (every index as the sampler yields it), without drawing it: the
+        order being yielded, or a later epoch's from a copy of the sampler's generator (its next
+        permutations are the ones `__iter__` will draw)."""
+        import copy
+
+        import torch
+
+        if epoch in self._orders:
+            return self._orders[epoch]
+        if epoch < self._drawn:
+            raise ValueError(f"epoch {epoch}'s order is drawn and gone")
+        twin = copy.copy(self.inner)
+        if self.inner.shuffle:
+            twin.generator = torch.Generator()
+            twin.generator.set_state(self.inner.generator.get_state())
+            for _ in range(epoch - self._drawn):
+                torch.randperm(twin.num_samples, generator=twin.generator)
+        return list(twin)
 
 
 class _StepCallback:
@@ -206,13 +239,33 @@ def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
     return StepCallback(engine)
 
 
-def trainer_class() -> Any:  # -> type[GRPOTrainer]
-    """GRPOTrainer with `EpochSampler` around its train sampler (nothing else differs)."""
+class _NoEngine:
+    """TRL's vLLM handle for a trainer whose rollout_func generates: our Step pushes the adapters."""
+
+    def sync_weights(self) -> None:
+        pass
+
+
+def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
+    """GRPOTrainer with `EpochSampler` around its train sampler; with `correct_lag` (asynchronous
+    steps, prefetch.py) also with TRL's importance-sampling correction against the rollout's own
+    logprobs, which TRL applies only to vLLM rollouts (`use_vllm`): it is turned on after TRL's
+    setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op."""
     from trl import GRPOTrainer
 
     class Trainer(GRPOTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.epoch_sampler: EpochSampler | None = getattr(self, "epoch_sampler", None)
+            if correct_lag:
+                self.use_vllm = True
+                self.vllm_mode = "server"
+                self.vllm_generation = _NoEngine()
+                self._last_loaded_step = -1
+
         def _get_train_sampler(self, dataset: Any = None) -> Any:
-            return EpochSampler(super()._get_train_sampler(dataset))
+            self.epoch_sampler = EpochSampler(super()._get_train_sampler(dataset))
+            return self.epoch_sampler
 
         def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -265,11 +318,13 @@ class GrpoEngine:
         self.ctx = StepContext(
             job=job, tokenizer=tokenizer, generator=generator, scorer=scorer, hooks=hooks, total_steps=total_steps,
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
+            newest=job.max_async_steps > 0,
         )
         self.step: Step | None = None  # the step in flight (or the last one)
         self.group = group or Group()
-        dataset = Dataset.from_dict({"prompt": [p for p, _ in prompts], "ground_truth": [t for _, t in prompts]})
-        self.trainer = trainer_class()(
+        self._texts = [p for p, _ in prompts]
+        dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
+        self.trainer = trainer_class(correct_lag=job.max_async_steps > 0)(
             model=model,
             reward_funcs=self._reward,
             args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world),
@@ -282,6 +337,25 @@ class GrpoEngine:
         bind = getattr(generator, "bind", None)
         if bind is not None:  # in-process generators sample from the very model TRL trains
             bind(self.trainer.accelerator.unwrap_model(self.trainer.model))
+        self.prefetch: Prefetcher | None = None
+        if job.max_async_steps:
+            if not hasattr(generator, "generate_newest"):
+                raise ValueError(f"advanced.max_async_steps: {job.max_async_steps} needs the vLLM (rollout server) "
+                                 "backend; this job's generator has no asynchronous generation")
+            self.prefetch = Prefetcher(self.ctx, job.max_async_steps, total_steps, self.prompts_for)
+
+    def prompts_for(self, number: int) -> list[str] | None:
+        """Step `number`'s prompts as TRL's sampler will give them (each group_size times), or None
+        before its sampler exists. Step n is batch (n - 1) % S of epoch (n - 1) // S, S batches per
+        epoch: transformers' loop over the epochs, a resumed one included (it skips batches)."""
+        sampler = getattr(self.trainer, "epoch_sampler", None)
+        size = self.ctx.job.batch_size
+        if sampler is None or len(sampler) < size:
+            return None
+        per_epoch = len(sampler) // size
+        epoch, batch = divmod(number - 1, per_epoch)
+        order = sampler.peek(epoch)
+        return [self._texts[i] for i in order[batch * size:(batch + 1) * size]]
 
     @property
     def model(self) -> Any:
@@ -302,7 +376,11 @@ class GrpoEngine:
     def run(self, resume_from: Path | None = None) -> None:
         """Trains to the end; from the TRL checkpoint `resume_from` on (`resume_checkpoint`), after
         `restore` of our state saved with it, when given."""
-        self.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        try:
+            self.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        finally:
+            if self.prefetch is not None:
+                self.prefetch.close()
 
     def save_resume_state(self, checkpoint: Path, step: int) -> None:
         """Our part of a checkpoint, beside TRL's (which holds the adapter, optimizer, scheduler, RNG
@@ -312,7 +390,9 @@ class GrpoEngine:
 
         state: dict[str, Any] = {"step": step, "adapter_step": self.ctx.adapter_step}
         if self.ctx.draw is not None:
-            state["draw"] = self.ctx.draw.state()
+            # Asynchronous steps draw ahead: the draw as it was when this step's rollout ended.
+            ahead = self.step.draw_state if self.prefetch is not None and self.step is not None else None
+            state["draw"] = ahead if ahead is not None else self.ctx.draw.state()
         job = self.ctx.job
         own = artifacts.checkpoint_dir(job.artifact_root, job.job_id, self.ctx.adapter_step)
         if self.ctx.adapter_step and not own.is_dir():
@@ -331,8 +411,21 @@ class GrpoEngine:
             self.ctx.draw.restore(state["draw"])
 
     def _rollout(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
-        """TRL's rollout_func."""
-        return self.current.rollout(prompts)
+        """TRL's rollout_func; with asynchronous steps the prefetched rollout when it can be trained
+        on, and then the next steps' rollouts queued (prefetch.py)."""
+        step = self.current
+        if self.prefetch is None:
+            return step.rollout(prompts)
+        taken = self.prefetch.take(step, prompts)
+        if taken is None:
+            rows = step.rollout(prompts)
+        else:
+            self.step, rows = taken
+        if rows.get("logprobs") is None:
+            raise RuntimeError(f"advanced.max_async_steps: the rollout service returned no sampling logprobs at step "
+                               f"{step.number}; the policy-lag correction needs them")
+        self.prefetch.schedule(step.number)
+        return rows
 
     def _reward(self, completions: list[str], ground_truth: list[str], score: list[Score] | None = None,
                 **_: Any) -> list[float]:

@@ -25,7 +25,8 @@ from rlvr.v1 import common_pb2
 class StepRecord:
     step: int
     started: float = field(default_factory=time.perf_counter)
-    adapter_version: int = 0
+    adapter_version: int = 0  # the oldest version among the rows trained on
+    policy_lag: int = 0  # step - 1 - adapter_version: versions between the sampler and the policy trained
     completion_lengths: list[int] = field(default_factory=list)
     clipped: list[bool] = field(default_factory=list)
     # Every completion generated this step (the policy's performance): with dynamic sampling also
@@ -35,6 +36,8 @@ class StepRecord:
     groups_drawn: int = 0
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
+    generate_started_at: float | None = None  # the first generation round's start (perf_counter)
+    generate_ended_at: float | None = None  # the last round's end
     scored_at: float | None = None  # end of scoring: the training phase starts here
     optimizer_done_at: float | None = None
     sync_seconds: float = 0.0
@@ -81,6 +84,7 @@ def metric_event(
         clipped_ratio=statistics.fmean(record.clipped) if record.clipped else 0.0,
         learning_rate=_finite(logs.get("learning_rate")) or 0.0,
         adapter_version=record.adapter_version,
+        policy_lag=record.policy_lag,
         generate_seconds=record.generate_seconds,
         score_seconds=record.score_seconds,
         train_seconds=record.train_seconds,

@@ -305,11 +305,21 @@ class ServiceGenerator:
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
         return self._recovering(lambda: self._generate(prompts, sampling, expected), "generating")
 
-    def _generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
+    def generate_newest(self, prompts: Sequence[list[int]], sampling: Sampling, since: AdapterTag) -> RolloutBatch:
+        """As `generate`, from the version of `since.name` that is live when the server takes the
+        request (`since` or a newer one pushed meanwhile): asynchronous steps (prefetch.py) generate
+        while the trainer pushes, so a pinned version could be superseded before the request lands.
+        The batch's `adapter` is the version every completion is stamped with (checked)."""
+        return self._recovering(lambda: self._generate(prompts, sampling, since, pinned=False), "generating")
+
+    def _generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag,
+                  pinned: bool = True) -> RolloutBatch:
         started = time.perf_counter()
         n = sampling.group_size
         # An explicit version: the server itself refuses (NOT_FOUND) if it is not the live one.
-        request = generate_request([token_prompt(p) for p in prompts], sampling, expected,
+        # Unpinned: version 0, the live one, which the server resolves once for the whole request.
+        request = generate_request([token_prompt(p) for p in prompts], sampling,
+                                   expected if pinned else AdapterTag(expected.name, 0),
                                    request_id=f"trainer-step-{self.step}")
         by_index: dict[tuple[int, int], rollout_pb2.Completion] = {}
         try:
@@ -323,6 +333,13 @@ class ServiceGenerator:
             raise RuntimeError(f"rollout service at {self.address} returned {len(by_index)} of "
                                f"{len(prompts) * n} completions (first missing: prompt {missing[0][0]})")
         ordered = [by_index[(p, s)] for p in range(len(prompts)) for s in range(n)]
+        if not pinned:
+            stamp = AdapterTag.of(ordered[0])
+            if stamp.name != expected.name or stamp.version < expected.version:
+                raise AdapterVersionMismatch(
+                    f"adapter sync failed at step {self.step}: the rollout service generated with {stamp}, "
+                    f"expected {expected} or a newer version of it; refusing to train on rollouts of another policy")
+            expected = stamp
         check_versions([AdapterTag.of(c) for c in ordered], expected, self.step)
         for c in ordered:
             sent = list(prompts[c.prompt_index])

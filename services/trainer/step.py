@@ -20,6 +20,11 @@ method of the step's `Step`, which alone builds the step's `StepRecord`:
 The adapter is pushed before the metrics are published: the event reports the push's time
 (sync_seconds), and TRL's log line (the loss) comes only after on_step_end.
 
+With advanced.max_async_steps = k >= 1 the stages are the same, but the next steps' stages 1 and 2
+(generate, score) run on a background thread while this step trains (prefetch.py): the next step's
+`Step` is made there, from the newest adapter version when its generation starts, and TRL's
+rollout_func hands it over; its record carries the policy lag it trained with.
+
 One exception to "scored in the rollout": the rollout function sees prompts, not dataset rows, so
 when the training set asks one question with different answers (possible only without dynamic
 sampling, which refuses such a set) it cannot tell which answer a row has. Such a job's rows are
@@ -86,8 +91,11 @@ class StepContext:
     total_steps: int
     truth: dict[str, str] | None  # `answers` of the training set
     draw: PromptDraw | None  # further prompts: with dynamic sampling only
-    live: AdapterTag  # the policy the next rollouts must come from
+    live: AdapterTag  # the policy the next rollouts must come from (at least, with `newest`)
     adapter_step: int = 0  # the last step whose adapter is saved
+    # Asynchronous steps (prefetch.py): generate from the newest version of `live`'s name the
+    # generator serves, whichever it is when the request lands (`generate_newest`).
+    newest: bool = False
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
 
     def ids(self, prompt: str) -> list[int]:
@@ -101,10 +109,23 @@ class StepContext:
 class Step:
     """One optimizer step; its methods run in the order they are defined (see the module's doc)."""
 
-    def __init__(self, ctx: StepContext, number: int) -> None:
+    def __init__(self, ctx: StepContext, number: int, tokenizer: Any = None) -> None:
         self.ctx = ctx
         self.number = number
         self.record = StepRecord(step=number, adapter_version=ctx.live.version)
+        # A prefetched step (prefetch.py) runs its rollout on another thread, with its own tokenizer.
+        self.tokenizer = tokenizer if tokenizer is not None else ctx.tokenizer
+        self.prompts: list[str] = []  # the prompts its rollout was given, each group_size times
+        self.draw_state: dict[str, Any] | None = None  # dynamic sampling's draw when its rollout ended
+
+    def version(self, tag: AdapterTag) -> int:
+        """The job's adapter version of `tag` (0 = the base model or the init adapter: step 1's policy)."""
+        return tag.version if tag.name == self.ctx.job.adapter_name else 0
+
+    def _trained_versions(self, versions: Sequence[int]) -> None:
+        """The record's adapter version (the oldest trained on) and the step's policy lag."""
+        self.record.adapter_version = min(versions)
+        self.record.policy_lag = max(0, self.number - 1 - self.record.adapter_version)
 
     # 1. generate, 2. score -----------------------------------------------------------------------
 
@@ -113,6 +134,7 @@ class Step:
         rows to train on, each with its score (in the same rows' order as TRL's `prompts` unless
         dynamic sampling replaced groups, when the rows also carry their own ground_truth)."""
         job, g = self.ctx.job, self.ctx.job.group_size
+        self.prompts = list(prompts)
         unique = prompts[::g]
         if len(prompts) != len(unique) * g or any(prompts[i] != unique[i // g] for i in range(len(prompts))):
             raise RuntimeError(f"expected each prompt {g} times in a row from TRL's sampler, got {len(prompts)} rows")
@@ -120,8 +142,8 @@ class Step:
             self.ctx.generator.step = self.number  # for its error messages
         sampling = Sampling(group_size=g, max_tokens=job.max_completion_tokens, temperature=job.temperature,
                             seed=step_seed(job.seed, self.number))
-        batch = self._generate([self.ctx.ids(p) for p in unique], sampling)
-        self.record.adapter_version = batch.adapter.version if batch.adapter.name == job.adapter_name else 0
+        batch = self._generate([self._ids(p) for p in unique], sampling)
+        self._trained_versions([self.version(batch.adapter)])
         if self.ctx.truth is None:  # scored in `rewards`, against each row's own answer
             self.record.completion_lengths = [len(c) for c in batch.completion_ids]
             self.record.clipped = list(batch.clipped)
@@ -137,22 +159,36 @@ class Step:
         self.record.groups_with_signal = sum(grp.has_signal for grp in groups)
         self.record.groups_drawn = len(groups)
         chosen = select_groups(groups, len(unique))
+        self._trained_versions([grp.version for grp in chosen])
+        self.draw_state = self.ctx.draw.state()
         # per row: TRL hands it to the reward function in place of the dataset's column
         return _rows(chosen) | {"ground_truth": [grp.truth for grp in chosen for _ in range(g)]}
 
+    def _ids(self, prompt: str) -> list[int]:
+        if self.tokenizer is self.ctx.tokenizer:
+            return self.ctx.ids(prompt)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
     def _generate(self, prompt_ids: list[list[int]], sampling: Sampling) -> RolloutBatch:
-        batch = self.ctx.generator.generate(prompt_ids, sampling, self.ctx.live)
+        started = time.perf_counter()
+        if self.record.generate_started_at is None:
+            self.record.generate_started_at = started
+        if self.ctx.newest:
+            batch = self.ctx.generator.generate_newest(prompt_ids, sampling, self.ctx.live)  # type: ignore[attr-defined]
+        else:
+            batch = self.ctx.generator.generate(prompt_ids, sampling, self.ctx.live)
         self.record.generate_seconds += batch.seconds
+        self.record.generate_ended_at = time.perf_counter()
         return batch
 
     def _score(self, prompts: list[str], truths: list[str], batch: RolloutBatch) -> list[Group]:
         """The batch's completions scored (one scorer call), as groups."""
         g = self.ctx.job.group_size
         started = time.perf_counter()
-        texts = self.ctx.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
         scores = self.ctx.scorer.score(texts, [t for t in truths for _ in range(g)])
         self.record.score_seconds += time.perf_counter() - started
-        return split_groups(batch, prompts, truths, scores, g)
+        return split_groups(batch, prompts, truths, scores, g, self.version(batch.adapter))
 
     def _with_signal(self, groups: list[Group], need: int, sampling: Sampling) -> list[Group]:
         """Dynamic sampling (dynamic.py): further prompts' groups, generated and scored a round at
@@ -162,7 +198,7 @@ class Step:
             if sum(grp.has_signal for grp in groups) >= need:
                 break
             drawn = self.ctx.draw.take(need)
-            more = self._generate([self.ctx.ids(p) for p, _ in drawn],
+            more = self._generate([self._ids(p) for p, _ in drawn],
                                   replace(sampling, seed=round_seed(self.ctx.job.seed, self.number, extra_round)))
             groups = groups + self._score([p for p, _ in drawn], [t for _, t in drawn], more)
         return groups
@@ -212,10 +248,11 @@ class Step:
         ctx, record = self.ctx, self.record
         event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0)
         log.info(
-            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s",
+            "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
             event.completion_length_mean, event.step_seconds,
             f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
+            f" policy lag {record.policy_lag}" if ctx.job.max_async_steps else "",
         )
         if self.number <= ctx.job.stored_steps:
             # A step re-run after a resume that the scheduler stores already: its stored point stays

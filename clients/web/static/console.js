@@ -58,6 +58,7 @@ function activeOptions(form) {
   if (rewardValue === "3") active.add("boxed");
   const backend = form.elements["advanced.generation_backend"];
   if (backend && backend.value === "3") active.add("colocate");
+  if (!backend || backend.value === "" || backend.value === "1") active.add("vllm");
   const bench = form.elements["loop.benchmark"];
   const option = bench && bench.selectedOptions[0];
   if (option && option.dataset.needsDataset) active.add("dataset_benchmark");
