@@ -70,7 +70,8 @@ WORKLOADS = {
     "n16": Workload(n=16, note="16 completions per prompt"),
     "long": Workload(max_tokens=128, note="128 tokens"),
 }
-PATHS = ("engine", "server", "transformers")
+PATHS = ("engine", "server", "transformers", "engine-vllm-ops", "server-vllm-ops")
+DEFAULT_PATHS = ("engine", "server", "transformers")
 SPLIT = ("request", "validate", "engine", "decode", "build", "send", "stream", "reassembly")
 
 
@@ -78,7 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny", help="rlvr-tiny[-test], a hub id or a model folder")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
-    p.add_argument("--paths", default=",".join(PATHS), help=f"comma list of {', '.join(PATHS)}")
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                   help=f"comma list of {', '.join(PATHS)} (*-vllm-ops: with vLLM's own CPU LoRA ops, "
+                        "RLVR_VLLM_LORA_OPS=vllm, as before rlvr.vllm_lora_ops)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per workload and path (median)")
     p.add_argument("--lora-rank", type=int, default=4, help="rank of the adapter every path generates with")
     p.add_argument("--server-rank", type=int, default=0,
@@ -172,11 +175,16 @@ def engine_child(args: argparse.Namespace, spec: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(results), flush=True)
 
 
-def run_engine(args: argparse.Namespace, spec: dict[str, Any], work: Path) -> dict[str, Any]:
-    log = work / "engine.log"
+def lora_ops_env(path: str) -> dict[str, str]:
+    return {**os.environ, "RLVR_VLLM_LORA_OPS": "vllm" if path.endswith("-vllm-ops") else "grouped"}
+
+
+def run_engine(args: argparse.Namespace, spec: dict[str, Any], work: Path, path: str) -> dict[str, Any]:
+    log = work / f"{path}.log"
     with log.open("wb") as out:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec), "--repeats", str(args.repeats),
-                               "--memory", str(args.memory)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                               "--memory", str(args.memory)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env=lora_ops_env(path))
     text = log.read_text(errors="replace")
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -186,17 +194,18 @@ def run_engine(args: argparse.Namespace, spec: dict[str, Any], work: Path) -> di
 
 # ------------------------------------------------------------------------------------- server path
 @contextlib.contextmanager
-def rollout_server(args: argparse.Namespace, backend: str, model: str, work: Path) -> Iterator[tuple[str, Path]]:
+def rollout_server(args: argparse.Namespace, backend: str, model: str, work: Path,
+                   path: str) -> Iterator[tuple[str, Path]]:
     from test_bootstrap import _wait_serving
 
     from clients.stack import free_port
 
     port = free_port()
-    log = work / f"rollout-{backend}.log"
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.hf_threads)} if backend == "transformers" else {})}
+    log = work / f"rollout-{path}.log"
+    env = {**lora_ops_env(path), **({"OMP_NUM_THREADS": str(args.hf_threads)} if backend == "transformers" else {})}
     cmd = [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", model,
            "--backend", backend, "--memory-fraction", str(args.memory), "--max-lora-rank", str(server_rank(args)),
-           "--adapter-root", str(work / f"adapters-{backend}"), "--log-format", "json"]
+           "--adapter-root", str(work / f"adapters-{path}"), "--log-format", "json"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -226,13 +235,14 @@ def server_lines(log: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def run_server(args: argparse.Namespace, backend: str, model: str, adapter: Path, prompts: list[list[int]],
+def run_server(args: argparse.Namespace, path: str, model: str, adapter: Path, prompts: list[list[int]],
                work: Path) -> dict[str, Any]:
     from rlvr.peers.types import AdapterTag, Sampling
     from services.trainer.rollouts import ServiceGenerator
 
     results: dict[str, Any] = {}
-    with rollout_server(args, backend, model, work) as (address, log):
+    backend = "transformers" if path == "transformers" else "vllm"
+    with rollout_server(args, backend, model, work, path) as (address, log):
         generator = ServiceGenerator(address)
         try:
             tag = AdapterTag(ADAPTER, 1)
@@ -303,11 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.paths:
             print(f"{path}: starting ...", flush=True)
             try:
-                if path == "engine":
-                    results[path] = run_engine(args, spec, work)
+                if path.startswith("engine"):
+                    results[path] = run_engine(args, spec, work, path)
                 else:
-                    backend = "vllm" if path == "server" else "transformers"
-                    results[path] = run_server(args, backend, model, adapter, prompts, work)
+                    results[path] = run_server(args, path, model, adapter, prompts, work)
             except Exception as e:  # one failed path must not lose the others' numbers
                 errors[path] = f"{type(e).__name__}: {e}"
                 print(f"  {path} FAILED: {errors[path]}", flush=True)
@@ -330,7 +339,7 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], er
     print(f"model {args.model}, adapter rank {args.lora_rank} (engine/server max_lora_rank {server_rank(args)}), "
           f"median of {args.repeats} calls after a warm-up; {os.cpu_count()} CPUs, load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after. vs engine = seconds over the engine's.")
-    head = (f"{'workload':<15}{'path':<14}{'seconds':>8}{'compl/s':>9}{'tok/s':>8}{'vs engine':>10}  "
+    head = (f"{'workload':<15}{'path':<17}{'seconds':>8}{'compl/s':>9}{'tok/s':>8}{'vs engine':>10}  "
             + " ".join(f"{k:>8}" for k in SPLIT))
     print(head)
     print("-" * len(head))
@@ -338,14 +347,14 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], er
         base = results.get("engine", {}).get(name)
         for path in args.paths:
             if path in errors:
-                print(f"{name:<15}{path:<14}  failed: {errors[path].splitlines()[0][:80]}")
+                print(f"{name:<15}{path:<17}  failed: {errors[path].splitlines()[0][:80]}")
                 continue
             r = results.get(path, {}).get(name)
             if r is None:
                 continue
             ratio = f"{r['seconds'] / base['seconds']:.2f}x" if base else "-"
             split = r.get("split", {})
-            print(f"{name:<15}{path:<14}{r['seconds']:>8.3f}{r['completions_per_s']:>9.1f}{r['tokens_per_s']:>8.0f}"
+            print(f"{name:<15}{path:<17}{r['seconds']:>8.3f}{r['completions_per_s']:>9.1f}{r['tokens_per_s']:>8.0f}"
                   f"{ratio:>10}  " + " ".join(f"{split[k]:>8.3f}" if k in split else f"{'-':>8}" for k in SPLIT))
     print("split (seconds): request = client send -> server received; validate, engine (queue + generation), "
           "decode, build, send = the server's own line; stream = its last write -> the client's last message; "

@@ -9,8 +9,9 @@ copies ~170 MB per LoRA op and layer, and py-spy showed the engine worker spendi
 generation in those copies (`bench/rollout_gap.py`, README "Performance").
 
 The replacements here compute the same products with one matrix multiplication per distinct adapter
-slot in the batch (nearly always one or two): no per-token copy, so the cost no longer depends on the
-padded rank's memory traffic. Index semantics are kept exactly, -1 included (it selects the last slot,
+slot in the batch (nearly always one or two), on the slot's rows and columns up to its last non-zero
+one (a rank-4 adapter in a max_lora_rank-64 slot multiplies 4 columns, not 64): no per-token copy,
+and the cost follows the adapter's rank rather than the engine's cap. Index semantics are kept exactly, -1 included (it selects the last slot,
 as the gathered version does; the rollout server never sends -1 on CPU, see `vllm_backend.py`).
 Only the floating-point summation order of each dot product changes.
 
@@ -37,6 +38,22 @@ def grouped_lora_ops() -> dict[str, str]:
     return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
 
 
+def _product(inputs: Any, w: Any) -> Any:
+    """inputs @ w.T, skipping w's all-zero trailing rows and columns: a slot holds an adapter of rank
+    r zero-padded to max_lora_rank (A's rows, B's columns past r), and the zero "base" LoRA is all
+    zeros. Exact: the skipped terms are zeros."""
+    nonzero = w != 0
+    rows = nonzero.any(dim=1).nonzero()
+    if rows.numel() == 0:
+        return inputs.new_zeros((inputs.shape[0], w.shape[0]))
+    r_out, r_in = int(rows[-1]) + 1, int(nonzero.any(dim=0).nonzero()[-1]) + 1
+    if r_out == w.shape[0]:
+        return inputs[:, :r_in] @ w[:, :r_in].t()
+    out = inputs.new_zeros((inputs.shape[0], w.shape[0]))
+    out[:, :r_out] = inputs[:, :r_in] @ w[:r_out, :r_in].t()
+    return out
+
+
 def _apply(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
     """[tokens, out] = inputs[t] @ weights[indices[t]].T for every token t, one matmul per slot."""
     import torch
@@ -46,11 +63,11 @@ def _apply(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
     inputs = inputs.to(dtype=dtype)
     slots = torch.unique(indices).tolist()
     if len(slots) == 1:
-        return inputs @ weights[slots[0]].to(dtype=dtype).t()
+        return _product(inputs, weights[slots[0]].to(dtype=dtype))
     out = inputs.new_empty((inputs.shape[0], weights.shape[1]))
     for slot in slots:
         rows = indices == slot
-        out[rows] = inputs[rows] @ weights[slot].to(dtype=dtype).t()
+        out[rows] = _product(inputs[rows], weights[slot].to(dtype=dtype))
     return out
 
 

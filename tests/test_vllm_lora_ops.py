@@ -1,24 +1,30 @@
 """The grouped CPU LoRA ops (`rlvr.vllm_lora_ops`) compute what vLLM's own per-token ops compute,
 for every call shape the CPU punica wrapper makes: one adapter slot or several in a batch, the -1
-marker, the slot dimension of 3-d and 4-d stacks, add or overwrite, slices and padded outputs."""
+marker, the slot dimension of 3-d and 4-d stacks, add or overwrite, slices and padded outputs, and
+slots padded with zeros past the adapter's rank or all zero."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-lora_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
+lora_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")  # the CPU build's ops
 
 # vLLM's originals: the package's own names, bound before install() replaced lora_ops' functions.
 from vllm.lora.ops import torch_ops as original  # noqa: E402
 
 from rlvr import vllm_lora_ops as grouped  # noqa: E402  (after the skip: it patches vLLM when present)
 
-SLOT_CASES = {"one slot": [2] * 7, "three slots": [0, 2, 2, 1, 0, 2, 1], "the -1 marker": [-1, 0, -1, 1, 1, 0, 0]}
+SLOT_CASES = {"one slot": [2] * 7, "one padded slot": [0] * 7, "the zero slot": [1] * 7,
+              "three slots": [0, 2, 2, 1, 0, 2, 1], "the -1 marker": [-1, 0, -1, 1, 1, 0, 0]}
 
 
 def _weights(slots: int, out: int, inner: int, four_d: bool) -> torch.Tensor:
+    """Stacked slots as vLLM holds them: slot 0 a rank-3 adapter zero-padded (rows and columns past 3),
+    slot 1 all zeros (the zero base LoRA), the others full."""
     w = torch.randn(slots, out, inner)
+    w[0, 3:, :], w[0, :, 3:] = 0.0, 0.0
+    w[1] = 0.0
     return w.unsqueeze(1) if four_d else w
 
 
