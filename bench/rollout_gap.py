@@ -2,7 +2,7 @@
 
     python bench/rollout_gap.py                                   # rlvr-tiny, every workload, every path
     python bench/rollout_gap.py --workloads step --paths engine,server --repeats 7
-    python bench/rollout_gap.py --server-rank 64                  # the server as it was before (see README)
+    python bench/rollout_gap.py --workloads step --paths engine,server,engine-vllm-ops,server-vllm-ops
 
 Paths, one after the other (never two engines at once), each with the same adapter live (a random
 rank-`--lora-rank` PEFT LoRA on every linear layer, the trainer's shape) and the trainer's prompts
@@ -18,7 +18,9 @@ rank-`--lora-rank` PEFT LoRA on every linear layer, the trainer's shape) and the
   line (`services.rollout.server.GenerateTiming`) lined up with the client's `CallTiming` on the host's
   monotonic clock: request (client send -> server received), validate, engine, decode, build, send,
   stream (the server's last write -> the client's last message), reassembly (-> the RolloutBatch);
-- transformers: the same server on `--backend transformers` (one torch thread, `--hf-threads`).
+- transformers: the same server on `--backend transformers` (one torch thread, `--hf-threads`);
+- engine-vllm-ops, server-vllm-ops (not by default): the engine and the server with vLLM's own CPU
+  LoRA ops (RLVR_VLLM_LORA_OPS=vllm), as they ran before `rlvr.vllm_lora_ops`.
 
 Workloads: "step" is a training step's batch of bench/trainer_step.py (4 prompts x 8 completions,
 48 tokens, temperature 1, seeded); the others change one thing each. The server always returns

@@ -38,15 +38,33 @@ def grouped_lora_ops() -> dict[str, str]:
     return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
 
 
-def _product(inputs: Any, w: Any) -> Any:
-    """inputs @ w.T, skipping w's all-zero trailing rows and columns: a slot holds an adapter of rank
-    r zero-padded to max_lora_rank (A's rows, B's columns past r), and the zero "base" LoRA is all
-    zeros. Exact: the skipped terms are zeros."""
-    nonzero = w != 0
+def _extent(stacked: Any, slots: Any, slot: int) -> tuple[int, int]:
+    """(rows, columns) of slot `slot` of `slots` (the [slots, out, in] view of `stacked`) up to its
+    last non-zero ones, (0, 0) when all zero. Kept on `stacked` itself (vLLM passes the layer's own
+    stacked tensor on every call) with the tensor's version counter, which every in-place write
+    bumps (vLLM loading an adapter into a slot): the slot is scanned again only after it changed."""
+    cache: dict[int, tuple[int, tuple[int, int]]] | None = getattr(stacked, "_rlvr_lora_extents", None)
+    if cache is None:
+        cache = {}
+        stacked._rlvr_lora_extents = cache
+    version = stacked._version
+    hit = cache.get(slot)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    nonzero = slots[slot] != 0
     rows = nonzero.any(dim=1).nonzero()
-    if rows.numel() == 0:
+    extent = (0, 0) if rows.numel() == 0 else (int(rows[-1]) + 1, int(nonzero.any(dim=0).nonzero()[-1]) + 1)
+    cache[slot] = (version, extent)
+    return extent
+
+
+def _product(inputs: Any, w: Any, extent: tuple[int, int]) -> Any:
+    """inputs @ w.T on w's rows and columns up to `extent`: a slot holds an adapter of rank r
+    zero-padded to max_lora_rank (A's rows, B's columns past r), and the zero "base" LoRA is all
+    zeros. Exact: the skipped terms are zeros."""
+    r_out, r_in = extent
+    if r_out == 0:
         return inputs.new_zeros((inputs.shape[0], w.shape[0]))
-    r_out, r_in = int(rows[-1]) + 1, int(nonzero.any(dim=0).nonzero()[-1]) + 1
     if r_out == w.shape[0]:
         return inputs[:, :r_in] @ w[:, :r_in].t()
     out = inputs.new_zeros((inputs.shape[0], w.shape[0]))
@@ -54,20 +72,20 @@ def _product(inputs: Any, w: Any) -> Any:
     return out
 
 
-def _apply(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
-    """[tokens, out] = inputs[t] @ weights[indices[t]].T for every token t, one matmul per slot."""
+def _apply(inputs: Any, stacked: Any, indices: Any, dtype: Any) -> Any:
+    """[tokens, out] = inputs[t] @ stacked[indices[t]].T for every token t, one matmul per slot."""
     import torch
 
-    if weights.dim() == 4:
-        weights = weights.squeeze(1)  # [slots, 1, out, in] -> [slots, out, in]
+    slots = stacked.squeeze(1) if stacked.dim() == 4 else stacked  # [slots, 1, out, in] -> [slots, out, in]
     inputs = inputs.to(dtype=dtype)
-    slots = torch.unique(indices).tolist()
-    if len(slots) == 1:
-        return _product(inputs, weights[slots[0]].to(dtype=dtype))
-    out = inputs.new_empty((inputs.shape[0], weights.shape[1]))
-    for slot in slots:
+    first = indices[:1]
+    if bool((indices == first).all()):  # one adapter for the whole batch: the usual case
+        slot = int(first)
+        return _product(inputs, slots[slot].to(dtype=dtype), _extent(stacked, slots, slot))
+    out = inputs.new_empty((inputs.shape[0], slots.shape[1]))
+    for slot in torch.unique(indices).tolist():
         rows = indices == slot
-        out[rows] = _product(inputs[rows], weights[slot].to(dtype=dtype))
+        out[rows] = _product(inputs[rows], slots[slot].to(dtype=dtype), _extent(stacked, slots, slot))
     return out
 
 

@@ -92,3 +92,19 @@ def test_sgmv_prefill_goes_through_the_grouped_ops() -> None:
     lora_ops.sgmv_shrink(x, w, got, torch.tensor([0, 4]), seq_lens, slots, 2, 4, 6, 1.0)
     original.bgmv_shrink(x, w, want, torch.repeat_interleave(slots, seq_lens), 1.0)
     torch.testing.assert_close(got, want)
+
+
+def test_a_slot_written_in_place_is_read_again() -> None:
+    """vLLM loads an adapter by copying it into its slot in place: the next call multiplies the new
+    weights (the skipped zero rows and columns are found again), not the extent of the old ones."""
+    x, w, idx = torch.randn(5, 32), _weights(3, 8, 32, True), torch.tensor([0] * 5)
+    got = torch.zeros(5, 8)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)  # slot 0: rank 3
+    w[0, 0].copy_(torch.randn(8, 32))  # a full-rank adapter into slot 0, as vLLM's set_lora does
+    want = torch.zeros(5, 8)
+    original.bgmv_shrink(x, w, want, idx, 1.0)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)
+    torch.testing.assert_close(got, want)
+    w[0].zero_()  # and emptied (reset_lora)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)
+    assert not got.any()
