@@ -151,8 +151,9 @@ def engine_child(args: argparse.Namespace, spec: dict[str, Any]) -> None:
 
     from services.rollout.vllm_backend import VLLMBackend
 
-    backend = VLLMBackend(spec["model"], max_lora_rank=spec["rank"], gpu_memory_utilization=args.memory,
-                          enforce_eager=spec["eager"], max_model_len=spec["max_model_len"])
+    backend = VLLMBackend(spec["model"], max_lora_rank=spec["rank"], max_loras=spec["max_loras"],
+                          gpu_memory_utilization=args.memory, enforce_eager=spec["eager"],
+                          max_model_len=spec["max_model_len"])
     kwargs = backend.engine_kwargs()
     llm = LLM(**kwargs)  # type: ignore[arg-type]
     lora = LoRARequest(lora_name="gap", lora_int_id=1, lora_path=spec["adapter"])
@@ -307,8 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rlvr-gap-") as tmp:
         work = Path(tmp)
         adapter = make_lora(Path(model), work / "lora", seed=1, r=args.lora_rank)
+        from services.rollout.settings import RolloutSettings
+
+        defaults = RolloutSettings.model_fields
         spec = {"model": model, "adapter": str(adapter), "rank": server_rank(args), "eager": None,
-                "max_model_len": 2560, "seed": args.seed, "workloads": args.workloads, "prompts": prompts}
+                "max_loras": defaults["max_loras"].default, "max_model_len": defaults["max_model_len"].default, "seed": args.seed, "workloads": args.workloads, "prompts": prompts}
         from services.rollout.server import _eager
 
         spec["eager"] = _eager(None)

