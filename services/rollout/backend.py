@@ -113,6 +113,8 @@ class PromptGroupOut:
     prompt_index: int
     prompt_token_ids: list[int]
     completions: list[CompletionOut]
+    decode_seconds: float = 0.0
+    """Time spent turning the group's token ids into text (the server's "decode" in its timing line)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import secrets
 import threading
+import time
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -302,12 +303,15 @@ class TransformersBackend(GenerationBackend):
         n: int,
         adapter: AdapterVersion | None,
     ) -> PromptGroupOut:
+        started = time.perf_counter()
+        texts = [self.codec.decode(tokens[g * n + s]) for s in range(n)]
+        decode_seconds = time.perf_counter() - started
         completions = [
             CompletionOut(
                 prompt_index=g,
                 sample_index=s,
                 token_ids=tokens[g * n + s],
-                text=self.codec.decode(tokens[g * n + s]),
+                text=texts[s],
                 logprobs=logprobs[g * n + s],
                 finish_reason=finish[g * n + s] or "length",
                 adapter_name=adapter.name if adapter else None,
@@ -315,7 +319,8 @@ class TransformersBackend(GenerationBackend):
             )
             for s in range(n)
         ]
-        return PromptGroupOut(prompt_index=g, prompt_token_ids=prompt, completions=completions)
+        return PromptGroupOut(prompt_index=g, prompt_token_ids=prompt, completions=completions,
+                              decode_seconds=decode_seconds)
 
 
 def _peft_name(adapter: AdapterVersion) -> str:

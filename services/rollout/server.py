@@ -48,6 +48,33 @@ def _check_adapter_name(field: str, name: str) -> None:
                               ". _ -, starting with a letter or digit")
 
 
+@dataclasses.dataclass
+class GenerateTiming:
+    """Where one Generate call's time went on the server, in seconds; the parts add up to its total:
+    validate (the request checked, chat prompts rendered), engine (waiting for the next finished group:
+    the adapter lease, tokenizer checks, queueing and generation in the engine), decode (token ids to
+    text), build (the response messages), send (suspended in the stream's write: serializing and
+    handing the message to gRPC's transport, waiting on flow control)."""
+
+    validate: float = 0.0
+    wait: float = 0.0  # engine + decode: decode runs inside the backend's iterator
+    decode: float = 0.0
+    build: float = 0.0
+    send: float = 0.0
+    completions: int = 0
+    tokens: int = 0
+
+    def fields(self, request_id: str, prompts: int, received_at: float, total: float) -> dict[str, object]:
+        """The log record's fields; `received_at` is time.monotonic() at arrival, one clock for every
+        process of the host, so a client can line the call up with its own timestamps."""
+        return {
+            "request_id": request_id, "prompts": prompts, "completions": self.completions, "tokens": self.tokens,
+            "validate_s": round(self.validate, 6), "engine_s": round(max(0.0, self.wait - self.decode), 6),
+            "decode_s": round(self.decode, 6), "build_s": round(self.build, 6), "send_s": round(self.send, 6),
+            "total_s": round(total, 6), "received_monotonic": received_at,
+        }
+
+
 @map_errors
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, settings: RolloutSettings) -> None:
@@ -157,6 +184,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         request: rollout_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,  # noqa: N802
     ) -> AsyncIterator[rollout_pb2.GenerateResponse]:
+        received, received_at = time.perf_counter(), time.monotonic()
         if not request.prompts:
             raise InvalidArgument("prompts: at least one prompt is required")
         bounded("model", request.model, MAX_MODEL_CHARS)
@@ -174,12 +202,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         copies = 1
         if sampling.greedy and sampling.n > 1:
             copies, sampling = sampling.n, dataclasses.replace(sampling, n=1)
-        returned = 0
+        timing = GenerateTiming(validate=time.perf_counter() - received)
+        mark = time.perf_counter()
         async for group in self._core().generate(
             prompts, sampling, name, version, request.request_id or None
         ):
-            returned += len(group.completions) * copies
-            yield rollout_pb2.GenerateResponse(
+            got = time.perf_counter()
+            timing.wait += got - mark
+            timing.decode += group.decode_seconds
+            response = rollout_pb2.GenerateResponse(
                 completions=[
                     rollout_pb2.Completion(
                         prompt_index=c.prompt_index,
@@ -200,8 +231,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     for k in range(copies)
                 ]
             )
+            timing.completions += len(response.completions)
+            timing.tokens += sum(len(c.token_ids) for c in response.completions)
+            built = time.perf_counter()
+            timing.build += built - got
+            yield response
+            mark = time.perf_counter()
+            timing.send += mark - built
         self.generate_calls += 1
-        self.completions_generated += returned
+        self.completions_generated += timing.completions
+        # One line per call: where a Generate's time went (bench/rollout_gap.py reads it back).
+        log.info("generate done", extra=timing.fields(request.request_id, len(prompts), received_at,
+                                                      time.perf_counter() - received))
 
     async def LoadAdapter(
         self,

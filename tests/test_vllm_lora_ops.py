@@ -1,0 +1,110 @@
+"""The grouped CPU LoRA ops (`rlvr.vllm_lora_ops`) compute what vLLM's own per-token ops compute,
+for every call shape the CPU punica wrapper makes: one adapter slot or several in a batch, the -1
+marker, the slot dimension of 3-d and 4-d stacks, add or overwrite, slices and padded outputs, and
+slots padded with zeros past the adapter's rank or all zero."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+lora_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")  # the CPU build's ops
+
+# vLLM's originals: the package's own names, bound before install() replaced lora_ops' functions.
+from vllm.lora.ops import torch_ops as original  # noqa: E402
+
+from rlvr import vllm_lora_ops as grouped  # noqa: E402  (after the skip: it patches vLLM when present)
+
+SLOT_CASES = {"one slot": [2] * 7, "one padded slot": [0] * 7, "the zero slot": [1] * 7,
+              "three slots": [0, 2, 2, 1, 0, 2, 1], "the -1 marker": [-1, 0, -1, 1, 1, 0, 0]}
+
+
+def _weights(slots: int, out: int, inner: int, four_d: bool) -> torch.Tensor:
+    """Stacked slots as vLLM holds them: slot 0 a rank-3 adapter zero-padded (rows and columns past 3),
+    slot 1 all zeros (the zero base LoRA), the others full."""
+    w = torch.randn(slots, out, inner)
+    w[0, 3:, :], w[0, :, 3:] = 0.0, 0.0
+    w[1] = 0.0
+    return w.unsqueeze(1) if four_d else w
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def test_installed_in_vllms_modules() -> None:
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    assert grouped.install()
+    assert lora_ops.bgmv_shrink is grouped.bgmv_shrink and punica_cpu.bgmv_expand is grouped.bgmv_expand
+    assert original.bgmv_shrink is not grouped.bgmv_shrink  # the reference below is vLLM's own
+
+
+@pytest.mark.parametrize("indices", SLOT_CASES.values(), ids=SLOT_CASES.keys())
+@pytest.mark.parametrize("four_d", [False, True])
+def test_shrink(indices: list[int], four_d: bool) -> None:
+    x, w, idx = torch.randn(7, 32), _weights(3, 8, 32, four_d), torch.tensor(indices)
+    want, got = torch.zeros(7, 8), torch.zeros(7, 8)
+    original.bgmv_shrink(x, w, want, idx, 0.5)
+    grouped.bgmv_shrink(x, w, got, idx, 0.5)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("indices", SLOT_CASES.values(), ids=SLOT_CASES.keys())
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("out_width", [24, 20, 28])  # the layer's output as wide, narrower or wider (padding)
+def test_expand(indices: list[int], add: bool, out_width: int) -> None:
+    x, w, idx = torch.randn(7, 8), _weights(3, 24, 8, True), torch.tensor(indices)
+    start = torch.randn(7, out_width)
+    want, got = start.clone(), start.clone()
+    original.bgmv_expand(x, w, want, idx, add)
+    grouped.bgmv_expand(x, w, got, idx, add)
+    torch.testing.assert_close(got, want)
+
+
+def test_expand_one_row_into_many() -> None:
+    """vLLM's broadcast case: a single output row (one token) written into a taller output."""
+    x, w, idx = torch.randn(1, 8), _weights(2, 16, 8, False), torch.tensor([1])
+    start = torch.randn(4, 16)
+    want, got = start.clone(), start.clone()
+    original.bgmv_expand(x, w, want, idx, True)
+    grouped.bgmv_expand(x, w, got, idx, True)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("indices", SLOT_CASES.values(), ids=SLOT_CASES.keys())
+@pytest.mark.parametrize("add", [False, True])
+def test_expand_slice(indices: list[int], add: bool) -> None:
+    x, w, idx = torch.randn(7, 8), _weights(3, 16, 8, True), torch.tensor(indices)
+    start = torch.randn(7, 48)
+    want, got = start.clone(), start.clone()
+    original.bgmv_expand_slice(x, w, want, idx, 16, 16, add)
+    grouped.bgmv_expand_slice(x, w, got, idx, 16, 16, add)
+    torch.testing.assert_close(got, want)
+
+
+def test_sgmv_prefill_goes_through_the_grouped_ops() -> None:
+    """The prefill path (sgmv_*) calls the bgmv_* functions by their module names: patched too."""
+    x, w = torch.randn(6, 32), _weights(2, 8, 32, True)
+    seq_lens, slots = torch.tensor([4, 2]), torch.tensor([1, 0])
+    got, want = torch.zeros(6, 8), torch.zeros(6, 8)
+    lora_ops.sgmv_shrink(x, w, got, torch.tensor([0, 4]), seq_lens, slots, 2, 4, 6, 1.0)
+    original.bgmv_shrink(x, w, want, torch.repeat_interleave(slots, seq_lens), 1.0)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_slot_written_in_place_is_read_again() -> None:
+    """vLLM loads an adapter by copying it into its slot in place: the next call multiplies the new
+    weights (the skipped zero rows and columns are found again), not the extent of the old ones."""
+    x, w, idx = torch.randn(5, 32), _weights(3, 8, 32, True), torch.tensor([0] * 5)
+    got = torch.zeros(5, 8)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)  # slot 0: rank 3
+    w[0, 0].copy_(torch.randn(8, 32))  # a full-rank adapter into slot 0, as vLLM's set_lora does
+    want = torch.zeros(5, 8)
+    original.bgmv_shrink(x, w, want, idx, 1.0)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)
+    torch.testing.assert_close(got, want)
+    w[0].zero_()  # and emptied (reset_lora)
+    grouped.bgmv_shrink(x, w, got, idx, 1.0)
+    assert not got.any()
