@@ -12,7 +12,7 @@ rollout on `--model`, built under $RLVR_HOME on first use). Rows:
 - "evaluation via services": wall time from RunEvaluation to the final event, all phases;
 - "  generate (rollout)", "  score (reward)": the service's own split of that run (batches overlap:
   the next batch generates while the last is scored, so the parts may add up to more than the whole);
-- "score in-process": `services.reward.pool.score_many` on the stored completions, no gRPC;
+- "score in-process": `rlvr.services.reward.pool.score_many` on the stored completions, no gRPC;
 - "score via reward gRPC": the same completions in one Score call per benchmark batch.
 
 Prints a table (medians over --repeats) and writes bench/results/eval_throughput.json. It never
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from clients.sdk import BenchmarkClient, RewardClient
+    from rlvr.clients.sdk import BenchmarkClient, RewardClient
     from rlvr.v1.benchmark_pb2 import Evaluation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def own_stack(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         def start(name: str, *flags: str, env: dict[str, str] | None = None) -> str:
             port = _free_port()
             log = (work / f"{name}.log").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", f"services.{name}.main", "--port", str(port),
+            procs.append(subprocess.Popen([sys.executable, "-m", f"rlvr.services.{name}.main", "--port", str(port),
                                            "--log-format", "text", *flags], stdout=log, stderr=subprocess.STDOUT,
                                           env={**os.environ, **(env or {})}))
             try:
@@ -119,7 +119,7 @@ def evaluate(client: BenchmarkClient, args: argparse.Namespace) -> tuple[Evaluat
 
 
 def score_inprocess(function: str, items: list[tuple[str, str]]) -> float:
-    from services.reward.pool import ScoreItem, score_many
+    from rlvr.services.reward.pool import ScoreItem, score_many
 
     t0 = time.perf_counter()
     score_many([ScoreItem(function, c, g) for c, g in items])  # type: ignore[arg-type]
@@ -138,9 +138,9 @@ def score_grpc(reward: RewardClient, function: str, items: list[tuple[str, str]]
 
 
 def measure(args: argparse.Namespace, benchmark: str, reward_address: str) -> dict[str, object]:
-    from clients.sdk import BenchmarkClient, RewardClient
+    from rlvr.clients.sdk import BenchmarkClient, RewardClient
+    from rlvr.services.benchmark.catalog import get_benchmark
     from rlvr.v1 import benchmark_pb2 as B
-    from services.benchmark.catalog import get_benchmark
 
     client, reward = BenchmarkClient(benchmark), RewardClient(reward_address)
     function = get_benchmark(args.benchmark).reward_function

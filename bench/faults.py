@@ -78,7 +78,7 @@ def job_process_pid(job_id: str) -> int | None:
                 cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"services.trainer.job_process" in cmdline and any(job_id.encode() in c for c in cmdline):
+            if b"rlvr.services.trainer.job_process" in cmdline and any(job_id.encode() in c for c in cmdline):
                 return int(proc.name)
     return None
 
@@ -152,7 +152,7 @@ def run_one(stack: Any, client: Any, home: Path, args: argparse.Namespace, fault
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from clients.stack import local_stack
+    from rlvr.clients.stack import local_stack
 
     home = args.home or Path(tempfile.mkdtemp(prefix="rlvr-faults-"))
     rows = []

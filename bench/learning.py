@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.demo import LOSSES, RECIPE  # noqa: E402
+from rlvr.clients.demo import LOSSES, RECIPE  # noqa: E402
 from rlvr.v1 import common_pb2  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
-    from clients.demo import recipe_spec
+    from rlvr.clients.demo import recipe_spec
 
     return recipe_spec(
         model=args.model, steps=args.steps, group_size=args.group_size, batch_size=args.batch_size,
@@ -65,7 +65,7 @@ def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clients.demo import measure_training
+    from rlvr.clients.demo import measure_training
     from rlvr.common.settings import rlvr_home
 
     args = parse_args(argv)

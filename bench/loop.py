@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.demo import LOSSES, RECIPE, recipe_spec  # noqa: E402
+from rlvr.clients.demo import LOSSES, RECIPE, recipe_spec  # noqa: E402
 from rlvr.v1 import scheduler_pb2  # noqa: E402
 
 BENCHMARK = "rlvr-math-pairs-heldout"
@@ -94,7 +94,7 @@ def print_table(loop: scheduler_pb2.Loop) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clients.stack import local_stack
+    from rlvr.clients.stack import local_stack
     from rlvr.common.settings import rlvr_home
 
     args = parse_args(argv)

@@ -4,7 +4,7 @@
     python bench/replicas.py --model rlvr-tiny --backend vllm --steps 8
 
 Starts two rollout servers (separate processes, `--backend`), then runs the same job (the same
-seed, `services.trainer.runner.run_job` as a job process runs it) once through the first server
+seed, `rlvr.services.trainer.runner.run_job` as a job process runs it) once through the first server
 alone and once through both, and prints, per run: steps/s and the means of the step's generate
 and whole-step seconds (from its MetricEvents, the first `--skip` steps left out) and how many
 Generate calls each server answered (their GetInfo). It never fails on time: it measures.
@@ -47,10 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def start_server(args: argparse.Namespace, model: str, root: Path, k: int) -> tuple[str, subprocess.Popen[bytes]]:
-    from clients.stack import free_port
+    from rlvr.clients.stack import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", model,
+    cmd = [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", model,
            "--backend", args.backend, "--memory-fraction", str(args.memory), "--max-model-len", "1024",
            "--adapter-root", str(root / f"adapters-{k}"), "--log-format", "text"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -60,17 +60,17 @@ def start_server(args: argparse.Namespace, model: str, root: Path, k: int) -> tu
 
 
 def served(address: str) -> int:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
 
     with RolloutClient(address) as client:
         return int(client.get_info().generate_calls)
 
 
 def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path) -> dict[str, Any]:
-    from services.trainer.config import job_config
-    from services.trainer.replicas import rollout_generator
-    from services.trainer.runner import JobDeps, run_job
-    from services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.replicas import rollout_generator
+    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
     job = job_config(job_id=f"bench-replicas-{len(addresses)}-{os.getpid()}", base_model=model,
                      artifact_root=root / "artifacts", group_size=args.group_size, batch_size=args.batch_size,
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlvr.models import resolve_model
-    from services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.rollouts import ServiceGenerator
 
     args = parse_args(argv)
     torch.set_num_threads(1)

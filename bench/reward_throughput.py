@@ -42,7 +42,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def bench_inprocess(items: list[tuple[str, str]], batches: int) -> list[float]:
-    from services.reward.pool import ScoreItem, score_many
+    from rlvr.services.reward.pool import ScoreItem, score_many
 
     batch = [ScoreItem("gsm8k", c, g) for c, g in items]
     times = []
@@ -56,11 +56,11 @@ def bench_inprocess(items: list[tuple[str, str]], batches: int) -> list[float]:
 def bench_grpc(items: list[tuple[str, str]], batches: int) -> list[float]:
     from test_bootstrap import _free_port, _wait_serving  # the tests' helpers: a real server on loopback
 
-    from clients.sdk import RewardClient
+    from rlvr.clients.sdk import RewardClient
     from rlvr.v1 import common_pb2, reward_pb2
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "services.reward.main", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.services.reward.main", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_serving(f"127.0.0.1:{port}")

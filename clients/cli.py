@@ -5,8 +5,8 @@ COMMAND_GROUPS that adds its parsers and sets `handler=` on them (a function of 
 arguments returning the exit code):
 
 - `call`: every RPC of every service, generated from the descriptors (clients/rpc_commands.py);
-- `up`, `status`: the local stack, from `clients.stack`, imported only when one of them runs;
-- `web`: the web console, from `clients.web.server`, imported only when it runs;
+- `up`, `status`: the local stack, from `rlvr.clients.stack`, imported only when one of them runs;
+- `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
 - `models build-tiny`: builds the bundled tiny base model through `rlvr.tiny`'s own CLI.
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from clients import demo, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import demo, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -59,7 +59,7 @@ def _usage(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], in
 
 def _run_stack(command: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        stack = _lazy_module("clients.stack", command)
+        stack = _lazy_module("rlvr.clients.stack", command)
         if stack is None:
             return 1
         parser = argparse.ArgumentParser(prog=f"rlvr {command}", description=STACK_COMMANDS[command])
@@ -81,7 +81,7 @@ _STACK_HELP = {"up": "start the whole stack on this machine", "status": "print e
 
 def register_stack(subparsers: argparse._SubParsersAction) -> None:
     for command in STACK_COMMANDS:
-        # add_help=False: `rlvr up --help` reaches the parser that clients.stack fills in.
+        # add_help=False: `rlvr up --help` reaches the parser that rlvr.clients.stack fills in.
         parser = subparsers.add_parser(command, help=_STACK_HELP[command], add_help=False)
         parser.set_defaults(handler=_run_stack(command), passthrough=True)
 
@@ -90,14 +90,14 @@ def register_stack(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _web(args: argparse.Namespace) -> int:
-    server = _lazy_module("clients.web.server", "web")
+    server = _lazy_module("rlvr.clients.web.server", "web")
     if server is None:
         return 1
     return int(server.main(args.rest) or 0)
 
 
 def register_web(subparsers: argparse._SubParsersAction) -> None:
-    # add_help=False: `rlvr web --help` reaches the parser of clients.web.server.
+    # add_help=False: `rlvr web --help` reaches the parser of rlvr.clients.web.server.
     parser = subparsers.add_parser("web", help="serve the web console (jobs, New Training, loops, evaluations) "
                                    "on http://127.0.0.1:8050", add_help=False)
     parser.set_defaults(handler=_web, passthrough=True)
@@ -135,7 +135,7 @@ COMMAND_GROUPS: list[Register] = [
     register_models,
     train_cmd.register,
     loops_cmd.register,
-    importlib.import_module("clients.eval_cmd").register,
+    importlib.import_module("rlvr.clients.eval_cmd").register,
     demo.register,
 ]
 """Every command group, in the order `rlvr --help` lists them."""

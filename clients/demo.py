@@ -118,9 +118,9 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     """The whole stack on this machine: held-out accuracy of the base model, one RLVR job with
     `spec` through the services (live progress bar), held-out accuracy of its adapter. Stops the
     stack however it ends; raises RlvrError for an RPC that fails."""
-    from clients.jobs_view import summary_lines
-    from clients.stack import local_stack
-    from clients.train_cmd import watch_job
+    from rlvr.clients.jobs_view import summary_lines
+    from rlvr.clients.stack import local_stack
+    from rlvr.clients.train_cmd import watch_job
 
     started = time.monotonic()
     try:
@@ -151,7 +151,7 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients.sdk import RlvrError
+    from rlvr.clients.sdk import RlvrError
     from rlvr.common.settings import rlvr_home
 
     home = Path(args.home).expanduser() if args.home else rlvr_home() / "demo"

@@ -24,7 +24,7 @@ from rlvr.v1 import common_pb2 as C
 if TYPE_CHECKING:  # imported lazily at run time: `rlvr --help` must not pay for rich and grpc
     from rich.console import Console, RenderableType
 
-    from clients.sdk import BenchmarkClient
+    from rlvr.clients.sdk import BenchmarkClient
 
 TILES = [("accuracy", "Accuracy"), ("accuracy_strict", "Accuracy Strict"), ("format", "Format"),
          ("answered", "Answered")]
@@ -35,7 +35,7 @@ FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
 
 
 def _client(args: argparse.Namespace) -> BenchmarkClient:
-    from clients.sdk import BenchmarkClient, ClientSettings
+    from rlvr.clients.sdk import BenchmarkClient, ClientSettings
 
     settings = ClientSettings(benchmark_address=args.address) if args.address else ClientSettings()
     return BenchmarkClient(settings.benchmark_address, auth=settings.auth())
@@ -255,7 +255,7 @@ def cmd_benchmarks(args: argparse.Namespace, client: BenchmarkClient) -> int:
 
 def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        from clients.sdk import RlvrError
+        from rlvr.clients.sdk import RlvrError
 
         client = _client(args)
         try:

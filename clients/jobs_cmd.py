@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from clients.jobs_view import human_size
+from rlvr.clients.jobs_view import human_size
 
 EXPORT_FORMATS = ("csv", "jsonl")
 
@@ -34,7 +34,7 @@ def terminal_width(out: TextIO) -> int:
 def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # noqa: ANN001 (SDK client)
     """Prints the job's RL Metrics card; on a failed GetJobMetrics, one warning line on stderr
     (the job itself was shown already). Returns whether the card was printed."""
-    from clients import jobs_view
+    from rlvr.clients import jobs_view
     from rlvr.peers.base import RlvrError
     from rlvr.v1 import scheduler_pb2 as S
 
@@ -53,7 +53,7 @@ def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # no
 
 
 def cmd_report(args: argparse.Namespace, client) -> int:  # noqa: ANN001
-    from clients.report import write_report
+    from rlvr.clients.report import write_report
     from rlvr.v1 import scheduler_pb2 as S
 
     job = client.get_job(S.GetJobRequest(id=args.id))
@@ -127,7 +127,7 @@ COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, 
 
 def scheduler_client(args: argparse.Namespace):  # -> SchedulerClient
     """The scheduler client of a command: `--address` if given, else the settings' address."""
-    from clients.sdk import ClientSettings, connect
+    from rlvr.clients.sdk import ClientSettings, connect
 
     settings = ClientSettings()
     if getattr(args, "address", None):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clients import loops_view as V
-from clients.report import (
+from rlvr.clients import loops_view as V
+from rlvr.clients.report import (
     BASE_CSS,
     esc,
     figure_png,
@@ -145,7 +145,7 @@ def _rounds_table(loop: S.Loop) -> str:
 
 
 def _settings(loop: S.Loop) -> str:
-    from clients.jobs_view import summary_rows
+    from rlvr.clients.jobs_view import summary_rows
 
     parts = ['<div class="settings"><div class="card"><h3>Loop settings</h3><table class="summary">',
              table_rows([("Name", loop.spec.name or "-"), *V.settings_rows(loop.spec)])]

@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from clients import jobs_cmd, loops_view, train_cmd
+from rlvr.clients import jobs_cmd, loops_view, train_cmd
 from rlvr.v1 import scheduler_pb2 as S
 
 # The benchmark each reward function's prompts are drawn beside (the default --benchmark).
@@ -109,8 +109,8 @@ def watch_loop(client, loop_id: str, out: TextIO | None = None) -> S.Loop | None
     """Follows the loop until it ends and returns the last Loop seen (None if none came). On a
     terminal the whole view redraws in place at every change; on a pipe one progress line per
     change, then the final view. KeyboardInterrupt propagates (the caller detaches)."""
-    from clients.jobs_cmd import terminal_width
-    from clients.jobs_view import supports_unicode
+    from rlvr.clients.jobs_cmd import terminal_width
+    from rlvr.clients.jobs_view import supports_unicode
 
     out = out or sys.stdout
     width, unicode = terminal_width(out), supports_unicode(out)
@@ -158,8 +158,8 @@ def _watch(client, loop_id: str) -> int:  # noqa: ANN001 (SDK client)
 
 
 def _width_unicode() -> tuple[int, bool]:
-    from clients.jobs_cmd import terminal_width
-    from clients.jobs_view import supports_unicode
+    from rlvr.clients.jobs_cmd import terminal_width
+    from rlvr.clients.jobs_view import supports_unicode
 
     return terminal_width(sys.stdout), supports_unicode(sys.stdout)
 
@@ -223,7 +223,7 @@ def cmd_stop(args: argparse.Namespace, client) -> int:  # noqa: ANN001
 
 
 def cmd_report(args: argparse.Namespace, client) -> int:  # noqa: ANN001
-    from clients.loop_report import write_loop_report
+    from rlvr.clients.loop_report import write_loop_report
 
     loop = client.get_loop(S.GetLoopRequest(id=args.id))
     print(write_loop_report(loop, args.output or f"rlvr-loop-report-{args.id}"))

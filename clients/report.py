@@ -21,7 +21,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from clients.jobs_view import DIRECTION_WORDS, Series, num, series_of, status_name, tile_values
+from rlvr.clients.jobs_view import DIRECTION_WORDS, Series, num, series_of, status_name, tile_values
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -190,7 +190,7 @@ def _trend_card(label: str, trend: S.Trend) -> str:
 
 
 def _summary_rows(job: C.Job) -> list[tuple[str, str]]:
-    from clients.jobs_view import summary_rows
+    from rlvr.clients.jobs_view import summary_rows
 
     rows = [("Job", job.id), ("Name", job.spec.name or "-"), ("Base model", job.spec.base_model or "-")]
     if job.HasField("summary"):

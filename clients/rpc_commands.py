@@ -26,7 +26,7 @@ from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
-from clients.proto_docs import (
+from rlvr.clients.proto_docs import (
     describe_message,
     is_real_oneof_member,
     method_signature,
@@ -378,7 +378,7 @@ def run_call(args: argparse.Namespace) -> int:
     import grpc
     from pydantic import ValidationError
 
-    from clients.sdk import ClientSettings, default_timeout
+    from rlvr.clients.sdk import ClientSettings, default_timeout
     from rlvr.common.client import make_channel
     from rlvr.common.settings import SettingsError
 

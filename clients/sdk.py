@@ -1,6 +1,6 @@
 """The typed Python SDK: one client per service over the v1 contract, `connect()` and `connect_async()`.
 
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
     from rlvr.v1 import scheduler_pb2
 
     with connect() as rlvr:
@@ -166,7 +166,7 @@ class ClientSettings(BaseSettings):
 
     @classmethod
     def for_stack(cls, home: Path | None = None, **overrides: object) -> ClientSettings:
-        """Settings for the stack a `rlvr up` (or `clients.stack.Stack`) runs at `home` (default
+        """Settings for the stack a `rlvr up` (or `rlvr.clients.stack.Stack`) runs at `home` (default
         $RLVR_HOME/stack): its addresses and its user token, from its stack.json."""
         state = read_stack_file(home)
         if state is None:
@@ -275,9 +275,9 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
     def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> Iterator[sc.Loop]:
         """The loop now, then again at every change (status, a round's progress or score); the
         iterator ends after the first Loop with a final status (Target reached, Rounds spent,
-        Plateaued, Failed, Stopped: `clients.loops_view.is_final`). Breaking out early frees the
+        Plateaued, Failed, Stopped: `rlvr.clients.loops_view.is_final`). Breaking out early frees the
         server's stream."""
-        from clients.loops_view import is_final
+        from rlvr.clients.loops_view import is_final
 
         for loop in self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout):
             yield loop
@@ -293,7 +293,7 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         timeout: float | None = None,
     ) -> Path:
         """The loop's rounds to a file, one row per round (the columns are
-        `clients.loops_view.EXPORT_COLUMNS`, documented there): `fmt` "csv" (a header line) or
+        `rlvr.clients.loops_view.EXPORT_COLUMNS`, documented there): `fmt` "csv" (a header line) or
         "jsonl" (one object per line), or an ExportFormat value; `path` a file, or a folder to write
         `loop-<id>-rounds.<csv|jsonl>` into (default: the current folder). Written here from
         GetLoop; returns the file written."""
@@ -358,7 +358,7 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
 
     async def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> AsyncIterator[sc.Loop]:
         """`SchedulerClient.watch_loop_updates`: ends after the first Loop with a final status."""
-        from clients.loops_view import is_final
+        from rlvr.clients.loops_view import is_final
 
         async with self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout) as stream:
             async for loop in stream:
@@ -401,7 +401,7 @@ def _write(path: str | os.PathLike[str] | None, name: str, content: bytes | str)
 
 
 def _write_loop(loop: sc.Loop, loop_id: str, fmt: str | int, path: str | os.PathLike[str] | None) -> Path:
-    from clients.loops_view import export_text
+    from rlvr.clients.loops_view import export_text
 
     ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
     return _write(path, f"loop-{loop.id or loop_id}-rounds.{ext}", export_text(loop, ext))

@@ -105,7 +105,7 @@ class StackConfig:
 
     @property
     def web_url(self) -> str:
-        from clients.web.server import url
+        from rlvr.clients.web.server import url
 
         return url(self.web_host, self.web_port) if self.web_port is not None else ""
 
@@ -113,7 +113,7 @@ class StackConfig:
 def web_command(cfg: StackConfig) -> list[str]:
     """The web console's command line: a client of the stack's scheduler and benchmark service."""
     a = cfg.addresses
-    return [sys.executable, "-m", "clients.web", "--host", cfg.web_host, "--port", str(cfg.web_port),
+    return [sys.executable, "-m", "rlvr.clients.web", "--host", cfg.web_host, "--port", str(cfg.web_port),
             "--scheduler-address", a["scheduler"], "--benchmark-address", a["benchmark"]]
 
 
@@ -135,7 +135,7 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
     db = cfg.database_url or f"sqlite:///{cfg.home / 'rlvr.db'}"
     artifacts = str(cfg.home / "artifacts")
     port, replica, name = cfg.ports[name], name.removeprefix("rollout"), service_of(name)  # replica: "", "-2" ...
-    cmd = [sys.executable, "-m", f"services.{name}.main", "--host", cfg.host, "--port", str(port),
+    cmd = [sys.executable, "-m", f"rlvr.services.{name}.main", "--host", cfg.host, "--port", str(port),
            "--log-format", cfg.log_format]
     if name in ("scheduler", "benchmark"):
         cmd += ["--database-url", db]
@@ -221,10 +221,10 @@ class Stack:
                                                     indent=2))
 
     def client_settings(self, *, service: bool = False) -> Any:
-        """SDK settings (`clients.sdk.ClientSettings`) for this stack: its addresses and its user
+        """SDK settings (`rlvr.clients.sdk.ClientSettings`) for this stack: its addresses and its user
         token (`service=True`: the service token, which may also call the internal RPCs, e.g.
         RolloutService/LoadAdapter, as an operator would)."""
-        from clients.sdk import ClientSettings
+        from rlvr.clients.sdk import ClientSettings
 
         return ClientSettings(**{f"{name}_address": self.cfg.addresses[name] for name in SERVICES},
                               token=self.service_token if service else self.user_token)
@@ -395,9 +395,9 @@ class Stack:
 @contextlib.contextmanager
 def local_stack(home: Path, model: str, *, web: bool = False) -> Iterator[tuple[Stack, Any]]:
     """The whole stack on free ports under `home` serving `model`, started and SERVING, with an SDK
-    client for it (`clients.sdk.Rlvr`); stopped however the block ends. What `rlvr demo` and the
+    client for it (`rlvr.clients.sdk.Rlvr`); stopped however the block ends. What `rlvr demo` and the
     bench scripts run on. RuntimeError naming the logs when it does not come up."""
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
     from rlvr.models import is_tiny
 
     if is_tiny(model):  # a tiny model trains several times faster on one torch thread here

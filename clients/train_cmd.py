@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clients import jobs_cmd, jobs_view
-from clients.jobs_view import summary_lines
+from rlvr.clients import jobs_cmd, jobs_view
+from rlvr.clients.jobs_view import summary_lines
 from rlvr.jobspec import (
     BACKEND_KEYS,
     BATCH_SIZE_DEFAULT,
@@ -168,7 +168,7 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from clients.sdk import RlvrError
+    from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
     client = jobs_cmd.scheduler_client(args)
@@ -192,7 +192,7 @@ def _fmt_time(ts) -> str:  # noqa: ANN001 (protobuf Timestamp)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from clients.sdk import RlvrError
+    from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
     client = jobs_cmd.scheduler_client(args)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from clients import cli
+from rlvr.clients import cli
 from rlvr.v1 import scheduler_pb2_grpc
 
 

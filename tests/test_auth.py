@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlvr.common.auth import SERVICE_ONLY
 from rlvr.common.settings import SettingsError
+from rlvr.services.common.server import ServiceRunner
 from rlvr.v1 import benchmark_pb2, common_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
-from services.common.server import ServiceRunner
 
 MODEL = "rlvr-tiny-test"
 SERVICE_TOKEN = "service-token-for-the-tests-0123456789"
@@ -44,7 +44,7 @@ class SecuredStack:
     pki: Pki | None
 
     def client_settings(self, **overrides: Any) -> Any:
-        from clients.sdk import ClientSettings
+        from rlvr.clients.sdk import ClientSettings
 
         values: dict[str, Any] = {f"{name}_address": address for name, address in self.addresses.items()}
         if self.pki is not None:
@@ -56,16 +56,16 @@ class SecuredStack:
 async def secured_stack(root: Path, nats_url: str, pki: Pki | None = None) -> AsyncIterator[SecuredStack]:
     """The five services with auth on (a shared service token and a tokens file with a user token),
     over TLS when `pki` is given (each service calls its peers over TLS, trusting the CA)."""
-    from services.benchmark.server import build_service as benchmark
-    from services.benchmark.settings import BenchmarkSettings
-    from services.reward.server import build_service as reward
-    from services.reward.settings import RewardSettings
-    from services.rollout.server import build_service as rollout
-    from services.rollout.settings import RolloutSettings
-    from services.scheduler.server import build_service as scheduler
-    from services.scheduler.settings import SchedulerSettings
-    from services.trainer.server import build_service as trainer
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.benchmark.server import build_service as benchmark
+    from rlvr.services.benchmark.settings import BenchmarkSettings
+    from rlvr.services.reward.server import build_service as reward
+    from rlvr.services.reward.settings import RewardSettings
+    from rlvr.services.rollout.server import build_service as rollout
+    from rlvr.services.rollout.settings import RolloutSettings
+    from rlvr.services.scheduler.server import build_service as scheduler
+    from rlvr.services.scheduler.settings import SchedulerSettings
+    from rlvr.services.trainer.server import build_service as trainer
+    from rlvr.services.trainer.settings import TrainerSettings
 
     root.mkdir(parents=True, exist_ok=True)
     tokens_file = root / "tokens.json"
@@ -106,7 +106,7 @@ def _job_spec(name: str) -> common_pb2.JobSpec:
 
 
 def _train_one_step(settings: Any, name: str) -> common_pb2.Job:
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
 
     with connect(settings) as rlvr:
         job = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=_job_spec(name))).job
@@ -142,7 +142,7 @@ async def _health(channel: grpc.aio.Channel) -> int:
 
 
 def _dispatch_and_cancel(settings: Any) -> None:
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
 
     with connect(settings) as rlvr:
         job = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=_job_spec("auth"))).job
@@ -161,7 +161,7 @@ def _dispatch_and_cancel(settings: Any) -> None:
 def _user_and_service_calls(stack: SecuredStack) -> None:
     """The user token: StartJob on a trainer is refused, public RPCs answer on every service; the
     service token gets past auth on the trainer (to the request's own check)."""
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
     from rlvr.peers.base import RlvrError
 
     with connect(stack.client_settings(token=USER_TOKEN)) as rlvr:
@@ -225,7 +225,7 @@ async def test_auth_on_every_service(tmp_path: Path, nats_server: Any, tiny_roll
 
 def _tls_calls(stack: SecuredStack, settings: Any) -> None:
     """A real call on each service over TLS; plaintext to each TLS port fails."""
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
     from rlvr.peers.base import check_health
 
     with connect(settings) as rlvr:  # a real call on each service, over TLS
@@ -259,9 +259,9 @@ async def test_tls_stack_serves_a_job_and_refuses_plaintext(tmp_path: Path, nats
 
 
 async def test_mutual_tls_needs_a_client_certificate(tmp_path: Path) -> None:
-    from clients.sdk import connect
-    from services.reward.server import build_service
-    from services.reward.settings import RewardSettings
+    from rlvr.clients.sdk import connect
+    from rlvr.services.reward.server import build_service
+    from rlvr.services.reward.settings import RewardSettings
 
     pki = make_pki(tmp_path / "pki")
     settings = RewardSettings(port=0, data_roots=[tmp_path], auth_token=SERVICE_TOKEN, tls_cert_file=pki.cert,
@@ -284,8 +284,8 @@ async def test_mutual_tls_needs_a_client_certificate(tmp_path: Path) -> None:
 
 
 async def test_no_auth_beyond_loopback_is_refused_unless_allowed(tmp_path: Path) -> None:
-    from services.reward.server import build_service
-    from services.reward.settings import RewardSettings
+    from rlvr.services.reward.server import build_service
+    from rlvr.services.reward.settings import RewardSettings
 
     exposed = RewardSettings(host="0.0.0.0", port=0, data_roots=[tmp_path])
     with pytest.raises(SettingsError, match=r"host .* = '0.0.0.0': serving beyond loopback without auth is "
@@ -302,8 +302,8 @@ def test_token_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     """RLVR_AUTH_TOKEN sets every service's shared token; a tokens file with a bad role, or TLS with
     half a key pair, is one line naming the setting."""
     from rlvr.common.auth import server_tls, token_table
-    from services.reward.settings import RewardSettings
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.reward.settings import RewardSettings
+    from rlvr.services.trainer.settings import TrainerSettings
 
     monkeypatch.setenv("RLVR_AUTH_TOKEN", SERVICE_TOKEN)
     for cls in (RewardSettings, TrainerSettings):
@@ -336,7 +336,7 @@ def tiny_rollout_ready() -> None:
 
 def test_the_sdk_takes_the_local_stacks_token_only_for_that_stack(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from clients.sdk import ClientSettings
+    from rlvr.clients.sdk import ClientSettings
     from rlvr.common.client import DEFAULT_ADDRESSES
 
     home = tmp_path / "stack"

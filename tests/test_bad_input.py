@@ -29,8 +29,8 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
+from rlvr.services.common.server import ServiceRunner
 from rlvr.v1 import benchmark_pb2, common_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
-from services.common.server import ServiceRunner
 
 F = FieldDescriptor
 BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -207,8 +207,8 @@ def _svc(module: Any, name: str) -> ServiceDescriptor:
 # ----------------------------------------------------------------------------------- the services
 
 async def test_reward_service(tmp_path: Path) -> None:
-    from services.reward.server import build_service
-    from services.reward.settings import RewardSettings
+    from rlvr.services.reward.server import build_service
+    from rlvr.services.reward.settings import RewardSettings
 
     settings = RewardSettings(port=0, data_roots=[tmp_path])
     bases = {"Score": reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(completion="<answer>1</answer>",
@@ -223,9 +223,9 @@ async def test_reward_service(tmp_path: Path) -> None:
 
 
 async def test_scheduler_service(tmp_path: Path, nats_server) -> None:
-    from services.benchmark.server import build_service as build_benchmark
-    from services.scheduler.server import build_service
-    from services.scheduler.settings import SchedulerSettings
+    from rlvr.services.benchmark.server import build_service as build_benchmark
+    from rlvr.services.scheduler.server import build_service
+    from rlvr.services.scheduler.settings import SchedulerSettings
 
     # A benchmark service to list the benchmarks, so CreateLoop's checks run without a peer's retries.
     bench = _benchmark_settings(tmp_path / "bench", nats_server.url)
@@ -252,8 +252,8 @@ async def test_scheduler_service(tmp_path: Path, nats_server) -> None:
 async def test_create_loop_checks_its_spec_before_asking_the_benchmark_service(tmp_path: Path, nats_server) -> None:
     """A bad loop spec is INVALID_ARGUMENT at once, also while the benchmark service is down
     (it used to be UNAVAILABLE after the retries of asking that service for its benchmarks)."""
-    from services.scheduler.server import build_service
-    from services.scheduler.settings import SchedulerSettings
+    from rlvr.services.scheduler.server import build_service
+    from rlvr.services.scheduler.settings import SchedulerSettings
 
     settings = SchedulerSettings(port=0, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", nats_url=nats_server.url,
                                  artifact_root=tmp_path / "artifacts", trainer_addresses=["127.0.0.1:1"],
@@ -277,7 +277,7 @@ async def test_create_loop_checks_its_spec_before_asking_the_benchmark_service(t
 
 
 def _benchmark_settings(root: Path, nats_url: str) -> Any:
-    from services.benchmark.settings import BenchmarkSettings
+    from rlvr.services.benchmark.settings import BenchmarkSettings
 
     root.mkdir(parents=True, exist_ok=True)
     return BenchmarkSettings(port=0, database_url=f"sqlite:///{root / 'db.sqlite'}", nats_url=nats_url,
@@ -286,7 +286,7 @@ def _benchmark_settings(root: Path, nats_url: str) -> Any:
 
 
 async def test_benchmark_service(tmp_path: Path, nats_server) -> None:
-    from services.benchmark.server import build_service
+    from rlvr.services.benchmark.server import build_service
 
     settings = _benchmark_settings(tmp_path, nats_server.url)
     bases = {"RunEvaluation": benchmark_pb2.RunEvaluationRequest(benchmark="gsm8k", limit=1)}
@@ -300,8 +300,8 @@ async def test_benchmark_service(tmp_path: Path, nats_server) -> None:
 
 
 async def test_trainer_service(tmp_path: Path, nats_server) -> None:
-    from services.trainer.server import build_service
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.trainer.server import build_service
+    from rlvr.services.trainer.settings import TrainerSettings
 
     settings = TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url=nats_server.url,
                                scorer="local", torch_threads=1, worker_name="fuzz-trainer")
@@ -324,8 +324,8 @@ def tiny_rollout_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def test_rollout_service(tmp_path: Path, tiny_rollout_model: Path) -> None:
-    from services.rollout.server import build_service
-    from services.rollout.settings import RolloutSettings
+    from rlvr.services.rollout.server import build_service
+    from rlvr.services.rollout.settings import RolloutSettings
 
     settings = RolloutSettings(port=0, model=str(tiny_rollout_model), backend="transformers", max_lora_rank=8,
                                max_model_len=512, adapter_root=tmp_path / "adapters", max_adapter_bytes=262144)
@@ -371,7 +371,7 @@ def _widest_job() -> Message:
         MAX_PATH_CHARS,
         MAX_SPLIT_CHARS,
     )
-    from services.scheduler.convert import job_to_proto, spec_to_json
+    from rlvr.services.scheduler.convert import job_to_proto, spec_to_json
 
     spec = common_pb2.JobSpec(name=WIDE * MAX_NAME_CHARS, base_model=WIDE * MAX_MODEL_CHARS)
     spec.reward.dataset, spec.reward.dataset_split = WIDE * MAX_DATASET_CHARS, WIDE * MAX_SPLIT_CHARS
@@ -396,7 +396,7 @@ def test_a_full_page_of_the_largest_rows_fits_in_one_message() -> None:
     from rlvr.common.errors import MAX_PAGE
     from rlvr.infra.schema import EvaluationRow
     from rlvr.jobspec import MAX_LABEL_CHARS, MAX_MODEL_CHARS, MAX_NAME_CHARS
-    from services.benchmark.records import evaluation_of, extras_json
+    from rlvr.services.benchmark.records import evaluation_of, extras_json
 
     job = _widest_job()
     jobs = scheduler_pb2.ListJobsResponse(jobs=[job] * MAX_PAGE, total=2**31 - 1)

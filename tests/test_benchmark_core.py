@@ -17,14 +17,14 @@ from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
 from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.rewards.scoring import score
+from rlvr.services.benchmark.catalog import BENCHMARKS, tally
+from rlvr.services.benchmark.evaluations import INTERRUPTED, EvaluationManager
+from rlvr.services.benchmark.events import MemoryEvents
+from rlvr.services.benchmark.planning import RolloutModel
+from rlvr.services.benchmark.runner import Answer, Question, run_questions
 from rlvr.tasks import Problem, TaskError, get_task, heldout_split
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
-from services.benchmark.catalog import BENCHMARKS, tally
-from services.benchmark.evaluations import INTERRUPTED, EvaluationManager
-from services.benchmark.events import MemoryEvents
-from services.benchmark.planning import RolloutModel
-from services.benchmark.runner import Answer, Question, run_questions
 
 Script = Callable[[Question, AdapterTag], tuple[str, str]]  # -> (completion, "STOP" | "LENGTH")
 

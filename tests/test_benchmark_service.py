@@ -26,8 +26,8 @@ import pytest
 from test_bootstrap import _free_port, _wait_serving
 from test_rollout_core import make_lora
 
-from clients import cli
-from clients.sdk import BenchmarkClient, RlvrError, RolloutClient
+from rlvr.clients import cli
+from rlvr.clients.sdk import BenchmarkClient, RlvrError, RolloutClient
 from rlvr.tiny import BuildReport, build_tiny_model
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -64,7 +64,7 @@ class Services:
         # than two (OpenMP spin-waiting; bench/eval_throughput.py --rollout-threads measures it).
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", f"services.{name}.main", "--port", str(port),
+            proc = subprocess.Popen([sys.executable, "-m", f"rlvr.services.{name}.main", "--port", str(port),
                                      "--log-format", "text", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
         self.procs.append((name, proc))
         try:
@@ -365,7 +365,7 @@ async def test_the_loop_managers_view_of_the_benchmark_service(stack: Stack) -> 
     asyncio client against the real service: each call's answer, and each failure as the project's
     error kind (unknown evaluation None, refusal InvalidArgument, unreachable Unavailable)."""
     from rlvr.common.errors import InvalidArgument, Unavailable
-    from services.scheduler.benchmarks import GrpcBenchmarks
+    from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
 
     benchmarks = GrpcBenchmarks(stack.address)
     assert HELDOUT in {b.name for b in await benchmarks.list()}

@@ -14,13 +14,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.stack import free_port
+from rlvr.clients.stack import free_port
 from rlvr.common.errors import FailedPrecondition, NotFound, map_errors
 from rlvr.common.settings import SettingsError, load_settings
+from rlvr.services.common.server import GrpcService, ServiceRunner
+from rlvr.services.reward.settings import RewardSettings
+from rlvr.services.scheduler.settings import SchedulerSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from services.common.server import GrpcService, ServiceRunner
-from services.reward.settings import RewardSettings
-from services.scheduler.settings import SchedulerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = Path(os.environ.get("RLVR_SHARED", ROOT.parent / "shared")) / "tools" / "grpc_probe.py"
@@ -85,7 +85,7 @@ def test_reflection_and_health_by_an_outside_client() -> None:
     if not PROBE.exists():
         pytest.skip(f"outside probe not found at {PROBE}")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "services.scheduler.main", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.services.scheduler.main", "--port", str(port)],
                             stderr=subprocess.PIPE, text=True)
     try:
         _wait_serving(f"127.0.0.1:{port}")
@@ -110,7 +110,7 @@ def test_port_in_use_is_one_clear_line() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "services.reward.main", "--port", str(port)],
+        out = subprocess.run([sys.executable, "-m", "rlvr.services.reward.main", "--port", str(port)],
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
@@ -133,9 +133,9 @@ def test_settings_precedence_flag_env_file(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_every_settings_field_is_documented() -> None:
-    from services.benchmark.settings import BenchmarkSettings
-    from services.rollout.settings import RolloutSettings
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.benchmark.settings import BenchmarkSettings
+    from rlvr.services.rollout.settings import RolloutSettings
+    from rlvr.services.trainer.settings import TrainerSettings
 
     for cls in (SchedulerSettings, TrainerSettings, RolloutSettings, RewardSettings, BenchmarkSettings):
         undocumented = [n for n, f in cls.model_fields.items() if not f.description]
@@ -143,7 +143,7 @@ def test_every_settings_field_is_documented() -> None:
 
 
 def test_help_answers_without_heavy_imports() -> None:
-    code = ("import sys; from services.rollout.main import main\n"
+    code = ("import sys; from rlvr.services.rollout.main import main\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"
             "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
             "assert not heavy, heavy")
@@ -178,7 +178,7 @@ def test_unreachable_dependency_is_one_line_naming_the_setting(flag: str, value:
                                                                  tmp_path: Path, nats_server) -> None:
     args = ["--port", "0", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}", "--nats-url", nats_server.url,
             "--artifact-root", str(tmp_path / "artifacts"), flag, value]
-    out = subprocess.run([sys.executable, "-m", "services.scheduler.main", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "rlvr.services.scheduler.main", *args], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2, out.stderr
     # The structured log lines go to stderr too; the error itself is one line for a person.

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients import cli
-from clients.rpc_commands import services
+from rlvr.clients import cli
+from rlvr.clients.rpc_commands import services
 from rlvr.common.client import deadline_for
 from rlvr.v1 import (
     common_pb2,
@@ -215,11 +215,11 @@ def test_incomplete_and_unknown_commands_exit_2(capsys) -> None:
 
 def test_stack_and_models_hooks_load_their_modules_lazily(capsys, monkeypatch) -> None:
     seen: dict[str, object] = {}
-    stack = types.ModuleType("clients.stack")
+    stack = types.ModuleType("rlvr.clients.stack")
     stack.add_arguments = lambda parser: parser.add_argument("--timeout", type=float, default=90.0)
     stack.up = lambda args: seen.setdefault("up", args.timeout) and 0
     stack.status = lambda args: 3
-    monkeypatch.setitem(sys.modules, "clients.stack", stack)
+    monkeypatch.setitem(sys.modules, "rlvr.clients.stack", stack)
     assert run(capsys, "up", "--timeout", "5")[0] == 0 and seen["up"] == 5.0
     assert run(capsys, "status")[0] == 3
 
@@ -231,9 +231,9 @@ def test_stack_and_models_hooks_load_their_modules_lazily(capsys, monkeypatch) -
 
 
 def test_a_missing_hook_module_is_one_clear_line(capsys) -> None:
-    assert cli._lazy_module("clients.no_such_module", "up") is None
+    assert cli._lazy_module("rlvr.clients.no_such_module", "up") is None
     assert (
-        "`rlvr up` is not available in this build (clients.no_such_module is missing)"
+        "`rlvr up` is not available in this build (rlvr.clients.no_such_module is missing)"
         in capsys.readouterr().err
     )
 
@@ -246,7 +246,7 @@ def _subprocess(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_console_entry_runs_as_a_module(server) -> None:
-    done = _subprocess("-m", "clients.cli", "call", "reward", "Score", SCORE, "--address", server[0])
+    done = _subprocess("-m", "rlvr.clients.cli", "call", "reward", "Score", SCORE, "--address", server[0])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["results"][0]["extracted_answer"] == "42"
 
@@ -256,7 +256,7 @@ def test_help_imports_no_ml_stack() -> None:
         "import sys\n"
         "from clients import cli\n"
         "cli.build_parser().format_help()\n"
-        "heavy = ('torch', 'vllm', 'transformers', 'peft', 'trl', 'datasets', 'clients.stack', 'rlvr.tiny')\n"
+        "heavy = ('torch', 'vllm', 'transformers', 'peft', 'trl', 'datasets', 'rlvr.clients.stack', 'rlvr.tiny')\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     done = _subprocess("-c", code)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.server import ServiceRunner
-from services.reward.server import build_service
-from services.reward.settings import RewardSettings
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.reward.server import build_service
+from rlvr.services.reward.settings import RewardSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ async def test_the_sdk_works_without_any_extra(reward_address: str) -> None:
     import asyncio
 
     code = f"""
-from clients.sdk import ClientSettings, connect
+from rlvr.clients.sdk import ClientSettings, connect
 from rlvr.v1 import reward_pb2
 with connect(ClientSettings(reward_address={reward_address!r})) as rlvr:
     names = [f.display_name for f in rlvr.reward.list_reward_functions().functions]
@@ -71,9 +71,35 @@ print(sorted(names), scores.results[0].accuracy)
 
 
 def test_the_cli_runs_and_names_the_extra_a_command_needs() -> None:
-    result = client("from clients.cli import main; raise SystemExit(main(['--help']))")
+    result = client("from rlvr.clients.cli import main; raise SystemExit(main(['--help']))")
     assert result.returncode == 0, result.stderr
     assert "train" in result.stdout and "jobs" in result.stdout
-    web = client("from clients.cli import main; raise SystemExit(main(['web', '--port', '1']))")
+    web = client("from rlvr.clients.cli import main; raise SystemExit(main(['web', '--port', '1']))")
     # the console needs rlvr[web]: one line naming it, no traceback
     assert web.returncode == 1 and "pip install 'rlvr[web]'" in web.stderr and "Traceback" not in web.stderr, web.stderr
+
+
+def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
+    """An integrator's environment gets `rlvr` and nothing else: services/ and clients/ go into the wheel
+    as rlvr.services and rlvr.clients (with the web console's files), and every console script names them."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for folder in ("rlvr", "services", "clients", "protos"):
+        shutil.copytree(ROOT / folder, src / folder, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            str(src), "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("rlvr-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"rlvr"}
+    for path in ("rlvr/services/trainer/step.py", "rlvr/services/rollout/server.py", "rlvr/clients/sdk.py",
+                 "rlvr/clients/web/templates/base.html", "rlvr/clients/web/static/console.js", "rlvr/v1/common_pb2.py"):
+        assert path in names, path
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "rlvr = rlvr.clients.cli:main" in scripts and "rlvr-trainer = rlvr.services.trainer.main:main" in scripts

@@ -31,12 +31,12 @@ def test_every_service_runs_a_real_console_script() -> None:
         command = services[name]["command"]
         assert command[0] == f"rlvr-{name}" and command[0] in scripts, command
         module, func = scripts[command[0]].split(":")
-        assert module == f"services.{name}.main"
+        assert module == f"rlvr.services.{name}.main"
         assert (ROOT / module.replace(".", "/")).with_suffix(".py").exists()
         # Every flag the compose file passes is one the service's settings accept.
         from rlvr.common.settings import build_parser
 
-        settings_cls = __import__(f"services.{name}.settings", fromlist=["x"])
+        settings_cls = __import__(f"rlvr.services.{name}.settings", fromlist=["x"])
         cls = next(v for k, v in vars(settings_cls).items() if k.endswith("Settings") and k != "ServiceSettings")
         build_parser(cls, name, "").parse_args([substitute(a, {}) for a in command[1:]])
 
@@ -142,7 +142,7 @@ def test_services_on_0000_start_only_with_auth(tmp_path: Path, monkeypatch) -> N
     files = secret_files(compose, make_secrets(tmp_path / "secrets"))
     services = compose["services"]
     for name in SERVICE_PORTS:
-        settings_module = __import__(f"services.{name}.settings", fromlist=["x"])
+        settings_module = __import__(f"rlvr.services.{name}.settings", fromlist=["x"])
         cls = next(v for k, v in vars(settings_module).items() if k.endswith("Settings") and k != "ServiceSettings")
         argv = [substitute(a, {}) for a in services[name]["command"][1:]]
         with monkeypatch.context() as m:

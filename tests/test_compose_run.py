@@ -73,8 +73,8 @@ def local_commands(compose: dict, ports: dict[str, int], data: Path, database_ur
 
 @pytest.fixture(scope="module")
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str]]:
-    from clients.sdk import ClientSettings, connect
-    from clients.stack import free_port
+    from rlvr.clients.sdk import ClientSettings, connect
+    from rlvr.clients.stack import free_port
     from rlvr.infra.nats_server import _parent_death_hook, find_nats_binary
     from rlvr.peers.base import check_health
 

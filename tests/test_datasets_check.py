@@ -12,9 +12,9 @@ from test_scheduler_jobs import FakeWorkers
 from rlvr.common.errors import InvalidArgument
 from rlvr.infra.store import Store
 from rlvr.jobspec import resolve_spec
+from rlvr.services.scheduler.datasets import check_dataset
+from rlvr.services.scheduler.jobs import JobManager
 from rlvr.v1 import common_pb2 as C
-from services.scheduler.datasets import check_dataset
-from services.scheduler.jobs import JobManager
 
 
 def boxed(dataset: str, split: str = "") -> C.RewardConfig:

@@ -27,8 +27,8 @@ SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path, object]]:
-    from clients.sdk import connect
-    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.clients.sdk import connect
+    from rlvr.clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("e2e")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
@@ -115,7 +115,7 @@ def _loads_in_peft(adapter: Path) -> None:
 def _generates_in_vllm(client, home: Path, adapter: Path, name: str) -> None:  # noqa: ANN001
     import json
 
-    from clients.sdk import connect
+    from rlvr.clients.sdk import connect
 
     info = client.rollout.get_info()
     assert info.backend == "vllm"

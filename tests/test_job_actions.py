@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from clients.sdk import RlvrError, SchedulerClient
 from rlvr.adapters import ADAPTER_FILES
+from rlvr.clients.sdk import RlvrError, SchedulerClient
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import Store
 from rlvr.jobspec import resolve_spec
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.scheduler.convert import spec_to_json
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
-from services.common.server import ServiceRunner
-from services.scheduler.convert import spec_to_json
 
 MODEL = "rlvr-tiny-test"
 
@@ -58,10 +58,10 @@ def _spec() -> C.JobSpec:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(nats_server, tmp_path_factory: pytest.TempPathFactory):
     from rlvr.models import resolve_model
-    from services.scheduler.server import build_service as build_scheduler
-    from services.scheduler.settings import SchedulerSettings
-    from services.trainer.server import build_service as build_trainer
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.scheduler.server import build_service as build_scheduler
+    from rlvr.services.scheduler.settings import SchedulerSettings
+    from rlvr.services.trainer.server import build_service as build_trainer
+    from rlvr.services.trainer.settings import TrainerSettings
 
     base_path = await asyncio.to_thread(resolve_model, MODEL)
     home = tmp_path_factory.mktemp("actions")
@@ -280,7 +280,7 @@ async def test_actions_refuse_unknown_jobs_and_jobs_without_an_adapter(stack: St
 async def test_delete_job_removes_its_rows_and_files_and_refuses_a_job_in_use(
         stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
     """Last in this module: it deletes the trained job (merged by the tests above)."""
-    from clients.cli import main as cli
+    from rlvr.clients.cli import main as cli
 
     c, job_id = stack.client, stack.job.id
     job_dir = stack.root / "jobs" / job_id

@@ -19,9 +19,7 @@ import pytest
 from google.protobuf import json_format
 
 from rlvr.infra.schema import JobRow, MetricPointRow
-from rlvr.v1 import common_pb2 as C
-from rlvr.v1 import scheduler_pb2 as S
-from services.scheduler.metrics import (
+from rlvr.services.scheduler.metrics import (
     EXPORT_COLUMNS,
     FLAT_THRESHOLD,
     compute_trend,
@@ -29,6 +27,8 @@ from services.scheduler.metrics import (
     job_metrics,
     trend_window,
 )
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
 
 RISING, FALLING, FLAT = S.TREND_DIRECTION_RISING, S.TREND_DIRECTION_FALLING, S.TREND_DIRECTION_FLAT
 
@@ -169,11 +169,11 @@ def test_export_columns_are_the_metric_event_fields() -> None:
 async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
     from fixtures_infra import connected_bus
 
-    from clients.sdk import RlvrError, SchedulerClient
+    from rlvr.clients.sdk import RlvrError, SchedulerClient
     from rlvr.infra.events import job_metrics_subject, metric_msg_id
-    from services.common.server import ServiceRunner
-    from services.scheduler.server import build_service
-    from services.scheduler.settings import SchedulerSettings
+    from rlvr.services.common.server import ServiceRunner
+    from rlvr.services.scheduler.server import build_service
+    from rlvr.services.scheduler.settings import SchedulerSettings
 
     settings = SchedulerSettings(port=0, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
                                  nats_url=nats_server.url, artifact_root=tmp_path / "artifacts",

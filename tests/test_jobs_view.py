@@ -11,7 +11,7 @@ import grpc
 import pytest
 from cli_fakes import run, serving
 
-from clients import cli, jobs_view, train_cmd
+from rlvr.clients import cli, jobs_view, train_cmd
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 from rlvr.v1 import scheduler_pb2_grpc
@@ -232,7 +232,7 @@ def test_jobs_show_in_a_real_terminal_follows_the_locale(scheduler, lang: str, u
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")} | {"LANG": lang}
-    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "jobs", "show", "job-1", "--address", address],
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.clients.cli", "jobs", "show", "job-1", "--address", address],
                             stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     os.close(slave)
     chunks = []

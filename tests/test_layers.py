@@ -25,14 +25,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_code_keeps_every_contract() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "BROKEN" not in result.stdout and result.stdout.count("KEPT") >= 6
+    assert "BROKEN" not in result.stdout and result.stdout.count("KEPT") >= 5
 
 
 @pytest.fixture(scope="module")
 def copy_of_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("layers")
     for package in ("rlvr", "services", "clients"):
-        shutil.copytree(ROOT / package, root / package,
+        shutil.copytree(ROOT / package, root / package, symlinks=True,  # rlvr/services stays a link to services/
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data", "static", "templates"))
     shutil.copy(ROOT / ".importlinter", root / ".importlinter")
     return root
@@ -40,14 +40,14 @@ def copy_of_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 PLANTED = [
     # (file, planted import, the contract that must break, the line lint-imports must print)
-    ("rlvr/jobspec.py", "import clients.sdk", "clients -> services -> rlvr", "rlvr.jobspec -> clients.sdk"),
-    ("rlvr/rewards/scoring.py", "import services.reward.pool", "clients -> services -> rlvr",
-     "rlvr.rewards.scoring -> services.reward.pool"),
-    ("services/trainer/config.py", "import services.scheduler.loopspec", "independent of each other",
-     "services.trainer.config -> services.scheduler.loopspec"),
-    ("rlvr/common/settings.py", "import rlvr.jobspec", "rlvr's own layers", "rlvr.common.settings -> rlvr.jobspec"),
-    ("clients/jobs_view.py", "import clients.train_cmd", "no import cycles", "clients"),
-    ("clients/cli.py", "import services.scheduler.server", "over gRPC only", "clients.cli -> services.scheduler.server"),
+    ("rlvr/jobspec.py", "import rlvr.clients.sdk", "layers: clients", "rlvr.jobspec -> rlvr.clients.sdk"),
+    ("rlvr/rewards/scoring.py", "import rlvr.services.reward.pool", "layers: clients",
+     "rlvr.rewards.scoring -> rlvr.services.reward.pool"),
+    ("services/trainer/config.py", "import rlvr.services.scheduler.loopspec", "independent of each other",
+     "rlvr.services.trainer.config -> rlvr.services.scheduler.loopspec"),
+    ("rlvr/common/settings.py", "import rlvr.jobspec", "layers: clients", "rlvr.common.settings -> rlvr.jobspec"),
+    ("clients/jobs_view.py", "import rlvr.clients.train_cmd", "no import cycles", "clients"),
+    ("clients/cli.py", "import rlvr.services.scheduler.server", "over gRPC only", "rlvr.clients.cli -> rlvr.services.scheduler.server"),
 ]
 
 

@@ -20,9 +20,9 @@ import pytest
 from test_loops_view import failed_loop, make_loop
 from test_report import PROBE, _chromium, _run_chromium
 
-from clients import loop_report
-from clients.loop_report import write_loop_report
-from clients.loops_view import duration
+from rlvr.clients import loop_report
+from rlvr.clients.loop_report import write_loop_report
+from rlvr.clients.loops_view import duration
 from rlvr.v1 import scheduler_pb2 as S
 
 

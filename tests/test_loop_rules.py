@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
+from rlvr.services.scheduler import loop_rules as R
+from rlvr.services.scheduler.convert import loop_spec_to_json, loop_to_proto
 from rlvr.v1 import scheduler_pb2 as S
-from services.scheduler import loop_rules as R
-from services.scheduler.convert import loop_spec_to_json, loop_to_proto
 
 
 def rounds(*scores: float | None, real: tuple[bool, ...] = ()) -> list[RoundRow]:

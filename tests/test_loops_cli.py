@@ -17,15 +17,15 @@ import pytest
 from cli_fakes import run, serving
 from test_loops_view import make_loop, running_loop
 
-from clients import cli, loops_cmd
-from clients import loops_view as V
-from clients.sdk import RlvrError, SchedulerClient
+from rlvr.clients import cli, loops_cmd
+from rlvr.clients import loops_view as V
+from rlvr.clients.sdk import RlvrError, SchedulerClient
 from rlvr.common.errors import InvalidArgument
+from rlvr.services.benchmark.evaluations import EvaluationManager
+from rlvr.services.scheduler.loopspec import resolve_loop_spec
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 from rlvr.v1 import scheduler_pb2_grpc
-from services.benchmark.evaluations import EvaluationManager
-from services.scheduler.loopspec import resolve_loop_spec
 
 WARNING = "grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8"
 

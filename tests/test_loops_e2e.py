@@ -33,8 +33,8 @@ FINAL = {S.LOOP_STATUS_TARGET_REACHED, S.LOOP_STATUS_ROUNDS_SPENT, S.LOOP_STATUS
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from clients.sdk import connect
-    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.clients.sdk import connect
+    from rlvr.clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("loops")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
@@ -202,7 +202,7 @@ def test_a_loop_plateaus_and_stacks_each_round_on_the_best(stack) -> None:
 
 
 def test_stop_loop_cancels_the_running_round(stack) -> None:
-    from clients.sdk import RlvrError
+    from rlvr.clients.sdk import RlvrError
 
     client, _, _ = stack
     loop = start(client, loop_spec("stopped", column="accuracy", target=100.0, steps=500))
@@ -230,7 +230,7 @@ def _job_process(job_id: str, missing_ok: bool = False) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"services.trainer.job_process" in cmdline and any(job_id.encode() in part for part in cmdline):
+        if b"rlvr.services.trainer.job_process" in cmdline and any(job_id.encode() in part for part in cmdline):
             return int(proc.name)
     if missing_ok:
         return None
@@ -289,7 +289,7 @@ def test_a_loop_survives_scheduler_restarts_and_spends_its_rounds(stack) -> None
 
 
 def test_bad_loops_are_refused_and_create_nothing(stack) -> None:
-    from clients.sdk import RlvrError
+    from rlvr.clients.sdk import RlvrError
 
     client, _, _ = stack
     before = client.scheduler.list_loops(S.ListLoopsRequest()).total

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from clients import loops_view as V
+from rlvr.clients import loops_view as V
 from rlvr.v1 import scheduler_pb2 as S
 
 # ---------------------------------------------------------------- hand-built loops
@@ -283,7 +283,7 @@ def test_list_line_fits_under_its_header() -> None:
 
 
 def test_summary_rows_come_from_the_training_summary() -> None:
-    from clients.jobs_view import summary_rows
+    from rlvr.clients.jobs_view import summary_rows
 
     loop = make_loop()
     text = "\n".join(V.settings_lines(loop.spec, loop.summary))

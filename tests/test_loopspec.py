@@ -7,11 +7,11 @@ import pytest
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.jobspec import resolve_spec
+from rlvr.services.benchmark.evaluations import EvaluationManager
+from rlvr.services.scheduler.loopspec import resolve_loop_spec
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
-from services.benchmark.evaluations import EvaluationManager
-from services.scheduler.loopspec import resolve_loop_spec
 
 # What the benchmark service lists: its own catalog, not a copy.
 BENCHMARKS = EvaluationManager.benchmarks()

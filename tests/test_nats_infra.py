@@ -433,8 +433,8 @@ async def test_durable_consumer_survives_a_quiet_spell(nats_server) -> None:
 async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNats) -> None:
     """The README's "Events over NATS" recipe: plain nats-py and the generated protos, nothing of
     rlvr's own client code, read what the trainer's publisher puts on the job's subject."""
+    from rlvr.services.trainer.publisher import EventPublisher
     from rlvr.v1 import common_pb2
-    from services.trainer.publisher import EventPublisher
 
     job = _job()
     publisher = EventPublisher(nats_server.url)
@@ -490,9 +490,9 @@ async def test_nats_over_tls_with_a_password_and_the_services_settings(tmp_path:
     it through its settings: the URL (with the password) from a file, and the CA."""
     from fixtures_tls import make_pki
 
-    from services.common.server import StartupError
-    from services.common.startup import open_bus
-    from services.scheduler.settings import SchedulerSettings
+    from rlvr.services.common.server import StartupError
+    from rlvr.services.common.startup import open_bus
+    from rlvr.services.scheduler.settings import SchedulerSettings
 
     pki = make_pki(tmp_path / "pki")
     server = EmbeddedNats(tmp_path / "nats", user="rlvr", password="pa:ss/wörd", tls_cert=pki.cert,

@@ -20,13 +20,13 @@ from rlvr.common.settings import ServiceSettings
 from rlvr.peers.base import AsyncStream, RlvrError
 from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, Score, generate_request, score_request, token_prompt
+from rlvr.services.benchmark.peers import ServicePeers, failure
+from rlvr.services.benchmark.runner import EvaluationError, Question
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.reward.server import build_service
+from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import reward_pb2 as R
-from services.benchmark.peers import ServicePeers, failure
-from services.benchmark.runner import EvaluationError, Question
-from services.common.server import ServiceRunner
-from services.reward.server import build_service
-from services.reward.settings import RewardSettings
 
 RIGHT = "<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>"
 

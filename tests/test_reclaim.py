@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlvr.infra.schema import ArtifactRow, JobRow
 from rlvr.infra.store import Store
-from services.scheduler.reclaim import reclaim_job
+from rlvr.services.scheduler.reclaim import reclaim_job
 
 
 def _write(path: Path, size: int) -> None:

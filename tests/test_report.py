@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_jobs_view import RISING, make_metrics
 
-from clients.report import write_report
+from rlvr.clients.report import write_report
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.reward.server import build_service
+from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import reward_pb2 as R
 from rlvr.v1 import reward_pb2_grpc
-from services.common.server import ServiceRunner
-from services.reward.server import build_service
-from services.reward.settings import RewardSettings
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ async def test_cli_scores_a_batch(reward) -> None:
                "items": [{"completion": "<think>a</think><answer>12</answer>", "ground_truth": "12"}]}
     # The server runs on this test's event loop: the CLI must run without blocking it.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clients.cli", "call", "reward", "Score", json.dumps(request), "--address", address,
+        sys.executable, "-m", "rlvr.clients.cli", "call", "reward", "Score", json.dumps(request), "--address", address,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, stderr.decode()

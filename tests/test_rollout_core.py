@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from rlvr.adapters import base_linear_shapes
-from rlvr.tiny import build_untrained_model
-from services.rollout.adapters import (
+from rlvr.services.rollout.adapters import (
     AdapterRegistry,
     AdapterRejected,
     AdapterVersionMismatch,
     StaleVersionError,
     UnknownAdapterError,
 )
-from services.rollout.backend import AdapterVersion, PromptGroupOut, PromptInput, SamplingSpec
-from services.rollout.engine import CoreConfig, RolloutCore
+from rlvr.services.rollout.backend import AdapterVersion, PromptGroupOut, PromptInput, SamplingSpec
+from rlvr.services.rollout.engine import CoreConfig, RolloutCore
+from rlvr.tiny import build_untrained_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

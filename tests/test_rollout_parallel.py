@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from rlvr.common.settings import SettingsError, load_settings
-from services.common.server import StartupError
-from services.rollout.settings import RolloutSettings
+from rlvr.services.common.server import StartupError
+from rlvr.services.rollout.settings import RolloutSettings
 
 
 def _settings(tmp_path: Path, model: str, **fields: Any) -> RolloutSettings:
@@ -25,7 +25,7 @@ def _settings(tmp_path: Path, model: str, **fields: Any) -> RolloutSettings:
 
 
 async def _start(settings: RolloutSettings) -> None:
-    from services.rollout.server import RolloutServicer
+    from rlvr.services.rollout.server import RolloutServicer
 
     servicer = RolloutServicer(settings)
     try:
@@ -80,10 +80,10 @@ async def test_what_cannot_run_is_refused_at_start(tmp_path: Path, tiny_model: s
 async def test_a_parallel_engine_generates_what_one_engine_does(tmp_path: Path, tiny_model: str,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  sizes: tuple[int, int]) -> None:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
     from rlvr.peers.types import BASE_MODEL, Sampling, generate_request, token_prompt
-    from services.common.server import ServiceRunner
-    from services.rollout.server import build_service
+    from rlvr.services.common.server import ServiceRunner
+    from rlvr.services.rollout.server import build_service
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two engine processes need two cores")

@@ -38,7 +38,7 @@ class Servers:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread decodes faster on shared cores
         with (self.logs / f"{label or name}.log").open("wb") as out:
             self.procs[address] = subprocess.Popen(
-                [sys.executable, "-m", f"services.{name}.main", "--port", address.rsplit(":", 1)[1],
+                [sys.executable, "-m", f"rlvr.services.{name}.main", "--port", address.rsplit(":", 1)[1],
                  "--log-format", "text", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
         return address
 
@@ -92,21 +92,21 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
 
 
 def _served(address: str) -> int:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
 
     with RolloutClient(address) as client:
         return int(client.get_info().generate_calls)
 
 
 def _live(address: str) -> dict[str, int]:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
 
     with RolloutClient(address) as client:
         return {a.name: a.version for a in client.list_adapters().adapters}
 
 
 def _job(root: Path, model: str, job_id: str, steps: int) -> Any:
-    from services.trainer.config import job_config
+    from rlvr.services.trainer.config import job_config
 
     # 4 prompts x 4 completions a step: two prompts to each replica.
     return job_config(job_id=job_id, base_model=model, artifact_root=root / "artifacts", group_size=4,
@@ -115,8 +115,8 @@ def _job(root: Path, model: str, job_id: str, steps: int) -> Any:
 
 
 def _train(job: Any, generator: Any, **deps: Any) -> tuple[Any, list[C.MetricEvent]]:
-    from services.trainer.runner import JobDeps, run_job
-    from services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
     events: list[C.MetricEvent] = []
     try:
@@ -129,8 +129,8 @@ def _train(job: Any, generator: Any, **deps: Any) -> tuple[Any, list[C.MetricEve
 
 def test_the_settings_take_several_rollout_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlvr.common.settings import SettingsError, load_settings
-    from services.benchmark.settings import BenchmarkSettings
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.benchmark.settings import BenchmarkSettings
+    from rlvr.services.trainer.settings import TrainerSettings
 
     assert TrainerSettings().rollout_replicas() == ["127.0.0.1:50054"]  # one, as before
     flags = load_settings(TrainerSettings, ["--rollout-addresses", "h1:50054, h2:50054"])
@@ -151,8 +151,8 @@ def test_the_settings_take_several_rollout_addresses(monkeypatch: pytest.MonkeyP
 
 def test_a_step_is_split_across_replicas_and_put_back_in_prompt_order(replicas: Replicas) -> None:
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from services.trainer.replicas import ReplicatedGenerator
-    from services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.rollouts import ServiceGenerator
 
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     sampling = Sampling(temperature=1.0, max_tokens=32, seed=11, group_size=3)
@@ -177,7 +177,7 @@ def test_a_step_is_split_across_replicas_and_put_back_in_prompt_order(replicas: 
 
 
 def test_a_job_spreads_its_rollouts_and_pushes_every_version_to_both(replicas: Replicas) -> None:
-    from services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.replicas import ReplicatedGenerator
 
     job = _job(replicas.root, replicas.model, "two-replicas", steps=2)
     before = _served(replicas.a), _served(replicas.b)
@@ -192,7 +192,7 @@ def test_a_job_spreads_its_rollouts_and_pushes_every_version_to_both(replicas: R
 
 
 def test_a_job_survives_the_loss_of_a_replica(replicas: Replicas) -> None:
-    from services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.replicas import ReplicatedGenerator
 
     doomed = replicas.servers.rollout(replicas.model, replicas.root, "replica-doomed")
     replicas.servers.ready(doomed)
@@ -219,8 +219,8 @@ def test_a_job_survives_the_loss_of_a_replica(replicas: Replicas) -> None:
 
 def test_no_replica_left_fails_naming_every_address() -> None:
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from services.trainer.replicas import ReplicatedGenerator
-    from services.trainer.rollouts import RolloutGone
+    from rlvr.services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.rollouts import RolloutGone
 
     gone = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]  # nothing listens there
     notices: list[str] = []
@@ -240,8 +240,8 @@ def test_no_replica_left_fails_naming_every_address() -> None:
 
 async def test_the_benchmark_lets_the_live_replica_answer(replicas: Replicas) -> None:
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from services.benchmark.peers import ServicePeers
-    from services.benchmark.runner import Question
+    from rlvr.services.benchmark.peers import ServicePeers
+    from rlvr.services.benchmark.runner import Question
 
     down = f"127.0.0.1:{_free_port()}"
     peers = ServicePeers([down, replicas.a], "127.0.0.1:9")
@@ -259,7 +259,7 @@ async def test_the_benchmark_lets_the_live_replica_answer(replicas: Replicas) ->
 def test_an_evaluation_across_two_replicas(replicas: Replicas, nats_server: Any) -> None:
     from test_rollout_core import make_lora
 
-    from clients.sdk import BenchmarkClient
+    from rlvr.clients.sdk import BenchmarkClient
 
     servers, root = replicas.servers, replicas.root
     (root / "adapters").mkdir(exist_ok=True)
@@ -297,8 +297,8 @@ def test_a_stack_with_two_rollout_replicas_trains_through_both(tmp_path: Path, m
     its settings, and a job created through the SDK generates on both and leaves its adapter on both."""
     monkeypatch.setenv("RLVR_TRAINER_TORCH_THREADS", "1")  # the tiny model: one thread steps faster
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # and decodes faster in the rollout servers
-    from clients.sdk import RolloutClient, connect
-    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.clients.sdk import RolloutClient, connect
+    from rlvr.clients.stack import Stack, StackConfig, free_port
     from rlvr.common.auth import ChannelAuth
     from rlvr.v1 import scheduler_pb2 as S
 

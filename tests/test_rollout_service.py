@@ -13,7 +13,7 @@ import pytest
 from test_bootstrap import _free_port, _wait_serving
 from test_rollout_core import make_lora
 
-from clients.sdk import RlvrError, RolloutClient
+from rlvr.clients.sdk import RlvrError, RolloutClient
 from rlvr.tiny import build_untrained_model
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as ro
@@ -39,7 +39,7 @@ def rollout(request: pytest.FixtureRequest, rollout_model: Path, tmp_path_factor
     log = tmp_path_factory.mktemp("log") / "rollout.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.rollout.main", "--port", str(port), "--model", str(rollout_model),
+            [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", str(rollout_model),
              "--backend", request.param, "--max-lora-rank", "8", "--max-model-len", "512",
              "--adapter-root", str(tmp_path_factory.mktemp("adapters")), "--max-adapter-bytes", "262144"],
             stdout=out, stderr=subprocess.STDOUT)

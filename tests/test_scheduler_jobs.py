@@ -17,12 +17,9 @@ from fixtures_infra import connected_bus
 from rlvr.common.errors import FailedPrecondition, NotFound
 from rlvr.infra.events import job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.infra.store import Store
-from rlvr.v1 import common_pb2 as C
-from rlvr.v1 import trainer_pb2 as T
-from rlvr.v1 import trainer_pb2_grpc
-from services.scheduler import jobs as jobs_module
-from services.scheduler.jobs import MAX_RESUMES, JobManager
-from services.scheduler.workers import (
+from rlvr.services.scheduler import jobs as jobs_module
+from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager
+from rlvr.services.scheduler.workers import (
     GrpcWorkers,
     JobNotOnWorker,
     MergeOutputExists,
@@ -32,6 +29,9 @@ from services.scheduler.workers import (
     WorkerState,
     WorkerUnavailable,
 )
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import trainer_pb2 as T
+from rlvr.v1 import trainer_pb2_grpc
 
 
 class FakeWorkers:
@@ -559,7 +559,7 @@ async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sq
 async def test_a_watch_ends_when_the_store_does_though_the_stream_never_says(nats_server, sqlite_store: Store
                                                                           ) -> None:
     """A terminal status stored but never published (NATS refused it): the watch still ends."""
-    import services.scheduler.jobs as jobs_module
+    import rlvr.services.scheduler.jobs as jobs_module
 
     workers = FakeWorkers()
     async with connected_bus(nats_server.url) as bus:

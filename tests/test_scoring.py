@@ -12,7 +12,7 @@ import pytest
 from rlvr.rewards import answers, scoring
 from rlvr.rewards.answers import answers_match, last_boxed, last_number, numeric_value
 from rlvr.rewards.scoring import MAX_COMPLETION_CHARS, ScoreResult, format_ok, score
-from services.reward.pool import ScoreItem, ScoringPool, score_batch, score_many
+from rlvr.services.reward.pool import ScoreItem, ScoringPool, score_batch, score_many
 
 GOOD = "<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>"
 

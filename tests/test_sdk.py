@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.sdk import (
+from rlvr.clients.sdk import (
     ASYNC_CLIENT_CLASSES,
     CLIENT_CLASSES,
     AsyncRewardClient,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_bootstrap import PROBE
 
-from clients.stack import Stack, StackConfig, supervise
+from rlvr.clients.stack import Stack, StackConfig, supervise
 from rlvr.peers.base import check_health
 
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
@@ -85,7 +85,7 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
     finds it through stack.json) and `ClientSettings.for_stack` get in, only the owner reads it."""
     import grpc
 
-    from clients.sdk import ClientSettings, connect
+    from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.v1 import scheduler_pb2
 
     tokens = Path(state["tokens_file"])
@@ -100,7 +100,7 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
     env = {**os.environ, "RLVR_HOME": str(rlvr_home), **{f"RLVR_{name.upper()}_ADDRESS": address
                                                          for name, address in state["addresses"].items()}}
     env.pop("RLVR_TOKEN", None)
-    call = subprocess.run([sys.executable, "-m", "clients.cli", "call", "scheduler", "ListJobs", "{}"],
+    call = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "call", "scheduler", "ListJobs", "{}"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert call.returncode == 0, call.stdout + call.stderr
 
@@ -109,7 +109,7 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--home", str(home), "--base-port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.clients.cli", "up", "--home", str(home), "--base-port", "0",
                              "--model", "rlvr-tiny-test", "--start-timeout", "240"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
@@ -128,7 +128,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         assert set(state["pids"].values()) <= children
         started_at = {pid: _started(pid) for pid in children}
 
-        status = subprocess.run([sys.executable, "-m", "clients.cli", "status", "--home", str(home)],
+        status = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "status", "--home", str(home)],
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("SERVING") == 6 and state["web_url"] in status.stdout
@@ -176,7 +176,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
 
 def test_a_dying_service_is_reported(tmp_path: Path) -> None:
     """A bad setting kills one service at start: up says which, shows its log, and stops the rest."""
-    out = subprocess.run([sys.executable, "-m", "clients.cli", "up", "--home", str(tmp_path), "--base-port", "0",
+    out = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "up", "--home", str(tmp_path), "--base-port", "0",
                           "--model", str(tmp_path / "no-such-model"), "--start-timeout", "120"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 1, out.stdout + out.stderr

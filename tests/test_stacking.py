@@ -22,11 +22,11 @@ import torch
 from test_rollout_core import core, greedy, make_lora, model_dir, reference_greedy, upload  # noqa: F401
 
 from rlvr.adapters import base_linear_shapes
-from services.rollout.adapters import check_adapter_files
-from services.trainer import artifacts, stacking
-from services.trainer.config import job_config
-from services.trainer.runner import load_policy, read_init_adapter
-from services.trainer.stacking import Adapter, StackingError
+from rlvr.services.rollout.adapters import check_adapter_files
+from rlvr.services.trainer import artifacts, stacking
+from rlvr.services.trainer.config import job_config
+from rlvr.services.trainer.runner import load_policy, read_init_adapter
+from rlvr.services.trainer.stacking import Adapter, StackingError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

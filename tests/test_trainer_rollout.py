@@ -21,7 +21,7 @@ from rlvr.v1 import common_pb2 as C
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/fixtures_trainer.py
-    pytest.mark.skipif(importlib.util.find_spec("services.rollout.server") is None,
+    pytest.mark.skipif(importlib.util.find_spec("rlvr.services.rollout.server") is None,
                        reason="the rollout server is not built yet"),
 ]
 
@@ -35,7 +35,7 @@ class ShapedScorer:
     """Math Pairs scores plus a length term, so that rewards differ within groups of the "test" model."""
 
     def __init__(self) -> None:
-        from services.trainer.scorers import LocalScorer, ScoreSettings
+        from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
         self.local = LocalScorer(ScoreSettings("math_pairs"))
 
@@ -51,9 +51,9 @@ class ShapedScorer:
 
 @contextlib.asynccontextmanager
 async def rollout_service(tmp_path: Path, model: str, backend: str) -> AsyncIterator[str]:
-    from services.common.server import ServiceRunner
-    from services.rollout.server import build_service
-    from services.rollout.settings import RolloutSettings
+    from rlvr.services.common.server import ServiceRunner
+    from rlvr.services.rollout.server import build_service
+    from rlvr.services.rollout.settings import RolloutSettings
 
     settings = RolloutSettings(port=0, model=model, backend=backend, adapter_root=tmp_path / "rollout",
                                max_model_len=512, memory_fraction=0.1)
@@ -62,7 +62,7 @@ async def rollout_service(tmp_path: Path, model: str, backend: str) -> AsyncIter
 
 
 def _job(tmp_path: Path, model: str, backend: str, max_steps: int) -> Any:
-    from services.trainer.config import job_config
+    from rlvr.services.trainer.config import job_config
 
     return job_config(job_id=f"ro-{backend}", base_model=model, artifact_root=tmp_path / "artifacts",
                      group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, lora_alpha=64,
@@ -71,8 +71,8 @@ def _job(tmp_path: Path, model: str, backend: str, max_steps: int) -> Any:
 
 
 async def _run(job: Any, address: str, **deps: Any) -> Any:
-    from services.trainer.rollouts import ServiceGenerator
-    from services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.runner import JobDeps, run_job
 
     generator = ServiceGenerator(address)
     try:
@@ -83,7 +83,7 @@ async def _run(job: Any, address: str, **deps: Any) -> Any:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_job_through_the_rollout_service(tmp_path: Path, tiny_model: str, backend: str) -> None:
-    from clients.sdk import RolloutClient
+    from rlvr.clients.sdk import RolloutClient
 
     async with rollout_service(tmp_path, tiny_model, backend) as address:
         job = _job(tmp_path, tiny_model, backend, max_steps=3)

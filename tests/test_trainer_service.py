@@ -20,12 +20,12 @@ from fixtures_infra import connected_bus
 
 from rlvr.common.client import make_channel
 from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject, metric_msg_id
+from rlvr.services.common.server import ServiceRunner
+from rlvr.services.trainer.server import build_service
+from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 from rlvr.v1 import trainer_pb2_grpc
-from services.common.server import ServiceRunner
-from services.trainer.server import build_service
-from services.trainer.settings import TrainerSettings
 
 TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}
 
@@ -162,7 +162,7 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
     import os
     import signal
 
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     async with connected_bus(nats_server.url) as bus:
@@ -218,8 +218,8 @@ async def _idle(supervisor: object) -> None:
 
 async def test_start_is_idempotent_by_job_id_and_outlives_its_caller(
         nats_server, tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.trainer import worker as worker_module
-    from services.trainer.worker import JobSupervisor, WorkerBusy
+    from rlvr.services.trainer import worker as worker_module
+    from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
 
     real_check = worker_module.check_quantization
 
@@ -256,20 +256,20 @@ def test_a_restarted_worker_ends_a_job_process_that_outlived_it(tmp_path: Path) 
     import subprocess
     import sys
 
-    from services.trainer.config import job_config
-    from services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.worker import JobSupervisor
 
     settings = TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url="", worker_name="trainer-test")
     job = job_config("orphaned", "rlvr-tiny-test", settings.artifact_root)
     job.job_dir.mkdir(parents=True)
     (job.job_dir / "config.json").write_text(json.dumps(job.to_json()))
     (job.job_dir / "progress.json").write_text(json.dumps({"step": 2, "total_steps": 9}))
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "services.trainer.job_process",
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "rlvr.services.trainer.job_process",
                                str(job.job_dir)], start_new_session=True)
     try:
         (job.job_dir / "pid").write_text(str(orphan.pid))
         cmdline = Path(f"/proc/{orphan.pid}/cmdline")
-        while b"services.trainer.job_process" not in cmdline.read_bytes():  # exec is under way
+        while b"rlvr.services.trainer.job_process" not in cmdline.read_bytes():  # exec is under way
             time.sleep(0.01)
         status = JobSupervisor(settings).status()
         assert orphan.wait(timeout=10) == -9

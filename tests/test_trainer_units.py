@@ -12,12 +12,12 @@ import pytest
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score
+from rlvr.services.trainer.config import job_config, job_config_from_request
+from rlvr.services.trainer.metrics import StepRecord, metric_event
+from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
+from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
-from services.trainer.config import job_config, job_config_from_request
-from services.trainer.metrics import StepRecord, metric_event
-from services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
-from services.trainer.scorers import LocalScorer, ScoreSettings
 
 METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
 
@@ -52,7 +52,7 @@ def test_job_config_rejects_bad_values(tmp_path: Path) -> None:
 
 def test_init_adapter_errors_name_the_adapter_as_the_client_gave_it(tmp_path: Path) -> None:
     """A name resolved by the scheduler to a folder: messages say the name, never the folder."""
-    from services.trainer.runner import read_init_adapter
+    from rlvr.services.trainer.runner import read_init_adapter
 
     folder = tmp_path / "jobs" / "abc" / "adapter"
     folder.mkdir(parents=True)
@@ -110,7 +110,7 @@ def test_metric_event_has_every_field() -> None:
 
 @pytest.mark.parametrize(("loss_type", "scale"), [("grpo", "group"), ("dapo", "group"), ("dr_grpo", "none")])
 def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) -> None:
-    from services.trainer.engine import grpo_args
+    from rlvr.services.trainer.engine import grpo_args
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
                     loss_type=loss_type, kl_beta=0.04, temperature=0.7, learning_rate=5e-6)  # type: ignore[arg-type]
@@ -134,7 +134,7 @@ def test_local_scorer_keeps_components_apart() -> None:
 
 def test_event_ids_match_the_scheduler() -> None:
     from rlvr.infra.events import metric_msg_id
-    from services.trainer.publisher import status_msg_id
+    from rlvr.services.trainer.publisher import status_msg_id
 
     assert metric_msg_id("j1", 7) == "j1:7"
     # The scheduler publishes its own transitions as "<job>:status:<STATUS>": the same id dedups.
@@ -145,7 +145,7 @@ def test_event_ids_match_the_scheduler() -> None:
 def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:
     """An extra round's seed must differ from every step's own seed and every other round's, or a
     prompt drawn again later would be sampled with the same random stream."""
-    from services.trainer.step import round_seed, step_seed
+    from rlvr.services.trainer.step import round_seed, step_seed
 
     for job_seed in (0, 1, 12345):
         own = {step_seed(job_seed, step) for step in range(1, 2001)}
@@ -202,8 +202,8 @@ class _EvenOnly:
 def _step(tmp_path: Path, prompts: list[tuple[str, str]], dynamic: bool) -> tuple[Any, _Generator, _EvenOnly]:
     import threading
 
-    from services.trainer.dynamic import PromptDraw
-    from services.trainer.step import Step, StepContext, StepHooks, answers
+    from rlvr.services.trainer.dynamic import PromptDraw
+    from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=2, batch_size=4,
                      dynamic_sampling=dynamic)
@@ -236,7 +236,7 @@ def test_a_dynamic_sampling_step_scores_each_completion_once(tmp_path: Path) -> 
 def test_a_step_over_a_question_with_two_answers_scores_in_the_reward_function(tmp_path: Path) -> None:
     """The rollout sees prompts, not rows: with a question asked twice with different answers it
     cannot score, so TRL's rows are scored against their own answers (once) by the reward function."""
-    from services.trainer.step import answers
+    from rlvr.services.trainer.step import answers
 
     prompts = [("q", "2"), ("q", "3"), ("r", "4")]
     assert answers(prompts) is None and answers(prompts[1:]) == {"q": "3", "r": "4"}
@@ -254,8 +254,8 @@ def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> No
     from transformers import AutoTokenizer
 
     from rlvr.models import resolve_model
+    from rlvr.services.trainer.runner import training_prompts
     from rlvr.tasks import get_task
-    from services.trainer.runner import training_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("rlvr-tiny-test"))
     gsm8k = get_task("gsm8k")
@@ -274,8 +274,8 @@ def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> No
 def test_a_rollout_server_that_stays_away_fails_the_step_naming_it() -> None:
     """The bounded wait (RLVR_TRAINER_ROLLOUT_WAIT_SECONDS): told to the job's watchers while it
     lasts, then one error that names the rollout service, the step and the cause."""
-    from clients.stack import free_port
-    from services.trainer.rollouts import ServiceGenerator
+    from rlvr.clients.stack import free_port
+    from rlvr.services.trainer.rollouts import ServiceGenerator
 
     told: list[str] = []
     address = f"127.0.0.1:{free_port()}"  # nothing listens there

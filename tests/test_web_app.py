@@ -20,12 +20,12 @@ import pytest
 from starlette.testclient import TestClient
 from web_fakes import FakeSdk, app_over_fakes
 
-from clients.web import forms, limits
 from rlvr import jobspec
+from rlvr.clients.web import forms, limits
 from rlvr.peers.base import RlvrError
+from rlvr.services.scheduler import loopspec
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
-from services.scheduler import loopspec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def default_form(client: TestClient) -> dict[str, str]:
 
 
 def test_the_console_imports_no_service_code() -> None:
-    code = ("import sys, clients.web.app, clients.web.server; "
+    code = ("import sys, rlvr.clients.web.app, rlvr.clients.web.server; "
             "print([m for m in sys.modules if m == 'services' or m.startswith('services.')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
@@ -388,8 +388,8 @@ def test_live_loop_page_follows_watch_loop(client: TestClient) -> None:
 def test_rlvr_web_and_up_options() -> None:
     import argparse
 
-    from clients import cli, stack
-    from clients.web import server
+    from rlvr.clients import cli, stack
+    from rlvr.clients.web import server
 
     assert cli.main(["web", "--help"]) == 0
     parser = argparse.ArgumentParser()
@@ -402,7 +402,7 @@ def test_rlvr_web_and_up_options() -> None:
     cfg = stack.config_from_args(up.parse_args(["--web-port", "8123"]))
     assert cfg.web_port == 8123 and cfg.web_host == "127.0.0.1" and cfg.web_url == "http://127.0.0.1:8123"
     command = stack.web_command(cfg)
-    assert command[1:3] == ["-m", "clients.web"] and cfg.addresses["scheduler"] in command
+    assert command[1:3] == ["-m", "rlvr.clients.web"] and cfg.addresses["scheduler"] in command
     assert stack.config_from_args(up.parse_args(["--no-web"])).web_port is None
     assert stack.config_from_args(up.parse_args([])).web_port == stack.DEFAULT_WEB_PORT
     assert stack.config_from_args(up.parse_args(["--base-port", "0"])).web_port not in (None, 0, 8050)

@@ -1,6 +1,6 @@
 """The web console in a real headless chromium (Playwright driving the system chromium) on the real
 stack: embedded NATS, SQLite, the five services and the console as child processes, the console
-started by `clients.stack.Stack` exactly as `rlvr up` starts it.
+started by `rlvr.clients.stack.Stack` exactly as `rlvr up` starts it.
 
 What a person does, in order: fill the New Training form with an invalid value (the server's error
 appears next to its field) and the batch size the spec rounds up, start the job and watch its page
@@ -69,8 +69,8 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, browser: object) -> Iterator[tuple[object, str]]:
-    from clients.sdk import connect
-    from clients.stack import Stack, StackConfig, free_port
+    from rlvr.clients.sdk import connect
+    from rlvr.clients.stack import Stack, StackConfig, free_port
 
     home = tmp_path_factory.mktemp("web")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},

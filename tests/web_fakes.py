@@ -24,11 +24,11 @@ from test_loops_view import make_loop, running_loop  # noqa: E402
 from rlvr.common.errors import InvalidArgument  # noqa: E402
 from rlvr.jobspec import resolve_spec  # noqa: E402
 from rlvr.peers.base import RlvrError  # noqa: E402
+from rlvr.services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS  # noqa: E402
+from rlvr.services.scheduler.loopspec import resolve_loop_spec  # noqa: E402
 from rlvr.v1 import benchmark_pb2 as B  # noqa: E402
 from rlvr.v1 import common_pb2 as C  # noqa: E402
 from rlvr.v1 import scheduler_pb2 as S  # noqa: E402
-from services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS  # noqa: E402
-from services.scheduler.loopspec import resolve_loop_spec  # noqa: E402
 
 BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, size=b.size,
                                    score_columns=list(SCORE_COLUMNS), default_score_column=b.default_score_column,
@@ -232,7 +232,7 @@ class FakeSdk:
 
 
 def app_over_fakes(sdk: FakeSdk | None = None):  # noqa: ANN201 (a Starlette app)
-    from clients.web.app import create_app
+    from rlvr.clients.web.app import create_app
 
     sdk = sdk or FakeSdk()
     return create_app(sdk, stream_client=lambda: sdk.scheduler, secret=b"test-secret",

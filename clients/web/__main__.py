@@ -1,7 +1,7 @@
-"""`python -m clients.web`: the web console (what `rlvr web` and `rlvr up` run)."""
+"""`python -m rlvr.clients.web`: the web console (what `rlvr web` and `rlvr up` run)."""
 
 import sys
 
-from clients.web.server import main
+from rlvr.clients.web.server import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """The console's Starlette application: routes of every page, the error pages, static files, CSRF.
 
-`create_app(sdk)` takes the SDK's clients (`clients.sdk.connect(...)`, or fakes with the same
+`create_app(sdk)` takes the SDK's clients (`rlvr.clients.sdk.connect(...)`, or fakes with the same
 methods in tests) and owns nothing else: every page is read from the scheduler and the benchmark
 service when it is asked for, every action is one of their RPCs. A failed call becomes a page that
 says what the server said (NOT_FOUND: 404; INVALID_ARGUMENT / FAILED_PRECONDITION: 400 / 409, e.g.
@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from clients import loop_report, report
-from clients.web import evals, jobs, loops, train
-from clients.web.console import HERE, Console, see_other
-from clients.web.csrf import CsrfMiddleware
+from rlvr.clients import loop_report, report
+from rlvr.clients.web import evals, jobs, loops, train
+from rlvr.clients.web.console import HERE, Console, see_other
+from rlvr.clients.web.csrf import CsrfMiddleware
 from rlvr.peers.base import RlvrError
 
 STATUS_FOR_CODE = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503,
@@ -43,7 +43,7 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
     """The console over `sdk` (`.scheduler`, `.benchmark`). `stream_client()` gives each live stream
     a scheduler client of its own (default: a new SchedulerClient at the SDK's scheduler address)."""
     if stream_client is None:
-        from clients.sdk import SchedulerClient
+        from rlvr.clients.sdk import SchedulerClient
 
         address = sdk.settings.scheduler_address
         auth = sdk.settings.auth() if hasattr(sdk.settings, "auth") else None

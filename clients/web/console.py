@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
-from clients.web import csrf
-from clients.web.limits import LimitsCache
+from rlvr.clients.web import csrf
+from rlvr.clients.web.limits import LimitsCache
 
 HERE = Path(__file__).resolve().parent
 NAV = [("jobs", "/jobs", "Jobs"), ("train", "/train", "New Training"), ("loops", "/loops", "Training Loops"),
@@ -24,7 +24,7 @@ NAV = [("jobs", "/jobs", "Jobs"), ("train", "/train", "New Training"), ("loops",
 
 @dataclass
 class Console:
-    """`sdk` has `.scheduler` and `.benchmark` (clients.sdk.Rlvr, or fakes in tests);
+    """`sdk` has `.scheduler` and `.benchmark` (rlvr.clients.sdk.Rlvr, or fakes in tests);
     `stream_client()` returns a new scheduler client for one live stream (closed when it ends)."""
 
     sdk: Any

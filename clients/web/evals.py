@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from clients.web import views
-from clients.web.console import Console
+from rlvr.clients.web import views
+from rlvr.clients.web.console import Console
 from rlvr.v1 import benchmark_pb2 as B
 
 RESULTS_PAGE = 20

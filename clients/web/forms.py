@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from clients.web.limits import FormLimits, set_path
+from rlvr.clients.web.limits import FormLimits, set_path
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 

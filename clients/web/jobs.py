@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from clients.web import live, views
-from clients.web.console import Console, see_other
-from clients.web.downloads import zip_stream
+from rlvr.clients.web import live, views
+from rlvr.clients.web.console import Console, see_other
+from rlvr.clients.web.downloads import zip_stream
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S

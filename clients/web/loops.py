@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from clients import loops_view
-from clients.web import live, views
-from clients.web.console import Console, see_other
+from rlvr.clients import loops_view
+from rlvr.clients.web import live, views
+from rlvr.clients.web.console import Console, see_other
 from rlvr.v1 import scheduler_pb2 as S
 
 PAGE_SIZE = 20

@@ -45,8 +45,8 @@ def url(host: str, port: int) -> str:
 def web(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from clients.sdk import ClientSettings, connect
-    from clients.web.app import create_app
+    from rlvr.clients.sdk import ClientSettings, connect
+    from rlvr.clients.web.app import create_app
 
     overrides = {k: v for k, v in (("scheduler_address", args.scheduler_address),
                                    ("benchmark_address", args.benchmark_address)) if v}

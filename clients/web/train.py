@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from clients.web import forms, views
-from clients.web.console import Console, see_other
-from clients.web.limits import FormLimits
+from rlvr.clients.web import forms, views
+from rlvr.clients.web.console import Console, see_other
+from rlvr.clients.web.limits import FormLimits
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import scheduler_pb2 as S
 

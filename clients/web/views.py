@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from clients import jobs_view, loop_report, loops_view, report
-from clients.eval_cmd import TILES as EVAL_TILES
-from clients.jobs_view import human_size as human_size  # re-exported: the job page's sizes
-from clients.jobs_view import summary_rows
+from rlvr.clients import jobs_view, loop_report, loops_view, report
+from rlvr.clients.eval_cmd import TILES as EVAL_TILES
+from rlvr.clients.jobs_view import human_size as human_size  # re-exported: the job page's sizes
+from rlvr.clients.jobs_view import summary_rows
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S

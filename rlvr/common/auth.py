@@ -12,7 +12,7 @@ A service's tokens come from its settings (`rlvr.common.settings.ServiceSettings
 secret `auth_token` (or `auth_token_file`), role service, which is also the token the service sends
 to its peers; and `auth_tokens_file`, a JSON object mapping each token to its role. No token at all
 means no auth (today's behaviour, allowed on loopback only unless `allow_insecure`). The server side
-(the interceptor) lives in services.common.server; this module is what clients and servers share.
+(the interceptor) lives in rlvr.services.common.server; this module is what clients and servers share.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Ping every 30 s while a call is open (a WatchJob can be silent for minutes) and give up on
     # the connection after 10 s without an answer. The servers accept pings every 5 s
-    # (services.common.server.SERVER_OPTIONS); keep this above that or they answer GOAWAY.
+    # (rlvr.services.common.server.SERVER_OPTIONS); keep this above that or they answer GOAWAY.
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),

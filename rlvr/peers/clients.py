@@ -4,11 +4,11 @@ Each service's RPCs are declared once, in a `...Rpcs` table (see `rlvr.peers.bas
 RPC, named after it in snake_case, request message in, response message out (a server stream
 returns an iterator, a client stream takes an iterable of requests). From each table come the
 synchronous client (`RewardClient`: scripts, the CLI, the trainer's job process) and the asyncio
-one (`AsyncRewardClient`: the asyncio services, `clients.sdk.connect_async`), with the same method
+one (`AsyncRewardClient`: the asyncio services, `rlvr.clients.sdk.connect_async`), with the same method
 names, deadlines, retries and `RlvrError`.
 
 The services use these to call their peers (the trainer its rollout and reward servers, the
-benchmark the same two) and the SDK (`clients.sdk`) re-exports them for users.
+benchmark the same two) and the SDK (`rlvr.clients.sdk`) re-exports them for users.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Scoring completions: reward = accuracy + a small format bonus, with the components kept apart.
 
 Pure functions, no gRPC: the reward servicer is a thin shell over :func:`score` and
-:func:`score_batch` (see :mod:`services.reward.pool` for the per-item time limit).
+:func:`score_batch` (see :mod:`rlvr.services.reward.pool` for the per-item time limit).
 
 Accuracy (1.0 or 0.0)
     ``math_pairs`` and ``gsm8k``: the final number. ``boxed``: the last closed ``\\boxed{...}``,

@@ -22,12 +22,12 @@ from pathlib import Path
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, check_page, out_of_range
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
+from rlvr.services.benchmark import records
+from rlvr.services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS, get_benchmark
+from rlvr.services.benchmark.events import Events, msg_id
+from rlvr.services.benchmark.planning import Peers, Plan, prepare
+from rlvr.services.benchmark.runner import Progress, RunResult, run_questions
 from rlvr.v1 import benchmark_pb2
-from services.benchmark import records
-from services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS, get_benchmark
-from services.benchmark.events import Events, msg_id
-from services.benchmark.planning import Peers, Plan, prepare
-from services.benchmark.runner import Progress, RunResult, run_questions
 
 log = logging.getLogger("rlvr.benchmark")
 

@@ -36,11 +36,11 @@ from rlvr.jobspec import REWARD_FUNCTIONS
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, Score, chat_prompt, generate_request, score_request
+from rlvr.services.benchmark.catalog import RewardName
+from rlvr.services.benchmark.planning import RolloutModel
+from rlvr.services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
 from rlvr.tasks import Message, Problem
 from rlvr.v1 import common_pb2, reward_pb2
-from services.benchmark.catalog import RewardName
-from services.benchmark.planning import RolloutModel
-from services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
 
 log = logging.getLogger("rlvr.benchmark")
 _R = TypeVar("_R")

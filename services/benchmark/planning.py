@@ -30,6 +30,8 @@ from rlvr.jobspec import (
 )
 from rlvr.models import is_tiny
 from rlvr.peers.types import AdapterTag, Sampling
+from rlvr.services.benchmark.catalog import Benchmark, RewardName, get_benchmark
+from rlvr.services.benchmark.runner import Generator, Question, Scorer
 from rlvr.tasks import (
     COMPACT_STYLE,
     FULL_STYLE,
@@ -40,8 +42,6 @@ from rlvr.tasks import (
 )
 from rlvr.tiny import default_model_dir
 from rlvr.v1 import benchmark_pb2, common_pb2
-from services.benchmark.catalog import Benchmark, RewardName, get_benchmark
-from services.benchmark.runner import Generator, Question, Scorer
 
 log = logging.getLogger("rlvr.benchmark")
 

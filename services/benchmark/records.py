@@ -23,8 +23,8 @@ from sqlmodel import Session, col, select
 
 from rlvr.infra.schema import EvaluationRow, QuestionResultRow
 from rlvr.infra.store import Store
+from rlvr.services.benchmark.catalog import Tally, check_score_column
 from rlvr.v1 import benchmark_pb2, common_pb2
-from services.benchmark.catalog import Tally, check_score_column
 
 TERMINAL = frozenset({"COMPLETED", "FAILED"})
 STATUS_RANK = {"QUEUED": 1, "RUNNING": 2, "COMPLETED": 3, "FAILED": 3}

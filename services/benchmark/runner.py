@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 from rlvr.infra.schema import QuestionResultRow
 from rlvr.infra.store import Store
 from rlvr.peers.types import AdapterTag, Sampling, Score
-from services.benchmark.catalog import RewardName, Tally
+from rlvr.services.benchmark.catalog import RewardName, Tally
 
 FinishReason = Literal["STOP", "LENGTH"]
 

@@ -15,15 +15,15 @@ import grpc
 
 from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
+from rlvr.services.benchmark.evaluations import EvaluationManager
+from rlvr.services.benchmark.settings import BenchmarkSettings
+from rlvr.services.common.server import GrpcService
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
-from services.benchmark.evaluations import EvaluationManager
-from services.benchmark.settings import BenchmarkSettings
-from services.common.server import GrpcService
 
 if TYPE_CHECKING:  # imported by start()
     from rlvr.infra.events import EventBus
     from rlvr.infra.store import Store
-    from services.benchmark.peers import ServicePeers
+    from rlvr.services.benchmark.peers import ServicePeers
 
 log = logging.getLogger("rlvr.benchmark")
 
@@ -83,9 +83,9 @@ class BenchmarkCore:
         self.peers: ServicePeers | None = None
 
     async def start(self) -> None:
-        from services.benchmark.events import BusEvents
-        from services.benchmark.peers import ServicePeers
-        from services.common.startup import open_bus, open_store
+        from rlvr.services.benchmark.events import BusEvents
+        from rlvr.services.benchmark.peers import ServicePeers
+        from rlvr.services.common.startup import open_bus, open_store
 
         s = self.settings
         self.store = await open_store(s)

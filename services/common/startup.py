@@ -10,7 +10,7 @@ from pathlib import Path
 from rlvr.common.settings import NatsFields, ServiceSettings, SettingsError, StoreFields, setting_label
 from rlvr.infra.events import EventBus, EventBusError, redact_url
 from rlvr.infra.store import Store, StoreError
-from services.common.server import StartupError
+from rlvr.services.common.server import StartupError
 
 
 async def open_store(settings: ServiceSettings) -> Store:

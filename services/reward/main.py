@@ -2,14 +2,14 @@
 
 import sys
 
-from services.common.server import service_main
-from services.reward.settings import RewardSettings
+from rlvr.services.common.server import service_main
+from rlvr.services.reward.settings import RewardSettings
 
 DESCRIPTION = "The rlvr reward service: scores completions (accuracy and format kept apart)."
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(RewardSettings, "services.reward.server:build_service", argv, DESCRIPTION)
+    return service_main(RewardSettings, "rlvr.services.reward.server:build_service", argv, DESCRIPTION)
 
 
 if __name__ == "__main__":

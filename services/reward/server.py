@@ -15,13 +15,13 @@ import grpc
 
 from rlvr.common.errors import InvalidArgument, Unavailable, bounded, map_errors, out_of_range, shown
 from rlvr.jobspec import MAX_DATASET_CHARS, MAX_SPLIT_CHARS, REWARD_KEYS, REWARD_NAMES, SYNTHETIC_PROMPTS
+from rlvr.services.common.server import GrpcService
+from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from services.common.server import GrpcService
-from services.reward.settings import RewardSettings
 
 if TYPE_CHECKING:  # both are imported when first used
     from rlvr.rewards.scoring import ScoringFunction
-    from services.reward.pool import ScoringPool
+    from rlvr.services.reward.pool import ScoringPool
 
 # ListRewardFunctions: (display name from the spec, needs a dataset, description)
 DISPLAY = {
@@ -54,7 +54,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     def start(self) -> None:
         import os
 
-        from services.reward.pool import ScoringPool
+        from rlvr.services.reward.pool import ScoringPool
 
         self._pool = ScoringPool(workers=max(1, min(4, os.cpu_count() or 1)))
 
@@ -64,7 +64,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     async def Score(self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext  # noqa: N802
                     ) -> reward_pb2.ScoreResponse:
-        from services.reward.pool import ScoreItem
+        from rlvr.services.reward.pool import ScoreItem
 
         function = function_name(request.function)
         if len(request.items) > self.settings.max_batch:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlvr.adapters import ADAPTER_NAME_RE
 from rlvr.common.errors import FailedPrecondition, NotFound
-from services.rollout.backend import AdapterVersion, GenerationBackend
+from rlvr.services.rollout.backend import AdapterVersion, GenerationBackend
 
 __all__ = [
     "AdapterRegistry",

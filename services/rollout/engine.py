@@ -23,8 +23,8 @@ from typing import Literal
 
 from rlvr.adapters import base_linear_shapes
 from rlvr.common.errors import FailedPrecondition, shown
-from services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
-from services.rollout.backend import (
+from rlvr.services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
+from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
     GenerationBackend,
@@ -67,7 +67,7 @@ class CoreConfig:
 def make_backend(config: CoreConfig) -> GenerationBackend:
     """The configured backend, not yet started (imports vLLM or transformers only here)."""
     if config.backend == "vllm":
-        from services.rollout.vllm_backend import VLLMBackend
+        from rlvr.services.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(
             config.model,
@@ -83,7 +83,7 @@ def make_backend(config: CoreConfig) -> GenerationBackend:
             data_parallel_size=config.data_parallel_size,
         )
     if config.backend == "transformers":
-        from services.rollout.hf_backend import TransformersBackend
+        from rlvr.services.rollout.hf_backend import TransformersBackend
 
         return TransformersBackend(
             config.model,

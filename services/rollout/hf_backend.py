@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from services.rollout.backend import (
+from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
     CompletionOut,

@@ -20,8 +20,8 @@ import logging
 import os
 
 from rlvr.common.settings import setting_label
-from services.common.server import StartupError
-from services.rollout.settings import RolloutSettings
+from rlvr.services.common.server import StartupError
+from rlvr.services.rollout.settings import RolloutSettings
 
 log = logging.getLogger("rlvr.rollout")
 

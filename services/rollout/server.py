@@ -19,13 +19,13 @@ from rlvr.adapters import ADAPTER_NAME_RE, read_adapter_summary
 from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_range, shown
 from rlvr.common.settings import setting_label
 from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
+from rlvr.services.common.server import GrpcService, StartupError
+from rlvr.services.rollout.settings import RolloutSettings
 from rlvr.transfer import AdapterUpload
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.server import GrpcService, StartupError
-from services.rollout.settings import RolloutSettings
 
 if TYPE_CHECKING:  # imported by start(): it brings in the engine
-    from services.rollout.engine import RolloutCore
+    from rlvr.services.rollout.engine import RolloutCore
 
 log = logging.getLogger("rlvr.rollout")
 
@@ -88,8 +88,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         import asyncio
 
         from rlvr.models import resolve_model
-        from services.rollout.engine import CoreConfig, RolloutCore
-        from services.rollout.parallel import prepare_parallel
+        from rlvr.services.rollout.engine import CoreConfig, RolloutCore
+        from rlvr.services.rollout.parallel import prepare_parallel
 
         s = self.settings
         try:
@@ -138,7 +138,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._core().check_base_model(model, served_as=self.settings.model)
 
     def _prompts(self, request: rollout_pb2.GenerateRequest) -> list:
-        from services.rollout.backend import PromptInput
+        from rlvr.services.rollout.backend import PromptInput
 
         core = self._core()
         prompts = []
@@ -160,7 +160,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return prompts
 
     def _sampling(self, request: rollout_pb2.GenerateRequest):
-        from services.rollout.backend import SamplingSpec
+        from rlvr.services.rollout.backend import SamplingSpec
 
         sp = request.sampling
         n = request.n or 1

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
 from rlvr.infra.reaper import children, reap_with_this_process
-from services.rollout.backend import (
+from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
     CompletionOut,

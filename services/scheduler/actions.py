@@ -28,19 +28,19 @@ from typing import Protocol, TypeVar, cast
 from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
-from rlvr.transfer import directory_chunks, directory_size
-from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
-from services.scheduler.convert import spec_from_json
-from services.scheduler.jobs import JobManager
-from services.scheduler.metrics import export_history, job_metrics
-from services.scheduler.reclaim import delete_job_files
-from services.scheduler.workers import (
+from rlvr.services.scheduler.convert import spec_from_json
+from rlvr.services.scheduler.jobs import JobManager
+from rlvr.services.scheduler.metrics import export_history, job_metrics
+from rlvr.services.scheduler.reclaim import delete_job_files
+from rlvr.services.scheduler.workers import (
     MergeOutputExists,
     WorkerError,
     WorkerRejected,
     WorkerState,
     WorkerUnavailable,
 )
+from rlvr.transfer import directory_chunks, directory_size
+from rlvr.v1 import common_pb2, scheduler_pb2, trainer_pb2
 
 log = logging.getLogger("rlvr.scheduler.actions")
 

@@ -107,7 +107,7 @@ def loop_to_proto(loop: LoopRow, rounds: Sequence[RoundRow], jobs: Mapping[str, 
     """The contract's Loop from its stored rows: best round, deltas, gain over round 1 and the
     times are derived here (services/scheduler/loop_rules.py), never stored twice."""
     from rlvr.jobspec import summary, total_steps
-    from services.scheduler import loop_rules
+    from rlvr.services.scheduler import loop_rules
 
     now = now or datetime.now(UTC)
     spec = loop_spec_from_json(loop.spec_json)

@@ -59,8 +59,7 @@ from rlvr.infra.events import (
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.jobspec import ResolvedJob, resolve_spec
-from rlvr.v1 import common_pb2
-from services.scheduler.convert import (
+from rlvr.services.scheduler.convert import (
     TERMINAL,
     job_status_name,
     job_status_value,
@@ -70,8 +69,8 @@ from services.scheduler.convert import (
     spec_from_json,
     spec_to_json,
 )
-from services.scheduler.datasets import check_dataset
-from services.scheduler.workers import (
+from rlvr.services.scheduler.datasets import check_dataset
+from rlvr.services.scheduler.workers import (
     JobNotOnWorker,
     WorkerBusy,
     WorkerError,
@@ -79,6 +78,7 @@ from services.scheduler.workers import (
     WorkerState,
     WorkerUnavailable,
 )
+from rlvr.v1 import common_pb2
 
 __all__ = ["JobManager", "WorkerState", "Workers"]
 

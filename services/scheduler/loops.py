@@ -43,10 +43,9 @@ from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import ConflictError, Store
 from rlvr.jobspec import resolve_spec
-from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
-from services.scheduler import loop_rules
-from services.scheduler.benchmarks import Benchmarks, interrupted
-from services.scheduler.convert import (
+from rlvr.services.scheduler import loop_rules
+from rlvr.services.scheduler.benchmarks import Benchmarks, interrupted
+from rlvr.services.scheduler.convert import (
     LOOP_TERMINAL,
     TERMINAL,
     loop_spec_from_json,
@@ -56,9 +55,10 @@ from services.scheduler.convert import (
     loop_to_proto,
     now_ts,
 )
-from services.scheduler.jobs import JobManager
-from services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
-from services.scheduler.reclaim import reclaim_job
+from rlvr.services.scheduler.jobs import JobManager
+from rlvr.services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
+from rlvr.services.scheduler.reclaim import reclaim_job
+from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 log = logging.getLogger("rlvr.scheduler.loops")
 

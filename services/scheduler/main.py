@@ -2,14 +2,14 @@
 
 import sys
 
-from services.common.server import service_main
-from services.scheduler.settings import SchedulerSettings
+from rlvr.services.common.server import service_main
+from rlvr.services.scheduler.settings import SchedulerSettings
 
 DESCRIPTION = "The rlvr scheduler: the public API for jobs and training loops, the store, dispatch to trainer workers."
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(SchedulerSettings, "services.scheduler.server:build_service", argv, DESCRIPTION)
+    return service_main(SchedulerSettings, "rlvr.services.scheduler.server:build_service", argv, DESCRIPTION)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 from rlvr.infra.schema import JobRow, MetricPointRow
+from rlvr.services.scheduler.convert import TERMINAL, job_status_value, spec_from_json
 from rlvr.v1 import common_pb2, scheduler_pb2
-from services.scheduler.convert import TERMINAL, job_status_value, spec_from_json
 
 FLAT_THRESHOLD = 0.01
 """|delta| below this is FLAT: one point on the 0-1 scale of reward and accuracy."""

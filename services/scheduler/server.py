@@ -17,14 +17,14 @@ from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
+from rlvr.services.common.server import GrpcService
+from rlvr.services.scheduler.actions import JobActions
+from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
+from rlvr.services.scheduler.jobs import JobManager
+from rlvr.services.scheduler.loops import LoopManager
+from rlvr.services.scheduler.settings import SchedulerSettings
+from rlvr.services.scheduler.workers import GrpcWorkers
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.server import GrpcService
-from services.scheduler.actions import JobActions
-from services.scheduler.benchmarks import GrpcBenchmarks
-from services.scheduler.jobs import JobManager
-from services.scheduler.loops import LoopManager
-from services.scheduler.settings import SchedulerSettings
-from services.scheduler.workers import GrpcWorkers
 
 log = logging.getLogger("rlvr.scheduler")
 
@@ -129,7 +129,7 @@ class SchedulerCore:
         self.bus: EventBus | None = None
 
     async def start(self) -> None:
-        from services.common.startup import open_bus, open_store
+        from rlvr.services.common.startup import open_bus, open_store
 
         s = self.settings
         self.store = await open_store(s)

@@ -26,8 +26,8 @@ from typing import Protocol
 import grpc
 
 from rlvr.common.auth import ChannelAuth
+from rlvr.services.scheduler.convert import job_status_name
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.scheduler.convert import job_status_name
 
 log = logging.getLogger("rlvr.scheduler.workers")
 

@@ -87,7 +87,7 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
         # Only the trained adapter: with kl_beta > 0 TRL keeps a frozen copy named "ref" beside it.
         model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"])
     else:
-        from services.trainer import stacking
+        from rlvr.services.trainer import stacking
 
         stacking.write_adapter(stacking.combine(stack_on, stacking.from_peft_model(model, "default")), staging)
     missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]

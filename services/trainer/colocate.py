@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.common.errors import FailedPrecondition
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling
-from services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
+from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
 
 if TYPE_CHECKING:
     from vllm import LLM

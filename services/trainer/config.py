@@ -32,8 +32,8 @@ from rlvr.jobspec import (
     RewardName,
     resolve_spec,
 )
+from rlvr.services.trainer.artifacts import under_root
 from rlvr.v1 import common_pb2, trainer_pb2
-from services.trainer.artifacts import under_root
 
 C = common_pb2
 

@@ -3,7 +3,7 @@ processes agree.
 
 The worker starts one job process; for N > 1 it becomes the launcher (`launch_command`): it execs
 torchrun (`torch.distributed.run --standalone`), which starts N ranks of the same entry point
-(`services.trainer.job_process --rank-of PID`). Each rank trains on batch_size / N completions of
+(`rlvr.services.trainer.job_process --rank-of PID`). Each rank trains on batch_size / N completions of
 the step (TRL's GRPOTrainer under DDP: gloo on a CPU, NCCL on GPUs; one optimizer step across all
 ranks, its gradients averaged), and rank 0 alone speaks for the job: it writes progress.json and
 result.json, saves and pushes each adapter version once, and publishes one MetricEvent per step,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from services.trainer.metrics import StepRecord
+from rlvr.services.trainer.metrics import StepRecord
 
 _T = TypeVar("_T")
 
@@ -39,7 +39,7 @@ def launch_command(job_dir: Path, processes: int, launcher_pid: int) -> list[str
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", str(processes), "--max-restarts", "0",
-        "-m", "services.trainer.job_process", "--job-dir", str(job_dir), "--rank-of", str(launcher_pid),
+        "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir), "--rank-of", str(launcher_pid),
     ]
 
 

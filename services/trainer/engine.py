@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlvr.peers.types import AdapterTag, Score
-from services.trainer.config import JobConfig
-from services.trainer.distributed import Group, merge_records, shareable
-from services.trainer.dynamic import PromptDraw
-from services.trainer.prefetch import Prefetcher
-from services.trainer.rollouts import PolicyGenerator
-from services.trainer.scorers import Scorer
-from services.trainer.step import Step, StepContext, StepHooks, answers
+from rlvr.services.trainer.config import JobConfig
+from rlvr.services.trainer.distributed import Group, merge_records, shareable
+from rlvr.services.trainer.dynamic import PromptDraw
+from rlvr.services.trainer.prefetch import Prefetcher
+from rlvr.services.trainer.rollouts import PolicyGenerator
+from rlvr.services.trainer.scorers import Scorer
+from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -386,7 +386,7 @@ class GrpoEngine:
         """Our part of a checkpoint, beside TRL's (which holds the adapter, optimizer, scheduler, RNG
         states and the sampler's position): the policy the next rollouts come from, and dynamic
         sampling's draw."""
-        from services.trainer import artifacts
+        from rlvr.services.trainer import artifacts
 
         state: dict[str, Any] = {"step": step, "adapter_step": self.ctx.adapter_step}
         if self.ctx.draw is not None:

@@ -1,4 +1,4 @@
-"""The process one job runs in: `python -m services.trainer.job_process --job-dir DIR`.
+"""The process one job runs in: `python -m rlvr.services.trainer.job_process --job-dir DIR`.
 
 The worker (worker.py) writes `request.pb` (the StartJobRequest, for the record), `config.json` (the
 JobConfig it validated, which this process reads as is) and `settings.json` into the job
@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.common.auth import peer_auth
+from rlvr.services.trainer import artifacts
+from rlvr.services.trainer.distributed import Group, launch_command, visible_devices
+from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2
-from services.trainer import artifacts
-from services.trainer.distributed import Group, launch_command, visible_devices
-from services.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from services.trainer.config import JobConfig
+    from rlvr.services.trainer.config import JobConfig
 
 log = logging.getLogger("rlvr.trainer.job")
 
@@ -91,7 +91,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _read_job(job_dir: Path) -> JobConfig:
-    from services.trainer.config import JobConfig
+    from rlvr.services.trainer.config import JobConfig
 
     # The worker validated the request and wrote its JobConfig: nothing is resolved twice.
     return JobConfig.from_json(json.loads((job_dir / "config.json").read_text()))
@@ -125,14 +125,14 @@ def run(job_dir: Path, group: Group | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
 
-    from services.trainer.runner import JobDeps, JobResult, one_line, run_job
-    from services.trainer.scorers import LocalScorer, ScoreSettings, ServiceScorer
+    from rlvr.services.trainer.runner import JobDeps, JobResult, one_line, run_job
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings, ServiceScorer
 
     publisher = None
     result: JobResult
     try:
         if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
-            from services.trainer.publisher import EventPublisher
+            from rlvr.services.trainer.publisher import EventPublisher
 
             nats_url, nats_ca = settings.nats_connection()
             publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca)
@@ -152,7 +152,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
                   else ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings)))
         generator = None
         if job.generation_backend == "vllm":
-            from services.trainer.replicas import rollout_generator
+            from rlvr.services.trainer.replicas import rollout_generator
 
             notices = itertools.count(1)
 
@@ -206,14 +206,14 @@ def _resume_step(job: JobConfig) -> int | None:
     """None for a first run; for a resume the step it goes on from (0: no checkpoint, step 0 again)."""
     if not job.resume:
         return None
-    from services.trainer.engine import resume_checkpoint
+    from rlvr.services.trainer.engine import resume_checkpoint
 
     found = resume_checkpoint(job.job_dir)
     return int(found[1]["adapter_step"]) if found is not None else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.trainer.job_process", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlvr.services.trainer.job_process", description=__doc__)
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="the trainer service's pid: this dies with it")
     parser.add_argument("--rank-of", type=int, default=0,

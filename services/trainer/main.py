@@ -2,14 +2,14 @@
 
 import sys
 
-from services.common.server import service_main
-from services.trainer.settings import TrainerSettings
+from rlvr.services.common.server import service_main
+from rlvr.services.trainer.settings import TrainerSettings
 
 DESCRIPTION = "An rlvr trainer worker: runs one GRPO job at a time on a LoRA adapter."
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main(TrainerSettings, "services.trainer.server:build_service", argv, DESCRIPTION)
+    return service_main(TrainerSettings, "rlvr.services.trainer.server:build_service", argv, DESCRIPTION)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from rlvr.common.auth import ChannelAuth
 from rlvr.peers.types import AdapterTag, Sampling
-from services.trainer.rollouts import RolloutBatch, RolloutError, RolloutGone, ServiceGenerator
+from rlvr.services.trainer.rollouts import RolloutBatch, RolloutError, RolloutGone, ServiceGenerator
 
 log = logging.getLogger("rlvr.trainer.replicas")
 _T = TypeVar("_T")

@@ -67,7 +67,7 @@ class RolloutBatch:
 class CallTiming:
     """When the last Generate call of a `ServiceGenerator` was sent, answered and reassembled, in
     `time.monotonic()` (one clock for the host's processes: the server logs its own side of the call
-    under the same request id, see `services.rollout.server.GenerateTiming`)."""
+    under the same request id, see `rlvr.services.rollout.server.GenerateTiming`)."""
 
     request_id: str
     sent: float

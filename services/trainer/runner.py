@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlvr.common.errors import FailedPrecondition
 from rlvr.peers.types import BASE_MODEL, AdapterTag
-from rlvr.v1 import common_pb2
-from services.trainer import artifacts, stacking
-from services.trainer.config import JobConfig
-from services.trainer.distributed import Group, device_count_problem
-from services.trainer.quantization import (
+from rlvr.services.trainer import artifacts, stacking
+from rlvr.services.trainer.config import JobConfig
+from rlvr.services.trainer.distributed import Group, device_count_problem
+from rlvr.services.trainer.quantization import (
     bnb_config,
     check_precision,
     check_quantization,
@@ -39,12 +38,13 @@ from services.trainer.quantization import (
     quiet_bitsandbytes,
     torch_dtype,
 )
-from services.trainer.replicas import ReplicatedGenerator
-from services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
-from services.trainer.scorers import Scorer
+from rlvr.services.trainer.replicas import ReplicatedGenerator
+from rlvr.services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
+from rlvr.services.trainer.scorers import Scorer
+from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from services.trainer.colocate import ColocatedGenerator
+    from rlvr.services.trainer.colocate import ColocatedGenerator
 
 log = logging.getLogger("rlvr.trainer.runner")
 
@@ -91,7 +91,7 @@ class JobResult:
 def one_line(exc: BaseException) -> str:
     """An exception as the one readable line a failed job reports."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    own = isinstance(exc, (FailedPrecondition, ValueError)) or type(exc).__module__.startswith("services.")
+    own = isinstance(exc, (FailedPrecondition, ValueError)) or type(exc).__module__.startswith("rlvr.services.")
     return (text if own else f"{type(exc).__name__}: {text}")[:500]
 
 
@@ -309,7 +309,7 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
     from transformers import AutoConfig, AutoTokenizer
     from vllm.platforms import current_platform
 
-    from services.trainer.colocate import ColocatedGenerator, vllm_lora_rank
+    from rlvr.services.trainer.colocate import ColocatedGenerator, vllm_lora_rank
 
     engine_device = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
     if engine_device != device.split(":")[0]:
@@ -407,7 +407,7 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
     """
     import shutil
 
-    from services.trainer.engine import TRL_DIR, resume_checkpoint
+    from rlvr.services.trainer.engine import TRL_DIR, resume_checkpoint
 
     trl = job.job_dir / TRL_DIR
     found = resume_checkpoint(job.job_dir) if job.resume else None
@@ -426,8 +426,8 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
 
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
-    from services.trainer.engine import GrpoEngine
-    from services.trainer.step import StepHooks
+    from rlvr.services.trainer.engine import GrpoEngine
+    from rlvr.services.trainer.step import StepHooks
 
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)

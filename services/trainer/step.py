@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.services.trainer.config import JobConfig
+from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
+from rlvr.services.trainer.metrics import StepRecord, metric_event
+from rlvr.services.trainer.rollouts import PolicyGenerator, RolloutBatch
+from rlvr.services.trainer.scorers import Scorer
 from rlvr.v1 import common_pb2
-from services.trainer.config import JobConfig
-from services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
-from services.trainer.metrics import StepRecord, metric_event
-from services.trainer.rollouts import PolicyGenerator, RolloutBatch
-from services.trainer.scorers import Scorer
 
 log = logging.getLogger("rlvr.trainer.step")
 

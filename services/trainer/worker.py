@@ -1,7 +1,7 @@
 """The worker: at most one job at a time, each in its own process, and the record of the last one.
 
 `JobSupervisor` is what the gRPC servicer calls; it knows processes and files, not gRPC. It starts
-`services.trainer.job_process` in a new process group, follows it through the files that process
+`rlvr.services.trainer.job_process` in a new process group, follows it through the files that process
 writes (progress.json after every step, result.json at the end), cancels it (SIGTERM, then SIGKILL
 after `cancel_grace_seconds`), and turns its exit into the last job's outcome. When the process
 died without a result (killed, out of memory, a crash in native code) and not on a cancel, the job
@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlvr.common.errors import NotFound
+from rlvr.services.trainer import artifacts
+from rlvr.services.trainer.config import JobConfig, job_config_from_request
+from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
+from rlvr.services.trainer.quantization import check_precision, check_quantization
+from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2, trainer_pb2
-from services.trainer import artifacts
-from services.trainer.config import JobConfig, job_config_from_request
-from services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
-from services.trainer.quantization import check_precision, check_quantization
-from services.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:  # imported when first needed
     from rlvr.infra.events import EventBus
@@ -140,7 +140,7 @@ class JobSupervisor:
                 f.write(self.settings.model_dump_json())
             with open(job_dir / "job.log", "ab") as job_log:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "services.trainer.job_process", "--job-dir", str(job_dir),
+                    sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir),
                     "--parent-pid", str(os.getpid()),  # it dies with this service (job_process.die_with_parent)
                     stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log,
                     start_new_session=True,  # its own process group: a cancel reaches its children too
@@ -235,7 +235,7 @@ class JobSupervisor:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
             return
         from rlvr.infra.events import EventBus, EventBusError, job_status_subject
-        from services.trainer.publisher import status_msg_id
+        from rlvr.services.trainer.publisher import status_msg_id
 
         event = status_event(last.job_id, last.status, last.error or "cancelled", last.adapter, step)
         try:
@@ -311,7 +311,7 @@ def _end_orphan(job_dir: Path) -> None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return  # no such process (or no /proc to tell): nothing to end
-    if b"services.trainer.job_process" in argv and str(job_dir).encode() in argv:
+    if b"rlvr.services.trainer.job_process" in argv and str(job_dir).encode() in argv:
         log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
