@@ -267,7 +267,8 @@ class Stack:
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
             env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
-            for key in (f"RLVR_{name.upper()}_NATS_URL_FILE", f"RLVR_{name.upper()}_NATS_CA_FILE"):
+            for key in (f"RLVR_{name.upper()}_NATS_URL_FILE", f"RLVR_{name.upper()}_NATS_CA_FILE",
+                        "RLVR_NATS_URL_FILE", "RLVR_NATS_CA_FILE"):
                 env.pop(key, None)  # the caller's would replace the stack's NATS (see NatsFields)
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
         command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg)

@@ -124,9 +124,9 @@ def test_no_password_in_the_file_and_every_service_has_its_secrets(tmp_path: Pat
     assert {"nats_auth", "rlvr_tls_cert", "rlvr_tls_key"} <= set(nats["secrets"])
     password = files["nats_url"].read_text().strip().split("@")[0].rsplit(":", 1)[1]
     assert f'password: "{password}"' in files["nats_auth"].read_text() and password not in text
+    assert env["RLVR_NATS_URL_FILE"] == "/run/secrets/nats_url" in mounted
+    assert env["RLVR_NATS_CA_FILE"] == "/run/secrets/rlvr_tls_ca" in mounted
     for name in ("scheduler", "trainer", "benchmark"):
-        assert env[f"RLVR_{name.upper()}_NATS_URL_FILE"] == "/run/secrets/nats_url" in mounted
-        assert env[f"RLVR_{name.upper()}_NATS_CA_FILE"] == "/run/secrets/rlvr_tls_ca" in mounted
         assert "--nats-url" not in services[name]["command"]
 
 

@@ -110,7 +110,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
                    **{k: local(substitute(str(v), {})) for k, v in compose["x-rlvr-service"]["environment"].items()},
                    "RLVR_TRAINER_TORCH_THREADS": "1",
-                   **{f"RLVR_{n.upper()}_NATS_URL_FILE": str(local_nats_url) for n in ("scheduler", "trainer", "benchmark")}}
+                   "RLVR_NATS_URL_FILE": str(local_nats_url)}
     client_settings = ClientSettings(**{f"{n}_address": f"127.0.0.1:{p}" for n, p in ports.items()},
                                      token=(secrets / "user_token").read_text().strip(), ca_file=files["rlvr_tls_ca"])
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rlvr.common.settings import ServiceSettings, SettingsError, setting_label
+from rlvr.common.settings import ServiceSettings, SettingsError, read_secret_file, setting_label
 
 Role = Literal["user", "service"]
 ROLES: tuple[Role, ...] = ("user", "service")
@@ -85,16 +85,6 @@ class TokenTable:
         return found
 
 
-def read_token_file(path: Path, what: str) -> str:
-    try:
-        token = path.read_text().strip()
-    except OSError as e:
-        raise SettingsError(f"{what}: cannot read {path}: {e.strerror}") from None
-    if not token:
-        raise SettingsError(f"{what}: {path} is empty")
-    return token
-
-
 def read_tokens_file(path: Path, what: str = "auth_tokens_file") -> dict[str, Role]:
     """A tokens file: a JSON object {"<token>": "user" | "service"}."""
     try:
@@ -120,7 +110,7 @@ def service_token(settings: ServiceSettings) -> str | None:
     if settings.auth_token:
         return settings.auth_token.strip() or None
     if settings.auth_token_file is not None:
-        return read_token_file(settings.auth_token_file, setting_label(settings, "auth_token_file"))
+        return read_secret_file(settings.auth_token_file, setting_label(settings, "auth_token_file"))
     return None
 
 

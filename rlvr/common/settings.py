@@ -39,6 +39,17 @@ class SettingsError(ValueError):
     """A bad setting, reported as one line naming the setting."""
 
 
+def read_secret_file(path: Path, what: str) -> str:
+    """A one-line secret kept in a file (a token, a password, a URL with credentials): its text,
+    stripped; a SettingsError naming the setting `what` when it cannot be read or is empty."""
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise SettingsError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+    if not text:
+        raise SettingsError(f"{what}: {path} is empty")
+    return text
+
 class _ConfigFileSource(PydanticBaseSettingsSource):
     """Reads the config file given by --config (TOML, JSON or YAML). A service's keys may sit at
     the top level or under a table named after the service (`[rollout]`), so one file can
@@ -136,7 +147,8 @@ class ServiceSettings(BaseSettings):
 
 
 SHARED_ENV_FIELDS = ("auth_token", "auth_token_file", "auth_tokens_file", "allow_insecure", "tls_cert_file",
-                     "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file")
+                     "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file", "nats_url_file",
+                     "nats_ca_file")
 """Settings every service also reads from `RLVR_<FIELD>` (after its own `RLVR_<SERVICE>_<FIELD>`), so
 one environment (a compose file's, `rlvr up`'s) secures the whole stack."""
 
@@ -264,13 +276,7 @@ class NatsFields(BaseSettings):
     def nats_connection(self) -> tuple[str, Path | None]:
         """(the NATS URL, the CA file): what EventBus.connect takes."""
         if self.nats_url_file is not None:
-            try:
-                url = self.nats_url_file.read_text().strip()
-            except OSError as e:
-                raise SettingsError(f"nats_url_file: cannot read {self.nats_url_file}: {e.strerror or e}") from None
-            if not url:
-                raise SettingsError(f"nats_url_file: {self.nats_url_file} is empty")
-            return url, self.nats_ca_file
+            return read_secret_file(self.nats_url_file, "nats_url_file"), self.nats_ca_file
         return self.nats_url, self.nats_ca_file
 
 

@@ -19,9 +19,9 @@ async def open_store(settings: ServiceSettings) -> Store:
     if settings.database_password_file is not None:
         from sqlalchemy.engine import make_url
 
-        from rlvr.common.auth import read_token_file
+        from rlvr.common.settings import read_secret_file
 
-        password = read_token_file(settings.database_password_file, setting_label(settings, "database_password_file"))
+        password = read_secret_file(settings.database_password_file, setting_label(settings, "database_password_file"))
         url = make_url(url).set(password=password).render_as_string(hide_password=False)
     try:
         if url.startswith("sqlite:///"):
