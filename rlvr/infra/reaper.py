@@ -12,40 +12,15 @@ pid may belong to another process by then).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["children", "reap_with_this_process"]
-
-_WATCHER = r"""
-import os, signal, sys
-from pathlib import Path
-
-def stat(pid):
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), fields[19]  # ppid, start time
-
-targets = {int(p): s for p, s in (a.split(":") for a in sys.argv[1:])}
-sys.stdin.buffer.read()  # until the process that started us is gone: EOF
-alive = {p for p, s in targets.items() if (st := stat(p)) is not None and st[1] == s}
-table = {int(e.name): stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
-frontier = set(alive)
-while frontier:
-    frontier = {p for p, st in table.items() if st and st[0] in frontier} - alive
-    alive |= frontier
-for pid in alive:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-"""
-
 
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, start time in clock ticks) of a live process, from /proc."""
@@ -68,6 +43,22 @@ def children(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def _watch(targets: list[str]) -> None:
+    """The watcher's body (`python -m rlvr.infra.reaper PID:START ...`): wait for EOF on stdin, then
+    SIGKILL the targets still alive (same start time) and all their descendants."""
+    wanted = {int(p): s for p, s in (a.split(":") for a in targets)}
+    sys.stdin.buffer.read()  # until the process that started us is gone: EOF
+    alive = {p for p, s in wanted.items() if (st := _stat(p)) is not None and st[1] == s}
+    table = {int(e.name): _stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    frontier = set(alive)
+    while frontier:
+        frontier = {p for p, st in table.items() if st and st[0] in frontier} - alive
+        alive |= frontier
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
     """Starts the watcher for `pids` (see the module docstring); None where there is no /proc or
     nothing to watch. Keep the returned handle referenced for as long as this process lives: its
@@ -75,5 +66,9 @@ def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | Non
     targets = [f"{pid}:{st[1]}" for pid in pids if (st := _stat(pid)) is not None]
     if not targets or not Path("/proc/self/stat").exists():
         return None
-    return subprocess.Popen([sys.executable, "-c", _WATCHER, *targets], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", *targets], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+if __name__ == "__main__":
+    _watch(sys.argv[1:])
