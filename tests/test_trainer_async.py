@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_trainer_rollout import ShapedScorer, rollout_service
 
 from rlvr.v1 import common_pb2 as C
-from tests.test_trainer_rollout import ShapedScorer, rollout_service
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/fixtures_trainer.py
