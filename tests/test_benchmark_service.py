@@ -325,6 +325,7 @@ def test_a_rollout_refusal_mid_run_fails_the_evaluation_with_its_cause(stack: St
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # 50 s; `make test-all`: the loop tests evaluate on vLLM in `make test`
 def test_vllm_backend_gives_the_same_answers(stack: Stack, services: Services, nats_server, tmp_path: Path) -> None:
     rollout = services.start("rollout", "--model", str(stack.model), "--backend", "vllm", "--max-model-len", "512",
                              "--adapter-root", str(tmp_path / "adapters"), log_name="rollout-vllm", timeout=300)

@@ -291,7 +291,7 @@ def test_an_evaluation_across_two_replicas(replicas: Replicas, nats_server: Any)
         assert _live(replicas.a)["eval-lora"] == _live(replicas.b)["eval-lora"] == 1  # uploaded to both
 
 
-
+@pytest.mark.slow  # 30 s; `make test-all`: the job and evaluation tests above cover the replicas themselves
 def test_a_stack_with_two_rollout_replicas_trains_through_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlvr up --rollout-replicas 2` as the stack runs it: the job process reads both addresses from
     its settings, and a job created through the SDK generates on both and leaves its adapter on both."""
