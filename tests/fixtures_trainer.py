@@ -1,12 +1,42 @@
 """Fixtures the trainer's model tests share: one torch thread for a module, and the test-size tiny
 model built once under its own name. conftest.py imports them; a module takes the thread setting
-with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+with `pytestmark = pytest.mark.usefixtures("one_thread")`. Also `job_events`, the trainer service
+tests' reader of a job's NATS events (imported by name)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+
+from rlvr.infra.events import EventBus, job_events_subject
+from rlvr.v1 import common_pb2 as C
+
+TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}
+
+
+async def job_events(bus: EventBus, job_id: str, timeout_s: float, until_terminal: bool = True,
+                     metrics_wanted: int = 0) -> tuple[list[C.MetricEvent], list[C.JobStatusEvent]]:
+    """A job's metric and status events from the start of its stream, until it ends (a terminal
+    status, with `until_terminal`) or `metrics_wanted` metric events have come; TimeoutError after
+    `timeout_s`."""
+    metrics: list[C.MetricEvent] = []
+    statuses: list[C.JobStatusEvent] = []
+
+    async def collect() -> None:
+        async for event in bus.watch(job_events_subject(job_id)):
+            if event.subject.endswith(".metrics"):
+                metrics.append(C.MetricEvent.FromString(event.data))
+            else:
+                statuses.append(C.JobStatusEvent.FromString(event.data))
+            if until_terminal and statuses and statuses[-1].status in TERMINAL:
+                return
+            if metrics_wanted and len(metrics) >= metrics_wanted:
+                return
+
+    await asyncio.wait_for(collect(), timeout_s)
+    return metrics, statuses
 
 __all__ = ["one_thread", "tiny_model"]
 

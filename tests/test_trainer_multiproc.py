@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 from fixtures_infra import connected_bus
+from fixtures_trainer import job_events
 
-from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject
+from rlvr.infra.events import job_metrics_subject
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
-TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}
 STEPS = 3
 MODEL = "rlvr-tiny-small"  # writes the answer format and is sometimes right: rewards differ, the adapter moves
 LOSS_TOL = 1e-4  # relative, per step (with an absolute floor of 1e-6)
@@ -49,26 +49,6 @@ def _request(job_id: str, model: str, processes: int, steps: int = STEPS) -> T.S
     a.loss_type = C.LOSS_TYPE_DAPO
     a.seed, a.temperature, a.num_processes, a.gpu_selection = 3, 1.0, processes, "cpu"
     return T.StartJobRequest(job_id=job_id, spec=spec, total_steps=steps)
-
-
-async def _watch(bus: EventBus, job_id: str, timeout_s: float,
-                 metrics_wanted: int = 0) -> tuple[list[C.MetricEvent], list[C.JobStatusEvent]]:
-    metrics: list[C.MetricEvent] = []
-    statuses: list[C.JobStatusEvent] = []
-
-    async def collect() -> None:
-        async for event in bus.watch(job_events_subject(job_id)):
-            if event.subject.endswith(".metrics"):
-                metrics.append(C.MetricEvent.FromString(event.data))
-            else:
-                statuses.append(C.JobStatusEvent.FromString(event.data))
-            if statuses and statuses[-1].status in TERMINAL:
-                return
-            if metrics_wanted and len(metrics) >= metrics_wanted:
-                return
-
-    await asyncio.wait_for(collect(), timeout_s)
-    return metrics, statuses
 
 
 def _ranks(job_dir: Path) -> list[int]:
@@ -120,7 +100,7 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
         result = await asyncio.to_thread(run_job, one, JobDeps(scorer=scorer, publish=single.append))
         assert result.status == "completed", result.error
 
-        metrics, statuses = await _watch(bus, job_id, timeout_s=240)
+        metrics, statuses = await job_events(bus, job_id, timeout_s=240)
         await raw.unsubscribe()
     await asyncio.wait_for(_idle(supervisor), 30)
     job_log = (tmp_path / "artifacts" / "jobs" / job_id / "job.log").read_text()
@@ -162,10 +142,10 @@ async def test_a_cancel_takes_down_every_rank(nats_server, tmp_path: Path) -> No
     job_dir = tmp_path / "artifacts" / "jobs" / job_id
     async with connected_bus(nats_server.url) as bus:
         await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
-        await _watch(bus, job_id, timeout_s=240, metrics_wanted=1)
+        await job_events(bus, job_id, timeout_s=240, metrics_wanted=1)
         assert len(_ranks(job_dir)) == 2
         adapter = await supervisor.cancel(job_id)
-        metrics, statuses = await _watch(bus, job_id, timeout_s=30)
+        metrics, statuses = await job_events(bus, job_id, timeout_s=30)
     assert statuses[-1].status == C.JOB_STATUS_CANCELLED
     assert adapter is not None and adapter.version == len(metrics) >= 1
     assert (Path(adapter.path) / "adapter_model.safetensors").is_file()

@@ -17,17 +17,16 @@ from pathlib import Path
 import grpc
 import pytest
 from fixtures_infra import connected_bus
+from fixtures_trainer import job_events
 
 from rlvr.common.client import make_channel
-from rlvr.infra.events import EventBus, job_events_subject, job_metrics_subject, metric_msg_id
+from rlvr.infra.events import job_metrics_subject, metric_msg_id
 from rlvr.services.common.server import ServiceRunner
 from rlvr.services.trainer.server import build_service
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 from rlvr.v1 import trainer_pb2_grpc
-
-TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}
 
 
 @pytest.fixture(scope="module")
@@ -53,26 +52,6 @@ def _request(job_id: str, model: str, max_steps: int) -> T.StartJobRequest:
     return T.StartJobRequest(job_id=job_id, spec=spec, total_steps=max_steps)
 
 
-async def _events(bus: EventBus, job_id: str, until_terminal: bool, timeout_s: float,
-                  metrics_wanted: int = 0) -> tuple[list[C.MetricEvent], list[C.JobStatusEvent]]:
-    metrics: list[C.MetricEvent] = []
-    statuses: list[C.JobStatusEvent] = []
-
-    async def collect() -> None:
-        async for event in bus.watch(job_events_subject(job_id)):
-            if event.subject.endswith(".metrics"):
-                metrics.append(C.MetricEvent.FromString(event.data))
-            else:
-                statuses.append(C.JobStatusEvent.FromString(event.data))
-            if until_terminal and statuses and statuses[-1].status in TERMINAL:
-                return
-            if metrics_wanted and len(metrics) >= metrics_wanted:
-                return
-
-    await asyncio.wait_for(collect(), timeout_s)
-    return metrics, statuses
-
-
 async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path, tiny_model: str) -> None:
     settings = _settings(tmp_path, nats_server.url)
     async with ServiceRunner(build_service(settings), settings) as runner, connected_bus(nats_server.url) as bus:
@@ -90,7 +69,7 @@ async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path
         status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
         assert status.busy and status.job_id == job_id
 
-        metrics, statuses = await _events(bus, job_id, until_terminal=True, timeout_s=120)
+        metrics, statuses = await job_events(bus, job_id, timeout_s=120)
         assert [m.step for m in metrics] == [1, 2, 3] and all(m.total_steps == 3 for m in metrics)
         assert all(m.job_id == job_id and m.step_seconds > 0 and m.HasField("entropy") for m in metrics)
         assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING, C.JOB_STATUS_COMPLETED]
@@ -140,13 +119,13 @@ async def test_cancel_stops_within_seconds_and_keeps_the_adapter(nats_server, tm
 
         job_id = f"cancel-{time.monotonic_ns()}"
         await stub.StartJob(_request(job_id, tiny_model, max_steps=500))
-        await _events(bus, job_id, until_terminal=False, timeout_s=120, metrics_wanted=2)
+        await job_events(bus, job_id, timeout_s=120, until_terminal=False, metrics_wanted=2)
         started = time.monotonic()
         response = await stub.CancelJob(T.TrainerCancelJobRequest(job_id=job_id))
         assert time.monotonic() - started < settings.cancel_grace_seconds + 3
         assert response.adapter.version >= 2 and Path(response.adapter.path, "adapter_model.safetensors").is_file()
 
-        metrics, statuses = await _events(bus, job_id, until_terminal=True, timeout_s=30)
+        metrics, statuses = await job_events(bus, job_id, timeout_s=30)
         assert statuses[-1].status == C.JOB_STATUS_CANCELLED
         assert statuses[-1].adapter.version == response.adapter.version == len(metrics)
         status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
@@ -169,7 +148,7 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
         # A job that fails inside its process: the result carries the cause in one line.
         bad = f"bad-{time.monotonic_ns()}"
         await supervisor.start(_request(bad, str(tmp_path / "no-such-model"), max_steps=3))
-        _, statuses = await _events(bus, bad, until_terminal=True, timeout_s=120)
+        _, statuses = await job_events(bus, bad, timeout_s=120)
         assert statuses[-1].status == C.JOB_STATUS_FAILED
         assert statuses[-1].message.startswith("base_model:") and "no-such-model" in statuses[-1].message
         await asyncio.wait_for(_idle(supervisor), 10)
@@ -182,7 +161,7 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
         request = _request(crashed, tiny_model, max_steps=6)
         request.spec.advanced.checkpoint_every = 1
         await supervisor.start(request)
-        await _events(bus, crashed, until_terminal=False, timeout_s=120, metrics_wanted=2)
+        await job_events(bus, crashed, timeout_s=120, until_terminal=False, metrics_wanted=2)
         assert supervisor.current is not None
         os.killpg(supervisor.current.process.pid, signal.SIGKILL)
         await asyncio.wait_for(_idle(supervisor), 10)
@@ -196,14 +175,14 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
         assert (restarted.last_job_id, restarted.last_job_lost, restarted.busy) == (crashed, True, False)
         assert restarted.last_job_adapter == status.last_job_adapter
         assert "was restarted while the job ran" in restarted.last_job_error
-        _, statuses = await _events(bus, crashed, until_terminal=False, timeout_s=10, metrics_wanted=lost_at)
+        _, statuses = await job_events(bus, crashed, timeout_s=10, until_terminal=False, metrics_wanted=lost_at)
         assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING]
 
         # Started again as a resume, it goes on from its last checkpoint (its checkpoints kept)
         # and each step is on the stream once.
         request.resume, request.stored_steps = True, 1
         await supervisor.start(request)
-        metrics, statuses = await _events(bus, crashed, until_terminal=True, timeout_s=120)
+        metrics, statuses = await job_events(bus, crashed, timeout_s=120)
         assert statuses[-1].status == C.JOB_STATUS_COMPLETED, statuses[-1].message
         assert statuses[1].message.startswith("resuming from step ") and statuses[1].current_step >= 1
         assert [m.step for m in metrics] == [1, 2, 3, 4, 5, 6]
