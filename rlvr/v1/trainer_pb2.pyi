@@ -1,7 +1,8 @@
 from rlvr.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -47,7 +48,7 @@ class GetWorkerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker", "busy", "job_id", "current_step", "total_steps", "last_job_id", "last_job_status", "last_job_error", "last_job_adapter", "last_job_lost")
+    __slots__ = ("worker", "busy", "job_id", "current_step", "total_steps", "last_job_id", "last_job_status", "last_job_error", "last_job_adapter", "last_job_lost", "capabilities")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +59,7 @@ class WorkerStatus(_message.Message):
     LAST_JOB_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_JOB_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     LAST_JOB_LOST_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     worker: str
     busy: bool
     job_id: str
@@ -68,7 +70,46 @@ class WorkerStatus(_message.Message):
     last_job_error: str
     last_job_adapter: _common_pb2.AdapterRef
     last_job_lost: bool
-    def __init__(self, worker: _Optional[str] = ..., busy: _Optional[bool] = ..., job_id: _Optional[str] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_job_id: _Optional[str] = ..., last_job_status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., last_job_error: _Optional[str] = ..., last_job_adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., last_job_lost: _Optional[bool] = ...) -> None: ...
+    capabilities: WorkerCapabilities
+    def __init__(self, worker: _Optional[str] = ..., busy: _Optional[bool] = ..., job_id: _Optional[str] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_job_id: _Optional[str] = ..., last_job_status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., last_job_error: _Optional[str] = ..., last_job_adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., last_job_lost: _Optional[bool] = ..., capabilities: _Optional[_Union[WorkerCapabilities, _Mapping]] = ...) -> None: ...
+
+class GpuDevice(_message.Message):
+    __slots__ = ("index", "name", "memory_bytes", "bf16")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BF16_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    memory_bytes: int
+    bf16: bool
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., bf16: _Optional[bool] = ...) -> None: ...
+
+class WorkerCapabilities(_message.Message):
+    __slots__ = ("device_kind", "gpus", "cpu_cores", "memory_bytes", "precisions", "quantizations", "vllm_colocate", "max_num_processes", "cached_models", "model_roots", "hub_offline")
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRECISIONS_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATIONS_FIELD_NUMBER: _ClassVar[int]
+    VLLM_COLOCATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    HUB_OFFLINE_FIELD_NUMBER: _ClassVar[int]
+    device_kind: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuDevice]
+    cpu_cores: int
+    memory_bytes: int
+    precisions: _containers.RepeatedScalarFieldContainer[str]
+    quantizations: _containers.RepeatedScalarFieldContainer[str]
+    vllm_colocate: bool
+    max_num_processes: int
+    cached_models: _containers.RepeatedScalarFieldContainer[str]
+    model_roots: _containers.RepeatedScalarFieldContainer[str]
+    hub_offline: bool
+    def __init__(self, device_kind: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., precisions: _Optional[_Iterable[str]] = ..., quantizations: _Optional[_Iterable[str]] = ..., vllm_colocate: _Optional[bool] = ..., max_num_processes: _Optional[int] = ..., cached_models: _Optional[_Iterable[str]] = ..., model_roots: _Optional[_Iterable[str]] = ..., hub_offline: _Optional[bool] = ...) -> None: ...
 
 class MergeAdapterRequest(_message.Message):
     __slots__ = ("base_model", "adapter_path", "output_name")
