@@ -19,10 +19,15 @@ def is_tiny(name: str) -> bool:
     return name in TINY_MODELS
 
 
+def is_local_path(name: str) -> bool:
+    """A base model named by a folder (absolute, relative or under ~) rather than a hub id."""
+    return name.startswith(("~", ".", "/"))
+
+
 def resolve_model(name: str, progress: Callable[[str], None] | None = None) -> str:
     """A path or hub id the engines can load. Builds a tiny model the first time it is named."""
     if not is_tiny(name):
-        return str(Path(name).expanduser()) if name.startswith(("~", ".", "/")) else name
+        return str(Path(name).expanduser()) if is_local_path(name) else name
     from filelock import FileLock
 
     from rlvr.tiny import build_tiny_model, default_model_dir

@@ -255,3 +255,46 @@ def test_a_restarted_worker_ends_a_job_process_that_outlived_it(tmp_path: Path) 
         assert (status.last_job_id, status.last_job_lost, status.last_job_adapter.version) == ("orphaned", True, 2)
     finally:
         orphan.kill()
+
+
+async def test_the_worker_reports_what_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetWorkerStatus carries the capabilities computed at start: this host's devices and cores,
+    the precisions and quantizations it can train in, in-process vLLM, and the base models it has
+    (the bundled tiny ones, a hub id in the Hugging Face cache, a folder under its model roots)."""
+    import importlib.util
+    import os
+
+    import torch
+    from huggingface_hub import constants
+
+    hub = tmp_path / "hub"
+    (hub / "models--acme--small-lm" / "snapshots" / "abc123").mkdir(parents=True)
+    (hub / "models--acme--small-lm" / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (hub / "models--acme--no-snapshot").mkdir()  # an interrupted download: not cached
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    roots = tmp_path / "models"
+    (roots / "mine").mkdir(parents=True)
+    (roots / "mine" / "config.json").write_text("{}")
+    (roots / "not-a-model").mkdir()
+    settings = TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url="", worker_name="trainer-caps",
+                               model_roots=[roots])
+    async with ServiceRunner(build_service(settings), settings) as runner:
+        stub = trainer_pb2_grpc.TrainerServiceStub(make_channel(runner.address, aio=True))
+        status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
+    assert status.HasField("capabilities") and not status.busy
+    caps = status.capabilities
+    assert caps.cpu_cores == len(os.sched_getaffinity(0)) and caps.memory_bytes > 2**28
+    if torch.cuda.is_available():  # a GPU host
+        assert caps.device_kind == "cuda" and len(caps.gpus) == torch.cuda.device_count()
+        assert "fp16" in caps.precisions and caps.max_num_processes == min(len(caps.gpus), 8)
+    else:  # this CPU host: no GPU, fp16 cannot train here, one process per core
+        assert caps.device_kind == "cpu" and not caps.gpus
+        assert list(caps.precisions) == ["fp32", "bf16"] and caps.max_num_processes == min(caps.cpu_cores, 8)
+    bnb = importlib.util.find_spec("bitsandbytes") is not None
+    assert list(caps.quantizations) == (["full", "4bit", "8bit"] if bnb else ["full"])
+    assert caps.vllm_colocate == (importlib.util.find_spec("vllm") is not None)
+    cached = set(caps.cached_models)
+    assert {"rlvr-tiny", "rlvr-tiny-test", "rlvr-tiny-small", "acme/small-lm", str(roots / "mine")} <= cached
+    assert "acme/no-snapshot" not in cached and str(roots / "not-a-model") not in cached
+    assert str(roots) in caps.model_roots and caps.hub_offline

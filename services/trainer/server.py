@@ -23,6 +23,7 @@ import grpc
 from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors, shown
 from rlvr.services.common.server import GrpcService
 from rlvr.services.trainer import artifacts
+from rlvr.services.trainer.capabilities import worker_capabilities
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
 from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
@@ -141,7 +142,12 @@ async def _run_merge(base_model: str, adapter: Path, output: Path) -> AsyncItera
 
 def build_service(settings: TrainerSettings) -> GrpcService:
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
-    supervisor = JobSupervisor(settings)
+    capabilities = worker_capabilities(settings.model_roots)
+    log.info("worker %s: %s, %d GPU(s), %d core(s), precisions %s, quantizations %s, %d cached base model(s)",
+             settings.worker_name, capabilities.device_kind, len(capabilities.gpus), capabilities.cpu_cores,
+             ",".join(capabilities.precisions), ",".join(capabilities.quantizations),
+             len(capabilities.cached_models))
+    supervisor = JobSupervisor(settings, capabilities)
     servicer = TrainerServicer(settings, supervisor)
     return GrpcService(
         [(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer, name)],

@@ -1,5 +1,6 @@
 """Settings of the trainer service (a GRPO worker)."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -40,6 +41,10 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     """Torch CPU threads of a job process (0 = every core it may run on). Small models step faster
     on 1: measured on 2 shared cores, 8 x 32 tokens from the "test" tiny model took 0.08 s on one
     thread and 0.3-1.3 s on two."""
+    model_roots: list[Path] = Field(default_factory=list)
+    """Folders whose model subfolders (each with a config.json) this worker reports as cached base
+    models, besides $RLVR_HOME/models (JSON list or comma list): the scheduler gives a job whose
+    base model is a folder under one of them only to a worker that has it."""
     colocate_enforce_eager: bool | None = None
     """vLLM (colocate) jobs: run the job's vLLM engine eagerly (True) or compile its graph (False);
     unset = eager on a CPU-only host, compiled with CUDA, as the rollout server decides. Measured

@@ -70,8 +70,10 @@ class LastJob:
 
 
 class JobSupervisor:
-    def __init__(self, settings: TrainerSettings) -> None:
+    def __init__(self, settings: TrainerSettings,
+                 capabilities: trainer_pb2.WorkerCapabilities | None = None) -> None:
         self.settings = settings
+        self.capabilities = capabilities  # reported in every status (capabilities.py)
         self.root = Path(settings.artifact_root)
         self.current: RunningJob | None = None
         self.last: LastJob | None = self._lost_before_restart()
@@ -276,6 +278,8 @@ class JobSupervisor:
 
     def status(self) -> trainer_pb2.WorkerStatus:
         status = trainer_pb2.WorkerStatus(worker=self.settings.worker_name, busy=self.current is not None)
+        if self.capabilities is not None:
+            status.capabilities.CopyFrom(self.capabilities)
         if self.current is not None:
             status.job_id = self.current.config.job_id
             status.current_step, status.total_steps = self._progress(status.job_id)
