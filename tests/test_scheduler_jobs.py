@@ -39,7 +39,8 @@ class FakeWorkers:
     otherwise. StartJob is idempotent by job id and refuses another job while one runs, as a real
     trainer does. `fail_next[address] = (error, started, down)` scripts the next StartJob there: it
     raises `error`, after starting the job when `started`, and leaves the worker unreachable (its
-    status None) when `down`; `down` holds the unreachable addresses."""
+    status None) when `down`; `down` holds the unreachable addresses. `capabilities[address]` is
+    what that worker reports it can run (none reported: it fits every job)."""
 
     def __init__(self, n: int = 1) -> None:
         self.addresses = [f"w{i}:1" for i in range(n)]
@@ -53,6 +54,7 @@ class FakeWorkers:
         self.lost: set[str] = set()  # addresses whose last job's process died without a result
         self.adapters: dict[str, C.AdapterRef] = {}  # the adapter of each address's last job
         self.resumes: list[tuple[str, bool, int]] = []  # (job, resume, stored_steps) of each job really started
+        self.capabilities: dict[str, T.WorkerCapabilities] = {}
 
     def finish(self, job_id: str, status: str) -> None:
         """The job ends on its worker, which then reports it as its last job (like a real trainer)."""
@@ -79,7 +81,7 @@ class FakeWorkers:
         last_status, _, last_error = last_status.partition(":")
         return WorkerState(address=address, name=address, busy=bool(job), job_id=job, last_job_id=last_job,
                            last_status=last_status, last_error=last_error, last_lost=address in self.lost,
-                           last_adapter=self.adapters.get(address))
+                           last_adapter=self.adapters.get(address), capabilities=self.capabilities.get(address))
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
                     stored_steps: int = 0) -> str:
@@ -600,3 +602,99 @@ async def test_a_resume_is_published_so_watchers_see_it(nats_server, sqlite_stor
     assert stream[2].message.startswith("resuming from the last checkpoint after the trainer was lost at step 0 "
                                         "(the job process killed by signal 9 without a result); resume 1 of ")
     assert stream[3].message == "resumed on w0:1"
+
+
+# ---------------------------------------------------------------- dispatch to a worker that can run the job
+
+
+def _cpu(cores: int = 2) -> T.WorkerCapabilities:
+    return T.WorkerCapabilities(device_kind="cpu", cpu_cores=cores, precisions=["fp32", "bf16"],
+                                quantizations=["full"], max_num_processes=cores,
+                                cached_models=["rlvr-tiny", "rlvr-tiny-test", "rlvr-tiny-small"])
+
+
+def _gpus(n: int) -> T.WorkerCapabilities:
+    caps = _cpu(16)
+    caps.device_kind, caps.max_num_processes = "cuda", n
+    caps.gpus.extend(T.GpuDevice(index=i, name="NVIDIA H200", memory_bytes=80 << 30, bf16=True) for i in range(n))
+    return caps
+
+
+def _two_gpu_spec() -> C.JobSpec:
+    spec = C.JobSpec()
+    spec.advanced.gpu_selection, spec.advanced.num_processes = "0,1", 2
+    spec.grpo.group_size, spec.grpo.batch_size = 4, 8
+    return spec
+
+
+TWO_GPUS_ON_CPUS = ("no trainer worker can run it: needs 2 GPU(s) (gpu_selection 0,1), worker w0:1 has 0; "
+                    "needs 2 GPU(s) (gpu_selection 0,1), worker w1:1 has 0")
+
+
+async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_server, sqlite_store: Store) -> None:
+    """Refused by every worker: the job stays QUEUED with each worker's reason, stored, shown on the
+    job and published once (not every round); a worker that can run it appears, and it starts there."""
+    workers = FakeWorkers(2)
+    workers.capabilities = {"w0:1": _cpu(), "w1:1": _cpu()}
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(_two_gpu_spec(), dry_run=False)
+        for _ in range(3):
+            await jobs.dispatch_once()
+        row = sqlite_store.get_job(job.id)
+        assert (row.status, row.worker, row.queue_reason) == ("QUEUED", "", TWO_GPUS_ON_CPUS)
+        assert (await jobs.get(job.id)).queue_reason == TWO_GPUS_ON_CPUS and workers.calls == []
+
+        workers.capabilities["w1:1"] = _gpus(2)  # w1 comes back with two GPUs
+        await jobs.dispatch_once()
+        row = sqlite_store.get_job(job.id)
+        assert (row.status, row.worker, row.queue_reason) == ("RUNNING", "w1:1", "")
+        assert workers.calls == [("w1:1", job.id)] and (await jobs.get(job.id)).queue_reason == ""
+        stream = [C.JobStatusEvent.FromString(e.data) async for e in _take(bus, job_status_subject(job.id), 3)]
+    assert [(e.status, e.message) for e in stream] == [
+        (C.JOB_STATUS_QUEUED, "queued"), (C.JOB_STATUS_QUEUED, TWO_GPUS_ON_CPUS), (C.JOB_STATUS_RUNNING, "started on w1:1")]
+
+
+async def test_a_job_that_fits_passes_an_older_one_that_does_not(sqlite_store: Store) -> None:
+    """No head-of-line blocking: the oldest job fits no worker, the next one fits the idle CPU
+    worker and starts; the oldest keeps waiting with its reason."""
+    workers = FakeWorkers(1)
+    workers.capabilities = {"w0:1": _cpu()}
+    jobs = JobManager(sqlite_store, None, workers)
+    _, old = await jobs.create(_two_gpu_spec(), dry_run=False)
+    _, young = await jobs.create(C.JobSpec(), dry_run=False)
+    await jobs.dispatch_once()
+    assert workers.calls == [("w0:1", young.id)]
+    assert sqlite_store.get_job(young.id).status == "RUNNING"
+    row = sqlite_store.get_job(old.id)
+    assert (row.status, row.queue_reason) == (
+        "QUEUED", "no trainer worker can run it: needs 2 GPU(s) (gpu_selection 0,1), worker w0:1 has 0")
+
+
+async def test_a_job_a_busy_worker_could_run_waits_for_it(sqlite_store: Store) -> None:
+    """The worker that can run it is busy (a GPU job needs the GPU worker; the CPU worker is idle):
+    the reason says it waits for a free worker, and the job starts when that worker is free."""
+    workers = FakeWorkers(2)
+    workers.capabilities = {"w0:1": _gpus(2), "w1:1": _cpu()}
+    jobs = JobManager(sqlite_store, None, workers)
+    _, first = await jobs.create(_two_gpu_spec(), dry_run=False)
+    _, second = await jobs.create(_two_gpu_spec(), dry_run=False)
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(first.id).worker == "w0:1"
+    assert sqlite_store.get_job(second.id).queue_reason == \
+        "waiting for a free worker: 1 of 2 reachable can run it, and all are busy"
+    workers.finish(first.id, "COMPLETED")
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(second.id)
+    assert (row.status, row.worker, row.queue_reason) == ("RUNNING", "w0:1", "")
+    assert sqlite_store.get_job(first.id).status == "COMPLETED"
+
+
+async def test_a_job_waits_with_a_reason_while_no_worker_answers(sqlite_store: Store) -> None:
+    jobs, workers, job_id = await _one_queued(sqlite_store, n=2)
+    workers.down = {"w0:1", "w1:1"}
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(job_id).queue_reason == "no trainer worker answers (0 of 2 reachable)"
+    workers.down.clear()
+    await jobs.dispatch_once()
+    assert (sqlite_store.get_job(job_id).status, sqlite_store.get_job(job_id).queue_reason) == ("RUNNING", "")

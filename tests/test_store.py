@@ -292,3 +292,19 @@ def test_a_database_made_before_policy_lag_gains_the_column(store_url: str) -> N
         new.create_all()  # a second start finds the column there
         assert new.add_metric_point(_metric(job.id, 2, policy_lag=1))
         assert [(p.step, p.policy_lag) for p in new.metric_points(job.id)] == [(1, 0), (2, 1)]
+
+
+def test_a_database_made_before_queue_reason_gains_the_column(store_url: str) -> None:
+    """A jobs table without queue_reason takes it, default empty, when a service creates the tables;
+    its rows stay, and the reason is stored from then on."""
+    with Store(store_url) as old:
+        old.create_all()
+        job = old.add_job(JobRow(name="before"))
+        with old.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN queue_reason")
+    with Store(store_url) as new:
+        new.create_all()
+        new.create_all()
+        assert new.get_job(job.id).queue_reason == ""
+        new.update_job(job.id, queue_reason="waiting for a free worker")
+        assert new.get_job(job.id).queue_reason == "waiting for a free worker"

@@ -19,7 +19,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Dialect, Text
+from sqlalchemy import BigInteger, DateTime, Dialect, Text, text
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -92,6 +92,9 @@ class JobRow(SQLModel, table=True):
     worker: str = ""  # the trainer worker that runs it
     current_step: int = 0
     total_steps: int = 0
+    # While QUEUED: why no worker has it yet (Job.queue_reason). Added after the first release:
+    # `Store.create_all` adds it to an older table (ADDED_COLUMNS).
+    queue_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
 
 
 class MetricPointRow(SQLModel, table=True):
@@ -131,7 +134,7 @@ class MetricPointRow(SQLModel, table=True):
 # Columns added to a table after databases were made with it: (table, column). `Store.create_all`
 # adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
 # database takes the new metric without a migration tool. Only columns with a server default.
-ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"),)
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"))
 
 
 class LoopRow(SQLModel, table=True):

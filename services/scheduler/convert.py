@@ -54,6 +54,7 @@ def job_to_proto(row: JobRow) -> common_pb2.Job:
         id=row.id, spec=spec, status=job_status_value(row.status), error=row.error,
         warnings=json.loads(row.warnings_json or "[]"), current_step=row.current_step,
         total_steps=row.total_steps, worker=row.worker,
+        queue_reason=row.queue_reason if row.status == "QUEUED" else "",
         summary=summary(spec, row.total_steps),
     )
     for field in ("created_at", "started_at", "finished_at"):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -70,6 +71,7 @@ from rlvr.services.scheduler.convert import (
     spec_to_json,
 )
 from rlvr.services.scheduler.datasets import check_dataset
+from rlvr.services.scheduler.fit import fit, queue_reason
 from rlvr.services.scheduler.workers import (
     JobNotOnWorker,
     WorkerBusy,
@@ -448,8 +450,10 @@ class JobManager:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
 
     async def dispatch_once(self) -> None:
-        """Reconciles running jobs with their workers, settles the starts in doubt, then gives
-        queued jobs to idle workers (oldest first)."""
+        """Reconciles running jobs with their workers, settles the starts in doubt, then gives each
+        queued job (oldest first) to an idle worker that can run it (fit.py). A job that no idle
+        worker fits stays queued with the reason stored (`queue_reason`), and does not hold back
+        the younger jobs behind it."""
         running = await asyncio.to_thread(self.store.list_jobs, "RUNNING", 1000, 0)
         busy_workers = {r.worker for r in running}
         states = {a: await self.workers.status(a) for a in self.workers.addresses}
@@ -475,9 +479,32 @@ class JobManager:
                 busy_workers.add(row.worker)  # running there, or still in doubt: that worker is taken
             else:
                 free.append(row)
-        idle = [a for a, s in states.items() if s is not None and not s.busy and a not in busy_workers]
-        for row, address in zip(free, idle, strict=False):
-            await self._start_on(row, address)
+        live = {a: s for a, s in states.items() if s is not None}
+        idle = [a for a, s in live.items() if not s.busy and a not in busy_workers]
+        for row in free:
+            spec = spec_from_json(row.spec_json)
+            reasons = {a: fit(spec, s.capabilities, s.name or a) for a, s in live.items()}
+            address = next((a for a in idle if reasons[a] is None), None)
+            if address is not None:
+                idle.remove(address)  # taken, even if StartJob is refused: next round
+                await self._start_on(row, address)
+            else:
+                await self._set_queue_reason(row, queue_reason(reasons, len(self.workers.addresses)))
+
+    async def _set_queue_reason(self, row: JobRow, reason: str) -> None:
+        """Stores why a queued job waits, and publishes it as a QUEUED status message, only when it
+        changed (a dispatch round runs every poll_seconds)."""
+        if reason == row.queue_reason:
+            return
+        async with self._lock:
+            current = await asyncio.to_thread(self.store.get_job, row.id)
+            if current is None or current.status != "QUEUED" or current.worker or current.queue_reason == reason:
+                return  # dispatched, cancelled or in doubt meanwhile, or already said
+            await asyncio.to_thread(self.store.update_job, row.id, queue_reason=reason)
+        log.info("job %s waits: %s", row.id, reason)
+        await self.notify()
+        digest = hashlib.sha256(reason.encode()).hexdigest()[:16]
+        await self._publish_status(row.id, "QUEUED", reason, again=f"waits-{digest}")
 
     async def _lost(self, row: JobRow, state: WorkerState) -> None:
         """A running job its worker no longer runs, though it did not end there: queued again to
@@ -566,7 +593,7 @@ class JobManager:
 
     async def _mark_running(self, job_id: str, address: str, first: bool = True) -> None:
         """Under the lock: the job is RUNNING on `address` (started now, unless it ran before a resume)."""
-        fields: dict[str, object] = {"status": "RUNNING", "worker": address}
+        fields: dict[str, object] = {"status": "RUNNING", "worker": address, "queue_reason": ""}
         if first:
             fields["started_at"] = datetime.now(UTC)
         await asyncio.to_thread(self.store.update_job, job_id, **fields)

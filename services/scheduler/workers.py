@@ -77,6 +77,9 @@ class WorkerState:
     # The last job's process ended without a result (killed, out of memory) and not on a cancel:
     # resumable (jobs.py); its last_status reads FAILED.
     last_lost: bool = False
+    # What it can run (trainer.proto WorkerCapabilities); None from a trainer that does not say,
+    # which is then taken to fit any job (fit.py).
+    capabilities: trainer_pb2.WorkerCapabilities | None = None
 
     def has_job(self, job_id: str) -> bool:
         """The worker runs the job, or ran it last (it may have ended already)."""
@@ -151,7 +154,8 @@ class GrpcWorkers:
         return WorkerState(address=address, name=s.worker, busy=s.busy, job_id=s.job_id,
                            last_job_id=s.last_job_id, last_status=last, last_error=s.last_job_error,
                            last_adapter=s.last_job_adapter if s.last_job_adapter.name else None,
-                           last_lost=s.last_job_lost)
+                           last_lost=s.last_job_lost,
+                           capabilities=s.capabilities if s.HasField("capabilities") else None)
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
                     resume: bool = False, stored_steps: int = 0) -> str:
