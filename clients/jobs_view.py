@@ -152,7 +152,8 @@ def _when(ts: object, day: str) -> tuple[str, str]:
 
 def job_lines(job: C.Job, *, width: int = 80, unicode: bool = True) -> list[str]:
     """The head of `rlvr jobs show`: status and progress, when it ran (the date once, and again
-    only where it changes), the error, and the adapter (its path cut in the middle to fit)."""
+    only where it changes), why a queued job waits, the error, and the adapter (its path cut in
+    the middle to fit)."""
     lines = [f"job {job.id}: {status_name(job.status)}  step {job.current_step}/{job.total_steps}  "
              f"worker {job.worker or '-'}"]
     parts, day = [], ""
@@ -163,6 +164,8 @@ def job_lines(job: C.Job, *, width: int = 80, unicode: bool = True) -> list[str]
     sep = " · " if unicode else " | "
     joined = sep.join(parts)
     lines += [joined] if len(joined) <= width else parts
+    if job.status == C.JOB_STATUS_QUEUED and job.queue_reason:
+        lines += wrap(f"queued: {job.queue_reason}", width, hang="  ")
     if job.error:
         lines += wrap(f"error: {job.error}", width, hang="  ")
     if job.adapter.name:

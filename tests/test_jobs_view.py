@@ -257,6 +257,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     """One known job, "job-1", with metrics, an adapter, a merge and a history."""
 
     metrics_code: grpc.StatusCode | None = None
+    job: C.Job | None = None  # what GetJob answers for "job-1" (default: full_job())
 
     def _known(self, job_id: str, context: grpc.ServicerContext) -> None:
         if job_id != "job-1":
@@ -264,7 +265,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     def GetJob(self, request, context):
         self._known(request.id, context)
-        return full_job()
+        return self.job if self.job is not None else full_job()
 
     def GetJobMetrics(self, request, context):
         if self.metrics_code is not None:
@@ -316,6 +317,24 @@ def test_show_prints_the_job_then_the_rl_metrics(scheduler, capfd) -> None:
     code, out, err = run(capfd, "jobs", "show", "job-1", "--address", address)
     assert code == 0 and "Training Summary" in out
     assert "warning: RL Metrics unavailable: UNIMPLEMENTED: metrics are not served here" in err
+
+
+def test_show_says_why_a_queued_job_waits(scheduler, capfd) -> None:
+    address, fake = scheduler
+    reason = ("no trainer worker can run it: needs 2 GPU(s) (gpu_selection 0,1), worker trainer-0 has 0; "
+              "needs 2 GPU(s) (gpu_selection 0,1), worker trainer-1 has 1 (0)")
+    fake.job = C.Job(id="job-1", status=C.JOB_STATUS_QUEUED, total_steps=12, queue_reason=reason)
+    fake.metrics_code = grpc.StatusCode.UNIMPLEMENTED
+    code, out, err = run(capfd, "jobs", "show", "job-1", "--address", address)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("job job-1: QUEUED")
+    start = next(i for i, line in enumerate(lines) if line.startswith("queued: no trainer worker can run it:"))
+    shown = " ".join(line.strip() for line in lines[start:start + 4])
+    assert reason in shown and all(len(line) <= 80 for line in lines[start:start + 4])
+    fake.job.status = C.JOB_STATUS_RUNNING  # a reason left over is not a queued job's: not shown
+    code, out, _ = run(capfd, "jobs", "show", "job-1", "--address", address)
+    assert code == 0 and "queued:" not in out
 
 
 def test_report_writes_html_and_pngs(scheduler, capfd, tmp_path: Path) -> None:
