@@ -289,3 +289,31 @@ def test_a_rollout_server_that_stays_away_fails_the_step_naming_it() -> None:
     assert str(e.value).startswith(f"the rollout service at {address} did not come back within 2 s")
     assert "generating at step 7 failed with: rollout service at" in str(e.value) and "UNAVAILABLE" in str(e.value)
     assert told and told[0].startswith(f"step 7: waiting for the rollout service at {address} (0 s of at most 2 s")
+
+
+def test_capabilities_of_a_gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch of the worker's capabilities, with torch's device queries standing in for two
+    GPUs (an Ampere, then a Volta: bf16 is offered only when every device has it); and none without
+    a GPU driver, where torch is not asked at all."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rlvr.services.trainer.capabilities import worker_capabilities
+
+    driver = tmp_path / "nvidiactl"
+    driver.touch()
+    majors = [8, 8]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(majors))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(
+        name=f"GPU{i}", total_memory=(i + 1) << 30, major=majors[i]))
+    caps = worker_capabilities(driver_files=[str(driver)])
+    assert caps.device_kind == "cuda" and caps.max_num_processes == 2
+    assert [(g.index, g.name, g.memory_bytes, g.bf16) for g in caps.gpus] == [(0, "GPU0", 1 << 30, True),
+                                                                             (1, "GPU1", 2 << 30, True)]
+    assert list(caps.precisions) == ["fp32", "fp16", "bf16"]
+    majors[1] = 7
+    assert list(worker_capabilities(driver_files=[str(driver)]).precisions) == ["fp32", "fp16"]
+    no_driver = worker_capabilities(driver_files=[str(tmp_path / "absent")])
+    assert no_driver.device_kind == "cpu" and not no_driver.gpus and "fp16" not in no_driver.precisions
