@@ -18,7 +18,7 @@ status that ends the job, so when a row reads COMPLETED every step is already st
 
 A job whose trainer was lost resumes. When the worker that runs a job answers that it no longer
 does (its job process died without a result: `last_lost`; or the trainer service was restarted and
-knows nothing of it), the job goes back to the queue and is started again, on the first idle worker,
+knows nothing of it), the job goes back to the queue and is started again, on an idle worker that fits,
 as a resume (StartJobRequest.resume): the trainer goes on from the job's last checkpoint, or from
 step 0 when it has none (with the same seed, the same run again). A job is resumed at most
 `MAX_RESUMES` times, counted by this scheduler process (a restart of the scheduler starts the count
