@@ -361,6 +361,13 @@ def test_a_finished_job_has_a_delete_button_that_needs_its_box_ticked(client: Te
     assert "DeleteJob job0001" in sdk.scheduler.calls and client.get("/jobs/job0001").status_code == 404
 
 
+def test_a_queued_job_says_why_it_waits(client: TestClient, sdk: FakeSdk) -> None:
+    queued = next(j for j in sdk.scheduler.jobs.values() if j.status == C.JOB_STATUS_QUEUED)
+    assert "queued: " not in client.get(f"/jobs/{queued.id}").text  # no reason yet: nothing said
+    queued.queue_reason = "no trainer worker can run it: precision fp16 needs a CUDA device; worker w1 has none"
+    assert f"queued: {queued.queue_reason}" in client.get(f"/jobs/{queued.id}").text
+
+
 def test_live_job_page_sends_regions_then_done(client: TestClient) -> None:
     with client.stream("GET", "/jobs/job0001/events") as resp:
         events = sse(resp)
