@@ -19,10 +19,12 @@ stacking on it, MergeAdapter), none of which streams it today. The rollout repli
 adapters reach them through LoadAdapter's stream.
 
 Two jobs are submitted at once, one runs on each worker; then the benchmark service on host A
-evaluates the adapter host B trained. Checked: both jobs complete, on different workers, every
-step stored once in PostgreSQL and published once on NATS, each replica answered its half of every
-step and of the evaluation (GetInfo's generate_calls), both hold every job's last version, and the
-evaluation is stored. Without PostgreSQL or NATS here it skips saying why; under CI=true it fails.
+evaluates the adapter host B trained (by its path: the shared folder), and host A's by name alone
+(the version the trainer pushed to the replicas: no folder). Checked: both jobs complete, on
+different workers, every step stored once in PostgreSQL and published once on NATS, each replica
+answered its half of every step and of each evaluation (GetInfo's generate_calls), both hold every
+job's last version, and the evaluations are stored. Without PostgreSQL or NATS here it skips saying
+why; under CI=true it fails.
 
 This NATS is the machine's, so the test removes its jobs' and evaluation's messages from the `RLVR`
 stream at the end. The scheduler's durable consumer has a fixed name (`scheduler-job-events`): a
@@ -239,7 +241,7 @@ def _published(subjects: list[str], purge: bool) -> dict[str, int]:
     return asyncio.run(count())
 
 
-def test_two_hosts_run_two_jobs_at_once_and_an_evaluation(cluster: Cluster) -> None:
+def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> None:
     from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.infra.store import Store
 
@@ -267,36 +269,46 @@ def test_two_hosts_run_two_jobs_at_once_and_an_evaluation(cluster: Cluster) -> N
         served = {h: _rollout(cluster, f"rollout-{h}") for h in HOSTS}
         for h, (calls, live) in served.items():
             assert calls == total, (h, calls)
-            assert {live[j.adapter.name] for j in jobs.values()} == set(STEPS.values()) and len(jobs) == 2, live
+            assert {name: live[job.adapter.name] for name, job in jobs.items()} == STEPS, (h, live)
             assert any(cluster.hosts[h].rollout_adapters.iterdir())
 
+        def evaluate(job: C.Job, **fields: object) -> B.Evaluation:
+            started = client.benchmark.run_evaluation(B.RunEvaluationRequest(
+                benchmark="rlvr-math-pairs-heldout", limit=EVAL_N, sampling=C.SamplingParams(max_tokens=32),
+                adapter=C.AdapterSelector(name=job.adapter.name), label="multihost", **fields))
+            subjects.append(f"rlvr.evals.{started.id}.status")
+            list(client.benchmark.watch_evaluation(B.WatchEvaluationRequest(id=started.id), timeout=300))
+            done = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=started.id))
+            assert done.status == B.EVALUATION_STATUS_COMPLETED, done.error
+            assert done.questions_done == EVAL_N and done.adapter_name == job.adapter.name
+            return done
+
         # The benchmark service on host A evaluates the adapter host B's worker trained, by its
-        # path under the shared artifact root, and uploads it to both replicas.
-        from_b = next(j for j in jobs.values() if j.worker == cluster.addresses["trainer-b"])
-        started = client.benchmark.run_evaluation(B.RunEvaluationRequest(
-            benchmark="rlvr-math-pairs-heldout", limit=EVAL_N, sampling=C.SamplingParams(max_tokens=32),
-            adapter=C.AdapterSelector(name=from_b.adapter.name), adapter_path=from_b.adapter.path, label="multihost"))
-        subjects.append(f"rlvr.evals.{started.id}.status")
-        list(client.benchmark.watch_evaluation(B.WatchEvaluationRequest(id=started.id), timeout=300))
-        evaluation = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=started.id))
-        assert evaluation.status == B.EVALUATION_STATUS_COMPLETED, evaluation.error
-        assert evaluation.questions_done == EVAL_N
-        assert evaluation.adapter_name == from_b.adapter.name
+        # path under the shared artifact root, and uploads it to both replicas as a new version ...
+        from_a, from_b = (next(j for j in jobs.values() if j.worker == cluster.addresses[f"trainer-{h}"]) for h in HOSTS)
+        by_path = evaluate(from_b, adapter_path=from_b.adapter.path)
+        assert by_path.adapter_version == from_b.adapter.version + 1
+        # ... and host A's by name alone: the version the trainer pushed to the replicas, no file read.
+        by_name = evaluate(from_a)
+        assert by_name.adapter_version == from_a.adapter.version
         for h in HOSTS:
             calls, live = _rollout(cluster, f"rollout-{h}")
-            assert calls == total + 1, (h, calls)  # half of the one batch
-            assert live[from_b.adapter.name] == evaluation.adapter_version
+            assert calls == total + 2, (h, calls)  # half of each evaluation's one batch
+            assert (live[from_b.adapter.name], live[from_a.adapter.name]) == (by_path.adapter_version,
+                                                                              from_a.adapter.version)
 
         # PostgreSQL holds every step of each job once (steps 1..N, (job, step) is its key), both
-        # jobs' ends and the evaluation.
+        # jobs' ends and the evaluations.
         with Store(cluster.database_url) as store:
             for name, job in jobs.items():
                 assert [p.step for p in store.metric_points(job.id)] == list(range(1, STEPS[name] + 1)), name
                 row = store.get_job(job.id)
                 assert row is not None and row.status == "COMPLETED" and row.current_step == STEPS[name]
-            stored = store.get_evaluation(evaluation.id)
-            assert stored is not None and stored.status == "COMPLETED" and stored.n_done == EVAL_N
-            assert (stored.adapter_name, stored.adapter_version) == (from_b.adapter.name, evaluation.adapter_version)
+            for evaluation in (by_path, by_name):
+                stored = store.get_evaluation(evaluation.id)
+                assert stored is not None and stored.status == "COMPLETED" and stored.n_done == EVAL_N
+                assert (stored.adapter_name, stored.adapter_version) == (evaluation.adapter_name,
+                                                                         evaluation.adapter_version)
         # ... and NATS got each step once: no retry of a publish reached the stream twice.
         counts = _published(subjects, purge=False)
         for name, job in jobs.items():
