@@ -8,8 +8,10 @@ NATS with JetStream (127.0.0.1:4222), not the embedded ones. The README's "Multi
 
 Each host has its own RLVR_HOME (its copy of the base model, its logs), its own rollout adapter
 folder and its own (empty) data root. Both trainers generate on both replicas (transformers
-backend, `rlvr-tiny-test`), and every service takes the one service token, as services reached
-from another host must.
+backend, `rlvr-tiny-test`). As services reached from another host must, every one takes the
+secrets `deploy/make-secrets.sh` made (RLVR_TLS_NAMES=127.0.0.2 puts host B in the certificate):
+the service token and the tokens file, and serves TLS; the client uses the user token and the CA.
+This NATS and PostgreSQL take no password and no TLS.
 
 Shared between the hosts, and only that: the artifact root (as an NFS mount at the same path on
 both). The README says why: a job's adapter folder is written by whichever worker ran it, and is
@@ -37,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -49,6 +50,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_infra import POSTGRES_URL, _drop_postgres_schema, _postgres_schema_url
+from test_compose import make_secrets
 
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -105,7 +107,7 @@ class Host:
 class Cluster:
     root: Path
     artifacts: Path  # the one shared folder
-    token: str
+    secrets: Path  # deploy/make-secrets.sh's
     database_url: str
     hosts: dict[str, Host]
     addresses: dict[str, str] = field(default_factory=dict)
@@ -116,8 +118,13 @@ class Cluster:
         from rlvr.infra.nats_server import _parent_death_hook
 
         address = f"{host.ip}:{free_port(host.ip)}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLVR_HOME": str(host.home), "RLVR_AUTH_TOKEN": self.token,
-               "OMP_NUM_THREADS": "1", "RLVR_TRAINER_TORCH_THREADS": "1"}  # the tiny model: one thread is faster
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLVR_HOME": str(host.home),
+               "OMP_NUM_THREADS": "1", "RLVR_TRAINER_TORCH_THREADS": "1",  # the tiny model: one thread is faster
+               "RLVR_AUTH_TOKEN_FILE": str(self.secrets / "service_token"),
+               "RLVR_AUTH_TOKENS_FILE": str(self.secrets / "tokens.json"),
+               "RLVR_TLS_CERT_FILE": str(self.secrets / "tls" / "server.pem"),
+               "RLVR_TLS_KEY_FILE": str(self.secrets / "tls" / "server.key"),
+               "RLVR_TLS_CA_FILE": str(self.ca)}
         argv = [sys.executable, "-m", f"rlvr.services.{service}.main", "--host", host.ip,
                 "--port", address.rsplit(":", 1)[1], "--log-format", "text", *args]
         with open(self.root / f"{label}.log", "ab") as log:
@@ -127,7 +134,15 @@ class Cluster:
         self.addresses[label] = address
         return address
 
+    @property
+    def ca(self) -> Path:
+        return self.secrets / "tls" / "ca.pem"
+
+    def token(self, name: str) -> str:
+        return (self.secrets / name).read_text().strip()
+
     def wait_serving(self, timeout: float = 300) -> None:
+        from rlvr.common.auth import ChannelAuth
         from rlvr.peers.base import check_health
 
         deadline = time.monotonic() + timeout
@@ -135,7 +150,7 @@ class Cluster:
         while pending:
             for label in sorted(pending):
                 assert self.procs[label].poll() is None, f"{label} exited:\n{self.log(label)}"
-                if check_health(self.addresses[label], timeout=1.0) == "SERVING":
+                if check_health(self.addresses[label], timeout=1.0, auth=ChannelAuth.from_files(ca_file=self.ca)) == "SERVING":
                     pending.discard(label)
             assert time.monotonic() < deadline, f"not SERVING after {timeout} s: {sorted(pending)}"
             time.sleep(0.5)
@@ -171,7 +186,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for host in hosts.values():
         shutil.copytree(built, host.home / "models" / MODEL)
         host.datasets.mkdir(parents=True)
-    cluster = Cluster(root, root / "shared" / "artifacts", secrets.token_hex(16), database_url, hosts)
+    cluster = Cluster(root, root / "shared" / "artifacts", make_secrets(root / "secrets", tls_names=HOSTS["b"]),
+                      database_url, hosts)
     cluster.artifacts.mkdir(parents=True)
     a, b = hosts["a"], hosts["b"]
     try:
@@ -212,7 +228,8 @@ def _rollout(cluster: Cluster, label: str) -> tuple[int, dict[str, int]]:
     from rlvr.clients.sdk import RolloutClient
     from rlvr.common.auth import ChannelAuth
 
-    with RolloutClient(cluster.addresses[label], auth=ChannelAuth(token=cluster.token)) as client:
+    auth = ChannelAuth.from_files(token=cluster.token("service_token"), ca_file=cluster.ca)
+    with RolloutClient(cluster.addresses[label], auth=auth) as client:
         return int(client.get_info().generate_calls), {a.name: a.version for a in client.list_adapters().adapters}
 
 
@@ -246,7 +263,8 @@ def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> N
     from rlvr.infra.store import Store
 
     settings = ClientSettings(scheduler_address=cluster.addresses["scheduler"],
-                              benchmark_address=cluster.addresses["benchmark"], token=cluster.token)
+                              benchmark_address=cluster.addresses["benchmark"], token=cluster.token("user_token"),
+                              ca_file=cluster.ca)
     client = connect(settings)
     subjects: list[str] = []
     try:
