@@ -6,8 +6,11 @@
 # CA, and one certificate for the five services' compose host names plus localhost/127.0.0.1, good
 # for server and client auth). Files already there are kept, so rerunning it rotates nothing;
 # delete a file to make it again. Needs the openssl CLI.
+# RLVR_TLS_NAMES adds host names and IP addresses to the certificate (comma or space list), for
+# services on several hosts (README, Multi-node); it applies when the certificate is made.
 #
 #   deploy/make-secrets.sh && docker compose up
+#   RLVR_TLS_NAMES=host-a,host-b deploy/make-secrets.sh /etc/rlvr
 #   RLVR_TOKEN=$(cat secrets/user_token) RLVR_CA_FILE=secrets/tls/ca.pem rlvr jobs list
 set -eu
 out="${1:-secrets}"
@@ -34,9 +37,11 @@ if [ ! -s "$out/tls/ca.pem" ] || [ ! -s "$out/tls/server.pem" ]; then
     -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
   openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=rlvr services" \
     -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
-  printf '%s\n' \
-    "subjectAltName=DNS:scheduler,DNS:trainer,DNS:reward,DNS:rollout,DNS:benchmark,DNS:nats,DNS:localhost,IP:127.0.0.1" \
-    "extendedKeyUsage=serverAuth,clientAuth" > "$tls/server.ext"
+  san="DNS:scheduler,DNS:trainer,DNS:reward,DNS:rollout,DNS:benchmark,DNS:nats,DNS:localhost,IP:127.0.0.1"
+  for name in $(printf '%s' "${RLVR_TLS_NAMES:-}" | tr ',' ' '); do
+    if printf '%s' "$name" | grep -Eq '^[0-9.]+$|:'; then san="$san,IP:$name"; else san="$san,DNS:$name"; fi
+  done
+  printf '%s\n' "subjectAltName=$san" "extendedKeyUsage=serverAuth,clientAuth" > "$tls/server.ext"
   openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 825 \
     -extfile "$tls/server.ext" -out "$tls/server.pem" 2>/dev/null
   rm -f "$tls/server.csr" "$tls/server.ext" "$tls/ca.srl"

@@ -73,12 +73,14 @@ def test_gpu_reservations_for_rollout_and_trainer() -> None:
         assert "deploy" not in services[name]
 
 
-def make_secrets(folder: Path) -> Path:
-    """Runs deploy/make-secrets.sh (the openssl CLI) into `folder`; the compose file's secrets live there."""
+def make_secrets(folder: Path, tls_names: str = "") -> Path:
+    """Runs deploy/make-secrets.sh (the openssl CLI) into `folder`; the compose file's secrets live there.
+    `tls_names`: its RLVR_TLS_NAMES, more names for the certificate."""
+    import os
     import subprocess
 
     out = subprocess.run(["sh", str(ROOT / "deploy" / "make-secrets.sh"), str(folder)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env={**os.environ, "RLVR_TLS_NAMES": tls_names})
     assert out.returncode == 0, out.stdout + out.stderr
     return folder
 
@@ -155,3 +157,20 @@ def test_services_on_0000_start_only_with_auth(tmp_path: Path, monkeypatch) -> N
         bare = load_settings(cls, argv)
         with pytest.raises(SettingsError, match="serving beyond loopback without auth is refused"):
             check_exposure(bare, token_table(bare))
+
+
+def test_make_secrets_puts_more_host_names_in_the_certificate(tmp_path: Path) -> None:
+    """RLVR_TLS_NAMES, for services on several hosts (tests/test_multihost.py serves host B on
+    127.0.0.2 with it): names as DNS entries, addresses as IP entries, beside the compose names."""
+    import subprocess
+
+    def names(folder: Path) -> set[str]:
+        out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                              str(folder / "tls" / "server.pem")], capture_output=True, text=True, check=True)
+        return {n.strip() for n in out.stdout.splitlines()[-1].split(",")}
+
+    compose_names = {"DNS:scheduler", "DNS:nats", "DNS:localhost", "IP Address:127.0.0.1"}
+    more = names(make_secrets(tmp_path / "more", tls_names="host-a, host-b 10.0.0.7,::1"))
+    assert compose_names | {"DNS:host-a", "DNS:host-b", "IP Address:10.0.0.7", "IP Address:0:0:0:0:0:0:0:1"} <= more
+    plain = names(make_secrets(tmp_path / "plain"))
+    assert compose_names <= plain and not any("host-" in n or "10.0.0.7" in n for n in plain)
