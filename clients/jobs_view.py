@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from rlvr.jobspec import job_status_name
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -98,11 +99,7 @@ def shorten_middle(text: str, width: int, *, unicode: bool = True) -> str:
     return text[: keep - keep // 2] + mark + text[len(text) - keep // 2:] if keep // 2 else text[:keep] + mark
 
 
-def status_name(status: int) -> str:
-    try:
-        return C.JobStatus.Name(status).removeprefix("JOB_STATUS_")
-    except ValueError:
-        return str(status)
+status_name = job_status_name
 
 
 def num(value: float) -> str:

@@ -40,6 +40,7 @@ from rlvr.jobspec import (
     TEMPERATURE,
     FloatRange,
     IntRange,
+    job_status_name,
 )
 from rlvr.v1 import common_pb2 as C
 
@@ -157,7 +158,7 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
                                stats=f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}{lag}")
                 else:
                     status = event.status.status
-                    name = C.JobStatus.Name(status).removeprefix("JOB_STATUS_").lower()
+                    name = job_status_name(status).lower()
                     if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED):
                         bar.update(task, stats=name + (f": {event.status.message}" if event.status.message else ""))
                         break
@@ -201,7 +202,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             resp = client.list_jobs(scheduler_pb2.ListJobsRequest(limit=args.limit, offset=args.offset))
             print(f"{'ID':<14}{'STATUS':<11}{'STEP':>9}  {'CREATED':<20}NAME")
             for job in resp.jobs:
-                status = C.JobStatus.Name(job.status).removeprefix("JOB_STATUS_")
+                status = job_status_name(job.status)
                 print(f"{job.id:<14}{status:<11}{job.current_step:>4}/{job.total_steps:<4}  "
                       f"{_fmt_time(job.created_at):<20}{job.spec.name}")
             print(f"{resp.total} job(s)")

@@ -129,6 +129,19 @@ QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZA
                                C.QUANTIZATION_8BIT: "8-bit"}
 
 
+def job_status_name(value: int) -> str:
+    """A JobStatus as the store, the status events' ids and the CLI spell it: QUEUED, RUNNING,
+    COMPLETED, ... (the enum name without its prefix; an unknown value as its number)."""
+    try:
+        return C.JobStatus.Name(value).removeprefix("JOB_STATUS_")
+    except ValueError:
+        return str(value)
+
+
+def job_status_value(name: str) -> common_pb2.JobStatus:
+    return C.JobStatus.Value(f"JOB_STATUS_{name}")
+
+
 @dataclass
 class ResolvedJob:
     spec: common_pb2.JobSpec

@@ -133,13 +133,16 @@ def test_local_scorer_keeps_components_apart() -> None:
 
 
 def test_event_ids_match_the_scheduler() -> None:
-    from rlvr.infra.events import metric_msg_id
-    from rlvr.services.trainer.publisher import status_msg_id
+    from rlvr.infra.events import metric_msg_id, status_msg_id
+    from rlvr.jobspec import job_status_name, job_status_value
 
     assert metric_msg_id("j1", 7) == "j1:7"
-    # The scheduler publishes its own transitions as "<job>:status:<STATUS>": the same id dedups.
-    assert status_msg_id("j1", C.JOB_STATUS_RUNNING) == "j1:status:RUNNING"
-    assert status_msg_id("j1", C.JOB_STATUS_CANCELLED) == "j1:status:CANCELLED"
+    # Both publishers spell a status as the store does ("<job>:status:<STATUS>"): the same id dedups.
+    assert status_msg_id("j1", job_status_name(C.JOB_STATUS_RUNNING)) == "j1:status:RUNNING"
+    assert status_msg_id("j1", "QUEUED", again="resume-2") == "j1:status:QUEUED:resume-2"
+    for value in C.JobStatus.values():
+        assert job_status_value(job_status_name(value)) == value
+    assert job_status_name(99) == "99"  # a newer server's status: shown, not a crash
 
 
 def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:

@@ -159,6 +159,15 @@ def metric_msg_id(job_id: str, step: int) -> str:
     return f"{job_id}:{step}"
 
 
+def status_msg_id(job_id: str, status: str, again: str = "") -> str:
+    """The dedup id of a job's status event, `<job>:status:<STATUS>` in the store's spelling
+    (QUEUED, RUNNING, COMPLETED, ...), whoever publishes it: when the scheduler and the trainer
+    publish the same transition, the stream keeps one. `again` names a repeat of a status the job
+    had before, with news (a resume, a wait for a peer, a new queue reason): an id of its own, or
+    the stream would drop it as the first one's duplicate."""
+    return f"{job_id}:status:{status}" + (f":{again}" if again else "")
+
+
 # ---------------------------------------------------------------------- stream and publishing
 
 

@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, LoopRow, MetricPointRow, RoundRow
+from rlvr.jobspec import job_status_value
 from rlvr.v1 import common_pb2, scheduler_pb2
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
@@ -28,14 +29,6 @@ def now_ts() -> Timestamp:
     t = Timestamp()
     t.GetCurrentTime()
     return t
-
-
-def job_status_name(value: int) -> str:
-    return common_pb2.JobStatus.Name(value).removeprefix("JOB_STATUS_")
-
-
-def job_status_value(name: str) -> common_pb2.JobStatus:
-    return common_pb2.JobStatus.Value(f"JOB_STATUS_{name}")
 
 
 def spec_to_json(spec: common_pb2.JobSpec) -> str:

@@ -7,8 +7,8 @@ State flows one way: a job row is the record. Transitions the scheduler makes it
 dispatched, cancelled, a worker found dead or done) are written to the store first and then
 published as status events; transitions the trainer's job process makes (running, completed,
 failed) arrive as status events on NATS. Status event ids are `<job>:status:<STATUS>` (the
-store's spelling, QUEUED, RUNNING, ...; services/trainer/publisher.py's `status_msg_id` makes the
-same), so the two publishers of the same transition are deduplicated by the stream, and a
+store's spelling, QUEUED, RUNNING, ...: `rlvr.infra.events.status_msg_id`, which the trainer
+uses too), so the two publishers of the same transition are deduplicated by the stream, and a
 terminal status is never overwritten by a late non-terminal one.
 
 All of a job's events (`rlvr.jobs.<id>.metrics` and `.status`) are stored by one durable consumer
@@ -56,14 +56,13 @@ from rlvr.infra.events import (
     cancel_and_wait,
     job_events_subject,
     job_status_subject,
+    status_msg_id,
 )
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
-from rlvr.jobspec import ResolvedJob, resolve_spec
+from rlvr.jobspec import ResolvedJob, job_status_name, job_status_value, resolve_spec
 from rlvr.services.scheduler.convert import (
     TERMINAL,
-    job_status_name,
-    job_status_value,
     job_to_proto,
     metric_event_from_row,
     now_ts,
@@ -381,7 +380,7 @@ class JobManager:
             event.adapter.CopyFrom(adapter)
         try:
             await self.bus.publish(job_status_subject(job_id), event.SerializeToString(),
-                                   f"{job_id}:status:{status}" + (f":{again}" if again else ""))
+                                   status_msg_id(job_id, status, again))
         except Exception as e:  # the store has it already: a watch sees it there (see `watch`)
             log.warning("could not publish status of %s: %s", job_id, e)
 

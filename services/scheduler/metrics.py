@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 from rlvr.infra.schema import JobRow, MetricPointRow
-from rlvr.services.scheduler.convert import TERMINAL, job_status_value, spec_from_json
+from rlvr.jobspec import job_status_value
+from rlvr.services.scheduler.convert import TERMINAL, spec_from_json
 from rlvr.v1 import common_pb2, scheduler_pb2
 
 FLAT_THRESHOLD = 0.01

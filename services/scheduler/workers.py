@@ -26,7 +26,7 @@ from typing import Protocol
 import grpc
 
 from rlvr.common.auth import ChannelAuth
-from rlvr.services.scheduler.convert import job_status_name
+from rlvr.jobspec import job_status_name
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger("rlvr.scheduler.workers")

@@ -19,14 +19,18 @@ import time
 from collections import deque
 from pathlib import Path
 
-from rlvr.infra.events import EventBus, EventBusError, job_metrics_subject, job_status_subject, metric_msg_id
+from rlvr.infra.events import (
+    EventBus,
+    EventBusError,
+    job_metrics_subject,
+    job_status_subject,
+    metric_msg_id,
+    status_msg_id,
+)
+from rlvr.jobspec import job_status_name
 from rlvr.v1 import common_pb2
 
 log = logging.getLogger("rlvr.trainer.publisher")
-
-
-def status_msg_id(job_id: str, status: int) -> str:
-    return f"{job_id}:status:{common_pb2.JobStatus.Name(status).removeprefix('JOB_STATUS_')}"
 
 
 class EventPublisher:
@@ -115,14 +119,14 @@ class EventPublisher:
 
     def publish_status(self, event: common_pb2.JobStatusEvent) -> None:
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),
-                     status_msg_id(event.job_id, event.status))
+                     status_msg_id(event.job_id, job_status_name(event.status)))
 
     def publish_again(self, event: common_pb2.JobStatusEvent, key: str) -> None:
         """A status the job had already, with news (the wait for a peer, a resume): an id of its own
         (`key`, unique per job), so the stream does not drop it as the first one's duplicate and
         WatchJob shows each."""
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),
-                     f"{status_msg_id(event.job_id, event.status)}:{key}")
+                     status_msg_id(event.job_id, job_status_name(event.status), again=key))
 
     def close(self, flush_timeout_s: float = 30.0) -> bool:
         """Publishes what is queued (for at most `flush_timeout_s`), then disconnects. True when

@@ -236,8 +236,8 @@ class JobSupervisor:
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
             return
-        from rlvr.infra.events import EventBus, EventBusError, job_status_subject
-        from rlvr.services.trainer.publisher import status_msg_id
+        from rlvr.infra.events import EventBus, EventBusError, job_status_subject, status_msg_id
+        from rlvr.jobspec import job_status_name
 
         event = status_event(last.job_id, last.status, last.error or "cancelled", last.adapter, step)
         try:
@@ -245,7 +245,7 @@ class JobSupervisor:
                 url, ca_file = self.settings.nats_connection()
                 self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file)
             await self._bus.publish(job_status_subject(last.job_id), event.SerializeToString(),
-                                    status_msg_id(last.job_id, last.status))
+                                    status_msg_id(last.job_id, job_status_name(last.status)))
         except EventBusError as e:
             log.error("could not publish the final status of job %s: %s", last.job_id, e)
 
