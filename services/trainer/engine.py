@@ -110,16 +110,22 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     )
 
 
+def checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
+    """The job's TRL checkpoint folders (`checkpoint-<step>`, whole or not) with their steps."""
+    found = []
+    for path in (job_dir / TRL_DIR).glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if suffix.isdigit():
+            found.append((int(suffix), path))
+    return found
+
+
 def resume_checkpoint(job_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The job's last whole TRL checkpoint and our state saved with it (`RESUME_FILE`); None when
     there is none."""
     import json
 
-    found: list[tuple[int, Path]] = []
-    for path in (job_dir / TRL_DIR).glob("checkpoint-*"):
-        suffix = path.name.removeprefix("checkpoint-")
-        if suffix.isdigit() and (path / RESUME_FILE).is_file():
-            found.append((int(suffix), path))
+    found = [(step, path) for step, path in checkpoints(job_dir) if (path / RESUME_FILE).is_file()]
     for _, path in sorted(found, reverse=True):
         try:
             return path, json.loads((path / RESUME_FILE).read_text())

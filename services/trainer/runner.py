@@ -407,7 +407,7 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
     """
     import shutil
 
-    from rlvr.services.trainer.engine import TRL_DIR, resume_checkpoint
+    from rlvr.services.trainer.engine import TRL_DIR, checkpoints, resume_checkpoint
 
     trl = job.job_dir / TRL_DIR
     found = resume_checkpoint(job.job_dir) if job.resume else None
@@ -417,9 +417,9 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
         shutil.rmtree(trl, ignore_errors=True)
         return None
     checkpoint, _ = found
-    for other in trl.glob("checkpoint-*"):
-        number = other.name.removeprefix("checkpoint-")
-        if number.isdigit() and int(number) > int(checkpoint.name.removeprefix("checkpoint-")):
+    steps = {path: step for step, path in checkpoints(job.job_dir)}
+    for other, step in steps.items():
+        if step > steps[checkpoint]:
             shutil.rmtree(other, ignore_errors=True)
     return found
 
