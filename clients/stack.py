@@ -252,7 +252,7 @@ class Stack:
         self._write_state(nats.url)
 
     def _launch(self, name: str) -> None:
-        from rlvr.infra.nats_server import _parent_death_hook
+        from rlvr.infra.reaper import parent_death_hook
 
         assert self.nats is not None
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -275,7 +275,7 @@ class Stack:
         self.procs[name] = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, preexec_fn=_parent_death_hook(),
+            start_new_session=True, preexec_fn=parent_death_hook(),
         )
         log_file.close()
 

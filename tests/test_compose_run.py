@@ -75,7 +75,8 @@ def local_commands(compose: dict, ports: dict[str, int], data: Path, database_ur
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str]]:
     from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.clients.stack import free_port
-    from rlvr.infra.nats_server import _parent_death_hook, find_nats_binary
+    from rlvr.infra.nats_server import find_nats_binary
+    from rlvr.infra.reaper import parent_death_hook
     from rlvr.peers.base import check_health
 
     made = _postgres_schema_url(POSTGRES_URL)
@@ -104,7 +105,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
                  for a in compose["services"]["nats"]["command"]]
     nats_proc = subprocess.Popen([str(find_nats_binary()), "-a", "127.0.0.1", *nats_argv], stdin=subprocess.DEVNULL,
                                  stdout=open(home / "nats.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                 start_new_session=True, preexec_fn=_parent_death_hook())
+                                 start_new_session=True, preexec_fn=parent_death_hook())
     local_nats_url = home / "nats_url"  # the secret's URL, with nats:4222 mapped as the other host names
     local_nats_url.write_text(files["nats_url"].read_text().replace("@nats:4222", f"@127.0.0.1:{nats_port}"))
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -119,7 +120,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
             with open(home / f"{name}.log", "ab") as log:
                 procs[name] = subprocess.Popen(commands[name], stdin=subprocess.DEVNULL, stdout=log,
                                                stderr=subprocess.STDOUT, env=service_env, cwd=home,
-                                               start_new_session=True, preexec_fn=_parent_death_hook())
+                                               start_new_session=True, preexec_fn=parent_death_hook())
         deadline = time.monotonic() + 300
         pending = set(ORDER)
         while pending:

@@ -115,7 +115,7 @@ class Cluster:
 
     def start(self, label: str, host: Host, service: str, *args: str) -> str:
         from rlvr.clients.stack import free_port
-        from rlvr.infra.nats_server import _parent_death_hook
+        from rlvr.infra.reaper import parent_death_hook
 
         address = f"{host.ip}:{free_port(host.ip)}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLVR_HOME": str(host.home),
@@ -130,7 +130,7 @@ class Cluster:
         with open(self.root / f"{label}.log", "ab") as log:
             self.procs[label] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                                  env=env, cwd=host.home, start_new_session=True,
-                                                 preexec_fn=_parent_death_hook())
+                                                 preexec_fn=parent_death_hook())
         self.addresses[label] = address
         return address
 

