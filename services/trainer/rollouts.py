@@ -223,6 +223,7 @@ class ServiceGenerator:
         self.address = address
         self.auth = auth
         self.client = RolloutClient(address, auth=auth)
+        self._old_clients: list[RolloutClient] = []  # replaced after an outage (`_recover`), closed at the end
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.wait_s = wait_s
@@ -302,6 +303,12 @@ class ServiceGenerator:
             raise RolloutGone(f"the rollout service at {self.address} did not come back within "
                               f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
                               f"failed with: {cause}", self.address) from None
+        # A fresh channel, as the health checks use: the one that saw the server go may still be
+        # backing off its reconnects (gRPC's backoff grows to 120 s over a long outage) and fail
+        # every call at once with UNAVAILABLE, the server up. The old one is closed at the end
+        # only: another thread's call may still be on it (asynchronous steps, prefetch.py).
+        self._old_clients.append(self.client)
+        self.client = RolloutClient(self.address, auth=self.auth)
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
@@ -391,4 +398,5 @@ class ServiceGenerator:
                                          f"when asked for {tag}")
 
     def close(self) -> None:
-        self.client.close()
+        for client in (*self._old_clients, self.client):
+            client.close()
