@@ -106,6 +106,11 @@ class PolicyGenerator(Protocol):
         """Makes the PEFT adapter in `directory` the live version `tag` for the next generate."""
         ...
 
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        """Another process of this job made `directory` the live version `tag` (rank 0 of a job of
+        several processes pushes for all: distributed.py): this generator's live version too."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -197,6 +202,9 @@ class LocalGenerator:
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         pass  # the model generating is the model training: nothing to send
 
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        pass
+
     def close(self) -> None:
         self.model = None
 
@@ -215,7 +223,13 @@ class ServiceGenerator:
     reported through `on_wait` (the job's status message); once it serves again, the adapter last
     pushed is pushed again (unless the server brought it back from its disk) and the call is made
     again, with the same seed, so the step is the one it would have been. Only a server that stays
-    away past `wait_s` fails the job, with a message naming the rollout service."""
+    away past `wait_s` fails the job, with a message naming the rollout service.
+
+    In a job of several processes only rank 0 pushes; the others `adopt_adapter` each version it
+    pushed, and push it again themselves when they find the server without it (`_recover`): a rank
+    that waited for rank 0 instead could wait in vain, as rank 0 may have generated its part of the
+    step before the server went away. Two ranks pushing the same version is harmless: the server
+    takes one, and answers the other FAILED_PRECONDITION ("not newer"), which `_recover` accepts."""
 
     def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0,
                  wait_s: float = 300.0, on_wait: Callable[[str], None] | None = None,
@@ -229,7 +243,7 @@ class ServiceGenerator:
         self.wait_s = wait_s
         self.on_wait = on_wait or (lambda _message: None)
         self.step = 0  # for error messages only
-        self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this trainer made
+        self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this job made (its folder, tag)
         self.last_call: CallTiming | None = None  # the last Generate that returned a batch
 
     def info(self) -> rollout_pb2.RolloutInfo:
@@ -280,7 +294,7 @@ class ServiceGenerator:
                 if e.code.name not in _RECOVERABLE or attempt == _MAX_RECOVERIES:
                     raise
                 if e.code.name == "NOT_FOUND" and self._pushed is None:
-                    raise  # nothing of ours to bring back: a real NOT_FOUND
+                    raise  # nothing of ours to bring back (none pushed nor adopted): a real NOT_FOUND
                 self._recover(e, what, repush)
         raise AssertionError("unreachable")
 
@@ -386,6 +400,14 @@ class ServiceGenerator:
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         self._recovering(lambda: self._load(directory, tag), f"pushing adapter {tag}", repush=False)
+        self._pushed = (directory, tag)
+
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        """Rank 0 pushed `directory` as `tag`: it is brought back from here too, read again only when
+        a later call finds the server without it. The folder then still holds `tag`'s weights: the
+        ranks go in lock-step, and rank 0 saves the next version into it only after the optimizer
+        step, which waits for every rank's rollout of the step (asynchronous steps, which generate
+        beside the optimizer step, do not run across processes: rlvr/jobspec.py)."""
         self._pushed = (directory, tag)
 
     def _load(self, directory: Path, tag: AdapterTag) -> None:
