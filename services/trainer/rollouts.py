@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rlvr.common.auth import ChannelAuth
+from rlvr.common.client import make_channel
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
 from rlvr.v1 import common_pb2, rollout_pb2
 
 if TYPE_CHECKING:
+    import grpc
     import torch
     from transformers import PreTrainedTokenizerBase
 
@@ -238,6 +240,7 @@ class ServiceGenerator:
         self.auth = auth
         self.client = RolloutClient(address, auth=auth)
         self._old_clients: list[RolloutClient] = []  # replaced after an outage (`_recover`), closed at the end
+        self._channels: list[grpc.Channel] = []  # the replacements' channels (their clients do not own them)
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.wait_s = wait_s
@@ -317,12 +320,15 @@ class ServiceGenerator:
             raise RolloutGone(f"the rollout service at {self.address} did not come back within "
                               f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
                               f"failed with: {cause}", self.address) from None
-        # A fresh channel, as the health checks use: the one that saw the server go may still be
-        # backing off its reconnects (gRPC's backoff grows to 120 s over a long outage) and fail
-        # every call at once with UNAVAILABLE, the server up. The old one is closed at the end
-        # only: another thread's call may still be on it (asynchronous steps, prefetch.py).
+        # A fresh channel with a connection of its own, as the health checks use: the one that saw
+        # the server go may still be backing off its reconnects (gRPC's backoff grows with the
+        # outage, up to 120 s) and fail every call at once with UNAVAILABLE, the server up. The
+        # old one is closed at the end only: another thread's call may still be on it
+        # (asynchronous steps, prefetch.py).
         self._old_clients.append(self.client)
-        self.client = RolloutClient(self.address, auth=self.auth)
+        channel = make_channel(self.address, auth=self.auth, own_connection=True)
+        self._channels.append(channel)
+        self.client = RolloutClient(channel)
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
@@ -422,3 +428,5 @@ class ServiceGenerator:
     def close(self) -> None:
         for client in (*self._old_clients, self.client):
             client.close()
+        for channel in self._channels:
+            channel.close()
