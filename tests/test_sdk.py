@@ -371,6 +371,45 @@ def test_raw_stubs_on_shared_channels_get_a_deadline(fakes: Fakes) -> None:
     assert fakes.reward.calls["GetProblems"] == 3
 
 
+def test_a_channel_with_a_connection_of_its_own_reaches_a_server_back_at_once() -> None:
+    """gRPC shares one connection among a process's channels to one address with the same options,
+    and with it the reconnect backoff, which grows while the server is away (1 s, then x1.6 with
+    20% jitter: attempts at about 0, 1, 2.6, 5.2, 9.3, 15.9 s; the fifth comes by 11.1 s and the
+    sixth not before 12.6 s). In that gap a new shared channel fails at once although the server is
+    up, and one with `own_connection` (what a trainer calls a restarted rollout server through:
+    ServiceGenerator._recover) connects."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from rlvr.clients.stack import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+
+    def check(channel: grpc.Channel) -> str:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        except grpc.RpcError as e:
+            return str(e.code().name)
+        return "OK"
+
+    old = make_channel(address)
+    started = time.monotonic()
+    while time.monotonic() - started < 11.5:  # the server is away: the shared connection backs off
+        assert check(old) != "OK"
+        time.sleep(0.2)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    server.add_insecure_port(address)
+    server.start()
+    shared, own = make_channel(address), make_channel(address, own_connection=True)
+    try:
+        assert check(shared) != "OK"  # the shared connection's next attempt is still to come
+        assert check(own) == "OK"
+    finally:
+        for channel in (old, shared, own):
+            channel.close()
+        server.stop(0)
+
+
 def test_a_call_past_its_deadline_is_deadline_exceeded(fakes: Fakes) -> None:
     with RolloutClient(fakes.address) as rollout, pytest.raises(RlvrError) as caught:
         rollout.list_adapters(timeout=0.2)

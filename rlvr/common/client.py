@@ -297,23 +297,31 @@ def channel_credentials(auth: ChannelAuth) -> grpc.ChannelCredentials:
 
 
 @overload
-def make_channel(address: str, *, aio: Literal[False] = False, auth: ChannelAuth | None = None) -> grpc.Channel: ...
+def make_channel(address: str, *, aio: Literal[False] = False, auth: ChannelAuth | None = None,
+                 own_connection: bool = False) -> grpc.Channel: ...
 
 
 @overload
-def make_channel(address: str, *, aio: Literal[True], auth: ChannelAuth | None = None) -> grpc.aio.Channel: ...
+def make_channel(address: str, *, aio: Literal[True], auth: ChannelAuth | None = None,
+                 own_connection: bool = False) -> grpc.aio.Channel: ...
 
 
-def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = None
-                 ) -> grpc.Channel | grpc.aio.Channel:
+def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = None,
+                 own_connection: bool = False) -> grpc.Channel | grpc.aio.Channel:
     """A channel to `address` ("HOST:PORT") with the options above: retries for the idempotent
     methods, keepalive, 64 MiB messages, and a default deadline on every call. `auth` adds the
     bearer token to every call and, with a CA, makes the channel TLS (rlvr.common.auth);
     without it the channel is plaintext and sends no token.
 
+    `own_connection`: a connection of this channel's own. gRPC otherwise shares one among the
+    process's channels to the same address with the same options, and with it its reconnect
+    backoff: after a server restart a new channel fails at once with UNAVAILABLE, as the old one
+    does, until the shared connection's backoff (which grows with the outage) lets it try again.
+
     `aio=True` gives a grpc.aio channel for asyncio code (the services); the SDK and the CLI use
     the synchronous one. The caller closes it (`channel.close()`, awaited for aio)."""
     auth = auth or ChannelAuth()
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)] if own_connection else CHANNEL_OPTIONS
     if aio:
         interceptors: list[grpc.aio.ClientInterceptor] = [
             _AioDefaultUnaryUnary(auth.token),
@@ -322,9 +330,9 @@ def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = 
             _AioDefaultStreamStream(auth.token),
         ]
         if auth.tls:
-            return grpc.aio.secure_channel(address, channel_credentials(auth), options=CHANNEL_OPTIONS,
+            return grpc.aio.secure_channel(address, channel_credentials(auth), options=options,
                                            interceptors=interceptors)
-        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
-    channel = (grpc.secure_channel(address, channel_credentials(auth), options=CHANNEL_OPTIONS) if auth.tls
-               else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    channel = (grpc.secure_channel(address, channel_credentials(auth), options=options) if auth.tls
+               else grpc.insecure_channel(address, options=options))
     return grpc.intercept_channel(channel, _DefaultDeadline(auth.token))

@@ -9,8 +9,9 @@ ranks, its gradients averaged), and rank 0 alone speaks for the job: it writes p
 result.json, saves and pushes each adapter version once, and publishes one MetricEvent per step,
 with the step's completions of every rank (`merge_records`). The other ranks wait for that push
 before they generate the next step (`Group.on_main`, which also carries a failure of rank 0 to the
-others, so that no rank waits forever), and a cancel seen by any rank stops all of them at the same
-step boundary (`Group.any`).
+others, so that no rank waits forever) and adopt the version (`adopt_adapter`: any rank pushes it
+again to a rollout server that lost it), and a cancel seen by any rank stops all of them at the
+same step boundary (`Group.any`).
 
 Processes: the launcher keeps the job process's pid (the exec), so the worker's cancel (SIGTERM to
 that process group, then SIGKILL) reaches torchrun, which passes SIGTERM on to the ranks (each in a

@@ -207,13 +207,18 @@ class _StepCallback:
             step.push(engine.model)  # unwrapped: the PeftModel itself
         else:
             # Rank 0 publishes the step with every rank's completions, saves and pushes the adapter
-            # once; the others wait for the push (and fail with it) before they generate again.
+            # once; the others wait for the push (and fail with it) before they generate again, and
+            # adopt it: a rollout server restarted without it gets it again from whichever rank finds
+            # it gone (rank 0 may have generated its part before the server went away).
             parts = group.gather(shareable(step.record))
             if group.is_main:
                 merge_records(step.record, parts)
-            group.on_main(lambda: step.push(engine.model))
+            pushed = group.on_main(lambda: step.push(engine.model))
+            live = AdapterTag(engine.ctx.job.adapter_name, step.number)
+            if not group.is_main:
+                engine.ctx.generator.adopt_adapter(pushed, live)
             engine.ctx.adapter_step = step.number
-            engine.ctx.live = AdapterTag(engine.ctx.job.adapter_name, step.number)
+            engine.ctx.live = live
         # A cancel seen by any process stops them all after this step.
         if group.any(engine.ctx.hooks.cancel.is_set()):
             control.should_training_stop = True

@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rlvr.common.auth import ChannelAuth
+from rlvr.common.client import make_channel
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
 from rlvr.v1 import common_pb2, rollout_pb2
 
 if TYPE_CHECKING:
+    import grpc
     import torch
     from transformers import PreTrainedTokenizerBase
 
@@ -104,6 +106,11 @@ class PolicyGenerator(Protocol):
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         """Makes the PEFT adapter in `directory` the live version `tag` for the next generate."""
+        ...
+
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        """Another process of this job made `directory` the live version `tag` (rank 0 of a job of
+        several processes pushes for all: distributed.py): this generator's live version too."""
         ...
 
     def close(self) -> None: ...
@@ -197,6 +204,9 @@ class LocalGenerator:
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         pass  # the model generating is the model training: nothing to send
 
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        pass
+
     def close(self) -> None:
         self.model = None
 
@@ -215,7 +225,13 @@ class ServiceGenerator:
     reported through `on_wait` (the job's status message); once it serves again, the adapter last
     pushed is pushed again (unless the server brought it back from its disk) and the call is made
     again, with the same seed, so the step is the one it would have been. Only a server that stays
-    away past `wait_s` fails the job, with a message naming the rollout service."""
+    away past `wait_s` fails the job, with a message naming the rollout service.
+
+    In a job of several processes only rank 0 pushes; the others `adopt_adapter` each version it
+    pushed, and push it again themselves when they find the server without it (`_recover`): a rank
+    that waited for rank 0 instead could wait in vain, as rank 0 may have generated its part of the
+    step before the server went away. Two ranks pushing the same version is harmless: the server
+    takes one, and answers the other FAILED_PRECONDITION ("not newer"), which `_recover` accepts."""
 
     def __init__(self, address: str, generate_timeout_s: float = 600.0, upload_timeout_s: float = 300.0,
                  wait_s: float = 300.0, on_wait: Callable[[str], None] | None = None,
@@ -223,12 +239,14 @@ class ServiceGenerator:
         self.address = address
         self.auth = auth
         self.client = RolloutClient(address, auth=auth)
+        self._old_clients: list[RolloutClient] = []  # replaced after an outage (`_recover`), closed at the end
+        self._channels: list[grpc.Channel] = []  # the replacements' channels (their clients do not own them)
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.wait_s = wait_s
         self.on_wait = on_wait or (lambda _message: None)
         self.step = 0  # for error messages only
-        self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this trainer made
+        self._pushed: tuple[Path, AdapterTag] | None = None  # the live version this job made (its folder, tag)
         self.last_call: CallTiming | None = None  # the last Generate that returned a batch
 
     def info(self) -> rollout_pb2.RolloutInfo:
@@ -279,7 +297,7 @@ class ServiceGenerator:
                 if e.code.name not in _RECOVERABLE or attempt == _MAX_RECOVERIES:
                     raise
                 if e.code.name == "NOT_FOUND" and self._pushed is None:
-                    raise  # nothing of ours to bring back: a real NOT_FOUND
+                    raise  # nothing of ours to bring back (none pushed nor adopted): a real NOT_FOUND
                 self._recover(e, what, repush)
         raise AssertionError("unreachable")
 
@@ -302,6 +320,15 @@ class ServiceGenerator:
             raise RolloutGone(f"the rollout service at {self.address} did not come back within "
                               f"{self.wait_s:.0f} s (health: {status}); {what} at step {self.step} "
                               f"failed with: {cause}", self.address) from None
+        # A fresh channel with a connection of its own, as the health checks use: the one that saw
+        # the server go may still be backing off its reconnects (gRPC's backoff grows with the
+        # outage, up to 120 s) and fail every call at once with UNAVAILABLE, the server up. The
+        # old one is closed at the end only: another thread's call may still be on it
+        # (asynchronous steps, prefetch.py).
+        self._old_clients.append(self.client)
+        channel = make_channel(self.address, auth=self.auth, own_connection=True)
+        self._channels.append(channel)
+        self.client = RolloutClient(channel)
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
@@ -381,6 +408,14 @@ class ServiceGenerator:
         self._recovering(lambda: self._load(directory, tag), f"pushing adapter {tag}", repush=False)
         self._pushed = (directory, tag)
 
+    def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
+        """Rank 0 pushed `directory` as `tag`: it is brought back from here too, read again only when
+        a later call finds the server without it. The folder then still holds `tag`'s weights: the
+        ranks go in lock-step, and rank 0 saves the next version into it only after the optimizer
+        step, which waits for every rank's rollout of the step (asynchronous steps, which generate
+        beside the optimizer step, do not run across processes: rlvr/jobspec.py)."""
+        self._pushed = (directory, tag)
+
     def _load(self, directory: Path, tag: AdapterTag) -> None:
         try:
             info = self.client.load_adapter(tag.name, tag.version, directory, timeout=self.upload_timeout_s)
@@ -391,4 +426,7 @@ class ServiceGenerator:
                                          f"when asked for {tag}")
 
     def close(self) -> None:
-        self.client.close()
+        for client in (*self._old_clients, self.client):
+            client.close()
+        for channel in self._channels:
+            channel.close()

@@ -437,9 +437,12 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     if job.generation_backend == "vllm":
         generator = deps.generator
         assert generator is not None
-        # Once per job, by rank 0; the other ranks wait for it (and fail with it).
+        # Once per job, by rank 0; the other ranks wait for it (and fail with it), and adopt the
+        # init adapter it pushed (engine.py, on_step_end, says why).
         initial = deps.group.on_main(
             lambda: _prepare_rollout(job, generator, base_path, rank))  # type: ignore[arg-type]  # a ServiceGenerator (JobDeps)
+        if not deps.group.is_main and job.init_adapter_path:
+            generator.adopt_adapter(Path(job.init_adapter_path), initial)
     elif job.generation_backend == "vllm_colocate":
         generator = deps.generator or colocated
         assert generator is not None
@@ -488,6 +491,8 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
                     deps.on_step(step, total)
 
             group.on_main(restore_adapter)
+            if not group.is_main:
+                generator.adopt_adapter(saved, live)
         engine.restore(state, live)
         result.steps_done = step
         log.info("job %s: resuming from step %d (checkpoint %s)", job.job_id, step, checkpoint.name)

@@ -229,8 +229,9 @@ class Step:
 
     # 4. push -------------------------------------------------------------------------------------
 
-    def push(self, model: Any) -> None:
-        """Saves the adapter (PEFT files only) and makes it the generator's live version = step number."""
+    def push(self, model: Any) -> Path:
+        """Saves the adapter (PEFT files only) and makes it the generator's live version = step
+        number; the folder it was pushed from."""
         ctx = self.ctx
         started = time.perf_counter()  # sync = saving the PEFT files + pushing them to the generator
         adapter_dir = ctx.hooks.save_adapter(model, self.number)
@@ -240,6 +241,7 @@ class Step:
         ctx.live = tag
         self.record.sync_seconds = time.perf_counter() - started
         self.record.finish()
+        return adapter_dir
 
     # 5. publish ----------------------------------------------------------------------------------
 
