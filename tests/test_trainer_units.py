@@ -320,3 +320,26 @@ def test_capabilities_of_a_gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert list(worker_capabilities(driver_files=[str(driver)]).precisions) == ["fp32", "fp16"]
     no_driver = worker_capabilities(driver_files=[str(tmp_path / "absent")])
     assert no_driver.device_kind == "cpu" and not no_driver.gpus and "fp16" not in no_driver.precisions
+
+
+@pytest.mark.parametrize(("status", "cancel_marked", "world", "expected"), [
+    ("cancelled", False, 2, ("failed", "training process 1 failed: NOT_FOUND: adapter job-x v2")),
+    ("failed", False, 2, ("failed", "training process 1 failed: NOT_FOUND: adapter job-x v2")),
+    ("cancelled", True, 2, ("cancelled", "")),  # the worker's own cancel stays a cancel
+    ("completed", False, 2, ("completed", "")),
+    ("cancelled", False, 1, ("cancelled", "")),  # one process: no other rank to blame
+])
+def test_rank_0_reports_another_ranks_failure_not_torchruns_sigterm(
+    tmp_path: Path, status: str, cancel_marked: bool, world: int, expected: tuple[str, str]
+) -> None:
+    from rlvr.services.trainer import artifacts
+    from rlvr.services.trainer.job_process import settle_ranks
+    from rlvr.services.trainer.runner import JobResult
+
+    artifacts.write_json_atomic(tmp_path / "result-rank1.json", JobResult(
+        job_id="x", status="failed", error="NOT_FOUND: adapter job-x v2").to_json())
+    if cancel_marked:
+        (tmp_path / artifacts.CANCEL_FILE).touch()
+    result = JobResult(job_id="x", status=status)  # type: ignore[arg-type]  # the parametrized outcome
+    settle_ranks(result, tmp_path, world)
+    assert (result.status, result.error) == expected

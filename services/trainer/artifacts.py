@@ -7,6 +7,8 @@ leaving a half-written one behind.
     <artifact_root>/jobs/<job_id>/trl/checkpoint-N/   TRL's checkpoints at the same steps: what a
                                                       resume starts from (runner.resume_point)
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
+    <artifact_root>/jobs/<job_id>/result-rank<N>.json  a failed rank's result (a job of several processes)
+    <artifact_root>/jobs/<job_id>/cancel-requested    the worker's mark that its SIGTERM is a cancel
     <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
 
 The adapter is rewritten after every optimizer step (it is also what goes to the rollout service),
@@ -27,6 +29,8 @@ from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
 from rlvr.common.errors import InvalidArgument, shown
 
 log = logging.getLogger("rlvr.trainer.artifacts")
+
+CANCEL_FILE = "cancel-requested"
 
 
 def check_name(name: str, field: str) -> str:
@@ -57,6 +61,22 @@ def adapter_dir(root: Path, job_id: str) -> Path:
 
 def checkpoint_dir(root: Path, job_id: str, step: int) -> Path:
     return job_dir(root, job_id) / "checkpoints" / f"step-{step}"
+
+
+def unlink_rank_results(job_dir: Path) -> None:
+    """The results of a job's ranks other than 0 (`result-rank<N>.json`, job_process.py)."""
+    for path in job_dir.glob("result-rank*.json"):
+        path.unlink(missing_ok=True)
+
+
+def rank_failure(job_dir: Path) -> str | None:
+    """The error of the first failed rank of a job of several processes (job_process.py), if any."""
+    for path in sorted(job_dir.glob("result-rank*.json")):
+        data = read_json(path)
+        if data is not None and data.get("status") == "failed":
+            rank = path.stem.removeprefix("result-rank")
+            return f"training process {rank} failed: {data.get('error') or 'no cause given'}"
+    return None
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

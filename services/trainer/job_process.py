@@ -41,6 +41,7 @@ from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
     from rlvr.services.trainer.config import JobConfig
+    from rlvr.services.trainer.runner import JobResult
 
 log = logging.getLogger("rlvr.trainer.job")
 
@@ -181,6 +182,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
             return 0
         artifacts.write_json_atomic(job_dir / f"result-rank{group.rank}.json", result.to_json())
         return 1  # torchrun then stops the other ranks rather than leaving them waiting for this one
+    settle_ranks(result, job_dir, group.world)
     artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)
@@ -195,6 +197,18 @@ def run(job_dir: Path, group: Group | None = None) -> int:
     log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
     # A failed job of several processes: a nonzero exit makes torchrun stop the other ranks.
     return 1 if group.world > 1 and result.status == "failed" else 0
+
+
+def settle_ranks(result: JobResult, job_dir: Path, world: int) -> None:
+    """Rank 0's result of a job of several processes, with another rank's failure as its cause:
+    once a rank has failed (its result-rank<N>.json written), torchrun stops the others with
+    SIGTERM, which rank 0 would report as a cancel, or rank 0's collective breaks first. A SIGTERM
+    is a cancel only when the worker marked it so (artifacts.CANCEL_FILE)."""
+    if world == 1 or result.status == "completed" or (job_dir / artifacts.CANCEL_FILE).exists():
+        return
+    failure = artifacts.rank_failure(job_dir)
+    if failure is not None:
+        result.status, result.error = "failed", failure
 
 
 def _resume_step(job: JobConfig) -> int | None:

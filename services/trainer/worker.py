@@ -171,9 +171,9 @@ class JobSupervisor:
     @staticmethod
     def _fresh_job_dir(job_dir: Path) -> None:
         """A job id started again without `resume` starts from nothing: no stale result or adapter."""
-        for name in ("result.json", "progress.json"):
+        for name in ("result.json", "progress.json", artifacts.CANCEL_FILE):
             (job_dir / name).unlink(missing_ok=True)
-        _unlink_rank_results(job_dir)
+        artifacts.unlink_rank_results(job_dir)
         for name in ("adapter", "checkpoints", "trl"):
             shutil.rmtree(job_dir / name, ignore_errors=True)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -183,8 +183,9 @@ class JobSupervisor:
         """A resume (StartJobRequest.resume) keeps the checkpoints, the adapter of the last finished
         step and progress.json (the step that adapter is of, until the resumed run finishes one);
         only a stale result goes. The job process picks the checkpoint (runner.resume_point)."""
-        (job_dir / "result.json").unlink(missing_ok=True)
-        _unlink_rank_results(job_dir)
+        for name in ("result.json", artifacts.CANCEL_FILE):
+            (job_dir / name).unlink(missing_ok=True)
+        artifacts.unlink_rank_results(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
 
     def _progress(self, job_id: str) -> tuple[int, int]:
@@ -221,7 +222,7 @@ class JobSupervisor:
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_CANCELLED, "", adapter)
             await self._publish_final(last, step)
             return last
-        failed_rank = _rank_failure(job_dir)
+        failed_rank = artifacts.rank_failure(job_dir)
         if failed_rank is not None:  # a job of several processes whose rank other than 0 failed
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED, failed_rank, adapter)
             await self._publish_final(last, step)
@@ -261,6 +262,10 @@ class JobSupervisor:
                 return self.last.adapter  # already over: cancelling again changes nothing
             raise NotFound(f"job_id: {job_id!r} is not running on worker {self.settings.worker_name}")
         running.cancel_requested = True
+        # The mark that this SIGTERM is a cancel: a job's rank 0 also gets one from torchrun when
+        # another rank failed, which must read as that failure (job_process.settle_ranks).
+        with contextlib.suppress(OSError):
+            (artifacts.job_dir(self.root, job_id) / artifacts.CANCEL_FILE).touch()
         self._signal(running, signal.SIGTERM)
         try:
             await asyncio.wait_for(running.done.wait(), self.settings.cancel_grace_seconds)
@@ -319,21 +324,6 @@ def _end_orphan(job_dir: Path) -> None:
         log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-
-
-def _unlink_rank_results(job_dir: Path) -> None:
-    for path in job_dir.glob("result-rank*.json"):
-        path.unlink(missing_ok=True)
-
-
-def _rank_failure(job_dir: Path) -> str | None:
-    """The error of the first failed rank of a job of several processes (job_process.py), if any."""
-    for path in sorted(job_dir.glob("result-rank*.json")):
-        data = artifacts.read_json(path)
-        if data is not None and data.get("status") == "failed":
-            rank = path.stem.removeprefix("result-rank")
-            return f"training process {rank} failed: {data.get('error') or 'no cause given'}"
-    return None
 
 
 def _log_tail(path: Path) -> str:
