@@ -22,7 +22,9 @@ except the rollout server's engine, one after the other:
   `--rollout-address`, or a rollout server (vLLM, `--rollout-memory`) the bench starts for it;
   the vllm-colocate run creates its engine with `--gpu-memory`, as a job does. With `--async-steps K`
   the vllm run is made a second time with `advanced.max_async_steps = K` (skipped, with a note, while
-  `JobConfig` has no such field).
+  `JobConfig` has no such field). With `--trl-lag-pass` once more with TRL's own policy-lag ratio (its
+  extra no-grad forward of the batch for the old logprobs, engine.py `can_defer_ratio` off) instead
+  of the ratio taken from the training forward.
 
 The first `--skip` steps of each run are left out (lazy initialisation, the engines' first
 batches). Prints one row per run with the same columns, the load average before and after (the
@@ -55,6 +57,7 @@ BACKENDS = {"vllm": "vllm", "vllm-colocate": "vllm_colocate", "transformers": "t
 TRL_RUN = "TRL GRPOTrainer (transformers, in-process)"
 TRL_VLLM_RUN = "TRL GRPOTrainer (vLLM colocate)"
 ASYNC_RUN = "rlvr, vLLM (rollout server), max_async_steps={k}"
+LAG_PASS_RUN = ASYNC_RUN + ", TRL's old-logprob pass"
 RUN_NAMES = {"vllm": "rlvr, vLLM (rollout server)", "vllm-colocate": "rlvr, vLLM (colocate)",
              "transformers": "rlvr, Transformers (in-process)"}
 
@@ -84,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='also TRL with GRPOConfig(use_vllm=True, vllm_mode="colocate")')
     p.add_argument("--async-steps", type=int, default=0,
                    help="also the vllm run with advanced.max_async_steps = this (0 = not)")
+    p.add_argument("--trl-lag-pass", action="store_true",
+                   help="with --async-steps, also that run with TRL's extra old-logprob pass for the lag ratio")
     p.add_argument("--out", type=Path, default=Path(".rlvr/bench/trainer_step.json"))
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -273,6 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps)
             walls[name] = time.perf_counter() - started
+            if args.trl_lag_pass:
+                from unittest import mock
+
+                name = LAG_PASS_RUN.format(k=args.async_steps)
+                started = time.perf_counter()
+                with mock.patch("rlvr.services.trainer.engine.can_defer_ratio", lambda _: False):
+                    runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps)
+                walls[name] = time.perf_counter() - started
     load_after = os.getloadavg()
 
     config = (f"model {args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x "

@@ -20,7 +20,8 @@ adapters disabled) is the base model, or base + init_adapter for a stacked job. 
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
 step per generation, so no importance ratio is needed) unless advanced.max_async_steps > 0: then the
 next steps are generated while this one trains (prefetch.py), and TRL's truncated importance
-sampling against the rollout's logprobs corrects the lag (`trainer_class(correct_lag=True)`).
+sampling against the rollout's logprobs corrects the lag (`trainer_class(correct_lag=True)`), its
+ratio taken from the training forward rather than from TRL's extra no-grad pass (`lag_ratio`).
 """
 
 from __future__ import annotations
@@ -250,6 +251,46 @@ def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
     return StepCallback(engine)
 
 
+def can_defer_ratio(args: Any) -> bool:
+    """Whether the lag ratio can come from the training forward (`trainer_class`): TRL's token_truncate
+    correction, and each generation trained on before any optimizer step changes the policy (TRL's
+    own condition for skipping its old-logprob pass). Else TRL's own pass runs."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    return bool(args.vllm_importance_sampling_mode == "token_truncate" and args.num_iterations == 1
+                and args.gradient_accumulation_steps % generate_every == 0)
+
+
+def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
+    """TRL's token_truncate importance ratio (trl 1.16, GRPOTrainer._generate_and_score_completions)
+    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it."""
+    import torch
+    from trl.trainer.utils import nanmax, nanmin
+
+    sampling = inputs["sampling_per_token_logps"]
+    mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+    # NaN sampling logprobs (unscored tokens) give a ratio of 1, as in TRL.
+    ratio = torch.exp(torch.nan_to_num((logps - sampling) * mask, nan=0.0))
+    ratio = torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min,
+                        max=trainer.vllm_importance_sampling_clip_max)
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    gather = trainer.accelerator.gather
+    zero = torch.tensor(0.0, device=logps.device)
+    delta = torch.abs(logps - sampling)
+    delta = delta[mask.bool() & ~torch.isnan(delta)]
+    metrics["sampling/sampling_logp_difference/mean"].append(
+        gather(delta.mean() if delta.numel() else zero).mean().item())
+    metrics["sampling/sampling_logp_difference/max"].append(
+        gather(delta.max() if delta.numel() else zero).max().item())
+    flat = ratio[mask.bool()]
+    metrics["sampling/importance_sampling_ratio/min"].append(
+        nanmin(gather(flat.min() if flat.numel() else zero)).item())
+    metrics["sampling/importance_sampling_ratio/mean"].append(
+        gather(flat.mean() if flat.numel() else zero).nanmean().item())
+    metrics["sampling/importance_sampling_ratio/max"].append(
+        nanmax(gather(flat.max() if flat.numel() else zero)).item())
+    return ratio
+
+
 class _NoEngine:
     """TRL's vLLM handle for a trainer whose rollout_func generates: our Step pushes the adapters."""
 
@@ -261,10 +302,14 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
     """GRPOTrainer with `EpochSampler` around its train sampler; with `correct_lag` (asynchronous
     steps, prefetch.py) also with TRL's importance-sampling correction against the rollout's own
     logprobs, which TRL applies only to vLLM rollouts (`use_vllm`): it is turned on after TRL's
-    setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op."""
+    setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op. The correction's
+    ratio comes from the loss's own forward (`deferred_ratio`, below), not from a forward of its own."""
     from trl import GRPOTrainer
 
     class Trainer(GRPOTrainer):
+        deferred_ratio = False  # the lag ratio from the loss's own forward (`_compute_loss`)
+        _ratio_inputs: dict[str, Any] | None = None  # the loss's inputs, until its forward
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.epoch_sampler: EpochSampler | None = getattr(self, "epoch_sampler", None)
@@ -273,6 +318,43 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
                 self.vllm_mode = "server"
                 self.vllm_generation = _NoEngine()
                 self._last_loaded_step = -1
+                self.deferred_ratio = can_defer_ratio(self.args)
+
+        # The lag ratio without TRL's extra pass. TRL computes exp(logp_old - logp_sampling) from a
+        # no-grad forward of the whole batch (`old_per_token_logps`) in _generate_and_score_completions,
+        # then trains with a second forward under the same adapter. When every generation is trained on
+        # within one optimizer step (num_iterations == 1, gradient_accumulation_steps a multiple of
+        # steps_per_generation: TRL's own condition for old == current, `can_defer_ratio`), no parameter
+        # changes between those two forwards and the inputs are the same rows, so logp_old is the
+        # training forward's logp, detached: the ratio is computed from that one instead, and TRL's PPO
+        # ratio exp(logp - logp_old) is then exp(logp - logp.detach()) = 1 with TRL's gradient. prime-rl
+        # does the same: its trainer takes the ratio against the rollout's `inference_logprobs` from
+        # the training forward's `trainer_logprobs`, with no old-logprob pass (src/prime_rl/trainer/rl/
+        # train.py and loss.py `compute_loss`). tests/test_trainer_lag_ratio.py: bit-equal on CPU.
+        def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+            if not self.deferred_ratio:
+                return super()._generate_and_score_completions(inputs)
+            self.vllm_importance_sampling_correction = False  # TRL's pass and ratio are skipped
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.vllm_importance_sampling_correction = True
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            if not self.deferred_ratio or "importance_sampling_ratio" in inputs:
+                return super()._compute_loss(model, inputs)
+            self._ratio_inputs = inputs  # the loss's forward (below) fills in the ratio it then applies
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._ratio_inputs = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            inputs, self._ratio_inputs = self._ratio_inputs, None  # the loss's one forward of the policy
+            if inputs is not None:
+                inputs["importance_sampling_ratio"] = lag_ratio(self, result[0].detach(), inputs)
+            return result
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:
             self.epoch_sampler = EpochSampler(super()._get_train_sampler(dataset))

@@ -16,10 +16,10 @@ Rows outside the bound, or a prefetch of other prompts, are dropped with a warni
 generated again synchronously from the live policy.
 
 The lag is corrected with importance weights (the engine turns on TRL's own correction for k >= 1:
-engine.py, `trainer_class`): TRL recomputes each row's per-token log-probabilities under the policy
-it is about to update and weights the loss by exp(logp_policy - logp_rollout), per token, truncated
-at 3 (`vllm_importance_sampling_mode="token_truncate"`, `vllm_importance_sampling_clip_max=3.0`:
-GRPOTrainer._generate_and_score_completions / _compute_loss in trl 1.16; the truncated importance
+engine.py, `trainer_class`): the loss is weighted by exp(logp_policy - logp_rollout), per token,
+truncated at 3, logp_policy from the training forward itself (engine.py `lag_ratio`; TRL's own
+extra no-grad pass computes the same numbers) (`vllm_importance_sampling_mode="token_truncate"`,
+`vllm_importance_sampling_clip_max=3.0`: GRPOTrainer._generate_and_score_completions / _compute_loss in trl 1.16; the truncated importance
 sampling of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
 Training", which verl's rollout correction and prime-rl's async trainer also use). The rollout
 logprobs are the rollout server's own, of the tempered distribution each token was drawn from.
