@@ -2,12 +2,13 @@
 launches it with torchrun (gloo), rank 0 alone publishes, and the job trains what one process
 trains with the same global batch.
 
-Why they can agree: each prompt's group is sampled under a seed of its own (the step's seed and the
-prompt's index in the step's whole batch: rollouts.LocalGenerator), so the split does not change
-the completions; TRL gathers the rewards across ranks for the group advantages and normalises the
-DAPO loss by the global token count; DDP averages the two halves' gradients. What remains is the
-order of float32 sums (the gradient all-reduce), so losses and the final adapter agree to a
-tolerance (LOSS_TOL, ADAPTER_TOL), not bit for bit.
+Why they can agree: each prompt's group is sampled with random numbers of its own (seeded by the
+step's seed and the prompt's index in the step's whole batch: rollouts.SeededSampler, in one batched
+generate call), so the split does not change the completions; TRL gathers the rewards across
+ranks for the group advantages and normalises the DAPO loss by the global token count; DDP
+averages the two halves' gradients. What remains is the order of float32 sums (the gradient
+all-reduce), so losses and the final adapter agree to a tolerance (LOSS_TOL, ADAPTER_TOL), not bit
+for bit.
 """
 
 from __future__ import annotations

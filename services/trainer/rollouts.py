@@ -134,13 +134,46 @@ def prompt_seed(seed: int, index: int) -> int:
     return (mixed ^ (mixed >> 31)) % 2**63
 
 
+class SeededSampler:
+    """A transformers logits processor that samples each row from softmax(scores / temperature) with
+    random numbers of its own prompt's: the Gumbel-max trick, argmax(scores / T + G) with G standard
+    Gumbel noise, is a draw from softmax(scores / T). `generate` runs it with do_sample=False, so its
+    greedy argmax makes that draw and no temperature, top-k or top-p warper touches the scores.
+
+    Prompt i's `group_size` rows draw their noise from one torch.Generator seeded with `seeds[i]`,
+    one (group_size, vocab) block per decoding step, whether or not a row has finished (transformers
+    pads finished rows after the argmax): a row's t-th token depends only on its prompt's seed, its
+    row in the group and its own logits, never on which other prompts share the batch."""
+
+    def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, device: torch.device) -> None:
+        import torch
+
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self.group_size = group_size
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        if self.temperature <= 0:  # greedy: the argmax of the scores themselves
+            return scores
+        shape = (self.group_size, scores.shape[-1])
+        uniform = torch.cat([torch.rand(shape, generator=g, device=scores.device, dtype=torch.float32)
+                             for g in self.generators])
+        tiny = torch.finfo(torch.float32).tiny  # rand is in [0, 1): keep the logs finite
+        gumbel = -torch.log(-torch.log(uniform.clamp_(min=tiny)))
+        return scores.float() / self.temperature + gumbel
+
+
 class LocalGenerator:
     """In-process sampling from the policy being trained (transformers + peft).
 
-    With a seed, each prompt's group is sampled under a seed of its own (`prompt_seed` of the
-    step's seed and the prompt's index in the step's whole batch: `prompt_offset` is where this
-    process's share of it starts), so a job split across processes (advanced.num_processes) gets
-    the completions a single process would."""
+    One batched `generate` call per step for all prompts. Each prompt's group is sampled with random
+    numbers of its own (`SeededSampler`), seeded with `prompt_seed` of the step's seed and the
+    prompt's index in the step's whole batch (`prompt_offset` is where this process's share of it
+    starts), so a job split across processes (advanced.num_processes) gets the completions a single
+    process would. Unseeded (`sampling.seed` None), the step's seed is drawn from torch's global
+    generator (so `torch.manual_seed` still makes a run repeat)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int],
                  prompt_offset: int = 0) -> None:
@@ -156,23 +189,16 @@ class LocalGenerator:
         import torch
 
         started = time.perf_counter()
-        if sampling.seed is None:
-            completion_ids, clipped = self._sample(prompts, sampling)
-        else:
-            completion_ids, clipped = [], []
-            device = next(self.model.parameters()).device if self.model is not None else None
-            for i, prompt in enumerate(prompts):
-                with torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else []):
-                    torch.manual_seed(prompt_seed(sampling.seed, self.prompt_offset + i))
-                    ids, cut = self._sample([prompt], sampling)
-                completion_ids += ids
-                clipped += cut
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        seeds = [prompt_seed(seed, self.prompt_offset + i) for i in range(len(prompts))]
+        completion_ids, clipped = self._sample(prompts, sampling, seeds)
         rows = [list(p) for p in prompts for _ in range(sampling.group_size)]
         return RolloutBatch(rows, completion_ids, None, clipped, expected, time.perf_counter() - started)
 
-    def _sample(self, prompts: Sequence[list[int]], sampling: Sampling) -> tuple[list[list[int]], list[bool]]:
+    def _sample(self, prompts: Sequence[list[int]], sampling: Sampling,
+                seeds: Sequence[int]) -> tuple[list[list[int]], list[bool]]:
         import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
 
         assert self.model is not None, "LocalGenerator.bind(model) first"
         pad = int(self.tokenizer.pad_token_id)
@@ -184,15 +210,17 @@ class LocalGenerator:
             input_ids[i, width - len(row):] = torch.tensor(row)
             attention[i, width - len(row):] = 1
         device = next(self.model.parameters()).device
-        # top_k=0 and top_p=1: sample from the full tempered distribution, the one TRL's loss
-        # evaluates (it divides the logits by the same temperature).
+        # do_sample=False: no temperature, top-k or top-p warper; SeededSampler turns the greedy
+        # argmax into a draw from the full tempered distribution, the one TRL's loss evaluates (it
+        # divides the logits by the same temperature).
         config = GenerationConfig(
-            do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0,
-            max_new_tokens=sampling.max_tokens, pad_token_id=pad, eos_token_id=self.eos_token_ids,
+            do_sample=False, max_new_tokens=sampling.max_tokens, pad_token_id=pad, eos_token_id=self.eos_token_ids,
         )
+        sampler = SeededSampler(seeds, sampling.group_size, sampling.temperature, device)
         with torch.no_grad():
             out = self.model.generate(  # type: ignore[operator]  # a transformers model; nn.Module says Tensor | Module
-                input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
             )
         completion_ids, clipped = [], []
         for generated in out[:, width:].tolist():

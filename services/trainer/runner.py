@@ -448,8 +448,9 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         assert generator is not None
         initial = _publish_init(job, generator)
     else:
-        # Each prompt's group is sampled under a seed of its own (step, index in the step's global
-        # batch): the completions do not depend on how the batch is split across processes.
+        # One batched generate call, each prompt's group sampled with random numbers of its own
+        # (seeded by step and index in the step's global batch: rollouts.SeededSampler): the
+        # completions do not depend on how the batch is split across processes.
         offset = deps.group.rank * (job.prompts_per_step // deps.group.world)
         generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer), prompt_offset=offset)
         initial = BASE_MODEL

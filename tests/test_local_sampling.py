@@ -1,0 +1,118 @@
+"""The transformers backend's in-process sampler (rollouts.LocalGenerator, SeededSampler): one batched
+`generate` call per step whose completions do not depend on how the step's batch is split across
+processes, drawn from softmax(logits / temperature)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlvr.peers.types import BASE_MODEL, Sampling
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
+
+GROUP = 4
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model: str) -> tuple[Any, Any, list[int]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
+    return model, tokenizer, eos
+
+
+def _prompts(tokenizer: Any) -> list[list[int]]:
+    # Short prompts first and long ones last: each half of the batch is left-padded to another width
+    # than the whole batch is, so the split changes every row's padding.
+    texts = [f"{a}+{b}=" for a, b in [(1, 2), (3, 4), (12, 5), (7, 80)]]
+    texts += [f"What is {a} + {b}? Answer in <answer></answer>." for a, b in [(123, 4567), (89, 10), (5, 6), (42, 4242)]]
+    return [tokenizer(text)["input_ids"] for text in texts]
+
+
+def _generate(policy: tuple[Any, Any, list[int]], prompts: list[list[int]], seed: int | None,
+              offset: int = 0, temperature: float = 1.0) -> Any:
+    from rlvr.services.trainer.rollouts import LocalGenerator
+
+    model, tokenizer, eos = policy
+    generator = LocalGenerator(tokenizer, eos, prompt_offset=offset)
+    generator.bind(model)
+    sampling = Sampling(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, group_size=GROUP)
+    return generator.generate(prompts, sampling, BASE_MODEL)
+
+
+def test_a_seeded_batch_samples_the_same_completions_whole_split_or_one_prompt_at_a_time(
+        policy: tuple[Any, Any, list[int]]) -> None:
+    prompts = _prompts(policy[1])
+    assert len({len(p) for p in prompts[:4]}) < len({len(p) for p in prompts}), "the halves pad differently"
+    whole = _generate(policy, prompts, seed=11)
+    halves = [_generate(policy, prompts[:4], seed=11), _generate(policy, prompts[4:], seed=11, offset=4)]
+    singles = [_generate(policy, [p], seed=11, offset=i) for i, p in enumerate(prompts)]
+
+    assert len(whole.completion_ids) == len(prompts) * GROUP
+    assert whole.prompt_ids == [p for p in prompts for _ in range(GROUP)]
+    assert whole.completion_ids == halves[0].completion_ids + halves[1].completion_ids
+    assert whole.clipped == halves[0].clipped + halves[1].clipped
+    assert whole.completion_ids == [c for batch in singles for c in batch.completion_ids]
+    # Rows that stopped early (and were padded while others went on) are part of what agreed.
+    assert any(not cut for cut in whole.clipped) and any(whole.clipped), whole.clipped
+    # The rows of a group are different samples, not copies.
+    assert len({tuple(c) for c in whole.completion_ids[:GROUP]}) > 1, whole.completion_ids[:GROUP]
+
+
+def test_other_seeds_or_offsets_sample_other_completions(policy: tuple[Any, Any, list[int]]) -> None:
+    prompts = _prompts(policy[1])
+    first = _generate(policy, prompts, seed=11).completion_ids
+    assert _generate(policy, prompts, seed=11).completion_ids == first
+    assert _generate(policy, prompts, seed=12).completion_ids != first
+    # The second half sampled as if it were the first half of the step gets other completions.
+    assert _generate(policy, prompts[4:], seed=11).completion_ids != first[4 * GROUP:]
+
+
+def test_unseeded_sampling_follows_torchs_global_seed(policy: tuple[Any, Any, list[int]]) -> None:
+    import torch
+
+    prompts = _prompts(policy[1])
+    torch.manual_seed(5)
+    first = _generate(policy, prompts, seed=None).completion_ids
+    second = _generate(policy, prompts, seed=None).completion_ids
+    torch.manual_seed(5)
+    assert _generate(policy, prompts, seed=None).completion_ids == first
+    assert second != first
+
+
+def test_zero_temperature_is_greedy(policy: tuple[Any, Any, list[int]]) -> None:
+    prompts = _prompts(policy[1])
+    batch = _generate(policy, prompts, seed=11, temperature=0.0)
+    for i in range(len(prompts)):  # every row of a group the same, whatever the seed
+        assert len({tuple(c) for c in batch.completion_ids[i * GROUP:(i + 1) * GROUP]}) == 1
+    assert _generate(policy, prompts, seed=12, temperature=0.0).completion_ids == batch.completion_ids
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_the_sampler_draws_from_softmax_of_logits_over_temperature(temperature: float) -> None:
+    """Token frequencies over 48,000 draws of a fixed 5-token distribution (one token masked to -inf)
+    against softmax(logits / T), fixed seeds: 0.01 is over 4 sigma for every token here, while the
+    three temperatures' distributions are at least 0.10 apart on some token."""
+    import torch
+
+    from rlvr.services.trainer.rollouts import SeededSampler
+
+    logits = torch.tensor([0.0, 1.0, 2.0, 2.5, float("-inf")])
+    prompts, group, steps = 40, 6, 200  # one (prompts x group) batch per decoding step
+    sampler = SeededSampler(list(range(prompts)), group, temperature, torch.device("cpu"))
+    scores = logits.repeat(prompts * group, 1)
+    counts = torch.zeros(len(logits))
+    for _ in range(steps):
+        picked = torch.argmax(sampler(torch.zeros((prompts * group, 1), dtype=torch.long), scores.clone()), dim=-1)
+        counts += torch.bincount(picked, minlength=len(logits)).float()
+    frequencies = counts / counts.sum()
+    expected = torch.softmax(logits / temperature, dim=-1)
+    assert counts[-1] == 0  # a masked token is never drawn
+    assert torch.allclose(frequencies, expected, atol=0.01), (frequencies, expected)
+    for other in {0.5, 1.0, 1.7} - {temperature}:  # the bound tells the temperatures apart
+        assert (torch.softmax(logits / other, dim=-1) - frequencies).abs().max() > 0.08
