@@ -20,6 +20,15 @@ ones, and `punica_cpu`, which imported them by name). The engine's worker runs i
 spawns, so the engine is built with `worker_extension_cls=EXTENSION`: vLLM imports this module in
 every worker before the model is loaded, and importing it installs the ops (the extension class adds
 nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is used.
+
+The same import shortens the worker's idle spin (`shorten_idle_spin`). vLLM's worker waits for its
+next instruction on a shared-memory queue by spinning (`sched_yield`) for 1 s after its last read
+before it sleeps on a socket (`shm_broadcast.SpinCondition`, `busy_loop_s=1`): on a GPU host that
+saves microseconds per step. On a CPU host it takes a core for a whole second after every Generate,
+the very second the trainer spends on its update, on the same cores: measured, 0.8 CPU-seconds of
+the worker in the 0.8 s after a call (`bench/rollout_idle.py`). The worker here spins for at most
+RLVR_VLLM_IDLE_SPIN_S (default 0: it sleeps on the socket at once; the writer always notifies it,
+so no message waits).
 """
 
 from __future__ import annotations
@@ -32,10 +41,41 @@ _installed = False
 
 
 def grouped_lora_ops() -> dict[str, str]:
-    """The engine argument (AsyncEngineArgs / vllm.LLM) that installs the grouped ops in the engine's
-    worker; for a CPU engine. RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own ops, to measure the difference
-    (bench/rollout_gap.py)."""
-    return {} if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") == "vllm" else {"worker_extension_cls": EXTENSION}
+    """The engine argument (AsyncEngineArgs / vllm.LLM) that makes the engine's worker import this
+    module, for a CPU engine: it installs the grouped ops (RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own,
+    to measure the difference, bench/rollout_gap.py) and shortens the idle spin
+    (RLVR_VLLM_IDLE_SPIN_S; bench/rollout_idle.py)."""
+    return {"worker_extension_cls": EXTENSION}
+
+
+def idle_spin_seconds() -> float:
+    """How long a CPU engine's worker spins for its next instruction before it sleeps (vLLM: 1 s)."""
+    return float(os.environ.get("RLVR_VLLM_IDLE_SPIN_S", "0"))
+
+
+def shorten_idle_spin(seconds: float) -> bool:
+    """Caps the busy-wait of every shared-memory queue reader created in this process from now on
+    at `seconds` (see the module docstring); False when this vLLM has no such setting."""
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return False
+    spin = getattr(shm_broadcast, "SpinCondition", None)
+    if spin is None:
+        return False
+    original = spin.__init__
+    if getattr(original, "_rlvr_capped", None) is not None:
+        original = original._rlvr_original
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "is_reader", False):
+            self.busy_loop_s = min(self.busy_loop_s, seconds)
+
+    __init__._rlvr_capped = seconds  # type: ignore[attr-defined]  # marks (and undoes) our patch
+    __init__._rlvr_original = original  # type: ignore[attr-defined]
+    spin.__init__ = __init__
+    return True
 
 
 def _extent(stacked: Any, slots: Any, slot: int) -> tuple[int, int]:
@@ -138,8 +178,10 @@ def install() -> bool:
 
 
 class GroupedLoraOps:
-    """vLLM's `worker_extension_cls`: a worker imports this module (which installs the ops) before it
-    loads the model. It adds no methods to the worker."""
+    """vLLM's `worker_extension_cls`: a worker imports this module (which installs the ops and caps
+    the idle spin) before it loads the model and opens its queues. It adds no methods to the worker."""
 
 
-install()
+if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") != "vllm":
+    install()
+shorten_idle_spin(idle_spin_seconds())

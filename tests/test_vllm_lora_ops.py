@@ -41,6 +41,40 @@ def test_installed_in_vllms_modules() -> None:
     assert original.bgmv_shrink is not grouped.bgmv_shrink  # the reference below is vLLM's own
 
 
+def test_a_queue_reader_spins_no_longer_than_the_cap_and_still_wakes_on_a_write(tmp_path) -> None:  # noqa: ANN001
+    """vLLM's worker spins 1 s for its next instruction (SpinCondition.busy_loop_s) before it sleeps
+    on the writer's notification; capped, it sleeps at once, and a write still wakes it."""
+    import threading
+    import time
+
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    context, address = zmq.Context(), f"ipc://{tmp_path}/notify"
+    try:
+        assert grouped.shorten_idle_spin(0.0)
+        writer = SpinCondition(is_reader=False, context=context, notify_address=address)
+        reader = SpinCondition(is_reader=True, context=context, notify_address=address)
+        assert reader.busy_loop_s == 0.0 and writer.busy_loop_s == 0
+        time.sleep(0.2)  # the subscription reaches the publisher
+        reader.record_read()  # a read just now: with vLLM's 1 s it would spin, not sleep
+        threading.Timer(0.3, writer.notify).start()
+        started = time.monotonic()
+        reader.wait(timeout_ms=5_000)  # sleeps on the socket until the write's notification
+        waited = time.monotonic() - started
+        assert 0.2 < waited < 4.0, waited  # woken by the notification, not by the timeout nor at once
+        assert grouped.shorten_idle_spin(1.0)  # patching again replaces the cap (no stacking)
+        assert SpinCondition(is_reader=True, context=context, notify_address=address).busy_loop_s == 1.0
+        for s in (reader, writer):
+            s.local_notify_socket.close(linger=0)
+            if s.read_cancel_socket is not None:
+                s.read_cancel_socket.close(linger=0)
+                s.write_cancel_socket.close(linger=0)
+    finally:
+        grouped.shorten_idle_spin(grouped.idle_spin_seconds())
+        context.term()
+
+
 @pytest.mark.parametrize("indices", SLOT_CASES.values(), ids=SLOT_CASES.keys())
 @pytest.mark.parametrize("four_d", [False, True])
 def test_shrink(indices: list[int], four_d: bool) -> None:
