@@ -356,7 +356,7 @@ class ServiceGenerator:
         self._old_clients.append(self.client)
         channel = make_channel(self.address, auth=self.auth, own_connection=True)
         self._channels.append(channel)
-        self.client = RolloutClient(channel)
+        self.client = RolloutClient(channel, address=self.address)
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
