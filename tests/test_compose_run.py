@@ -33,7 +33,9 @@ from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
-pytestmark = pytest.mark.vllm
+# make test-all only (about 65 s): make test runs tests/test_multihost.py, the same separate-process
+# layout with the machine's PostgreSQL and NATS over TLS, and tests/test_compose.py checks this file.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 MODEL = "rlvr-tiny-small"

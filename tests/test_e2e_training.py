@@ -145,6 +145,9 @@ def test_a_job_trains_through_every_service(stack, backend: int) -> None:
     _generates_in_vllm(client, home, adapter, f"e2e-check-{backend}")
 
 
+@pytest.mark.slow  # make test-all (about 100 s: a vLLM engine restarted); make test keeps the recovery
+# itself (test_trainer_multiproc_rollout: a rollout server killed and restarted empty mid-step, every
+# rank bringing the adapter back) and the reaper (test_reaper)
 def test_a_job_survives_its_rollout_server_killed(stack) -> None:
     """kill -9 of the rollout server mid-job (its main process alone: vLLM's engine processes must
     not outlive it, and do not, see rlvr.infra.reaper): the trainer waits
