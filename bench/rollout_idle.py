@@ -1,16 +1,18 @@
 """What a vLLM rollout server takes from the host between two Generate calls, on a CPU.
 
-    python bench/rollout_idle.py                     # rlvr-tiny, vLLM's 1 s idle spin against rlvr's 0
-    python bench/rollout_idle.py --spins 1,0.05,0 --calls 5
+    python bench/rollout_idle.py                     # rlvr-tiny: vLLM's 1 s spins, rlvr's defaults, none
+    python bench/rollout_idle.py --spins 1:1,0.05:1,0:0 --calls 5
 
-vLLM's engine worker waits for its next instruction by spinning for 1 s after its last read
-(`shm_broadcast.SpinCondition.busy_loop_s`); `rlvr/vllm_lora_ops.py` caps that at
-RLVR_VLLM_IDLE_SPIN_S (default 0) in the worker of a CPU engine. For each value, this starts the
-rollout server (`--backend vllm`) with it, makes `--calls` Generate calls of a training step's shape
+vLLM's engine core and its worker wait on shared-memory queues by spinning for 1 s after their last
+read (`shm_broadcast.SpinCondition.busy_loop_s`); `rlvr/vllm_lora_ops.py`'s vLLM plugin caps the
+worker's at RLVR_VLLM_WORKER_SPIN_S (default 0.05) and the engine core's at RLVR_VLLM_IDLE_SPIN_S
+(default 1) on a CPU host. For each `WORKER:ENGINE` pair, this starts the rollout server
+(`--backend vllm`) with them, makes `--calls` Generate calls of a training step's shape
 (4 prompts x 8 completions, 48 tokens, temperature 1, seeded; the trainer's own client) with a pause
 of `--idle` seconds after each, and reads the CPU time of the server's processes (every thread of
 its process group, from /proc) during each call and during each pause: the pause is when a
-synchronous trainer runs its update on the same cores. Medians over the calls after the first.
+synchronous trainer runs its update on the same cores; the call's CPU beyond its wall time is what an
+asynchronous trainer's update, running beside it, loses. Medians over the calls after the first.
 Prints a table and writes JSON (`--out`). It never fails on time: it measures.
 """
 
@@ -35,7 +37,9 @@ sys.path.insert(0, str(ROOT))
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny")
-    p.add_argument("--spins", default="1,0", help="RLVR_VLLM_IDLE_SPIN_S values, comma-separated (1 = vLLM's own)")
+    p.add_argument("--spins", default="1:1,0.05:1,0.05:0",
+                   help="WORKER:ENGINE spin caps in seconds (RLVR_VLLM_WORKER_SPIN_S:RLVR_VLLM_IDLE_SPIN_S), "
+                        "comma-separated; 1:1 = vLLM's own")
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--idle", type=float, default=1.5, help="seconds after each call")
     p.add_argument("--memory", type=float, default=0.3, help="the server's --memory-fraction")
@@ -70,8 +74,9 @@ def measure(args: argparse.Namespace, spin: str) -> dict[str, float]:
 
     port = free_port()
     home = Path(os.environ.get("RLVR_HOME", ROOT / ".rlvr"))
-    env = {**os.environ, "RLVR_VLLM_IDLE_SPIN_S": spin}
-    log = (args.out.parent / f"rollout_idle-{spin}.log").open("w")
+    worker, engine = spin.split(":")
+    env = {**os.environ, "RLVR_VLLM_WORKER_SPIN_S": worker, "RLVR_VLLM_IDLE_SPIN_S": engine}
+    log = (args.out.parent / f"rollout_idle-{worker}-{engine}.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", args.model,
          "--backend", "vllm", "--memory-fraction", str(args.memory),
@@ -113,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()[0]
     print(f"model {args.model}, 4 prompts x 8, 48 tokens; {args.calls} calls, {args.idle} s after each; "
           f"medians over calls 2-{args.calls}")
-    print(f"{'RLVR_VLLM_IDLE_SPIN_S':<24}{'Generate s':>12}{'server CPU s, call':>20}"
+    print(f"{'worker:engine spin s':<24}{'Generate s':>12}{'server CPU s, call':>20}"
           f"{f'server CPU s, {args.idle} s after':>26}")
     for spin, r in results.items():
-        label = spin + (" (vLLM's own)" if float(spin) == 1.0 else "")
+        label = spin + (" (vLLM's own)" if spin == "1:1" else " (rlvr's default)" if spin == "0.05:1" else "")
         print(f"{label:<24}{r['generate_s']:>12.3f}{r['cpu_generate_s']:>20.3f}{r['cpu_idle_s']:>26.3f}")
     print(f"load average {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} CPUs): a shared host")
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,

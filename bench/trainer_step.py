@@ -22,7 +22,10 @@ except the rollout server's engine, one after the other:
   `--rollout-address`, or a rollout server (vLLM, `--rollout-memory`) the bench starts for it;
   the vllm-colocate run creates its engine with `--gpu-memory`, as a job does. With `--async-steps K`
   the vllm run is made a second time with `advanced.max_async_steps = K` (skipped, with a note, while
-  `JobConfig` has no such field). With `--trl-lag-pass` once more with TRL's own policy-lag ratio (its
+  `JobConfig` has no such field). With `--async-engine-spin S` once more on a rollout server whose
+  vLLM engine core spins at most S seconds for its worker's output (RLVR_VLLM_IDLE_SPIN_S; vLLM's own
+  is 1 s: on a CPU host it holds a core through the generation, the core an asynchronous step's update
+  needs). With `--trl-lag-pass` once more with TRL's own policy-lag ratio (its
   extra no-grad forward of the batch for the old logprobs, engine.py `can_defer_ratio` off) instead
   of the ratio taken from the training forward.
 
@@ -58,6 +61,7 @@ TRL_RUN = "TRL GRPOTrainer (transformers, in-process)"
 TRL_VLLM_RUN = "TRL GRPOTrainer (vLLM colocate)"
 ASYNC_RUN = "rlvr, vLLM (rollout server), max_async_steps={k}"
 LAG_PASS_RUN = ASYNC_RUN + ", TRL's old-logprob pass"
+SPIN_RUN = ASYNC_RUN + ", engine spin {s:g} s"
 RUN_NAMES = {"vllm": "rlvr, vLLM (rollout server)", "vllm-colocate": "rlvr, vLLM (colocate)",
              "transformers": "rlvr, Transformers (in-process)"}
 
@@ -87,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='also TRL with GRPOConfig(use_vllm=True, vllm_mode="colocate")')
     p.add_argument("--async-steps", type=int, default=0,
                    help="also the vllm run with advanced.max_async_steps = this (0 = not)")
+    p.add_argument("--async-engine-spin", type=float, default=None,
+                   help="with --async-steps, also that run on a rollout server whose engine core spins at most "
+                        "this many seconds (RLVR_VLLM_IDLE_SPIN_S; rlvr/vllm_lora_ops.py)")
     p.add_argument("--trl-lag-pass", action="store_true",
                    help="with --async-steps, also that run with TRL's extra old-logprob pass for the lag ratio")
     p.add_argument("--out", type=Path, default=Path(".rlvr/bench/trainer_step.json"))
@@ -99,8 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
-    """The address of the rollout server of the vllm run: --rollout-address, or one started here."""
+def rollout_server(args: argparse.Namespace, root: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The address of the rollout server of the vllm run: --rollout-address, or one started here
+    (with `env` added to its environment)."""
     if args.rollout_address:
         yield args.rollout_address
         return
@@ -111,7 +119,8 @@ def rollout_server(args: argparse.Namespace, root: Path) -> Iterator[str]:
            "--backend", "vllm", "--memory-fraction", str(args.rollout_memory),
            "--adapter-root", str(root / "rollout-adapters")]
     with open(root / "rollout.log", "wb") as log:
-        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
+                                  env={**os.environ, **(env or {})})
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -132,7 +141,7 @@ def async_supported() -> bool:
 
 
 def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path,
-             **extra: Any) -> list[dict[str, float]]:
+             server_env: dict[str, str] | None = None, **extra: Any) -> list[dict[str, float]]:
     from rlvr.services.trainer.config import job_config
     from rlvr.services.trainer.rollouts import ServiceGenerator
     from rlvr.services.trainer.runner import JobDeps, run_job
@@ -150,7 +159,7 @@ def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path,
     with contextlib.ExitStack() as stack:
         generator = None
         if backend == "vllm":
-            generator = ServiceGenerator(stack.enter_context(rollout_server(args, root)))
+            generator = ServiceGenerator(stack.enter_context(rollout_server(args, root, server_env)))
             stack.callback(generator.close)
             generator.wait_ready()
         result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append,
@@ -278,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps)
             walls[name] = time.perf_counter() - started
+            if args.async_engine_spin is not None:
+                name = SPIN_RUN.format(k=args.async_steps, s=args.async_engine_spin)
+                started = time.perf_counter()
+                runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps,
+                                      server_env={"RLVR_VLLM_IDLE_SPIN_S": str(args.async_engine_spin)})
+                walls[name] = time.perf_counter() - started
             if args.trl_lag_pass:
                 from unittest import mock
 

@@ -21,14 +21,23 @@ spawns, so the engine is built with `worker_extension_cls=EXTENSION`: vLLM impor
 every worker before the model is loaded, and importing it installs the ops (the extension class adds
 nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is used.
 
-The same import shortens the worker's idle spin (`shorten_idle_spin`). vLLM's worker waits for its
-next instruction on a shared-memory queue by spinning (`sched_yield`) for 1 s after its last read
-before it sleeps on a socket (`shm_broadcast.SpinCondition`, `busy_loop_s=1`): on a GPU host that
-saves microseconds per step. On a CPU host it takes a core for a whole second after every Generate,
-the very second the trainer spends on its update, on the same cores: measured, 0.8 CPU-seconds of
-the worker in the 0.8 s after a call (`bench/rollout_idle.py`). The worker here spins for at most
-RLVR_VLLM_IDLE_SPIN_S (default 0: it sleeps on the socket at once; the writer always notifies it,
-so no message waits).
+vLLM's general plugin here (`vllm_plugin`, registered in pyproject.toml) also shortens the idle spin
+of vLLM's processes on a CPU host. Each process that waits on one of vLLM's shared-memory queues
+spins (`sched_yield`) for 1 s after its last read before it sleeps on a socket
+(`shm_broadcast.SpinCondition`, `busy_loop_s=1`): on a GPU host that saves microseconds per step. On
+a CPU host the engine core spins a core through a whole generation while it waits for its worker's
+output, and the worker spins one for a second after every Generate, the very second a synchronous
+trainer spends on its update; an asynchronous trainer (max_async_steps) updates while the engine
+generates and lost a core to the spinning engine core. Measured: 0.8 CPU-seconds of the worker in
+the 0.8 s after a call, the engine core 0.8 of a 0.97 s call (`bench/rollout_idle.py`). The caps:
+RLVR_VLLM_WORKER_SPIN_S for the worker (default 0.05: it waits only a few milliseconds for each next
+step of a generation, so keeping it awake that long keeps decoding fast) and RLVR_VLLM_IDLE_SPIN_S for
+the engine core (default 1, vLLM's own). The engine core's spin is a trade: spinning, it answers each
+decoding step at once, which a synchronous trainer waits for (its generation took 0.62-0.86 s a step
+with it, 0.78-0.86 s without: `bench/trainer_step.py`); sleeping, it leaves a core to an
+asynchronous trainer's update running beside the generation (`max_async_steps` 1: 0.86-0.88 s a step
+with 0, 1.01 s with vLLM's 1 s). A rollout server on a CPU host that serves asynchronous jobs sets
+RLVR_VLLM_IDLE_SPIN_S=0 (the writer always notifies, so a sleeping reader misses nothing).
 """
 
 from __future__ import annotations
@@ -43,14 +52,16 @@ _installed = False
 def grouped_lora_ops() -> dict[str, str]:
     """The engine argument (AsyncEngineArgs / vllm.LLM) that makes the engine's worker import this
     module, for a CPU engine: it installs the grouped ops (RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own,
-    to measure the difference, bench/rollout_gap.py) and shortens the idle spin
-    (RLVR_VLLM_IDLE_SPIN_S; bench/rollout_idle.py)."""
+    to measure the difference, bench/rollout_gap.py)."""
     return {"worker_extension_cls": EXTENSION}
 
 
-def idle_spin_seconds() -> float:
-    """How long a CPU engine's worker spins for its next instruction before it sleeps (vLLM: 1 s)."""
-    return float(os.environ.get("RLVR_VLLM_IDLE_SPIN_S", "0"))
+def idle_spin_seconds(worker: bool = False) -> float:
+    """How long a process of a CPU engine spins on its queue before it sleeps (vLLM: 1 s): the
+    worker (`worker`), or the engine core."""
+    if worker:
+        return float(os.environ.get("RLVR_VLLM_WORKER_SPIN_S", "0.05"))
+    return float(os.environ.get("RLVR_VLLM_IDLE_SPIN_S", "1"))
 
 
 def shorten_idle_spin(seconds: float) -> bool:
@@ -177,11 +188,24 @@ def install() -> bool:
     return True
 
 
+def vllm_plugin() -> None:
+    """vLLM's general plugin (pyproject.toml, `vllm.general_plugins`), loaded in each of vLLM's
+    processes: on a CPU engine, the engine core's spin while it waits for its worker's output (one
+    core, all through a generation) and the worker's after its last instruction are capped too."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    if current_platform.is_cpu():
+        import multiprocessing
+
+        shorten_idle_spin(idle_spin_seconds(worker=multiprocessing.current_process().name.startswith("VllmWorker")))
+
+
 class GroupedLoraOps:
-    """vLLM's `worker_extension_cls`: a worker imports this module (which installs the ops and caps
-    the idle spin) before it loads the model and opens its queues. It adds no methods to the worker."""
+    """vLLM's `worker_extension_cls`: a worker imports this module (which installs the ops) before it
+    loads the model. It adds no methods to the worker."""
 
 
 if os.environ.get("RLVR_VLLM_LORA_OPS", "grouped") != "vllm":
     install()
-shorten_idle_spin(idle_spin_seconds())

@@ -71,7 +71,34 @@ def test_a_queue_reader_spins_no_longer_than_the_cap_and_still_wakes_on_a_write(
                 s.read_cancel_socket.close(linger=0)
                 s.write_cancel_socket.close(linger=0)
     finally:
-        grouped.shorten_idle_spin(grouped.idle_spin_seconds())
+        grouped.shorten_idle_spin(1.0)  # vLLM's own in this (test) process
+        context.term()
+
+
+@pytest.mark.parametrize(("process", "expected"), [("VllmWorker-0", 0.05), ("EngineCore_DP0", 0.25)])
+def test_the_vllm_plugin_caps_each_process_by_its_role(tmp_path, monkeypatch, process: str, expected: float) -> None:  # noqa: ANN001
+    """Registered as vLLM's general plugin (loaded in the engine core and in each worker): the
+    worker's cap is RLVR_VLLM_WORKER_SPIN_S (default 0.05), the engine core's RLVR_VLLM_IDLE_SPIN_S."""
+    import multiprocessing
+    from importlib.metadata import entry_points
+
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    assert any(e.value == "rlvr.vllm_lora_ops:vllm_plugin" for e in entry_points(group="vllm.general_plugins"))
+    monkeypatch.delenv("RLVR_VLLM_WORKER_SPIN_S", raising=False)
+    monkeypatch.setenv("RLVR_VLLM_IDLE_SPIN_S", "0.25")
+    monkeypatch.setattr(multiprocessing.current_process(), "name", process)
+    context = zmq.Context()
+    try:
+        grouped.vllm_plugin()
+        reader = SpinCondition(is_reader=True, context=context, notify_address=f"ipc://{tmp_path}/n")
+        assert reader.busy_loop_s == expected
+        reader.local_notify_socket.close(linger=0)
+        reader.read_cancel_socket.close(linger=0)
+        reader.write_cancel_socket.close(linger=0)
+    finally:
+        grouped.shorten_idle_spin(1.0)
         context.term()
 
 
