@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -102,6 +101,7 @@ def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path) 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from rlvr.infra.reaper import stop_process_groups
     from rlvr.models import resolve_model
     from rlvr.services.trainer.rollouts import ServiceGenerator
 
@@ -121,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in (1, 2):
                 rows.append(run(args, model, addresses[:n], root))
         finally:
-            for _, proc in servers:
-                os.killpg(proc.pid, signal.SIGTERM)
-            for _, proc in servers:
-                proc.wait(timeout=60)
+            stop_process_groups([proc for _, proc in servers], grace=60)
     print(f"\n{args.model}, {args.backend} rollout servers, {args.batch_size} completions "
           f"({args.batch_size // args.group_size} prompts x {args.group_size}) of <= {args.max_tokens} tokens, "
           f"{args.steps} steps ({args.skip} left out), {os.cpu_count()} cores")

@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -202,6 +201,7 @@ def rollout_server(args: argparse.Namespace, backend: str, model: str, work: Pat
     from test_bootstrap import _wait_serving
 
     from rlvr.clients.stack import free_port
+    from rlvr.infra.reaper import stop_process_groups
 
     port = free_port()
     log = work / f"rollout-{path}.log"
@@ -219,12 +219,7 @@ def rollout_server(args: argparse.Namespace, backend: str, model: str, work: Pat
                                f"{log.read_text(errors='replace')[-3000:]}") from None
         yield f"127.0.0.1:{port}", log
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_groups([proc], grace=60)
 
 
 def server_lines(log: Path) -> dict[str, dict[str, Any]]:

@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -113,6 +112,7 @@ def rollout_server(args: argparse.Namespace, root: Path, env: dict[str, str] | N
         yield args.rollout_address
         return
     from rlvr.clients.stack import free_port
+    from rlvr.infra.reaper import stop_process_groups
 
     port = free_port()
     cmd = [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", args.model,
@@ -124,12 +124,7 @@ def rollout_server(args: argparse.Namespace, root: Path, env: dict[str, str] | N
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_process_groups([server], grace=60)
 
 
 def async_supported() -> bool:

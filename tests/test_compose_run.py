@@ -14,10 +14,8 @@ servers are absent the test skips saying why; under CI=true it fails instead.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -78,7 +76,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.clients.stack import free_port
     from rlvr.infra.nats_server import find_nats_binary
-    from rlvr.infra.reaper import parent_death_hook
+    from rlvr.infra.reaper import parent_death_hook, stop_process_groups
     from rlvr.peers.base import check_health
 
     made = _postgres_schema_url(POSTGRES_URL)
@@ -136,15 +134,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
         yield client, database_url, (local_nats_url.read_text().strip(), files["rlvr_tls_ca"])
         client.close()
     finally:
-        for proc in reversed(list(procs.values())):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        stop_process_groups(reversed(list(procs.values())), grace=20)
         nats_proc.terminate()
         nats_proc.wait(timeout=20)
         _drop_postgres_schema(POSTGRES_URL, schema)

@@ -37,10 +37,8 @@ get only part of the events; nothing else in the suite uses this NATS (the other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -159,15 +157,9 @@ class Cluster:
         return (self.root / f"{label}.log").read_text()[-3000:]
 
     def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        from rlvr.infra.reaper import stop_process_groups
+
+        stop_process_groups(reversed(list(self.procs.values())), grace=20)
 
 
 @pytest.fixture(scope="module")

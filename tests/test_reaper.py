@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.infra.reaper import children
+from rlvr.infra.reaper import children, stop_process_groups
 
 PARENT = r"""
 import subprocess, sys, time
@@ -49,3 +49,18 @@ def test_what_a_killed_process_started_dies_with_it() -> None:
             time.sleep(0.1)
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_stop_process_groups_terms_each_group_then_kills_what_stays() -> None:
+    """A group that ends on SIGTERM ends with its child; one that ignores it is killed after the grace."""
+    polite = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"], start_new_session=True)
+    time.sleep(0.5)  # both shells have started their sleeps
+    sleeps = children(polite.pid) + children(stubborn.pid)
+    assert len(sleeps) == 2
+    started = time.monotonic()
+    stop_process_groups([polite, stubborn], grace=1.0)
+    assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert not [p for p in sleeps if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]

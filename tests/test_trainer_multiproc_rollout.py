@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from fixtures_infra import connected_bus
 from fixtures_trainer import job_events
+from test_rollout_core import make_lora
 
 from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.v1 import common_pb2 as C
@@ -58,23 +59,6 @@ async def rollout_server(model: str, port: int, adapter_root: Path) -> AsyncIter
         yield runner.address
 
 
-def _adapter(model: str, out: Path) -> Path:
-    """A PEFT LoRA of the model with a non-zero B, as the trainer saves one."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.3)
-    peft_model.save_pretrained(out)
-    return out
-
-
 def _live(address: str) -> dict[str, int]:
     from rlvr.peers.clients import RolloutClient
 
@@ -90,7 +74,7 @@ async def test_a_rank_that_did_not_push_brings_the_adapter_back_to_a_restarted_s
     from rlvr.services.trainer.rollouts import RolloutError, ServiceGenerator
 
     port = free_port()
-    folder = _adapter(tiny_model, tmp_path / "adapter")  # the job's adapter folder, shared by the ranks
+    folder = make_lora(Path(tiny_model), tmp_path / "adapter", seed=0, targets=["q_proj", "v_proj"])  # the job's adapter folder, shared by the ranks
     v1 = AdapterTag(NAME, 1)
     told: list[str] = []
     ranks = [ServiceGenerator(f"127.0.0.1:{port}", wait_s=120.0, on_wait=told.append) for _ in range(2)]

@@ -25,8 +25,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process"]
+__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process", "stop_process_groups"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -105,6 +106,23 @@ def _watch(targets: list[str]) -> None:
     for pid in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def stop_process_groups(procs: Iterable[subprocess.Popen[Any]], grace: float = 20.0) -> None:
+    """Stops processes each started in a session of its own (`start_new_session=True`), with
+    everything they started: SIGTERM to every group first (in the order given), then up to `grace`
+    seconds for each to end, and SIGKILL to a group that has not."""
+    procs = list(procs)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | None:
