@@ -247,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from rlvr.services.trainer.capabilities import cpu_cores
     from rlvr.services.trainer.runner import resolve_base_model
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cpu_cores()
     threads = args.threads or cores
     torch.set_num_threads(threads)
     base = resolve_base_model(args.model)

@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.common.settings import rlvr_home
+from rlvr.jobspec import NUM_PROCESSES
 from rlvr.models import TINY_MODELS
 from rlvr.v1 import trainer_pb2
 
 log = logging.getLogger("rlvr.trainer.capabilities")
 
-MAX_NUM_PROCESSES = 8
-"""advanced.num_processes' upper bound (rlvr/jobspec.py)."""
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/kfd")
 """Present where a CUDA (or ROCm) driver is loaded; without them torch sees no device."""
 
@@ -105,11 +104,11 @@ def worker_capabilities(model_roots: Sequence[Path] = (),
     gpus = cuda_devices(driver_files)
     cores = cpu_cores()
     if gpus:
-        kind, processes = "cuda", min(len(gpus), MAX_NUM_PROCESSES)
+        kind, processes = "cuda", min(len(gpus), NUM_PROCESSES.high)
         precisions = ["fp32", "fp16"] + (["bf16"] if all(g.bf16 for g in gpus) else [])
     else:
         # One training process per core: more would only share the cores (gloo ranks on a CPU).
-        kind, processes, precisions = "cpu", min(cores, MAX_NUM_PROCESSES), ["fp32", "bf16"]
+        kind, processes, precisions = "cpu", min(cores, NUM_PROCESSES.high), ["fp32", "bf16"]
     has_bnb = importlib.util.find_spec("bitsandbytes") is not None
     roots = [rlvr_home() / "models", *(Path(r).expanduser().absolute() for r in model_roots)]
     roots = list(dict.fromkeys(roots))

@@ -71,8 +71,9 @@ def adapter_ref(name: str, version: int, path: str) -> common_pb2.AdapterRef | N
 def _set_threads(threads: int, processes: int = 1) -> None:
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(threads or max(1, cores // processes))  # the cores shared by the job's processes
+    from rlvr.services.trainer.capabilities import cpu_cores
+
+    torch.set_num_threads(threads or max(1, cpu_cores() // processes))  # the cores shared by the job's processes
 
 
 def die_with_parent(parent_pid: int) -> None:
