@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from rlvr.jobspec import DEFAULT_BASE_MODEL, QUANT_KEYS, QUANT_NAMES
+from rlvr.jobspec import DEFAULT_BASE_MODEL, NUM_PROCESSES, PRECISIONS, QUANT_KEYS, QUANT_NAMES
 from rlvr.models import is_local_path, is_tiny
 from rlvr.v1 import common_pb2, trainer_pb2
 
@@ -31,7 +31,7 @@ def _devices(spec: common_pb2.JobSpec, caps: trainer_pb2.WorkerCapabilities, wor
     """("cuda" or "cpu", the GPUs the job would use), or the reason the worker lacks them."""
     a = spec.advanced
     selection = a.gpu_selection.strip() or "auto"
-    procs = a.num_processes if a.HasField("num_processes") and a.num_processes > 0 else 1
+    procs = a.num_processes if a.HasField("num_processes") and a.num_processes > 0 else NUM_PROCESSES.default
     gpus = {g.index: g for g in caps.gpus}
     has = f"worker {worker} has {len(gpus)}" + (f" ({','.join(str(i) for i in sorted(gpus))})" if gpus else "")
     if selection == "cpu" or (selection == "auto" and not gpus):
@@ -51,7 +51,7 @@ def _devices(spec: common_pb2.JobSpec, caps: trainer_pb2.WorkerCapabilities, wor
 
 
 def _precision(spec: common_pb2.JobSpec, device: str, gpus: list[trainer_pb2.GpuDevice], worker: str) -> str | None:
-    precision = spec.advanced.precision.strip() or "fp32"
+    precision = spec.advanced.precision.strip() or PRECISIONS[0]
     if precision == "fp16" and device != "cuda":
         selection = spec.advanced.gpu_selection.strip() or "auto"
         where = "it trains on the CPU (gpu_selection cpu)" if selection == "cpu" else f"worker {worker} has none"
