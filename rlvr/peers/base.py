@@ -305,14 +305,15 @@ class ServiceClient(_Client):
     """The synchronous client: the channel and the three call shapes, blocking."""
 
     def __init__(self, target: str | grpc.Channel, *, timeout: float | None = None,
-                 auth: ChannelAuth | None = None, address: str = "") -> None:
+                 auth: ChannelAuth | None = None, own_connection: bool = False) -> None:
         """`target` is an address ("HOST:PORT"; the client owns and closes the channel) or a
-        channel from `make_channel` (the caller owns it; `address` is then the one its errors
-        name). `timeout` overrides the default deadline of unary calls and uploads; `auth` (a
-        token, a CA for TLS) is how the client's own channel reaches a secured service."""
+        channel from `make_channel` (the caller owns it). `timeout` overrides the default
+        deadline of unary calls and uploads; `auth` (a token, a CA for TLS) and `own_connection`
+        (make_channel's) are how the client's own channel reaches the service."""
         self._owns_channel = isinstance(target, str)
-        self.address = target if isinstance(target, str) else address
-        self.channel: grpc.Channel = make_channel(target, auth=auth) if isinstance(target, str) else target
+        self.address = target if isinstance(target, str) else ""
+        self.channel: grpc.Channel = (make_channel(target, auth=auth, own_connection=own_connection)
+                                      if isinstance(target, str) else target)
         self._timeout = timeout
 
     def close(self) -> None:
@@ -390,13 +391,12 @@ class AsyncServiceClient(_Client):
     event loop running when it is made."""
 
     def __init__(self, target: str | grpc.aio.Channel, *, timeout: float | None = None,
-                 auth: ChannelAuth | None = None, address: str = "") -> None:
+                 auth: ChannelAuth | None = None) -> None:
         """`target` is an address ("HOST:PORT"; the client owns and closes the channel) or a
-        channel from `make_channel(..., aio=True)` (the caller owns it; `address` is then the one
-        its errors name). `timeout` overrides the default deadline of unary calls and uploads;
-        `auth` as for `ServiceClient`."""
+        channel from `make_channel(..., aio=True)` (the caller owns it). `timeout` overrides the
+        default deadline of unary calls and uploads; `auth` as for `ServiceClient`."""
         self._owns_channel = isinstance(target, str)
-        self.address = target if isinstance(target, str) else address
+        self.address = target if isinstance(target, str) else ""
         self.channel: grpc.aio.Channel = (make_channel(target, aio=True, auth=auth) if isinstance(target, str)
                                           else target)
         self._timeout = timeout

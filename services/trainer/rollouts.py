@@ -26,14 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rlvr.common.auth import ChannelAuth
-from rlvr.common.client import make_channel
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
 from rlvr.v1 import common_pb2, rollout_pb2
 
 if TYPE_CHECKING:
-    import grpc
     import torch
     from transformers import PreTrainedTokenizerBase
 
@@ -268,7 +266,6 @@ class ServiceGenerator:
         self.auth = auth
         self.client = RolloutClient(address, auth=auth)
         self._old_clients: list[RolloutClient] = []  # replaced after an outage (`_recover`), closed at the end
-        self._channels: list[grpc.Channel] = []  # the replacements' channels (their clients do not own them)
         self.generate_timeout_s = generate_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.wait_s = wait_s
@@ -354,9 +351,7 @@ class ServiceGenerator:
         # old one is closed at the end only: another thread's call may still be on it
         # (asynchronous steps, prefetch.py).
         self._old_clients.append(self.client)
-        channel = make_channel(self.address, auth=self.auth, own_connection=True)
-        self._channels.append(channel)
-        self.client = RolloutClient(channel, address=self.address)
+        self.client = RolloutClient(self.address, auth=self.auth, own_connection=True)
         if repush and self._pushed is not None:
             directory, tag = self._pushed
             try:
@@ -456,5 +451,3 @@ class ServiceGenerator:
     def close(self) -> None:
         for client in (*self._old_clients, self.client):
             client.close()
-        for channel in self._channels:
-            channel.close()
