@@ -29,14 +29,15 @@ job's last version, and the evaluations are stored. Without PostgreSQL or NATS h
 why; under CI=true it fails.
 
 This NATS is the machine's, so the test removes its jobs' and evaluation's messages from the `RLVR`
-stream at the end. The scheduler's durable consumer has a fixed name (`scheduler-job-events`): a
-second scheduler on the same NATS at the same time (this test run twice at once) would share it and
-get only part of the events; nothing else in the suite uses this NATS (the others embed their own).
+stream at the end, and its scheduler's durable consumer (named after the test's database, so a
+second run at the same time would have its own); nothing else in the suite uses this NATS (the
+others embed their own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -225,9 +226,10 @@ def _rollout(cluster: Cluster, label: str) -> tuple[int, dict[str, int]]:
         return int(client.get_info().generate_calls), {a.name: a.version for a in client.list_adapters().adapters}
 
 
-def _published(subjects: list[str], purge: bool) -> dict[str, int]:
+def _published(subjects: list[str], purge: bool, consumer: str = "") -> dict[str, int]:
     """How many messages the `RLVR` stream of this machine's NATS holds on each subject; with
-    `purge`, removed afterwards (the stream is shared with whatever else uses this NATS)."""
+    `purge`, removed afterwards, with the scheduler's durable `consumer` (the stream is shared with
+    whatever else uses this NATS)."""
     import nats
 
     from rlvr.infra.events import STREAM_NAME
@@ -243,6 +245,9 @@ def _published(subjects: list[str], purge: bool) -> dict[str, int]:
             if purge:
                 for s in subjects:
                     await js.purge_stream(STREAM_NAME, subject=s)
+                if consumer:
+                    with contextlib.suppress(nats.js.errors.NotFoundError):
+                        await js.delete_consumer(STREAM_NAME, consumer)
             return counts
         finally:
             await nc.close()
@@ -253,6 +258,7 @@ def _published(subjects: list[str], purge: bool) -> dict[str, int]:
 def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> None:
     from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.infra.store import Store
+    from rlvr.services.scheduler.jobs import events_consumer
 
     settings = ClientSettings(scheduler_address=cluster.addresses["scheduler"],
                               benchmark_address=cluster.addresses["benchmark"], token=cluster.token("user_token"),
@@ -325,5 +331,7 @@ def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> N
             assert counts[f"rlvr.jobs.{job.id}.metrics"] == STEPS[name], counts
     finally:
         client.close()
-        if subjects:
-            _published(subjects, purge=True)
+        consumer = ""  # the scheduler's consumer on this NATS, named after its database
+        with contextlib.suppress(Exception), Store(cluster.database_url) as store:
+            consumer = events_consumer(store.store_id())
+        _published(subjects, purge=True, consumer=consumer)

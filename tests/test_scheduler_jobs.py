@@ -537,6 +537,61 @@ async def test_completed_never_overtakes_a_metric(private_nats, sqlite_store: St
             await jobs.stop()
 
 
+async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(private_nats, tmp_path: Path) -> None:
+    """Two schedulers with two databases on one NATS (two deployments, or two RLVR_HOMEs on the
+    machine's NATS): each stores every step of its own job. With one consumer name for both, the
+    stream's events were split between them and each skipped the other's as unknown, losing steps.
+    A scheduler started on a new database does not replay the stream's past; one restarted on its
+    database resumes where it acknowledged."""
+    steps = 6
+    stores = [Store(f"sqlite:///{tmp_path / f'{name}.db'}") for name in ("a", "b")]
+    for store in stores:
+        store.create_all()
+    async with connected_bus(private_nats.url) as bus:
+        managers = [JobManager(store, bus, FakeWorkers(n=2), poll_seconds=0.1) for store in stores]
+        try:
+            await managers[0].start()
+            _, old = await managers[0].create(C.JobSpec(), dry_run=False)
+            await _until(lambda: _status_is(managers[0], old.id, C.JOB_STATUS_RUNNING))
+            await bus.publish(job_metrics_subject(old.id), C.MetricEvent(job_id=old.id, step=1).SerializeToString(),
+                              metric_msg_id(old.id, 1))
+            await managers[1].start()  # a new database: the event above is none of its business
+            consumer = await bus.js.consumer_info("RLVR", jobs_module.events_consumer(stores[1].store_id()))
+            assert consumer.num_pending == 0 and consumer.delivered.consumer_seq == 0  # nothing of the past
+
+            jobs = [(await manager.create(C.JobSpec(), dry_run=False))[1] for manager in managers]
+            for manager, job in zip(managers, jobs, strict=True):
+                await _until(lambda m=manager, j=job: _status_is(m, j.id, C.JOB_STATUS_RUNNING))
+            for step in range(1, steps + 1):
+                for job in jobs:
+                    ev = C.MetricEvent(job_id=job.id, step=step, total_steps=steps, loss=1.0)
+                    await bus.publish(job_metrics_subject(job.id), ev.SerializeToString(), metric_msg_id(job.id, step))
+            for job in jobs:
+                done = C.JobStatusEvent(job_id=job.id, status=C.JOB_STATUS_COMPLETED)
+                await bus.publish(job_status_subject(job.id), done.SerializeToString(), f"{job.id}:status:COMPLETED")
+            for manager, job in zip(managers, jobs, strict=True):
+                await _until(lambda m=manager, j=job: _status_is(m, j.id, C.JOB_STATUS_COMPLETED))
+            for store, job in zip(stores, jobs, strict=True):
+                assert [p.step for p in store.metric_points(job.id)] == list(range(1, steps + 1))
+            assert stores[1].get_job(old.id) is None and [p.step for p in stores[0].metric_points(old.id)] == [1]
+
+            await managers[0].stop()  # restarted on its database: it picks up what came meanwhile
+            await bus.publish(job_metrics_subject(old.id), C.MetricEvent(job_id=old.id, step=2).SerializeToString(),
+                              metric_msg_id(old.id, 2))
+            managers[0] = JobManager(stores[0], bus, FakeWorkers(), poll_seconds=0.1)
+            await managers[0].start()
+            await _until(lambda: _stored_steps(stores[0], old.id, [1, 2]))
+        finally:
+            for manager in managers:
+                await manager.stop()
+            for store in stores:
+                store.close()
+
+
+async def _stored_steps(store: Store, job_id: str, steps: list[int]) -> bool:
+    return [p.step for p in store.metric_points(job_id)] == steps
+
+
 async def _status_is(jobs: JobManager, job_id: str, status: int) -> bool:
     return (await jobs.get(job_id)).status == status
 

@@ -115,6 +115,31 @@ def test_metric_point_race_stores_one(store_url: str) -> None:
             s.close()
 
 
+def test_store_id_is_the_databases_own(store_url: str, tmp_path: Path) -> None:
+    """Every engine on one database reads the same id, made once even when they race for it and
+    kept across a reopen; another database has another."""
+    stores = [Store(store_url) for _ in range(2)]
+    stores[0].create_all()
+    barrier = threading.Barrier(6)
+
+    def read(i: int) -> str:
+        barrier.wait()
+        return stores[i % 2].store_id()
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            ids = set(pool.map(read, range(6)))
+        assert len(ids) == 1 and len(next(iter(ids))) == 32
+    finally:
+        for s in stores:
+            s.close()
+    with Store(store_url) as again:
+        assert again.store_id() in ids
+    with Store(f"sqlite:///{tmp_path / 'other.db'}") as other:
+        other.create_all()
+        assert other.store_id() not in ids
+
+
 def test_loops_and_rounds_round_trip(store: Store) -> None:
     loop = store.add_loop(LoopRow(name="math-pairs to 35%", spec_json="{}"))
     job = store.add_job(JobRow(name="r1"))

@@ -376,6 +376,7 @@ class EventBus:
         max_deliver: int = 20,
         ordered: bool = False,
         replaces: Sequence[str] = (),
+        from_start: bool = True,
     ) -> DurableSubscription:
         """Feed every event on `subject` to `handler` once, acknowledging after it returns.
 
@@ -392,6 +393,10 @@ class EventBus:
         `replaces`: durable consumers of an earlier layout that this one takes over. When this
         consumer does not exist yet it starts right after the oldest position they acknowledged
         (not at the start of the stream); then they are deleted. Missing ones are ignored.
+
+        `from_start`: where a consumer that does not exist yet (and replaces none) starts: at the
+        stream's first event, or (False) at the next one published, for a reader that no earlier
+        event can concern. An existing consumer always resumes where it acknowledged.
         """
         config = ConsumerConfig(
             durable_name=durable_name,
@@ -415,6 +420,8 @@ class EventBus:
                 if resume is not None:
                     config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                     config.opt_start_seq = resume + 1
+            if existing is None and config.deliver_policy == DeliverPolicy.ALL and not from_start:
+                config.deliver_policy = DeliverPolicy.NEW
             # Create or update: a restarted service with new settings brings the consumer along.
             await self.js.add_consumer(STREAM_NAME, config)
             psub = await self.js.pull_subscribe_bind(durable=durable_name, stream=STREAM_NAME)

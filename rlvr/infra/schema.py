@@ -255,8 +255,19 @@ class ArtifactRow(SQLModel, table=True):
     created_at: datetime = _created()
 
 
+class StoreMetaRow(SQLModel, table=True):
+    """Facts about the database itself, one row each (`Store.store_id`: which database this is,
+    whatever URL reaches it)."""
+
+    __tablename__ = "store_meta"
+
+    key: str = Field(primary_key=True, max_length=64)
+    value: str = Field(default="", sa_type=Text)
+
+
 # Creation order follows the foreign keys; `Store.create_all` builds exactly these.
 TABLES: tuple[type[SQLModel], ...] = (
+    StoreMetaRow,
     JobRow,
     MetricPointRow,
     LoopRow,

@@ -18,6 +18,7 @@ once with "database is locked" instead of waiting out `busy_timeout`.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -43,6 +44,7 @@ from rlvr.infra.schema import (
     MetricPointRow,
     QuestionResultRow,
     RoundRow,
+    StoreMetaRow,
 )
 
 Row = TypeVar("Row", bound=SQLModel)
@@ -294,6 +296,17 @@ class Store:
         except IntegrityError as e:
             # Not the key (that one is ignored): a foreign key or a NOT NULL column.
             raise StoreError(f"{model.__name__} not stored: {_first_line(e)}") from None
+
+    # ------------------------------------------------------------------ the database itself
+
+    def store_id(self) -> str:
+        """This database's own random id, made by the first caller and the same for every later one
+        (the database decides a race), whatever URL or host reaches it: the scheduler names its
+        NATS consumer after it, so two deployments on one NATS never share one."""
+        self._insert_ignore(StoreMetaRow, [StoreMetaRow(key="store_id", value=uuid.uuid4().hex)])
+        row = self._get(StoreMetaRow, "store_id")
+        assert row is not None  # inserted above, or by the writer that won the race; never deleted
+        return row.value
 
     # ------------------------------------------------------------------ jobs and metrics
 

@@ -14,7 +14,9 @@ terminal status is never overwritten by a late non-terminal one.
 All of a job's events (`rlvr.jobs.<id>.metrics` and `.status`) are stored by one durable consumer
 that handles them one at a time in stream order. The trainer publishes a step's metrics before the
 status that ends the job, so when a row reads COMPLETED every step is already stored; and a watch
-(`watch`) ends only once the store holds the job's end.
+(`watch`) ends only once the store holds the job's end. The consumer is named after the store's own id
+(`events_consumer`): a scheduler restarted on the same database resumes it, and two deployments
+sharing one NATS each read every event (skipping the other's jobs) instead of splitting them.
 
 A job whose trainer was lost resumes. When the worker that runs a job answers that it no longer
 does (its job process died without a result: `last_lost`; or the trainer service was restarted and
@@ -86,9 +88,15 @@ __all__ = ["JobManager", "WorkerState", "Workers"]
 log = logging.getLogger("rlvr.scheduler.jobs")
 
 EVENTS_CONSUMER = "scheduler-job-events"
-"""The durable consumer of every job event."""
-OLD_CONSUMERS = ("scheduler-metrics", "scheduler-job-status")
-"""The consumers of an earlier layout (metrics and status apart): taken over and deleted at start."""
+"""The durable consumer of every job event, `events_consumer` adds the store's id to it."""
+OLD_CONSUMERS = ("scheduler-job-events", "scheduler-metrics", "scheduler-job-status")
+"""The consumers of earlier layouts (one name for every store; before that metrics and status apart):
+taken over and deleted at start."""
+
+
+def events_consumer(store_id: str) -> str:
+    """The durable consumer of a store's job events: one per database, whichever scheduler or URL."""
+    return f"{EVENTS_CONSUMER}-{store_id[:16]}"
 
 STREAM_GRACE_S = 5.0
 """How long a watch whose job the store has ended waits for that end to come off the stream."""
@@ -120,8 +128,13 @@ class JobManager:
 
     async def start(self) -> None:
         if self.bus is not None:
-            self._subs.append(await self.bus.subscribe_durable(ALL_JOB_EVENTS, EVENTS_CONSUMER, self._on_event,
-                                                               ordered=True, replaces=OLD_CONSUMERS))
+            store_id = await asyncio.to_thread(self.store.store_id)
+            # A consumer made now (a new database, or NATS's consumer gone) replays the stream only when
+            # a job of this store may still have events to store; a store with none starts at the next.
+            unfinished = await asyncio.to_thread(lambda: self.store.count_jobs() - self.store.count_jobs(TERMINAL))
+            self._subs.append(await self.bus.subscribe_durable(
+                ALL_JOB_EVENTS, events_consumer(store_id), self._on_event, ordered=True, replaces=OLD_CONSUMERS,
+                from_start=unfinished > 0))
         self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="dispatch"))
 
     async def stop(self) -> None:
