@@ -537,7 +537,8 @@ async def test_completed_never_overtakes_a_metric(private_nats, sqlite_store: St
             await jobs.stop()
 
 
-async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(private_nats, tmp_path: Path) -> None:
+async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(private_nats, tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
     """Two schedulers with two databases on one NATS (two deployments, or two RLVR_HOMEs on the
     machine's NATS): each stores every step of its own job. With one consumer name for both, the
     stream's events were split between them and each skipped the other's as unknown, losing steps.
@@ -574,6 +575,9 @@ async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(p
             for store, job in zip(stores, jobs, strict=True):
                 assert [p.step for p in store.metric_points(job.id)] == list(range(1, steps + 1))
             assert stores[1].get_job(old.id) is None and [p.step for p in stores[0].metric_points(old.id)] == [1]
+            for job in jobs:  # the other scheduler skipped its steps, saying so once
+                skipped = [r for r in caplog.records if r.levelname == "WARNING" and job.id in r.getMessage()]
+                assert len(skipped) == 1 and "no such job" in skipped[0].getMessage(), skipped
 
             await managers[0].stop()  # restarted on its database: it picks up what came meanwhile
             await bus.publish(job_metrics_subject(old.id), C.MetricEvent(job_id=old.id, step=2).SerializeToString(),

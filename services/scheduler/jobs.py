@@ -123,6 +123,7 @@ class JobManager:
         self.changed = asyncio.Condition()
         self.generation = 0
         self.resumes: dict[str, int] = {}  # job id -> times resumed after its trainer was lost
+        self._unknown_jobs: dict[str, None] = {}  # job ids whose events were skipped (insertion-ordered)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -414,7 +415,14 @@ class JobManager:
     async def _on_metric(self, metric: common_pb2.MetricEvent) -> None:
         row = await asyncio.to_thread(self.store.get_job, metric.job_id)
         if row is None:
-            log.warning("skipping step %d of job %r: no such job in the store", metric.step, metric.job_id)
+            # Another deployment's job on a shared NATS, or a deleted one: said once per job, not per step.
+            first = metric.job_id not in self._unknown_jobs
+            self._unknown_jobs[metric.job_id] = None
+            if len(self._unknown_jobs) > 4096:
+                del self._unknown_jobs[next(iter(self._unknown_jobs))]
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "skipping step %d of job %r: no such job in the store%s", metric.step, metric.job_id,
+                    " (its later steps are skipped quietly)" if first else "")
             return
         stored = await asyncio.to_thread(self.store.add_metric_point, metric_point_from_event(metric))
         if stored and metric.step > row.current_step:
