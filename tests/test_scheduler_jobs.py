@@ -693,9 +693,14 @@ TWO_GPUS_ON_CPUS = ("no trainer worker can run it: needs 2 GPU(s) (gpu_selection
                     "needs 2 GPU(s) (gpu_selection 0,1), worker w1:1 has 0")
 
 
-async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_server, sqlite_store: Store) -> None:
+async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_server, sqlite_store: Store,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused by every worker: the job stays QUEUED with each worker's reason, stored, shown on the
-    job and published once (not every round); a worker that can run it appears, and it starts there."""
+    job and published once (not every round), and worked out once while the workers stay the same;
+    a worker that can run it appears, and it starts there."""
+    fits: list[str] = []
+    real_fit = jobs_module.fit
+    monkeypatch.setattr(jobs_module, "fit", lambda spec, caps, name: fits.append(name) or real_fit(spec, caps, name))
     workers = FakeWorkers(2)
     workers.capabilities = {"w0:1": _cpu(), "w1:1": _cpu()}
     async with connected_bus(nats_server.url) as bus:
@@ -706,9 +711,11 @@ async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_
         row = sqlite_store.get_job(job.id)
         assert (row.status, row.worker, row.queue_reason) == ("QUEUED", "", TWO_GPUS_ON_CPUS)
         assert (await jobs.get(job.id)).queue_reason == TWO_GPUS_ON_CPUS and workers.calls == []
+        assert fits == ["w0:1", "w1:1"]  # three rounds, the same workers: one fit per worker
 
         workers.capabilities["w1:1"] = _gpus(2)  # w1 comes back with two GPUs
         await jobs.dispatch_once()
+        assert fits == ["w0:1", "w1:1"] * 2
         row = sqlite_store.get_job(job.id)
         assert (row.status, row.worker, row.queue_reason) == ("RUNNING", "w1:1", "")
         assert workers.calls == [("w1:1", job.id)] and (await jobs.get(job.id)).queue_reason == ""

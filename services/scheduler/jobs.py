@@ -124,6 +124,8 @@ class JobManager:
         self.generation = 0
         self.resumes: dict[str, int] = {}  # job id -> times resumed after its trainer was lost
         self._unknown_jobs: dict[str, None] = {}  # job ids whose events were skipped (insertion-ordered)
+        # queued job id -> (the live workers' names and capabilities, why each cannot run it), fit.py's
+        self._fits: dict[str, tuple[tuple[object, ...], dict[str, str | None]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -501,9 +503,16 @@ class JobManager:
                 free.append(row)
         live = {a: s for a, s in states.items() if s is not None}
         idle = [a for a, s in live.items() if not s.busy and a not in busy_workers]
+        # What each worker can run changes rarely: a job's fit is worked out again only when it does.
+        workers_seen = tuple((a, s.name, s.capabilities.SerializeToString(deterministic=True)
+                              if s.capabilities is not None else None) for a, s in sorted(live.items()))
+        self._fits = {row.id: self._fits[row.id] for row in free if row.id in self._fits}
         for row in free:
-            spec = spec_from_json(row.spec_json)
-            reasons = {a: fit(spec, s.capabilities, s.name or a) for a, s in live.items()}
+            seen, reasons = self._fits.get(row.id, (None, {}))
+            if seen != workers_seen:
+                spec = spec_from_json(row.spec_json)
+                reasons = {a: fit(spec, s.capabilities, s.name or a) for a, s in live.items()}
+                self._fits[row.id] = (workers_seen, reasons)
             address = next((a for a in idle if reasons[a] is None), None)
             if address is not None:
                 idle.remove(address)  # taken, even if StartJob is refused: next round
