@@ -64,6 +64,23 @@ def test_a_seeded_batch_samples_the_same_completions_whole_split_or_one_prompt_a
     assert len({tuple(c) for c in whole.completion_ids[:GROUP]}) > 1, whole.completion_ids[:GROUP]
 
 
+def test_a_models_own_generation_config_does_not_bend_the_samples(policy: tuple[Any, Any, list[int]]) -> None:
+    """A hub model's generation_config may carry a repetition penalty (Qwen2.5-Instruct: 1.05) or
+    an n-gram ban; transformers applies such fields unless the call sets them. The loss scores the
+    plain tempered softmax, so the sampler must not apply them: the completions are the same."""
+    model, tokenizer, _ = policy
+    prompts = _prompts(tokenizer)
+    plain = _generate(policy, prompts, seed=11).completion_ids
+    saved = model.generation_config
+    bent = saved.__class__(**saved.to_dict())
+    bent.repetition_penalty, bent.no_repeat_ngram_size, bent.min_new_tokens = 50.0, 1, MAX_TOKENS
+    model.generation_config = bent
+    try:
+        assert _generate(policy, prompts, seed=11).completion_ids == plain
+    finally:
+        model.generation_config = saved
+
+
 def test_other_seeds_or_offsets_sample_other_completions(policy: tuple[Any, Any, list[int]]) -> None:
     prompts = _prompts(policy[1])
     first = _generate(policy, prompts, seed=11).completion_ids

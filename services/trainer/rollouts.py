@@ -211,8 +211,13 @@ class LocalGenerator:
         # do_sample=False: no temperature, top-k or top-p warper; SeededSampler turns the greedy
         # argmax into a draw from the full tempered distribution, the one TRL's loss evaluates (it
         # divides the logits by the same temperature).
+        # Every logits processor a model's own generation_config could switch on (transformers fills in
+        # the fields left None from it: a hub model's `repetition_penalty` 1.05, say) is pinned off, so
+        # the completions stay draws from the distribution the loss scores, as on the rollout server.
         config = GenerationConfig(
             do_sample=False, max_new_tokens=sampling.max_tokens, pad_token_id=pad, eos_token_id=self.eos_token_ids,
+            repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, guidance_scale=1.0,
         )
         sampler = SeededSampler(seeds, sampling.group_size, sampling.temperature, device)
         with torch.no_grad():
