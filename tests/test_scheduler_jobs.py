@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -642,6 +643,19 @@ async def test_a_watch_ends_when_the_store_does_though_the_stream_never_says(nat
     assert events[-1].status.status == C.JOB_STATUS_CANCELLED
 
 
+async def _statuses(bus, job_id: str, n: int, timeout: float = 10.0) -> list[C.JobStatusEvent]:  # type: ignore[no-untyped-def]
+    """The job's first `n` status events on the stream, or as many as came within `timeout`."""
+    got: list[C.JobStatusEvent] = []
+
+    async def read() -> None:
+        async for event in _take(bus, job_status_subject(job_id), n):
+            got.append(C.JobStatusEvent.FromString(event.data))
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(read(), timeout)
+    return got
+
+
 async def _take(bus, subject: str, n: int):  # type: ignore[no-untyped-def]
     async for event in bus.watch(subject):
         yield event
@@ -689,6 +703,7 @@ def _two_gpu_spec() -> C.JobSpec:
     return spec
 
 
+ONE_CPU = "no trainer worker can run it: needs 2 GPU(s) (gpu_selection 0,1), worker w0:1 has 0"
 TWO_GPUS_ON_CPUS = ("no trainer worker can run it: needs 2 GPU(s) (gpu_selection 0,1), worker w0:1 has 0; "
                     "needs 2 GPU(s) (gpu_selection 0,1), worker w1:1 has 0")
 
@@ -713,15 +728,23 @@ async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_
         assert (await jobs.get(job.id)).queue_reason == TWO_GPUS_ON_CPUS and workers.calls == []
         assert fits == ["w0:1", "w1:1"]  # three rounds, the same workers: one fit per worker
 
+        workers.down.add("w1:1")  # w1 stops answering, then comes back as it was: the reason changes and
+        await jobs.dispatch_once()  # changes back within the stream's duplicate window, published each time
+        assert sqlite_store.get_job(job.id).queue_reason == ONE_CPU
+        workers.down.clear()
+        await jobs.dispatch_once()
+        assert sqlite_store.get_job(job.id).queue_reason == TWO_GPUS_ON_CPUS
+
         workers.capabilities["w1:1"] = _gpus(2)  # w1 comes back with two GPUs
         await jobs.dispatch_once()
-        assert fits == ["w0:1", "w1:1"] * 2
+        assert fits == ["w0:1", "w1:1", "w0:1", "w0:1", "w1:1", "w0:1", "w1:1"]
         row = sqlite_store.get_job(job.id)
         assert (row.status, row.worker, row.queue_reason) == ("RUNNING", "w1:1", "")
         assert workers.calls == [("w1:1", job.id)] and (await jobs.get(job.id)).queue_reason == ""
-        stream = [C.JobStatusEvent.FromString(e.data) async for e in _take(bus, job_status_subject(job.id), 3)]
+        stream = await _statuses(bus, job.id, 5)
     assert [(e.status, e.message) for e in stream] == [
-        (C.JOB_STATUS_QUEUED, "queued"), (C.JOB_STATUS_QUEUED, TWO_GPUS_ON_CPUS), (C.JOB_STATUS_RUNNING, "started on w1:1")]
+        (C.JOB_STATUS_QUEUED, "queued"), (C.JOB_STATUS_QUEUED, TWO_GPUS_ON_CPUS), (C.JOB_STATUS_QUEUED, ONE_CPU),
+        (C.JOB_STATUS_QUEUED, TWO_GPUS_ON_CPUS), (C.JOB_STATUS_RUNNING, "started on w1:1")]
 
 
 async def test_a_job_that_fits_passes_an_older_one_that_does_not(sqlite_store: Store) -> None:

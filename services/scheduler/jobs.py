@@ -39,9 +39,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import hashlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -532,8 +532,9 @@ class JobManager:
             await asyncio.to_thread(self.store.update_job, row.id, queue_reason=reason)
         log.info("job %s waits: %s", row.id, reason)
         await self.notify()
-        digest = hashlib.sha256(reason.encode()).hexdigest()[:16]
-        await self._publish_status(row.id, "QUEUED", reason, again=f"waits-{digest}")
+        # Each change its own id (a reason can come back within the stream's duplicate window: a
+        # worker restarting and answering again); the store's reason keeps a restart from repeating it.
+        await self._publish_status(row.id, "QUEUED", reason, again=f"waits-{time.time_ns()}")
 
     async def _lost(self, row: JobRow, state: WorkerState) -> None:
         """A running job its worker no longer runs, though it did not end there: queued again to
