@@ -26,7 +26,7 @@ except the rollout server's engine, one after the other:
   vLLM engine core spins at most S seconds for its worker's output (RLVR_VLLM_IDLE_SPIN_S; vLLM's own
   is 1 s: on a CPU host it holds a core through the generation, the core an asynchronous step's update
   needs). With `--trl-lag-pass` once more with TRL's own policy-lag ratio (its
-  extra no-grad forward of the batch for the old logprobs, engine.py `can_defer_ratio` off) instead
+  extra no-grad forward of the batch for the old logprobs, grpo_trainer.py `can_defer_ratio` off) instead
   of the ratio taken from the training forward.
 
 The first `--skip` steps of each run are left out (lazy initialisation, the engines' first
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 name = LAG_PASS_RUN.format(k=args.async_steps)
                 started = time.perf_counter()
-                with mock.patch("rlvr.services.trainer.engine.can_defer_ratio", lambda _: False):
+                with mock.patch("rlvr.services.trainer.grpo_trainer.can_defer_ratio", lambda _: False):
                     runs[name] = run_rlvr(args, "vllm", base, Path(tmp), max_async_steps=args.async_steps)
                 walls[name] = time.perf_counter() - started
     load_after = os.getloadavg()

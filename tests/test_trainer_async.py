@@ -168,7 +168,7 @@ def test_the_sampler_peeks_every_epoch_as_it_will_yield_it() -> None:
     import torch
     from trl.trainer.utils import RepeatSampler
 
-    from rlvr.services.trainer.engine import EpochSampler
+    from rlvr.services.trainer.grpo_trainer import EpochSampler
 
     def sampler() -> EpochSampler:
         return EpochSampler(RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, seed=7))

@@ -23,7 +23,8 @@ def _trainer(tmp_path: Path, tiny_model: str, loss_type: str) -> Any:
     from datasets import Dataset
 
     from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.engine import grpo_args, trainer_class
+    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.services.trainer.grpo_trainer import trainer_class
     from rlvr.services.trainer.runner import load_policy
 
     job = job_config(job_id="lag", base_model=tiny_model, artifact_root=tmp_path, group_size=4, batch_size=ROWS,
@@ -89,7 +90,7 @@ def test_the_deferred_lag_ratio_equals_trls_extra_pass(tmp_path: Path, tiny_mode
     import torch
 
     trainer = _trainer(tmp_path, tiny_model, loss_type)
-    assert trainer.deferred_ratio  # num_iterations 1, one generation per optimizer step: engine.can_defer_ratio
+    assert trainer.deferred_ratio  # num_iterations 1, one generation per optimizer step: grpo_trainer.can_defer_ratio
     deferred = _step(trainer)
     trainer.deferred_ratio = False  # TRL's own path: its no-grad pass for the old logprobs
     trl = _step(trainer)
@@ -116,7 +117,7 @@ def test_the_ratio_is_deferred_only_when_exact() -> None:
     trained on over several optimizer steps) or the mode is not token_truncate."""
     from types import SimpleNamespace
 
-    from rlvr.services.trainer.engine import can_defer_ratio
+    from rlvr.services.trainer.grpo_trainer import can_defer_ratio
 
     def args(**changes: Any) -> Any:
         base = dict(vllm_importance_sampling_mode="token_truncate", num_iterations=1, steps_per_generation=1,

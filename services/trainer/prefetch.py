@@ -2,7 +2,7 @@
 scored on a background thread while the current step trains.
 
 At the end of step n's rollout the `Prefetcher` queues steps n+1 .. n+k, each with the prompts the
-synchronous run would give it (TRL's own sampler, peeked: engine.py, `EpochSampler.peek`). One
+synchronous run would give it (TRL's own sampler, peeked: grpo_trainer.py, `EpochSampler.peek`). One
 worker thread runs them in order, each a whole `Step.rollout` (generation rounds and scoring) from
 the newest adapter version the rollout server serves when its request lands, so the push of step
 n's adapter overlaps with generation that does not need it, and the next step's generation starts
@@ -16,8 +16,8 @@ Rows outside the bound, or a prefetch of other prompts, are dropped with a warni
 generated again synchronously from the live policy.
 
 The lag is corrected with importance weights (the engine turns on TRL's own correction for k >= 1:
-engine.py, `trainer_class`): the loss is weighted by exp(logp_policy - logp_rollout), per token,
-truncated at 3, logp_policy from the training forward itself (engine.py `lag_ratio`; TRL's own
+grpo_trainer.py, `trainer_class`): the loss is weighted by exp(logp_policy - logp_rollout), per token,
+truncated at 3, logp_policy from the training forward itself (grpo_trainer.py `lag_ratio`; TRL's own
 extra no-grad pass computes the same numbers) (`vllm_importance_sampling_mode="token_truncate"`,
 `vllm_importance_sampling_clip_max=3.0`: GRPOTrainer._generate_and_score_completions / _compute_loss in trl 1.16; the truncated importance
 sampling of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL

@@ -1,0 +1,207 @@
+"""TRL's `GRPOTrainer` as a job runs it: the subclass `trainer_class` builds, and what it needs.
+
+- `EpochSampler`: TRL's RepeatSampler made resumable across epochs, and able to show a later epoch's
+  order (`peek`), from which the prefetch of asynchronous steps (prefetch.py) takes their prompts.
+- The policy-lag correction of asynchronous steps (advanced.max_async_steps > 0): TRL's truncated
+  importance sampling against the rollout's own logprobs (`LAG_CORRECTION`), switched on after TRL's
+  set-up, its ratio taken from the training forward (`lag_ratio`) rather than from TRL's extra
+  no-grad pass whenever that is exact (`can_defer_ratio`).
+- A checkpoint's trained adapter loaded exactly, also beside TRL's frozen reference adapter.
+
+engine.py builds the trainer from this and wires the step's seams into it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "lag_ratio", "trainer_class"]
+
+# The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
+LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
+                  "vllm_importance_sampling_clip_max": 3.0}
+
+
+class EpochSampler:
+    """TRL's RepeatSampler, resumable across epochs. RepeatSampler draws one permutation per epoch
+    from its own generator, seeded once: a trainer resumed in epoch e starts a fresh sampler, which
+    would draw epoch 0's order again. Told the epoch (transformers' Trainer calls `set_epoch`
+    through accelerate's loader), this one first draws the permutations of the epochs before it,
+    so a resumed run sees the same prompt order as an uninterrupted one; an uninterrupted run's
+    order is RepeatSampler's own."""
+
+    def __init__(self, inner: Any) -> None:  # a trl RepeatSampler
+        self.inner = inner
+        self.epoch = 0
+        self._drawn = 0  # epoch permutations drawn from inner.generator so far
+        self._orders: dict[int, list[int]] = {}  # the order of the epoch being yielded
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        import torch
+
+        if self.inner.shuffle:
+            while self._drawn < self.epoch:
+                torch.randperm(self.inner.num_samples, generator=self.inner.generator)
+                self._drawn += 1
+        self._drawn += 1
+        order = list(self.inner)  # drawn as RepeatSampler draws it (one permutation), kept for `peek`
+        self._orders = {self.epoch: order}
+        yield from order
+
+    def peek(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s order (every index as the sampler yields it), without drawing it: the
+        order being yielded, or a later epoch's from a copy of the sampler's generator (its next
+        permutations are the ones `__iter__` will draw)."""
+        import copy
+
+        import torch
+
+        if epoch in self._orders:
+            return self._orders[epoch]
+        if epoch < self._drawn:
+            raise ValueError(f"epoch {epoch}'s order is drawn and gone")
+        twin = copy.copy(self.inner)
+        if self.inner.shuffle:
+            twin.generator = torch.Generator()
+            twin.generator.set_state(self.inner.generator.get_state())
+            for _ in range(epoch - self._drawn):
+                torch.randperm(twin.num_samples, generator=twin.generator)
+        return list(twin)
+
+
+def can_defer_ratio(args: Any) -> bool:
+    """Whether the lag ratio can come from the training forward (`trainer_class`): TRL's token_truncate
+    correction, and each generation trained on before any optimizer step changes the policy (TRL's
+    own condition for skipping its old-logprob pass). Else TRL's own pass runs."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    return bool(args.vllm_importance_sampling_mode == "token_truncate" and args.num_iterations == 1
+                and args.gradient_accumulation_steps % generate_every == 0)
+
+
+def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
+    """TRL's token_truncate importance ratio (trl 1.16, GRPOTrainer._generate_and_score_completions)
+    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it."""
+    import torch
+    from trl.trainer.utils import nanmax, nanmin
+
+    sampling = inputs["sampling_per_token_logps"]
+    mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+    # NaN sampling logprobs (unscored tokens) give a ratio of 1, as in TRL.
+    ratio = torch.exp(torch.nan_to_num((logps - sampling) * mask, nan=0.0))
+    ratio = torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min,
+                        max=trainer.vllm_importance_sampling_clip_max)
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    gather = trainer.accelerator.gather
+    zero = torch.tensor(0.0, device=logps.device)
+    delta = torch.abs(logps - sampling)
+    delta = delta[mask.bool() & ~torch.isnan(delta)]
+    metrics["sampling/sampling_logp_difference/mean"].append(
+        gather(delta.mean() if delta.numel() else zero).mean().item())
+    metrics["sampling/sampling_logp_difference/max"].append(
+        gather(delta.max() if delta.numel() else zero).max().item())
+    flat = ratio[mask.bool()]
+    metrics["sampling/importance_sampling_ratio/min"].append(
+        nanmin(gather(flat.min() if flat.numel() else zero)).item())
+    metrics["sampling/importance_sampling_ratio/mean"].append(
+        gather(flat.mean() if flat.numel() else zero).nanmean().item())
+    metrics["sampling/importance_sampling_ratio/max"].append(
+        nanmax(gather(flat.max() if flat.numel() else zero)).item())
+    return ratio
+
+
+class _NoEngine:
+    """TRL's vLLM handle for a trainer whose rollout_func generates: our Step pushes the adapters."""
+
+    def sync_weights(self) -> None:
+        pass
+
+
+def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
+    """GRPOTrainer with `EpochSampler` around its train sampler; with `correct_lag` (asynchronous
+    steps, prefetch.py) also with TRL's importance-sampling correction against the rollout's own
+    logprobs, which TRL applies only to vLLM rollouts (`use_vllm`): it is turned on after TRL's
+    setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op. The correction's
+    ratio comes from the loss's own forward (`deferred_ratio`, below), not from a forward of its own."""
+    from trl import GRPOTrainer
+
+    class Trainer(GRPOTrainer):
+        deferred_ratio = False  # the lag ratio from the loss's own forward (`_compute_loss`)
+        _ratio_inputs: dict[str, Any] | None = None  # the loss's inputs, until its forward
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.epoch_sampler: EpochSampler | None = getattr(self, "epoch_sampler", None)
+            if correct_lag:
+                self.use_vllm = True
+                self.vllm_mode = "server"
+                self.vllm_generation = _NoEngine()
+                self._last_loaded_step = -1
+                self.deferred_ratio = can_defer_ratio(self.args)
+
+        # The lag ratio without TRL's extra pass. TRL computes exp(logp_old - logp_sampling) from a
+        # no-grad forward of the whole batch (`old_per_token_logps`) in _generate_and_score_completions,
+        # then trains with a second forward under the same adapter. When every generation is trained on
+        # within one optimizer step (num_iterations == 1, gradient_accumulation_steps a multiple of
+        # steps_per_generation: TRL's own condition for old == current, `can_defer_ratio`), no parameter
+        # changes between those two forwards and the inputs are the same rows, so logp_old is the
+        # training forward's logp, detached: the ratio is computed from that one instead, and TRL's PPO
+        # ratio exp(logp - logp_old) is then exp(logp - logp.detach()) = 1 with TRL's gradient. prime-rl
+        # does the same: its trainer takes the ratio against the rollout's `inference_logprobs` from
+        # the training forward's `trainer_logprobs`, with no old-logprob pass (src/prime_rl/trainer/rl/
+        # train.py and loss.py `compute_loss`). tests/test_trainer_lag_ratio.py: bit-equal on CPU.
+        def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+            if not self.deferred_ratio:
+                return super()._generate_and_score_completions(inputs)
+            self.vllm_importance_sampling_correction = False  # TRL's pass and ratio are skipped
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.vllm_importance_sampling_correction = True
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            if not self.deferred_ratio or "importance_sampling_ratio" in inputs:
+                return super()._compute_loss(model, inputs)
+            self._ratio_inputs = inputs  # the loss's forward (below) fills in the ratio it then applies
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._ratio_inputs = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            inputs, self._ratio_inputs = self._ratio_inputs, None  # the loss's one forward of the policy
+            if inputs is not None:
+                inputs["importance_sampling_ratio"] = lag_ratio(self, result[0].detach(), inputs)
+            return result
+
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            self.epoch_sampler = EpochSampler(super()._get_train_sampler(dataset))
+            return self.epoch_sampler
+
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            # With kl_beta > 0 the policy holds TRL's frozen "ref" adapter too, which peft saves in a
+            # sub-folder; transformers 5 then loads the sub-folders' adapters only, not the trained
+            # one at the checkpoint's root: load that one (exactly its saved tensors).
+            root = Path(resume_from_checkpoint) / "adapter_model.safetensors"
+            peft_model = model if model is not None else self.model
+            subdirs = [p for p in Path(resume_from_checkpoint).iterdir() if (p / root.name).is_file()]
+            if root.is_file() and subdirs:
+                from peft import set_peft_model_state_dict
+                from safetensors.torch import load_file
+
+                active = peft_model.active_adapters[0]
+                result = set_peft_model_state_dict(peft_model, load_file(str(root)), adapter_name=active)
+                missing = [k for k in result.unexpected_keys if "lora_" in k]
+                if missing:
+                    raise RuntimeError(f"checkpoint {root.parent.name}: the adapter has tensors the policy lacks: "
+                                       f"{missing[:3]}")
+
+    return Trainer
