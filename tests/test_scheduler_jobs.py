@@ -586,6 +586,17 @@ async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(p
             managers[0] = JobManager(stores[0], bus, FakeWorkers(), poll_seconds=0.1)
             await managers[0].start()
             await _until(lambda: _stored_steps(stores[0], old.id, [1, 2]))
+
+            # Its consumer gone from NATS (a server rebuilt with the stream kept) while a job of its
+            # database still runs: the new consumer replays the stream rather than start at its end.
+            await managers[0].stop()
+            await bus.js.delete_consumer("RLVR", jobs_module.events_consumer(stores[0].store_id()))
+            await bus.publish(job_metrics_subject(old.id), C.MetricEvent(job_id=old.id, step=3).SerializeToString(),
+                              metric_msg_id(old.id, 3))
+            assert stores[0].get_job(old.id).status == "RUNNING"
+            managers[0] = JobManager(stores[0], bus, FakeWorkers(n=2), poll_seconds=0.1)
+            await managers[0].start()
+            await _until(lambda: _stored_steps(stores[0], old.id, [1, 2, 3]))
         finally:
             for manager in managers:
                 await manager.stop()
