@@ -628,7 +628,7 @@ async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sq
         await jobs.dispatch_once()
         events = await asyncio.wait_for(watched, 10)
         assert events[-1].status.status == C.JOB_STATUS_FAILED and "no longer runs" in events[-1].status.message
-        stream = [C.JobStatusEvent.FromString(e.data).status async for e in _take(bus, job_status_subject(job.id), 3)]
+        stream = [e.status for e in await _statuses(bus, job.id, 3)]
         assert stream == [C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING, C.JOB_STATUS_FAILED]
 
 
@@ -659,20 +659,14 @@ async def _statuses(bus, job_id: str, n: int, timeout: float = 10.0) -> list[C.J
     got: list[C.JobStatusEvent] = []
 
     async def read() -> None:
-        async for event in _take(bus, job_status_subject(job_id), n):
+        async for event in bus.watch(job_status_subject(job_id)):
             got.append(C.JobStatusEvent.FromString(event.data))
+            if len(got) == n:
+                return
 
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(read(), timeout)
     return got
-
-
-async def _take(bus, subject: str, n: int):  # type: ignore[no-untyped-def]
-    async for event in bus.watch(subject):
-        yield event
-        n -= 1
-        if n == 0:
-            return
 
 
 async def test_a_resume_is_published_so_watchers_see_it(nats_server, sqlite_store: Store) -> None:
@@ -683,7 +677,7 @@ async def test_a_resume_is_published_so_watchers_see_it(nats_server, sqlite_stor
         await jobs.dispatch_once()
         workers.lose(job.id, "the job process killed by signal 9 without a result")
         await jobs.dispatch_once()
-        stream = [C.JobStatusEvent.FromString(e.data) async for e in _take(bus, job_status_subject(job.id), 4)]
+        stream = await _statuses(bus, job.id, 4)
     assert [e.status for e in stream] == [C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED,
                                           C.JOB_STATUS_RUNNING]
     assert stream[2].message.startswith("resuming from the last checkpoint after the trainer was lost at step 0 "
