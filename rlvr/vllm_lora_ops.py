@@ -23,8 +23,9 @@ nothing to the worker). Off CPU (the Triton/punica GPU kernels) nothing here is 
 
 vLLM's general plugin here (`vllm_plugin`, registered in pyproject.toml) also shortens the idle spin
 of the processes of rlvr's engines on a CPU host (vLLM loads the plugin in every engine of the
-environment: the ones rlvr did not build carry no `ENGINE_MARK` and are left alone). Each process that waits on one of vLLM's shared-memory queues
-spins (`sched_yield`) for 1 s after its last read before it sleeps on a socket
+environment: the ones rlvr did not build carry no `ENGINE_MARK` and are left alone). Each process
+that waits on one of vLLM's shared-memory queues spins (`sched_yield`) for 1 s after its last read
+before it sleeps on a socket
 (`shm_broadcast.SpinCondition`, `busy_loop_s=1`): on a GPU host that saves microseconds per step. On
 a CPU host the engine core spins a core through a whole generation while it waits for its worker's
 output, and the worker spins one for a second after every Generate, the very second a synchronous

@@ -57,7 +57,6 @@ TRL_DIR = "trl"
 RESUME_FILE = "rlvr-resume.json"
 
 
-
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
               processes: int = 1) -> Any:  # -> GRPOConfig
     """TRL's config for a job. CPU facts (DESIGN.md): no gradient checkpointing, and fp32 unless the
