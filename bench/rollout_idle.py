@@ -22,8 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,13 +59,9 @@ def cpu_seconds(group: int) -> float:
     return total / tick
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(args: argparse.Namespace, spin: str) -> dict[str, float]:
+    from rlvr.clients.stack import free_port
+    from rlvr.infra.reaper import stop_process_groups
     from rlvr.peers.base import check_health
     from rlvr.peers.types import AdapterTag, Sampling
     from rlvr.services.trainer.rollouts import ServiceGenerator
@@ -104,9 +98,7 @@ def measure(args: argparse.Namespace, spin: str) -> dict[str, float]:
                 "cpu_generate_s": statistics.median(r[1] for r in kept),
                 "cpu_idle_s": statistics.median(r[2] for r in kept)}
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        stop_process_groups([server], grace=60)
         log.close()
 
 
