@@ -106,6 +106,37 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
 
 
 @pytest.mark.vllm
+def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlvr up --base-port 0` picks every service's port before any binds it. Picked from the
+    kernel's ephemeral range (bind to 0), a port could go to another process's outgoing connection
+    in between (a CI run lost `test_a_dying_service_is_reported` to that). Picked ports are distinct,
+    below that range, and no outgoing connection takes one."""
+    import socket
+
+    from rlvr.clients import stack
+
+    low, _ = stack._ephemeral_range()
+    picked = [stack.free_port() for _ in range(60)]
+    assert len(set(picked)) == len(picked)
+    assert all(port < low for port in picked), (low, sorted(picked))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(512)
+        conns = [socket.create_connection(server.getsockname()) for _ in range(300)]
+        try:
+            taken = {c.getsockname()[1] for c in conns}
+            assert not taken & set(picked)
+            assert all(stack._listenable("127.0.0.1", port) for port in picked)
+        finally:
+            for c in conns:
+                c.close()
+    # No room below the ephemeral range: the kernel's pick, still never one handed out before.
+    monkeypatch.setattr(stack, "_ephemeral_range", lambda: (1024, 65535))
+    more = [stack.free_port() for _ in range(20)]
+    assert len(set(more) | set(picked)) == len(more) + len(picked)
+    assert all(stack._listenable("127.0.0.1", port) for port in more)
+
+
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
