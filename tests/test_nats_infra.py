@@ -18,7 +18,7 @@ import nats
 import nats.js.errors
 import pytest
 from fixtures_infra import connected_bus  # fixtures come through conftest.py
-from nats.js.api import StorageType
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 
 from rlvr.infra.events import (
     ALL_JOB_METRICS,
@@ -337,6 +337,43 @@ async def test_a_consumer_takes_over_from_the_ones_it_replaces(private_nats: Emb
         await _collect(4, new)
         await asyncio.sleep(0.3)
     assert new == [b"s4", b"m5", b"s6", b"m7"]
+
+
+async def test_a_consumer_nobody_pulls_from_ages_out_with_the_stream(private_nats: EmbeddedNats) -> None:
+    """A durable consumer left by a deployment that is gone is deleted by the server once nobody
+    has pulled from it for the stream's max age; one that is pulled from stays, and the name can be
+    used again, from the stream's start."""
+    job, got = _job(), []
+
+    async def handler(event: Event) -> None:
+        got.append(event.data)
+
+    async with connected_bus(private_nats.url) as bus:
+        info = await bus.js.stream_info(STREAM_NAME)
+        assert info.config.max_age == 7 * 24 * 3600
+        await ensure_stream(bus.js, max_age_s=3.0, duplicate_window_s=1.0)
+        await bus.publish(job_metrics_subject(job), b"e1", "e1")
+        # "kept" was made by an older rlvr, with no threshold: subscribing brings it one.
+        await bus.js.add_consumer(STREAM_NAME, ConsumerConfig(durable_name="kept", name="kept",
+                                                              filter_subject=job_metrics_subject(job),
+                                                              ack_policy=AckPolicy.EXPLICIT))
+        kept = await bus.subscribe_durable(job_metrics_subject(job), "kept", handler)
+        gone = await bus.subscribe_durable(job_metrics_subject(job), "gone", handler)
+        for name in ("kept", "gone"):
+            assert (await bus.js.consumer_info(STREAM_NAME, name)).config.inactive_threshold == 3.0
+        await _collect(2, got)
+        await gone.stop()
+        await asyncio.sleep(6.0)
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await bus.js.consumer_info(STREAM_NAME, "gone")
+        assert (await bus.js.consumer_info(STREAM_NAME, "kept")).config.durable_name == "kept"
+        await kept.stop()
+        await bus.publish(job_metrics_subject(job), b"e2", "e2")
+        await bus.subscribe_durable(job_metrics_subject(job), "gone", handler)
+        await _collect(3, got)
+        await asyncio.sleep(0.3)
+    # Made again from the stream's start, it reads what the stream still holds: e1 has aged out.
+    assert got == [b"e1", b"e1", b"e2"]
 
 
 async def test_watch_live_and_from_start(nats_server: EmbeddedNats) -> None:

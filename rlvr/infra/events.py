@@ -397,6 +397,12 @@ class EventBus:
         `from_start`: where a consumer that does not exist yet (and replaces none) starts: at the
         stream's first event, or (False) at the next one published, for a reader that no earlier
         event can concern. An existing consumer always resumes where it acknowledged.
+
+        A consumer nobody has pulled from for as long as the stream keeps events (its max age, a
+        week by default) is deleted by the server. Nothing is lost with it: every event it had not
+        read has aged out of the stream by then, and one made again later starts as `from_start`
+        says. Without that, the consumer of a database that is gone would stay on a shared NATS,
+        costing the server a little on every event, for ever.
         """
         config = ConsumerConfig(
             durable_name=durable_name,
@@ -411,6 +417,9 @@ class EventBus:
             config.max_ack_pending = 1
             batch = 1  # a bigger fetch would wait out its timeout for events the server holds back
         try:
+            stream = await self.js.stream_info(STREAM_NAME)
+            if stream.config.max_age:  # 0: events never age out, and neither does the consumer
+                config.inactive_threshold = stream.config.max_age
             existing = await self._consumer_info(durable_name)
             if existing is not None:  # how it started is fixed at creation: keep it
                 config.deliver_policy = existing.config.deliver_policy
