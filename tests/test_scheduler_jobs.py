@@ -221,6 +221,8 @@ async def test_dry_run_starts_nothing(sqlite_store: Store) -> None:
 
 
 async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_store: Store) -> None:
+    """Resumed at most MAX_RESUMES times, counted in the job's row: a scheduler restarted halfway
+    (a new JobManager on the same store) goes on with the count rather than starting it again."""
     workers = FakeWorkers(2)
     jobs = JobManager(sqlite_store, None, workers)
     _, job = await jobs.create(C.JobSpec(), dry_run=False)
@@ -230,6 +232,8 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
     sqlite_store.update_job(job.id, current_step=4)  # 4 steps stored
     started = sqlite_store.get_job(job.id).started_at
     for n in range(1, MAX_RESUMES + 1):
+        if n == 2:
+            jobs = JobManager(sqlite_store, None, workers)  # the scheduler restarted
         if n % 2:
             workers.running.clear()  # the worker restarted and forgot it
             workers.last.clear()
@@ -240,6 +244,7 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
         assert row.status == C.JOB_STATUS_RUNNING, row.error
         assert workers.resumes[-1] == (job.id, True, 4) and len(workers.resumes) == n + 1
         assert sqlite_store.get_job(job.id).started_at == started  # the job's start, not the resume's
+        assert sqlite_store.get_job(job.id).resumes == n
     workers.lose(job.id, "the job process killed by signal 9 without a result", step=5)
     await jobs.dispatch_once()
     failed = await jobs.get(job.id)

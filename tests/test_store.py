@@ -319,17 +319,18 @@ def test_a_database_made_before_policy_lag_gains_the_column(store_url: str) -> N
         assert [(p.step, p.policy_lag) for p in new.metric_points(job.id)] == [(1, 0), (2, 1)]
 
 
-def test_a_database_made_before_queue_reason_gains_the_column(store_url: str) -> None:
-    """A jobs table without queue_reason takes it, default empty, when a service creates the tables;
-    its rows stay, and the reason is stored from then on."""
+def test_a_database_made_before_queue_reason_and_resumes_gains_the_columns(store_url: str) -> None:
+    """A jobs table without queue_reason and resumes takes them, default empty and 0, when a service
+    creates the tables; its rows stay, and both are stored from then on."""
     with Store(store_url) as old:
         old.create_all()
         job = old.add_job(JobRow(name="before"))
         with old.engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN queue_reason")
+            conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN resumes")
     with Store(store_url) as new:
         new.create_all()
         new.create_all()
-        assert new.get_job(job.id).queue_reason == ""
-        new.update_job(job.id, queue_reason="waiting for a free worker")
-        assert new.get_job(job.id).queue_reason == "waiting for a free worker"
+        assert (new.get_job(job.id).queue_reason, new.get_job(job.id).resumes) == ("", 0)
+        new.update_job(job.id, queue_reason="waiting for a free worker", resumes=2)
+        assert (new.get_job(job.id).queue_reason, new.get_job(job.id).resumes) == ("waiting for a free worker", 2)

@@ -95,6 +95,9 @@ class JobRow(SQLModel, table=True):
     # While QUEUED: why no worker has it yet (Job.queue_reason). Added after the first release:
     # `Store.create_all` adds it to an older table (ADDED_COLUMNS).
     queue_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
+    # How many times the job was queued again after its trainer was lost (at most MAX_RESUMES,
+    # services/scheduler/jobs.py): kept here so a restarted scheduler does not start the count again.
+    resumes: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class MetricPointRow(SQLModel, table=True):
@@ -134,7 +137,8 @@ class MetricPointRow(SQLModel, table=True):
 # Columns added to a table after databases were made with it: (table, column). `Store.create_all`
 # adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
 # database takes the new metric without a migration tool. Only columns with a server default.
-ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"))
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"),
+                                              ("jobs", "resumes"))
 
 
 class LoopRow(SQLModel, table=True):

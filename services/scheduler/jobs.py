@@ -23,8 +23,8 @@ does (its job process died without a result: `last_lost`; or the trainer service
 knows nothing of it), the job goes back to the queue and is started again, on an idle worker that fits,
 as a resume (StartJobRequest.resume): the trainer goes on from the job's last checkpoint, or from
 step 0 when it has none (with the same seed, the same run again). A job is resumed at most
-`MAX_RESUMES` times, counted by this scheduler process (a restart of the scheduler starts the count
-again); then it fails with the cause and the adapter the worker reports. While the worker cannot be
+`MAX_RESUMES` times, counted in its row (`JobRow.resumes`, so a restarted scheduler goes on with the
+count); then it fails with the cause and the adapter the worker reports. While the worker cannot be
 reached at all the job stays RUNNING there: its job process may still be training.
 
 Dispatch cannot start a job twice. StartJob is idempotent by job id on the trainer; when its
@@ -122,7 +122,6 @@ class JobManager:
         # `changed`: `wait_job` and the loop watchers sleep on it (the loop manager bumps it too).
         self.changed = asyncio.Condition()
         self.generation = 0
-        self.resumes: dict[str, int] = {}  # job id -> times resumed after its trainer was lost
         self._unknown_jobs: dict[str, None] = {}  # job ids whose events were skipped (insertion-ordered)
         # queued job id -> (the live workers' names and capabilities, why each cannot run it), fit.py's
         self._fits: dict[str, tuple[tuple[object, ...], dict[str, str | None]]] = {}
@@ -542,7 +541,7 @@ class JobManager:
         reported = state.last_job_id == row.id
         why = state.last_error if reported and state.last_error else \
             f"trainer {row.worker} no longer runs this job (worker restarted?)"
-        done = self.resumes.get(row.id, 0)
+        done = row.resumes
         if done >= MAX_RESUMES:
             message = f"{why}; not resumed again after {done} resumes" if done else why
             adapter = state.last_adapter if reported else None
@@ -553,8 +552,8 @@ class JobManager:
             current = await asyncio.to_thread(self.store.get_job, row.id)
             if current is None or current.status != "RUNNING" or current.worker != row.worker:
                 return  # ended or moved meanwhile
-            await asyncio.to_thread(self.store.update_job, row.id, status="QUEUED", worker="")
-        self.resumes[row.id] = done + 1
+            done = current.resumes
+            await asyncio.to_thread(self.store.update_job, row.id, status="QUEUED", worker="", resumes=done + 1)
         message = (f"resuming from the last checkpoint after the trainer was lost at step {current.current_step} "
                    f"({why}); resume {done + 1} of {MAX_RESUMES}")
         log.warning("job %s: %s", row.id, message)
@@ -588,9 +587,8 @@ class JobManager:
             if current is None or current.status != "QUEUED" or current.worker:
                 return  # cancelled, dispatched or in doubt meanwhile
             error = ""
-            # A job that ran before (queued again after its trainer was lost; also after a restart
-            # of this scheduler, which forgets `resumes`) goes on from its checkpoint.
-            resume = current.started_at is not None or row.id in self.resumes
+            # A job that ran before (queued again after its trainer was lost) goes on from its checkpoint.
+            resume = current.started_at is not None or current.resumes > 0
             try:
                 await self.workers.start(address, row.id, spec_from_json(row.spec_json), row.total_steps,
                                          resume=resume, stored_steps=current.current_step)
@@ -619,7 +617,7 @@ class JobManager:
             await self._publish_status(row.id, "FAILED", error)
             self._wake.set()
         else:
-            await self._running(row.id, address, resume)
+            await self._running(row.id, address, current.resumes if resume else None)
 
     async def _mark_running(self, job_id: str, address: str, first: bool = True) -> None:
         """Under the lock: the job is RUNNING on `address` (started now, unless it ran before a resume)."""
@@ -628,12 +626,12 @@ class JobManager:
             fields["started_at"] = datetime.now(UTC)
         await asyncio.to_thread(self.store.update_job, job_id, **fields)
 
-    async def _running(self, job_id: str, address: str, resume: bool = False) -> None:
-        """After `_mark_running`, out of the lock: tell the watchers."""
-        log.info("dispatched job %s to %s%s", job_id, address, " to resume" if resume else "")
+    async def _running(self, job_id: str, address: str, resumes: int | None = None) -> None:
+        """After `_mark_running`, out of the lock: tell the watchers. `resumes`: the job's count
+        when this start is a resume (None: its first start)."""
+        log.info("dispatched job %s to %s%s", job_id, address, "" if resumes is None else " to resume")
         await self.notify()
-        if resume:
-            await self._publish_status(job_id, "RUNNING", f"resumed on {address}",
-                                       again=f"resume-{self.resumes.get(job_id, 0)}")
+        if resumes is not None:
+            await self._publish_status(job_id, "RUNNING", f"resumed on {address}", again=f"resume-{resumes}")
         else:
             await self._publish_status(job_id, "RUNNING", f"started on {address}")
