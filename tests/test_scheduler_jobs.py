@@ -16,7 +16,7 @@ import pytest
 from fixtures_infra import connected_bus
 
 from rlvr.common.errors import FailedPrecondition, NotFound
-from rlvr.infra.events import job_metrics_subject, job_status_subject, metric_msg_id
+from rlvr.infra.events import Event, job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.infra.store import Store
 from rlvr.services.scheduler import jobs as jobs_module
 from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager
@@ -254,6 +254,25 @@ async def test_a_job_its_worker_lost_resumes_until_its_resumes_are_spent(sqlite_
     assert len(workers.resumes) == MAX_RESUMES + 1
     # The adapter of its last finished step is kept: recorded, so it can be downloaded and merged.
     assert (failed.adapter.name, failed.adapter.version, failed.adapter.path) == (f"job-{job.id}", 5, f"/a/{job.id}")
+
+
+async def test_a_late_running_event_of_a_lost_run_leaves_the_requeued_job_queued(sqlite_store: Store) -> None:
+    """The consumer may read a run's RUNNING after dispatch queued the job again (lagging, or
+    replaying the stream after a restart): the job stays QUEUED and is dispatched, not left
+    RUNNING on no worker for ever."""
+    workers = FakeWorkers(1)
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(C.JobSpec(), dry_run=False)
+    await jobs.dispatch_once()
+    workers.lose(job.id, "killed by signal 9")
+    sqlite_store.update_job(job.id, status="QUEUED", worker="", resumes=1)  # what dispatch's _lost stores
+    late = C.JobStatusEvent(job_id=job.id, status=C.JOB_STATUS_RUNNING, message="started on w0:1")
+    await jobs._on_event(Event(subject=f"rlvr.jobs.{job.id}.status", data=late.SerializeToString(), seq=7))
+    row = sqlite_store.get_job(job.id)
+    assert (row.status, row.worker) == ("QUEUED", "")
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job.id)
+    assert (row.status, row.worker) == ("RUNNING", "w0:1") and workers.resumes[-1][:2] == (job.id, True)
 
 
 async def test_a_job_that_failed_in_its_process_is_not_resumed(sqlite_store: Store) -> None:

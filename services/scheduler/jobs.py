@@ -437,10 +437,16 @@ class JobManager:
     async def _apply_status(self, job_id: str, status: str, message: str,
                             adapter: common_pb2.AdapterRef | None) -> bool:
         """Stores a status transition; False when there was none to store (unknown job, the same
-        status, QUEUED, or a job that has ended: only a missing adapter is still filled in)."""
+        status, QUEUED, or a job that has ended: only a missing adapter is still filled in).
+
+        RUNNING is taken for a queued job only while its start is in doubt on a worker (`worker`
+        set): one queued with no worker has no job process, so its RUNNING is a late event from a
+        run that was lost and queued again (a lagging or replaying consumer), and storing it would
+        leave the job RUNNING nowhere, never dispatched again."""
         async with self._lock:
             row = await asyncio.to_thread(self.store.get_job, job_id)
-            if row is None or row.status in TERMINAL or status in ("QUEUED", row.status):
+            stale = row is not None and status == "RUNNING" and row.status == "QUEUED" and not row.worker
+            if row is None or row.status in TERMINAL or status in ("QUEUED", row.status) or stale:
                 if row is not None and adapter is not None and row.status in TERMINAL and not row.adapter_name:
                     await asyncio.to_thread(self.store.update_job, job_id, adapter_name=adapter.name,
                                             adapter_version=adapter.version, adapter_path=adapter.path)
