@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import json
 import logging
 import time
@@ -58,6 +57,7 @@ from rlvr.services.scheduler.convert import (
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
 from rlvr.services.scheduler.reclaim import reclaim_job
+from rlvr.services.scheduler.workers import WorkerError
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 log = logging.getLogger("rlvr.scheduler.loops")
@@ -170,10 +170,18 @@ class LoopManager:
 
     async def stop_loop(self, loop_id: str) -> scheduler_pb2.Loop:
         """STOPPED within seconds: the driver ends, the running round's job is cancelled, finished
-        rounds are kept."""
+        rounds are kept. A job that cannot be cancelled now (its trainer unreachable, or refusing)
+        does not keep the loop open: the loop and its round are stopped, and their message names
+        the job left to cancel."""
         row = await self._loop_row(loop_id)
         if row.status in LOOP_TERMINAL:
             raise FailedPrecondition(f"loop {loop_id} has already ended ({row.status}); nothing to stop")
+        # Shielded, as `create` shields its enqueue: a caller that goes away half way (a deadline,
+        # a disconnect) must not leave the loop open with its driver gone.
+        await asyncio.shield(self._stop(loop_id))
+        return await self.get(loop_id)
+
+    async def _stop(self, loop_id: str) -> None:
         task = self._drivers.pop(loop_id, None)
         if task is not None:
             await cancel_and_wait(task)
@@ -183,17 +191,22 @@ class LoopManager:
                                 message="stopped by request")
         rounds = await asyncio.to_thread(self.store.rounds, loop_id)
         last = rounds[-1] if rounds else None
-        where = "before round 1"
+        where, left = "before round 1", ""
         if last is not None and last.status in ("TRAINING", "BENCHMARKING"):
             where = f"during round {last.index}"
             if last.status == "TRAINING" and last.job_id:
-                with contextlib.suppress(FailedPrecondition):  # the job ended meanwhile
+                try:
                     await self.jobs.cancel(last.job_id)
-            await self._update_round(last, status="STOPPED", finished_at=_now(), error="stopped by request")
+                except FailedPrecondition:
+                    pass  # the job ended meanwhile
+                except (Unavailable, WorkerError) as e:
+                    left = (f"; its job {last.job_id} could not be cancelled ({str(e)[:300]}): "
+                            f"cancel it with `rlvr jobs cancel {last.job_id}`")
+                    log.warning("loop %s stopped, but %s", loop_id, left[2:])
+            await self._update_round(last, status="STOPPED", finished_at=_now(), error="stopped by request" + left)
         elif last is not None:
             where = f"after round {last.index}"
-        await self._finish(loop_id, "STOPPED", f"stopped by request {where}", last.index if last else 0)
-        return await self.get(loop_id)
+        await self._finish(loop_id, "STOPPED", f"stopped by request {where}{left}", last.index if last else 0)
 
     async def watch(self, loop_id: str) -> AsyncIterator[scheduler_pb2.Loop]:
         """The loop now, then again whenever it changes (status, a round's step or score), until it

@@ -1,0 +1,45 @@
+"""StopLoop when the running round's job cannot be cancelled now: the loop still stops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_scheduler_jobs import FakeWorkers, sqlite_store  # noqa: F401 (a fixture)
+
+from rlvr.infra.schema import JobRow, LoopRow, RoundRow
+from rlvr.infra.store import Store
+from rlvr.services.scheduler.jobs import JobManager
+from rlvr.services.scheduler.loops import LoopManager
+from rlvr.services.scheduler.workers import WorkerError, WorkerRejected, WorkerUnavailable
+from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
+
+
+class CancelFails(FakeWorkers):
+    def __init__(self, error: WorkerError) -> None:
+        super().__init__(1)
+        self.error = error
+
+    async def cancel(self, address: str, job_id: str) -> C.AdapterRef:
+        self.cancelled.append(job_id)
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [WorkerUnavailable("trainer w0:1 is unreachable"),
+                                   WorkerRejected("trainer w0:1 refused CancelJob")], ids=["unreachable", "refusing"])
+async def test_a_loop_stops_though_its_running_job_cannot_be_cancelled(
+        sqlite_store: Store, tmp_path: Path, error: WorkerError) -> None:  # noqa: F811
+    workers = CancelFails(error)
+    jobs = JobManager(sqlite_store, None, workers)
+    loops = LoopManager(sqlite_store, None, jobs, benchmarks=None, artifact_root=tmp_path)  # type: ignore[arg-type]
+    loop = sqlite_store.add_loop(LoopRow(name="l", status="TRAINING", spec_json="{}"))
+    _, job = sqlite_store.add_round_with_job(RoundRow(loop_id=loop.id, index=1),
+                                             JobRow(name="r1", status="RUNNING", worker="w0:1"))
+    stopped = await loops.stop_loop(loop.id)
+    assert workers.cancelled == [job.id]
+    assert stopped.status == S.LOOP_STATUS_STOPPED
+    assert f"rlvr jobs cancel {job.id}" in stopped.message and str(error) in stopped.message
+    round_ = sqlite_store.get_round(loop.id, 1)
+    assert round_.status == "STOPPED" and f"rlvr jobs cancel {job.id}" in round_.error
+    assert sqlite_store.get_job(job.id).status == "RUNNING"  # not cancelled: the message says so
