@@ -236,8 +236,14 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+class StackBusy(RuntimeError):
+    """Another `rlvr up` (or demo) holds this home: starting here would overwrite its tokens and state."""
+
+
 class Stack:
-    """NATS plus the five services as child processes."""
+    """NATS plus the five services as child processes. One stack per home folder: `start` locks
+    `<home>/stack.lock` for this process's life, and a second stack on that home is refused
+    (StackBusy) before it writes anything there."""
 
     def __init__(self, cfg: StackConfig, out: object = sys.stdout) -> None:
         self.cfg = cfg
@@ -248,6 +254,12 @@ class Stack:
         self.service_token = ""
         self.user_token = ""
         self.nats_password = ""
+        self._lock_fd: int | None = None  # <home>/stack.lock, held (flock) from start to stop
+
+    @property
+    def holds_home(self) -> bool:
+        """Started (its home locked), and not stopped yet."""
+        return self._lock_fd is not None
 
     @property
     def tokens_file(self) -> Path:
@@ -279,10 +291,26 @@ class Stack:
     def say(self, msg: str) -> None:
         print(msg, file=self.out, flush=True)  # type: ignore[call-overload]
 
+    def _lock_home(self) -> None:
+        """Takes `<home>/stack.lock` (an flock: the kernel drops it when this process ends, however
+        it ends), or raises StackBusy naming the home."""
+        import fcntl
+
+        fd = os.open(self.cfg.home / "stack.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StackBusy(f"a stack already runs with its state in {self.cfg.home} (`rlvr status --home "
+                            f"{self.cfg.home}` shows it): stop it first, or start this one with another --home"
+                            ) from None
+        self._lock_fd = fd
+
     def start(self) -> None:
         from rlvr.infra.nats_server import EmbeddedNats
 
         self.cfg.home.mkdir(parents=True, exist_ok=True)
+        self._lock_home()  # before anything is written: another stack's tokens and state stay its own
         self.logs.mkdir(parents=True, exist_ok=True)
         self._make_tokens()
         self.prepare_model()
@@ -410,6 +438,8 @@ class Stack:
         return True
 
     def stop(self, grace: float = 15.0) -> None:
+        if self._lock_fd is None:
+            return  # never started (or refused: the home is another stack's), or stopped already
         for name in (WEB, *reversed(self.cfg.names)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
@@ -424,7 +454,8 @@ class Stack:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             if proc.poll() is None:
-                proc.wait(timeout=5)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel (state D)
+                    proc.wait(timeout=5)
         # Back only once every process of every group is gone: a killed multi-GB engine takes a
         # moment to give its memory back, and a caller may start the next stack at once.
         deadline = time.monotonic() + 10
@@ -438,6 +469,8 @@ class Stack:
         for secret in (self.tokens_file, self.nats_file):
             with contextlib.suppress(OSError):
                 secret.unlink()  # this run's tokens and NATS password end with it
+        os.close(self._lock_fd)  # the home is free for the next stack
+        self._lock_fd = None
 
 
 @contextlib.contextmanager
@@ -586,16 +619,23 @@ def up(args: argparse.Namespace) -> int:
             if stack.cfg.web_port is not None:
                 stack.say(f"web console: {stack.cfg.web_url}")
             code = supervise(stack)
+    except StackBusy as e:
+        stack.say(f"rlvr up: error: {e}")
+        code = 2
     except NatsStartError as e:
         stack.say(f"rlvr up: error: {e}")
         code = 2
     except _Stop:
         stack.say("\nstopping ...")
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        stack.stop()
-        stack.say("stopped.")
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if stack.holds_home:  # else it never started (refused: the home is another stack's)
+            stack.stop()
+            stack.say("stopped.")
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
 
 

@@ -166,6 +166,16 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("SERVING") == 6 and state["web_url"] in status.stdout
+        # A second `rlvr up` on the same home is refused before it writes anything there: the
+        # running stack keeps its tokens and state (checked next, with its token).
+        tokens, stack_json = (home / "tokens.json").read_text(), (home / "stack.json").read_text()
+        second = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "up", "--home", str(home),
+                                 "--base-port", "0", "--model", "rlvr-tiny-test"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and f"a stack already runs with its state in {home}" in second.stdout, \
+            second.stdout + second.stderr
+        assert "stopped." not in second.stdout
+        assert (home / "tokens.json").read_text() == tokens and (home / "stack.json").read_text() == stack_json
         _check_the_stack_token(tmp_path, home, state)
         if PROBE.exists():
             probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
