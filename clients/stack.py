@@ -531,7 +531,28 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                              "(then stop everything; 0 = never restart)")
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """The numbers `rlvr up` takes, each against its range, naming the option (a service would
+    otherwise fail later naming its own setting, or the wait end at once)."""
+    def bad(option: str, value: object, allowed: str) -> SystemExit:
+        return SystemExit(f"rlvr up: error: {option}: {value} is out of range; allowed: {allowed}")
+
+    names = len(DEFAULT_PORTS) + getattr(args, "rollout_replicas", 1) - 1  # ports from --base-port on
+    if args.base_port is not None and args.base_port != 0 and not 1 <= args.base_port <= 65536 - names:
+        raise bad("--base-port", args.base_port, f"0 (free ports) or 1-{65536 - names} (it and the next "
+                  f"{names - 1} ports)")
+    if not 0 <= args.nats_port <= 65535:
+        raise bad("--nats-port", args.nats_port, "0 (a free one) or 1-65535")
+    if getattr(args, "web_port", None) is not None and not 0 <= args.web_port <= 65535:
+        raise bad("--web-port", args.web_port, "0 (a free one) or 1-65535")
+    if not args.start_timeout > 0:
+        raise bad("--start-timeout", args.start_timeout, "> 0 seconds")
+    if not 0 < args.memory_fraction <= 1:
+        raise bad("--memory-fraction", args.memory_fraction, "0 < f <= 1")
+
+
 def config_from_args(args: argparse.Namespace) -> StackConfig:
+    _check_options(args)
     cfg = StackConfig(host=args.host, nats_port=args.nats_port, database_url=args.database_url,
                       model=args.model, rollout_backend=args.rollout_backend,
                       memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,

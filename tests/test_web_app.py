@@ -413,6 +413,16 @@ def test_rlvr_web_and_up_options() -> None:
     assert stack.config_from_args(up.parse_args(["--no-web"])).web_port is None
     assert stack.config_from_args(up.parse_args([])).web_port == stack.DEFAULT_WEB_PORT
     assert stack.config_from_args(up.parse_args(["--base-port", "0"])).web_port not in (None, 0, 8050)
+    assert stack.config_from_args(up.parse_args(["--base-port", "65531"])).ports["benchmark"] == 65535
+    for bad, option, allowed in [(["--base-port", "65532"], "--base-port", "1-65531"),
+                                 (["--base-port", "65531", "--rollout-replicas", "2"], "--base-port", "1-65530"),
+                                 (["--base-port", "-1"], "--base-port", "0 (free ports)"),
+                                 (["--nats-port", "70000"], "--nats-port", "1-65535"),
+                                 (["--web-port", "-5"], "--web-port", "1-65535"),
+                                 (["--start-timeout", "0"], "--start-timeout", "> 0 seconds"),
+                                 (["--memory-fraction", "1.5"], "--memory-fraction", "0 < f <= 1")]:
+        with pytest.raises(SystemExit, match=f"{option}: .* is out of range; allowed: .*{re.escape(allowed)}"):
+            stack.config_from_args(up.parse_args(bad))
     status = argparse.ArgumentParser()
     stack.add_arguments(status)
     assert stack.config_from_args(status.parse_args([])).web_port is None  # `rlvr status`, the demo: no console
