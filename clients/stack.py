@@ -177,15 +177,13 @@ def check_web(url: str, timeout: float = 2.0) -> str:
 
 def service_command(name: str, cfg: StackConfig) -> list[str]:
     """The child process's command line: the service's own module with explicit flags (the NATS
-    URL, which holds the embedded server's password, goes in the environment: see Stack._launch)."""
+    URL, which holds the embedded server's password, and the database URL, which may hold one, go
+    in the environment: see Stack._launch)."""
     a = cfg.addresses
-    db = cfg.database_url or f"sqlite:///{cfg.home / 'rlvr.db'}"
     artifacts = str(cfg.home / "artifacts")
     port, replica, name = cfg.ports[name], name.removeprefix("rollout"), service_of(name)  # replica: "", "-2" ...
     cmd = [sys.executable, "-m", f"rlvr.services.{name}.main", "--host", cfg.host, "--port", str(port),
            "--log-format", cfg.log_format]
-    if name in ("scheduler", "benchmark"):
-        cmd += ["--database-url", db]
     if name in ("scheduler", "trainer"):
         cmd += ["--artifact-root", artifacts]
     if name in ("trainer", "benchmark"):
@@ -340,6 +338,8 @@ class Stack:
             for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKEN",
                         f"RLVR_{service}_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKENS_FILE"):
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
+        if name in ("scheduler", "benchmark"):  # a URL that may hold a password: never on a command line
+            env[f"RLVR_{name.upper()}_DATABASE_URL"] = self.cfg.database_url or f"sqlite:///{self.cfg.home / 'rlvr.db'}"
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
             env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
             for key in (f"RLVR_{name.upper()}_NATS_URL_FILE", f"RLVR_{name.upper()}_NATS_CA_FILE",
@@ -386,9 +386,12 @@ class Stack:
             self.say(f"model      {self.cfg.model} -> {path}")
 
     def _write_state(self, nats_url: str) -> None:
+        from rlvr.infra.events import redact_url
+
+        config = {**asdict(self.cfg), "database_url": redact_url(self.cfg.database_url)}
         state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
-                 "pids": {n: p.pid for n, p in self.procs.items()}, "config": asdict(self.cfg)}
+                 "pids": {n: p.pid for n, p in self.procs.items()}, "config": config}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
     def dead(self) -> list[tuple[str, int]]:

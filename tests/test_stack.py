@@ -158,6 +158,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         for name in (*SERVICES, "web"):  # the five services and the web console
             assert any(line.startswith(name) and "SERVING" in line for line in lines), name
         state = json.loads((home / "stack.json").read_text())
+        assert (home / "rlvr.db").is_file()  # the store the stack gave its services (in their environment)
         children = _descendants(proc.pid)
         assert set(state["pids"].values()) <= children
         started_at = {pid: _started(pid) for pid in children}
@@ -248,3 +249,39 @@ def test_a_service_that_keeps_dying_stops_the_stack_after_its_restarts(tmp_path:
     assert "restarting reward in 1 s (restart 1 of at most 2" in text and "restarting reward in 2 s (restart 2" in text
     assert text.count("reward     restarted") == 2
     assert "service reward died 3 times in 600 s (at most 2 restarts); stopping the stack" in text
+
+
+def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlvr up --database-url postgresql://USER:PASSWORD@...`: the URL reaches the scheduler and the
+    benchmark service in their environment (ps shows command lines to every user) and stack.json,
+    which any user may read, holds it redacted."""
+    from rlvr.clients import stack as stack_module
+
+    url = "postgresql+psycopg://rlvr:s3cret-pw@db.internal:5432/rlvr"
+    cfg = StackConfig(home=tmp_path, database_url=url)
+    spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
+
+    real_popen = subprocess.Popen
+
+    def spawn(command: list[str], **kwargs: object) -> object:
+        if command[1:2] != ["-m"]:
+            return real_popen(command, **kwargs)  # not a service (ctypes' ldconfig, ...)
+        spawned[command[2]] = (command, kwargs["env"])  # type: ignore[assignment]
+        return type("Spawned", (), {"pid": 4242})()
+
+    monkeypatch.setattr(stack_module.subprocess, "Popen", spawn)
+    s = Stack(cfg)
+    s.logs.mkdir(parents=True)
+    s.nats = type("Nats", (), {"url_with_credentials": "nats://rlvr:pw@127.0.0.1:4222"})()
+    for name in cfg.names:
+        s._launch(name)
+    for module, (command, env) in spawned.items():
+        assert not any("s3cret-pw" in arg for arg in command), command
+        service = module.split(".")[2]
+        if service in ("scheduler", "benchmark"):
+            assert env[f"RLVR_{service.upper()}_DATABASE_URL"] == url
+    assert {m.split(".")[2] for m in spawned} == set(SERVICES)
+    s._write_state("nats://127.0.0.1:4222")
+    text = (tmp_path / "stack.json").read_text()
+    assert "s3cret-pw" not in text and "rlvr:***@db.internal" in text
