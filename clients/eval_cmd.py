@@ -38,7 +38,7 @@ def _client(args: argparse.Namespace) -> BenchmarkClient:
     from rlvr.clients.sdk import BenchmarkClient, ClientSettings
 
     settings = ClientSettings(benchmark_address=args.address) if args.address else ClientSettings()
-    return BenchmarkClient(settings.benchmark_address, auth=settings.auth())
+    return BenchmarkClient(settings.benchmark_address, auth=settings.auth("benchmark"))
 
 
 def _console() -> Console:

@@ -390,7 +390,7 @@ def run_call(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = ClientSettings(**({f"{args.service}_address": args.address} if args.address else {}))
-        auth = settings.auth()
+        auth = settings.auth(args.service)
     except ValidationError as e:
         first = e.errors()[0]
         print(f"error: setting RLVR_{str(first['loc'][0]).upper()}: {first['msg']}", file=sys.stderr)

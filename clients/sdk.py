@@ -124,7 +124,8 @@ class ClientSettings(BaseSettings):
     (`RLVR_SCHEDULER_ADDRESS`, ..., `RLVR_TOKEN`, `RLVR_CA_FILE`).
 
     With no token set, the token of the local stack (`rlvr up`, its stack.json under $RLVR_HOME)
-    is used when every address here is one of that stack's: it is never sent anywhere else."""
+    is sent to each service whose address here is one of that stack's (`auth(service)`): it is
+    never sent anywhere else."""
 
     model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore", use_attribute_docstrings=True)
 
@@ -155,14 +156,26 @@ class ClientSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _local_stack_token(self) -> Self:
-        if self.token is None:
-            state = read_stack_file()
-            stack_addresses = state.get("addresses") if state else None
-            if state and isinstance(stack_addresses, dict):
-                mine = {self.address(name) for name in DEFAULT_ADDRESSES}
-                if mine <= set(stack_addresses.values()):
-                    self.token = stack_user_token(state)
+        if self.token is None and all(self._stack_token(self.address(name)) for name in DEFAULT_ADDRESSES):
+            self.token = self._stack_token(self.scheduler_address)  # every service is the stack's
         return self
+
+    @staticmethod
+    def _stack_token(address: str) -> str | None:
+        """The local stack's user token when `address` is one of its services' (a stack bound to
+        0.0.0.0 or :: is reached on loopback); else None."""
+        state = read_stack_file()
+        stack_addresses = state.get("addresses") if state else None
+        if not state or not isinstance(stack_addresses, dict):
+            return None
+        host, _, port = address.rpartition(":")
+        loopback = {"127.0.0.1", "localhost", "[::1]", "::1"}
+        for theirs in stack_addresses.values():
+            their_host, _, their_port = str(theirs).rpartition(":")
+            if their_port == port and (their_host == host or their_host in ("0.0.0.0", "[::]", "::")
+                                       and host in loopback):
+                return stack_user_token(state)
+        return None
 
     @classmethod
     def for_stack(cls, home: Path | None = None, **overrides: object) -> ClientSettings:
@@ -182,9 +195,15 @@ class ClientSettings(BaseSettings):
         """The address of a service by short name ("reward")."""
         return str(getattr(self, f"{service}_address"))
 
-    def auth(self) -> ChannelAuth:
-        """The token and TLS material the clients present."""
-        return ChannelAuth.from_files(self.token, self.ca_file, self.cert_file, self.key_file)
+    def auth(self, service: str | None = None) -> ChannelAuth:
+        """The token and TLS material a client presents: to `service` ("scheduler", ...), the local
+        stack's token when no token is set and that service's address here is the stack's, even
+        if other addresses are not (`rlvr jobs list --address HOST:PORT` on a stack started with
+        --base-port)."""
+        token = self.token
+        if token is None and service is not None:
+            token = self._stack_token(self.address(service))
+        return ChannelAuth.from_files(token, self.ca_file, self.cert_file, self.key_file)
 
 
 class SchedulerRpcs:
@@ -458,12 +477,13 @@ class Rlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        auth = settings.auth()
-        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout, auth=auth)
-        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout, auth=auth)
-        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout, auth=auth)
-        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout, auth=auth)
-        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout, auth=auth)
+        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout,
+                                         auth=settings.auth("scheduler"))
+        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout, auth=settings.auth("trainer"))
+        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout, auth=settings.auth("reward"))
+        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout, auth=settings.auth("rollout"))
+        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout,
+                                         auth=settings.auth("benchmark"))
 
     def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
@@ -491,12 +511,13 @@ class AsyncRlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        auth = settings.auth()
-        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout, auth=auth)
-        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout, auth=auth)
-        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout, auth=auth)
-        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout, auth=auth)
-        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout, auth=auth)
+        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout,
+                                         auth=settings.auth("scheduler"))
+        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout, auth=settings.auth("trainer"))
+        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout, auth=settings.auth("reward"))
+        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout, auth=settings.auth("rollout"))
+        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout,
+                                         auth=settings.auth("benchmark"))
 
     async def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):

@@ -348,6 +348,16 @@ def test_the_sdk_takes_the_local_stacks_token_only_for_that_stack(tmp_path: Path
     monkeypatch.delenv("RLVR_TOKEN", raising=False)
     assert ClientSettings().token == USER_TOKEN  # the user token, never the service one
     assert ClientSettings(reward_address="example.org:50053").token is None  # not sent beyond the stack
+    # Per service: the stack's scheduler gets the token though another address is not the stack's
+    # (`rlvr jobs list --address` on a stack started with --base-port), the outside one never.
+    mixed = ClientSettings(reward_address="example.org:50053")
+    assert mixed.auth("scheduler").token == USER_TOKEN and mixed.auth("reward").token is None
+    assert mixed.auth().token is None
+    (home / "stack.json").write_text(json.dumps({"addresses": {"scheduler": "0.0.0.0:6000"},
+                                                 "tokens_file": str(home / "tokens.json")}))
+    bound_wide = ClientSettings(scheduler_address="127.0.0.1:6000")  # a stack on --host 0.0.0.0
+    assert bound_wide.auth("scheduler").token == USER_TOKEN and bound_wide.auth("trainer").token is None
+    assert ClientSettings(scheduler_address="10.1.2.3:6000").auth("scheduler").token is None
     monkeypatch.setenv("RLVR_TOKEN", "mine")
     assert ClientSettings().token == "mine"
     assert ClientSettings.for_stack(home, reward_address="127.0.0.1:1").token == USER_TOKEN

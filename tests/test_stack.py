@@ -103,9 +103,14 @@ def _check_the_stack_token(rlvr_home: Path, home: Path, state: dict) -> None:
     call = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "call", "scheduler", "ListJobs", "{}"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert call.returncode == 0, call.stdout + call.stderr
+    # Only the scheduler's address given (the others are the defaults, not this stack's): the
+    # scheduler still gets the stack's token.
+    env = {k: v for k, v in env.items() if not (k.startswith("RLVR_") and k.endswith("_ADDRESS"))}
+    listed = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "jobs", "list", "--address",
+                             state["addresses"]["scheduler"]], capture_output=True, text=True, timeout=60, env=env)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
 
 
-@pytest.mark.vllm
 def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlvr up --base-port 0` picks every service's port before any binds it. Picked from the
     kernel's ephemeral range (bind to 0), a port could go to another process's outgoing connection
@@ -140,6 +145,7 @@ def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: p
     assert all(stack._listenable("127.0.0.1", port) for port in more)
 
 
+@pytest.mark.vllm
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -46,7 +46,7 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
         from rlvr.clients.sdk import SchedulerClient
 
         address = sdk.settings.scheduler_address
-        auth = sdk.settings.auth() if hasattr(sdk.settings, "auth") else None
+        auth = sdk.settings.auth("scheduler") if hasattr(sdk.settings, "auth") else None
         stream_client = lambda: SchedulerClient(address, auth=auth)  # noqa: E731
     env_secret = os.environ.get("RLVR_WEB_SECRET", "").encode()
     console = Console(sdk=sdk, stream_client=stream_client, addresses=dict(addresses or {}), bind=bind,
