@@ -40,7 +40,7 @@ from rlvr.common.errors import (
 )
 from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
-from rlvr.infra.store import ConflictError, Store
+from rlvr.infra.store import ConflictError, Store, StoreError
 from rlvr.jobspec import resolve_spec
 from rlvr.services.scheduler import loop_rules
 from rlvr.services.scheduler.benchmarks import Benchmarks, interrupted
@@ -453,11 +453,18 @@ class LoopManager:
 
     async def _reclaim(self, loop_id: str) -> None:
         """Deletes what the loop's finished rounds made beside their adapters; adds the bytes freed
-        to each round's count."""
+        to each round's count. Best effort: a round whose files cannot be removed now (a file
+        system or store error) is logged and tried again at the next reclaim; it never fails the
+        loop, nor undoes its end."""
         for r in await asyncio.to_thread(self.store.rounds, loop_id):
             if not r.job_id or r.status in ("TRAINING", "BENCHMARKING"):
                 continue
-            freed = await asyncio.to_thread(reclaim_job, self.store, self.artifact_root, r.job_id)
+            try:
+                freed = await asyncio.to_thread(reclaim_job, self.store, self.artifact_root, r.job_id)
+            except (OSError, StoreError) as e:
+                log.warning("loop %s: could not reclaim round %d's files (job %s), tried again later: %s",
+                            loop_id, r.index, r.job_id, _one_line(e))
+                continue
             if freed:
                 log.info("loop %s: reclaimed %d bytes from round %d (job %s)", loop_id, freed, r.index, r.job_id)
                 await self._update_round(r, reclaimed_bytes=r.reclaimed_bytes + freed)
@@ -506,6 +513,12 @@ class LoopManager:
         await self.jobs.notify()
 
     async def _fail(self, loop_id: str, error: str, round_index: int | None = None) -> None:
+        """FAILED with `error`, unless the loop has ended meanwhile (a failure after its end, such as
+        in the clean-up that follows it, does not turn a reached target into a failure)."""
+        row = await asyncio.to_thread(self.store.get_loop, loop_id)
+        if row is not None and row.status in LOOP_TERMINAL:
+            log.error("loop %s had already ended %s when it failed: %s", loop_id, row.status, error)
+            return
         if round_index is None:
             rounds = await asyncio.to_thread(self.store.rounds, loop_id)
             round_index = rounds[-1].index if rounds else 0

@@ -1,4 +1,5 @@
-"""StopLoop when the running round's job cannot be cancelled now: the loop still stops."""
+"""How a loop ends when something around its end goes wrong: a job that cannot be cancelled at
+StopLoop, files that cannot be reclaimed, a failure after the end."""
 
 from __future__ import annotations
 
@@ -43,3 +44,27 @@ async def test_a_loop_stops_though_its_running_job_cannot_be_cancelled(
     round_ = sqlite_store.get_round(loop.id, 1)
     assert round_.status == "STOPPED" and f"rlvr jobs cancel {job.id}" in round_.error
     assert sqlite_store.get_job(job.id).status == "RUNNING"  # not cancelled: the message says so
+
+
+async def test_a_reclaim_that_fails_leaves_the_loops_end_as_it_was(
+        sqlite_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """reclaim_storage after the target was reached: files that cannot be removed now are logged
+    and left for the next reclaim; the loop stays TARGET_REACHED, and a failure reported after its
+    end (the driver's catch-all) does not turn it into FAILED."""
+    from rlvr.services.scheduler import loops as loops_module
+
+    jobs = JobManager(sqlite_store, None, FakeWorkers())
+    loops = LoopManager(sqlite_store, None, jobs, benchmarks=None, artifact_root=tmp_path)  # type: ignore[arg-type]
+    loop = sqlite_store.add_loop(LoopRow(name="l", status="TRAINING", spec_json='{"reclaimStorage": true}'))
+    sqlite_store.add_round_with_job(RoundRow(loop_id=loop.id, index=1, status="SCORED", score=60.0),
+                                    JobRow(name="r1", status="COMPLETED"))
+
+    def unremovable(*_: object) -> int:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "jobs"))
+
+    monkeypatch.setattr(loops_module, "reclaim_job", unremovable)
+    await loops._finish(loop.id, "TARGET_REACHED", "reached 60.0% in round 1", 1)
+    assert sqlite_store.get_loop(loop.id).status == "TARGET_REACHED"
+    await loops._fail(loop.id, "internal error while driving the loop: boom")
+    row = sqlite_store.get_loop(loop.id)
+    assert (row.status, row.error) == ("TARGET_REACHED", "")
