@@ -15,7 +15,7 @@ import grpc
 import pytest
 from fixtures_infra import connected_bus
 
-from rlvr.common.errors import FailedPrecondition, NotFound
+from rlvr.common.errors import FailedPrecondition, NotFound, Unavailable
 from rlvr.infra.events import Event, job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.infra.store import Store
 from rlvr.services.scheduler import jobs as jobs_module
@@ -273,6 +273,17 @@ async def test_a_late_running_event_of_a_lost_run_leaves_the_requeued_job_queued
     await jobs.dispatch_once()
     row = sqlite_store.get_job(job.id)
     assert (row.status, row.worker) == ("RUNNING", "w0:1") and workers.resumes[-1][:2] == (job.id, True)
+
+
+async def test_cancelling_a_job_on_a_worker_no_longer_configured_says_so(sqlite_store: Store) -> None:
+    """A scheduler restarted with other trainer_addresses: cancelling a job still running on a
+    worker it no longer knows is refused with the reason (it was a KeyError, an INTERNAL error)."""
+    _, job = await JobManager(sqlite_store, None, FakeWorkers()).create(C.JobSpec(), dry_run=False)
+    sqlite_store.update_job(job.id, status="RUNNING", worker="gone:1")
+    jobs = JobManager(sqlite_store, None, FakeWorkers())
+    with pytest.raises(Unavailable, match="trainer gone:1, which is not one of this scheduler's trainer_addresses"):
+        await jobs.cancel(job.id)
+    assert sqlite_store.get_job(job.id).status == "RUNNING"
 
 
 async def test_a_job_that_failed_in_its_process_is_not_resumed(sqlite_store: Store) -> None:
