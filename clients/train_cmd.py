@@ -184,7 +184,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"job {resp.job.id} queued")
     if args.detach:
         return 0
-    status = watch_job(client, resp.job.id)
+    try:
+        status = watch_job(client, resp.job.id)
+    except RlvrError as e:  # the job is queued: losing the watch loses nothing
+        print(f"error: watching job {resp.job.id}: {e.code.name}: {e.details}; `rlvr jobs watch {resp.job.id}` "
+              "re-attaches", file=sys.stderr)
+        return 1
     return 0 if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING) else 1
 
 

@@ -59,3 +59,25 @@ def test_detach_list_show_cancel(scheduler: str) -> None:
     assert again.returncode == 1 and "FAILED_PRECONDITION" in again.stderr
     missing = rlvr("jobs", "show", "nosuchjob", "--address", scheduler)
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_a_lost_watch_is_one_line_naming_the_queued_job(capfd: pytest.CaptureFixture[str]) -> None:
+    """The job is created, then the watch fails (the scheduler restarting): one line with the code
+    and how to re-attach, exit 1, no traceback."""
+    import grpc
+    from cli_fakes import run, serving
+
+    from rlvr.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+    class Restarting(scheduler_pb2_grpc.SchedulerServiceServicer):
+        def CreateJob(self, request, context):  # noqa: ANN001, N802
+            return scheduler_pb2.CreateJobResponse(job=common_pb2.Job(id="j1"))
+
+        def WatchJob(self, request, context):  # noqa: ANN001, N802
+            context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler shutting down")
+
+    with serving(Restarting()) as address:
+        code, out, err = run(capfd, "train", "--address", address)
+    assert code == 1 and "job j1 queued" in out
+    assert err.strip().splitlines() == ["error: watching job j1: UNAVAILABLE: scheduler shutting down; "
+                                        "`rlvr jobs watch j1` re-attaches"], err
