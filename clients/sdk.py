@@ -29,7 +29,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import grpc
 from pydantic import Field, model_validator
@@ -59,6 +59,8 @@ from rlvr.peers.clients import (
 from rlvr.transfer import adapter_upload, save_file_chunks
 from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import scheduler_pb2 as sc
+
+ClientT = TypeVar("ClientT", bound=ServiceClient | AsyncServiceClient)
 
 __all__ = [
     "ASYNC_CLIENT_CLASSES",
@@ -194,6 +196,11 @@ class ClientSettings(BaseSettings):
     def address(self, service: str) -> str:
         """The address of a service by short name ("reward")."""
         return str(getattr(self, f"{service}_address"))
+
+    def client(self, cls: type[ClientT]) -> ClientT:
+        """A client of `cls`'s service (sync or async) at its address here, with its timeout and
+        auth (`auth(cls.service)`)."""
+        return cls(self.address(cls.service), timeout=self.timeout, auth=self.auth(cls.service))
 
     def auth(self, service: str | None = None) -> ChannelAuth:
         """The token and TLS material a client presents: to `service` ("scheduler", ...), the local
@@ -477,13 +484,11 @@ class Rlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        self.scheduler = SchedulerClient(settings.scheduler_address, timeout=settings.timeout,
-                                         auth=settings.auth("scheduler"))
-        self.trainer = TrainerClient(settings.trainer_address, timeout=settings.timeout, auth=settings.auth("trainer"))
-        self.reward = RewardClient(settings.reward_address, timeout=settings.timeout, auth=settings.auth("reward"))
-        self.rollout = RolloutClient(settings.rollout_address, timeout=settings.timeout, auth=settings.auth("rollout"))
-        self.benchmark = BenchmarkClient(settings.benchmark_address, timeout=settings.timeout,
-                                         auth=settings.auth("benchmark"))
+        self.scheduler = settings.client(SchedulerClient)
+        self.trainer = settings.client(TrainerClient)
+        self.reward = settings.client(RewardClient)
+        self.rollout = settings.client(RolloutClient)
+        self.benchmark = settings.client(BenchmarkClient)
 
     def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
@@ -511,13 +516,11 @@ class AsyncRlvr:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
-        self.scheduler = AsyncSchedulerClient(settings.scheduler_address, timeout=settings.timeout,
-                                         auth=settings.auth("scheduler"))
-        self.trainer = AsyncTrainerClient(settings.trainer_address, timeout=settings.timeout, auth=settings.auth("trainer"))
-        self.reward = AsyncRewardClient(settings.reward_address, timeout=settings.timeout, auth=settings.auth("reward"))
-        self.rollout = AsyncRolloutClient(settings.rollout_address, timeout=settings.timeout, auth=settings.auth("rollout"))
-        self.benchmark = AsyncBenchmarkClient(settings.benchmark_address, timeout=settings.timeout,
-                                         auth=settings.auth("benchmark"))
+        self.scheduler = settings.client(AsyncSchedulerClient)
+        self.trainer = settings.client(AsyncTrainerClient)
+        self.reward = settings.client(AsyncRewardClient)
+        self.rollout = settings.client(AsyncRolloutClient)
+        self.benchmark = settings.client(AsyncBenchmarkClient)
 
     async def close(self) -> None:
         for client in (self.scheduler, self.trainer, self.reward, self.rollout, self.benchmark):
