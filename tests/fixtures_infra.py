@@ -21,7 +21,7 @@ from rlvr.infra.events import EventBus
 from rlvr.infra.nats_server import EmbeddedNats
 from rlvr.infra.store import Store
 
-__all__ = ["POSTGRES_URL", "connected_bus", "nats_server", "private_nats", "store", "store_url"]
+__all__ = ["POSTGRES_URL", "connected_bus", "nats_server", "private_nats", "sqlite_store", "store", "store_url"]
 
 # Override to point the PostgreSQL half of the store tests elsewhere.
 POSTGRES_URL = os.environ.get("RLVR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -89,6 +89,17 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield url
     finally:
         _drop_postgres_schema(POSTGRES_URL, schema)
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """A Store on a SQLite file of the test's own, every table created."""
+    s = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
+    s.create_all()
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture

@@ -95,14 +95,6 @@ class LocalPeers:
         return [Score.of(r) for r in results]
 
 
-@pytest.fixture
-def sqlite_store(tmp_path: Path):
-    store = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
-    store.create_all()
-    yield store
-    store.close()
-
-
 def request(benchmark: str = "rlvr-math-pairs-heldout", limit: int = 12, **kw) -> B.RunEvaluationRequest:
     return B.RunEvaluationRequest(benchmark=benchmark, limit=limit, **kw)
 

@@ -118,14 +118,6 @@ async def _until(pred, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-def sqlite_store(tmp_path: Path) -> Store:
-    s = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
-    s.create_all()
-    yield s
-    s.close()
-
-
 async def test_queue_dispatch_metrics_once_and_complete(nats_server, sqlite_store: Store) -> None:
     workers = FakeWorkers(n=1)
     async with connected_bus(nats_server.url) as bus:
