@@ -158,26 +158,27 @@ class ClientSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _local_stack_token(self) -> Self:
-        if self.token is None and all(self._stack_token(self.address(name)) for name in DEFAULT_ADDRESSES):
-            self.token = self._stack_token(self.scheduler_address)  # every service is the stack's
+        if self.token is None:  # every service the stack's: the token for all of them
+            self.token = self._stack_token(*(self.address(name) for name in DEFAULT_ADDRESSES))
         return self
 
     @staticmethod
-    def _stack_token(address: str) -> str | None:
-        """The local stack's user token when `address` is one of its services' (a stack bound to
-        0.0.0.0 or :: is reached on loopback); else None."""
+    def _stack_token(*addresses: str) -> str | None:
+        """The local stack's user token when each of `addresses` is one of its services' (a stack
+        bound to 0.0.0.0 or :: is reached on loopback); else None. One read of its stack.json."""
         state = read_stack_file()
         stack_addresses = state.get("addresses") if state else None
         if not state or not isinstance(stack_addresses, dict):
             return None
-        host, _, port = address.rpartition(":")
+        theirs = [str(a).rpartition(":") for a in stack_addresses.values()]
         loopback = {"127.0.0.1", "localhost", "[::1]", "::1"}
-        for theirs in stack_addresses.values():
-            their_host, _, their_port = str(theirs).rpartition(":")
-            if their_port == port and (their_host == host or their_host in ("0.0.0.0", "[::]", "::")
-                                       and host in loopback):
-                return stack_user_token(state)
-        return None
+
+        def reached(address: str) -> bool:
+            host, _, port = address.rpartition(":")
+            return any(their_port == port and (their_host == host or their_host in ("0.0.0.0", "[::]", "::")
+                                               and host in loopback) for their_host, _, their_port in theirs)
+
+        return stack_user_token(state) if all(reached(a) for a in addresses) else None
 
     @classmethod
     def for_stack(cls, home: Path | None = None, **overrides: object) -> ClientSettings:
