@@ -441,7 +441,7 @@ class Stack:
         return True
 
     def stop(self, grace: float = 15.0) -> None:
-        if self._lock_fd is None:
+        if not self.holds_home:
             return  # never started (or refused: the home is another stack's), or stopped already
         for name in (WEB, *reversed(self.cfg.names)):
             proc = self.procs.get(name)
@@ -540,7 +540,12 @@ def _check_options(args: argparse.Namespace) -> None:
     def bad(option: str, value: object, allowed: str) -> SystemExit:
         return SystemExit(f"rlvr up: error: {option}: {value} is out of range; allowed: {allowed}")
 
-    names = len(DEFAULT_PORTS) + getattr(args, "rollout_replicas", 1) - 1  # ports from --base-port on
+    replicas = getattr(args, "rollout_replicas", 1)
+    if not 1 <= replicas <= 8:
+        raise bad("--rollout-replicas", replicas, "1-8")
+    if getattr(args, "max_restarts", None) is not None and args.max_restarts < 0:
+        raise bad("--max-restarts", args.max_restarts, ">= 0")
+    names = len(DEFAULT_PORTS) + replicas - 1  # ports from --base-port on
     if args.base_port is not None and args.base_port != 0 and not 1 <= args.base_port <= 65536 - names:
         raise bad("--base-port", args.base_port, f"0 (free ports) or 1-{65536 - names} (it and the next "
                   f"{names - 1} ports)")
@@ -560,13 +565,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                       model=args.model, rollout_backend=args.rollout_backend,
                       memory_fraction=args.memory_fraction, start_timeout=args.start_timeout,
                       log_format=args.log_format)
-    replicas = getattr(args, "rollout_replicas", 1)
-    if not 1 <= replicas <= 8:
-        raise SystemExit(f"rlvr up: error: --rollout-replicas: {replicas} is out of range; allowed: 1-8")
-    cfg.rollout_replicas = replicas
+    replicas = cfg.rollout_replicas = getattr(args, "rollout_replicas", 1)
     if getattr(args, "max_restarts", None) is not None:
-        if args.max_restarts < 0:
-            raise SystemExit(f"rlvr up: error: --max-restarts: {args.max_restarts} is out of range; allowed: >= 0")
         cfg.max_restarts = args.max_restarts
     if not getattr(args, "no_web", True):
         cfg.web_host = args.web_host
@@ -643,10 +643,7 @@ def up(args: argparse.Namespace) -> int:
             if stack.cfg.web_port is not None:
                 stack.say(f"web console: {stack.cfg.web_url}")
             code = supervise(stack)
-    except StackBusy as e:
-        stack.say(f"rlvr up: error: {e}")
-        code = 2
-    except NatsStartError as e:
+    except (StackBusy, NatsStartError) as e:
         stack.say(f"rlvr up: error: {e}")
         code = 2
     except _Stop:

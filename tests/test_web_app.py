@@ -420,7 +420,9 @@ def test_rlvr_web_and_up_options() -> None:
                                  (["--nats-port", "70000"], "--nats-port", "1-65535"),
                                  (["--web-port", "-5"], "--web-port", "1-65535"),
                                  (["--start-timeout", "0"], "--start-timeout", "> 0 seconds"),
-                                 (["--memory-fraction", "1.5"], "--memory-fraction", "0 < f <= 1")]:
+                                 (["--memory-fraction", "1.5"], "--memory-fraction", "0 < f <= 1"),
+                                 (["--rollout-replicas", "9"], "--rollout-replicas", "1-8"),
+                                 (["--max-restarts", "-1"], "--max-restarts", ">= 0")]:
         with pytest.raises(SystemExit, match=f"{option}: .* is out of range; allowed: .*{re.escape(allowed)}"):
             stack.config_from_args(up.parse_args(bad))
     status = argparse.ArgumentParser()
