@@ -242,10 +242,10 @@ class JobManager:
             if row.status in TERMINAL:
                 raise FailedPrecondition(f"job {job_id} has already ended ({row.status}); nothing to cancel")
             fields: dict[str, object] = {"status": "CANCELLED", "finished_at": datetime.now(UTC)}
-            if row.worker and row.worker not in self.workers.addresses:
-                raise Unavailable(f"job {job_id} is not cancelled: it runs on trainer {row.worker}, which is not one "
-                                  "of this scheduler's trainer_addresses; add it back to cancel the job there")
             if row.worker:  # RUNNING there, or QUEUED with its start there in doubt
+                if row.worker not in self.workers.addresses:
+                    raise Unavailable(f"job {job_id} is not cancelled: it runs on trainer {row.worker}, which is not "
+                                      "one of this scheduler's trainer_addresses; add it back to cancel the job there")
                 try:
                     adapter = await self.workers.cancel(row.worker, job_id)
                 except JobNotOnWorker:
