@@ -7,8 +7,9 @@ and send the ground truth to the reward service under the task's ``reward_functi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 Split = str  # a dataset's split name: "train", "test", or whatever else a dataset has
 RewardFunction = Literal["math_pairs", "gsm8k", "boxed"]
@@ -43,6 +44,8 @@ class Problem:
     that). ``compact`` is an even shorter statement for models that declare the compact prompt form,
     e.g. the character-level tiny model where every character costs a token. ``messages`` is set
     when the dataset's prompt is already a conversation; it then takes the place of ``question``.
+    ``columns`` holds the dataset row's other columns (beyond the prompt and the ground truth), for
+    the rewards that read them (e.g. a code reward's ``tests``).
     """
 
     id: str
@@ -51,6 +54,7 @@ class Problem:
     ground_truth: str
     compact: str | None = None
     messages: tuple[Message, ...] | None = None
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Task(Protocol):
