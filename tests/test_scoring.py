@@ -545,7 +545,8 @@ def test_table_is_large_enough() -> None:
 def test_components_and_extracted_answer() -> None:
     result = score("gsm8k", "<think>a</think><answer>$8,000</answer>", "8000", format_weight=0.25)
     # correct as a value, not strict: the answer block holds "$8,000", not "8000" as written
-    assert result == ScoreResult(1.25, 1.0, 1.0, "8,000", strict=False, has_answer_tag=True)
+    assert result == ScoreResult(1.25, 1.0, 1.0, "8,000", strict=False, has_answer_tag=True,
+                                 components={"gsm8k": 1.0})  # the one reward's score, under its key
     assert result.answered
     assert score("gsm8k", GOOD, "77", format_bonus=False).reward == 1.0
     assert score("gsm8k", GOOD, "0", format_bonus=False).format == 1.0  # reported even when unpaid
@@ -612,24 +613,19 @@ def test_in_process_throughput() -> None:
     assert len(items) / (time.perf_counter() - start) > 2_000  # typically ~50k/s on one core
 
 
-def hang_on_marker(
-    function: str, completion: str, ground_truth: str, format_bonus: bool, format_weight: float
-) -> ScoreResult:
-    """A scorer that hangs on one input, standing in for a pathological string."""
-    if completion == "HANG":
-        time.sleep(60)
-    return score(function, completion, ground_truth, format_bonus, format_weight)  # type: ignore[arg-type]
-
-
-def test_pool_enforces_per_item_time_limit() -> None:
-    pool = ScoringPool(workers=1, score_fn=hang_on_marker)
+def test_pool_enforces_per_item_time_limit(faulty_plugins) -> None:
+    """A reward that hangs on some inputs (the test plugin `hangs`, standing in for a pathological
+    string or a faulty plugin): each such item times out with its reason, the others are scored."""
+    pool = ScoringPool(workers=1)
     try:
-        items = [ScoreItem("gsm8k", text, "1") for text in ["1", "HANG", "2", "1", "HANG", "1"]]
+        items = [ScoreItem("hangs", text, "1") for text in ["1", "HANG", "2", "1", "HANG", "1"]]
         start = time.perf_counter()
         results = pool.score_batch(items, timeout_s=0.5)
         elapsed = time.perf_counter() - start
         assert [r.timed_out for r in results] == [False, True, False, False, True, False]
         assert [r.accuracy for r in results] == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+        assert [r.error for r in results] == ["", "hangs: timed out after 0.5 s", "", "", "hangs: timed out after 0.5 s",
+                                              ""]
         assert elapsed < 10  # two 0.5 s limits plus two worker restarts, not two 60 s sleeps
         # the pool stays usable after a timeout
         assert pool.score_batch([ScoreItem("gsm8k", "3", "3")])[0].accuracy == 1.0

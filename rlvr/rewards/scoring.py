@@ -39,89 +39,32 @@ Format (1.0 or 0.0)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 from rlvr.rewards.answers import MAX_ANSWER_CHARS, answers_match, last_boxed, last_number
+from rlvr.rewards.format import (
+    DEFAULT_FORMAT_WEIGHT,
+    MAX_COMPLETION_CHARS,
+    MAX_GROUND_TRUTH_CHARS,
+    TIMED_OUT,
+    ScoreResult,
+    _strip_eos,
+    answer_block,
+    format_ok,
+)
 
+if TYPE_CHECKING:
+    from rlvr.rewards.registry import RewardOutput, Sample
+
+# The answer checkers of the built-in rewards (each reward's declaration is beside its task in
+# rlvr/tasks/, registered through the one registry, rlvr/rewards/registry.py).
 ScoringFunction = Literal["math_pairs", "gsm8k", "boxed"]
-SCORING_FUNCTIONS: tuple[str, ...] = get_args(ScoringFunction)
 
-# Longer completions are scored on their last MAX_COMPLETION_CHARS characters (the final answer is
-# at the end) and get no format bonus. 2,048 tokens of an English BPE tokenizer are ~10k characters.
-MAX_COMPLETION_CHARS = 32_000
-MAX_GROUND_TRUTH_CHARS = MAX_ANSWER_CHARS
-DEFAULT_FORMAT_WEIGHT = 0.1
-
-THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
-_TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
-# End-of-turn markers a rollout may leave in a completion decoded with its special tokens.
-_EOS_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<eos>", "<|end|>")
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """One completion's score. ``reward = accuracy + format_weight * format`` (bonus on)."""
-
-    reward: float
-    accuracy: float
-    format: float
-    extracted_answer: str | None
-    strict: bool  # correct, and its canonical place holds exactly the ground truth (see the module docstring)
-    has_answer_tag: bool  # a closed <answer>…</answer> block exists
-    timed_out: bool = False  # set by score_batch when the item hit its time limit (all zeros then)
-
-    @property
-    def answered(self) -> bool:
-        """The model produced an answer at all (the benchmark's "answered")."""
-        return self.extracted_answer is not None
-
-
-TIMED_OUT = ScoreResult(0.0, 0.0, 0.0, None, strict=False, has_answer_tag=False, timed_out=True)
-
-
-def _strip_eos(text: str) -> str:
-    text = text.rstrip()
-    stripped = True
-    while stripped:  # at most a few markers; each pass shortens the text
-        stripped = False
-        for marker in _EOS_MARKERS:
-            if text.endswith(marker):
-                text = text[: -len(marker)].rstrip()
-                stripped = True
-    return text
-
-
-def format_ok(completion: str) -> bool:
-    """The format rule above, checked with counts and positions (no regex backtracking).
-
-    >>> format_ok("<think>a</think>\\n<answer>1</answer>"), format_ok("<think></think><answer>1</answer>")
-    (True, False)
-    """
-    text = _strip_eos(completion).lstrip()
-    if not text.startswith(THINK_OPEN) or any(text.count(tag) != 1 for tag in _TAGS):
-        return False
-    think_close, answer_open, answer_close = (text.index(t) for t in _TAGS[1:])
-    if not think_close < answer_open < answer_close:
-        return False
-    think = text[len(THINK_OPEN) : think_close]
-    between = text[think_close + len(THINK_CLOSE) : answer_open]
-    answer = text[answer_open + len(ANSWER_OPEN) : answer_close]
-    after = text[answer_close + len(ANSWER_CLOSE) :]
-    return bool(think.strip()) and not between.strip() and bool(answer.strip()) and not after.strip()
-
-
-def answer_block(completion: str) -> str | None:
-    """Content of the last closed ``<answer>…</answer>`` block, or None.
-
-    >>> answer_block("<answer>1</answer> <answer> 2 </answer>")
-    ' 2 '
-    """
-    close = completion.rfind(ANSWER_CLOSE)
-    if close < 0:
-        return None
-    open_ = completion.rfind(ANSWER_OPEN, 0, close)
-    return None if open_ < 0 else completion[open_ + len(ANSWER_OPEN) : close]
+__all__ = [
+    "DEFAULT_FORMAT_WEIGHT", "MAX_COMPLETION_CHARS", "MAX_GROUND_TRUTH_CHARS", "TIMED_OUT", "ScoreResult",
+    "ScoringFunction", "answer_block", "answer_output", "answer_reward", "canonical_answer", "check_arguments",
+    "extract_answer", "format_ok", "score",
+]
 
 
 def extract_answer(function: ScoringFunction, completion: str) -> str | None:
@@ -155,37 +98,56 @@ def canonical_answer(function: ScoringFunction, completion: str) -> str | None:
 
 def check_arguments(function: str, format_weight: float) -> None:
     """Raise ValueError naming the field, the value and the allowed range (INVALID_ARGUMENT)."""
-    if function not in SCORING_FUNCTIONS:
-        raise ValueError(
-            f"function {function!r} is not a reward function; choose one of {list(SCORING_FUNCTIONS)}"
-        )
+    from rlvr.rewards.registry import UnavailableReward, UnknownReward, load_registry
+
+    try:
+        load_registry().get(function)
+    except (UnknownReward, UnavailableReward) as e:
+        raise ValueError(f"function {function!r}: {e}") from None
     if not 0.0 <= format_weight <= 1.0:
         raise ValueError(f"format_weight {format_weight!r} is out of range; allowed 0.0 to 1.0")
 
 
+def answer_output(function: ScoringFunction, completion: str, ground_truth: str) -> RewardOutput:
+    """A built-in reward's score of one completion: accuracy (the final answer against the ground
+    truth, see the module docstring), strict and the answer it read. The format bonus is the job's,
+    added to every reward alike (rlvr/rewards/combine.py)."""
+    from rlvr.rewards.registry import RewardOutput
+
+    if len(completion) > MAX_COMPLETION_CHARS:
+        completion = completion[-MAX_COMPLETION_CHARS:]
+    candidate = extract_answer(function, completion)
+    truth = ground_truth[:MAX_GROUND_TRUTH_CHARS]
+    correct = answers_match(candidate, truth)
+    return RewardOutput(
+        score=1.0 if correct else 0.0,
+        strict=correct and canonical_answer(function, completion) == truth.strip(),
+        extracted_answer=candidate,
+    )
+
+
+def answer_reward(function: ScoringFunction):  # -> ScoreOne
+    """The score function of the built-in reward `function`, as its declaration registers it."""
+
+    def score_one(sample: Sample) -> RewardOutput:
+        return answer_output(function, sample.completion, sample.ground_truth)
+
+    score_one.__name__ = f"{function}_answer"
+    return score_one
+
+
 def score(
-    function: ScoringFunction,
+    function: str,
     completion: str,
     ground_truth: str,
     format_bonus: bool = True,
     format_weight: float = DEFAULT_FORMAT_WEIGHT,
 ) -> ScoreResult:
-    """Score one completion against its ground truth (see the module docstring for the rules)."""
+    """Score one completion against its ground truth with the reward `function` (a registry key;
+    see the module docstring for the built-ins' rules)."""
+    from rlvr.rewards.combine import score_samples
+    from rlvr.rewards.registry import Sample, load_registry
+
     check_arguments(function, format_weight)
-    too_long = len(completion) > MAX_COMPLETION_CHARS
-    if too_long:
-        completion = completion[-MAX_COMPLETION_CHARS:]
-    candidate = extract_answer(function, completion)
-    truth = ground_truth[:MAX_GROUND_TRUTH_CHARS]
-    correct = answers_match(candidate, truth)
-    accuracy = 1.0 if correct else 0.0
-    fmt = 0.0 if too_long or not format_ok(completion) else 1.0
-    reward = accuracy + (format_weight * fmt if format_bonus else 0.0)
-    return ScoreResult(
-        reward=round(reward, 10),  # 1.1, not 1.1000000000000001, in logs and metrics
-        accuracy=accuracy,
-        format=fmt,
-        extracted_answer=candidate,
-        strict=correct and canonical_answer(function, completion) == truth.strip(),
-        has_answer_tag=answer_block(completion) is not None,
-    )
+    definition = load_registry().get(function)
+    return score_samples([(definition, 1.0)], [Sample(completion, ground_truth)], format_bonus, format_weight)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlvr.rewards.registry import RewardInfo
 from rlvr.tasks.base import (
     DEFAULT_SYNTHETIC_PROMPTS,
     MAX_PROMPTS,
@@ -22,6 +23,7 @@ from rlvr.tasks.base import (
     heldout_split,
 )
 from rlvr.tasks.boxed import BoxedTask
+from rlvr.tasks.dataset import DatasetTask
 from rlvr.tasks.gsm8k import GSM8KTask
 from rlvr.tasks.math_pairs import MathPairsTask
 from rlvr.tasks.render import (
@@ -35,38 +37,43 @@ from rlvr.tasks.render import (
     render_prompt,
 )
 
-TASK_NAMES: tuple[RewardFunction, ...] = ("math_pairs", "gsm8k", "boxed")
+
+def get_task(name: str, dataset: str | None = None, data_roots: Sequence[str | Path] = ()) -> Task:
+    """The task of the reward `name` (a registry key): where its prompts come from.
+
+    A reward with prompts of its own (Math Pairs, GSM8K) ignores ``dataset``, as the spec says
+    (:func:`ignored_dataset_warning` words the job warning); one that needs a dataset reads it
+    (required), under one of ``data_roots`` when local."""
+    from rlvr.rewards.registry import UnavailableReward, UnknownReward, get_reward
+
+    try:
+        definition = get_reward(name)
+    except (UnknownReward, UnavailableReward) as e:
+        raise TaskError(f"unknown reward function {name!r}: {e}") from None
+    return task_of(definition, dataset, data_roots)
 
 
-def get_task(
-    name: str,
-    dataset: str | None = None,
-    data_roots: Sequence[str | Path] = (),
-    gsm8k_source: str | None = None,
-) -> Task:
-    """The task for a reward function name.
-
-    ``dataset`` (the spec's Dataset field) is what ``boxed`` reads and is required there; Math Pairs
-    and GSM8K ignore it, as the spec says (:func:`ignored_dataset_warning` words the job warning).
-    ``gsm8k_source`` replaces the bundled GSM8K with a local file or another hub dataset.
-    Local files must lie under one of ``data_roots``.
-    """
-    if name == "math_pairs":
-        return MathPairsTask()
-    if name == "gsm8k":
-        return GSM8KTask(gsm8k_source, data_roots)
-    if name == "boxed":
-        return BoxedTask(dataset or "", data_roots)
-    raise TaskError(f"unknown reward function {name!r}; choose one of {list(TASK_NAMES)}")
+def task_of(reward: RewardInfo, dataset: str | None = None, data_roots: Sequence[str | Path] = ()) -> Task:
+    """Where a reward's prompts come from: its own problems (unless it takes a dataset and one is
+    given), or the dataset's rows (``prompt``, ``ground_truth`` and the columns it reads)."""
+    roots = tuple(Path(r) for r in data_roots)
+    problems = getattr(reward, "problems", None)  # a RewardDefinition's; a bare RewardInfo has none
+    if problems is not None and not (reward.accepts_dataset and dataset):
+        return problems(dataset, roots)
+    return DatasetTask(dataset or "", roots, key=reward.key, columns=reward.columns)
 
 
 def ignored_dataset_warning(name: str, dataset: str | None) -> str | None:
     """The job warning the spec asks for when a Dataset is given to a reward that ignores it."""
-    if dataset and name == "math_pairs":
-        return f"the Dataset field ({dataset!r}) is ignored: Math Pairs generates its own prompts"
-    if dataset and name == "gsm8k":
-        return f"the Dataset field ({dataset!r}) is ignored: GSM8K uses the built-in openai/gsm8k dataset"
-    return None
+    from rlvr.rewards.registry import load_registry
+
+    definition = load_registry().rewards.get(name)
+    if not dataset or definition is None or definition.takes_dataset:
+        return None
+    short = definition.display_name.split(" (")[0].removesuffix(" accuracy")
+    why = f"{short} uses {definition.data_name} dataset" if definition.data_name else \
+        f"{short} generates its own prompts"
+    return f"the Dataset field ({dataset!r}) is ignored: {why}"
 
 
 __all__ = [
@@ -76,8 +83,8 @@ __all__ = [
     "MAX_PROMPTS",
     "MIN_PROMPTS",
     "PROMPT_STYLE_KEY",
-    "TASK_NAMES",
     "BoxedTask",
+    "DatasetTask",
     "GSM8KTask",
     "MathPairsTask",
     "Message",
@@ -90,6 +97,7 @@ __all__ = [
     "get_task",
     "heldout_split",
     "ignored_dataset_warning",
+    "task_of",
     "model_dir_prompt_style",
     "prompt_messages",
     "prompt_style",

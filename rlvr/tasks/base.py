@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 Split = str  # a dataset's split name: "train", "test", or whatever else a dataset has
-RewardFunction = Literal["math_pairs", "gsm8k", "boxed"]
+RewardFunction = str  # a reward's key (rlvr/rewards/registry.py): "math_pairs", "gsm8k", a plugin's, ...
+# The answer-format instruction of the rewards scored on a final number (Math Pairs, GSM8K).
+NUMBER_INSTRUCTION = (
+    "Think step by step inside <think></think>, then give only the final number inside <answer></answer>."
+)
 
 # The spec's range for the "Synthetic prompts" field (and a sane cap on dataset prompts asked for).
 MIN_PROMPTS = 8

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from rlvr.tasks.base import Problem, RewardFunction, Split, TaskError, check_count
+from rlvr.rewards.registry import RewardDefinition
+from rlvr.rewards.scoring import answer_reward
+from rlvr.tasks.base import NUMBER_INSTRUCTION, Problem, Split, TaskError, check_count
 from rlvr.tasks.sources import Rows, check_split, dataset_splits, load_rows, require_columns
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
@@ -49,7 +51,7 @@ class GSM8KTask:
     """GSM8K from the bundled copy, or from ``source`` (a local JSONL/Parquet/CSV or a hub name)."""
 
     name = "gsm8k"
-    reward_function: RewardFunction = "gsm8k"
+    reward_function = "gsm8k"
 
     def __init__(self, source: str | None = None, data_roots: Sequence[str | Path] = ()) -> None:
         self.source = None if source in BUILTIN_NAMES else source
@@ -89,3 +91,21 @@ class GSM8KTask:
             )
             for i in order
         ]
+
+
+REWARD = RewardDefinition(
+    key="gsm8k",
+    display_name="GSM8K accuracy",
+    description="Grade-school word problems from the built-in openai/gsm8k; rewards the correct final number. "
+                "The Dataset field is ignored.",
+    needs_dataset=False,
+    default_benchmark="gsm8k",
+    benchmark_display_name="GSM8K",
+    instruction=NUMBER_INSTRUCTION,
+    splits=BUNDLED_SPLITS,
+    data_name="the built-in openai/gsm8k",
+    heldout_size=len(_bundled_rows("test")),
+    score=answer_reward("gsm8k"),
+    problems=lambda dataset, data_roots: GSM8KTask(None, data_roots),
+    order=1,
+)

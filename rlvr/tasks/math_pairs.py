@@ -21,7 +21,16 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import cast
 
-from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, RewardFunction, Split, TaskError, check_count
+from rlvr.rewards.registry import RewardDefinition
+from rlvr.rewards.scoring import answer_reward
+from rlvr.tasks.base import (
+    DEFAULT_SYNTHETIC_PROMPTS,
+    NUMBER_INSTRUCTION,
+    Problem,
+    Split,
+    TaskError,
+    check_count,
+)
 
 MIN_VALUE = 1
 MAX_VALUE = 9
@@ -132,7 +141,7 @@ class MathPairsTask:
     """Training prompts generated from a seed; the held-out benchmark as the ``test`` split."""
 
     name = "math_pairs"
-    reward_function: RewardFunction = "math_pairs"
+    reward_function = "math_pairs"
 
     def splits(self) -> tuple[Split, ...]:
         return ("train", "test")
@@ -159,3 +168,19 @@ def heldout_problems(n: int = DEFAULT_HELDOUT_N, seed: int = 0) -> list[Problem]
     check_count(n, "held-out problems", low=1, high=len(pool))
     ranked = sorted(pool, key=lambda nums: _hash_int(f"rlvr.math_pairs.pick:{seed}:{nums}"))
     return [make_problem(nums, "math_pairs/test/" + "-".join(map(str, nums))) for nums in ranked[:n]]
+
+
+REWARD = RewardDefinition(
+    key="math_pairs",
+    display_name="Math Pairs (synthetic)",
+    description="A self-generating arithmetic task: add adjacent pairs, multiply; the correct final number "
+                "wins. No dataset needed.",
+    needs_dataset=False,
+    default_benchmark="rlvr-math-pairs-heldout",
+    benchmark_display_name="RLVR Math Pairs held-out",
+    instruction=NUMBER_INSTRUCTION,
+    heldout_size=DEFAULT_HELDOUT_N,
+    score=answer_reward("math_pairs"),
+    problems=lambda dataset, data_roots: MathPairsTask(),
+    order=0,
+)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from rlvr.tasks.base import Problem, RewardFunction
+from rlvr.tasks.base import Problem
 
 PromptStyle = Literal["full", "compact"]
 PROMPT_STYLE_KEY = "rlvr_prompt_style"
@@ -21,18 +21,13 @@ COMPACT_STYLE: PromptStyle = "compact"
 FULL_STYLE: PromptStyle = "full"
 MODEL_MARKER_FILE = "rlvr_model.json"
 
-INSTRUCTIONS: dict[RewardFunction, str] = {
-    "math_pairs": (
-        "Think step by step inside <think></think>, then give only the final number inside <answer></answer>."
-    ),
-    "gsm8k": (
-        "Think step by step inside <think></think>, then give only the final number inside <answer></answer>."
-    ),
-    "boxed": (
-        "Think step by step inside <think></think>, then give the final answer as \\boxed{...} "
-        "inside <answer></answer>."
-    ),
-}
+
+
+def instruction_of(key: str) -> str:
+    """The answer-format instruction of the reward `key`, as it declares it (the registry)."""
+    from rlvr.rewards.registry import get_reward
+
+    return get_reward(key).instruction
 
 
 def _style_value(value: object) -> PromptStyle | None:
@@ -64,31 +59,36 @@ def model_dir_prompt_style(model_dir: str | Path) -> PromptStyle:
     return FULL_STYLE
 
 
-def prompt_messages(problem: Problem, style: PromptStyle = FULL_STYLE) -> list[dict[str, str]]:
-    """The conversation for a problem (TRL's conversational prompt format)."""
+def prompt_messages(problem: Problem, style: PromptStyle = FULL_STYLE, instruction: str | None = None
+                    ) -> list[dict[str, str]]:
+    """The conversation for a problem (TRL's conversational prompt format). ``instruction``: the
+    reward's answer-format instruction (default: what the registry declares for ``problem.task``;
+    a caller whose reward lives in another service passes the one it was given)."""
     if problem.messages:
         messages = [{"role": m.role, "content": m.content} for m in problem.messages]
     else:
         question = problem.compact if style == COMPACT_STYLE and problem.compact else problem.question
         messages = [{"role": "user", "content": question}]
     if style == FULL_STYLE:
+        text = instruction if instruction is not None else instruction_of(problem.task)
         # the instruction goes in the user's turn: some chat templates have no system role
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         if last_user is None:
-            messages.append({"role": "user", "content": INSTRUCTIONS[problem.task]})
+            messages.append({"role": "user", "content": text})
         else:
             turn = messages[last_user]
-            turn["content"] = f"{turn['content']}\n\n{INSTRUCTIONS[problem.task]}"
+            turn["content"] = f"{turn['content']}\n\n{text}"
     return messages
 
 
-def render_prompt(tokenizer: Any, problem: Problem, style: PromptStyle | None = None) -> str:
+def render_prompt(tokenizer: Any, problem: Problem, style: PromptStyle | None = None,
+                  instruction: str | None = None) -> str:
     """The prompt text for ``problem``, ending where the model's answer starts.
 
     ``style`` overrides what the model declares. A tokenizer without a chat template (a base model)
     gets the turns' contents joined by blank lines.
     """
-    messages = prompt_messages(problem, style or prompt_style(tokenizer))
+    messages = prompt_messages(problem, style or prompt_style(tokenizer), instruction)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages) + "\n"
