@@ -13,11 +13,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from google.protobuf.message import Message
 
-from rlvr.common.errors import InvalidArgument, bounded, out_of_range, shown
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, bounded, out_of_range, shown
+from rlvr.rewards.registry import KEY_RE as REWARD_KEY_RE
+from rlvr.rewards.registry import KEY_RULE as REWARD_KEY_RULE
+from rlvr.rewards.registry import Catalog, RewardInfo, UnavailableReward, UnknownReward, load_registry
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
 from rlvr.v1 import common_pb2
 
@@ -62,6 +65,9 @@ class FloatRange:
 # The spec's cards, verbatim: Reward Function, GRPO Configuration, Advanced Options.
 SYNTHETIC_PROMPTS = IntRange(8, 100_000, 256)
 FORMAT_BONUS_WEIGHT = FloatRange(0.0, 1.0, 0.1)
+REWARD_WEIGHT = FloatRange(0.0, 100.0, 1.0)  # a reward's weight in a combination (reward.terms)
+DEFAULT_REWARD = "math_pairs"  # the spec's "ideal first run"
+MAX_REWARD_TERMS = 8
 GROUP_SIZE = IntRange(2, 32, 8)
 MAX_COMPLETION = IntRange(32, 2048, 256)
 LORA_RANK = IntRange(4, 64, 8)
@@ -93,11 +99,6 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISION_KEYS: dict[str, Precision] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PRECISIONS = tuple(PRECISION_KEYS)
 
-REWARD_NAMES: dict[int, str] = {
-    C.REWARD_FUNCTION_MATH_PAIRS: "Math Pairs (synthetic)",
-    C.REWARD_FUNCTION_GSM8K: "GSM8K accuracy",
-    C.REWARD_FUNCTION_BOXED: "Boxed-answer accuracy",
-}
 BACKEND_NAMES: dict[int, str] = {
     C.GENERATION_BACKEND_VLLM: "vLLM (rollout server)",
     C.GENERATION_BACKEND_VLLM_COLOCATE: "vLLM (colocate)",
@@ -107,10 +108,11 @@ LossType = Literal["grpo", "dapo", "dr_grpo"]
 Quantization = Literal["full", "4bit", "8bit"]
 # "vllm": the rollout server; "vllm_colocate": a vLLM engine in the job's process; "transformers": in-process.
 Backend = Literal["vllm", "vllm_colocate", "transformers"]
-RewardName = Literal["math_pairs", "gsm8k", "boxed"]
+RewardName = str  # a reward's key (rlvr/rewards/registry.py): "math_pairs", "gsm8k", a plugin's, ...
 
-# Each enum's short key, declared once: the trainer's JobConfig, the reward calls and the CLI's
-# choices (`rlvr train --reward gsm8k`, with "-" for "_") all derive from these.
+# Each enum's short key, declared once: the trainer's JobConfig and the CLI's choices (`rlvr train
+# --reward gsm8k`, with "-" for "_") derive from these. The RewardFunction enum names the spec's three
+# built-in rewards; their key is the same reward's registry key (rlvr/tasks/<task>.py declares each).
 REWARD_KEYS: dict[common_pb2.RewardFunction, RewardName] = {
     C.REWARD_FUNCTION_MATH_PAIRS: "math_pairs",
     C.REWARD_FUNCTION_GSM8K: "gsm8k",
@@ -182,39 +184,117 @@ def _enum(msg: Message, field: str, path: str, names: Mapping[int, object], defa
     return int(value)
 
 
-def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+def reward_terms(r: common_pb2.RewardConfig | Any, prefix: str = "reward.") -> list[common_pb2.RewardTerm]:
+    """reward.function / reward.key / reward.terms as the terms of the job, each key checked for its
+    shape and each weight for its range (InvalidArgument naming the field, under `prefix`). `r` is a
+    RewardConfig, or any message with the same fields (a ScoreRequest, prefix "")."""
+    fn = r.function
+    if fn and fn not in REWARD_KEYS:
+        raise out_of_range(f"{prefix}function", fn, ", ".join(f"{k} ({C.RewardFunction.Name(k)})" for k in REWARD_KEYS))
+    key = r.key.strip()
+    if key and not REWARD_KEY_RE.match(key):
+        raise InvalidArgument(f"{prefix}key: {shown(key)} is not a reward key ({REWARD_KEY_RULE})")
+    if fn and key and key != REWARD_KEYS[fn]:
+        raise InvalidArgument(f"{prefix}key: {key!r} disagrees with {prefix}function {C.RewardFunction.Name(fn)} "
+                              f"({REWARD_KEYS[fn]!r}); set one of them")
+    key = key or (REWARD_KEYS[fn] if fn else "")
+    terms = [common_pb2.RewardTerm(key=t.key.strip(), weight=t.weight if t.HasField("weight") else REWARD_WEIGHT.default)
+             for t in getattr(r, "terms", ())]
+    if not terms:
+        return [common_pb2.RewardTerm(key=key or DEFAULT_REWARD, weight=REWARD_WEIGHT.default)]
+    if key and key != terms[0].key:
+        field = f"{prefix}key" if r.key.strip() else f"{prefix}function"
+        raise InvalidArgument(f"{field}: {key!r} is not {prefix}terms[0].key ({terms[0].key!r}); the first term is "
+                              "the job's reward: name it once")
+    seen: set[str] = set()
+    for i, term in enumerate(terms):
+        if not REWARD_KEY_RE.match(term.key):
+            raise InvalidArgument(f"{prefix}terms[{i}].key: {shown(term.key)} is not a reward key ({REWARD_KEY_RULE})")
+        if term.key in seen:
+            raise InvalidArgument(f"{prefix}terms[{i}].key: {term.key!r} is named twice; give each reward once")
+        seen.add(term.key)
+        _float(term, "weight", f"{prefix}terms[{i}].weight", REWARD_WEIGHT)
+    if not any(t.weight > 0 for t in terms):
+        raise InvalidArgument(f"{prefix}terms: every weight is 0; at least one reward must count (range "
+                              f"{REWARD_WEIGHT.text()}, default {REWARD_WEIGHT.default:g})")
+    return terms
+
+
+def _known(catalog: Catalog | None, key: str, field: str) -> RewardInfo | None:
+    """The reward's declaration: from `catalog` (unknown: InvalidArgument listing the known keys; one
+    that failed to load: FailedPrecondition with its error), or without one from this process's
+    registry, where a reward it lacks is left for the reward service to check (None)."""
+    if catalog is None:
+        return load_registry().rewards.get(key)
+    try:
+        return catalog.get(key)
+    except UnavailableReward as e:
+        raise FailedPrecondition(f"{field}: {e}") from None
+    except UnknownReward:
+        raise InvalidArgument(f"{field}: {key!r} is not a reward the reward service has; known: "
+                              f"{', '.join(catalog.rewards) or 'none'}") from None
+
+
+def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
+    """The reward makes its training prompts itself (Math Pairs; the code reward without a dataset):
+    the Synthetic prompts field sets how many."""
+    return info is not None and not info.needs_dataset and not info.splits and not (info.accepts_dataset and dataset)
+
+
+def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
     r = spec.reward
-    fn = _enum(r, "function", "reward.function", REWARD_NAMES, C.REWARD_FUNCTION_MATH_PAIRS)
-    if fn == C.REWARD_FUNCTION_MATH_PAIRS:
+    terms = reward_terms(r)
+    field = (lambda i: f"reward.terms[{i}].key") if r.terms else (lambda i: "reward.key")
+    infos = [_known(catalog, t.key, field(i)) for i, t in enumerate(terms)]
+    del r.terms[:]
+    r.terms.extend(terms)
+    info = infos[0]
+    r.key = terms[0].key
+    r.function = REWARD_FUNCTIONS.get(r.key, C.REWARD_FUNCTION_UNSPECIFIED)
+    r.accuracy_key = r.accuracy_key.strip() or r.key
+    if r.accuracy_key not in {t.key for t in terms}:
+        raise InvalidArgument(f"reward.accuracy_key: {shown(r.accuracy_key)} is not a key of the job's rewards "
+                              f"({', '.join(t.key for t in terms)})")
+    name = info.display_name if info is not None else r.key
+    r.dataset = r.dataset.strip()
+    if generates_prompts(info, r.dataset):
         _int(r, "synthetic_prompts", "reward.synthetic_prompts", SYNTHETIC_PROMPTS)
     elif r.HasField("synthetic_prompts"):
-        warnings.append(f"reward.synthetic_prompts is only used by Math Pairs; ignored for {REWARD_NAMES[fn]}")
+        warnings.append(f"reward.synthetic_prompts is only used by rewards that generate their prompts (Math "
+                        f"Pairs); ignored for {name}")
         r.ClearField("synthetic_prompts")
     if not r.HasField("format_bonus"):
         r.format_bonus = True
     _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
-    if fn == C.REWARD_FUNCTION_BOXED:
-        if not r.dataset.strip():
-            raise InvalidArgument("reward.dataset: required for Boxed-answer accuracy (a Hugging Face dataset "
-                                  "name, a local JSONL/Parquet/CSV file or a folder of split files, with prompt "
-                                  "and ground_truth columns)")
-        r.dataset = r.dataset.strip()
-        r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT  # checked against the data at submit
-        return
-    if r.dataset:
-        warnings.append(f"reward.dataset {r.dataset!r} is ignored for {REWARD_NAMES[fn]}"
-                        + (" (it uses the built-in openai/gsm8k)" if fn == C.REWARD_FUNCTION_GSM8K
-                           else " (its prompts are self-generated)"))
-        r.dataset = ""
-    if fn == C.REWARD_FUNCTION_GSM8K:
-        r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
-        if r.dataset_split not in GSM8K_SPLITS:
-            raise out_of_range("reward.dataset_split", r.dataset_split,
-                               f"a split of the built-in openai/gsm8k: {', '.join(GSM8K_SPLITS)} (default train)")
-    elif r.dataset_split:
-        warnings.append(f"reward.dataset_split {r.dataset_split!r} is ignored for {REWARD_NAMES[fn]} (its prompts "
-                        "are self-generated; its held-out set is the benchmark's)")
-        r.dataset_split = ""
+    if info is None or info.needs_dataset or (info.accepts_dataset and r.dataset):
+        if info is not None and info.needs_dataset and not r.dataset:
+            raise InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
+                                  "JSONL/Parquet/CSV file or a folder of split files, with prompt and ground_truth"
+                                  + "".join(f", {c}" for c in info.columns) + " columns)")
+        if r.dataset:  # checked against the data at submit (the scheduler: services/scheduler/datasets.py)
+            r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
+    else:
+        if r.dataset:
+            why = f" (it uses {info.data_name})" if info.data_name else " (its prompts are self-generated)"
+            warnings.append(f"reward.dataset {r.dataset!r} is ignored for {name}{why}")
+            r.dataset = ""
+        if info.splits:
+            r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
+            if r.dataset_split not in info.splits:
+                raise out_of_range("reward.dataset_split", r.dataset_split,
+                                   f"a split of {info.data_name or name}: {', '.join(info.splits)} (default train)")
+        elif r.dataset_split:
+            warnings.append(f"reward.dataset_split {r.dataset_split!r} is ignored for {name} (its prompts "
+                            "are self-generated; its held-out set is the benchmark's)")
+            r.dataset_split = ""
+    if info is not None and not r.dataset:  # the problems are the reward's own: they hold its columns
+        for i, (term, term_info) in enumerate(zip(terms, infos, strict=True)):
+            missing = [c for c in (term_info.columns if term_info else ()) if c not in info.columns]
+            if i and missing:
+                raise InvalidArgument(
+                    f"reward.terms[{i}].key: {term.key!r} reads the column {missing[0]!r}, which {name}'s own "
+                    f"prompts do not have (they have: {', '.join(info.columns) or 'no other columns'}); "
+                    "combine it with a reward that reads a dataset holding it")
 
 
 def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
@@ -314,10 +394,9 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:
-    """Training prompts the reward function provides, where known without loading data."""
-    if spec.reward.function == C.REWARD_FUNCTION_MATH_PAIRS:
-        return spec.reward.synthetic_prompts
-    return None
+    """Training prompts of a resolved spec, where known without loading data: a reward that
+    generates its prompts has synthetic_prompts set (generates_prompts)."""
+    return spec.reward.synthetic_prompts if spec.reward.HasField("synthetic_prompts") else None
 
 
 def total_steps(spec: common_pb2.JobSpec, n_prompts: int | None = None) -> int:
@@ -331,10 +410,22 @@ def total_steps(spec: common_pb2.JobSpec, n_prompts: int | None = None) -> int:
     return max(1, math.ceil(n * spec.advanced.epochs / prompts_per_step))
 
 
-def summary(spec: common_pb2.JobSpec, steps: int) -> common_pb2.TrainingSummary:
+def reward_title(reward: common_pb2.RewardConfig, catalog: Catalog | None = None) -> str:
+    """The Training Summary's Reward: the reward's display name ("GSM8K accuracy"), or a combination
+    as "GSM8K accuracy + 0.2 x Length" (a key stands for a reward this process does not know)."""
+    names = catalog.rewards if catalog is not None else load_registry().rewards
+
+    def name(key: str) -> str:
+        return names[key].display_name if key in names else key
+
+    terms = list(reward.terms) or [common_pb2.RewardTerm(key=reward.key or DEFAULT_REWARD, weight=1.0)]
+    return " + ".join(name(t.key) if t.weight == 1.0 else f"{t.weight:g} x {name(t.key)}" for t in terms)
+
+
+def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None) -> common_pb2.TrainingSummary:
     g, a = spec.grpo, spec.advanced
     return common_pb2.TrainingSummary(
-        method="RLVR (GRPO)", model=spec.base_model, reward=REWARD_NAMES[spec.reward.function],
+        method="RLVR (GRPO)", model=spec.base_model, reward=reward_title(spec.reward, catalog),
         group_size=g.group_size, max_completion=g.max_completion_tokens, gpu_selection=a.gpu_selection,
         lora_rank=g.lora_rank, learn_rate=g.learning_rate, max_steps=g.max_steps,
         backend=BACKEND_NAMES[a.generation_backend], batch_size=g.batch_size, lora_alpha=g.lora_alpha,
@@ -349,6 +440,9 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("base_model", spec.base_model, MAX_MODEL_CHARS),
         ("reward.dataset", spec.reward.dataset, MAX_DATASET_CHARS),
         ("reward.dataset_split", spec.reward.dataset_split, MAX_SPLIT_CHARS),
+        ("reward.key", spec.reward.key, MAX_NAME_CHARS),
+        ("reward.accuracy_key", spec.reward.accuracy_key, MAX_NAME_CHARS),
+        *((f"reward.terms[{i}].key", t.key, MAX_NAME_CHARS) for i, t in enumerate(spec.reward.terms)),
         ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
         ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
         ("advanced.precision", spec.advanced.precision, MAX_OPTION_CHARS),
@@ -365,14 +459,21 @@ def default_name(base_model: str, loss: str) -> str:
     return f"{stem or 'job'}-{loss}"[:MAX_NAME_CHARS]
 
 
-def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) -> ResolvedJob:
-    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
+def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
+                 catalog: Catalog | None = None) -> ResolvedJob:
+    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value.
+
+    `catalog`: the rewards the reward service has (the scheduler passes its ListRewardFunctions):
+    a key it lacks is refused. Without one (the trainer's re-check, a dry run in a client) the
+    rewards this process knows are checked in full and any other key is left to the reward service."""
     check_sizes(user_spec)
     spec = common_pb2.JobSpec()
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
-    _validate_reward(spec, warnings)
+    if len(spec.reward.terms) > MAX_REWARD_TERMS:
+        raise out_of_range("reward.terms", f"{len(spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}")
+    _validate_reward(spec, warnings, catalog)
     _validate_grpo(spec, warnings)
     _validate_advanced(spec, warnings)
     if not spec.name:
@@ -385,4 +486,4 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None) ->
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
         raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
     steps = total_steps(spec, n_prompts)
-    return ResolvedJob(spec=spec, summary=summary(spec, steps), warnings=warnings, total_steps=steps)
+    return ResolvedJob(spec=spec, summary=summary(spec, steps, catalog), warnings=warnings, total_steps=steps)

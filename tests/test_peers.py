@@ -48,8 +48,9 @@ async def rollout() -> AsyncIterator[tuple[ScriptedRollout, str]]:
 async def test_async_reward_client_against_the_reward_service(reward_address: str) -> None:
     async with AsyncRewardClient(reward_address) as reward:
         response = await reward.score(score_request("math_pairs", [(RIGHT, "77"), ("76", "77")]))
-        assert [Score.of(r) for r in response.results] == [Score(pytest.approx(1.1), 1.0, 1.0, True, "77"),
-                                                            Score(0.0, 0.0, 0.0, False, "76")]
+        assert [Score.of(r) for r in response.results] == [
+            Score(pytest.approx(1.1), 1.0, 1.0, True, "77", {"math_pairs": 1.0}),
+            Score(0.0, 0.0, 0.0, False, "76", {"math_pairs": 0.0})]
         names = [f.display_name for f in (await reward.list_reward_functions()).functions]
         assert "Math Pairs (synthetic)" in names  # no request: the empty message
 

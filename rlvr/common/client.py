@@ -78,6 +78,7 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset(
         "rlvr.v1.SchedulerService/GetLoop",
         "rlvr.v1.SchedulerService/ListLoops",
         "rlvr.v1.SchedulerService/WatchLoop",
+        "rlvr.v1.SchedulerService/ListRewardFunctions",
         "rlvr.v1.TrainerService/GetWorkerStatus",
         "rlvr.v1.RewardService/Score",
         "rlvr.v1.RewardService/GetProblems",

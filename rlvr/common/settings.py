@@ -220,8 +220,14 @@ def _one_line(cls: type[ServiceSettings], err: ValidationError) -> str:
 
 
 def _parse_flag(cls: type[ServiceSettings], name: str, value: Any) -> Any:
-    """List-valued flags take a JSON list or a comma list."""
-    if isinstance(value, str) and typing.get_origin(cls.model_fields[name].annotation) is list:
+    """List-valued flags take a JSON list or a comma list; mapping-valued ones a JSON object."""
+    origin = typing.get_origin(cls.model_fields[name].annotation)
+    if isinstance(value, str) and origin is dict:
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # validation reports it with the setting's name
+    if isinstance(value, str) and origin is list:
         if value.lstrip().startswith("["):
             try:
                 return json.loads(value)

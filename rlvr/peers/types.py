@@ -4,7 +4,9 @@ services, and what they get back, as plain values rather than messages.
 - `AdapterTag`: which policy generates (or generated) a completion, an adapter version on the
   rollout service; `BASE_MODEL` is the bare model.
 - `Sampling`: how to sample, and how many completions per prompt (the GRPO group).
+- `ScoreInput`: one completion to score and what its reward may read (the question, the row's columns).
 - `Score`: the reward service's components of one completion.
+- The reward catalog (`catalog_of`, `reward_info_proto`): ListRewardFunctions as plain declarations.
 
 With the request builders and readers that both callers share (`generate_request`, `score_request`,
 `AdapterTag.of`, `Score.of`), so the two cannot drift in how they speak the contract.
@@ -12,11 +14,16 @@ With the request builders and readers that both callers share (`generate_request
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from google.protobuf import json_format, struct_pb2
 
 from rlvr.jobspec import REWARD_FUNCTIONS, RewardName
+from rlvr.rewards.registry import Catalog, RewardInfo
+from rlvr.tasks.base import Message, Problem
 from rlvr.v1 import common_pb2, reward_pb2, rollout_pb2
 
 
@@ -63,31 +70,130 @@ class Sampling:
 
 
 class _Components(Protocol):
-    reward: float
-    accuracy: float
-    format: float
-    strict: bool
-    extracted_answer: str | None
+    @property
+    def reward(self) -> float: ...
+    @property
+    def accuracy(self) -> float: ...
+    @property
+    def format(self) -> float: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def extracted_answer(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
 class Score:
-    """One completion's score, as the reward service computes it: reward = accuracy +
-    format_bonus_weight * format (bonus on). The trainer's GRPO advantage uses `reward` and its
-    metrics `accuracy` and `format`; the benchmark also stores `strict` (correct, and written
-    exactly as the ground truth in its canonical place) and the answer it read."""
+    """One completion's score, as the reward service computes it: reward = the job's rewards'
+    weighted scores + format_bonus_weight * format (bonus on). The trainer's GRPO advantage uses
+    `reward` and its metrics `accuracy`, `format` and `components`; the benchmark also stores
+    `strict` (correct, and written exactly as the ground truth in its canonical place) and the
+    answer it read. `error`: why it scored 0 although it was scored (a reward's fault)."""
 
     reward: float
     accuracy: float
     format: float
     strict: bool = False
     extracted_answer: str = ""
+    components: Mapping[str, float] = field(default_factory=dict)
+    error: str = ""
 
     @classmethod
     def of(cls, components: _Components) -> Score:
         """From a RewardComponents message or a `rlvr.rewards.scoring` result."""
+        parts = getattr(components, "components", None) or {}
         return cls(components.reward, components.accuracy, components.format, components.strict,
-                   components.extracted_answer or "")
+                   components.extracted_answer or "", dict(parts), getattr(components, "error", "") or "")
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """One completion to score: its ground truth, and what a reward may read besides (the question
+    before chat templating, the conversation, the dataset row's other columns)."""
+
+    completion: str
+    ground_truth: str
+    prompt: str = ""
+    messages: tuple[tuple[str, str], ...] = ()
+    columns: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, completion: str, problem: Problem) -> ScoreInput:
+        return cls(completion, problem.ground_truth, problem.question,
+                   tuple((m.role, m.content) for m in problem.messages or ()), problem.columns)
+
+    def to_proto(self) -> reward_pb2.ScoreItem:
+        return reward_pb2.ScoreItem(
+            completion=self.completion, ground_truth=self.ground_truth, prompt=self.prompt,
+            messages=[common_pb2.ChatMessage(role=r, content=c) for r, c in self.messages],
+            columns=columns_proto(self.columns))
+
+
+def _plain(value: Any) -> Any:
+    """A decoded JSON value with whole numbers as ints (protobuf's Value holds every number as a
+    double: a row's 3 arrives as 3.0)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def columns_proto(columns: Mapping[str, Any]) -> dict[str, struct_pb2.Value]:
+    """A row's columns (JSON-like values) as the contract's map<string, Value>."""
+    return {str(k): json_format.ParseDict(v, struct_pb2.Value()) for k, v in columns.items()}
+
+
+def columns_of(columns: Mapping[str, struct_pb2.Value]) -> dict[str, Any]:
+    """The contract's map<string, Value> as plain values (the inverse of `columns_proto`)."""
+    return {k: _plain(json_format.MessageToDict(v)) for k, v in columns.items()}
+
+
+def problem_of(message: reward_pb2.Problem, key: str) -> Problem:
+    """A GetProblems problem of the reward `key` as the task type."""
+    return Problem(id=message.id, task=key, question=message.question, ground_truth=message.ground_truth,
+                   compact=message.compact or None,
+                   messages=tuple(Message(m.role, m.content) for m in message.messages) or None,
+                   columns=columns_of(message.columns))
+
+
+def problem_proto(problem: Problem) -> reward_pb2.Problem:
+    return reward_pb2.Problem(
+        id=problem.id, question=problem.question, ground_truth=problem.ground_truth, compact=problem.compact or "",
+        messages=[common_pb2.ChatMessage(role=m.role, content=m.content) for m in problem.messages or ()],
+        columns=columns_proto(problem.columns))
+
+
+def reward_info_proto(info: RewardInfo) -> reward_pb2.RewardFunctionInfo:
+    return reward_pb2.RewardFunctionInfo(
+        function=REWARD_FUNCTIONS.get(info.key, common_pb2.REWARD_FUNCTION_UNSPECIFIED), key=info.key,
+        display_name=info.display_name, description=info.description, needs_dataset=info.needs_dataset,
+        accepts_dataset=info.accepts_dataset, columns=info.columns, default_benchmark=info.benchmark,
+        benchmark_display_name=info.benchmark_title, instruction=info.instruction, source=info.source,
+        splits=info.splits, heldout_size=info.heldout_size)
+
+
+def reward_info_of(message: reward_pb2.RewardFunctionInfo, order: int = 1000) -> RewardInfo:
+    return RewardInfo(
+        key=message.key, display_name=message.display_name, description=message.description,
+        needs_dataset=message.needs_dataset, accepts_dataset=message.accepts_dataset, columns=tuple(message.columns),
+        default_benchmark=message.default_benchmark, benchmark_display_name=message.benchmark_display_name,
+        instruction=message.instruction, splits=tuple(message.splits), heldout_size=message.heldout_size,
+        source=message.source, order=order)
+
+
+def catalog_of(response: reward_pb2.ListRewardFunctionsResponse) -> Catalog:
+    """ListRewardFunctions as a Catalog, in the order the service lists them."""
+    return Catalog({f.key: reward_info_of(f, i) for i, f in enumerate(response.functions)},
+                   {u.key: u.error for u in response.unavailable})
+
+
+def catalog_proto(catalog: Catalog) -> reward_pb2.ListRewardFunctionsResponse:
+    return reward_pb2.ListRewardFunctionsResponse(
+        functions=[reward_info_proto(i) for i in catalog.infos()],
+        unavailable=[reward_pb2.UnavailableReward(key=k, error=e) for k, e in sorted(catalog.failed.items())])
 
 
 def token_prompt(ids: Sequence[int]) -> rollout_pb2.Prompt:
@@ -111,16 +217,22 @@ def generate_request(
 
 def score_request(
     function: RewardName,
-    items: Iterable[tuple[str, str]],
+    items: Iterable[tuple[str, str] | ScoreInput],
     *,
     format_bonus: bool | None = None,
     format_bonus_weight: float | None = None,
+    terms: Sequence[tuple[str, float]] = (),
+    accuracy_key: str = "",
 ) -> reward_pb2.ScoreRequest:
-    """A Score call for (completion, ground truth) pairs with reward function `function`
-    ("math_pairs", ...); the format bonus and its weight are the service's defaults unless given."""
+    """A Score call for (completion, ground truth) pairs or ScoreInputs with the reward `function`
+    (a key: "math_pairs", a plugin's, ...), or several rewards combined (`terms`: (key, weight), the
+    first is `function`); the format bonus and its weight are the service's defaults unless given."""
     return reward_pb2.ScoreRequest(
-        function=REWARD_FUNCTIONS[function],
-        items=[reward_pb2.ScoreItem(completion=c, ground_truth=t) for c, t in items],
+        function=REWARD_FUNCTIONS.get(function, common_pb2.REWARD_FUNCTION_UNSPECIFIED),
+        key=function,
+        items=[(i if isinstance(i, ScoreInput) else ScoreInput(*i)).to_proto() for i in items],
         format_bonus=format_bonus,
         format_bonus_weight=format_bonus_weight,
+        terms=[common_pb2.RewardTerm(key=k, weight=w) for k, w in terms] if len(terms) > 1 else [],
+        accuracy_key=accuracy_key,
     )

@@ -26,53 +26,53 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rlvr.v1 import common_pb2 as rlvr_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlvr/v1/benchmark.proto\x12\x07rlvr.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14rlvr/v1/common.proto\"\xa2\x01\n\rBenchmarkInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x05\x12\x15\n\rscore_columns\x18\x05 \x03(\t\x12\x1c\n\x14\x64\x65\x66\x61ult_score_column\x18\x06 \x01(\t\x12\x15\n\rneeds_dataset\x18\x07 \x01(\x08\"\x17\n\x15ListBenchmarksRequest\"D\n\x16ListBenchmarksResponse\x12*\n\nbenchmarks\x18\x01 \x03(\x0b\x32\x16.rlvr.v1.BenchmarkInfo\"\x82\x01\n\x0eScoreBreakdown\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x17\n\x0f\x61\x63\x63uracy_strict\x18\x03 \x01(\x01\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x05 \x01(\x01\x12\x14\n\x0cscore_column\x18\x06 \x01(\t\"\xf8\x01\n\x14RunEvaluationRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x18.rlvr.v1.AdapterSelector\x12\x11\n\tbenchmark\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.rlvr.v1.SamplingParams\x12\x0f\n\x07\x64\x61taset\x18\x07 \x01(\t\x12\x15\n\rdataset_split\x18\x08 \x01(\t\x12\r\n\x05label\x18\t \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_path\x18\n \x01(\t\"\x87\x04\n\nEvaluation\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x04 \x01(\x03\x12\x11\n\tbenchmark\x18\x05 \x01(\t\x12)\n\x06status\x18\x06 \x01(\x0e\x32\x19.rlvr.v1.EvaluationStatus\x12\'\n\x06scores\x18\x07 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\x17\n\x0fquestions_total\x18\x08 \x01(\x05\x12\x16\n\x0equestions_done\x18\t \x01(\x05\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\x0c\n\x04seed\x18\x0e \x01(\x04\x12)\n\x08sampling\x18\x0f \x01(\x0b\x32\x17.rlvr.v1.SamplingParams\x12\r\n\x05label\x18\x10 \x01(\t\x12\x18\n\x10generate_seconds\x18\x11 \x01(\x01\x12\x15\n\rscore_seconds\x18\x12 \x01(\x01\"\"\n\x14GetEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x16ListEvaluationsRequest\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x05\"R\n\x17ListEvaluationsResponse\x12(\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x13.rlvr.v1.Evaluation\x12\r\n\x05total\x18\x02 \x01(\x05\"%\n\x17\x44\x65leteEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"?\n\x18\x44\x65leteEvaluationResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0fresults_deleted\x18\x02 \x01(\x05\"\xe3\x01\n\x0eQuestionResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\x18\n\x10\x65xtracted_answer\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x07 \x01(\x01\x12\x0e\n\x06\x66ormat\x18\x08 \x01(\x01\x12\x0e\n\x06strict\x18\t \x01(\x08\x12,\n\rfinish_reason\x18\n \x01(\x0e\x32\x15.rlvr.v1.FinishReason\"\\\n\x1bGetEvaluationResultsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nonly_wrong\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x05\x12\r\n\x05limit\x18\x04 \x01(\x05\"W\n\x1cGetEvaluationResultsResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlvr.v1.QuestionResult\x12\r\n\x05total\x18\x02 \x01(\x05\"$\n\x16WatchEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xbe\x01\n\x0f\x45valuationEvent\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.rlvr.v1.EvaluationStatus\x12\x16\n\x0equestions_done\x18\x03 \x01(\x05\x12\x17\n\x0fquestions_total\x18\x04 \x01(\x05\x12\'\n\x06scores\x18\x05 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\x0f\n\x07message\x18\x06 \x01(\t\"O\n\x15GetLeaderboardRequest\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\x14\n\x0cscore_column\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"\xde\x01\n\x10LeaderboardEntry\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x15\n\revaluation_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x04 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\x03\x12\'\n\x06scores\x18\x06 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\r\n\x05label\x18\x07 \x01(\t\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x16GetLeaderboardResponse\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\x14\n\x0cscore_column\x18\x02 \x01(\t\x12*\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x19.rlvr.v1.LeaderboardEntry*\xb1\x01\n\x10\x45valuationStatus\x12!\n\x1d\x45VALUATION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45VALUATION_STATUS_QUEUED\x10\x01\x12\x1d\n\x19\x45VALUATION_STATUS_RUNNING\x10\x02\x12\x1f\n\x1b\x45VALUATION_STATUS_COMPLETED\x10\x03\x12\x1c\n\x18\x45VALUATION_STATUS_FAILED\x10\x04\x32\xa6\x05\n\x10\x42\x65nchmarkService\x12Q\n\x0eListBenchmarks\x12\x1e.rlvr.v1.ListBenchmarksRequest\x1a\x1f.rlvr.v1.ListBenchmarksResponse\x12\x43\n\rRunEvaluation\x12\x1d.rlvr.v1.RunEvaluationRequest\x1a\x13.rlvr.v1.Evaluation\x12\x43\n\rGetEvaluation\x12\x1d.rlvr.v1.GetEvaluationRequest\x1a\x13.rlvr.v1.Evaluation\x12T\n\x0fListEvaluations\x12\x1f.rlvr.v1.ListEvaluationsRequest\x1a .rlvr.v1.ListEvaluationsResponse\x12W\n\x10\x44\x65leteEvaluation\x12 .rlvr.v1.DeleteEvaluationRequest\x1a!.rlvr.v1.DeleteEvaluationResponse\x12\x63\n\x14GetEvaluationResults\x12$.rlvr.v1.GetEvaluationResultsRequest\x1a%.rlvr.v1.GetEvaluationResultsResponse\x12N\n\x0fWatchEvaluation\x12\x1f.rlvr.v1.WatchEvaluationRequest\x1a\x18.rlvr.v1.EvaluationEvent0\x01\x12Q\n\x0eGetLeaderboard\x12\x1e.rlvr.v1.GetLeaderboardRequest\x1a\x1f.rlvr.v1.GetLeaderboardResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlvr/v1/benchmark.proto\x12\x07rlvr.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14rlvr/v1/common.proto\"\xb6\x01\n\rBenchmarkInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x05\x12\x15\n\rscore_columns\x18\x05 \x03(\t\x12\x1c\n\x14\x64\x65\x66\x61ult_score_column\x18\x06 \x01(\t\x12\x15\n\rneeds_dataset\x18\x07 \x01(\x08\x12\x12\n\nreward_key\x18\x08 \x01(\t\"\x17\n\x15ListBenchmarksRequest\"D\n\x16ListBenchmarksResponse\x12*\n\nbenchmarks\x18\x01 \x03(\x0b\x32\x16.rlvr.v1.BenchmarkInfo\"\x82\x01\n\x0eScoreBreakdown\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x17\n\x0f\x61\x63\x63uracy_strict\x18\x03 \x01(\x01\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x05 \x01(\x01\x12\x14\n\x0cscore_column\x18\x06 \x01(\t\"\xf8\x01\n\x14RunEvaluationRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x18.rlvr.v1.AdapterSelector\x12\x11\n\tbenchmark\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.rlvr.v1.SamplingParams\x12\x0f\n\x07\x64\x61taset\x18\x07 \x01(\t\x12\x15\n\rdataset_split\x18\x08 \x01(\t\x12\r\n\x05label\x18\t \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_path\x18\n \x01(\t\"\x87\x04\n\nEvaluation\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x04 \x01(\x03\x12\x11\n\tbenchmark\x18\x05 \x01(\t\x12)\n\x06status\x18\x06 \x01(\x0e\x32\x19.rlvr.v1.EvaluationStatus\x12\'\n\x06scores\x18\x07 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\x17\n\x0fquestions_total\x18\x08 \x01(\x05\x12\x16\n\x0equestions_done\x18\t \x01(\x05\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\x0c\n\x04seed\x18\x0e \x01(\x04\x12)\n\x08sampling\x18\x0f \x01(\x0b\x32\x17.rlvr.v1.SamplingParams\x12\r\n\x05label\x18\x10 \x01(\t\x12\x18\n\x10generate_seconds\x18\x11 \x01(\x01\x12\x15\n\rscore_seconds\x18\x12 \x01(\x01\"\"\n\x14GetEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"J\n\x16ListEvaluationsRequest\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x05\"R\n\x17ListEvaluationsResponse\x12(\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x13.rlvr.v1.Evaluation\x12\r\n\x05total\x18\x02 \x01(\x05\"%\n\x17\x44\x65leteEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"?\n\x18\x44\x65leteEvaluationResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0fresults_deleted\x18\x02 \x01(\x05\"\xe3\x01\n\x0eQuestionResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\x18\n\x10\x65xtracted_answer\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x07 \x01(\x01\x12\x0e\n\x06\x66ormat\x18\x08 \x01(\x01\x12\x0e\n\x06strict\x18\t \x01(\x08\x12,\n\rfinish_reason\x18\n \x01(\x0e\x32\x15.rlvr.v1.FinishReason\"\\\n\x1bGetEvaluationResultsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nonly_wrong\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x05\x12\r\n\x05limit\x18\x04 \x01(\x05\"W\n\x1cGetEvaluationResultsResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlvr.v1.QuestionResult\x12\r\n\x05total\x18\x02 \x01(\x05\"$\n\x16WatchEvaluationRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xbe\x01\n\x0f\x45valuationEvent\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.rlvr.v1.EvaluationStatus\x12\x16\n\x0equestions_done\x18\x03 \x01(\x05\x12\x17\n\x0fquestions_total\x18\x04 \x01(\x05\x12\'\n\x06scores\x18\x05 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\x0f\n\x07message\x18\x06 \x01(\t\"O\n\x15GetLeaderboardRequest\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\x14\n\x0cscore_column\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"\xde\x01\n\x10LeaderboardEntry\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x15\n\revaluation_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x04 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\x03\x12\'\n\x06scores\x18\x06 \x01(\x0b\x32\x17.rlvr.v1.ScoreBreakdown\x12\r\n\x05label\x18\x07 \x01(\t\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"m\n\x16GetLeaderboardResponse\x12\x11\n\tbenchmark\x18\x01 \x01(\t\x12\x14\n\x0cscore_column\x18\x02 \x01(\t\x12*\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x19.rlvr.v1.LeaderboardEntry*\xb1\x01\n\x10\x45valuationStatus\x12!\n\x1d\x45VALUATION_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45VALUATION_STATUS_QUEUED\x10\x01\x12\x1d\n\x19\x45VALUATION_STATUS_RUNNING\x10\x02\x12\x1f\n\x1b\x45VALUATION_STATUS_COMPLETED\x10\x03\x12\x1c\n\x18\x45VALUATION_STATUS_FAILED\x10\x04\x32\xa6\x05\n\x10\x42\x65nchmarkService\x12Q\n\x0eListBenchmarks\x12\x1e.rlvr.v1.ListBenchmarksRequest\x1a\x1f.rlvr.v1.ListBenchmarksResponse\x12\x43\n\rRunEvaluation\x12\x1d.rlvr.v1.RunEvaluationRequest\x1a\x13.rlvr.v1.Evaluation\x12\x43\n\rGetEvaluation\x12\x1d.rlvr.v1.GetEvaluationRequest\x1a\x13.rlvr.v1.Evaluation\x12T\n\x0fListEvaluations\x12\x1f.rlvr.v1.ListEvaluationsRequest\x1a .rlvr.v1.ListEvaluationsResponse\x12W\n\x10\x44\x65leteEvaluation\x12 .rlvr.v1.DeleteEvaluationRequest\x1a!.rlvr.v1.DeleteEvaluationResponse\x12\x63\n\x14GetEvaluationResults\x12$.rlvr.v1.GetEvaluationResultsRequest\x1a%.rlvr.v1.GetEvaluationResultsResponse\x12N\n\x0fWatchEvaluation\x12\x1f.rlvr.v1.WatchEvaluationRequest\x1a\x18.rlvr.v1.EvaluationEvent0\x01\x12Q\n\x0eGetLeaderboard\x12\x1e.rlvr.v1.GetLeaderboardRequest\x1a\x1f.rlvr.v1.GetLeaderboardResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlvr.v1.benchmark_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVALUATIONSTATUS']._serialized_start=2619
-  _globals['_EVALUATIONSTATUS']._serialized_end=2796
+  _globals['_EVALUATIONSTATUS']._serialized_start=2639
+  _globals['_EVALUATIONSTATUS']._serialized_end=2816
   _globals['_BENCHMARKINFO']._serialized_start=92
-  _globals['_BENCHMARKINFO']._serialized_end=254
-  _globals['_LISTBENCHMARKSREQUEST']._serialized_start=256
-  _globals['_LISTBENCHMARKSREQUEST']._serialized_end=279
-  _globals['_LISTBENCHMARKSRESPONSE']._serialized_start=281
-  _globals['_LISTBENCHMARKSRESPONSE']._serialized_end=349
-  _globals['_SCOREBREAKDOWN']._serialized_start=352
-  _globals['_SCOREBREAKDOWN']._serialized_end=482
-  _globals['_RUNEVALUATIONREQUEST']._serialized_start=485
-  _globals['_RUNEVALUATIONREQUEST']._serialized_end=733
-  _globals['_EVALUATION']._serialized_start=736
-  _globals['_EVALUATION']._serialized_end=1255
-  _globals['_GETEVALUATIONREQUEST']._serialized_start=1257
-  _globals['_GETEVALUATIONREQUEST']._serialized_end=1291
-  _globals['_LISTEVALUATIONSREQUEST']._serialized_start=1293
-  _globals['_LISTEVALUATIONSREQUEST']._serialized_end=1367
-  _globals['_LISTEVALUATIONSRESPONSE']._serialized_start=1369
-  _globals['_LISTEVALUATIONSRESPONSE']._serialized_end=1451
-  _globals['_DELETEEVALUATIONREQUEST']._serialized_start=1453
-  _globals['_DELETEEVALUATIONREQUEST']._serialized_end=1490
-  _globals['_DELETEEVALUATIONRESPONSE']._serialized_start=1492
-  _globals['_DELETEEVALUATIONRESPONSE']._serialized_end=1555
-  _globals['_QUESTIONRESULT']._serialized_start=1558
-  _globals['_QUESTIONRESULT']._serialized_end=1785
-  _globals['_GETEVALUATIONRESULTSREQUEST']._serialized_start=1787
-  _globals['_GETEVALUATIONRESULTSREQUEST']._serialized_end=1879
-  _globals['_GETEVALUATIONRESULTSRESPONSE']._serialized_start=1881
-  _globals['_GETEVALUATIONRESULTSRESPONSE']._serialized_end=1968
-  _globals['_WATCHEVALUATIONREQUEST']._serialized_start=1970
-  _globals['_WATCHEVALUATIONREQUEST']._serialized_end=2006
-  _globals['_EVALUATIONEVENT']._serialized_start=2009
-  _globals['_EVALUATIONEVENT']._serialized_end=2199
-  _globals['_GETLEADERBOARDREQUEST']._serialized_start=2201
-  _globals['_GETLEADERBOARDREQUEST']._serialized_end=2280
-  _globals['_LEADERBOARDENTRY']._serialized_start=2283
-  _globals['_LEADERBOARDENTRY']._serialized_end=2505
-  _globals['_GETLEADERBOARDRESPONSE']._serialized_start=2507
-  _globals['_GETLEADERBOARDRESPONSE']._serialized_end=2616
-  _globals['_BENCHMARKSERVICE']._serialized_start=2799
-  _globals['_BENCHMARKSERVICE']._serialized_end=3477
+  _globals['_BENCHMARKINFO']._serialized_end=274
+  _globals['_LISTBENCHMARKSREQUEST']._serialized_start=276
+  _globals['_LISTBENCHMARKSREQUEST']._serialized_end=299
+  _globals['_LISTBENCHMARKSRESPONSE']._serialized_start=301
+  _globals['_LISTBENCHMARKSRESPONSE']._serialized_end=369
+  _globals['_SCOREBREAKDOWN']._serialized_start=372
+  _globals['_SCOREBREAKDOWN']._serialized_end=502
+  _globals['_RUNEVALUATIONREQUEST']._serialized_start=505
+  _globals['_RUNEVALUATIONREQUEST']._serialized_end=753
+  _globals['_EVALUATION']._serialized_start=756
+  _globals['_EVALUATION']._serialized_end=1275
+  _globals['_GETEVALUATIONREQUEST']._serialized_start=1277
+  _globals['_GETEVALUATIONREQUEST']._serialized_end=1311
+  _globals['_LISTEVALUATIONSREQUEST']._serialized_start=1313
+  _globals['_LISTEVALUATIONSREQUEST']._serialized_end=1387
+  _globals['_LISTEVALUATIONSRESPONSE']._serialized_start=1389
+  _globals['_LISTEVALUATIONSRESPONSE']._serialized_end=1471
+  _globals['_DELETEEVALUATIONREQUEST']._serialized_start=1473
+  _globals['_DELETEEVALUATIONREQUEST']._serialized_end=1510
+  _globals['_DELETEEVALUATIONRESPONSE']._serialized_start=1512
+  _globals['_DELETEEVALUATIONRESPONSE']._serialized_end=1575
+  _globals['_QUESTIONRESULT']._serialized_start=1578
+  _globals['_QUESTIONRESULT']._serialized_end=1805
+  _globals['_GETEVALUATIONRESULTSREQUEST']._serialized_start=1807
+  _globals['_GETEVALUATIONRESULTSREQUEST']._serialized_end=1899
+  _globals['_GETEVALUATIONRESULTSRESPONSE']._serialized_start=1901
+  _globals['_GETEVALUATIONRESULTSRESPONSE']._serialized_end=1988
+  _globals['_WATCHEVALUATIONREQUEST']._serialized_start=1990
+  _globals['_WATCHEVALUATIONREQUEST']._serialized_end=2026
+  _globals['_EVALUATIONEVENT']._serialized_start=2029
+  _globals['_EVALUATIONEVENT']._serialized_end=2219
+  _globals['_GETLEADERBOARDREQUEST']._serialized_start=2221
+  _globals['_GETLEADERBOARDREQUEST']._serialized_end=2300
+  _globals['_LEADERBOARDENTRY']._serialized_start=2303
+  _globals['_LEADERBOARDENTRY']._serialized_end=2525
+  _globals['_GETLEADERBOARDRESPONSE']._serialized_start=2527
+  _globals['_GETLEADERBOARDRESPONSE']._serialized_end=2636
+  _globals['_BENCHMARKSERVICE']._serialized_start=2819
+  _globals['_BENCHMARKSERVICE']._serialized_end=3497
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ EVALUATION_STATUS_COMPLETED: EvaluationStatus
 EVALUATION_STATUS_FAILED: EvaluationStatus
 
 class BenchmarkInfo(_message.Message):
-    __slots__ = ("name", "display_name", "description", "size", "score_columns", "default_score_column", "needs_dataset")
+    __slots__ = ("name", "display_name", "description", "size", "score_columns", "default_score_column", "needs_dataset", "reward_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class BenchmarkInfo(_message.Message):
     SCORE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_SCORE_COLUMN_FIELD_NUMBER: _ClassVar[int]
     NEEDS_DATASET_FIELD_NUMBER: _ClassVar[int]
+    REWARD_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     display_name: str
     description: str
@@ -40,7 +41,8 @@ class BenchmarkInfo(_message.Message):
     score_columns: _containers.RepeatedScalarFieldContainer[str]
     default_score_column: str
     needs_dataset: bool
-    def __init__(self, name: _Optional[str] = ..., display_name: _Optional[str] = ..., description: _Optional[str] = ..., size: _Optional[int] = ..., score_columns: _Optional[_Iterable[str]] = ..., default_score_column: _Optional[str] = ..., needs_dataset: _Optional[bool] = ...) -> None: ...
+    reward_key: str
+    def __init__(self, name: _Optional[str] = ..., display_name: _Optional[str] = ..., description: _Optional[str] = ..., size: _Optional[int] = ..., score_columns: _Optional[_Iterable[str]] = ..., default_score_column: _Optional[str] = ..., needs_dataset: _Optional[bool] = ..., reward_key: _Optional[str] = ...) -> None: ...
 
 class ListBenchmarksRequest(_message.Message):
     __slots__ = ()

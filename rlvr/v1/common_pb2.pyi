@@ -79,20 +79,34 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class RewardConfig(_message.Message):
-    __slots__ = ("function", "synthetic_prompts", "format_bonus", "format_bonus_weight", "dataset", "dataset_split")
+    __slots__ = ("function", "synthetic_prompts", "format_bonus", "format_bonus_weight", "dataset", "dataset_split", "key", "terms", "accuracy_key")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     SYNTHETIC_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_BONUS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_BONUS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TERMS_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_KEY_FIELD_NUMBER: _ClassVar[int]
     function: RewardFunction
     synthetic_prompts: int
     format_bonus: bool
     format_bonus_weight: float
     dataset: str
     dataset_split: str
-    def __init__(self, function: _Optional[_Union[RewardFunction, str]] = ..., synthetic_prompts: _Optional[int] = ..., format_bonus: _Optional[bool] = ..., format_bonus_weight: _Optional[float] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ...) -> None: ...
+    key: str
+    terms: _containers.RepeatedCompositeFieldContainer[RewardTerm]
+    accuracy_key: str
+    def __init__(self, function: _Optional[_Union[RewardFunction, str]] = ..., synthetic_prompts: _Optional[int] = ..., format_bonus: _Optional[bool] = ..., format_bonus_weight: _Optional[float] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., key: _Optional[str] = ..., terms: _Optional[_Iterable[_Union[RewardTerm, _Mapping]]] = ..., accuracy_key: _Optional[str] = ...) -> None: ...
+
+class RewardTerm(_message.Message):
+    __slots__ = ("key", "weight")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    weight: float
+    def __init__(self, key: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class GrpoConfig(_message.Message):
     __slots__ = ("group_size", "max_completion_tokens", "lora_rank", "lora_alpha", "learning_rate", "max_steps", "batch_size")
@@ -239,7 +253,14 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors")
+    class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +283,8 @@ class MetricEvent(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -284,7 +307,9 @@ class MetricEvent(_message.Message):
     step_seconds: float
     time: _timestamp_pb2.Timestamp
     policy_lag: int
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ...) -> None: ...
+    reward_components: _containers.ScalarMap[str, float]
+    reward_errors: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
 
 class JobStatusEvent(_message.Message):
     __slots__ = ("job_id", "status", "message", "time", "adapter", "current_step")
@@ -331,20 +356,31 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class RewardComponents(_message.Message):
-    __slots__ = ("reward", "accuracy", "format", "strict", "extracted_answer", "timed_out")
+    __slots__ = ("reward", "accuracy", "format", "strict", "extracted_answer", "timed_out", "components", "error")
+    class ComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     EXTRACTED_ANSWER_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     reward: float
     accuracy: float
     format: float
     strict: bool
     extracted_answer: str
     timed_out: bool
-    def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ...) -> None: ...
+    components: _containers.ScalarMap[str, float]
+    error: str
+    def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ..., components: _Optional[_Mapping[str, float]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("path", "offset", "data", "file_size", "last")

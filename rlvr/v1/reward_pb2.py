@@ -22,36 +22,47 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rlvr.v1 import common_pb2 as rlvr_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlvr/v1/reward.proto\x12\x07rlvr.v1\x1a\x14rlvr/v1/common.proto\"5\n\tScoreItem\x12\x12\n\ncompletion\x18\x01 \x01(\t\x12\x14\n\x0cground_truth\x18\x02 \x01(\t\"\xf4\x01\n\x0cScoreRequest\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12!\n\x05items\x18\x02 \x03(\x0b\x32\x12.rlvr.v1.ScoreItem\x12\x19\n\x0c\x66ormat_bonus\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12 \n\x13\x66ormat_bonus_weight\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x1c\n\x0ftimeout_seconds\x18\x05 \x01(\x02H\x02\x88\x01\x01\x42\x0f\n\r_format_bonusB\x16\n\x14_format_bonus_weightB\x12\n\x10_timeout_seconds\"L\n\rScoreResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.rlvr.v1.RewardComponents\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\xaa\x01\n\x12GetProblemsRequest\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12$\n\x05split\x18\x02 \x01(\x0e\x32\x15.rlvr.v1.ProblemSplit\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x0f\n\x07\x64\x61taset\x18\x05 \x01(\t\x12\x15\n\rdataset_split\x18\x06 \x01(\t\"v\n\x07Problem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x0f\n\x07\x63ompact\x18\x04 \x01(\t\x12&\n\x08messages\x18\x05 \x03(\x0b\x32\x14.rlvr.v1.ChatMessage\"`\n\x13GetProblemsResponse\x12\"\n\x08problems\x18\x01 \x03(\x0b\x32\x10.rlvr.v1.Problem\x12\x10\n\x08warnings\x18\x02 \x03(\t\x12\x13\n\x0binstruction\x18\x03 \x01(\t\"\x1c\n\x1aListRewardFunctionsRequest\"\x81\x01\n\x12RewardFunctionInfo\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x15\n\rneeds_dataset\x18\x04 \x01(\x08\"M\n\x1bListRewardFunctionsResponse\x12.\n\tfunctions\x18\x01 \x03(\x0b\x32\x1b.rlvr.v1.RewardFunctionInfo*a\n\x0cProblemSplit\x12\x1d\n\x19PROBLEM_SPLIT_UNSPECIFIED\x10\x00\x12\x17\n\x13PROBLEM_SPLIT_TRAIN\x10\x01\x12\x19\n\x15PROBLEM_SPLIT_HELDOUT\x10\x02\x32\xf3\x01\n\rRewardService\x12\x36\n\x05Score\x12\x15.rlvr.v1.ScoreRequest\x1a\x16.rlvr.v1.ScoreResponse\x12H\n\x0bGetProblems\x12\x1b.rlvr.v1.GetProblemsRequest\x1a\x1c.rlvr.v1.GetProblemsResponse\x12`\n\x13ListRewardFunctions\x12#.rlvr.v1.ListRewardFunctionsRequest\x1a$.rlvr.v1.ListRewardFunctionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlvr/v1/reward.proto\x12\x07rlvr.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14rlvr/v1/common.proto\"\xe7\x01\n\tScoreItem\x12\x12\n\ncompletion\x18\x01 \x01(\t\x12\x14\n\x0cground_truth\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12&\n\x08messages\x18\x04 \x03(\x0b\x32\x14.rlvr.v1.ChatMessage\x12\x30\n\x07\x63olumns\x18\x05 \x03(\x0b\x32\x1f.rlvr.v1.ScoreItem.ColumnsEntry\x1a\x46\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"\xbb\x02\n\x0cScoreRequest\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12!\n\x05items\x18\x02 \x03(\x0b\x32\x12.rlvr.v1.ScoreItem\x12\x19\n\x0c\x66ormat_bonus\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12 \n\x13\x66ormat_bonus_weight\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x1c\n\x0ftimeout_seconds\x18\x05 \x01(\x02H\x02\x88\x01\x01\x12\x0b\n\x03key\x18\x06 \x01(\t\x12\"\n\x05terms\x18\x07 \x03(\x0b\x32\x13.rlvr.v1.RewardTerm\x12\x14\n\x0c\x61\x63\x63uracy_key\x18\x08 \x01(\tB\x0f\n\r_format_bonusB\x16\n\x14_format_bonus_weightB\x12\n\x10_timeout_seconds\"L\n\rScoreResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.rlvr.v1.RewardComponents\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\xb7\x01\n\x12GetProblemsRequest\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12$\n\x05split\x18\x02 \x01(\x0e\x32\x15.rlvr.v1.ProblemSplit\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x0f\n\x07\x64\x61taset\x18\x05 \x01(\t\x12\x15\n\rdataset_split\x18\x06 \x01(\t\x12\x0b\n\x03key\x18\x07 \x01(\t\"\xee\x01\n\x07Problem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x0f\n\x07\x63ompact\x18\x04 \x01(\t\x12&\n\x08messages\x18\x05 \x03(\x0b\x32\x14.rlvr.v1.ChatMessage\x12.\n\x07\x63olumns\x18\x06 \x03(\x0b\x32\x1d.rlvr.v1.Problem.ColumnsEntry\x1a\x46\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"`\n\x13GetProblemsResponse\x12\"\n\x08problems\x18\x01 \x03(\x0b\x32\x10.rlvr.v1.Problem\x12\x10\n\x08warnings\x18\x02 \x03(\t\x12\x13\n\x0binstruction\x18\x03 \x01(\t\"\x1c\n\x1aListRewardFunctionsRequest\"\xbe\x02\n\x12RewardFunctionInfo\x12)\n\x08\x66unction\x18\x01 \x01(\x0e\x32\x17.rlvr.v1.RewardFunction\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x15\n\rneeds_dataset\x18\x04 \x01(\x08\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x06 \x03(\t\x12\x19\n\x11\x64\x65\x66\x61ult_benchmark\x18\x07 \x01(\t\x12\x1e\n\x16\x62\x65nchmark_display_name\x18\x08 \x01(\t\x12\x13\n\x0binstruction\x18\t \x01(\t\x12\x0e\n\x06source\x18\n \x01(\t\x12\x17\n\x0f\x61\x63\x63\x65pts_dataset\x18\x0b \x01(\x08\x12\x0e\n\x06splits\x18\x0c \x03(\t\x12\x14\n\x0cheldout_size\x18\r \x01(\x05\"/\n\x11UnavailableReward\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"~\n\x1bListRewardFunctionsResponse\x12.\n\tfunctions\x18\x01 \x03(\x0b\x32\x1b.rlvr.v1.RewardFunctionInfo\x12/\n\x0bunavailable\x18\x02 \x03(\x0b\x32\x1a.rlvr.v1.UnavailableReward*a\n\x0cProblemSplit\x12\x1d\n\x19PROBLEM_SPLIT_UNSPECIFIED\x10\x00\x12\x17\n\x13PROBLEM_SPLIT_TRAIN\x10\x01\x12\x19\n\x15PROBLEM_SPLIT_HELDOUT\x10\x02\x32\xf3\x01\n\rRewardService\x12\x36\n\x05Score\x12\x15.rlvr.v1.ScoreRequest\x1a\x16.rlvr.v1.ScoreResponse\x12H\n\x0bGetProblems\x12\x1b.rlvr.v1.GetProblemsRequest\x1a\x1c.rlvr.v1.GetProblemsResponse\x12`\n\x13ListRewardFunctions\x12#.rlvr.v1.ListRewardFunctionsRequest\x1a$.rlvr.v1.ListRewardFunctionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlvr.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROBLEMSPLIT']._serialized_start=1067
-  _globals['_PROBLEMSPLIT']._serialized_end=1164
-  _globals['_SCOREITEM']._serialized_start=55
-  _globals['_SCOREITEM']._serialized_end=108
-  _globals['_SCOREREQUEST']._serialized_start=111
-  _globals['_SCOREREQUEST']._serialized_end=355
-  _globals['_SCORERESPONSE']._serialized_start=357
-  _globals['_SCORERESPONSE']._serialized_end=433
-  _globals['_GETPROBLEMSREQUEST']._serialized_start=436
-  _globals['_GETPROBLEMSREQUEST']._serialized_end=606
-  _globals['_PROBLEM']._serialized_start=608
-  _globals['_PROBLEM']._serialized_end=726
-  _globals['_GETPROBLEMSRESPONSE']._serialized_start=728
-  _globals['_GETPROBLEMSRESPONSE']._serialized_end=824
-  _globals['_LISTREWARDFUNCTIONSREQUEST']._serialized_start=826
-  _globals['_LISTREWARDFUNCTIONSREQUEST']._serialized_end=854
-  _globals['_REWARDFUNCTIONINFO']._serialized_start=857
-  _globals['_REWARDFUNCTIONINFO']._serialized_end=986
-  _globals['_LISTREWARDFUNCTIONSRESPONSE']._serialized_start=988
-  _globals['_LISTREWARDFUNCTIONSRESPONSE']._serialized_end=1065
-  _globals['_REWARDSERVICE']._serialized_start=1167
-  _globals['_REWARDSERVICE']._serialized_end=1410
+  _globals['_SCOREITEM_COLUMNSENTRY']._loaded_options = None
+  _globals['_SCOREITEM_COLUMNSENTRY']._serialized_options = b'8\001'
+  _globals['_PROBLEM_COLUMNSENTRY']._loaded_options = None
+  _globals['_PROBLEM_COLUMNSENTRY']._serialized_options = b'8\001'
+  _globals['_PROBLEMSPLIT']._serialized_start=1768
+  _globals['_PROBLEMSPLIT']._serialized_end=1865
+  _globals['_SCOREITEM']._serialized_start=86
+  _globals['_SCOREITEM']._serialized_end=317
+  _globals['_SCOREITEM_COLUMNSENTRY']._serialized_start=247
+  _globals['_SCOREITEM_COLUMNSENTRY']._serialized_end=317
+  _globals['_SCOREREQUEST']._serialized_start=320
+  _globals['_SCOREREQUEST']._serialized_end=635
+  _globals['_SCORERESPONSE']._serialized_start=637
+  _globals['_SCORERESPONSE']._serialized_end=713
+  _globals['_GETPROBLEMSREQUEST']._serialized_start=716
+  _globals['_GETPROBLEMSREQUEST']._serialized_end=899
+  _globals['_PROBLEM']._serialized_start=902
+  _globals['_PROBLEM']._serialized_end=1140
+  _globals['_PROBLEM_COLUMNSENTRY']._serialized_start=247
+  _globals['_PROBLEM_COLUMNSENTRY']._serialized_end=317
+  _globals['_GETPROBLEMSRESPONSE']._serialized_start=1142
+  _globals['_GETPROBLEMSRESPONSE']._serialized_end=1238
+  _globals['_LISTREWARDFUNCTIONSREQUEST']._serialized_start=1240
+  _globals['_LISTREWARDFUNCTIONSREQUEST']._serialized_end=1268
+  _globals['_REWARDFUNCTIONINFO']._serialized_start=1271
+  _globals['_REWARDFUNCTIONINFO']._serialized_end=1589
+  _globals['_UNAVAILABLEREWARD']._serialized_start=1591
+  _globals['_UNAVAILABLEREWARD']._serialized_end=1638
+  _globals['_LISTREWARDFUNCTIONSRESPONSE']._serialized_start=1640
+  _globals['_LISTREWARDFUNCTIONSRESPONSE']._serialized_end=1766
+  _globals['_REWARDSERVICE']._serialized_start=1868
+  _globals['_REWARDSERVICE']._serialized_end=2111
 # @@protoc_insertion_point(module_scope)

@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from rlvr.v1 import common_pb2 as _common_pb2
+from rlvr.v1 import reward_pb2 as _reward_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -174,7 +175,14 @@ class StatTiles(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors")
+    class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +192,8 @@ class SeriesPoint(_message.Message):
     COMPLETION_LENGTH_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -193,7 +203,9 @@ class SeriesPoint(_message.Message):
     completion_length: float
     format: float
     policy_lag: int
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ...) -> None: ...
+    reward_components: _containers.ScalarMap[str, float]
+    reward_errors: int
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)

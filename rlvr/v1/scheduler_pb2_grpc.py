@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from rlvr.v1 import common_pb2 as rlvr_dot_v1_dot_common__pb2
+from rlvr.v1 import reward_pb2 as rlvr_dot_v1_dot_reward__pb2
 from rlvr.v1 import scheduler_pb2 as rlvr_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -114,6 +115,11 @@ class SchedulerServiceStub:
                 '/rlvr.v1.SchedulerService/WatchLoop',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.WatchLoopRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.Loop.FromString,
+                _registered_method=True)
+        self.ListRewardFunctions = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/ListRewardFunctions',
+                request_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -247,6 +253,16 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRewardFunctions(self, request, context):
+        """The rewards a job may name: the reward service's ListRewardFunctions (its built-ins, the plugins
+        installed where it runs, its remote rewards, and those that failed to load with why), passed
+        on, so that a client of the public API offers exactly what CreateJob accepts. UNAVAILABLE
+        naming the reward service when it cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -329,6 +345,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.WatchLoop,
                     request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.WatchLoopRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_scheduler__pb2.Loop.SerializeToString,
+            ),
+            'ListRewardFunctions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRewardFunctions,
+                    request_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -763,6 +784,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/WatchLoop',
             rlvr_dot_v1_dot_scheduler__pb2.WatchLoopRequest.SerializeToString,
             rlvr_dot_v1_dot_scheduler__pb2.Loop.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRewardFunctions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/ListRewardFunctions',
+            rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
+            rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
