@@ -61,7 +61,12 @@ def _paths(desc: Descriptor, prefix: tuple[FieldDescriptor, ...] = (), depth: in
     """Every leaf field (string, number, enum) reachable from `desc`, as a path of fields."""
     for f in desc.fields:
         path = (*prefix, f)
-        if f.type == F.TYPE_MESSAGE:
+        if f.type == F.TYPE_MESSAGE and f.message_type.GetOptions().map_entry:  # a map: its key, and a scalar value
+            key, value = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
+            yield (*path, key)
+            if value.type != F.TYPE_MESSAGE:
+                yield (*path, value)
+        elif f.type == F.TYPE_MESSAGE:
             if depth < 4 and not f.message_type.full_name.startswith("google.protobuf"):
                 yield from _paths(f.message_type, path, depth + 1)
         elif f.type != F.TYPE_BOOL and f.type != F.TYPE_BYTES:
@@ -69,6 +74,9 @@ def _paths(desc: Descriptor, prefix: tuple[FieldDescriptor, ...] = (), depth: in
 
 
 def _set(msg: Message, path: tuple[FieldDescriptor, ...], value: Any) -> None:
+    if len(path) > 1 and path[-2].type == F.TYPE_MESSAGE and path[-2].message_type.GetOptions().map_entry:
+        _set_map(msg, path, value)
+        return
     for f in path[:-1]:
         msg = getattr(msg, f.name).add() if f.is_repeated else getattr(msg, f.name)
     leaf = path[-1]
@@ -76,6 +84,21 @@ def _set(msg: Message, path: tuple[FieldDescriptor, ...], value: Any) -> None:
         getattr(msg, leaf.name).append(value)
     else:
         setattr(msg, leaf.name, value)
+
+
+def _set_map(msg: Message, path: tuple[FieldDescriptor, ...], value: Any) -> None:
+    """A map field's entry: the fuzzed key with a plain value, or key "k" with the fuzzed value."""
+    for f in path[:-2]:
+        msg = getattr(msg, f.name).add() if f.is_repeated else getattr(msg, f.name)
+    container, leaf = getattr(msg, path[-2].name), path[-1]
+    entry_value = path[-2].message_type.fields_by_name["value"]
+    if leaf.name == "key":
+        if entry_value.type == F.TYPE_MESSAGE:
+            container[value].SetInParent()
+        else:
+            container[value] = 0.5
+    else:
+        container["k"] = value
 
 
 def _label(path: tuple[FieldDescriptor, ...]) -> str:
