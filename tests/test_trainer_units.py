@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument
-from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score
+from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.config import job_config, job_config_from_request
 from rlvr.services.trainer.metrics import StepRecord, metric_event
 from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
@@ -92,7 +92,10 @@ def test_version_check_names_the_stale_completion() -> None:
 def test_metric_event_has_every_field() -> None:
     record = StepRecord(step=3, adapter_version=1, policy_lag=1, completion_lengths=[3, 5, 7, 9],
                         clipped=[False, False, False, True],
-                        scores=[Score(1.1, 1, 1), Score(0.1, 0, 1), Score(0.0, 0, 0), Score(1.0, 1, 0)],
+                        scores=[Score(1.1, 1, 1, components={"gsm8k": 1.0, "length": 0.5}),
+                                Score(0.1, 0, 1, components={"gsm8k": 0.0, "length": 1.0}),
+                                Score(0.0, 0, 0, error="length: ValueError: bad"),
+                                Score(1.0, 1, 0, components={"gsm8k": 1.0, "length": 0.25})],
                         generate_seconds=0.5, score_seconds=0.01, sync_seconds=0.02)
     record.scored_at, record.optimizer_done_at = 10.0, 10.25
     record.finish()
@@ -102,6 +105,9 @@ def test_metric_event_has_every_field() -> None:
     assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
     assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)
     assert event.train_seconds == pytest.approx(0.25) and (event.adapter_version, event.policy_lag) == (1, 1)
+    # each component's mean over the step's completions, the errored one counting 0; and the errors
+    assert dict(event.reward_components) == {"gsm8k": 0.5, "length": pytest.approx(1.75 / 4)}
+    assert event.reward_errors == 1
     assert event.HasField("kl") and event.HasField("entropy") and event.HasField("time")
     assert set(METRIC_FIELDS) <= {f.name for f, _ in event.ListFields()} | {"adapter_version"}
     # KL is reported only when the KL term is computed (kl_beta > 0).
@@ -125,11 +131,11 @@ def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) ->
 
 def test_local_scorer_keeps_components_apart() -> None:
     scorer = LocalScorer(ScoreSettings("math_pairs", format_bonus=True, format_bonus_weight=0.1))
-    scores = scorer.score(
-        ["<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "<think>x</think><answer>76</answer>", "77"],
-        ["77", "77", "77"],
-    )
-    assert scores == [Score(1.1, 1.0, 1.0), Score(0.1, 0.0, 1.0), Score(1.0, 1.0, 0.0)]
+    scores = scorer.score([ScoreInput(c, "77") for c in (
+        "<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "<think>x</think><answer>76</answer>", "77")])
+    assert scores == [Score(1.1, 1.0, 1.0, True, "77", {"math_pairs": 1.0}),
+                      Score(0.1, 0.0, 1.0, False, "76", {"math_pairs": 0.0}),
+                      Score(1.0, 1.0, 0.0, True, "77", {"math_pairs": 1.0})]
 
 
 def test_event_ids_match_the_scheduler() -> None:
@@ -193,10 +199,9 @@ class _EvenOnly:
     def __init__(self) -> None:
         self.items: list[int] = []
 
-    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
-        self.items.append(len(completions))
-        return [Score(len(c) / 10 if int(t) % 2 == 0 else 0.0, 0.0, 0.0)
-                for c, t in zip(completions, ground_truths, strict=True)]
+    def score(self, items: Sequence[ScoreInput]) -> list[Score]:
+        self.items.append(len(items))
+        return [Score(len(i.completion) / 10 if int(i.ground_truth) % 2 == 0 else 0.0, 0.0, 0.0) for i in items]
 
     def close(self) -> None:
         pass
@@ -227,9 +232,10 @@ def test_a_dynamic_sampling_step_scores_each_completion_once(tmp_path: Path) -> 
     assert scorer.items == generator.rows and len(generator.rows) > 1  # further rounds, each scored once
     assert len(rows["completion_ids"]) == 4 and all(int(t) % 2 == 0 for t in rows["ground_truth"])
     texts = ["x" * len(c) for c in rows["completion_ids"]]
-    assert rows["score"] == _EvenOnly().score(texts, rows["ground_truth"])  # each row's own score
+    assert rows["score"] == _EvenOnly().score([ScoreInput(c, t) for c, t in zip(texts, rows["ground_truth"],
+                                                                                 strict=True)])  # each row's own
     assert rows["logprobs"] == [[-0.5] * len(c) for c in rows["completion_ids"]]
-    rewards = step.rewards(rows["score"], texts, rows["ground_truth"])
+    rewards = step.rewards(rows["score"], texts, rows["ground_truth"], ["question"] * len(texts))
     assert rewards == [s.reward for s in rows["score"]] and scorer.items == generator.rows  # not scored again
     # The metrics describe every completion generated, the groups not trained on included.
     assert len(step.record.scores) == len(step.record.completion_lengths) == sum(generator.rows)
@@ -247,7 +253,7 @@ def test_a_step_over_a_question_with_two_answers_scores_in_the_reward_function(t
     rows = step.rollout(["q", "q", "r", "r"])
     assert "score" not in rows and scorer.items == []
     texts = ["x" * len(c) for c in rows["completion_ids"]]
-    assert step.rewards(None, texts, ["3", "3", "4", "4"]) == [0.0, 0.0, 0.3, 0.4]
+    assert step.rewards(None, texts, ["3", "3", "4", "4"], ["q", "q", "r", "r"]) == [0.0, 0.0, 0.3, 0.4]
     assert scorer.items == [4] and step.record.scores and step.record.scored_at is not None
 
 
@@ -343,3 +349,44 @@ def test_rank_0_reports_another_ranks_failure_not_torchruns_sigterm(
     result = JobResult(job_id="x", status=status)  # type: ignore[arg-type]  # the parametrized outcome
     settle_ranks(result, tmp_path, world)
     assert (result.status, result.error) == expected
+
+
+class _Faulty:
+    """A scorer whose reward errs on the completions that say "bad"."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[ScoreInput]] = []
+
+    def score(self, items: Sequence[ScoreInput]) -> list[Score]:
+        self.calls.append(list(items))
+        return [Score(0.0, 0.0, 0.0, error="checker: ValueError: bad answer") if "bad" in i.completion
+                else Score(1.0, 1.0, 0.0, components={"checker": 1.0}) for i in items]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_steps_reward_errors_are_counted_logged_once_and_fail_the_job_only_when_all_err(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    from rlvr.services.trainer.step import RewardFailure, StepContext, StepHooks
+    from rlvr.tasks import Problem
+
+    job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=2, batch_size=4)
+    scorer = _Faulty()
+    problem = Problem("p1", "labels", "Is 2 even?", "even", columns={"choices": ["even", "odd"]})
+    ctx = StepContext(job=job, tokenizer=_Tokens(), generator=_Generator(), scorer=scorer,
+                      hooks=StepHooks(save_adapter=lambda m, s: tmp_path, publish=lambda e: None,
+                                      cancel=threading.Event()),
+                      total_steps=1, truth=None, draw=None, live=BASE_MODEL, problems={("P1", "even"): problem})
+    with caplog.at_level("WARNING", logger="rlvr.trainer.step"):
+        first = ctx.score(["good", "bad", "bad"], ["P1"] * 3, ["even"] * 3)
+        ctx.score(["bad", "good"], ["P1"] * 2, ["even"] * 2)
+    assert [s.error for s in first] == ["", "checker: ValueError: bad answer", "checker: ValueError: bad answer"]
+    # the reward reads the problem's question and columns, not the rendered prompt
+    assert scorer.calls[0][0] == ScoreInput("good", "even", "Is 2 even?", (), {"choices": ["even", "odd"]})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["job x: reward error on 2 of 3 completions (each scored 0): checker: ValueError: bad answer"]
+    with pytest.raises(RewardFailure, match="the reward failed on every completion of the step: checker: ValueError"):
+        ctx.score(["bad", "bad"], ["P1"] * 2, ["even"] * 2)

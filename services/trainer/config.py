@@ -23,8 +23,6 @@ from rlvr.jobspec import (
     MAX_ASYNC_STEPS,
     PRECISION_KEYS,
     QUANT_KEYS,
-    REWARD_KEYS,
-    SYNTHETIC_PROMPTS,
     Backend,
     LossType,
     Precision,
@@ -53,7 +51,7 @@ class JobConfig:
     base_model: str  # hub id, local path, or rlvr-tiny[-<size>]
     artifact_root: Path
     # Reward Function card
-    reward_function: RewardName
+    reward_function: RewardName  # the job's reward: a key (reward.key, the first of reward.terms)
     synthetic_prompts: int
     format_bonus: bool
     format_bonus_weight: float
@@ -102,6 +100,9 @@ class JobConfig:
     # checkpoint; `stored_steps` are the steps the scheduler stores already, not published again.
     resume: bool = False
     stored_steps: int = 0
+    # reward.terms: several rewards (key, weight) combined; () = reward_function alone with weight 1.
+    reward_terms: tuple[tuple[str, float], ...] = ()
+    accuracy_key: str = ""  # reward.accuracy_key ("" = reward_function)
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -144,7 +145,8 @@ class JobConfig:
     def from_json(cls, data: dict[str, Any]) -> JobConfig:
         """The JobConfig `to_json` wrote: the job process reads its worker's, already validated."""
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
-                      "data_roots": tuple(Path(p) for p in data["data_roots"])})
+                      "data_roots": tuple(Path(p) for p in data["data_roots"]),
+                      "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})
 
 
 def as_typed(value: float) -> float:
@@ -175,8 +177,11 @@ def job_config_from_request(
         job_id=request.job_id,
         base_model=spec.base_model,
         artifact_root=artifact_root,
-        reward_function=REWARD_KEYS[r.function],
-        synthetic_prompts=r.synthetic_prompts or SYNTHETIC_PROMPTS.default,  # 0 unless math_pairs
+        reward_function=r.key,
+        reward_terms=tuple((t.key, t.weight) for t in r.terms) if len(r.terms) > 1 else (),
+        accuracy_key=r.accuracy_key if r.accuracy_key != r.key else "",
+        # a reward that generates its prompts has the count (resolve_spec); 0 = all of the dataset's
+        synthetic_prompts=r.synthetic_prompts if r.HasField("synthetic_prompts") else 0,
         format_bonus=r.format_bonus,
         format_bonus_weight=as_typed(r.format_bonus_weight),
         dataset=r.dataset,
@@ -216,5 +221,7 @@ def job_config_from_request(
 def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any) -> JobConfig:
     """A JobConfig with the spec's defaults (resolved by `resolve_spec`, as for any submitted job) for
     every field not given: in-process runs, tests and benches."""
-    request = trainer_pb2.StartJobRequest(job_id=job_id, spec=C.JobSpec(base_model=base_model))
+    reward = C.RewardConfig(key=fields.pop("reward_function", ""), dataset=fields.pop("dataset", ""),
+                            dataset_split=fields.pop("dataset_split", ""))  # resolved as a spec's: its rules apply
+    request = trainer_pb2.StartJobRequest(job_id=job_id, spec=C.JobSpec(base_model=base_model, reward=reward))
     return replace(job_config_from_request(request, artifact_root), **fields)

@@ -40,6 +40,7 @@ from rlvr.services.trainer.prefetch import Prefetcher
 from rlvr.services.trainer.rollouts import PolicyGenerator
 from rlvr.services.trainer.scorers import Scorer
 from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
+from rlvr.tasks.base import Problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -202,7 +203,7 @@ class GrpoEngine:
         job: JobConfig,
         model: Any,  # a peft PeftModel over the (possibly quantized) base
         tokenizer: PreTrainedTokenizerBase,
-        prompts: Sequence[tuple[str, str]],  # (rendered prompt, ground truth)
+        problems: Sequence[tuple[str, Problem]],  # (rendered prompt, the problem)
         generator: PolicyGenerator,
         scorer: Scorer,
         hooks: StepHooks,
@@ -214,6 +215,7 @@ class GrpoEngine:
         from datasets import Dataset
         from transformers import PrinterCallback
 
+        prompts = [(text, p.ground_truth) for text, p in problems]
         truth = answers(prompts)
         if job.dynamic_sampling and truth is None:
             # The rollout function sees prompts, not dataset rows: one question, one answer.
@@ -223,7 +225,7 @@ class GrpoEngine:
         self.ctx = StepContext(
             job=job, tokenizer=tokenizer, generator=generator, scorer=scorer, hooks=hooks, total_steps=total_steps,
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
-            newest=job.max_async_steps > 0,
+            newest=job.max_async_steps > 0, problems={(text, p.ground_truth): p for text, p in problems},
         )
         self.step: Step | None = None  # the step in flight (or the last one)
         self.group = group or Group()
@@ -332,7 +334,7 @@ class GrpoEngine:
         self.prefetch.schedule(step.number)
         return rows
 
-    def _reward(self, completions: list[str], ground_truth: list[str], score: list[Score] | None = None,
-                **_: Any) -> list[float]:
+    def _reward(self, prompts: list[str], completions: list[str], ground_truth: list[str],
+                score: list[Score] | None = None, **_: Any) -> list[float]:
         """TRL's reward function; `score` is the rollout's per-row field (absent when it could not score)."""
-        return self.current.rewards(score, completions, ground_truth)
+        return self.current.rewards(score, completions, ground_truth, prompts)

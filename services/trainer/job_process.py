@@ -123,7 +123,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
 
     from rlvr.services.trainer.runner import JobDeps, JobResult, one_line, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings, ServiceScorer
+    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
 
     publisher = None
     result: JobResult
@@ -144,19 +144,27 @@ def run(job_dir: Path, group: Group | None = None) -> int:
                 running.current_step = resumed
                 publisher.publish_again(running, f"resume-{time.time_ns()}")
         _set_threads(settings.torch_threads, group.world)
-        score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight)
-        scorer = (LocalScorer(score_settings) if settings.scorer == "local"
-                  else ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings)))
+        notices = itertools.count(1)
+
+        def on_wait(message: str) -> None:  # a peer the job waits for: the job's status says so
+            if publisher is not None:
+                publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
+                                        f"notice:{next(notices)}")
+
+        score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight,
+                                       job.reward_terms, job.accuracy_key)
+        problems = None
+        if settings.scorer == "local":
+            scorer: LocalScorer | ServiceScorer = LocalScorer(score_settings)
+        else:
+            scorer = ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings),
+                                   wait_s=settings.reward_wait_seconds, on_wait=on_wait)
+            problems = ServiceProblems(settings.reward_address, auth=peer_auth(settings))
+            if group.is_main:
+                scorer.check()  # the job's rewards can score now: a remote reward is reachable
         generator = None
         if job.generation_backend == "vllm":
             from rlvr.services.trainer.replicas import rollout_generator
-
-            notices = itertools.count(1)
-
-            def on_wait(message: str) -> None:
-                if publisher is not None:
-                    publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
-                                            f"notice:{next(notices)}")
 
             generator = rollout_generator(settings.rollout_replicas(), wait_s=settings.rollout_wait_seconds,
                                           on_wait=on_wait, auth=peer_auth(settings))
@@ -165,7 +173,8 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         def on_step(step: int, total: int) -> None:
             artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})
 
-        deps = JobDeps(scorer=scorer, publish=publisher.publish_metric if publisher else (lambda _e: None),
+        deps = JobDeps(scorer=scorer, problems=problems,
+                       publish=publisher.publish_metric if publisher else (lambda _e: None),
                        cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
                        colocate_enforce_eager=settings.colocate_enforce_eager, group=group)
         try:

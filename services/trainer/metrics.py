@@ -62,6 +62,13 @@ def _finite(value: Any) -> float | None:  # a log value of any type: None unless
     return number if math.isfinite(number) else None
 
 
+def reward_components(scores: Sequence[Score]) -> dict[str, float]:
+    """The step's mean of each reward component over its completions (an errored completion, which
+    has none, counts 0 for each: it was scored 0)."""
+    keys = dict.fromkeys(k for s in scores for k in s.components)
+    return {k: statistics.fmean(s.components.get(k, 0.0) for s in scores) for k in keys}
+
+
 def metric_event(
     job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool
 ) -> common_pb2.MetricEvent:
@@ -91,6 +98,9 @@ def metric_event(
         sync_seconds=record.sync_seconds,
         step_seconds=record.step_seconds,
     )
+    for key, value in reward_components(scores).items():
+        event.reward_components[key] = value
+    event.reward_errors = sum(1 for s in scores if s.error)
     entropy = _finite(logs.get("entropy"))
     if entropy is not None:
         event.entropy = entropy

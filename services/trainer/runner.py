@@ -40,7 +40,8 @@ from rlvr.services.trainer.quantization import (
 )
 from rlvr.services.trainer.replicas import ReplicatedGenerator
 from rlvr.services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
-from rlvr.services.trainer.scorers import Scorer
+from rlvr.services.trainer.scorers import LocalProblems, ProblemSource, Scorer
+from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class JobDeps:
     # This process's rank in a job of advanced.num_processes processes (distributed.py): rank 0
     # alone saves, pushes and publishes; the default is a job of one process.
     group: Group = field(default_factory=Group)
+    # Where the training problems come from (scorers.py): the reward service, or (None) this
+    # process's registry.
+    problems: ProblemSource | None = None
 
 
 @dataclass
@@ -236,19 +240,32 @@ def stacked_rank(job: JobConfig, init: stacking.Adapter | None, model: Any) -> i
         raise FailedPrecondition(f"init_adapter: {job.init_adapter_label!r} cannot be stacked on: {e}") from e
 
 
-def training_prompts(job: JobConfig, tokenizer: Any) -> list[tuple[str, str]]:
-    """(rendered prompt, ground truth) of every training problem, rendered for this model."""
-    from rlvr.tasks import get_task, render_prompt
-
-    task = get_task(job.reward_function, dataset=job.dataset or None, data_roots=job.data_roots)
-    count = job.synthetic_prompts if job.reward_function == "math_pairs" else None
-    # reward.dataset_split for GSM8K and boxed datasets (Math Pairs generates its training set);
-    # always in a seeded order, whichever split a job trains on.
-    split = "train" if job.reward_function == "math_pairs" else job.dataset_split
-    problems = task.prompts(count, seed=job.seed, split=split, shuffle=True)
+def training_problems(job: JobConfig, source: ProblemSource | None = None) -> tuple[list[Problem], str | None]:
+    """Every training problem of the job (a seeded order, whichever split it trains on) and the
+    instruction to render them with (None: the registry's), from `source` (default: this process's
+    registry, LocalProblems). A reward that generates its prompts makes `synthetic_prompts` of them."""
+    source = source or LocalProblems(job.data_roots)
+    split = job.dataset_split if (job.dataset or not job.synthetic_prompts) else "train"
+    problems, instruction = source.training(job.reward_function, job.synthetic_prompts or None, job.seed,
+                                            job.dataset, split)
     if not problems:
         raise ValueError(f"reward.dataset: {job.dataset!r} has no training problems")
-    return [(render_prompt(tokenizer, p), p.ground_truth) for p in problems]
+    return problems, instruction
+
+
+def training_prompts(job: JobConfig, tokenizer: Any, source: ProblemSource | None = None) -> list[tuple[str, str]]:
+    """(rendered prompt, ground truth) of every training problem, rendered for this model."""
+    return [(text, p.ground_truth) for text, p in rendered_problems(job, tokenizer, source)]
+
+
+def rendered_problems(job: JobConfig, tokenizer: Any, source: ProblemSource | None = None
+                      ) -> list[tuple[str, Problem]]:
+    """(rendered prompt, the problem) of every training problem: the rewards read the problem's
+    question and columns beside the completion."""
+    from rlvr.tasks import render_prompt
+
+    problems, instruction = training_problems(job, source)
+    return [(render_prompt(tokenizer, p, instruction=instruction), p) for p in problems]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -301,7 +318,7 @@ def _publish_init(job: JobConfig, generator: PolicyGenerator) -> AdapterTag:
 
 
 def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | None, device: str,
-                    enforce_eager: bool | None) -> ColocatedGenerator:
+                    enforce_eager: bool | None, problems: ProblemSource | None = None) -> ColocatedGenerator:
     """The vllm_colocate engine of a job, started before the policy is loaded (on CPU the memory
     fraction counts the whole process: colocate.py), on the job's own device, with room for the
     adapter the job publishes (init + lora_rank for a stacked job) and for its longest prompt
@@ -323,7 +340,8 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
         positions = getattr(AutoConfig.from_pretrained(base_path), "max_position_embeddings", None)
     except OSError as e:  # as load_policy says it
         raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
-    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p, _ in training_prompts(job, tokenizer))
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"])
+                  for p, _ in training_prompts(job, tokenizer, problems))
     max_model_len = longest + job.max_completion_tokens
     if positions and max_model_len > positions:
         raise FailedPrecondition(f"grpo.max_completion_tokens: {job.max_completion_tokens} plus the longest prompt "
@@ -379,7 +397,7 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     owned: PolicyGenerator | None = None  # a generator this job makes is closed when it ends
     try:
         if job.generation_backend == "vllm_colocate" and deps.generator is None:
-            owned = start_colocated(job, base_path, init, device, deps.colocate_enforce_eager)
+            owned = start_colocated(job, base_path, init, device, deps.colocate_enforce_eager, deps.problems)
         _train(job, deps, result, device, base_path, init, owned)
     finally:
         if owned is not None:
@@ -431,7 +449,8 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
 
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)
-    prompts = training_prompts(job, tokenizer)
+    rendered = rendered_problems(job, tokenizer, deps.problems)
+    prompts = [(text, p.ground_truth) for text, p in rendered]
     total = job.steps_for(len(prompts))
     result.total_steps = total
     if job.generation_backend == "vllm":
@@ -472,7 +491,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     log.info("job %s: %d steps of %d completions (%d prompts x %d) on %s, backend %s, %s",
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)
-    engine = GrpoEngine(job, model, tokenizer, prompts, generator, deps.scorer, hooks, total, initial,
+    engine = GrpoEngine(job, model, tokenizer, rendered, generator, deps.scorer, hooks, total, initial,
                         use_cpu=device == "cpu", group=group)
     checkpoint = None
     if resume is not None:

@@ -35,6 +35,9 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     """A job whose rollout server goes away (killed, restarting: vLLM takes tens of seconds to
     start) waits this long for it, then fails naming the rollout service; while it waits, the
     job's status message says so."""
+    reward_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """A job whose reward service (or a remote reward it forwards to) goes away waits this long for
+    it, then fails naming it; while it waits, the job's status message says so."""
     publish_flush_seconds: float = Field(default=30.0, ge=0.0, le=600.0)
     """At the end of a job: how long to keep trying to publish unsent events to NATS."""
     torch_threads: int = Field(default=0, ge=0, le=1024)

@@ -36,20 +36,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
 from rlvr.services.trainer.metrics import StepRecord, metric_event
 from rlvr.services.trainer.rollouts import PolicyGenerator, RolloutBatch
 from rlvr.services.trainer.scorers import Scorer
+from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 
 log = logging.getLogger("rlvr.trainer.step")
+
+
+class RewardFailure(RuntimeError):
+    """Every completion of a step errored in the reward: the job fails with the reward's message."""
 
 
 @dataclass
@@ -96,7 +102,29 @@ class StepContext:
     # Asynchronous steps (prefetch.py): generate from the newest version of `live`'s name the
     # generator serves, whichever it is when the request lands (`generate_newest`).
     newest: bool = False
+    # (rendered prompt, ground truth) -> its problem: what the rewards read besides the completion
+    problems: dict[tuple[str, str], Problem] = field(default_factory=dict)
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    _errors_seen: set[str] = field(default_factory=set)
+
+    def score(self, completions: Sequence[str], prompts: Sequence[str], truths: Sequence[str]) -> list[Score]:
+        """Each completion scored with the job's rewards, given its prompt's problem (its question
+        and columns); a reward's faults logged once per distinct error. Every completion erring
+        is the reward's failure, and the job's (RewardFailure)."""
+        items = []
+        for completion, prompt, truth in zip(completions, prompts, truths, strict=True):
+            problem = self.problems.get((prompt, truth))
+            items.append(ScoreInput.of(completion, problem) if problem is not None else ScoreInput(completion, truth))
+        scores = self.scorer.score(items)
+        errors = Counter(s.error for s in scores if s.error)
+        for error, count in errors.items():
+            if error not in self._errors_seen:
+                self._errors_seen.add(error)
+                log.warning("job %s: reward error on %d of %d completions (each scored 0): %s", self.job.job_id,
+                            count, len(scores), error)
+        if scores and sum(errors.values()) == len(scores):
+            raise RewardFailure(f"the reward failed on every completion of the step: {errors.most_common(1)[0][0]}")
+        return scores
 
     def ids(self, prompt: str) -> list[int]:
         ids = self._prompt_ids.get(prompt)
@@ -186,7 +214,7 @@ class Step:
         g = self.ctx.job.group_size
         started = time.perf_counter()
         texts = self.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-        scores = self.ctx.scorer.score(texts, [t for t in truths for _ in range(g)])
+        scores = self.ctx.score(texts, [p for p in prompts for _ in range(g)], [t for t in truths for _ in range(g)])
         self.record.score_seconds += time.perf_counter() - started
         return split_groups(batch, prompts, truths, scores, g, self.version(batch.adapter))
 
@@ -212,12 +240,13 @@ class Step:
 
     # 3. update (TRL) -----------------------------------------------------------------------------
 
-    def rewards(self, scores: Sequence[Score] | None, completions: list[str], ground_truth: list[str]) -> list[float]:
+    def rewards(self, scores: Sequence[Score] | None, completions: list[str], ground_truth: list[str],
+                prompts: list[str]) -> list[float]:
         """TRL's reward function: the rows' total rewards, from the scores the rollout attached
         (`scores`); only rows that came unscored (see the module's doc) are scored here."""
         if scores is None:
             started = time.perf_counter()
-            scores = self.ctx.scorer.score(completions, ground_truth)
+            scores = self.ctx.score(completions, prompts, ground_truth)
             self.record.scores = scores
             self.record.score_seconds += time.perf_counter() - started
             self.record.scored_at = time.perf_counter()
