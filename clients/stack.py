@@ -191,7 +191,8 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
         if cfg.rollout_replicas > 1:
             cmd += ["--rollout-addresses", ",".join(a[n] for n in cfg.names if service_of(n) == "rollout")]
     if name == "scheduler":
-        cmd += ["--trainer-addresses", a["trainer"], "--benchmark-address", a["benchmark"]]
+        cmd += ["--trainer-addresses", a["trainer"], "--benchmark-address", a["benchmark"],
+                "--reward-address", a["reward"]]
     if name == "benchmark":  # trained adapters it may upload for an evaluation: the stack's own
         cmd += ["--adapter-roots", artifacts]
     if name == "rollout":

@@ -15,6 +15,7 @@ Conventions:
   datetime is refused (it would be silently read as UTC on one database and local time on another).
 """
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -132,13 +133,21 @@ class MetricPointRow(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)  # the event's time
     # Added after the first release: `Store.create_all` adds it to an older table (ADDED_COLUMNS).
     policy_lag: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # MetricEvent.reward_components as a JSON object {"<key>": mean, ...}; added later, as above.
+    reward_components: str = Field(default="{}", sa_type=Text, sa_column_kwargs={"server_default": text("'{}'")})
+    reward_errors: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+
+    def components(self) -> dict[str, float]:
+        """reward_components as a mapping."""
+        return {str(k): float(v) for k, v in json.loads(self.reward_components or "{}").items()}
 
 
 # Columns added to a table after databases were made with it: (table, column). `Store.create_all`
 # adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
 # database takes the new metric without a migration tool. Only columns with a server default.
 ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"),
-                                              ("jobs", "resumes"))
+                                              ("jobs", "resumes"), ("metric_points", "reward_components"),
+                                              ("metric_points", "reward_errors"))
 
 
 class LoopRow(SQLModel, table=True):
@@ -291,7 +300,9 @@ def metric_point_from_event(event: Any) -> MetricPointRow:
     for name in MetricPointRow.model_fields:
         if name == "created_at":
             continue
-        if fields[name].has_presence and not event.HasField(name):
+        if fields[name].message_type is not None and fields[name].message_type.GetOptions().map_entry:
+            values[name] = json.dumps(dict(sorted(getattr(event, name).items())))  # a map field, as JSON
+        elif fields[name].has_presence and not event.HasField(name):
             values[name] = None
         else:
             values[name] = getattr(event, name)

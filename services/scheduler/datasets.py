@@ -1,10 +1,12 @@
 """What CreateJob (and CreateLoop) can check of a job's dataset before anything is queued.
 
-A Boxed-answer job names its data: a local file or folder under the data roots, or a hub dataset.
+A job whose reward reads a dataset (Boxed-answer accuracy, a plugin's, the code reward given one)
+names its data: a local file or folder under the data roots, or a hub dataset.
 A dataset that cannot be read would otherwise fail the job 10-35 s later at dispatch; here it is
 INVALID_ARGUMENT naming `reward.dataset` (or `reward.dataset_split`, listing the splits the data has)
 and nothing is created. Local data is checked for real: the path is inside a data root, the split
-exists, and its first row has the prompt and ground_truth columns (only the head is read). A hub
+exists, and its first row has the prompt and ground_truth columns and every column the job's rewards
+declare they read (only the head is read; a missing one is named with the reward). A hub
 name is checked for its shape, and for a hub this scheduler can reach: on a closed machine it is
 refused at once with that reason, instead of a trainer finding out later.
 """
@@ -15,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.rewards.registry import Catalog
 from rlvr.tasks import TaskError
-from rlvr.tasks.boxed import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
+from rlvr.tasks.dataset import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
 from rlvr.tasks.sources import (
     check_hub_name,
     dataset_splits,
@@ -29,10 +32,10 @@ from rlvr.tasks.sources import (
 from rlvr.v1 import common_pb2
 
 
-def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path]) -> None:
+def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], catalog: Catalog | None = None) -> None:
     """Raises InvalidArgument when a resolved spec's dataset or split cannot be trained on."""
-    if reward.function != common_pb2.REWARD_FUNCTION_BOXED:
-        return  # Math Pairs makes its prompts; GSM8K's built-in splits are checked by resolve_spec
+    if not reward.dataset:
+        return  # the reward makes its prompts; the splits of a reward's own data are checked by resolve_spec
     source, split = reward.dataset, reward.dataset_split
     try:
         if looks_local(source):
@@ -60,3 +63,9 @@ def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path]) -
     if missing:
         raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {' and no '.join(map(repr, missing))} "
                               f"column; columns present: {columns}")
+    for term in reward.terms or [common_pb2.RewardTerm(key=reward.key)]:
+        info = (catalog.rewards if catalog is not None else {}).get(term.key)
+        lacking = [c for c in (info.columns if info is not None else ()) if c not in columns]
+        if info is not None and lacking:
+            raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {lacking[0]!r} column, which the "
+                                  f"{info.display_name} reward ({term.key}) reads; columns present: {columns}")

@@ -63,6 +63,7 @@ from rlvr.infra.events import (
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.jobspec import ResolvedJob, job_status_name, job_status_value, resolve_spec
+from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import (
     TERMINAL,
     job_to_proto,
@@ -73,6 +74,7 @@ from rlvr.services.scheduler.convert import (
 )
 from rlvr.services.scheduler.datasets import check_dataset
 from rlvr.services.scheduler.fit import fit, queue_reason
+from rlvr.services.scheduler.rewards import LocalRewards, RewardCatalogs
 from rlvr.services.scheduler.workers import (
     JobNotOnWorker,
     WorkerBusy,
@@ -108,8 +110,9 @@ MAX_RESUMES = 3
 
 class JobManager:
     def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
-                 data_roots: Sequence[Path] = ()) -> None:
+                 data_roots: Sequence[Path] = (), rewards: RewardCatalogs | None = None) -> None:
         self.store = store
+        self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
         self.bus = bus
         self.workers = workers
@@ -149,8 +152,9 @@ class JobManager:
     # ------------------------------------------------------------------ API
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
-        resolved = resolve_spec(spec)
-        await self.check_data(resolved.spec)
+        catalog = await self.rewards.catalog()
+        resolved = resolve_spec(spec, catalog=catalog)
+        await self.check_data(resolved.spec, catalog)
         if resolved.spec.HasField("init_adapter") and (resolved.spec.init_adapter.name or resolved.spec.init_adapter.path):
             resolved.spec.init_adapter.CopyFrom(await self.resolve_adapter(resolved.spec.init_adapter))
         if dry_run:
@@ -175,9 +179,10 @@ class JobManager:
         await self.notify()
         self._wake.set()
 
-    async def check_data(self, spec: common_pb2.JobSpec) -> None:
-        """INVALID_ARGUMENT now for a dataset the trainer could not read (services/scheduler/datasets.py)."""
-        await asyncio.to_thread(check_dataset, spec.reward, self.data_roots)
+    async def check_data(self, spec: common_pb2.JobSpec, catalog: Catalog | None = None) -> None:
+        """INVALID_ARGUMENT now for a dataset the trainer could not read, or that lacks a column the
+        job's rewards read (services/scheduler/datasets.py)."""
+        await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog)
 
     async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:
         """A job's adapter named in a spec (`init_adapter`), with the folder the trainer reads.

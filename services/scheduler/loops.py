@@ -127,12 +127,13 @@ class LoopManager:
     async def create(self, spec: scheduler_pb2.LoopSpec, dry_run: bool) -> tuple[ResolvedLoop, scheduler_pb2.Loop | None]:
         # What needs no peer first: a bad spec is refused at once, not after the benchmark service's
         # retries when that service is down.
-        own = check_own_fields(spec, self.max_lora_rank)
+        catalog = await self.jobs.rewards.catalog()
+        own = check_own_fields(spec, self.max_lora_rank, catalog)
         try:
-            await self.jobs.check_data(own.spec.job)
+            await self.jobs.check_data(own.spec.job, catalog)
         except InvalidArgument as e:
             raise InvalidArgument(f"job.{e}") from None
-        resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank)
+        resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank, catalog)
         if dry_run:
             return resolved, None
         now = _now()

@@ -20,24 +20,18 @@ from rlvr.jobspec import (
     MAX_NAME_CHARS,
     MAX_SPLIT_CHARS,
     NAME_RE,
-    REWARD_NAMES,
     IntRange,
     ResolvedJob,
     resolve_spec,
 )
-from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
+from rlvr.rewards.registry import Catalog, load_registry
+from rlvr.v1 import benchmark_pb2, scheduler_pb2
 
 MAX_ROUNDS = IntRange(1, 100, 8)
 GIVE_UP_AFTER = IntRange(1, 100, 2)
 MIN_GAIN = (0.0, 100.0)  # points
 TARGET = (0.0, 100.0)  # percent, (low, high]
 DEFAULT_BENCHMARK_SPLIT = "test"
-# The benchmark whose questions a reward function's training prompts are drawn beside.
-BENCHMARK_OF_REWARD = {
-    common_pb2.REWARD_FUNCTION_MATH_PAIRS: "rlvr-math-pairs-heldout",
-    common_pb2.REWARD_FUNCTION_GSM8K: "gsm8k",
-    common_pb2.REWARD_FUNCTION_BOXED: "boxed",
-}
 
 
 @dataclass
@@ -47,21 +41,28 @@ class ResolvedLoop:
     warnings: list[str]
 
 
-def _job_spec(spec: scheduler_pb2.LoopSpec) -> ResolvedJob:
+def _job_spec(spec: scheduler_pb2.LoopSpec, catalog: Catalog | None) -> ResolvedJob:
     if spec.job.HasField("init_adapter") and (spec.job.init_adapter.name or spec.job.init_adapter.path):
         raise InvalidArgument("job.init_adapter: must be unset; a loop chooses each round's starting adapter "
                               "itself (round 1 the base model, then the best round so far)")
     try:
-        return resolve_spec(spec.job)
+        return resolve_spec(spec.job, catalog=catalog)
     except InvalidArgument as e:
         raise InvalidArgument(f"job.{e}") from None
 
 
-def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.BenchmarkInfo]
-               ) -> benchmark_pb2.BenchmarkInfo:
+def benchmark_of(key: str, catalog: Catalog | None = None) -> str:
+    """The benchmark a reward declares (its held-out split's): the one a loop scores its rounds on
+    by default."""
+    known = (catalog or load_registry()).rewards
+    return known[key].benchmark if key in known else key
+
+
+def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
+               catalog: Catalog | None) -> benchmark_pb2.BenchmarkInfo:
     """The benchmark named, or by default the one of the task the rounds train on."""
     names = ", ".join(b.name for b in benchmarks)
-    spec.benchmark = spec.benchmark.strip() or BENCHMARK_OF_REWARD[spec.job.reward.function]
+    spec.benchmark = spec.benchmark.strip() or benchmark_of(spec.job.reward.key, catalog)
     for info in benchmarks:
         if info.name == spec.benchmark:
             return info
@@ -69,7 +70,8 @@ def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.
                           f"choose one of {names}")
 
 
-def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int) -> ResolvedLoop:
+def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, catalog: Catalog | None = None
+                     ) -> ResolvedLoop:
     """The checks that need no benchmark list (sizes, target, rounds, the job spec, the seeds and
     ranks the rounds reach): CreateLoop runs them before it asks the benchmark service, so a bad
     spec is refused at once even while that service is down. The spec it returns still has the
@@ -95,7 +97,7 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int) -> R
         raise out_of_range("min_gain", spec.min_gain, "0-100 points (unset = one standard error of the best "
                                                       "score at the benchmark's question count)")
 
-    job = _job_spec(spec)
+    job = _job_spec(spec, catalog)
     spec.job.CopyFrom(job.spec)
     warnings += job.warnings
 
@@ -118,13 +120,15 @@ def resolve_loop_spec(
     user_spec: scheduler_pb2.LoopSpec,
     benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
     max_lora_rank: int,
+    catalog: Catalog | None = None,
 ) -> ResolvedLoop:
-    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value."""
-    own = check_own_fields(user_spec, max_lora_rank)
+    """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value.
+    `catalog`: the reward service's rewards (resolve_spec's)."""
+    own = check_own_fields(user_spec, max_lora_rank, catalog)
     spec, job, warnings = own.spec, own.job, own.warnings
     named_job = bool(user_spec.job.name)
 
-    info = _benchmark(spec, benchmarks)
+    info = _benchmark(spec, benchmarks, catalog)
     column = spec.score_column.strip() or info.default_score_column
     if column not in info.score_columns:
         raise InvalidArgument(f"score_column: {shown(column)} is not a score column of {info.name}; choose one of "
@@ -134,12 +138,13 @@ def resolve_loop_spec(
         allowed = f"0-{info.size} (0 = all {info.size} questions)" if info.size else ">= 0 (0 = all)"
         raise out_of_range("benchmark_limit", spec.benchmark_limit, allowed)
     if info.needs_dataset:
-        trains_boxed = spec.job.reward.function == common_pb2.REWARD_FUNCTION_BOXED
-        spec.benchmark_dataset = spec.benchmark_dataset.strip() or (spec.job.reward.dataset if trains_boxed else "")
+        # the benchmark of the reward the rounds train with scores the same data's held-out split
+        same_reward = (info.reward_key or info.name) == spec.job.reward.key
+        spec.benchmark_dataset = spec.benchmark_dataset.strip() or (spec.job.reward.dataset if same_reward else "")
         if not spec.benchmark_dataset:
             raise InvalidArgument(f"benchmark_dataset: required for the {info.name} benchmark (a hub dataset or a "
                                   "local JSONL/Parquet/CSV file with prompt and ground_truth columns); it defaults "
-                                  "to the job's reward.dataset when the job trains on boxed answers")
+                                  "to the job's reward.dataset when the job trains with that benchmark's reward")
         spec.benchmark_dataset_split = spec.benchmark_dataset_split.strip() or DEFAULT_BENCHMARK_SPLIT
     elif spec.benchmark_dataset or spec.benchmark_dataset_split:
         given = "benchmark_dataset" if spec.benchmark_dataset else "benchmark_dataset_split"
@@ -153,8 +158,6 @@ def resolve_loop_spec(
     if not named_job:  # the rounds' jobs are "<loop name> R<k>"
         spec.job.name = job.spec.name = spec.name
 
-    expected = BENCHMARK_OF_REWARD.get(spec.job.reward.function)
-    if expected != info.name:
-        warnings.append(f"the rounds train on {REWARD_NAMES[spec.job.reward.function]} but are scored on "
-                        f"{info.name}")
+    if benchmark_of(spec.job.reward.key, catalog) != info.name:
+        warnings.append(f"the rounds train on {job.summary.reward} but are scored on {info.name}")
     return ResolvedLoop(spec=spec, job=job, warnings=warnings)

@@ -55,7 +55,8 @@ def compute_trend(steps: Sequence[int], values: Sequence[float]) -> scheduler_pb
 def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
     s = scheduler_pb2.SeriesPoint(step=point.step, reward=point.reward_mean, accuracy=point.accuracy,
                                   loss=point.loss, completion_length=point.completion_length_mean,
-                                  format=point.format, policy_lag=point.policy_lag)
+                                  format=point.format, policy_lag=point.policy_lag,
+                                  reward_components=point.components(), reward_errors=point.reward_errors)
     if point.kl is not None:
         s.kl = point.kl
     if point.entropy is not None:
@@ -106,6 +107,8 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
 
 EXPORT_COLUMNS: tuple[str, ...] = tuple(f.name for f in common_pb2.MetricEvent.DESCRIPTOR.fields)
 """The export's columns: the MetricEvent fields, in the contract's order (`time` as RFC 3339 UTC)."""
+MAP_COLUMNS = frozenset(f.name for f in common_pb2.MetricEvent.DESCRIPTOR.fields
+                        if f.message_type is not None and f.message_type.GetOptions().map_entry)
 
 _FORMATS: dict[int, tuple[str, str]] = {
     scheduler_pb2.EXPORT_FORMAT_UNSPECIFIED: ("csv", "text/csv"),
@@ -137,7 +140,9 @@ def _csv(rows: list[dict[str, object]]) -> str:
 
 
 def _jsonl(rows: list[dict[str, object]]) -> str:
-    return "".join(json.dumps(row) + "\n" for row in rows)
+    # a map column (reward_components) is stored as JSON text: an object in JSONL, the text in CSV
+    return "".join(json.dumps({k: json.loads(str(v)) if k in MAP_COLUMNS else v for k, v in row.items()}) + "\n"
+                   for row in rows)
 
 
 _WRITERS: dict[str, Callable[[list[dict[str, object]]], str]] = {"csv": _csv, "jsonl": _jsonl}

@@ -17,11 +17,13 @@ from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
+from rlvr.peers.types import catalog_proto
 from rlvr.services.common.server import GrpcService
 from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
+from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
 from rlvr.services.scheduler.settings import SchedulerSettings
 from rlvr.services.scheduler.workers import GrpcWorkers
 from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -118,6 +120,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         async for loop in self._loops().watch(request.id):
             yield loop
 
+    async def ListRewardFunctions(self, request, context):  # noqa: N802
+        catalog = await self._jobs().rewards.catalog()
+        if isinstance(catalog, Unreached):
+            raise Unavailable(f"the reward service at {catalog.address} is unreachable ({catalog.why}); only the "
+                              f"built-in rewards can be named now: {', '.join(catalog.rewards)}")
+        return catalog_proto(catalog)
+
 
 class SchedulerCore:
     """Opens the store and the bus, runs the job manager."""
@@ -135,7 +144,8 @@ class SchedulerCore:
         self.store = await open_store(s)
         self.bus = await open_bus(s, "scheduler")
         s.artifact_root.mkdir(parents=True, exist_ok=True)
-        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)), data_roots=s.data_roots)
+        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)), data_roots=s.data_roots,
+                          rewards=GrpcRewards(s.reward_address, auth=peer_auth(s)))
         await jobs.start()
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)

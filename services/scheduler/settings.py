@@ -25,6 +25,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """Trainer workers (HOST:PORT, JSON list or comma list); one job per worker at a time."""
     benchmark_address: str = local_address("benchmark")
     """The benchmark service, for training loops."""
+    reward_address: str = local_address("reward")
+    """The reward service: CreateJob and CreateLoop check a job's reward against the rewards it has
+    (ListRewardFunctions)."""
     max_lora_rank: int = Field(default=64, ge=4, le=512)
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
     adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
