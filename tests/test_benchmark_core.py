@@ -15,9 +15,10 @@ import pytest
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
-from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
+from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.rewards.scoring import score
-from rlvr.services.benchmark.catalog import BENCHMARKS, tally
+from rlvr.services.benchmark.catalog import benchmarks_of, tally
 from rlvr.services.benchmark.evaluations import INTERRUPTED, EvaluationManager
 from rlvr.services.benchmark.events import MemoryEvents
 from rlvr.services.benchmark.planning import RolloutModel
@@ -90,9 +91,12 @@ class LocalPeers:
             out.append(Answer(q.index, text, reason, self.stamp or adapter))  # type: ignore[arg-type]
         return out
 
-    async def score(self, function: str, items: Sequence[tuple[str, str]]) -> list[Score]:
-        results = [score(function, c, g) for c, g in items]  # type: ignore[arg-type]
+    async def score(self, function: str, items: Sequence[ScoreInput]) -> list[Score]:
+        results = [score(function, i.completion, i.ground_truth) for i in items]
         return [Score.of(r) for r in results]
+
+    async def rewards(self) -> Catalog:
+        return load_registry().catalog()
 
 
 def request(benchmark: str = "rlvr-math-pairs-heldout", limit: int = 12, **kw) -> B.RunEvaluationRequest:
@@ -222,7 +226,7 @@ async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_p
         (request(sampling=C.SamplingParams(temperature=3)), InvalidArgument, "sampling.temperature"),
         (request(sampling=C.SamplingParams(max_tokens=8)), InvalidArgument, "sampling.max_tokens"),
         (request(sampling=C.SamplingParams(max_tokens=600)), InvalidArgument, "max_model_len 512"),
-        (request(dataset="x.jsonl"), InvalidArgument, "only the boxed benchmark"),
+        (request(dataset="x.jsonl"), InvalidArgument, "only a benchmark that takes a dataset does (boxed)"),
         (request("boxed"), InvalidArgument, "dataset: required"),
         (request("boxed", dataset=str(tmp_path / "no_columns.jsonl")), InvalidArgument, "'prompt'"),
         (request(adapter=C.AdapterSelector(name="nobody")), NotFound, "job-1 v3"),
@@ -293,7 +297,10 @@ async def test_interrupted_evaluations_fail_on_stop_and_on_restart(sqlite_store:
 
 def test_catalog() -> None:
     infos = {b.name: b for b in EvaluationManager.benchmarks()}
-    assert set(infos) == set(BENCHMARKS) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed"}
+    # every built-in reward makes one (the registry), named by the reward's default_benchmark
+    assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed"}
+    assert {b.name: b.reward_key for b in infos.values()} == {"rlvr-math-pairs-heldout": "math_pairs",
+                                                              "gsm8k": "gsm8k", "boxed": "boxed"}
     assert infos["rlvr-math-pairs-heldout"].size == 500 and infos["rlvr-math-pairs-heldout"].display_name == \
         "RLVR Math Pairs held-out"
     assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000

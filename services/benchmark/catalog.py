@@ -1,9 +1,11 @@
 """The benchmarks the service knows, and the score breakdown of an evaluation.
 
-A benchmark is a reward function plus a fixed question set: the held-out Math Pairs problems
-(the very set `rlvr models build-tiny` measures), the bundled GSM8K test split, or any dataset with
-`prompt` and `ground_truth` columns scored on its boxed answer. Questions come from the reward
-service's held-out split, so training and benchmarking share one definition of each task.
+A benchmark is a reward plus a fixed question set, its held-out split: every reward the reward
+service has makes one, named by the reward's `default_benchmark` (the held-out Math Pairs problems,
+the very set `rlvr models build-tiny` measures; the bundled GSM8K test split; any dataset with
+`prompt` and `ground_truth` columns scored on its boxed answer; a plugin's dataset scored by it).
+Questions come from the reward service's held-out split, so training and benchmarking share one
+definition of each task.
 
 The score columns, as protos/rlvr/v1/benchmark.proto defines them (n = questions evaluated):
 accuracy = correct final answers, wherever they stand / n; accuracy_strict = correct and written
@@ -15,16 +17,13 @@ off at the length limit / n.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Literal
 
 from rlvr.common.errors import InvalidArgument
-from rlvr.tasks import math_pairs
-from rlvr.tasks.gsm8k import BUNDLED_DIR
+from rlvr.rewards.registry import Catalog, RewardInfo, load_registry
 
-RewardName = Literal["math_pairs", "gsm8k", "boxed"]
+RewardName = str  # a reward's key
 SCORE_COLUMNS: tuple[str, ...] = ("accuracy", "accuracy_strict", "format", "answered")
 DEFAULT_SCORE_COLUMN = "accuracy"
 
@@ -37,57 +36,34 @@ class Benchmark:
     reward_function: RewardName
     needs_dataset: bool = False
     default_score_column: str = DEFAULT_SCORE_COLUMN
+    size: int = 0  # questions in the whole benchmark (0 when it depends on the dataset)
+    accepts_dataset: bool = False  # it has questions of its own, and takes a dataset's instead
 
     @property
-    def size(self) -> int:
-        """Questions in the whole benchmark (0 when it depends on the dataset)."""
-        if self.reward_function == "math_pairs":
-            return math_pairs.DEFAULT_HELDOUT_N
-        if self.reward_function == "gsm8k":
-            return _gsm8k_test_size()
-        return 0
+    def takes_dataset(self) -> bool:
+        return self.needs_dataset or self.accepts_dataset
+
+    @classmethod
+    def of(cls, reward: RewardInfo) -> Benchmark:
+        """The benchmark a reward makes of its held-out split."""
+        return cls(name=reward.benchmark, display_name=reward.benchmark_title,
+                   description=f"The held-out split of {reward.display_name}: {reward.description}".rstrip(": "),
+                   reward_function=reward.key, needs_dataset=reward.needs_dataset, size=reward.heldout_size,
+                   accepts_dataset=reward.accepts_dataset)
 
 
-@lru_cache(maxsize=1)
-def _gsm8k_test_size() -> int:
-    with (BUNDLED_DIR / "test.jsonl").open(encoding="utf-8") as f:
-        return sum(1 for line in f if line.strip())
+def benchmarks_of(catalog: Catalog | None = None) -> dict[str, Benchmark]:
+    """Every reward's benchmark, by name (catalog: the reward service's; default this process's)."""
+    return {b.name: b for b in (Benchmark.of(i) for i in (catalog or load_registry().catalog()).infos())}
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    b.name: b
-    for b in (
-        Benchmark(
-            "rlvr-math-pairs-heldout",
-            "RLVR Math Pairs held-out",
-            "Held-out Math Pairs problems (add adjacent pairs, multiply the sums), never a training "
-            "prompt of any seed; the set `rlvr models build-tiny` reports its accuracy on.",
-            "math_pairs",
-        ),
-        Benchmark(
-            "gsm8k",
-            "GSM8K",
-            "Grade-school word problems: the bundled openai/gsm8k test split, or its first `limit`.",
-            "gsm8k",
-        ),
-        Benchmark(
-            "boxed",
-            "Boxed answer",
-            "Any dataset with prompt and ground_truth columns (request field `dataset`), scored on "
-            "the final \\boxed{...} answer.",
-            "boxed",
-            needs_dataset=True,
-        ),
-    )
-}
-
-
-def get_benchmark(name: str) -> Benchmark:
-    """The benchmark called `name`; ValueError naming the known ones otherwise."""
+def get_benchmark(name: str, benchmarks: Mapping[str, Benchmark] | None = None) -> Benchmark:
+    """The benchmark called `name`; InvalidArgument naming the known ones otherwise."""
+    known = benchmarks if benchmarks is not None else benchmarks_of()
     try:
-        return BENCHMARKS[name]
+        return known[name]
     except KeyError:
-        raise InvalidArgument(f"benchmark: {name!r} is not a benchmark; choose one of {', '.join(BENCHMARKS)}") from None
+        raise InvalidArgument(f"benchmark: {name!r} is not a benchmark; choose one of {', '.join(known)}") from None
 
 
 def check_score_column(column: str) -> str:

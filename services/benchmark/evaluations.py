@@ -22,8 +22,9 @@ from pathlib import Path
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, check_page, out_of_range
 from rlvr.infra.schema import EvaluationRow
 from rlvr.infra.store import Store
+from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark import records
-from rlvr.services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS, get_benchmark
+from rlvr.services.benchmark.catalog import SCORE_COLUMNS, Benchmark, benchmarks_of, get_benchmark
 from rlvr.services.benchmark.events import Events, msg_id
 from rlvr.services.benchmark.planning import Peers, Plan, prepare
 from rlvr.services.benchmark.runner import Progress, RunResult, run_questions
@@ -80,15 +81,22 @@ class EvaluationManager:
     # ------------------------------------------------------------------ RPCs
 
     @staticmethod
-    def benchmarks() -> list[benchmark_pb2.BenchmarkInfo]:
+    def benchmarks(catalog: Catalog | None = None) -> list[benchmark_pb2.BenchmarkInfo]:
+        """Every reward's benchmark (`catalog`: the reward service's; default this process's)."""
         return [
             benchmark_pb2.BenchmarkInfo(
                 name=b.name, display_name=b.display_name, description=b.description, size=b.size,
                 score_columns=list(SCORE_COLUMNS), default_score_column=b.default_score_column,
-                needs_dataset=b.needs_dataset,
+                needs_dataset=b.needs_dataset, reward_key=b.reward_function,
             )
-            for b in BENCHMARKS.values()
+            for b in benchmarks_of(catalog).values()
         ]
+
+    async def list_benchmarks(self) -> list[benchmark_pb2.BenchmarkInfo]:
+        return self.benchmarks(await self.peers.rewards())
+
+    async def _benchmark(self, name: str) -> Benchmark:
+        return get_benchmark(name, benchmarks_of(await self.peers.rewards()))
 
     async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation:
         plan = await prepare(request, self.peers, self.prompt_style, self.adapter_roots)
@@ -123,7 +131,7 @@ class EvaluationManager:
 
     async def list(self, benchmark: str, limit: int, offset: int = 0) -> benchmark_pb2.ListEvaluationsResponse:
         if benchmark:
-            get_benchmark(benchmark)
+            await self._benchmark(benchmark)
         check_page(limit, offset)
         rows, total = await asyncio.to_thread(records.list_evaluations, self.store, benchmark, limit or 100, offset)
         return benchmark_pb2.ListEvaluationsResponse(evaluations=[records.evaluation_of(r) for r in rows], total=total)
@@ -156,7 +164,7 @@ class EvaluationManager:
         return benchmark_pb2.GetEvaluationResultsResponse(results=[records.result_of(r) for r in rows], total=total)
 
     async def leaderboard(self, benchmark: str, score_column: str, limit: int) -> benchmark_pb2.GetLeaderboardResponse:
-        column = score_column or get_benchmark(benchmark).default_score_column
+        column = score_column or (await self._benchmark(benchmark)).default_score_column
         if limit < 0:
             raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 50)")
         rows = await asyncio.to_thread(records.leaderboard, self.store, benchmark, column, limit or 50)

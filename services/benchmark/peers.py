@@ -32,14 +32,24 @@ import grpc
 
 from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
-from rlvr.jobspec import REWARD_FUNCTIONS
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
-from rlvr.peers.types import AdapterTag, Sampling, Score, chat_prompt, generate_request, score_request
+from rlvr.peers.types import (
+    AdapterTag,
+    Sampling,
+    Score,
+    ScoreInput,
+    catalog_of,
+    chat_prompt,
+    generate_request,
+    problem_of,
+    score_request,
+)
+from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.services.benchmark.catalog import RewardName
 from rlvr.services.benchmark.planning import RolloutModel
 from rlvr.services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
-from rlvr.tasks import Message, Problem
+from rlvr.tasks import Problem
 from rlvr.v1 import common_pb2, reward_pb2
 
 log = logging.getLogger("rlvr.benchmark")
@@ -81,6 +91,7 @@ class _Replica:
 
 
 RETRY_DOWN_S = 30.0  # a replica found down is left out this long, then tried again
+CATALOG_TTL_S = 10.0  # how long the reward service's list of rewards is kept
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -102,6 +113,7 @@ class ServicePeers:
         self.reward = AsyncRewardClient(reward_address, auth=auth)
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
+        self._catalog: tuple[float, Catalog] | None = None
 
     async def close(self) -> None:
         for replica in self.replicas:
@@ -163,16 +175,11 @@ class ServicePeers:
         return min(info.version for _, info in infos)
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
-        request = reward_pb2.GetProblemsRequest(function=REWARD_FUNCTIONS[function], split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
+        request = reward_pb2.GetProblemsRequest(key=function, split=reward_pb2.PROBLEM_SPLIT_HELDOUT,
                                                 limit=limit, dataset=dataset, dataset_split=split)
         with translated():
             response = await self.reward.get_problems(request)
-        return [
-            Problem(id=p.id, task=function, question=p.question, ground_truth=p.ground_truth,
-                    compact=p.compact or None,
-                    messages=tuple(Message(m.role, m.content) for m in p.messages) or None)
-            for p in response.problems
-        ]
+        return [problem_of(p, function) for p in response.problems]
 
     # ------------------------------------------------------------------ the run (Generator, Scorer)
 
@@ -224,7 +231,24 @@ class ServicePeers:
                     answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
         return answers
 
-    async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:
+    async def score(self, function: RewardName, items: Sequence[ScoreInput]) -> list[Score]:
         with translated(running=True):
             response = await self.reward.score(score_request(function, items), timeout=self.score_timeout_s)
         return [Score.of(r) for r in response.results]
+
+    async def rewards(self) -> Catalog:
+        """The reward service's rewards (each makes a benchmark), cached a few seconds; when it cannot
+        be reached, this process's built-ins (ListBenchmarks still answers; a run fails on scoring)."""
+        now = time.monotonic()
+        if self._catalog is not None and now - self._catalog[0] < CATALOG_TTL_S:
+            return self._catalog[1]
+        try:
+            response = await self.reward.list_reward_functions(reward_pb2.ListRewardFunctionsRequest(), timeout=10.0)
+        except RlvrError as e:
+            log.warning("the reward service did not list its rewards: %s", e.describe())
+            own = load_registry().catalog()
+            catalog = Catalog({k: i for k, i in own.rewards.items() if i.source == "built-in"})
+        else:
+            catalog = catalog_of(response)
+        self._catalog = (now, catalog)  # either way, for the ttl: a burst of calls waits once
+        return catalog

@@ -11,7 +11,7 @@ the rollout service does not hold; FailedPrecondition for a model it does not se
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +30,8 @@ from rlvr.jobspec import (
 )
 from rlvr.models import is_tiny
 from rlvr.peers.types import AdapterTag, Sampling
-from rlvr.services.benchmark.catalog import Benchmark, RewardName, get_benchmark
+from rlvr.rewards.registry import Catalog
+from rlvr.services.benchmark.catalog import Benchmark, RewardName, benchmarks_of, get_benchmark
 from rlvr.services.benchmark.runner import Generator, Question, Scorer
 from rlvr.tasks import (
     COMPACT_STYLE,
@@ -76,6 +77,10 @@ class Peers(Protocol):
         """The benchmark's questions (the held-out split), the first `limit` (0 = all)."""
         ...
 
+    async def rewards(self) -> Catalog:
+        """The rewards the reward service has: each makes a benchmark (catalog.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -110,8 +115,10 @@ def check_sampling(request: benchmark_pb2.RunEvaluationRequest) -> Sampling:
     return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
 
 
-def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark, Sampling]:
-    """The checks that need no other service."""
+def check_static(request: benchmark_pb2.RunEvaluationRequest, benchmarks: Mapping[str, Benchmark] | None = None
+                 ) -> tuple[Benchmark, Sampling]:
+    """The checks that need no other service (`benchmarks`: those the reward service's rewards make;
+    default this process's)."""
     for field, value, limit in (("model", request.model, MAX_MODEL_CHARS), ("benchmark", request.benchmark, MAX_NAME_CHARS),
                                 ("adapter.name", request.adapter.name, MAX_NAME_CHARS),
                                 ("dataset", request.dataset, MAX_DATASET_CHARS),
@@ -119,7 +126,7 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark
                                 ("label", request.label, MAX_LABEL_CHARS),
                                 ("adapter_path", request.adapter_path, MAX_PATH_CHARS)):
         bounded(field, value, limit)
-    benchmark = get_benchmark(request.benchmark)
+    benchmark = get_benchmark(request.benchmark, benchmarks)
     if request.limit < 0:
         raise out_of_range("limit", request.limit, ">= 0 (0 = the whole benchmark)")
     if benchmark.size and request.limit > benchmark.size:
@@ -127,10 +134,11 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest) -> tuple[Benchmark
     if benchmark.needs_dataset and not request.dataset.strip():
         raise InvalidArgument(f"dataset: required for the {benchmark.name} benchmark (a hub dataset or a local "
                               "JSONL/Parquet/CSV file with prompt and ground_truth columns)")
-    if not benchmark.needs_dataset and (request.dataset or request.dataset_split):
+    if not benchmark.takes_dataset and (request.dataset or request.dataset_split):
         given = "dataset" if request.dataset else "dataset_split"
-        raise InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only the boxed "
-                              f"benchmark takes a dataset ({benchmark.name} has its own questions)")
+        takers = ", ".join(b.name for b in (benchmarks or {}).values() if b.takes_dataset) or "boxed"
+        raise InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only a benchmark that takes a "
+                              f"dataset does ({takers}); {benchmark.name} has its own questions")
     name = request.adapter.name
     if name and not ADAPTER_NAME_RE.match(name):
         raise InvalidArgument(f"adapter.name: {shown(name)} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
@@ -164,10 +172,12 @@ def prompt_style_for(model: str, setting: str) -> PromptStyle:
     return COMPACT_STYLE if is_tiny(model) else FULL_STYLE
 
 
-def questions_for(problems: Sequence[Problem], style: PromptStyle) -> tuple[Question, ...]:
+def questions_for(problems: Sequence[Problem], style: PromptStyle, instruction: str | None = None
+                  ) -> tuple[Question, ...]:
     return tuple(
-        Question(index=i, messages=tuple((m["role"], m["content"]) for m in prompt_messages(p, style)),
-                 ground_truth=p.ground_truth)
+        Question(index=i, messages=tuple((m["role"], m["content"]) for m in prompt_messages(p, style, instruction)),
+                 ground_truth=p.ground_truth, question=p.question,
+                 turns=tuple((m.role, m.content) for m in p.messages or ()), columns=p.columns)
         for i, p in enumerate(problems)
     )
 
@@ -193,7 +203,8 @@ async def prepare(
     request: benchmark_pb2.RunEvaluationRequest, peers: Peers, prompt_style: str, adapter_roots: Sequence[Path]
 ) -> Plan:
     """Every check, the questions, and (last, once nothing else can fail) the adapter upload."""
-    benchmark, sampling = check_static(request)
+    catalog = await peers.rewards()
+    benchmark, sampling = check_static(request, benchmarks_of(catalog))
     folder = adapter_folder(request.adapter_path, adapter_roots) if request.adapter_path else None
     rollout = await peers.rollout_model()
     model = request.model or rollout.model
@@ -213,7 +224,8 @@ async def prepare(
         adapter = AdapterTag(adapter.name, version)
     return Plan(benchmark=benchmark, model=rollout.model, adapter=adapter, sampling=sampling,
                 limit=request.limit, label=request.label,
-                questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style)))
+                questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style),
+                                        catalog.get(benchmark.reward_function).instruction))
 
 
 async def _check_adapter(

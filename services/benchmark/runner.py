@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from rlvr.infra.schema import QuestionResultRow
 from rlvr.infra.store import Store
-from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.benchmark.catalog import RewardName, Tally
 
 FinishReason = Literal["STOP", "LENGTH"]
@@ -35,6 +35,14 @@ class Question:
     index: int
     messages: tuple[tuple[str, str], ...]  # (role, content)
     ground_truth: str
+    # What the reward reads besides the completion: the question as the task states it, the
+    # conversation when its prompt is one, and the dataset row's other columns.
+    question: str = ""
+    turns: tuple[tuple[str, str], ...] = ()
+    columns: Mapping[str, Any] = field(default_factory=dict)
+
+    def score_input(self, completion: str) -> ScoreInput:
+        return ScoreInput(completion, self.ground_truth, self.question, self.turns, self.columns)
 
     @property
     def prompt_text(self) -> str:
@@ -60,8 +68,8 @@ class Generator(Protocol):
 
 
 class Scorer(Protocol):
-    async def score(self, function: RewardName, items: Sequence[tuple[str, str]]) -> list[Score]:
-        """(completion, ground truth) pairs -> their scores, in order."""
+    async def score(self, function: RewardName, items: Sequence[ScoreInput]) -> list[Score]:
+        """Completions (with their ground truth, question and columns) -> their scores, in order."""
         ...
 
 
@@ -147,7 +155,7 @@ async def run_questions(
             result.generate_seconds += seconds
             ordered = check_answers(batch, answers, adapter)
             t0 = time.perf_counter()
-            scores = await scorer.score(function, [(a.text, q.ground_truth) for a, q in zip(ordered, batch, strict=True)])
+            scores = await scorer.score(function, [q.score_input(a.text) for a, q in zip(ordered, batch, strict=True)])
             result.score_seconds += time.perf_counter() - t0
             if len(scores) != len(batch):
                 raise EvaluationError(f"the reward service scored {len(scores)} of {len(batch)} answers")

@@ -40,7 +40,7 @@ class BenchmarkServicer(benchmark_pb2_grpc.BenchmarkServiceServicer):
 
     async def ListBenchmarks(self, request: benchmark_pb2.ListBenchmarksRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> benchmark_pb2.ListBenchmarksResponse:
-        return benchmark_pb2.ListBenchmarksResponse(benchmarks=EvaluationManager.benchmarks())
+        return benchmark_pb2.ListBenchmarksResponse(benchmarks=await self._manager().list_benchmarks())
 
     async def RunEvaluation(self, request: benchmark_pb2.RunEvaluationRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> benchmark_pb2.Evaluation:
