@@ -45,7 +45,7 @@ def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max
                 dynamic_sampling: bool = False, lora_init: str = "default", max_async_steps: int = 0,
                 name: str = "demo-math-pairs") -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name=name, base_model=model)
-    spec.reward.function = common_pb2.REWARD_FUNCTION_MATH_PAIRS
+    spec.reward.key = "math_pairs"
     spec.reward.synthetic_prompts = prompts
     g = spec.grpo
     g.group_size, g.batch_size, g.max_completion_tokens = group_size, batch_size, max_tokens

@@ -282,7 +282,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.set_defaults(handler=usage)
     sub = group.add_subparsers(title="commands", metavar="COMMAND")
     run = sub.add_parser("run", help="evaluate the base model or an adapter on a benchmark, with a progress bar")
-    run.add_argument("--benchmark", required=True, help="rlvr-math-pairs-heldout, gsm8k or boxed")
+    run.add_argument("--benchmark", required=True, help="rlvr-math-pairs-heldout, gsm8k, boxed, or any reward's "
+                                                        "benchmark (`rlvr eval benchmarks` lists them)")
     run.add_argument("--model", default="", help="base model; must be the rollout service's (default: that one)")
     run.add_argument("--adapter", default="", metavar="NAME[:VERSION]", help="an adapter on the rollout service")
     run.add_argument("--adapter-path", default="", help="a local PEFT folder to upload as --adapter's next version")
@@ -291,8 +292,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--temperature", type=float, default=None, help="0-2 (default 0: greedy)")
     run.add_argument("--top-p", type=float, default=None, help="(0, 1] (default 1)")
     run.add_argument("--max-tokens", type=int, default=None, help=f"{MAX_COMPLETION.text()} (default {MAX_COMPLETION.default})")
-    run.add_argument("--dataset", default="", help="boxed only: hub dataset or local file (prompt, ground_truth)")
-    run.add_argument("--split", default="", help="boxed only: dataset split (default test)")
+    run.add_argument("--dataset", default="", help="a benchmark that takes a dataset (boxed, a plugin's): hub "
+                                                   "dataset or local file (prompt, ground_truth, its columns)")
+    run.add_argument("--split", default="", help="with --dataset: its split (default test)")
     run.add_argument("--label", default="", help="a label shown on the leaderboard")
     run.add_argument("--detach", action="store_true", help="start it and return without watching")
     run.set_defaults(handler=_handler(cmd_run))

@@ -62,8 +62,8 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop once a round's score reaches this percent, (0, 100], the leaderboard's scale; "
                    "required")
     g.add_argument("--benchmark", default=None, metavar="NAME",
-                   help="benchmark that scores every round: rlvr-math-pairs-heldout, gsm8k or boxed (default: the "
-                   "one of --reward, rlvr-math-pairs-heldout for math_pairs)")
+                   help="benchmark that scores every round: rlvr-math-pairs-heldout, gsm8k, boxed or any reward's "
+                   "(default: the one of --reward, rlvr-math-pairs-heldout for math_pairs)")
     g.add_argument("--score-column", default="", metavar="COLUMN",
                    help="leaderboard column read back each round: accuracy, accuracy_strict, format, answered "
                    "(default: the benchmark's default column)")
@@ -79,8 +79,8 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--benchmark-limit", type=int, default=0, metavar="N",
                    help="benchmark questions per evaluation (default 0: all)")
     g.add_argument("--benchmark-dataset", default="", metavar="DATASET",
-                   help="boxed benchmark only: dataset to score on (default: the job's --dataset)")
-    g.add_argument("--benchmark-split", default="", metavar="SPLIT", help="boxed benchmark only: its split (default test)")
+                   help="a benchmark that takes a dataset only: the dataset to score on (default: the job's --dataset)")
+    g.add_argument("--benchmark-split", default="", metavar="SPLIT", help="with --benchmark-dataset: its split (default test)")
 
 
 def loop_spec_from_args(args: argparse.Namespace) -> S.LoopSpec:

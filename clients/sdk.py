@@ -58,6 +58,7 @@ from rlvr.peers.clients import (
 )
 from rlvr.transfer import adapter_upload, save_file_chunks
 from rlvr.v1 import common_pb2 as cm
+from rlvr.v1 import reward_pb2 as rw
 from rlvr.v1 import scheduler_pb2 as sc
 
 ClientT = TypeVar("ClientT", bound=ServiceClient | AsyncServiceClient)
@@ -234,12 +235,18 @@ class SchedulerRpcs:
     list_loops = Unary("ListLoops", sc.ListLoopsRequest, sc.ListLoopsResponse)
     stop_loop = Unary("StopLoop", sc.StopLoopRequest, sc.Loop)
     watch_loop = ServerStream("WatchLoop", sc.WatchLoopRequest, sc.Loop)
+    list_reward_functions = Unary("ListRewardFunctions", rw.ListRewardFunctionsRequest,
+                                  rw.ListRewardFunctionsResponse)
 
 
 class SchedulerClient(SchedulerRpcs, ServiceClient):
     """rlvr.v1.SchedulerService, synchronous, with conveniences over its RPCs."""
 
     # ------------------------------------------------------------ conveniences
+
+    def rewards(self, *, timeout: float | None = None) -> list[rw.RewardFunctionInfo]:
+        """The rewards a job may name (RewardConfig.key), as the reward service lists them."""
+        return list(self.list_reward_functions(rw.ListRewardFunctionsRequest(), timeout=timeout).functions)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None
@@ -331,6 +338,11 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
 class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
     """rlvr.v1.SchedulerService, asyncio: the RPCs and the conveniences of `SchedulerClient`,
     awaited (files are written in a worker thread)."""
+
+    async def rewards(self, *, timeout: float | None = None) -> list[rw.RewardFunctionInfo]:
+        """`SchedulerClient.rewards`."""
+        response = await self.list_reward_functions(rw.ListRewardFunctionsRequest(), timeout=timeout)
+        return list(response.functions)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None

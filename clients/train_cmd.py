@@ -35,7 +35,6 @@ from rlvr.jobspec import (
     NUM_PROCESSES,
     PRECISIONS,
     QUANT_KEYS,
-    REWARD_FUNCTIONS,
     SYNTHETIC_PROMPTS,
     TEMPERATURE,
     FloatRange,
@@ -45,7 +44,6 @@ from rlvr.jobspec import (
 from rlvr.v1 import common_pb2 as C
 
 # The choices of the enum flags: the spec's keys, with "-" for "_" where a flag reads better.
-REWARDS = REWARD_FUNCTIONS
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 QUANTS = {key: value for value, key in QUANT_KEYS.items()}
 BACKENDS = {key.replace("_", "-"): value for value, key in BACKEND_KEYS.items()}
@@ -89,7 +87,12 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     """The JobSpec's flags (what `spec_from_args` reads): `rlvr train`'s and `rlvr loops start`'s."""
     p.add_argument("--name", default="", help=name_help)
     p.add_argument("--model", default="", help="base model: hub id, local path or rlvr-tiny (default)")
-    p.add_argument("--reward", choices=sorted(REWARDS), default=None, help="reward function (default math_pairs)")
+    p.add_argument("--reward", action="append", type=reward_term, default=None, metavar="KEY[:WEIGHT]",
+                   help="the reward, by key (default math_pairs; `rlvr rewards` lists them); give it several times "
+                        "to combine rewards, each with an optional weight (default 1): --reward gsm8k --reward "
+                        "length:0.2 (the first is the job's reward)")
+    p.add_argument("--accuracy-key", default="", help="with several rewards: which one is the accuracy (default "
+                                                      "the first)")
     p.add_argument("--no-format-bonus", action="store_true", help="turn the format bonus off")
     p.add_argument("--loss-type", choices=sorted(LOSSES), default=None, help="default grpo")
     p.add_argument("--quantization", choices=sorted(QUANTS), default=None, help="default full")
@@ -113,10 +116,29 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, help="scheduler HOST:PORT (default RLVR_SCHEDULER_ADDRESS)")
 
 
+def reward_term(text: str) -> C.RewardTerm:
+    """`--reward KEY[:WEIGHT]` as a RewardTerm ("-" reads as "_" in a key: math-pairs = math_pairs);
+    the scheduler checks the key and the weight's range."""
+    key, sep, weight = text.strip().partition(":")
+    term = C.RewardTerm(key=key.strip().replace("-", "_"))
+    if sep:
+        try:
+            term.weight = float(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: the weight {weight!r} is not a number") from None
+    return term
+
+
 def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     spec = C.JobSpec(name=args.name, base_model=args.model)
     if args.reward:
-        spec.reward.function = REWARDS[args.reward]
+        terms = args.reward
+        if len(terms) == 1 and not terms[0].HasField("weight"):
+            spec.reward.key = terms[0].key
+        else:
+            spec.reward.terms.extend(terms)
+    if args.accuracy_key:
+        spec.reward.accuracy_key = args.accuracy_key
     if args.no_format_bonus:
         spec.reward.format_bonus = False
     if args.loss_type:
@@ -256,3 +278,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--address", default=None, help="scheduler HOST:PORT")
         p.set_defaults(handler=cmd_jobs)
     jobs_cmd.register(sub)
+    rewards = subparsers.add_parser("rewards", help="the rewards a job may name (--reward KEY): the built-ins, "
+                                    "plugins and remote rewards the reward service has")
+    rewards.add_argument("--address", default=None, help="scheduler HOST:PORT")
+    rewards.set_defaults(handler=cmd_rewards)
+
+
+def cmd_rewards(args: argparse.Namespace) -> int:
+    """`rlvr rewards`: one line per reward (key, name, whether it needs a dataset, the columns it
+    reads, where it comes from), then those that failed to load, with why."""
+    from rlvr.v1 import reward_pb2
+
+    client = jobs_cmd.scheduler_client(args)
+    response = client.list_reward_functions(reward_pb2.ListRewardFunctionsRequest())
+    width = max((len(f.key) for f in response.functions), default=3)
+    for f in response.functions:
+        data = "needs a dataset" if f.needs_dataset else "takes a dataset" if f.accepts_dataset else "own prompts"
+        columns = f"; reads {', '.join(f.columns)}" if f.columns else ""
+        print(f"{f.key:<{width}}  {f.display_name} ({data}{columns}; {f.source})")
+        if f.description:
+            print(f"{'':<{width}}  {f.description}")
+    for u in response.unavailable:
+        print(f"{u.key:<{width}}  not loaded: {u.error}")
+    return 0

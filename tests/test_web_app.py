@@ -23,6 +23,7 @@ from web_fakes import FakeSdk, app_over_fakes
 from rlvr import jobspec
 from rlvr.clients.web import forms, limits
 from rlvr.peers.base import RlvrError
+from rlvr.rewards.registry import load_registry
 from rlvr.services.scheduler import loopspec
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
@@ -109,7 +110,9 @@ def test_ranges_and_defaults_asked_of_the_server_match_jobspec(sdk: FakeSdk) -> 
     assert got.limits["grpo.batch_size"].default == str(jobspec.BATCH_SIZE_DEFAULT)
     assert (got.limits["grpo.max_steps"].low, got.limits["grpo.max_steps"].high) == (-1, jobspec.MAX_STEPS_HIGH)
     assert got.limits["advanced.lora_init"].choices == jobspec.LORA_INITS
-    assert got.choices["reward.function"] == sorted(jobspec.REWARD_NAMES.items())
+    # the Reward choices are the reward service's rewards, as the scheduler passes them on
+    assert got.choices["reward.key"] == [(i.key, i.display_name) for i in load_registry().infos()]
+    assert [r.key for r in got.rewards][:3] == ["math_pairs", "gsm8k", "boxed"]
     assert dict(got.choices["advanced.generation_backend"]) == jobspec.BACKEND_NAMES
     assert dict(got.choices["advanced.loss_type"]) == jobspec.LOSS_NAMES
     assert (got.limits["loop.max_rounds"].low, got.limits["loop.max_rounds"].high) == (1, loopspec.MAX_ROUNDS.high)
@@ -265,7 +268,7 @@ def test_conditional_fields_are_sent_only_with_their_choice(client: TestClient, 
     resp = client.post("/train", data=data, follow_redirects=False)
     assert resp.status_code == 303  # not sent with the rollout server's backend, so not refused
     data["advanced.generation_backend"] = str(C.GENERATION_BACKEND_VLLM_COLOCATE)
-    data["reward.function"] = str(C.REWARD_FUNCTION_BOXED)  # needs a dataset
+    data["reward.key"] = "boxed"  # needs a dataset
     resp = client.post("/train", data=data)
     assert resp.status_code == 200 and message_of(resp.text, "reward.dataset").startswith("reward.dataset: required")
 

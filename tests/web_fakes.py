@@ -24,15 +24,19 @@ from test_loops_view import make_loop, running_loop  # noqa: E402
 from rlvr.common.errors import InvalidArgument  # noqa: E402
 from rlvr.jobspec import resolve_spec  # noqa: E402
 from rlvr.peers.base import RlvrError  # noqa: E402
-from rlvr.services.benchmark.catalog import BENCHMARKS, SCORE_COLUMNS  # noqa: E402
+from rlvr.peers.types import catalog_proto  # noqa: E402
+from rlvr.rewards.registry import load_registry  # noqa: E402
+from rlvr.services.benchmark.catalog import SCORE_COLUMNS, benchmarks_of  # noqa: E402
 from rlvr.services.scheduler.loopspec import resolve_loop_spec  # noqa: E402
 from rlvr.v1 import benchmark_pb2 as B  # noqa: E402
 from rlvr.v1 import common_pb2 as C  # noqa: E402
+from rlvr.v1 import reward_pb2 as R  # noqa: E402
 from rlvr.v1 import scheduler_pb2 as S  # noqa: E402
 
 BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, size=b.size,
                                    score_columns=list(SCORE_COLUMNS), default_score_column=b.default_score_column,
-                                   needs_dataset=b.needs_dataset) for b in BENCHMARKS.values()]
+                                   needs_dataset=b.needs_dataset, reward_key=b.reward_function)
+                   for b in benchmarks_of().values()]
 
 
 def invalid(e: InvalidArgument) -> RlvrError:
@@ -73,10 +77,13 @@ class FakeScheduler:
 
     # ------------------------------------------------------------ jobs
 
+    def list_reward_functions(self, request: object = None, **_: object) -> R.ListRewardFunctionsResponse:
+        return catalog_proto(load_registry().catalog())  # the scheduler passes the reward service's on
+
     def create_job(self, request: S.CreateJobRequest, **_: object) -> S.CreateJobResponse:
         self.calls.append("CreateJob" + (" dry" if request.dry_run else ""))
         try:
-            resolved = resolve_spec(request.spec)
+            resolved = resolve_spec(request.spec, catalog=load_registry().catalog())
         except InvalidArgument as e:
             raise invalid(e) from None
         resp = S.CreateJobResponse(summary=resolved.summary, warnings=resolved.warnings,

@@ -28,7 +28,7 @@ class Field:
     kind: str        # int | float | text | bool | enum | word (a closed list of strings)
     widget: str      # slider | number | lr | steps | batch | radio | select | checkbox | text | percent
     help: str = ""   # the spec's words for it
-    only: str = ""   # shown and sent only with: math_pairs | boxed | colocate | vllm | dataset_benchmark
+    only: str = ""   # shown and sent only with: generated | dataset | colocate | vllm | dataset_benchmark
     step: str = "1"  # the input's step ("any" for floats)
 
     @property
@@ -41,15 +41,15 @@ RUN = [
     Field("base_model", "Base model", "text", "text", "A Hugging Face hub id, a local path, or a bundled tiny model."),
 ]
 REWARD = [
-    Field("reward.function", "Reward", "enum", "radio"),
+    Field("reward.key", "Reward", "word", "radio"),
     Field("reward.synthetic_prompts", "Synthetic prompts", "int", "number",
-          "How many problems to generate on the fly.", only="math_pairs"),
+          "How many problems to generate on the fly.", only="generated"),
     Field("reward.format_bonus", "Format bonus", "bool", "checkbox",
           "A small extra reward for wrapping the answer in <think>…</think><answer>…</answer>, on top of "
           "whether the answer itself was correct."),
     Field("reward.dataset", "Dataset", "text", "text",
-          "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns.",
-          only="boxed"),
+          "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
+          "those the reward reads).", only="dataset"),
 ]
 GRPO = [
     Field("grpo.group_size", "Group size", "int", "slider",
@@ -117,16 +117,24 @@ LOOP = [
 JOB_FIELDS = RUN + REWARD + GRPO + ADVANCED
 ALL_FIELDS = {f.path: f for f in JOB_FIELDS + LOOP}
 
-# The spec's descriptions of the reward functions (the labels come from the server).
-REWARD_NOTES = {
-    C.REWARD_FUNCTION_MATH_PAIRS: ("A self-generating arithmetic task: adding adjacent pairs, multiplying; the "
-                                   "correct final number wins. No dataset needed, ideal first run.",
-                                   "No, self-generated"),
-    C.REWARD_FUNCTION_GSM8K: ("Grade-school word problems from the built-in openai/gsm8k dataset. Rewards the "
-                              "correct final number.", "No, uses the built-in dataset"),
-    C.REWARD_FUNCTION_BOXED: ("Any Hugging Face dataset with a prompt and a ground_truth column. Rewards a correct "
-                              "\\boxed{...} final answer.", "Yes, pick one in the Dataset field"),
-}
+
+
+def reward_note(reward: object) -> tuple[str, str]:
+    """A reward choice's note: its description, and the spec's "Needs a dataset?" answer."""
+    needs = ("Yes, pick one in the Dataset field" if getattr(reward, "needs_dataset", False) else
+             "No, or pick one in the Dataset field" if getattr(reward, "accepts_dataset", False) else
+             "No, uses its built-in dataset" if getattr(reward, "splits", None) else "No, self-generated")
+    columns = list(getattr(reward, "columns", []))
+    reads = f" It reads the dataset's {', '.join(columns)} column{'s' if len(columns) > 1 else ''}." if columns else ""
+    return f"{getattr(reward, 'description', '')}{reads}", needs
+
+
+def generates(reward: object) -> bool:
+    """The reward makes its own prompts (Math Pairs): the Synthetic prompts field applies."""
+    return not (getattr(reward, "needs_dataset", False) or getattr(reward, "accepts_dataset", False)
+                or getattr(reward, "splits", None))
+
+
 _FIELD_PATH = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
 
 
@@ -171,11 +179,12 @@ def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors
 def active_options(form: Mapping[str, str], limits: FormLimits | None = None) -> set[str]:
     """Which conditional fields the form's choices show: the reward's, the backend's, the benchmark's."""
     active = set()
-    reward = str(form.get("reward.function", "")).strip()
-    if reward in ("", str(C.REWARD_FUNCTION_MATH_PAIRS)):
-        active.add("math_pairs")
-    if reward == str(C.REWARD_FUNCTION_BOXED):
-        active.add("boxed")
+    key = str(form.get("reward.key", "")).strip()
+    reward = limits.reward(key) if limits is not None else None
+    if reward is not None and generates(reward) or reward is None and key in ("", "math_pairs"):
+        active.add("generated")
+    if reward is not None and (reward.needs_dataset or reward.accepts_dataset):
+        active.add("dataset")
     backend = str(form.get("advanced.generation_backend", "")).strip()
     if backend == str(C.GENERATION_BACKEND_VLLM_COLOCATE):
         active.add("colocate")

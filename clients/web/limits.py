@@ -32,6 +32,7 @@ from google.protobuf.message import Message
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import reward_pb2 as R
 from rlvr.v1 import scheduler_pb2 as S
 
 CACHE_SECONDS = 300.0
@@ -47,7 +48,7 @@ JOB_PROBES: list[tuple[str, object]] = [
     ("advanced.precision", "?"),
     ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.max_async_steps", -1),
 ]
-ENUM_PROBES = ["reward.function", "advanced.loss_type", "advanced.quantization", "advanced.generation_backend"]
+ENUM_PROBES = ["advanced.loss_type", "advanced.quantization", "advanced.generation_backend"]
 LOOP_PROBES: list[tuple[str, object]] = [("max_rounds", 0), ("give_up_after", 0), ("min_gain", -1.0)]
 COLOCATE_FIELDS = ("advanced.gpu_memory_fraction",)  # validated only with the vLLM (colocate) backend
 
@@ -133,7 +134,13 @@ class FormLimits:
     choices: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     loop_defaults: S.LoopSpec | None = None       # None: the benchmark service did not answer
     benchmarks: list[B.BenchmarkInfo] = field(default_factory=list)
+    rewards: list[R.RewardFunctionInfo] = field(default_factory=list)  # the Reward choices (ListRewardFunctions)
     problems: list[str] = field(default_factory=list)  # what could not be asked, for the page
+
+    def reward(self, key: str) -> R.RewardFunctionInfo | None:
+        """The chosen reward's declaration ("" = the default, the first listed)."""
+        key = key or self.job_defaults.reward.key
+        return next((r for r in self.rewards if r.key == key), None)
 
     def default_text(self, path: str) -> str:
         """The form's initial value of a job field: the default the server names for the field
@@ -192,6 +199,11 @@ def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or te
         if choices:
             out.choices[path] = choices
 
+    try:
+        out.rewards = list(scheduler.list_reward_functions(R.ListRewardFunctionsRequest()).functions)
+        out.choices["reward.key"] = [(r.key, r.display_name) for r in out.rewards]  # type: ignore[misc]
+    except RlvrError as e:
+        out.problems.append(f"the rewards could not be listed ({e.code.name}): {e.details}")
     try:
         out.benchmarks = list(benchmark.list_benchmarks().benchmarks)
     except RlvrError as e:

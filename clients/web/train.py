@@ -27,9 +27,9 @@ from rlvr.peers.base import RlvrError
 from rlvr.v1 import scheduler_pb2 as S
 
 TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholders, sent only when typed
-ONLY_NOTES = {"math_pairs": "Math Pairs only", "boxed": "Boxed-answer accuracy only",
+ONLY_NOTES = {"generated": "rewards that generate their prompts only", "dataset": "rewards that read a dataset only",
               "colocate": "vLLM (colocate) only", "vllm": "vLLM (rollout server) only",
-              "dataset_benchmark": "boxed benchmark only"}
+              "dataset_benchmark": "benchmarks that take a dataset only"}
 
 
 def default_values(limits: FormLimits) -> dict[str, str]:

@@ -52,10 +52,11 @@ function checkRange(input) {
 
 function activeOptions(form) {
   const active = new Set();
-  const reward = form.querySelector('input[name="reward.function"]:checked');
-  const rewardValue = reward ? reward.value : "1";
-  if (rewardValue === "1") active.add("math_pairs");
-  if (rewardValue === "3") active.add("boxed");
+  // each Reward choice says whether it generates its prompts and whether it reads a dataset
+  const reward = form.querySelector('input[name="reward.key"]:checked')
+    || form.querySelector('input[name="reward.key"]');
+  if (reward && reward.dataset.generated) active.add("generated");
+  if (reward && reward.dataset.dataset) active.add("dataset");
   const backend = form.elements["advanced.generation_backend"];
   if (backend && backend.value === "3") active.add("colocate");
   if (!backend || backend.value === "" || backend.value === "1") active.add("vllm");
