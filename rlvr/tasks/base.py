@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Split = str  # a dataset's split name: "train", "test", or whatever else a dataset has
-RewardFunction = Literal["math_pairs", "gsm8k", "boxed"]
+RewardFunction = Literal["math_pairs", "gsm8k", "boxed", "code"]
 
 # The spec's range for the "Synthetic prompts" field (and a sane cap on dataset prompts asked for).
 MIN_PROMPTS = 8

@@ -32,6 +32,10 @@ INSTRUCTIONS: dict[RewardFunction, str] = {
         "Think step by step inside <think></think>, then give the final answer as \\boxed{...} "
         "inside <answer></answer>."
     ),
+    "code": (
+        "Think step by step inside <think></think>, then give the code as one ```python block "
+        "inside <answer></answer>."
+    ),
 }
 
 
