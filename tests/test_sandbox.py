@@ -140,6 +140,24 @@ def test_writing_outside_its_directory(sandbox: Sandbox, tmp_path: Path) -> None
     assert_still_serves(sandbox)
 
 
+def test_the_audit_hook_survives_tampering(sandbox: Sandbox) -> None:
+    """Code can reach the harness's globals and patch any module; the hook depends on neither."""
+    tamper = ("import sys\nharness = __builtins__['__import__'].__globals__\n"
+              "harness['NAMED_EVENTS'].clear()\nharness['PATH_EVENTS'].clear()\n"
+              "harness['WATCHED'] = frozenset()\nharness['DENIED_IMPORTS'] = frozenset()\n"
+              "sys.modules['posixpath'].realpath = lambda path, **kw: '/nowhere'\n"
+              "sys.modules['os'].fspath = lambda path: 'x'\n")
+    escape = Path("/tmp") / f"rlvr-escape-{uuid.uuid4().hex}"
+    for act, reason in ((f"open({str(escape)!r}, 'w')", f"blocked: write outside the sandbox ({escape})"),
+                        ("sys.modules['os'].fork()", "blocked: process creation"),
+                        ("sys.modules['os'].remove('/etc/hostname')", "blocked: write outside the sandbox (/etc/hostname)")):
+        assert sandbox.run(GOOD + tamper + act, TESTS).reason == reason
+    assert not escape.exists()
+    # code raising an event itself, with an object whose methods would run inside the hook
+    sneaky = "class P(str):\n    def startswith(self, *a):\n        return True\nsys.audit('open', P('/x'), 'r', 0)\n"
+    assert sandbox.run(GOOD + "import sys\n" + sneaky, TESTS).reason == "blocked: open (path of an unusual type)"
+
+
 def test_reading_outside_the_sandbox_and_the_library(sandbox: Sandbox) -> None:
     run = sandbox.run(GOOD + "open('/etc/hostname').read()", TESTS)
     assert run.reason == "blocked: read outside the sandbox (/etc/hostname)"
@@ -350,3 +368,44 @@ def test_limits_and_tests_are_checked() -> None:
         with pytest.raises(ValueError, match="non-empty list of test strings"):
             sb.run(GOOD, "assert f(1) == 8")
         assert sb.run("x = 1\n" * 60_000, TESTS).reason.startswith("code too long")
+
+
+_UNPRIVILEGED_PARENT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from rlvr.rewards.sandbox import Sandbox, SandboxLimits
+cases = json.loads(sys.argv[3])
+with Sandbox(SandboxLimits(cpu_seconds=1, wall_seconds=3), namespaces=sys.argv[2] == "1") as sb:
+    out = {"isolation": sb.isolation(), "runs": {}}
+    for name, code in cases.items():
+        run = sb.run(code, ["assert f(1) == 8", "assert f(2) == 9", "assert f(-7) == 0"])
+        out["runs"][name] = [run.passed, run.reason]
+print(json.dumps(out))
+"""
+_SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(_SYSTEM_PYTHON, os.X_OK),
+                    reason="needs root (to become nobody) and a system Python that nobody can run")
+@pytest.mark.parametrize("namespaces", [True, False])
+def test_an_unprivileged_parent(namespaces: bool) -> None:
+    """The reward service as a user with no privileges: a user namespace where the host allows
+    one (as here), else the Python guards; every hostile case still scores 0 with its reason."""
+    cases = {"correct": GOOD, **{name: GOOD + code for name, (code, _) in HOSTILE.items()
+                                 if name != "sleeping past the wall time"}}
+    done = subprocess.run([_SYSTEM_PYTHON, "-c", _UNPRIVILEGED_PARENT, str(ROOT), "1" if namespaces else "0",
+                           json.dumps(cases)], capture_output=True, text=True, timeout=120, cwd="/",
+                          user=65534, group=65534, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+    if "No module named" in done.stderr or "Permission denied" in done.stderr:
+        pytest.skip(f"nobody cannot run rlvr from this checkout: {done.stderr[-200:]}")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    iso = out["isolation"]
+    if namespaces:
+        assert iso["user"] == "same user, all capabilities dropped (user namespace)", iso
+        assert iso["filesystem"] == "whole tree read-only; runs in a private tmpfs on /tmp"
+    else:
+        assert iso["network"] == "audit hook only" and iso["user"].startswith("same user"), iso
+    assert out["runs"].pop("correct") == [3, ""]
+    for name, (passed, reason) in out["runs"].items():
+        assert passed == 0 and reason in HOSTILE[name][1], (name, reason)

@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -71,10 +72,6 @@ WATCHED = frozenset({"import", "open", *NAMED_EVENTS, *PATH_EVENTS})
 WATCHED_PREFIXES = ("ctypes.", *NETWORK_PREFIXES)
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _library_roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     libs = {os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib") if key in paths}
@@ -83,60 +80,124 @@ def _library_roots() -> tuple[str, ...]:
 
 
 LIBRARY_ROOTS = _library_roots()  # computed once, in the zygote
+USER_BUILTINS = dict(builtins.__dict__)  # built once in the zygote: copying it in each run costs ~0.2 ms
 
 
-def make_hook(run_dir: str, violation: Callable[[str], NoReturn]) -> Callable[[str, tuple[Any, ...]], None]:
-    """The audit hook: every watched event is checked, the first blocked one ends the run."""
+def make_hook(run_dir: str, fd: int) -> Callable[[str, tuple[Any, ...]], None]:
+    """The audit hook: every watched event is checked, the first blocked one writes its ``V``
+    report on ``fd`` and ends the process.
+
+    Code can reach this module's globals (through any function defined here), any frame, and patch
+    any Python module, so the hook reads none of them and never runs the code's own methods: its
+    tables are private copies, every function it calls is bound here and is a C function (its own
+    ``realpath`` over ``posix.lstat``/``readlink``), paths must be exactly ``str`` or ``bytes``
+    (not an object whose ``__fspath__`` would run inside the hook), and nothing outside this
+    closure refers to the hook.
+    """
     home = os.path.realpath(run_dir)
     roots = (home, *LIBRARY_ROOTS)  # where a run may read (device files apart)
-    realpath, fsdecode = os.path.realpath, os.fsdecode
+    named, path_events, denied = dict(NAMED_EVENTS), dict(PATH_EVENTS), DENIED_IMPORTS
+    watched, watched_prefixes, network_prefixes = WATCHED, WATCHED_PREFIXES, NETWORK_PREFIXES
+    devices, write_flags, environ_match = DEVICE_FILES, WRITE_FLAGS, ENVIRON.match
+    lstat, readlink, getcwd, is_link = os.lstat, os.readlink, os.getcwd, stat.S_ISLNK
+    write, exit_ = os.write, os._exit
+    str_, bytes_, int_, len_, type_ = str, bytes, int, len, type
+    os_error, exception, type_error = OSError, Exception, TypeError
     busy = [False]
 
+    def realpath(path: Any) -> str:
+        """``os.path.realpath`` (non-strict) from C functions only."""
+        if type_(path) is bytes_:
+            path = path.decode("utf-8", "surrogateescape")
+        elif type_(path) is not str_:
+            raise type_error("path of an unusual type")
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        todo: list[str] = [p for p in path.split("/") if p][::-1]
+        done: list[str] = []
+        links = 0
+        while todo:
+            part = todo.pop()
+            if part == ".":
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            current = "/" + "/".join([*done, part])
+            try:
+                link = is_link(lstat(current).st_mode)
+            except os_error:
+                link = False
+            if not link:
+                done.append(part)
+                continue
+            links += 1
+            if links > 40:
+                raise os_error(40, "too many levels of symbolic links", path)
+            target = readlink(current)
+            if target.startswith("/"):
+                done = []
+            todo.extend([p for p in target.split("/") if p][::-1])
+        return "/" + "/".join(done)
+
+    def inside(path: str, root: str) -> bool:
+        return path == root or path.startswith(root.rstrip("/") + "/")
+
     def check_path_event(event: str, args: tuple[Any, ...]) -> str | None:
-        paths, dir_fds = PATH_EVENTS[event]
-        if any(i < len(args) and args[i] not in (None, -1) for i in dir_fds):
-            return f"write outside the sandbox ({event} relative to a directory descriptor)"
+        paths, dir_fds = path_events[event]
+        for i in dir_fds:
+            if i < len_(args) and args[i] is not None and not (type_(args[i]) is int_ and args[i] == -1):
+                return f"write outside the sandbox ({event} relative to a directory descriptor)"
         for i in paths:
-            if i < len(args) and not isinstance(args[i], int):
-                real = realpath(fsdecode(args[i]))
-                if not _inside(real, home):
+            if i < len_(args) and type_(args[i]) is not int_:
+                real = realpath(args[i])
+                if not inside(real, home):
                     return f"write outside the sandbox ({real})"
         return None
 
     def check(event: str, args: tuple[Any, ...]) -> str | None:
         if event == "import":
-            return f"import {args[0]}" if str(args[0]).partition(".")[0] in DENIED_IMPORTS else None
+            name = args[0]
+            if type_(name) is not str_:
+                return "import of a name that is not a string"
+            return f"import {name}" if name.partition(".")[0] in denied else None
         if event == "open":
             path, mode, flags = args
-            if isinstance(path, int):
+            if type_(path) is int_:
                 return None  # an open descriptor
-            real = realpath(fsdecode(path))
-            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & WRITE_FLAGS:
-                return None if _inside(real, home) else f"write outside the sandbox ({real})"
-            if ENVIRON.match(real):
+            real = realpath(path)
+            writing = type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
+            if writing or (type_(flags) is int_ and flags & write_flags):
+                return None if inside(real, home) else f"write outside the sandbox ({real})"
+            if environ_match(real):
                 return f"environment read ({real})"
-            if real in DEVICE_FILES or any(_inside(real, root) for root in roots):
+            if real in devices:
                 return None
+            for root in roots:
+                if inside(real, root):
+                    return None
             return f"read outside the sandbox ({real})"
-        if event in PATH_EVENTS:
+        if event in path_events:
             return check_path_event(event, args)
-        if event in NAMED_EVENTS:
-            return NAMED_EVENTS[event]
-        if event.startswith(NETWORK_PREFIXES):
+        if event in named:
+            return named[event]
+        if event.startswith(network_prefixes):
             return "network"
         return "ctypes" if event.startswith("ctypes.") else None
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if busy[0] or (event not in WATCHED and not event.startswith(WATCHED_PREFIXES)):
+        if busy[0] or (event not in watched and not event.startswith(watched_prefixes)):
             return
         busy[0] = True
         try:
             verdict = check(event, args)
-        except Exception as exc:  # arguments of an unexpected shape: refuse rather than guess
-            verdict = f"{event} (unreadable arguments: {type(exc).__name__})"
+        except exception as exc:  # arguments of an unexpected shape: refuse rather than guess
+            verdict = f"{event} ({exc.args[0] if type_(exc) is type_error and exc.args else 'unreadable arguments'})"
         busy[0] = False
         if verdict:
-            violation(verdict)
+            write(fd, b"V" + verdict.encode("utf-8", "replace"))
+            exit_(0)
 
     return hook
 
@@ -174,9 +235,9 @@ def run(code: str, tests: list[list[str]], run_dir: str, cfg: dict[str, Any], fd
     def violation(what: str) -> NoReturn:
         report(b"V", what)
 
-    user_builtins = dict(builtins.__dict__)
+    user_builtins = USER_BUILTINS  # this process's own copy (the fork's), its to change
     if cfg["guards"]:
-        sys.addaudithook(make_hook(run_dir, violation))
+        sys.addaudithook(make_hook(run_dir, fd))
         user_builtins["__import__"] = make_import(frozenset(cfg["allowed"]), builtins.__import__, violation)
     namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": user_builtins}
     try:

@@ -14,7 +14,7 @@ configuration as a JSON argument. docs/code-reward.md describes the layers; in o
 4. each run is a fork: its own session and process group, a fresh directory, stdout/stderr into a
    file there (so the file-size limit caps them), setrlimit (CPU, address space, file size,
    processes, open files, no core), uid ``nobody`` (or no capabilities in a user namespace),
-   ``no_new_privs``; then (``sandbox_harness``) an audit hook and an import allowlist;
+   ``no_new_privs`` (set once in the zygote, inherited); then (``sandbox_harness``) an audit hook and an import allowlist;
 5. a wall-time deadline kills the run's process group; every child of the zygote that is not a live
    run is killed after each run, so nothing outlives it.
 """
@@ -22,6 +22,7 @@ configuration as a JSON argument. docs/code-reward.md describes the layers; in o
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -94,8 +95,9 @@ class Zygote:
     with ``payload`` the child's JSON report.
     """
 
-    def __init__(self, cfg: dict[str, Any], base: str, private_base: bool, creds: str) -> None:
+    def __init__(self, cfg: dict[str, Any], base: str, private_base: bool, creds: str, pid_namespace: bool) -> None:
         self.cfg, self.base, self.private_base, self.creds = cfg, base, private_base, creds
+        self.pid_namespace = pid_namespace
         self.runs: dict[int, Run] = {}  # by pid
         self.queue: deque[Run] = deque()
         self.strays: set[int] = set()
@@ -201,9 +203,8 @@ class Zygote:
                 os.setuid(NOBODY)
             elif self.creds == "caps":
                 setup.drop_capabilities()
-            setup.prctl(setup.PR_SET_NO_NEW_PRIVS, 1)
-            setup.prctl(setup.PR_SET_DUMPABLE, 0)
-            setup.prctl(setup.PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+            if not self.pid_namespace:  # (in one, the zygote's death ends every process in it)
+                setup.prctl(setup.PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
             if os.getppid() != self.me:
                 os._exit(71)
             harness.run(run.code, run.tests, run.dir, cfg, FD_RESULT)
@@ -352,7 +353,11 @@ def main(argv: list[str]) -> int:
         if ns["creds"] == "nobody" and not setup.others_can_read(os.path.dirname(os.__file__)):
             iso["imports"] = (f"preloaded modules only: nobody cannot read the standard library "
                               f"({os.path.dirname(os.__file__)})")
-        zygote = Zygote(cfg, base, private, ns["creds"])
+        # Inherited by every run: no execve can gain privileges (setuid binaries), fixed for good.
+        setup.prctl(setup.PR_SET_NO_NEW_PRIVS, 1)
+        zygote = Zygote(cfg, base, private, ns["creds"], ns["pid_ns"])
+        gc.collect()
+        gc.freeze()  # a run's garbage collections leave the zygote's objects (and their pages) alone
     except Exception as exc:
         os.write(1, _frame({"error": f"{type(exc).__name__}: {exc}", "isolation": iso}))
         return 1
