@@ -6,6 +6,7 @@ layers alone (Python guards off), the environment secret, the zygote's lifecycle
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -307,6 +308,18 @@ def test_close_kills_everything_it_started() -> None:
     assert not any(uid == 65534 and ppid in pids for ppid, _, uid in _processes().values())
     with pytest.raises(SandboxError, match="closed"):
         sb.run(GOOD, TESTS)
+
+
+def test_a_sandbox_dropped_without_close_takes_its_zygote_along() -> None:
+    sb = Sandbox(LIMITS)
+    sb.run(GOOD, TESTS)
+    pids = sb.zygote_pids
+    del sb
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 _DYING_PARENT = """

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
@@ -218,6 +219,9 @@ class _Zygote:
             while (frame := self._read_frame(self.proc.stdout)) is not None:
                 with self.pending_lock:
                     future, tests = self.pending.pop(frame["id"])
+                if "error" in frame:
+                    future.set_exception(SandboxError(f"the sandbox failed: {frame['error']}"))
+                    continue
                 try:
                     future.set_result(_result(frame, tests, self.limits))
                 except Exception as exc:  # a bug of ours: the caller hears it
@@ -284,6 +288,12 @@ class _Zygote:
             shutil.rmtree(base, ignore_errors=True)  # normally removed by the zygote already
 
 
+def _close_current(current: list[_Zygote | None]) -> None:
+    zygote, current[0] = current[0], None
+    if zygote is not None:
+        zygote.close()
+
+
 class Sandbox:
     """Runs code against tests, one sandboxed child per run; thread-safe and reusable.
 
@@ -307,6 +317,10 @@ class Sandbox:
         self._lock = threading.Lock()
         self._zygote: _Zygote | None = None
         self._closed = False
+        # A Sandbox dropped without close(): its zygote goes with it (the threads hold the zygote,
+        # not the Sandbox, so the Sandbox can be collected).
+        self._current: list[_Zygote | None] = [None]
+        weakref.finalize(self, _close_current, self._current)
 
     def _command(self) -> list[str]:
         cfg = {"parent": os.getpid(), "cpu": self.limits.cpu_seconds, "wall": self.limits.wall_seconds,
@@ -323,8 +337,8 @@ class Sandbox:
             if self._zygote is None or self._zygote.dead:
                 if self._zygote is not None:
                     self._zygote.close()
-                self._zygote = None
-                self._zygote = _Zygote(self._command(), self.limits)
+                self._zygote = self._current[0] = None
+                self._zygote = self._current[0] = _Zygote(self._command(), self.limits)
             return self._zygote
 
     def submit(self, code: str, tests: Sequence[str]) -> Future[TestRun]:
@@ -371,6 +385,7 @@ class Sandbox:
         with self._lock:
             self._closed = True
             zygote, self._zygote = self._zygote, None
+            self._current[0] = None
         if zygote is not None:
             zygote.close()
 

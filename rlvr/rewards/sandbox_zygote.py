@@ -153,7 +153,22 @@ class Zygote:
 
     def _start_queued(self) -> None:
         while self.queue and len(self.runs) < self.cfg["workers"]:
-            self._start(self.queue.popleft())
+            run = self.queue.popleft()
+            try:
+                self._start(run)
+            except OSError as exc:  # the host's fault (no memory, no space, no pids), not the code's
+                if run.pid > 0:
+                    self.runs.pop(run.pid, None)
+                    self._kill(run, "error")
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(run.pid, 0)
+                for fd in (run.rfd, run.pidfd):
+                    if fd >= 0:
+                        if fd in self.sel.get_map():
+                            self.sel.unregister(fd)
+                        os.close(fd)
+                shutil.rmtree(run.dir, ignore_errors=True)
+                os.write(1, _frame({"id": run.id, "error": f"cannot start the run: {exc}"}))
 
     def _start(self, run: Run) -> None:
         run.dir = os.path.join(self.base, "run-" + secrets.token_hex(8))
