@@ -111,8 +111,9 @@ class Zygote:
         self.sel.register(0, selectors.EVENT_READ, None)
         while True:
             deadlines = [r.deadline for r in self.runs.values() if not r.killed]
-            if self.strays:
-                deadlines.append(time.monotonic() + 0.05)
+            polled = [r for r in self.runs.values() if r.pidfd < 0]  # no pidfd (Linux < 5.3): polled
+            if self.strays or polled:
+                deadlines.append(time.monotonic() + (0.01 if polled else 0.05))
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             for key, _ in self.sel.select(timeout):
                 if key.data is None:
@@ -124,6 +125,10 @@ class Zygote:
                     if current is None or current is not target:
                         continue  # finished earlier in this batch of events
                     self._on_exit(current) if kind == "exit" else self._on_report(current)
+            for run in polled:
+                exited = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if exited is not None and self.runs.get(run.pid) is run:
+                    self._on_exit(run)
             if self.strays:
                 self._sweep()
             now = time.monotonic()
@@ -178,7 +183,12 @@ class Zygote:
         rfd, wfd = os.pipe()
         run.start = time.monotonic()
         run.deadline = run.start + self.cfg["wall"]
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(rfd)
+            os.close(wfd)
+            raise
         if pid == 0:
             self._child(run, wfd)  # never returns
         os.close(wfd)
@@ -186,7 +196,10 @@ class Zygote:
         os.set_blocking(rfd, False)
         self.runs[pid] = run
         self.sel.register(rfd, selectors.EVENT_READ, ("report", run))
-        run.pidfd = os.pidfd_open(pid)
+        try:
+            run.pidfd = os.pidfd_open(pid)
+        except OSError:
+            return  # the event loop polls it
         self.sel.register(run.pidfd, selectors.EVENT_READ, ("exit", run))
 
     def _child(self, run: Run, wfd: int) -> None:
@@ -258,9 +271,10 @@ class Zygote:
         cpu = usage.ru_utime + usage.ru_stime
         self._on_report(run)
         for fd in (run.rfd, run.pidfd):
-            if fd in self.sel.get_map():
-                self.sel.unregister(fd)
-            os.close(fd)
+            if fd >= 0:
+                if fd in self.sel.get_map():
+                    self.sel.unregister(fd)
+                os.close(fd)
         del self.runs[run.pid]
         shutil.rmtree(run.dir, ignore_errors=True)
         self._sweep()
