@@ -81,7 +81,11 @@ def assert_still_serves(sandbox: Sandbox) -> None:
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     with Sandbox(LIMITS, namespaces=request.param == "namespaces") as sb:
         sb.run(GOOD, TESTS)  # started
+        where = sb.isolation()["filesystem"]
         yield sb
+    if request.param == "no namespaces":  # its runs' directories were on the host: all removed
+        base = where.split(" under ")[1].split(" ")[0]
+        assert base.startswith("/tmp/rlvr-sandbox-") and not Path(base).exists()
 
 
 @pytest.fixture(scope="module")
