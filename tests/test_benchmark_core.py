@@ -226,7 +226,7 @@ async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_p
         (request(sampling=C.SamplingParams(temperature=3)), InvalidArgument, "sampling.temperature"),
         (request(sampling=C.SamplingParams(max_tokens=8)), InvalidArgument, "sampling.max_tokens"),
         (request(sampling=C.SamplingParams(max_tokens=600)), InvalidArgument, "max_model_len 512"),
-        (request(dataset="x.jsonl"), InvalidArgument, "only a benchmark that takes a dataset does (boxed)"),
+        (request(dataset="x.jsonl"), InvalidArgument, "only a benchmark that takes a dataset does (boxed, code-heldout)"),
         (request("boxed"), InvalidArgument, "dataset: required"),
         (request("boxed", dataset=str(tmp_path / "no_columns.jsonl")), InvalidArgument, "'prompt'"),
         (request(adapter=C.AdapterSelector(name="nobody")), NotFound, "job-1 v3"),
@@ -298,9 +298,10 @@ async def test_interrupted_evaluations_fail_on_stop_and_on_restart(sqlite_store:
 def test_catalog() -> None:
     infos = {b.name: b for b in EvaluationManager.benchmarks()}
     # every built-in reward makes one (the registry), named by the reward's default_benchmark
-    assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed"}
+    assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout"}
     assert {b.name: b.reward_key for b in infos.values()} == {"rlvr-math-pairs-heldout": "math_pairs",
-                                                              "gsm8k": "gsm8k", "boxed": "boxed"}
+                                                              "gsm8k": "gsm8k", "boxed": "boxed",
+                                                              "code-heldout": "code"}
     assert infos["rlvr-math-pairs-heldout"].size == 500 and infos["rlvr-math-pairs-heldout"].display_name == \
         "RLVR Math Pairs held-out"
     assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000

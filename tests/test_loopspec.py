@@ -135,5 +135,5 @@ def test_a_benchmark_that_trains_on_another_task_warns() -> None:
 
 
 def test_the_catalog_is_what_the_benchmark_service_lists() -> None:
-    assert [b.name for b in BENCHMARKS] == ["rlvr-math-pairs-heldout", "gsm8k", "boxed"]
+    assert [b.name for b in BENCHMARKS] == ["rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout"]
     assert isinstance(BENCHMARKS[0], B.BenchmarkInfo) and BENCHMARKS[0].size == 500

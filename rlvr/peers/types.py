@@ -97,13 +97,15 @@ class Score:
     extracted_answer: str = ""
     components: Mapping[str, float] = field(default_factory=dict)
     error: str = ""
+    note: str = ""
 
     @classmethod
     def of(cls, components: _Components) -> Score:
         """From a RewardComponents message or a `rlvr.rewards.scoring` result."""
         parts = getattr(components, "components", None) or {}
         return cls(components.reward, components.accuracy, components.format, components.strict,
-                   components.extracted_answer or "", dict(parts), getattr(components, "error", "") or "")
+                   components.extracted_answer or "", dict(parts), getattr(components, "error", "") or "",
+                   getattr(components, "note", "") or "")
 
 
 @dataclass(frozen=True)

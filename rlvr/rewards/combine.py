@@ -46,7 +46,8 @@ def normalize(value: Any) -> RewardOutput:
     """A reward's return value as a RewardOutput; TypeError/ValueError saying what is wrong."""
     if isinstance(value, RewardOutput):
         components = {str(k): _number(v, f"component {k!r}") for k, v in value.components.items()}
-        return RewardOutput(_number(value.score, "score"), components, value.strict, value.extracted_answer)
+        return RewardOutput(_number(value.score, "score"), components, value.strict, value.extracted_answer,
+                            str(value.note)[:MAX_ERROR_CHARS])
     if isinstance(value, Mapping):
         if not value:
             raise ValueError("no components returned")
@@ -127,6 +128,7 @@ def combine(
         strict=bool(strict) and accuracy_term.score > 0,
         has_answer_tag=answer_block(completion) is not None,
         components=components,
+        note="; ".join(f"{key}: {outputs[key].note}" for key, _ in terms if outputs[key].note),
     )
 
 

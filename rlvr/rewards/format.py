@@ -41,6 +41,7 @@ class ScoreResult:
     # each reward's score by key, and its named components as "<key>.<name>" (rlvr/rewards/combine.py)
     components: Mapping[str, float] = field(default_factory=dict)
     error: str = ""  # why the completion scored 0 although it was scored (a reward's fault); "" = none
+    note: str = ""  # what the rewards said of their score ("code: 2 of 3 tests passed"); not an error
 
     @property
     def answered(self) -> bool:

@@ -59,12 +59,14 @@ class Sample:
 @dataclass(frozen=True)
 class RewardOutput:
     """A reward's full answer for one completion. ``strict`` (None: ``score == 1``) is the
-    benchmark's "accuracy strict"; ``extracted_answer`` what the reward read as the answer."""
+    benchmark's "accuracy strict"; ``extracted_answer`` what the reward read as the answer; ``note``
+    why it scored so, in a few words (a score the completion earned, unlike an error of the reward)."""
 
     score: float
     components: Mapping[str, float] = field(default_factory=dict)
     strict: bool | None = None
     extracted_answer: str | None = None
+    note: str = ""  # why it scored what it did, when the reward says ("cpu-time limit 2 s"); not an error
 
 
 ScoreValue: TypeAlias = float | int | Mapping[str, float] | RewardOutput

@@ -17,13 +17,17 @@ benchmark prompt.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rlvr.rewards.registry import RewardDefinition, RewardOutput, Sample
 from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, RewardFunction, Split, TaskError, check_count
 
 HELDOUT_MODULUS = 5  # 1 in 5 keys of each family is held out
@@ -260,3 +264,63 @@ class CodeTask:
         if split != "train":
             raise TaskError(f"Code has no {split!r} split; its splits: train, test")
         return training_problems(DEFAULT_SYNTHETIC_PROMPTS if n is None else n, seed)
+
+
+# ---------------------------------------------------------------- the code reward
+
+INSTRUCTION = ("Think step by step inside <think></think>, then give the code as one ```python block "
+               "inside <answer></answer>.")
+_sandbox_lock = threading.Lock()
+_sandboxes: dict[int, Any] = {}  # process id -> its Sandbox (a forked process makes its own)
+
+
+def _sandbox() -> Any:  # a rlvr.rewards.sandbox.Sandbox
+    """This process's sandbox, started on first use and closed at exit."""
+    from rlvr.rewards.sandbox import Sandbox
+
+    with _sandbox_lock:
+        box = _sandboxes.get(os.getpid())
+        if box is None:
+            box = _sandboxes[os.getpid()] = Sandbox()
+            atexit.register(box.close)
+        return box
+
+
+def score_code(samples: Sequence[Sample]) -> list[RewardOutput]:
+    """The code reward of a batch (run in parallel in the sandbox): the fraction of the row's tests
+    the completion's last ```python block passes; strict = all of them. A limit hit or a blocked
+    operation scores 0, its reason in the note; a row without usable tests is the reward's error."""
+    from rlvr.rewards.code_tests import extract_code, parse_tests
+    from rlvr.rewards.sandbox import TestRun
+
+    box = _sandbox()
+    tests = [parse_tests(s.columns.get("tests")) for s in samples]
+    codes = [extract_code(s.completion) for s in samples]
+    futures = [box.submit(code, t) if code is not None else None for code, t in zip(codes, tests, strict=True)]
+    out = []
+    for future, t, code in zip(futures, tests, codes, strict=True):
+        run = future.result() if future is not None else TestRun(0, len(t), "no code block")
+        note = run.reason or f"{run.passed} of {run.total} tests passed"
+        out.append(RewardOutput(run.fraction, {"all_passed": float(run.all_passed)}, strict=run.all_passed,
+                                extracted_answer=code, note=note))
+    return out
+
+
+REWARD = RewardDefinition(
+    key="code",
+    display_name="Code tests (sandboxed)",
+    description="Runs the completion's last ```python block against the row's tests in a sandboxed process; "
+                "rewards the fraction of tests passed (strict: all). Bundled synthetic function-writing tasks, "
+                "or a dataset with a tests column.",
+    needs_dataset=False,
+    accepts_dataset=True,
+    columns=("tests",),
+    default_benchmark="code-heldout",
+    benchmark_display_name="Code tasks held-out",
+    instruction=INSTRUCTION,
+    heldout_size=DEFAULT_HELDOUT_N,
+    score_batch=score_code,
+    problems=lambda dataset, data_roots: CodeTask(),
+    timeout_seconds=10.0,  # the sandbox's own wall limit (5 s) and start-up, per completion
+    order=3,
+)

@@ -356,7 +356,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class RewardComponents(_message.Message):
-    __slots__ = ("reward", "accuracy", "format", "strict", "extracted_answer", "timed_out", "components", "error")
+    __slots__ = ("reward", "accuracy", "format", "strict", "extracted_answer", "timed_out", "components", "error", "note")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +372,7 @@ class RewardComponents(_message.Message):
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     reward: float
     accuracy: float
     format: float
@@ -380,7 +381,8 @@ class RewardComponents(_message.Message):
     timed_out: bool
     components: _containers.ScalarMap[str, float]
     error: str
-    def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ..., components: _Optional[_Mapping[str, float]] = ..., error: _Optional[str] = ...) -> None: ...
+    note: str
+    def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ..., components: _Optional[_Mapping[str, float]] = ..., error: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("path", "offset", "data", "file_size", "last")

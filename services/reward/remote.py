@@ -97,7 +97,7 @@ class RemoteScorer:
         except (TypeError, ValueError) as exc:
             return TermError(f"{self.key}: the remote reward at {self.address} answered {error_text(exc)}")
         return RewardOutput(output.score, output.components, result.strict or output.score == 1.0,
-                            result.extracted_answer or None)
+                            result.extracted_answer or None, result.note[:300])
 
     async def close(self) -> None:
         await self._client.close()

@@ -158,7 +158,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             results=[common_pb2.RewardComponents(
                 reward=r.reward, accuracy=r.accuracy, format=r.format, strict=r.strict,
                 extracted_answer=r.extracted_answer or "", timed_out=r.timed_out, components=r.components,
-                error=r.error) for r in scored],
+                error=r.error, note=r.note) for r in scored],
             seconds=seconds,
         )
 
