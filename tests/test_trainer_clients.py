@@ -162,7 +162,7 @@ async def test_stamps_are_checked_even_when_the_server_serves_latest(tmp_path: P
 async def test_service_scorer_against_the_reward_service() -> None:
     import asyncio
 
-    from rlvr.peers.types import Score
+    from rlvr.peers.types import Score, ScoreInput
     from rlvr.services.reward.server import build_service
     from rlvr.services.reward.settings import RewardSettings
     from rlvr.services.trainer.scorers import ScoreError, ScoreSettings, ServiceScorer
@@ -171,13 +171,15 @@ async def test_service_scorer_against_the_reward_service() -> None:
     async with ServiceRunner(build_service(settings), settings) as runner:
         scorer = ServiceScorer(runner.address, ScoreSettings("math_pairs", True, 0.2))
         scores = await asyncio.to_thread(
-            scorer.score, ["<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "76"], ["77", "77"])
+            scorer.score, [ScoreInput("<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>", "77"),
+                           ScoreInput("76", "77")])
         scorer.close()
         refused = ServiceScorer(runner.address, ScoreSettings("math_pairs", True, 2.0))  # weight out of range
         with pytest.raises(ScoreError) as caught:
-            await asyncio.to_thread(refused.score, ["76"], ["77"])
+            await asyncio.to_thread(refused.score, [ScoreInput("76", "77")])
         refused.close()
-    assert scores == [Score(pytest.approx(1.2), 1.0, 1.0), Score(0.0, 0.0, 0.0)]
+    assert scores == [Score(pytest.approx(1.2), 1.0, 1.0, True, "77", {"math_pairs": 1.0}),
+                      Score(0.0, 0.0, 0.0, False, "76", {"math_pairs": 0.0})]
     message = str(caught.value)
     assert message.startswith(f"reward service at {runner.address}: Score failed: INVALID_ARGUMENT: format_bonus_weight")
     assert "\n" not in message

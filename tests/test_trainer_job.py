@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from rlvr.peers.types import AdapterTag, Sampling, Score
+from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer import runner
 from rlvr.services.trainer.config import JobConfig, job_config
 from rlvr.services.trainer.rollouts import LocalGenerator, RolloutBatch
@@ -37,9 +38,9 @@ class ShapedScorer(LocalScorer):
     """The real Math Pairs scorer plus a small length term: the "test" model is rarely right, and
     GRPO only moves the adapter when rewards differ within a group."""
 
-    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
-        base = super().score(completions, ground_truths)
-        return [Score(s.reward + len(c) / 100, s.accuracy, s.format) for s, c in zip(base, completions, strict=True)]
+    def score(self, items: Sequence[ScoreInput]) -> list[Score]:
+        base = super().score(items)
+        return [Score(s.reward + len(i.completion) / 100, s.accuracy, s.format) for s, i in zip(base, items, strict=True)]
 
 
 def _job(tmp_path: Path, model: str, **overrides: Any) -> JobConfig:
@@ -86,7 +87,8 @@ def test_grpo_steps_train_the_adapter_only(tmp_path: Path, tiny_model: str, monk
     for event in events:
         present = {f.name for f, _ in event.ListFields()}
         # zero (unset on the wire) on a synchronous step: adapter_version at step 1, policy_lag always
-        assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio", "policy_lag"}, event
+        assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio", "policy_lag",
+                                           "reward_components", "reward_errors"}, event  # this scorer gives none
         assert event.HasField("entropy") and not event.HasField("kl")
         assert event.step_seconds >= event.generate_seconds + event.score_seconds + event.train_seconds > 0
         assert 0 < event.completion_length_mean <= event.completion_length_max <= 32
@@ -375,8 +377,8 @@ def test_a_stacked_job_on_a_quantized_base_trains_over_exactly_base_plus_init(
 class ShortIsGood:
     """A reward the "test" model can learn in a few steps: shorter text is better."""
 
-    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
-        return [Score(-len(c) / 50, 0.0, 0.0) for c in completions]
+    def score(self, items: Sequence[ScoreInput]) -> list[Score]:
+        return [Score(-len(i.completion) / 50, 0.0, 0.0) for i in items]
 
     def close(self) -> None:
         pass
@@ -401,10 +403,9 @@ class EvenTruthsOnly(LocalScorer):
         super().__init__(ScoreSettings("math_pairs"))
         self.calls: list[int] = []
 
-    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> list[Score]:
-        self.calls.append(len(completions))
-        return [Score(len(c) / 100 if int(t) % 2 == 0 else 0.0, 0.0, 0.0)
-                for c, t in zip(completions, ground_truths, strict=True)]
+    def score(self, items: Sequence[ScoreInput]) -> list[Score]:
+        self.calls.append(len(items))
+        return [Score(len(i.completion) / 100 if int(i.ground_truth) % 2 == 0 else 0.0, 0.0, 0.0) for i in items]
 
 
 @pytest.mark.parametrize("mode", ["off", "on", "ambiguous"])
@@ -440,10 +441,10 @@ def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_o
     monkeypatch.setattr(GrpoEngine, "_reward", spy)
     monkeypatch.setattr(LocalGenerator, "generate", counted)
     if mode == "ambiguous":  # every odd row asks the question of the row before with another answer
-        training_prompts = runner.training_prompts
-        monkeypatch.setattr(runner, "training_prompts", lambda job, tokenizer: [
-            (rows[i - 1][0], str(int(rows[i - 1][1]) + 1)) if i % 2 else row
-            for rows in [training_prompts(job, tokenizer)] for i, row in enumerate(rows)])
+        rendered_problems = runner.rendered_problems
+        monkeypatch.setattr(runner, "rendered_problems", lambda job, tokenizer, source=None: [
+            (rows[i - 1][0], replace(rows[i - 1][1], ground_truth=str(int(rows[i - 1][1].ground_truth) + 1)))
+            if i % 2 else row for rows in [rendered_problems(job, tokenizer, source)] for i, row in enumerate(rows)])
     scorer = EvenTruthsOnly()
     events: list[C.MetricEvent] = []
     job = _job(tmp_path, tiny_model, max_steps=4, synthetic_prompts=64, dynamic_sampling=mode == "on")

@@ -39,11 +39,11 @@ class ShapedScorer:
 
         self.local = LocalScorer(ScoreSettings("math_pairs"))
 
-    def score(self, completions: Any, ground_truths: Any) -> list[Any]:
+    def score(self, items: Any) -> list[Any]:
         from rlvr.peers.types import Score
 
-        return [Score(s.reward + len(c) / 100, s.accuracy, s.format)
-                for s, c in zip(self.local.score(completions, ground_truths), completions, strict=True)]
+        return [Score(s.reward + len(i.completion) / 100, s.accuracy, s.format)
+                for s, i in zip(self.local.score(items), items, strict=True)]
 
     def close(self) -> None:
         pass

@@ -334,7 +334,8 @@ class GrpoEngine:
         self.prefetch.schedule(step.number)
         return rows
 
-    def _reward(self, prompts: list[str], completions: list[str], ground_truth: list[str],
-                score: list[Score] | None = None, **_: Any) -> list[float]:
-        """TRL's reward function; `score` is the rollout's per-row field (absent when it could not score)."""
-        return self.current.rewards(score, completions, ground_truth, prompts)
+    def _reward(self, completions: list[str], ground_truth: list[str], score: list[Score] | None = None,
+                prompts: list[str] | None = None, **_: Any) -> list[float]:
+        """TRL's reward function (TRL passes every argument by name); `score` is the rollout's per-row
+        field (absent when it could not score), `prompts` the rows' rendered prompts."""
+        return self.current.rewards(score, completions, ground_truth, prompts or [""] * len(completions))
