@@ -1,24 +1,39 @@
-"""Reward-service throughput: completions scored per second and the latency of a 1,024-completion
-batch over gRPC (a real reward service in its own process), against the same scoring in-process.
+"""Reward throughput: completions scored per second, and the latency of one Score call, for a
+built-in reward, a trivial plugin, a remote reward and the sandboxed code reward; in-process and
+through a real reward service (its own process, over gRPC).
 
-    python bench/reward_throughput.py [--batches 30] [--batch-size 1024]
+    python bench/reward_throughput.py [--batches 20] [--batch-size 1024] [--code-batch 64]
 
-Prints a table and writes bench/results/reward_throughput.json.
+Each row is `--batches` calls of one batch: it prints the median completions/s with the range over
+the calls, and the p50/p99 latency of a call. Writes bench/results/reward_throughput.json. Targets
+(the reward issue): the plugin through the reward service within 1.5x of the built-in through it,
+the code reward at least 50 completions/s per core.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+PLUGIN = '''
+from rlvr.rewards import Sample, reward
+
+@reward("bench_exact", display_name="Bench exact")
+def bench_exact(sample: Sample) -> float:
+    return 1.0 if sample.completion.rstrip().endswith(sample.ground_truth) else 0.0
+'''
 
 
 def completions(n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -36,66 +51,134 @@ def completions(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return items
 
 
+def code_items(n: int) -> list[tuple[str, str, dict]]:
+    """The bundled code tasks' reference solutions (all pass), as completions."""
+    from rlvr.tasks.code import CodeTask
+
+    problems = CodeTask().prompts(min(n, 150), split="test")
+    rows = [(f"<think>t</think><answer>```python\n{p.ground_truth}\n```</answer>", p.ground_truth, dict(p.columns))
+            for p in problems]
+    return (rows * (n // len(rows) + 1))[:n]
+
+
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def bench_inprocess(items: list[tuple[str, str]], batches: int) -> list[float]:
-    from rlvr.services.reward.pool import ScoreItem, score_many
-
-    batch = [ScoreItem("gsm8k", c, g) for c, g in items]
+def timed(call: Callable[[], object], batches: int) -> list[float]:
+    call()  # warm: worker processes, sandboxes, channels
     times = []
     for _ in range(batches):
         t0 = time.perf_counter()
-        score_many(batch)
+        call()
         times.append(time.perf_counter() - t0)
     return times
 
 
-def bench_grpc(items: list[tuple[str, str]], batches: int) -> list[float]:
-    from test_bootstrap import _free_port, _wait_serving  # the tests' helpers: a real server on loopback
+def in_process(key: str, items: list[tuple], batches: int) -> list[float]:
+    from rlvr.rewards.combine import score_samples
+    from rlvr.rewards.registry import Sample, load_registry
 
+    definition = load_registry().get(key)
+    samples = [Sample(c, g, columns=cols[0] if cols else {}) for c, g, *cols in items]
+    return timed(lambda: score_samples([(definition, 1.0)], samples), batches)
+
+
+def through_service(address: str, key: str, items: list[tuple], batches: int) -> list[float]:
     from rlvr.clients.sdk import RewardClient
-    from rlvr.v1 import common_pb2, reward_pb2
+    from rlvr.peers.types import ScoreInput, score_request
+
+    client = RewardClient(address)
+    request = score_request(key, [ScoreInput(c, g, columns=cols[0] if cols else {}) for c, g, *cols in items])
+    response = client.score(request, timeout=600)
+    assert not any(r.error for r in response.results), response.results[0].error
+    return timed(lambda: client.score(request, timeout=600), batches)
+
+
+def start_remote(work: Path) -> tuple[subprocess.Popen, int]:
+    from test_bootstrap import _free_port
+    from test_rewards_e2e import generate_stubs
 
     port = _free_port()
+    generated = generate_stubs(work / "generated")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "remote_reward_server.py"), str(generated),
+                             str(port), "exact"], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc, port
+
+
+def start_service(work: Path, remote_port: int) -> tuple[subprocess.Popen, str]:
+    from fixtures_rewards import write_distribution
+    from test_bootstrap import _free_port, _wait_serving
+
+    plugins = write_distribution(work / "plugins", "rlvr-bench-plugin", {"rlvr_bench_plugin": PLUGIN},
+                                 {"bench_exact": "rlvr_bench_plugin:bench_exact"})
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "RLVR_REWARD_REMOTE_REWARDS": json.dumps({"bench_remote": {"address": f"127.0.0.1:{remote_port}"}})}
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.services.reward.main", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_serving(f"127.0.0.1:{port}")
-        client = RewardClient(f"127.0.0.1:{port}")
-        request = reward_pb2.ScoreRequest(function=common_pb2.REWARD_FUNCTION_GSM8K,
-                                          items=[reward_pb2.ScoreItem(completion=c, ground_truth=g) for c, g in items])
-        client.score(request)  # warm the worker pool
-        times = []
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            client.score(request)
-            times.append(time.perf_counter() - t0)
-        return times
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    address = f"127.0.0.1:{port}"
+    _wait_serving(address)
+    return proc, address
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--code-batch", type=int, default=64)
     args = parser.parse_args()
-    items = completions(args.batch_size)
-    rows = {"in-process (score_many)": bench_inprocess(items, args.batches),
-            "gRPC reward service": bench_grpc(items, args.batches)}
-    print(f"reward scoring, batches of {args.batch_size} GSM8K-like completions, {args.batches} batches")
-    print(f"{'path':<26}{'completions/s':>15}{'p50 ms':>10}{'p99 ms':>10}")
+    items, code = completions(args.batch_size), code_items(args.code_batch)
+    cores = len(os.sched_getaffinity(0))
+
+    from fixtures_rewards import write_distribution
+
+    from rlvr.rewards import registry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        sys.path.insert(0, str(write_distribution(work / "local", "rlvr-bench-plugin", {"rlvr_bench_plugin": PLUGIN},
+                                                  {"bench_exact": "rlvr_bench_plugin:bench_exact"})))
+        registry.clear_cache()
+        remote, remote_port = start_remote(work)
+        service, address = start_service(work, remote_port)
+        try:
+            rows = {
+                "built-in gsm8k, in-process": (args.batch_size, in_process("gsm8k", items, args.batches)),
+                "plugin, in-process": (args.batch_size, in_process("bench_exact", items, args.batches)),
+                "built-in gsm8k, reward service": (args.batch_size, through_service(address, "gsm8k", items,
+                                                                                    args.batches)),
+                "plugin, reward service": (args.batch_size, through_service(address, "bench_exact", items,
+                                                                            args.batches)),
+                "remote reward, reward service": (args.batch_size, through_service(address, "bench_remote", items,
+                                                                                   args.batches)),
+                "code reward, in-process": (args.code_batch, in_process("code", code, args.batches)),
+                "code reward, reward service": (args.code_batch, through_service(address, "code", code,
+                                                                                 args.batches)),
+            }
+        finally:
+            for proc in (service, remote):
+                proc.terminate()
+                proc.wait(timeout=30)
+    print(f"reward scoring: {args.batches} calls per row; GSM8K-like batches of {args.batch_size}, code batches of "
+          f"{args.code_batch}; {cores} cores; load {os.getloadavg()[0]:.2f}")
+    print(f"{'path':<32}{'completions/s (median, range)':>34}{'p50 ms':>10}{'p99 ms':>10}")
     results = {}
-    for name, times in rows.items():
-        rate = args.batch_size / statistics.mean(times)
+    for name, (n, times) in rows.items():
+        rates = [n / t for t in times]
+        median, low, high = statistics.median(rates), min(rates), max(rates)
         p50, p99 = percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000
-        results[name] = {"completions_per_s": rate, "p50_ms": p50, "p99_ms": p99}
-        print(f"{name:<26}{rate:>15,.0f}{p50:>10.1f}{p99:>10.1f}")
+        results[name] = {"completions_per_s": median, "range": [low, high], "p50_ms": p50, "p99_ms": p99,
+                         "batch": n}
+        print(f"{name:<32}{median:>14,.0f}  ({low:>7,.0f} - {high:>7,.0f}){p50:>10.1f}{p99:>10.1f}")
+    plugin, builtin = results["plugin, reward service"], results["built-in gsm8k, reward service"]
+    print(f"plugin / built-in through the reward service: {builtin['completions_per_s'] / plugin['completions_per_s']:.2f}x "
+          "the built-in's time (target <= 1.5x)")
+    print(f"code reward through the reward service: {results['code reward, reward service']['completions_per_s'] / cores:,.0f}"
+          " completions/s per core (target >= 50)")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "reward_throughput.json").write_text(json.dumps(results, indent=2))
