@@ -1,5 +1,7 @@
 """Settings of the scheduler service (the public API, the store, dispatch)."""
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -12,6 +14,7 @@ from rlvr.common.settings import (
     StoreFields,
     local_address,
     port_field,
+    rlvr_home,
 )
 
 
@@ -25,6 +28,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """Trainer workers (HOST:PORT, JSON list or comma list); one job per worker at a time."""
     benchmark_address: str = local_address("benchmark")
     """The benchmark service, for training loops."""
+    model_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "models"])
+    """Folders a job's base model may be named from as a local path (JSON list or comma list); a
+    path outside them is refused at CreateJob. Hub ids and the bundled tiny models need no root."""
     max_lora_rank: int = Field(default=64, ge=4, le=512)
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
     adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
