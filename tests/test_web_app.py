@@ -153,7 +153,7 @@ def test_form_fields_map_to_the_contract_and_errors_to_fields() -> None:
 @pytest.mark.parametrize("url, expected", [
     ("/jobs", ["Jobs", "rising", 'role="img"', "step 12"]),
     ("/jobs/job0001", ["RL Metrics", "Accuracy Trend", "Reward Trend", "Best Accuracy", "Final Loss",
-                       'id="chart-reward"', 'id="chart-loss"', "Download Adapter", "Merge Model", "Export History",
+                       'id="chart-reward_accuracy"', 'id="chart-loss"', "Download Adapter", "Merge Model", "Export History",
                        "Training Summary", "RLVR (GRPO)"]),
     ("/jobs/job0002", ["no training step recorded yet", 'data-live="/jobs/job0002/events?since=', "Cancel job"]),
     ("/train", ["Reward Function", "GRPO Configuration", "Advanced Options", "Training Summary", "Start Training",
