@@ -220,9 +220,16 @@ class FakeBenchmark:
 
     def get_leaderboard(self, request: B.GetLeaderboardRequest, **_: object) -> B.GetLeaderboardResponse:
         column = request.score_column or "accuracy"
-        entry = B.LeaderboardEntry(rank=1, evaluation_id="ev1", model="rlvr-tiny", adapter_name="job-x",
-                                   adapter_version=3, scores=self.evaluation.scores, label="R1")
-        return B.GetLeaderboardResponse(benchmark=request.benchmark, score_column=column, entries=[entry])
+        entries = [B.LeaderboardEntry(rank=1, evaluation_id="ev1", model="rlvr-tiny", adapter_name="job-x",
+                                      adapter_version=3, scores=self.evaluation.scores, label="R1",
+                                      question_set="qs-0123456789ab", questions=45, standard_error=0.0596),
+                   B.LeaderboardEntry(rank=1, evaluation_id="ev2", model="rlvr-tiny", scores=B.ScoreBreakdown(
+                       accuracy=0.25, accuracy_strict=0.25, format=1.0, answered=1.0), label="base, 32 questions",
+                                      question_set="qs-ba9876543210", questions=32, standard_error=0.077)]
+        sets = [B.QuestionSet(id="qs-0123456789ab", questions=45, entries=1, description="the first 45 of 500 questions"),
+                B.QuestionSet(id="qs-ba9876543210", questions=32, entries=1, description="the first 32 of 500 questions")]
+        return B.GetLeaderboardResponse(benchmark=request.benchmark, score_column=column, entries=entries,
+                                        question_sets=sets)
 
 
 class FakeSdk:

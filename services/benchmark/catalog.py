@@ -21,11 +21,11 @@ from functools import lru_cache
 from typing import Literal
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.scores import SCORE_COLUMNS
 from rlvr.tasks import math_pairs
 from rlvr.tasks.gsm8k import BUNDLED_DIR
 
 RewardName = Literal["math_pairs", "gsm8k", "boxed"]
-SCORE_COLUMNS: tuple[str, ...] = ("accuracy", "accuracy_strict", "format", "answered")
 DEFAULT_SCORE_COLUMN = "accuracy"
 
 
