@@ -270,13 +270,14 @@ def cmd_benchmarks(args: argparse.Namespace, client: BenchmarkClient) -> int:
 
 def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
+        from rlvr.clients.errors import explain
         from rlvr.clients.sdk import RlvrError
 
         client = _client(args)
         try:
             return command(args, client)
         except RlvrError as e:
-            print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+            print(f"error: {explain(e)}", file=sys.stderr)
             return 2 if e.code.name in BAD_INPUT else 1
         except OSError as e:  # export: the output file
             print(f"error: {e}", file=sys.stderr)

@@ -389,7 +389,7 @@ class Stack:
         from rlvr.infra.events import redact_url
 
         config = {**asdict(self.cfg), "database_url": redact_url(self.cfg.database_url)}
-        state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
+        state = {"pid": os.getpid(), "nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": config}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))

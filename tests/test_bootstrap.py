@@ -115,6 +115,7 @@ def test_reflection_and_health_by_an_outside_client() -> None:
                              text=True, timeout=30)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "rlvr.v1.SchedulerService SERVING" in out.stdout and "CreateJob" in out.stdout
+        assert "serving 1/1" in out.stdout
         # SIGTERM: graceful, exit code 0, promptly.
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -184,12 +184,11 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         assert "stopped." not in second.stdout
         assert (home / "tokens.json").read_text() == tokens and (home / "stack.json").read_text() == stack_json
         _check_the_stack_token(tmp_path, home, state)
-        if PROBE.exists():
-            probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
-                                   capture_output=True, text=True, timeout=60)
-            assert probe.returncode == 0 and "serving 5/5" in probe.stdout, probe.stdout
-            for name in SERVICES:
-                assert f"rlvr.v1.{name.capitalize()}Service" in probe.stdout
+        probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
+                               capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0 and "serving 5/5" in probe.stdout, probe.stdout
+        for name in SERVICES:
+            assert f"rlvr.v1.{name.capitalize()}Service SERVING" in probe.stdout
 
         # kill -9 of one service: `rlvr up` reports it and starts it again on the same address,
         # and the other services keep running (their pids do not change).
