@@ -238,12 +238,12 @@ class FakeSdk:
         self.benchmark = FakeBenchmark()
 
 
-def app_over_fakes(sdk: FakeSdk | None = None):  # noqa: ANN201 (a Starlette app)
+def app_over_fakes(sdk: FakeSdk | None = None, login: object = None, bind: str = ""):  # noqa: ANN201 (Starlette)
     from rlvr.clients.web.app import create_app
 
     sdk = sdk or FakeSdk()
     return create_app(sdk, stream_client=lambda: sdk.scheduler, secret=b"test-secret",
-                      addresses={"scheduler": "fake:1", "benchmark": "fake:2"})
+                      addresses={"scheduler": "fake:1", "benchmark": "fake:2"}, login=login, bind=bind)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":  # the console over the fakes, to look at
