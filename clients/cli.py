@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from rlvr.clients import demo, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import demo, events_cmd, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -136,6 +136,7 @@ COMMAND_GROUPS: list[Register] = [
     train_cmd.register,
     loops_cmd.register,
     importlib.import_module("rlvr.clients.eval_cmd").register,
+    events_cmd.register,
     demo.register,
 ]
 """Every command group, in the order `rlvr --help` lists them."""
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlvr",
         description="rlvr: RLVR training (GRPO on LoRA adapters) as gRPC services. Service addresses "
-        "come from RLVR_<SERVICE>_ADDRESS (default: the local stack).",
+        "come from --address, else RLVR_<SERVICE>_ADDRESS, else the running local stack's (`rlvr up`), else "
+        "127.0.0.1 and the default ports (docs/cli.md).",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for register in COMMAND_GROUPS:

@@ -151,6 +151,7 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlvr.clients.errors import explain
     from rlvr.clients.sdk import RlvrError
     from rlvr.common.settings import rlvr_home
 
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = measure_training(demo_spec(args), args.eval_n, home)
     except RlvrError as e:
-        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 1
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlvr.jobspec import MAX_COMPLETION
+from rlvr.scores import DEFINITIONS, SCORE_COLUMNS, TITLES
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 
@@ -26,8 +27,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `rlvr --help` must not pay for
 
     from rlvr.clients.sdk import BenchmarkClient
 
-TILES = [("accuracy", "Accuracy"), ("accuracy_strict", "Accuracy Strict"), ("format", "Format"),
-         ("answered", "Answered")]
+TILES = [(column, TITLES[column]) for column in SCORE_COLUMNS]  # rlvr/scores.py: the one definition
 EXPORT_FIELDS = ["index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy",
                  "format", "strict", "finish_reason"]
 BAD_INPUT = ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION")
@@ -158,9 +158,9 @@ def cmd_show(args: argparse.Namespace, client: BenchmarkClient) -> int:
     resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(id=args.id, only_wrong=args.wrong,
                                                                        limit=args.rows))
     title = "Detailed Results" + (" (wrong answers)" if args.wrong else "")
-    # Ok = correct final answer, Strict = correct inside <answer>, Fmt = exact format, End = stop/length
-    table = Table(title=title, title_justify="left", caption="Ok: correct  Strict: correct inside <answer>  "
-                  "Fmt: <think>/<answer> format  End: stop or length cut-off", caption_justify="left")
+    legend = "  ".join(f"{short}: {DEFINITIONS[key]}" for short, key in
+                       (("Ok", "accuracy"), ("Strict", "accuracy_strict"), ("Fmt", "format"), ("End", "answered")))
+    table = Table(title=title, title_justify="left", caption=legend, caption_justify="left")
     for name in ("#", "Prompt", "Truth", "Answer", "Ok", "Strict", "Fmt", "End", "Completion"):
         table.add_column(name, overflow="fold")
     for r in resp.results:
@@ -227,22 +227,37 @@ def cmd_delete(args: argparse.Namespace, client: BenchmarkClient) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace, client: BenchmarkClient) -> int:
+    """One table per question set (GetLeaderboard ranks only evaluations over the same questions),
+    the score with its standard error, the numbers right-aligned under their headers."""
     from rich.table import Table
 
     resp = client.get_leaderboard(B.GetLeaderboardRequest(benchmark=args.benchmark, score_column=args.column,
-                                                          limit=args.limit))
+                                                          limit=args.limit, question_set=args.question_set))
     titles = dict(TILES)
-    table = Table(title=f"Leaderboard: {resp.benchmark}, by {resp.score_column}", title_justify="left")
-    table.add_column("Rank")
-    for name in (titles[resp.score_column], *(t for k, t in TILES if k != resp.score_column), "Adapter", "Label"):
-        table.add_column(name, overflow="fold")
-    table.add_column("Evaluation", no_wrap=True, min_width=12)
-    for e in resp.entries:
-        others = [f"{getattr(e.scores, k):.1%}" for k, _ in TILES if k != resp.score_column]
-        adapter = f"{e.adapter_name} v{e.adapter_version}" if e.adapter_name else "(base)"
-        table.add_row(str(e.rank), f"{getattr(e.scores, resp.score_column):.1%}", *others, adapter, e.label,
-                      e.evaluation_id)
-    _console().print(table)
+    console = _console()
+    if not resp.entries:
+        console.print(f"No completed evaluation of {resp.benchmark} yet.")
+        return 0
+    for question_set in resp.question_sets:
+        table = Table(title=f"Leaderboard: {resp.benchmark}, by {resp.score_column}: {question_set.description} "
+                            f"(n = {question_set.questions}, set {question_set.id})", title_justify="left")
+        table.add_column("Rank", justify="right", no_wrap=True)
+        table.add_column(f"{titles[resp.score_column]} ± SE", justify="right", no_wrap=True)
+        for key, title in TILES:
+            if key != resp.score_column:
+                table.add_column(title, justify="right", no_wrap=True)
+        table.add_column("Adapter", overflow="fold")
+        table.add_column("Label", overflow="fold")
+        table.add_column("Evaluation", no_wrap=True, min_width=12)
+        for e in (e for e in resp.entries if e.question_set == question_set.id):
+            others = [f"{getattr(e.scores, k):.1%}" for k, _ in TILES if k != resp.score_column]
+            adapter = f"{e.adapter_name} v{e.adapter_version}" if e.adapter_name else "(base)"
+            score = f"{getattr(e.scores, resp.score_column):.1%} ± {100 * e.standard_error:.1f}"
+            table.add_row(str(e.rank), score, *others, adapter, e.label, e.evaluation_id)
+        console.print(table)
+    if len(resp.question_sets) > 1:
+        console.print("Scores are ranked only against evaluations over the same questions; ± is one standard "
+                      "error in points.")
     return 0
 
 
@@ -255,13 +270,14 @@ def cmd_benchmarks(args: argparse.Namespace, client: BenchmarkClient) -> int:
 
 def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
+        from rlvr.clients.errors import explain
         from rlvr.clients.sdk import RlvrError
 
         client = _client(args)
         try:
             return command(args, client)
         except RlvrError as e:
-            print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+            print(f"error: {explain(e)}", file=sys.stderr)
             return 2 if e.code.name in BAD_INPUT else 1
         except OSError as e:  # export: the output file
             print(f"error: {e}", file=sys.stderr)
@@ -320,7 +336,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     board = sub.add_parser("leaderboard", help="completed evaluations of a benchmark, best first")
     board.add_argument("benchmark")
     board.add_argument("--column", default="", help="accuracy, accuracy_strict, format or answered")
-    board.add_argument("--limit", type=int, default=0, help="at most N (default 50)")
+    board.add_argument("--limit", type=int, default=0, help="at most N per question set (default 50)")
+    board.add_argument("--question-set", default="", help="only this question set (an id the tables show)")
     board.set_defaults(handler=_handler(cmd_leaderboard))
     benchmarks = sub.add_parser("benchmarks", help="the benchmarks, their sizes and score columns")
     benchmarks.set_defaults(handler=_handler(cmd_benchmarks))

@@ -35,6 +35,7 @@ def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # no
     """Prints the job's RL Metrics card; on a failed GetJobMetrics, one warning line on stderr
     (the job itself was shown already). Returns whether the card was printed."""
     from rlvr.clients import jobs_view
+    from rlvr.clients.errors import explain
     from rlvr.peers.base import RlvrError
     from rlvr.v1 import scheduler_pb2 as S
 
@@ -42,7 +43,7 @@ def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # no
     try:
         metrics = client.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id))
     except RlvrError as e:
-        print(f"warning: RL Metrics unavailable: {e.code.name}: {e.details}", file=sys.stderr)
+        print(f"warning: RL Metrics unavailable: {explain(e)}", file=sys.stderr)
         return False
     text = jobs_view.render(metrics, width=terminal_width(out), unicode=jobs_view.supports_unicode(out))
     print(text, file=out)
@@ -136,12 +137,13 @@ def scheduler_client(args: argparse.Namespace):  # -> SchedulerClient
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
+    from rlvr.clients.errors import explain
     from rlvr.peers.base import RlvrError
 
     try:
         return COMMANDS[args.jobs_command](args, scheduler_client(args))
     except RlvrError as e:
-        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as e:  # a path we cannot write, a chunk path outside the directory
         print(f"error: {e}", file=sys.stderr)

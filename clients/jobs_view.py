@@ -33,6 +33,35 @@ class Series:
     title: str
     steps: list[int]
     values: list[float]
+    label: str = ""  # its name in a chart's legend ("reward"); default the title
+
+    @property
+    def name(self) -> str:
+        return self.label or self.title
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the RL Metrics card: one series, or two sharing the steps and one legend."""
+
+    key: str  # file-name friendly: "reward_accuracy", "loss", ...
+    title: str
+    series: tuple[Series, ...]
+
+    @property
+    def steps(self) -> tuple[int, int]:
+        """The first and last step any of its series covers."""
+        return (min(s.steps[0] for s in self.series), max(s.steps[-1] for s in self.series))
+
+
+# The charts and their series, in the spec's order: "Reward & accuracy and Loss chart every step. If
+# the run logged them, you may also see KL & entropy and Completion length charts below."
+CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy")),
+    ("loss", "Loss", ("loss",)),
+    ("kl_entropy", "KL & entropy", ("kl", "entropy")),
+    ("completion_length", "Completion length (tokens)", ("completion_length",)),
+)
 
 
 # What Python 3.7+ sets LC_CTYPE to when it starts under the C locale (PEP 538's coercion).
@@ -121,19 +150,39 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     completion length where the run logged them."""
     points = sorted(metrics.series, key=lambda p: p.step)
     steps = [p.step for p in points]
-    out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points]),
-           Series("accuracy", "Accuracy", steps, [p.accuracy for p in points]),
-           Series("loss", "Loss", steps, [p.loss for p in points])]
+    out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points], "reward"),
+           Series("accuracy", "Accuracy", steps, [p.accuracy for p in points], "accuracy"),
+           Series("loss", "Loss", steps, [p.loss for p in points], "loss")]
     kl = [(p.step, p.kl) for p in points if p.HasField("kl")]
     if metrics.has_kl or kl:
-        out.append(Series("kl", "KL divergence", [s for s, _ in kl], [v for _, v in kl]))
+        out.append(Series("kl", "KL divergence", [s for s, _ in kl], [v for _, v in kl], "KL"))
     entropy = [(p.step, p.entropy) for p in points if p.HasField("entropy")]
     if metrics.has_entropy or entropy:
-        out.append(Series("entropy", "Entropy", [s for s, _ in entropy], [v for _, v in entropy]))
+        out.append(Series("entropy", "Entropy", [s for s, _ in entropy], [v for _, v in entropy], "entropy"))
     if any(p.completion_length for p in points):
         out.append(Series("completion_length", "Completion length (tokens)", steps,
-                          [p.completion_length for p in points]))
+                          [p.completion_length for p in points], "tokens"))
     return [s for s in out if s.values]
+
+
+def charts_of(metrics: S.JobMetrics) -> list[Chart]:
+    """The card's charts (`CHARTS`): Reward & accuracy and Loss, then KL & entropy and Completion
+    length where the run logged them; a pair with one series logged is a chart of that one."""
+    by_key = {s.key: s for s in series_of(metrics)}
+    charts = []
+    for key, title, keys in CHARTS:
+        series = tuple(by_key[k] for k in keys if k in by_key)
+        if series:
+            charts.append(Chart(key, title if len(series) == len(keys) else series[0].title, series))
+    return charts
+
+
+def chart_caption(chart: Chart) -> str:
+    """One line under a chart: its steps, then each series' last, min and max."""
+    first, last = chart.steps
+    parts = [f"{s.name if len(chart.series) > 1 else ''} last {num(s.values[-1])}, min {num(min(s.values))}, "
+             f"max {num(max(s.values))}".strip() for s in chart.series]
+    return f"{chart.title}: steps {first}–{last}; {'; '.join(parts)}"
 
 
 # ---------------------------------------------------------------- the job
@@ -291,51 +340,75 @@ def _ascii(dots: set[int]) -> str:
     return {0: '"', 1: "-", 2: "_"}[levels.pop()]
 
 
-def chart_lines(series: Series, width: int = 38, height: int = 4, *, unicode: bool = True) -> list[str]:
-    """A titled line chart of one series in exactly `width` columns: y-range labels on the left,
-    the first and last step under it."""
+def _band(series: Series, cols: int, rows: int, label_w: int, unicode: bool, name: str = "") -> list[str]:
+    """The plot rows of one series: its range on the first and last row (a flat line: on its
+    row), `name` on a middle row when given."""
     cx, cy, draw = (2, 4, _braille) if unicode else (1, 3, _ascii)
     finite = [v for v in series.values if math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    # y-range labels by row; a flat line is drawn in the middle, with one label on its row
-    labels = {(height * cy // 2) // cy: num(hi)} if hi == lo else {0: num(hi), height - 1: num(lo)}
-    label_w = max(8, *(len(label) for label in labels.values()))
-    cols = max(4, width - label_w - 1)
-    cells = _canvas(series.values, cols, height, cx, cy)
-    last = f"last {num(series.values[-1])}"
-    title = series.title[: max(0, width - len(last) - 1)]
-    lines = [f"{title:<{width - len(last)}}{last}"]
+    labels = {(rows * cy // 2) // cy: num(hi)} if hi == lo else {0: num(hi), rows - 1: num(lo)}
+    if name:
+        labels.setdefault(rows // 2, name)
+    cells = _canvas(series.values, cols, rows, cx, cy)
+    lines = []
     for r, row in enumerate(cells):
         label = labels.get(r, "")
-        axis_char = ("┤" if label else "│") if unicode else ("+" if label else "|")
-        lines.append(f"{label:>{label_w}}{axis_char}" + "".join(draw(c) for c in row))
-    first_step, last_step = (series.steps[0], series.steps[-1]) if series.steps else (0, 0)
+        numeric = bool(label) and label != name
+        axis_char = ("┤" if numeric else "│") if unicode else ("+" if numeric else "|")
+        lines.append(f"{label[:label_w]:>{label_w}}{axis_char}" + "".join(draw(c) for c in row))
+    return lines
+
+
+def chart_lines(chart: Chart | Series, width: int = 38, height: int = 4, *, unicode: bool = True) -> list[str]:
+    """A titled line chart in exactly `width` columns: y-range labels on the left, the first and
+    last step under it. A chart of two series draws each on a band of its own (a braille line has
+    no colour to tell two apart) under the one title, with the series' names and last values as
+    the legend (the last values in the same order) and the steps shared."""
+    if isinstance(chart, Series):
+        chart = Chart(chart.key, chart.title, (chart,))
+    pair = len(chart.series) > 1
+    labels = [num(v) for s in chart.series for v in s.values if math.isfinite(v)]
+    label_w = max(8, *(len(label) for label in labels), *((len(s.name) for s in chart.series) if pair else ()))
+    cols = max(4, width - label_w - 1)
+    last = "last " + " / ".join(num(s.values[-1]) for s in chart.series)  # in the bands' order
+    if len(chart.title) + len(last) + 1 > width:
+        last = last.removeprefix("last ")
+    title = chart.title[: max(0, width - len(last) - 1)]
+    lines = [f"{title:<{max(0, width - len(last))}}{last}"]
+    rows = max(2, height - 1) if pair else height
+    for s in chart.series:
+        lines += _band(s, cols, rows, label_w, unicode, s.name if pair else "")
+    first_step, last_step = chart.steps
     left = f"step {first_step}"
     right = str(last_step) if last_step != first_step else ""
     lines.append(" " * (label_w + 1) + f"{left}{right:>{cols - len(left)}}")
     return [line.ljust(width)[:width] for line in lines]
 
 
-def charts_lines(series: Sequence[Series], width: int = 80, *, unicode: bool = True) -> list[str]:
+def charts_lines(charts: Sequence[Chart | Series], width: int = 80, *, unicode: bool = True) -> list[str]:
     """Every chart; two side by side when `width` allows (78 columns or more)."""
     gap = 3
     if width >= 78:
         panel = (min(width, 100) - gap) // 2
         lines: list[str] = []
-        for i in range(0, len(series), 2):
-            pair = [chart_lines(s, panel, unicode=unicode) for s in series[i:i + 2]]
+        for i in range(0, len(charts), 2):
+            pair = [chart_lines(c, panel, unicode=unicode) for c in charts[i:i + 2]]
             if lines:
                 lines.append("")
             if len(pair) == 1:
                 lines += [line.rstrip() for line in pair[0]]
             else:
-                lines += [(a + " " * gap + b).rstrip() for a, b in zip(*pair, strict=True)]
+                left, right = pair
+                depth = max(len(left), len(right))
+                left += [" " * panel] * (depth - len(left))
+                right += [""] * (depth - len(right))
+                lines += [(a + " " * gap + b).rstrip() for a, b in zip(left, right, strict=True)]
         return lines
     lines = []
-    for s in series:
+    for c in charts:
         if lines:
             lines.append("")
-        lines += [line.rstrip() for line in chart_lines(s, width, unicode=unicode)]
+        lines += [line.rstrip() for line in chart_lines(c, width, unicode=unicode)]
     return lines
 
 
@@ -367,7 +440,7 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
     lines += tiles_lines(metrics.tiles, unicode=unicode, width=width)
     if metrics.message:
         lines += ["", metrics.message]
-    charts = series_of(metrics)
+    charts = charts_of(metrics)
     if charts:
         lines += [""] + charts_lines(charts, width, unicode=unicode)
     return "\n".join(lines)

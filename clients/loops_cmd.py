@@ -245,12 +245,13 @@ COMMANDS = {"start": cmd_start, "list": cmd_list, "show": cmd_show, "watch": cmd
 
 
 def cmd_loops(args: argparse.Namespace) -> int:
+    from rlvr.clients.errors import explain
     from rlvr.peers.base import RlvrError
 
     try:
         return COMMANDS[args.loops_command](args, jobs_cmd.scheduler_client(args))
     except RlvrError as e:
-        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 2 if e.code.name == "INVALID_ARGUMENT" else 1
     except (OSError, ValueError) as e:  # a file we cannot write
         print(f"error: {e}", file=sys.stderr)

@@ -21,7 +21,16 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.clients.jobs_view import DIRECTION_WORDS, Series, num, series_of, status_name, tile_values
+from rlvr.clients.jobs_view import (
+    DIRECTION_WORDS,
+    Chart,
+    Series,
+    chart_caption,
+    charts_of,
+    num,
+    status_name,
+    tile_values,
+)
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -141,33 +150,60 @@ def table_rows(rows: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------- charts
 
 
-def chart_png(series: Series, trend: S.Trend | None = None) -> bytes:
-    """One series as a PNG line chart; with its trend, the early and late windows shaded and the
-    peak marked."""
+SHARED_AXIS = frozenset({"reward_accuracy"})
+"""The pairs drawn on one y axis (reward and accuracy share the 0-1 scale); any other pair gets a
+second axis on the right for its second series (KL is ~100x smaller than entropy)."""
+
+
+def chart_png(chart: Chart | Series, trends: dict[str, S.Trend] | None = None) -> bytes:
+    """A chart as a PNG: each series a line, a pair with one legend (on two y axes unless the pair
+    is in SHARED_AXIS). With a series' trend (`trends`, by series key) the early and late windows
+    are shaded and the series' peak marked."""
     from matplotlib.ticker import MaxNLocator
 
-    color = COLORS.get(series.key, "#2563eb")
+    if isinstance(chart, Series):
+        chart = Chart(chart.key, chart.title, (chart,))
+    trends = trends or {}
     fig, ax = new_axes()
-    n = len(series.values)
-    ax.plot(series.steps, series.values, color=color, linewidth=1.8,
-            marker="o" if n <= 40 else None, markersize=7 if n == 1 else 3.5)
-    if trend is not None and trend.window > 0 and n:
-        first, last = series.steps[0], series.steps[-1]
-        w = trend.window
-        early_end = series.steps[min(w, n) - 1]
-        late_start = series.steps[max(n - w, 0)]
-        ax.axvspan(first - 0.5, early_end + 0.5, color="#94a3b8", alpha=0.18, linewidth=0, label="early window")
-        ax.axvspan(late_start - 0.5, last + 0.5, color=color, alpha=0.12, linewidth=0, label="late window")
-        if first <= trend.peak_step <= last:
-            ax.plot([trend.peak_step], [trend.peak], marker="*", markersize=11, color="#f59e0b",
-                    markeredgecolor="#92400e", linestyle="none", label=f"peak {num(trend.peak)}")
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8, frameon=False,
+    pair = len(chart.series) > 1
+    second = ax.twinx() if pair and chart.key not in SHARED_AXIS else ax
+    lines, windows, peaks = [], [], []
+    for series, axis in zip(chart.series, (ax, second), strict=False):
+        color = COLORS.get(series.key, "#2563eb")
+        n = len(series.values)
+        line, = axis.plot(series.steps, series.values, color=color, linewidth=1.8,
+                          marker="o" if n <= 40 else None, markersize=7 if n == 1 else 3.5, label=series.name)
+        lines.append(line)
+        trend = trends.get(series.key)
+        if trend is None or trend.window <= 0 or not n:
+            continue
+        if not windows:  # the windows are the steps' (the same for every series): shaded once
+            w = trend.window
+            early_end, late_start = series.steps[min(w, n) - 1], series.steps[max(n - w, 0)]
+            windows.append(ax.axvspan(series.steps[0] - 0.5, early_end + 0.5, color="#94a3b8", alpha=0.18,
+                                      linewidth=0, label="early window"))
+            windows.append(ax.axvspan(late_start - 0.5, series.steps[-1] + 0.5, color=color, alpha=0.12,
+                                      linewidth=0, label="late window"))
+        if series.steps[0] <= trend.peak_step <= series.steps[-1]:
+            star, = axis.plot([trend.peak_step], [trend.peak], marker="*", markersize=11, color="#f59e0b",
+                              markeredgecolor="#92400e", linestyle="none", zorder=5, label=f"peak {num(trend.peak)}")
+            peaks.append(star)
+            line.set_label(f"{series.name}, peak {num(trend.peak)}")
+    handles = [*lines, *windows] if pair else [*windows, *peaks]  # a pair's lines name their peaks
+    if handles:
+        ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+                  ncol=2 if len(handles) == 4 else min(3, len(handles)), fontsize=8, frameon=False,
                   borderaxespad=0.2, handlelength=1.4, columnspacing=1.0)
-    style_axes(ax, series.title, "step")
+    style_axes(ax, chart.title, "step")
+    if second is not ax:  # each y axis in its series' colour
+        for axis, series in ((ax, chart.series[0]), (second, chart.series[1])):
+            axis.tick_params(axis="y", labelsize=8, colors=COLORS.get(series.key, "#475569"))
+        second.spines["top"].set_visible(False)
+        second.spines["right"].set_color("#cbd5e1")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    if n:
-        pad = 1.0 if n == 1 else 0.5
-        ax.set_xlim(series.steps[0] - pad, series.steps[-1] + pad)
+    first, last = chart.steps
+    pad = 1.0 if first == last else 0.5
+    ax.set_xlim(first - pad, last + pad)
     return figure_png(fig)
 
 
@@ -203,7 +239,7 @@ def _summary_rows(job: C.Job) -> list[tuple[str, str]]:
     return rows
 
 
-def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Series, bytes]]) -> str:
+def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Chart, bytes]]) -> str:
     """The page; `charts` are the PNGs to embed, in order."""
     status = status_name(metrics.status if metrics.status else (job.status if job else 0))
     name = job.spec.name if job is not None and job.spec.name else f"job {metrics.job_id}"
@@ -229,13 +265,9 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Ser
             parts.append(f'<p class="message">{esc(metrics.message)}</p>')
         if charts:
             parts.append('<h2>Charts</h2><div class="charts">')
-            for series, png in charts:
-                parts.append(
-                    f'<figure class="card">{img_tag(series.key, f"{series.title} by step", png)}'
-                    f"<figcaption>{esc(series.title)}: steps {series.steps[0]}–{series.steps[-1]}, "
-                    f"last {esc(num(series.values[-1]))}, min {esc(num(min(series.values)))}, "
-                    f"max {esc(num(max(series.values)))}</figcaption></figure>"
-                )
+            for chart, png in charts:
+                parts.append(f'<figure class="card">{img_tag(chart.key, f"{chart.title} by step", png)}'
+                             f"<figcaption>{esc(chart_caption(chart))}</figcaption></figure>")
             parts.append("</div>")
     if job is not None:
         parts.append('<h2>Training Summary</h2><div class="card"><table class="summary">')
@@ -248,18 +280,22 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Ser
     return "\n".join(parts)
 
 
+def trends_of(metrics: S.JobMetrics) -> dict[str, S.Trend]:
+    """The trends the charts mark, by series key."""
+    return {"reward": metrics.reward_trend, "accuracy": metrics.accuracy_trend}
+
+
 def write_report(metrics: S.JobMetrics, job: C.Job | None, out_dir: str | os.PathLike[str]) -> Path:
-    """Writes `report.html` and the chart PNGs (`reward.png`, `accuracy.png`, ...) into `out_dir`
-    (created if needed); returns the HTML file's path."""
+    """Writes `report.html` and the chart PNGs (`reward_accuracy.png`, `loss.png`, ...: one per
+    chart of `jobs_view.CHARTS`) into `out_dir` (created if needed); returns the HTML file's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    trends = {"reward": metrics.reward_trend, "accuracy": metrics.accuracy_trend}
-    charts: list[tuple[Series, bytes]] = []
+    charts: list[tuple[Chart, bytes]] = []
     if metrics.has_steps:
-        for series in series_of(metrics):
-            png = chart_png(series, trends.get(series.key))
-            (out / f"{series.key}.png").write_bytes(png)
-            charts.append((series, png))
+        for chart in charts_of(metrics):
+            png = chart_png(chart, trends_of(metrics))
+            (out / f"{chart.key}.png").write_bytes(png)
+            charts.append((chart, png))
     path = out / REPORT_NAME
     path.write_text(render_html(metrics, job, charts), encoding="utf-8")
     return path

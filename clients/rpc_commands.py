@@ -408,7 +408,12 @@ def run_call(args: argparse.Namespace) -> int:
                 sys.stdout.write(to_json(response, indent=indent) + "\n")
                 sys.stdout.flush()  # a watcher piped into jq sees each event as it comes
         except grpc.RpcError as e:
-            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            from rlvr.clients.errors import explain, is_unreachable, unreachable
+            from rlvr.peers.base import RlvrError
+
+            error = RlvrError.from_rpc(e, method_name(method), address)
+            print("error: " + (unreachable(args.service, address, error.details, settings.origin(args.service))
+                               if is_unreachable(error) else explain(error)), file=sys.stderr)
             return 1
         except BrokenPipeError:
             responses.close()

@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 import grpc
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rlvr.common.auth import ChannelAuth
@@ -92,19 +92,54 @@ __all__ = [
 ]
 
 
-def read_stack_file(home: Path | None = None) -> dict[str, object] | None:
-    """The state a running `rlvr up` keeps in `<home>/stack.json` (default $RLVR_HOME/stack): its
-    addresses and its tokens file; None when no stack runs there."""
-    import json
-
+def stack_home() -> Path:
+    """Where `rlvr up` keeps a stack's state by default: $RLVR_HOME/stack."""
     from rlvr.common.settings import rlvr_home
 
-    path = (home if home is not None else rlvr_home() / "stack") / "stack.json"
+    return rlvr_home() / "stack"
+
+
+def read_stack_file(home: Path | None = None) -> dict[str, object] | None:
+    """The state a running `rlvr up` keeps in `<home>/stack.json` (default $RLVR_HOME/stack): its
+    addresses, its tokens file and its NATS file; None when no stack runs there (no file, or one
+    left by a stack whose process is gone)."""
+    import json
+
+    path = (home if home is not None else stack_home()) / "stack.json"
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        return None
+    pid = state.get("pid")
+    if isinstance(pid, int) and pid > 0:  # `rlvr up` itself: its stack.json outlives a kill -9
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, another user's
+    return state
+
+
+def dialable(address: str) -> str:
+    """A listening address as a client dials it: a service bound to every interface (0.0.0.0, ::)
+    is reached on loopback."""
+    host, _, port = address.rpartition(":")
+    if host == "0.0.0.0":
+        return f"127.0.0.1:{port}"
+    if host in ("[::]", "::"):
+        return f"[::1]:{port}"
+    return address
+
+
+def stack_addresses(state: dict[str, object] | None) -> dict[str, str]:
+    """The five services' addresses of a stack's state (`read_stack_file`), as clients dial them."""
+    addresses = state.get("addresses") if state else None
+    if not isinstance(addresses, dict):
+        return {}
+    return {name: dialable(str(a)) for name, a in addresses.items() if name in DEFAULT_ADDRESSES}
 
 
 def stack_user_token(state: dict[str, object]) -> str | None:
@@ -123,12 +158,13 @@ def stack_user_token(state: dict[str, object]) -> str | None:
 
 
 class ClientSettings(BaseSettings):
-    """Where the services are and how to reach them, read from the environment
-    (`RLVR_SCHEDULER_ADDRESS`, ..., `RLVR_TOKEN`, `RLVR_CA_FILE`).
+    """Where the services are and how to reach them: each address given (an argument, or the
+    environment's `RLVR_SCHEDULER_ADDRESS`, ...), else the running local stack's (`rlvr up`, its
+    stack.json under $RLVR_HOME/stack), else the default ports on 127.0.0.1 (`origin(service)`
+    says which). The token and TLS files from `RLVR_TOKEN`, `RLVR_CA_FILE`, ...
 
-    With no token set, the token of the local stack (`rlvr up`, its stack.json under $RLVR_HOME)
-    is sent to each service whose address here is one of that stack's (`auth(service)`): it is
-    never sent anywhere else."""
+    With no token set, the token of the local stack is sent to each service whose address here is
+    one of that stack's (`auth(service)`): it is never sent anywhere else."""
 
     model_config = SettingsConfigDict(env_prefix="RLVR_", extra="ignore", use_attribute_docstrings=True)
 
@@ -157,21 +193,40 @@ class ClientSettings(BaseSettings):
     key_file: Path | None = None
     """Mutual TLS: the key of cert_file (RLVR_KEY_FILE)."""
 
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
     @model_validator(mode="after")
-    def _local_stack_token(self) -> Self:
+    def _local_stack(self) -> Self:
+        stack = stack_addresses(read_stack_file())
+        for name in DEFAULT_ADDRESSES:
+            field = f"{name}_address"
+            if field in self.model_fields_set:
+                env = os.environ.get(f"RLVR_{name.upper()}_ADDRESS")
+                self._origins[name] = "env" if env is not None and env.strip() == self.address(name) else "given"
+            elif name in stack:
+                setattr(self, field, stack[name])
+                self._origins[name] = "stack"
+            else:
+                self._origins[name] = "default"
         if self.token is None:  # every service the stack's: the token for all of them
             self.token = self._stack_token(*(self.address(name) for name in DEFAULT_ADDRESSES))
         return self
+
+    def origin(self, service: str) -> str:
+        """Where `service`'s address came from: "given" (an argument, e.g. the CLI's --address),
+        "env" (RLVR_<SERVICE>_ADDRESS), "stack" (the running local stack's stack.json) or
+        "default" (127.0.0.1 and the default port: no local stack runs)."""
+        return self._origins.get(service, "given")
 
     @staticmethod
     def _stack_token(*addresses: str) -> str | None:
         """The local stack's user token when each of `addresses` is one of its services' (a stack
         bound to 0.0.0.0 or :: is reached on loopback); else None. One read of its stack.json."""
         state = read_stack_file()
-        stack_addresses = state.get("addresses") if state else None
-        if not state or not isinstance(stack_addresses, dict):
+        theirs_by_name = state.get("addresses") if state else None
+        if not state or not isinstance(theirs_by_name, dict):
             return None
-        theirs = [str(a).rpartition(":") for a in stack_addresses.values()]
+        theirs = [str(a).rpartition(":") for a in theirs_by_name.values()]
         loopback = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
         def reached(address: str) -> bool:
@@ -189,9 +244,7 @@ class ClientSettings(BaseSettings):
         if state is None:
             where = home if home is not None else "$RLVR_HOME/stack"
             raise FileNotFoundError(f"no running stack at {where} (no stack.json)")
-        addresses = state.get("addresses")
-        values: dict[str, object] = {f"{name}_address": address for name, address in
-                                     (addresses.items() if isinstance(addresses, dict) else ())}
+        values: dict[str, object] = {f"{name}_address": address for name, address in stack_addresses(state).items()}
         values["token"] = stack_user_token(state)
         return cls(**{**values, **overrides})  # type: ignore[arg-type]
 

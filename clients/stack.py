@@ -132,7 +132,7 @@ class StackConfig:
     start_timeout: float = 300.0
     log_format: str = "json"
     web_port: int | None = None  # the web console's port; None: no console
-    web_host: str = "127.0.0.1"  # the console has no login: loopback unless asked (--web-host)
+    web_host: str = "127.0.0.1"  # loopback unless asked (--web-host); beyond it the console asks for a login
     # `rlvr up` starts a service that dies again, at most this many times in RESTART_WINDOW seconds
     # (then it stops everything, as a stack that keeps crashing is not serving anyone).
     max_restarts: int = 5
@@ -390,7 +390,7 @@ class Stack:
         from rlvr.infra.events import redact_url
 
         config = {**asdict(self.cfg), "database_url": redact_url(self.cfg.database_url)}
-        state = {"nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
+        state = {"pid": os.getpid(), "nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": config}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
@@ -528,7 +528,8 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the web console's port (default {DEFAULT_WEB_PORT}, a free one with --base-port 0; "
                              "0 = a free one)")
     parser.add_argument("--web-host", default="127.0.0.1",
-                        help="address the web console binds to (default 127.0.0.1: it has no login)")
+                        help="address the web console binds to (default 127.0.0.1; any other: the console asks for "
+                             "a login, the stack's user token)")
     parser.add_argument("--no-web", action="store_true", help="do not start the web console")
     parser.add_argument("--max-restarts", type=int, default=5,
                         help=f"start a service that dies again, at most this many times in {RESTART_WINDOW:.0f} s "
@@ -642,7 +643,11 @@ def up(args: argparse.Namespace) -> int:
             stack.say(f"auth: on, with this run's tokens in {stack.tokens_file} (the SDK and the CLI use its user "
                       "token for this stack)")
             if stack.cfg.web_port is not None:
-                stack.say(f"web console: {stack.cfg.web_url}")
+                from rlvr.clients.web.server import is_loopback
+
+                login = ("" if is_loopback(stack.cfg.web_host) else
+                         f" (sign in with the user token of {stack.tokens_file})")
+                stack.say(f"web console: {stack.cfg.web_url}{login}")
             code = supervise(stack)
     except (StackBusy, NatsStartError) as e:
         stack.say(f"rlvr up: error: {e}")

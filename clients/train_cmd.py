@@ -191,6 +191,7 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rlvr.clients.errors import explain, is_unreachable
     from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
@@ -198,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         resp = client.create_job(scheduler_pb2.CreateJobRequest(spec=spec_from_args(args), dry_run=args.dry_run))
     except RlvrError as e:
-        print(f"error: {e.details}", file=sys.stderr)
+        print(f"error: {explain(e) if is_unreachable(e) else e.details}", file=sys.stderr)
         return 2 if e.code.name == "INVALID_ARGUMENT" else 1
     print("\n".join(summary_lines(resp.summary, list(resp.warnings))))
     if args.dry_run:
@@ -209,7 +210,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         status = watch_job(client, resp.job.id)
     except RlvrError as e:  # the job is queued: losing the watch loses nothing
-        print(f"error: watching job {resp.job.id}: {e.code.name}: {e.details}; `rlvr jobs watch {resp.job.id}` "
+        print(f"error: watching job {resp.job.id}: {explain(e)}; `rlvr jobs watch {resp.job.id}` "
               "re-attaches", file=sys.stderr)
         return 1
     return 0 if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING) else 1
@@ -220,6 +221,7 @@ def _fmt_time(ts) -> str:  # noqa: ANN001 (protobuf Timestamp)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from rlvr.clients.errors import explain
     from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
@@ -252,7 +254,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             status = watch_job(client, args.id)
             return 0 if status != C.JOB_STATUS_FAILED else 1
     except RlvrError as e:
-        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,4 +1,5 @@
-"""Bad input never reaches INTERNAL: every RPC of every service, walked from the descriptors, with
+"""Bad input never reaches INTERNAL: every RPC of every service (and of the standard health and
+reflection services each one also serves), walked from the descriptors, with
 undecodable bytes, invalid UTF-8 in each string field, a 1 MiB value in each string field, the
 extremes of each number and an undeclared value of each enum. No call may answer INTERNAL,
 UNKNOWN or RESOURCE_EXHAUSTED (a status message over gRPC's metadata limit), an
@@ -139,9 +140,12 @@ async def _call(channel: grpc.aio.Channel, service: ServiceDescriptor, method: A
                 lead: bytes | None = None) -> None:
     """One call; a client stream sends `lead` (a good first message) before `data` when given."""
     path = f"/{service.full_name}/{method.name}"
-    if method.client_streaming and method.server_streaming:
-        raise AssertionError("no bidirectional RPC is expected")
-    if method.client_streaming:
+    if method.client_streaming and method.server_streaming:  # server reflection
+        both = channel.stream_stream(path)(iter([data] if lead is None else [lead, data]), timeout=20)
+        async for _ in both:
+            both.cancel()
+            break
+    elif method.client_streaming:
         await channel.stream_unary(path)(iter([data] if lead is None else [lead, data]), timeout=20)
     elif method.server_streaming:
         call = channel.unary_stream(path)(data, timeout=20)
@@ -217,6 +221,22 @@ async def walk(address: str, service: ServiceDescriptor, bases: dict[str, Messag
     return found
 
 
+async def walk_standard(address: str, folders: tuple[str, ...]) -> Found:
+    """The standard services every rlvr server also serves (grpc.health.v1.Health: Check, Watch,
+    List; server reflection), walked like its own: undecodable bytes must be INVALID_ARGUMENT too."""
+    from grpc_health.v1 import health_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    found = Found()
+    for service in (health_pb2.DESCRIPTOR.services_by_name["Health"],
+                    reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]):
+        one = await walk(address, service, folders=folders)
+        found.bad += one.bad
+        found.slow += one.slow
+        found.calls += one.calls
+    return found
+
+
 def _assert_clean(found: Found) -> None:
     assert found.calls > 0
     assert not found.slow, f"slow calls: {found.slow}"
@@ -241,6 +261,7 @@ async def test_reward_service(tmp_path: Path) -> None:
     service = _svc(reward_pb2, "RewardService")
     async with ServiceRunner(build_service(settings), settings) as runner:
         _assert_clean(await walk(runner.address, service, bases, folders=folders))
+        _assert_clean(await walk_standard(runner.address, folders))
         outside = reward_pb2.GetProblemsRequest(function=common_pb2.REWARD_FUNCTION_BOXED, dataset=PATH_PROBE)
         _assert_clean(await probe(runner.address, service, {"GetProblems": outside}, folders))
 
@@ -264,6 +285,7 @@ async def test_scheduler_service(tmp_path: Path, nats_server) -> None:
         service = _svc(scheduler_pb2, "SchedulerService")
         async with ServiceRunner(build_service(settings), settings) as runner:
             _assert_clean(await walk(runner.address, service, bases, folders=folders))
+            _assert_clean(await walk_standard(runner.address, folders))
             boxed = common_pb2.JobSpec(name="fuzz")
             boxed.reward.function, boxed.reward.dataset = common_pb2.REWARD_FUNCTION_BOXED, PATH_PROBE
             calls = {"CreateJob": scheduler_pb2.CreateJobRequest(spec=boxed, dry_run=True),
@@ -317,6 +339,7 @@ async def test_benchmark_service(tmp_path: Path, nats_server) -> None:
     service = _svc(benchmark_pb2, "BenchmarkService")
     async with ServiceRunner(build_service(settings), settings) as runner:
         _assert_clean(await walk(runner.address, service, bases, folders=folders))
+        _assert_clean(await walk_standard(runner.address, folders))
         outside = benchmark_pb2.RunEvaluationRequest(benchmark="gsm8k", limit=1, adapter_path=PATH_PROBE,
                                                      adapter=common_pb2.AdapterSelector(name="probe"))
         _assert_clean(await probe(runner.address, service, {"RunEvaluation": outside}, folders))
@@ -333,6 +356,7 @@ async def test_trainer_service(tmp_path: Path, nats_server) -> None:
     service = _svc(trainer_pb2, "TrainerService")
     async with ServiceRunner(build_service(settings), settings) as runner:
         _assert_clean(await walk(runner.address, service, folders=folders))
+        _assert_clean(await walk_standard(runner.address, folders))
         spec = common_pb2.JobSpec(name="probe", init_adapter=common_pb2.AdapterRef(path=PATH_PROBE))
         calls = {"MergeAdapter": trainer_pb2.MergeAdapterRequest(adapter_path=PATH_PROBE, output_name="probe"),
                  "StartJob": trainer_pb2.StartJobRequest(job_id="probe", spec=spec)}
@@ -361,6 +385,7 @@ async def test_rollout_service(tmp_path: Path, tiny_rollout_model: Path) -> None
         header = rollout_pb2.AdapterHeader(name="fuzz", version=1, total_size=1024)
         leads = {"LoadAdapter": rollout_pb2.LoadAdapterRequest(header=header)}
         _assert_clean(await walk(runner.address, service, bases, folders=folders, leads=leads))
+        _assert_clean(await walk_standard(runner.address, folders))
         other = rollout_pb2.GenerateRequest(model="another-model", prompts=[prompt])
         _assert_clean(await probe(runner.address, service, {"Generate": other}, folders))
 

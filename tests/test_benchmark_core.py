@@ -201,7 +201,7 @@ async def test_leaderboard_best_first_ties_to_the_earlier(sqlite_store: Store) -
     worse = await finished(manager, (await manager.run(request(limit=6, label="worse"))).id)
     await finished(manager, (await manager.run(request("gsm8k", limit=3))).id)
     board = await manager.leaderboard("rlvr-math-pairs-heldout", "", 0)
-    assert board.score_column == "accuracy"
+    assert board.score_column == "accuracy" and len(board.question_sets) == 1  # the same 6 questions
     assert [e.evaluation_id for e in board.entries] == [best.id, tied.id, worse.id]
     assert [e.rank for e in board.entries] == [1, 2, 3] and board.entries[0].label == "best"
     by_answered = await manager.leaderboard("rlvr-math-pairs-heldout", "answered", 2)
@@ -212,6 +212,42 @@ async def test_leaderboard_best_first_ties_to_the_earlier(sqlite_store: Store) -
     assert len(everything.evaluations) == 4 and everything.total == 4
     with pytest.raises(ValueError, match="score_column"):
         await manager.leaderboard("rlvr-math-pairs-heldout", "speed", 0)
+
+
+async def test_the_leaderboard_ranks_only_evaluations_over_the_same_questions(sqlite_store: Store) -> None:
+    """A 50-question evaluation at 22.0% is not ranked above 32-question ones at 21.9%: each question
+    set is ranked on its own (the most questions first), every entry with its n and the standard
+    error of its score; evaluations over the same questions share a set whatever their label."""
+    from rlvr.services.benchmark.planning import question_set_id
+
+    always = LocalPeers(script=lambda q, a: (f"<think>x</think><answer>{q.ground_truth}</answer>", "STOP"))
+    manager = EvaluationManager(sqlite_store, always)
+    small_best = await finished(manager, (await manager.run(request(limit=4, label="small best"))).id)
+    manager.peers = LocalPeers()
+    big = await finished(manager, (await manager.run(request(limit=10, label="big"))).id)
+    small_worse = await finished(manager, (await manager.run(request(limit=4, label="small worse"))).id)
+    assert small_best.question_set == small_worse.question_set != big.question_set
+    assert small_best.question_set.startswith("qs-") and len(small_best.question_set) == 15
+    board = await manager.leaderboard("rlvr-math-pairs-heldout", "", 0)
+    assert [(q.id, q.questions, q.entries, q.description) for q in board.question_sets] == [
+        (big.question_set, 10, 1, "the first 10 of 500 questions"),
+        (small_best.question_set, 4, 2, "the first 4 of 500 questions")]
+    assert [(e.evaluation_id, e.rank, e.questions, e.question_set) for e in board.entries] == [
+        (big.id, 1, 10, big.question_set), (small_best.id, 1, 4, small_best.question_set),
+        (small_worse.id, 2, 4, small_best.question_set)]
+    p = big.scores.accuracy
+    assert board.entries[0].standard_error == pytest.approx((p * (1 - p) / 10) ** 0.5)
+    assert board.entries[1].standard_error == 0.0  # 4 of 4 right: p = 1
+    only = await manager.leaderboard("rlvr-math-pairs-heldout", "", 0, small_best.question_set)
+    assert [e.evaluation_id for e in only.entries] == [small_best.id, small_worse.id] and len(only.question_sets) == 1
+    # The fingerprint is the questions': the same problems give the same id, others another.
+    problems = await LocalPeers().problems("math_pairs", 4, "", "")
+    assert question_set_id("rlvr-math-pairs-heldout", problems) == small_best.question_set
+    assert question_set_id("rlvr-math-pairs-heldout", problems[:3]) != small_best.question_set
+    # An evaluation stored before question sets were recorded ranks among those of its size alone.
+    sqlite_store.update_evaluation(big.id, sampling_json="{}")
+    legacy = await manager.leaderboard("rlvr-math-pairs-heldout", "", 0)
+    assert legacy.question_sets[0].id == "n10" and "was not recorded" in legacy.question_sets[0].description
 
 
 async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_path: Path) -> None:

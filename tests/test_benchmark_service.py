@@ -242,9 +242,13 @@ async def test_progress_events_on_nats(stack: Stack, nats_server) -> None:
 
 def test_leaderboard_best_first(stack: Stack) -> None:
     board = stack.client.get_leaderboard(B.GetLeaderboardRequest(benchmark=HELDOUT, score_column="format"))
-    keys = [(-e.scores.format, e.finished_at.ToDatetime()) for e in board.entries]
-    assert board.score_column == "format" and len(keys) >= 4 and keys == sorted(keys)
-    assert [e.rank for e in board.entries] == list(range(1, len(keys) + 1))
+    assert board.score_column == "format" and len(board.entries) >= 4
+    assert sum(q.entries for q in board.question_sets) == len(board.entries)
+    for question_set in board.question_sets:  # ranked within its question set only
+        group = [e for e in board.entries if e.question_set == question_set.id]
+        keys = [(-e.scores.format, e.finished_at.ToDatetime()) for e in group]
+        assert keys == sorted(keys) and [e.rank for e in group] == list(range(1, len(group) + 1))
+        assert all(e.questions == question_set.questions for e in group)
     assert any(e.label == "round 1" and e.adapter_name == "bench-lora" for e in board.entries)
 
 

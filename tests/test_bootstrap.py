@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from rlvr.services.scheduler.settings import SchedulerSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = Path(os.environ.get("RLVR_SHARED", ROOT.parent / "shared")) / "tools" / "grpc_probe.py"
+PROBE = ROOT / "tests" / "tools" / "grpc_probe.py"  # a client that knows nothing of rlvr
 
 
 @map_errors
@@ -69,6 +68,30 @@ async def test_health_serving_and_error_mapping() -> None:
         assert "secret" not in err.value.details() and "Traceback" not in err.value.details()
 
 
+async def test_undecodable_bytes_are_invalid_argument_on_the_standard_and_the_sync_handlers() -> None:
+    """Raw bytes that do not parse, sent to the standard health service's List (grpcio's asyncio
+    servicer leaves it a plain, unimplemented function), to server reflection and to an RPC the
+    servicer does not implement (the generated base class's sync method): INVALID_ARGUMENT naming
+    the message, never UNKNOWN with the Python exception. List itself answers every status."""
+    bad = b"\x0a\xff\xff"  # field 1, a length that breaks off
+    async with ServiceRunner(_service(), RewardSettings(port=0)) as runner, \
+            grpc.aio.insecure_channel(runner.address) as ch:
+        for method in ("/grpc.health.v1.Health/List", "/grpc.health.v1.Health/Check",
+                       "/rlvr.v1.RewardService/ListRewardFunctions"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ch.unary_unary(method)(bad, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.details())
+            assert "do not parse" in (err.value.details() or "") and "DecodeError" not in (err.value.details() or "")
+        reflection = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")(iter([bad]),
+                                                                                                     timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await reflection.read()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        listed = await health_pb2_grpc.HealthStub(ch).List(health_pb2.HealthListRequest(), timeout=5)
+        assert {name: s.status for name, s in listed.statuses.items()} == {
+            "": health_pb2.HealthCheckResponse.SERVING, "rlvr.v1.RewardService": health_pb2.HealthCheckResponse.SERVING}
+
+
 async def test_in_flight_call_finishes_on_shutdown() -> None:
     runner = ServiceRunner(_service(), RewardSettings(port=0))
     await runner.start()
@@ -81,9 +104,8 @@ async def test_in_flight_call_finishes_on_shutdown() -> None:
 
 
 def test_reflection_and_health_by_an_outside_client() -> None:
-    """The shared tools/grpc_probe.py knows nothing of rlvr: reflection + health must satisfy it."""
-    if not PROBE.exists():
-        pytest.skip(f"outside probe not found at {PROBE}")
+    """tests/tools/grpc_probe.py knows nothing of rlvr (reflection and health only): the scheduler's
+    reflection must describe its methods and health report it SERVING."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.services.scheduler.main", "--port", str(port)],
                             stderr=subprocess.PIPE, text=True)
@@ -92,7 +114,8 @@ def test_reflection_and_health_by_an_outside_client() -> None:
         out = subprocess.run([sys.executable, str(PROBE), f"127.0.0.1:{port}"], capture_output=True,
                              text=True, timeout=30)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "rlvr.v1.SchedulerService" in out.stdout and "SERVING" in out.stdout
+        assert "rlvr.v1.SchedulerService SERVING" in out.stdout and "CreateJob" in out.stdout
+        assert "serving 1/1" in out.stdout
         # SIGTERM: graceful, exit code 0, promptly.
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -79,3 +79,41 @@ async def test_create_job_refuses_unreadable_data_and_creates_nothing(data: Path
     _, job = await jobs.create(spec, dry_run=False)
     assert job is not None and store.count_jobs() == 1
     store.close()
+
+
+@pytest.mark.parametrize(("base_model", "message"), [
+    ("../../etc/passwd", "base_model: '../../etc/passwd' is a local path outside the model roots"),
+    ("/etc/passwd", "base_model: '/etc/passwd' is a local path outside the model roots"),
+    ("~/../../etc", "base_model: '~/../../etc' is a local path outside the model roots"),
+    ("{roots}/../escape", "base_model: '{roots}/../escape' is a local path outside the model roots"),
+    ("Qwen/Qwen2.5\x00-0.5B", "base_model: 'Qwen/Qwen2.5\\x00-0.5B' contains a control character"),
+    ("rlvr-\ttiny", "base_model: 'rlvr-\\ttiny' contains a control character"),
+    ("Qwen/Qwen2.5; rm -rf ~", "base_model: 'Qwen/Qwen2.5; rm -rf ~' is not a hub id"),
+    ("$(reboot)", "base_model: '$(reboot)' is not a hub id"),
+    ("model`id`", "base_model: 'model`id`' is not a hub id"),
+    ("a/b/c", "base_model: 'a/b/c' is not a hub id"),
+    ("owner/-name", "base_model: 'owner/-name' is not a hub id"),
+])
+async def test_create_job_refuses_a_base_model_no_worker_may_load_and_creates_nothing(
+        tmp_path: Path, base_model: str, message: str) -> None:
+    """A base model is a bundled name, a well-formed hub id, or a local path under the model roots
+    (symlinks, ~ and .. resolved first): anything else is INVALID_ARGUMENT naming base_model, in a
+    dry run and live, and nothing is created. The message never names the server's roots."""
+    roots = tmp_path / "models"
+    (roots / "mine").mkdir(parents=True)
+    store = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
+    store.create_all()
+    jobs = JobManager(store, None, FakeWorkers(), model_roots=[roots])
+    spec = C.JobSpec(base_model=base_model.format(roots=roots))
+    for dry_run in (True, False):
+        with pytest.raises(InvalidArgument) as err:
+            await jobs.create(spec, dry_run=dry_run)
+        assert str(err.value).startswith(message.format(roots=roots)), str(err.value)
+        assert "allowed: a bundled model (rlvr-tiny" in str(err.value)
+        assert str(roots) not in str(err.value).replace(base_model.format(roots=roots), "")
+    assert store.count_jobs() == 0
+    for good in ("rlvr-tiny-test", "Qwen/Qwen2.5-0.5B-Instruct", "gpt2", str(roots / "mine"), str(roots / "later")):
+        resolved, job = await jobs.create(C.JobSpec(base_model=good), dry_run=False)
+        assert job is not None and resolved.spec.base_model == good
+    assert store.count_jobs() == 5
+    store.close()

@@ -143,7 +143,9 @@ def test_no_steps_yet_says_so() -> None:
 def test_partial_run_counts_so_far() -> None:
     job = _job("RUNNING", total=10)
     m = job_metrics(job, list(reversed(_points(job, [0.1, 0.2, 0.3]))))  # any order in, step order out
-    assert m.has_steps and m.message == "3 step(s) so far of 10" and [p.step for p in m.series] == [1, 2, 3]
+    assert m.has_steps and m.message == "3 steps so far of 10" and [p.step for p in m.series] == [1, 2, 3]
+    assert job_metrics(_job("COMPLETED"), _points(job, [0.1])).message == "1 step"
+    assert job_metrics(_job("COMPLETED"), _points(job, [0.1, 0.2])).message == "2 steps"
 
 
 def test_export_columns_are_the_metric_event_fields() -> None:

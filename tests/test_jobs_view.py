@@ -108,7 +108,7 @@ def test_charts_fit_80_columns_and_ascii_fallback_is_ascii() -> None:
     for unicode in (True, False):
         text = jobs_view.render(m, unicode=unicode)
         assert max(len(line) for line in text.splitlines()) <= 80
-        for title in ("Reward (mean)", "Accuracy", "Loss", "KL divergence", "Entropy", "Completion length"):
+        for title in ("Reward & accuracy", "Loss", "KL & entropy", "Completion length"):
             assert title in text
         assert "step 1" in text and "120" in text  # the x range under each chart
     ascii_text = jobs_view.render(m, unicode=False)
@@ -124,6 +124,26 @@ def test_kl_and_entropy_charts_only_where_logged() -> None:
     assert keys == ["reward", "accuracy", "loss", "completion_length"]
     keys = [s.key for s in jobs_view.series_of(make_metrics(RISING, kl=True, entropy=True))]
     assert keys == ["reward", "accuracy", "loss", "kl", "entropy", "completion_length"]
+
+
+def test_charts_are_paired_as_the_spec_shows_them() -> None:
+    """"Reward & accuracy and Loss chart every step. If the run logged them, you may also see KL &
+    entropy and Completion length charts below": two pairs of series, each one chart."""
+    charts = jobs_view.charts_of(make_metrics(RISING, kl=True, entropy=True))
+    assert [(c.key, c.title, [s.key for s in c.series]) for c in charts] == [
+        ("reward_accuracy", "Reward & accuracy", ["reward", "accuracy"]), ("loss", "Loss", ["loss"]),
+        ("kl_entropy", "KL & entropy", ["kl", "entropy"]),
+        ("completion_length", "Completion length (tokens)", ["completion_length"])]
+    only_kl = jobs_view.charts_of(make_metrics(RISING, kl=True))  # a pair with one series logged
+    assert [(c.key, c.title) for c in only_kl][2] == ("kl_entropy", "KL divergence")
+    text = jobs_view.render(make_metrics(RISING, kl=True, entropy=True))
+    assert text.count("Reward & accuracy") == 1 and text.count("KL & entropy") == 1
+    assert "Reward (mean)" not in text and "KL divergence" not in text  # no chart of either series alone
+    pair = jobs_view.chart_lines(charts[0], width=38)
+    assert pair[0].startswith("Reward & accuracy") and pair[0].endswith("last 0.850 / 0.800")  # reward, accuracy
+    names = [line.split("│")[0].strip() for line in pair if "│" in line]
+    assert "reward" in names and "accuracy" in names  # each series' band is named: one legend
+    assert len(pair) == 1 + 2 * 3 + 1 and pair[-1].strip().startswith("step 1")  # one shared step axis
 
 
 def test_chart_has_y_range_labels_and_handles_one_step() -> None:
@@ -312,7 +332,7 @@ def test_show_prints_the_job_then_the_rl_metrics(scheduler, capfd) -> None:
     code, out, err = run(capfd, "jobs", "show", "job-1", "--address", address)
     assert code == 0, err
     assert out.index("Training Summary") < out.index("RL Metrics") < out.index("Accuracy Trend")
-    assert "rising" in out and "Best Accuracy" in out and "KL divergence" in out
+    assert "rising" in out and "Best Accuracy" in out and "KL divergence" in out  # KL logged alone here
     fake.metrics_code = grpc.StatusCode.UNIMPLEMENTED
     code, out, err = run(capfd, "jobs", "show", "job-1", "--address", address)
     assert code == 0 and "Training Summary" in out
@@ -344,9 +364,9 @@ def test_report_writes_html_and_pngs(scheduler, capfd, tmp_path: Path) -> None:
     path = Path(out.strip())
     assert path == tmp_path / "r" / "report.html" and path.is_file()
     page = path.read_text(encoding="utf-8")
-    assert "rising-run" in page and "Accuracy Trend" in page and page.count("data:image/png;base64,") == 5
+    assert "rising-run" in page and "Accuracy Trend" in page and page.count("data:image/png;base64,") == 4
     assert sorted(p.name for p in path.parent.glob("*.png")) == [
-        "accuracy.png", "completion_length.png", "kl.png", "loss.png", "reward.png"]
+        "completion_length.png", "kl_entropy.png", "loss.png", "reward_accuracy.png"]
 
 
 def test_download_writes_the_adapter(scheduler, capfd, tmp_path: Path) -> None:

@@ -134,6 +134,16 @@ def test_a_benchmark_that_trains_on_another_task_warns() -> None:
     assert not any("scored on" in w for w in resolve(spec()).warnings)
 
 
+def test_give_up_after_not_below_max_rounds_is_accepted_with_a_warning() -> None:
+    """Rounds spent is checked before Plateaued: Give Up After >= Max Rounds can never plateau."""
+    for rounds, give_up in ((3, 5), (3, 3)):
+        resolved = resolve(spec(max_rounds=rounds, give_up_after=give_up))
+        assert (resolved.spec.max_rounds, resolved.spec.give_up_after) == (rounds, give_up)
+        assert any(w.startswith(f"give_up_after {give_up} is not below max_rounds {rounds}") and "Plateaued" in w
+                   for w in resolved.warnings), resolved.warnings
+    assert not any("give_up_after" in w for w in resolve(spec(max_rounds=3, give_up_after=2)).warnings)
+
+
 def test_the_catalog_is_what_the_benchmark_service_lists() -> None:
     assert [b.name for b in BENCHMARKS] == ["rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout"]
     assert isinstance(BENCHMARKS[0], B.BenchmarkInfo) and BENCHMARKS[0].size == 500

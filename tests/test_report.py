@@ -23,7 +23,7 @@ from rlvr.clients.report import write_report
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
-CHARTS = ["reward", "accuracy", "loss", "kl", "completion_length"]
+CHARTS = ["reward_accuracy", "loss", "kl_entropy", "completion_length"]  # the spec's pairs
 INSTALL = "install it with `make chromium` (as root on Debian: apt-get install -y chromium)"
 
 
@@ -80,7 +80,9 @@ def test_report_is_self_contained(report: Path) -> None:
         assert png.startswith(b"\x89PNG")
         assert f'id="chart-{key}"' in page
         assert base64.b64encode(png).decode() in page
-    assert not (report.parent / "entropy.png").exists()  # not logged in this run
+    assert not (report.parent / "entropy.png").exists() and not (report.parent / "reward.png").exists()
+    assert page.index("chart-reward_accuracy") < page.index("chart-loss") < page.index("chart-kl_entropy")
+    assert "Reward &amp; accuracy: steps 1–12; reward last" in page  # one caption names both series
 
 
 def test_no_steps_report_says_so(tmp_path: Path) -> None:

@@ -484,6 +484,28 @@ CASES: list[tuple[str, str, str, float, float, bool, str]] = [
     ),
 ]
 
+# Found by an outside suite of answer-checking cases (Math-Verify, TRL, open-r1, verl, lm-eval's GSM8K):
+# each failed before the rule it names.
+ZAIUS = ("First CD: $0.04 \\cdot 10,000 \\cdot \\frac{1}{2} = \\boxed{200}$ So, after six months, Dr. Zaius has $10,000 + $200 = $10,200. Second CD: $0.05 \\cdot 10,200 \\cdot \\frac{1}{2} = \\boxed{255}$ So he has $10,200 + $255 = $10,455. Final Answer: The final answer is $10,455$. I hope it is correct.")  # Math-Verify's tests/test_all.py: boxed intermediate steps, then the stated answer
+CASES += [
+    ("boxed", "\\boxed{x + y - z + 2 = 0}", "5x - 7y + 11z + 4 = 0", 0, 0, False,
+     "two equations ending in = 0 are not equal: an equation matches as an equation, not by its right side"),
+    ("boxed", "\\boxed{0}", "a + 3z = 0", 0, 0, False, "a bare 0 is not the equation a + 3z = 0"),
+    ("gsm8k", "0", "a + 3z = 0", 0, 0, False, "a bare final number is not an equation either"),
+    ("boxed", "so $$\\boxed{x-2y+z-1=0}.$$", "x-2y+z-1=0", 1, 0, True, "the same equation matches (strict: as written)"),
+    ("boxed", "\\boxed{0 = x - 2y + z - 1}", "x-2y+z-1=0", 1, 0, False, "the same equation with its sides swapped"),
+    ("gsm8k", ZAIUS, "10455", 1, 0, False,
+     "a stated final answer after boxed intermediate steps wins (Math-Verify: the later of the two)"),
+    ("math_pairs", "\\boxed{7} was a guess. The final answer is 12.", "12", 1, 0, False,
+     "Math Pairs reads the final answer the same way"),
+    ("gsm8k", "The final answer is 12, so \\boxed{13}", "13", 1, 0, False, "a box after the statement is the later one"),
+    ("boxed", "\\boxed{\\cfrac{1}{2}}", "0.5", 1, 0, False, "\\cfrac is a fraction"),
+    ("boxed", "\\boxed{\\cfrac{3}{4}}", "\\frac{3}{4}", 1, 0, False, "\\cfrac against \\frac"),
+    ("boxed", "\\boxed{5\\textnormal{ cm}}", "5", 1, 0, False, "\\textnormal{} units are stripped"),
+    ("gsm8k", "so she has 55", "####: 55", 1, 0, False, "a ground truth written ####: 55 is 55"),
+    ("gsm8k", "so she has 55", "#### 55", 1, 0, False, "a ground truth written #### 55 is 55"),
+]
+
 
 @pytest.mark.parametrize(
     ("function", "completion", "ground_truth", "accuracy", "fmt", "strict", "reason"),
@@ -648,3 +670,11 @@ def test_batch_rejects_bad_item_before_work() -> None:
     with pytest.raises(ValueError, match="item 1: function"):
         score_batch([ScoreItem("gsm8k", "1", "1"), ScoreItem("bogus", "1", "1")])  # type: ignore[arg-type]
     assert score_batch([]) == []
+
+
+def test_gsm8k_ground_truth_after_a_colon() -> None:
+    """`####: 55` (a colon after GSM8K's marker) is the ground truth 55."""
+    from rlvr.tasks.gsm8k import ground_truth
+
+    assert ground_truth("5 * 11 = 55\n####: 55") == "55"
+    assert ground_truth("#### 1,450,000") == "1450000"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,12 +185,11 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         assert "stopped." not in second.stdout
         assert (home / "tokens.json").read_text() == tokens and (home / "stack.json").read_text() == stack_json
         _check_the_stack_token(tmp_path, home, state)
-        if PROBE.exists():
-            probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
-                                   capture_output=True, text=True, timeout=60)
-            assert probe.returncode == 0 and "serving 5/5" in probe.stdout, probe.stdout
-            for name in SERVICES:
-                assert f"rlvr.v1.{name.capitalize()}Service" in probe.stdout
+        probe = subprocess.run([sys.executable, str(PROBE), *state["addresses"].values()],
+                               capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0 and "serving 5/5" in probe.stdout, probe.stdout
+        for name in SERVICES:
+            assert f"rlvr.v1.{name.capitalize()}Service SERVING" in probe.stdout
 
         # kill -9 of one service: `rlvr up` reports it and starts it again on the same address,
         # and the other services keep running (their pids do not change).
@@ -291,3 +291,95 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
     s._write_state("nats://127.0.0.1:4222")
     text = (tmp_path / "stack.json").read_text()
     assert "s3cret-pw" not in text and "rlvr:***@db.internal" in text
+
+
+def _free_base_port(count: int = 5) -> int:
+    """A port with the next `count - 1` free as well, below the ephemeral range (as `--base-port`)."""
+    import random
+
+    from rlvr.clients import stack
+
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(15000, min(30000, stack._ephemeral_range()[0]) - count)
+        if all(stack._listenable("127.0.0.1", base + i) for i in range(count)):
+            return base
+    raise AssertionError("no five free consecutive ports")
+
+
+def _read_until(proc: subprocess.Popen[str], lines: list[str], done: str, timeout: float) -> bool:
+    """Reads `proc`'s output into `lines` until a line contains `done` (True), it exits or time runs out."""
+    import queue
+    import threading
+
+    got: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout or ():
+            got.put(line)
+        got.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = got.get(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 (queue.Empty: out of time)
+            return False
+        if line is None:
+            return False
+        lines.append(line)
+        if done in line:
+            return True
+    return False
+
+
+def test_after_up_with_a_base_port_the_cli_needs_no_address(tmp_path: Path) -> None:
+    """`rlvr up --base-port N`, then `rlvr train`, `rlvr jobs list` and `rlvr events tail` with no
+    address option and no RLVR_*_ADDRESS or RLVR_NATS_URL: they find that stack's addresses, token
+    and NATS in its stack.json under $RLVR_HOME/stack (the issue: they dialled 127.0.0.1:50051)."""
+    base = _free_base_port()
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("RLVR_") and (k.endswith("_ADDRESS") or k in ("RLVR_TOKEN", "RLVR_NATS_URL")))}
+    env.update(RLVR_HOME=str(tmp_path), PYTHONUNBUFFERED="1", RLVR_TRAINER_TORCH_THREADS="1")
+    rlvr = [sys.executable, "-m", "rlvr.clients.cli"]
+    up = subprocess.Popen([*rlvr, "up", "--base-port", str(base), "--model", "rlvr-tiny-test", "--rollout-backend",
+                           "transformers", "--no-web", "--start-timeout", "240"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    try:
+        assert _read_until(up, lines, "rlvr is up", 300), "".join(lines)
+        state = json.loads((tmp_path / "stack" / "stack.json").read_text())
+        assert state["addresses"]["scheduler"] == f"127.0.0.1:{base}"
+        dry = subprocess.run([*rlvr, "train", "--dry-run"], capture_output=True, text=True, timeout=120, env=env)
+        assert dry.returncode == 0 and "Training Summary" in dry.stdout and "rlvr-tiny" in dry.stdout, \
+            dry.stdout + dry.stderr
+        train = subprocess.run([*rlvr, "train", "--model", "rlvr-tiny-test", "--backend", "transformers", "--max-steps",
+                                "2", "--group-size", "4", "--batch-size", "4", "--max-completion", "32",
+                                "--synthetic-prompts", "16"], capture_output=True, text=True, timeout=400, env=env)
+        assert train.returncode == 0, train.stdout + train.stderr
+        job = re.search(r"job (\w+) queued", train.stdout)
+        assert job is not None, train.stdout
+        listed = subprocess.run([*rlvr, "jobs", "list"], capture_output=True, text=True, timeout=120, env=env)
+        assert listed.returncode == 0 and job.group(1) in listed.stdout and "COMPLETED" in listed.stdout, \
+            listed.stdout + listed.stderr
+        tail = subprocess.Popen([*rlvr, "events", "tail", "--job", job.group(1)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        events: list[str] = []
+        try:
+            assert _read_until(tail, events, "COMPLETED", 60), "".join(events)
+        finally:
+            tail.kill()
+            tail.wait(timeout=30)
+        text = "".join(events)
+        assert f"job {job.group(1)} step 1/2: reward" in text and f"job {job.group(1)} step 2/2: reward" in text, text
+        assert f"job {job.group(1)} QUEUED" in text
+        password = json.loads(Path(state["nats_file"]).read_text())["url"].split(":")[2].split("@")[0]
+        assert password not in text and password not in train.stdout
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                up.kill()

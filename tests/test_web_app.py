@@ -156,7 +156,7 @@ def test_form_fields_map_to_the_contract_and_errors_to_fields() -> None:
 @pytest.mark.parametrize("url, expected", [
     ("/jobs", ["Jobs", "rising", 'role="img"', "step 12"]),
     ("/jobs/job0001", ["RL Metrics", "Accuracy Trend", "Reward Trend", "Best Accuracy", "Final Loss",
-                       'id="chart-reward"', 'id="chart-loss"', "Download Adapter", "Merge Model", "Export History",
+                       'id="chart-reward_accuracy"', 'id="chart-loss"', "Download Adapter", "Merge Model", "Export History",
                        "Training Summary", "RLVR (GRPO)"]),
     ("/jobs/job0002", ["no training step recorded yet", 'data-live="/jobs/job0002/events?since=', "Cancel job"]),
     ("/train", ["Reward Function", "GRPO Configuration", "Advanced Options", "Training Summary", "Start Training",
@@ -168,7 +168,8 @@ def test_form_fields_map_to_the_contract_and_errors_to_fields() -> None:
     ("/evals", ["Evaluations", "ev1"]),
     ("/evals/ev1", ["Score Breakdown", "Accuracy Strict", "Format", "Answered", "Detailed Results",
                     "Questions 1–20 of 45"]),
-    ("/leaderboard", ["Leaderboard", "RLVR Math Pairs held-out", "ev1"]),
+    ("/leaderboard", ["Leaderboard", "RLVR Math Pairs held-out", "ev1", "the first 45 of 500 questions",
+                      "n = 45", "20.0%</b> <span class=\"muted\">± 6.0", "the first 32 of 500 questions", "± 7.7"]),
 ])
 def test_pages_render_the_specs_content(client: TestClient, url: str, expected: list[str]) -> None:
     resp = client.get(url)
@@ -176,6 +177,22 @@ def test_pages_render_the_specs_content(client: TestClient, url: str, expected: 
     for text in expected:
         assert text in resp.text, f"{url}: {text!r} missing"
     assert resp.text.count("<h1") == 1
+
+
+def test_the_evaluation_legend_is_the_one_definition_of_the_score_columns(client: TestClient) -> None:
+    """The legend under the score tiles reads rlvr/scores.py's DEFINITIONS, the words the code, the
+    proto and the README use: accuracy strict is about how the answer is written, not the format."""
+    from markupsafe import escape
+
+    from rlvr.scores import DEFINITIONS, TITLES
+
+    page = client.get("/evals/ev1").text
+    legend = re.search(r'<p class="small muted" id="score-legend">(.*?)</p>', page, re.S)
+    assert legend is not None
+    spans = dict(re.findall(r'<span data-column="([^"]+)">[^:]+: (.*?)</span>', legend.group(1)))
+    assert spans == {TITLES[key]: str(escape(text)) for key, text in DEFINITIONS.items()}
+    assert "canonical place" in spans["Accuracy Strict"] and "independent of format" in spans["Accuracy Strict"]
+    assert "&lt;/think&gt;&lt;answer&gt;" not in legend.group(1)  # the old, replaced definition
 
 
 def test_wrong_answers_filter_and_paging(client: TestClient) -> None:

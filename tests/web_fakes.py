@@ -227,9 +227,16 @@ class FakeBenchmark:
 
     def get_leaderboard(self, request: B.GetLeaderboardRequest, **_: object) -> B.GetLeaderboardResponse:
         column = request.score_column or "accuracy"
-        entry = B.LeaderboardEntry(rank=1, evaluation_id="ev1", model="rlvr-tiny", adapter_name="job-x",
-                                   adapter_version=3, scores=self.evaluation.scores, label="R1")
-        return B.GetLeaderboardResponse(benchmark=request.benchmark, score_column=column, entries=[entry])
+        entries = [B.LeaderboardEntry(rank=1, evaluation_id="ev1", model="rlvr-tiny", adapter_name="job-x",
+                                      adapter_version=3, scores=self.evaluation.scores, label="R1",
+                                      question_set="qs-0123456789ab", questions=45, standard_error=0.0596),
+                   B.LeaderboardEntry(rank=1, evaluation_id="ev2", model="rlvr-tiny", scores=B.ScoreBreakdown(
+                       accuracy=0.25, accuracy_strict=0.25, format=1.0, answered=1.0), label="base, 32 questions",
+                                      question_set="qs-ba9876543210", questions=32, standard_error=0.077)]
+        sets = [B.QuestionSet(id="qs-0123456789ab", questions=45, entries=1, description="the first 45 of 500 questions"),
+                B.QuestionSet(id="qs-ba9876543210", questions=32, entries=1, description="the first 32 of 500 questions")]
+        return B.GetLeaderboardResponse(benchmark=request.benchmark, score_column=column, entries=entries,
+                                        question_sets=sets)
 
 
 class FakeSdk:
@@ -238,12 +245,12 @@ class FakeSdk:
         self.benchmark = FakeBenchmark()
 
 
-def app_over_fakes(sdk: FakeSdk | None = None):  # noqa: ANN201 (a Starlette app)
+def app_over_fakes(sdk: FakeSdk | None = None, login: object = None, bind: str = ""):  # noqa: ANN201 (Starlette)
     from rlvr.clients.web.app import create_app
 
     sdk = sdk or FakeSdk()
     return create_app(sdk, stream_client=lambda: sdk.scheduler, secret=b"test-secret",
-                      addresses={"scheduler": "fake:1", "benchmark": "fake:2"})
+                      addresses={"scheduler": "fake:1", "benchmark": "fake:2"}, login=login, bind=bind)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":  # the console over the fakes, to look at

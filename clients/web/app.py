@@ -24,6 +24,8 @@ from rlvr.clients import loop_report, report
 from rlvr.clients.web import evals, jobs, loops, train
 from rlvr.clients.web.console import HERE, Console, see_other
 from rlvr.clients.web.csrf import CsrfMiddleware
+from rlvr.clients.web.login import Login, LoginMiddleware
+from rlvr.clients.web.login import routes as login_routes
 from rlvr.peers.base import RlvrError
 
 STATUS_FOR_CODE = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 409, "UNAVAILABLE": 503,
@@ -39,9 +41,10 @@ def stylesheet() -> str:
 
 
 def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secret: bytes | None = None,
-               addresses: Mapping[str, str] | None = None, bind: str = "") -> Starlette:
+               addresses: Mapping[str, str] | None = None, bind: str = "", login: Login | None = None) -> Starlette:
     """The console over `sdk` (`.scheduler`, `.benchmark`). `stream_client()` gives each live stream
-    a scheduler client of its own (default: a new SchedulerClient at the SDK's scheduler address)."""
+    a scheduler client of its own (default: a new SchedulerClient at the SDK's scheduler address).
+    `login`: whether pages need a signed-in session first (clients/web/login.py; default: none)."""
     if stream_client is None:
         from rlvr.clients.sdk import SchedulerClient
 
@@ -50,7 +53,7 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
         stream_client = lambda: SchedulerClient(address, auth=auth)  # noqa: E731
     env_secret = os.environ.get("RLVR_WEB_SECRET", "").encode()
     console = Console(sdk=sdk, stream_client=stream_client, addresses=dict(addresses or {}), bind=bind,
-                      **({"secret": secret or env_secret} if secret or env_secret else {}))
+                      login=login or Login(), **({"secret": secret or env_secret} if secret or env_secret else {}))
     css = stylesheet()
     script = (HERE / "static" / "console.js").read_text(encoding="utf-8")
 
@@ -75,7 +78,8 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
             return PlainTextResponse(message, status_code=status)
         if not hasattr(request.state, "csrf_token"):
             return PlainTextResponse(message, status_code=status)
-        titles = {404: "Not found", 403: "Refused", 503: "Service unavailable", 409: "Not possible now"}
+        titles = {404: "Not found", 403: "Refused", 503: "Service unavailable", 409: "Not possible now",
+                  429: "Too many attempts"}
         return console.page(request, "error.html", {"title": titles.get(status, "Error"), "message": message,
                                                     "where": where, "status": status}, status_code=status)
 
@@ -85,12 +89,14 @@ def create_app(sdk: Any, *, stream_client: Callable[[], Any] | None = None, secr
         Route("/favicon.ico", static(FAVICON, "image/svg+xml")),
         Route("/static/console.css", static(css, "text/css")),
         Route("/static/console.js", static(script, "text/javascript")),
+        *login_routes(console),
         *train.routes(console),  # before loops: /loops (POST) and /loops/new
         *jobs.routes(console),
         *loops.routes(console),
         *evals.routes(console),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(CsrfMiddleware, secret=console.secret)],
+    app = Starlette(routes=routes, middleware=[Middleware(CsrfMiddleware, secret=console.secret),
+                                               Middleware(LoginMiddleware, login=console.login, secret=console.secret)],
                     exception_handlers={RlvrError: rlvr_error, HTTPException: http_error})
     app.state.console = console
     return app

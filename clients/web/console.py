@@ -16,6 +16,7 @@ from starlette.templating import Jinja2Templates
 
 from rlvr.clients.web import csrf
 from rlvr.clients.web.limits import LimitsCache
+from rlvr.clients.web.login import Login
 
 HERE = Path(__file__).resolve().parent
 NAV = [("jobs", "/jobs", "Jobs"), ("train", "/train", "New Training"), ("loops", "/loops", "Training Loops"),
@@ -32,6 +33,7 @@ class Console:
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     addresses: Mapping[str, str] = field(default_factory=dict)
     bind: str = ""
+    login: Login = field(default_factory=Login)  # off loopback: a login first (clients/web/login.py)
     templates: Jinja2Templates = field(init=False)
     limits: LimitsCache = field(init=False)
 
@@ -45,8 +47,11 @@ class Console:
 
     def page(self, request: Request, name: str, context: dict[str, Any], *, status_code: int = 200,
              active: str = "") -> HTMLResponse:
+        access = {"required": self.login.required, "insecure": self.login.insecure,
+                  "signed_in": bool(getattr(request.state, "signed_in", False))}
         ctx = {"request": request, "csrf_token": request.state.csrf_token, "active": active,
-               "addresses": self.addresses, "bind": self.bind, "live_url": "", "refresh": 0, "reload": 0, **context}
+               "addresses": self.addresses, "bind": self.bind, "access": access, "live_url": "", "refresh": 0,
+               "reload": 0, **context}
         return self.templates.TemplateResponse(request, name, ctx, status_code=status_code)
 
     def fragment(self, name: str, context: dict[str, Any]) -> str:

@@ -1,9 +1,9 @@
 """CSRF protection for the console's POSTs (start a job or a loop, cancel, stop, merge).
 
-The console has no login of its own (it calls the services with its user token), so whoever
-reaches the console can act through it; what this
-stops is another web site making a visitor's browser act (a form on evil.example posting to
-127.0.0.1:8050). Every browser gets a random `rlvr_csrf` cookie (HttpOnly, SameSite=Strict); every
+On loopback the console has no login (it calls the services with its user token), so whoever
+reaches the console can act through it (off loopback it asks for one: clients/web/login.py); what
+this stops is another web site making a visitor's browser act (a form on evil.example posting to
+127.0.0.1:8050). Every browser gets a random `rlvr_csrf` cookie (HttpOnly, SameSite=Strict, Secure under TLS); every
 form carries `csrf_token` = HMAC-SHA256(the console's secret, that cookie). A POST passes only
 with the cookie and the matching token, and, where the browser says where it comes from
 (`Origin`, `Sec-Fetch-Site`), only from this console's own origin. Another site can neither read
@@ -70,7 +70,8 @@ class CsrfMiddleware:
         async def send_with_cookie(message: Message) -> None:
             if new and message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                headers.append("set-cookie", f"{COOKIE}={cookie}; Path=/; HttpOnly; SameSite=Strict")
+                secure = "; Secure" if scope.get("scheme") == "https" else ""  # TLS: never sent in the clear
+                headers.append("set-cookie", f"{COOKIE}={cookie}; Path=/; HttpOnly; SameSite=Strict{secure}")
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)

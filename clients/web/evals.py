@@ -11,6 +11,7 @@ from starlette.routing import Route
 
 from rlvr.clients.web import views
 from rlvr.clients.web.console import Console
+from rlvr.scores import DEFINITIONS
 from rlvr.v1 import benchmark_pb2 as B
 
 RESULTS_PAGE = 20
@@ -52,6 +53,7 @@ def routes(console: Console) -> list[Route]:
             "results": resp.results, "total": resp.total, "wrong": wrong, "page": page,
             "pages": max(1, -(-resp.total // RESULTS_PAGE)), "first": (page - 1) * RESULTS_PAGE + 1,
             "finish_reason": views.finish_reason, "when": views.when, "reload": 0 if final else 5,
+            "definitions": [(title, DEFINITIONS[key]) for key, title in views.EVAL_TILES],
         }, active="evals")
 
     def leaderboard(request: Request) -> Response:

@@ -1,7 +1,7 @@
 """What the templates show, computed by the terminal views and the HTML reports: nothing here
 recomputes a figure the server or those modules already compute.
 
-- the RL Metrics card: `jobs_view` (series, tiles, trend words, number format) and `report.chart_png`
+- the RL Metrics card: `jobs_view` (charts, tiles, trend words, number format) and `report.chart_png`
   (the same matplotlib charts as `rlvr jobs report`), embedded as data URIs;
 - the loop page: `loops_view` (status words, percents, deltas, round states, durations) and
   `loop_report.chart_png` (the bar chart per round);
@@ -112,14 +112,8 @@ def _charts(serialized: bytes) -> tuple[ChartView, ...]:
     """The card's charts (the same PNGs as `rlvr jobs report`), cached by the metrics' bytes: every
     viewer of a step, and the page and its first live update, share one rendering."""
     metrics = S.JobMetrics.FromString(serialized)
-    trends = {"reward": metrics.reward_trend, "accuracy": metrics.accuracy_trend}
-    out = []
-    for series in jobs_view.series_of(metrics):
-        png = report.chart_png(series, trends.get(series.key))
-        caption = (f"{series.title}: steps {series.steps[0]}–{series.steps[-1]}, last {jobs_view.num(series.values[-1])}, "
-                   f"min {jobs_view.num(min(series.values))}, max {jobs_view.num(max(series.values))}")
-        out.append(ChartView(series.key, series.title, data_uri(png), caption))
-    return tuple(out)
+    return tuple(ChartView(chart.key, chart.title, data_uri(report.chart_png(chart, report.trends_of(metrics))),
+                           jobs_view.chart_caption(chart)) for chart in jobs_view.charts_of(metrics))
 
 
 def metrics_view(metrics: S.JobMetrics) -> MetricsView:

@@ -28,12 +28,21 @@ _NUMBER = re.compile(
     r"(?:\.\d+)?"
     r"(?:[ \t]*/[ \t]*\d+(?!\.\d))?"
 )
-_SIMPLE_FRAC = re.compile(r"\\[dt]?frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}")
-_SHORT_FRAC = re.compile(r"\\[dt]?frac(\d)(\d)")
+_SIMPLE_FRAC = re.compile(r"\\[dtc]?frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}")
+_SHORT_FRAC = re.compile(r"\\[dtc]?frac(\d)(\d)")
 _THIN_SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:\\,|\\!|\{,\}|\\ )(?=\d)")
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _TRAILING_UNITS = re.compile(r"^(.*?\d)\s*[A-Za-z][A-Za-z .]*$")
-_TEXT_WRAPPERS = ("\\text", "\\textbf", "\\textit", "\\mathrm", "\\mathbf", "\\mbox", "\\operatorname")
+_TEXT_WRAPPERS = ("\\text", "\\textnormal", "\\textrm", "\\textbf", "\\textit", "\\mathrm", "\\mathbf", "\\mbox",
+                  "\\operatorname")
+# An equation's left side that names the value on its right ("x = 5", "x_1 = 5", "\\theta = 30"): the
+# value is what follows the "=". Any other left side with a letter makes the answer an equation.
+_ASSIGNED_NAME = re.compile(r"^\\?[a-z]{1,12}(?:_\{?[a-z0-9]{1,4}\}?)?$")
+_LETTER = re.compile(r"[a-z]")
+# "The final answer is $10,455$", "Final Answer: the final answer is 7": a stated final answer, as
+# Math-Verify's "final answer ... is" pattern reads it (at most 100 characters between, one line).
+_FINAL_ANSWER = re.compile(r"final answer\b[^\n]{0,100}?\bis\b:?[ \t]*(?:\$|\\\(|\\\[)?[ \t]*", re.IGNORECASE)
+_GSM8K_MARKER = re.compile(r"^\s*####\s*:?\s*")
 _DROPPED = (
     "\\left",
     "\\right",
@@ -85,6 +94,12 @@ def last_boxed(text: str) -> str | None:
     >>> last_boxed(r"so \\boxed{1} no, \\boxed{\\frac{1}{2}}.")
     '\\\\frac{1}{2}'
     """
+    found = last_boxed_at(text)
+    return None if found is None else found[1]
+
+
+def last_boxed_at(text: str) -> tuple[int, str] | None:
+    """Where the last closed box starts in ``text``, and its content (see `last_boxed`)."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     for _attempt in range(_MAX_BOX_ATTEMPTS):
         if start < 0:
@@ -96,12 +111,29 @@ def last_boxed(text: str) -> str | None:
         if i < len(text) and text[i] == "{":
             end = match_brace(text, i, limit=MAX_ANSWER_CHARS + 2)
             if end > 0:
-                return text[i + 1 : end].strip()
+                return start, text[i + 1 : end].strip()
         elif after_command < i < len(text):  # "\boxed 5": the argument is the next word
-            return text[i:].split(maxsplit=1)[0].rstrip("$.")
+            return start, text[i:].split(maxsplit=1)[0].rstrip("$.")
         # unbalanced (e.g. cut off by the token limit) or no argument: try an earlier box
         start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
     return None
+
+
+def stated_final_answer(text: str) -> tuple[int, str] | None:
+    """The number of the last "final answer is N" statement in ``text`` (``$N$`` too), and where
+    that number starts; None without one. Math-Verify ranks this statement with a ``\\boxed{}``
+    answer and takes whichever comes last; lm-eval's GSM8K takes the last number.
+
+    >>> stated_final_answer(r"so \\boxed{255}. Final Answer: The final answer is $10,455$. I hope it is correct.")
+    (51, '10,455')
+    """
+    found = None
+    for found in _FINAL_ANSWER.finditer(text):  # noqa: B007  # only the last one matters
+        pass
+    if found is None:
+        return None
+    number = _NUMBER.match(_prepare_numbers(text[found.end() : found.end() + MAX_ANSWER_CHARS]))
+    return (found.end(), number.group(0).strip()) if number and number.group(0).strip() else None
 
 
 def _prepare_numbers(text: str) -> str:
@@ -123,6 +155,20 @@ def last_number(text: str) -> str | None:
     for found in _NUMBER.finditer(_prepare_numbers(text)):  # noqa: B007  # only the last one matters
         pass
     return found.group(0).strip() if found else None
+
+
+def final_answer(text: str) -> str | None:
+    """The final answer of a worked solution, as written: the later of the last closed box and the
+    last "final answer is N" statement (Math-Verify ranks the two alike and takes the last), else
+    the last number (a box outranks the numbers after it, as in Math-Verify).
+
+    >>> final_answer(r"so \\boxed{255}. The final answer is $10,455$."), final_answer(r"\\boxed{12}. Check: 3 more")
+    ('10,455', '12')
+    """
+    box, stated = last_boxed_at(text), stated_final_answer(text)
+    if stated is not None and (box is None or stated[0] > box[0]):
+        return stated[1]
+    return box[1] if box is not None else last_number(text)
 
 
 def _unwrap(text: str, command: str) -> str:
@@ -149,7 +195,8 @@ def normalize(answer: str) -> str:
         text = _unwrap(text, command)
     for token in _DROPPED:
         text = text.replace(token, "")
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\u2212", "-")
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
+    text = text.replace("\u2212", "-")
     text = "".join(text.split())
     return text.rstrip(".").lower()
 
@@ -211,7 +258,11 @@ def numeric_value(answer: str) -> Number | None:
     """
     text = normalize(_prepare_numbers(answer[:MAX_ANSWER_CHARS]))
     if "=" in text:
-        text = text.rsplit("=", 1)[1]  # "x=5", "7*11=77": the value is what follows the last "="
+        # "x=5", "7*11=77": the value is what follows the last "=". An equation with unknowns on
+        # its left ("x+y-z+2=0") is not a number: it matches only as an equation (answers_match).
+        *left, text = text.split("=")
+        if any(_LETTER.search(side) and not _ASSIGNED_NAME.match(side) for side in left):
+            return None
     units = _TRAILING_UNITS.match(text)
     if units and "\\" not in text:
         text = units.group(1)
@@ -226,6 +277,7 @@ def answers_match(candidate: str | None, ground_truth: str) -> bool:
     """
     if candidate is None or not candidate.strip():
         return False
+    ground_truth = _GSM8K_MARKER.sub("", ground_truth, count=1)  # "#### 55", "####: 55": GSM8K's marker
     expected, got = numeric_value(ground_truth), numeric_value(candidate)
     if expected is not None and got is not None:
         if isinstance(expected, Fraction) and isinstance(got, Fraction):
@@ -233,4 +285,7 @@ def answers_match(candidate: str | None, ground_truth: str) -> bool:
         return math.isclose(float(expected), float(got), rel_tol=1e-6, abs_tol=1e-9)
     if expected is not None or got is not None:
         return False  # a number against a non-number never matches
-    return normalize(candidate) == normalize(ground_truth)
+    want, have = normalize(candidate), normalize(ground_truth)
+    if want.count("=") == 1 and have.count("=") == 1:  # an equation: the same two sides, either way round
+        return sorted(want.split("=")) == sorted(have.split("="))
+    return want == have

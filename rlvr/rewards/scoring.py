@@ -4,12 +4,16 @@ Pure functions, no gRPC: the reward servicer is a thin shell over :func:`score` 
 :func:`score_batch` (see :mod:`rlvr.services.reward.pool` for the per-item time limit).
 
 Accuracy (1.0 or 0.0)
-    ``math_pairs`` and ``gsm8k``: the final number. ``boxed``: the last closed ``\\boxed{...}``,
-    nothing else (the spec rewards "a correct \\boxed{...} final answer": an unboxed number or an
-    unclosed box earns nothing). Where the completion has an ``<answer>…</answer>`` block, the last
-    such block is the answer and only its content counts (a number in the reasoning cannot stand in
-    for a missing answer); without one, the whole completion is searched and the final candidate
-    wins. Numbers compare as values (``18.0`` = ``18``, ``1,000`` = ``1000``).
+    ``math_pairs`` and ``gsm8k``: the final answer, the later of the last ``\\boxed{...}`` and the
+    last "final answer is N" statement (as Math-Verify ranks them), else the last number: a box
+    outranks numbers after it ("so \\boxed{12}. Check: 3 more" answers 12), and a boxed
+    intermediate step followed by "The final answer is $10,455$" answers 10455. ``boxed``: the
+    last closed ``\\boxed{...}``, nothing else (the spec rewards "a correct \\boxed{...} final
+    answer": an unboxed number or an unclosed box earns nothing). Where the completion has an
+    ``<answer>…</answer>`` block, the last such block is the answer and only its content counts (a
+    number in the reasoning cannot stand in for a missing answer); without one, the whole
+    completion is searched and the final candidate wins. Numbers compare as values (``18.0`` =
+    ``18``, ``1,000`` = ``1000``); an equation with unknowns matches only the same equation.
 Strict (True or False): how the answer is given, not whether it is wrapped in the format
     Correct *and* the answer read only from its canonical place equals the ground truth exactly as
     written, whitespace trimmed: the ``\\boxed{}`` content for ``boxed``; otherwise the closed
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from rlvr.rewards.answers import MAX_ANSWER_CHARS, answers_match, last_boxed, last_number
+from rlvr.rewards.answers import MAX_ANSWER_CHARS, answers_match, final_answer, last_boxed
 from rlvr.rewards.format import (
     DEFAULT_FORMAT_WEIGHT,
     MAX_COMPLETION_CHARS,
@@ -71,9 +75,7 @@ def extract_answer(function: ScoringFunction, completion: str) -> str | None:
     """The candidate final answer that accuracy compares (see the module docstring)."""
     block = answer_block(completion)
     region = completion if block is None else block
-    candidate = last_boxed(region)
-    if candidate is None and function != "boxed":
-        candidate = last_number(region)
+    candidate = last_boxed(region) if function == "boxed" else final_answer(region)
     if candidate is not None and len(candidate) > MAX_ANSWER_CHARS:
         candidate = candidate[:MAX_ANSWER_CHARS]
     return candidate

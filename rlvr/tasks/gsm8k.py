@@ -33,7 +33,7 @@ def ground_truth(answer_text: str) -> str:
     marker = answer_text.rfind("####")
     if marker < 0:
         raise TaskError(f"GSM8K answer has no '####' final answer: {answer_text[-80:]!r}")
-    value = answer_text[marker + 4 :].strip().replace(",", "")
+    value = answer_text[marker + 4 :].strip().removeprefix(":").strip().replace(",", "")  # "####: 55" too
     if not value:
         raise TaskError(f"GSM8K answer has an empty final answer: {answer_text[-80:]!r}")
     return value

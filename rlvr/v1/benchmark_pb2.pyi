@@ -95,7 +95,7 @@ class RunEvaluationRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., adapter: _Optional[_Union[_common_pb2.AdapterSelector, _Mapping]] = ..., benchmark: _Optional[str] = ..., limit: _Optional[int] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., label: _Optional[str] = ..., adapter_path: _Optional[str] = ...) -> None: ...
 
 class Evaluation(_message.Message):
-    __slots__ = ("id", "model", "adapter_name", "adapter_version", "benchmark", "status", "scores", "questions_total", "questions_done", "created_at", "started_at", "finished_at", "error", "seed", "sampling", "label", "generate_seconds", "score_seconds")
+    __slots__ = ("id", "model", "adapter_name", "adapter_version", "benchmark", "status", "scores", "questions_total", "questions_done", "created_at", "started_at", "finished_at", "error", "seed", "sampling", "label", "generate_seconds", "score_seconds", "question_set", "dataset", "dataset_split")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,9 @@ class Evaluation(_message.Message):
     LABEL_FIELD_NUMBER: _ClassVar[int]
     GENERATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SCORE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_SET_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     adapter_name: str
@@ -132,7 +135,10 @@ class Evaluation(_message.Message):
     label: str
     generate_seconds: float
     score_seconds: float
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., benchmark: _Optional[str] = ..., status: _Optional[_Union[EvaluationStatus, str]] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., questions_total: _Optional[int] = ..., questions_done: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., label: _Optional[str] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ...) -> None: ...
+    question_set: str
+    dataset: str
+    dataset_split: str
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., benchmark: _Optional[str] = ..., status: _Optional[_Union[EvaluationStatus, str]] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., questions_total: _Optional[int] = ..., questions_done: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., label: _Optional[str] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., question_set: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ...) -> None: ...
 
 class GetEvaluationRequest(_message.Message):
     __slots__ = ("id",)
@@ -239,17 +245,19 @@ class EvaluationEvent(_message.Message):
     def __init__(self, evaluation_id: _Optional[str] = ..., status: _Optional[_Union[EvaluationStatus, str]] = ..., questions_done: _Optional[int] = ..., questions_total: _Optional[int] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetLeaderboardRequest(_message.Message):
-    __slots__ = ("benchmark", "score_column", "limit")
+    __slots__ = ("benchmark", "score_column", "limit", "question_set")
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     SCORE_COLUMN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_SET_FIELD_NUMBER: _ClassVar[int]
     benchmark: str
     score_column: str
     limit: int
-    def __init__(self, benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    question_set: str
+    def __init__(self, benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., limit: _Optional[int] = ..., question_set: _Optional[str] = ...) -> None: ...
 
 class LeaderboardEntry(_message.Message):
-    __slots__ = ("rank", "evaluation_id", "model", "adapter_name", "adapter_version", "scores", "label", "finished_at")
+    __slots__ = ("rank", "evaluation_id", "model", "adapter_name", "adapter_version", "scores", "label", "finished_at", "question_set", "questions", "standard_error")
     RANK_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +266,9 @@ class LeaderboardEntry(_message.Message):
     SCORES_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_SET_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    STANDARD_ERROR_FIELD_NUMBER: _ClassVar[int]
     rank: int
     evaluation_id: str
     model: str
@@ -266,14 +277,31 @@ class LeaderboardEntry(_message.Message):
     scores: ScoreBreakdown
     label: str
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, rank: _Optional[int] = ..., evaluation_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., label: _Optional[str] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    question_set: str
+    questions: int
+    standard_error: float
+    def __init__(self, rank: _Optional[int] = ..., evaluation_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., label: _Optional[str] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., question_set: _Optional[str] = ..., questions: _Optional[int] = ..., standard_error: _Optional[float] = ...) -> None: ...
+
+class QuestionSet(_message.Message):
+    __slots__ = ("id", "questions", "description", "entries")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    questions: int
+    description: str
+    entries: int
+    def __init__(self, id: _Optional[str] = ..., questions: _Optional[int] = ..., description: _Optional[str] = ..., entries: _Optional[int] = ...) -> None: ...
 
 class GetLeaderboardResponse(_message.Message):
-    __slots__ = ("benchmark", "score_column", "entries")
+    __slots__ = ("benchmark", "score_column", "entries", "question_sets")
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     SCORE_COLUMN_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_SETS_FIELD_NUMBER: _ClassVar[int]
     benchmark: str
     score_column: str
     entries: _containers.RepeatedCompositeFieldContainer[LeaderboardEntry]
-    def __init__(self, benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[LeaderboardEntry, _Mapping]]] = ...) -> None: ...
+    question_sets: _containers.RepeatedCompositeFieldContainer[QuestionSet]
+    def __init__(self, benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[LeaderboardEntry, _Mapping]]] = ..., question_sets: _Optional[_Iterable[_Union[QuestionSet, _Mapping]]] = ...) -> None: ...

@@ -130,8 +130,9 @@ class BenchmarkServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetLeaderboard(self, request, context):
-        """The completed evaluations of a benchmark with their score columns, best first by
-        `score_column`.
+        """The completed evaluations of a benchmark with their score columns, ranked only against
+        evaluations over the same questions: grouped by question set (the most questions first),
+        best first by `score_column` within each, with n and the standard error of every entry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

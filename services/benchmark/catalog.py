@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.rewards.registry import Catalog, RewardInfo, load_registry
+from rlvr.scores import SCORE_COLUMNS
 
 RewardName = str  # a reward's key
-SCORE_COLUMNS: tuple[str, ...] = ("accuracy", "accuracy_strict", "format", "answered")
 DEFAULT_SCORE_COLUMN = "accuracy"
 
 

@@ -26,6 +26,7 @@ from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark import records
 from rlvr.services.benchmark.catalog import SCORE_COLUMNS, Benchmark, benchmarks_of, get_benchmark
 from rlvr.services.benchmark.events import Events, msg_id
+from rlvr.services.benchmark.leaderboard import leaderboard as rank_by_question_set
 from rlvr.services.benchmark.planning import Peers, Plan, prepare
 from rlvr.services.benchmark.runner import Progress, RunResult, run_questions
 from rlvr.v1 import benchmark_pb2
@@ -33,6 +34,13 @@ from rlvr.v1 import benchmark_pb2
 log = logging.getLogger("rlvr.benchmark")
 
 INTERRUPTED = "interrupted: the benchmark service stopped before the evaluation finished; run it again"
+
+
+def _extras(plan: Plan, generate_seconds: float = 0.0, score_seconds: float = 0.0) -> str:
+    """What the row keeps of the plan beyond its columns (records.extras_json)."""
+    return records.extras_json(plan.sampling_proto, plan.label, generate_seconds, score_seconds,
+                               question_set=plan.question_set, dataset=plan.dataset,
+                               dataset_split=plan.dataset_split)
 
 
 def one_line(e: BaseException) -> str:
@@ -103,7 +111,7 @@ class EvaluationManager:
         row = EvaluationRow(
             model=plan.model, adapter_name=plan.adapter.name, adapter_version=plan.adapter.version,
             benchmark=plan.benchmark.name, limit=plan.limit or None, seed=plan.sampling.seed,
-            sampling_json=records.extras_json(plan.sampling_proto, plan.label), status="QUEUED",
+            sampling_json=_extras(plan), status="QUEUED",
             n_questions=len(plan.questions), score_column=plan.benchmark.default_score_column,
         )
         # Shielded: gRPC cancels this handler when its caller goes away (a scheduler killed mid-call),
@@ -163,20 +171,16 @@ class EvaluationManager:
         )
         return benchmark_pb2.GetEvaluationResultsResponse(results=[records.result_of(r) for r in rows], total=total)
 
-    async def leaderboard(self, benchmark: str, score_column: str, limit: int) -> benchmark_pb2.GetLeaderboardResponse:
-        column = score_column or (await self._benchmark(benchmark)).default_score_column
+    async def leaderboard(self, benchmark: str, score_column: str, limit: int,
+                          question_set: str = "") -> benchmark_pb2.GetLeaderboardResponse:
+        info = await self._benchmark(benchmark)
+        column = score_column or info.default_score_column
         if limit < 0:
-            raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 50)")
-        rows = await asyncio.to_thread(records.leaderboard, self.store, benchmark, column, limit or 50)
-        entries = []
-        for rank, row in enumerate(rows, start=1):
-            evaluation = records.evaluation_of(row)
-            entries.append(benchmark_pb2.LeaderboardEntry(
-                rank=rank, evaluation_id=row.id, model=row.model, adapter_name=row.adapter_name,
-                adapter_version=row.adapter_version, scores=evaluation.scores, label=evaluation.label,
-                finished_at=evaluation.finished_at,
-            ))
-        return benchmark_pb2.GetLeaderboardResponse(benchmark=benchmark, score_column=column, entries=entries)
+            raise ValueError(f"limit: {limit} is out of range; allowed: >= 0 (0 = 50 per question set)")
+        if len(question_set) > 64:
+            raise ValueError(f"question_set: {len(question_set)} characters; allowed: at most 64 (a QuestionSet.id)")
+        rows = await asyncio.to_thread(records.leaderboard, self.store, benchmark, column)
+        return rank_by_question_set(rows, benchmark, info, info.size, column, limit or 50, question_set)
 
     async def watch(self, evaluation_id: str) -> AsyncIterator[benchmark_pb2.EvaluationEvent]:
         """The current state, then each change until a final status.
@@ -242,8 +246,7 @@ class EvaluationManager:
     async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress) -> None:
         fields: dict[str, object] = {
             **records.tally_fields(progress.tally, plan.benchmark.default_score_column),
-            "sampling_json": records.extras_json(plan.sampling_proto, plan.label, progress.generate_seconds,
-                                                 progress.score_seconds),
+            "sampling_json": _extras(plan, progress.generate_seconds, progress.score_seconds),
         }
         row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, **fields)
         await self._publish(row, f"{progress.done}/{progress.total} questions")
@@ -258,8 +261,7 @@ class EvaluationManager:
         fields: dict[str, object] = {"finished_at": datetime.now(UTC), "error": error}
         if plan is not None and result is not None:
             fields.update(records.tally_fields(result.tally, plan.benchmark.default_score_column))
-            fields["sampling_json"] = records.extras_json(plan.sampling_proto, plan.label, result.generate_seconds,
-                                                          result.score_seconds)
+            fields["sampling_json"] = _extras(plan, result.generate_seconds, result.score_seconds)
         try:
             row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, status=status, **fields)
         except Exception as e:  # noqa: BLE001 (the database itself failed: the log is all that is left)

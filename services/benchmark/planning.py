@@ -10,6 +10,7 @@ the rollout service does not hold; FailedPrecondition for a model it does not se
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ class Plan:
     limit: int
     label: str
     questions: tuple[Question, ...]
+    question_set: str = ""  # Evaluation.question_set: which questions, as an id (`question_set_id`)
+    dataset: str = ""  # the boxed benchmark's dataset and split, as asked
+    dataset_split: str = ""
 
     @property
     def sampling_proto(self) -> common_pb2.SamplingParams:
@@ -225,7 +229,21 @@ async def prepare(
     return Plan(benchmark=benchmark, model=rollout.model, adapter=adapter, sampling=sampling,
                 limit=request.limit, label=request.label,
                 questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style),
-                                        catalog.get(benchmark.reward_function).instruction))
+                                        catalog.get(benchmark.reward_function).instruction),
+                question_set=question_set_id(benchmark.name, problems), dataset=request.dataset.strip(),
+                dataset_split=request.dataset_split.strip())
+
+
+def question_set_id(benchmark: str, problems: Sequence[Problem]) -> str:
+    """"qs-" + 12 hex digits of a SHA-256 over the benchmark's name and each problem (its question
+    or conversation, and its ground truth) in order: equal ids, the same questions, whatever
+    prompt style asked them (the leaderboard ranks only those together)."""
+    digest = hashlib.sha256(benchmark.encode())
+    for problem in problems:
+        asked = repr(problem.messages) if problem.messages else problem.question
+        for part in (asked, problem.ground_truth):
+            digest.update(b"\0" + part.encode("utf-8", "surrogatepass"))
+    return "qs-" + digest.hexdigest()[:12]
 
 
 async def _check_adapter(

@@ -2,6 +2,7 @@
 
 The `evaluations` table (rlvr/infra/schema.py) keeps the score columns, counts and times. What it
 has no column for (the sampling settings, the leaderboard label, the generate/score seconds) is
+(and the question set, and a boxed benchmark's dataset) is
 kept in `sampling_json` as a partial `Evaluation` message in MessageToJson form, the store's
 convention for JSON columns, and merged back on read. `answered` is stored as a count of finished
 completions; its share is that count over the questions done.
@@ -47,9 +48,11 @@ def timestamp(when: datetime | None) -> Timestamp | None:
 
 
 def extras_json(sampling: common_pb2.SamplingParams, label: str, generate_seconds: float = 0.0,
-                score_seconds: float = 0.0) -> str:
+                score_seconds: float = 0.0, *, question_set: str = "", dataset: str = "",
+                dataset_split: str = "") -> str:
     extras = benchmark_pb2.Evaluation(sampling=sampling, label=label, generate_seconds=generate_seconds,
-                                      score_seconds=score_seconds)
+                                      score_seconds=score_seconds, question_set=question_set, dataset=dataset,
+                                      dataset_split=dataset_split)
     return json_format.MessageToJson(extras, indent=None)
 
 
@@ -129,15 +132,15 @@ def _column(name: str) -> Any:  # a SQL expression (see rlvr/infra/store.py on A
     return getattr(EvaluationRow, name)
 
 
-def leaderboard(store: Store, benchmark: str, score_column: str, limit: int) -> list[EvaluationRow]:
+def leaderboard(store: Store, benchmark: str, score_column: str) -> list[EvaluationRow]:
     """Completed evaluations of `benchmark`, best first by `score_column`; ties go to the one that
-    finished first (it got there first), then by id so the order is total."""
+    finished first (it got there first), then by id so the order is total. All of them: the
+    leaderboard groups them by question set (services/benchmark/leaderboard.py)."""
     column = _column(check_score_column(score_column))
     stmt = (
         select(EvaluationRow)
         .where(EvaluationRow.benchmark == benchmark, EvaluationRow.status == "COMPLETED")
         .order_by(column.desc().nulls_last(), col(EvaluationRow.finished_at).asc(), EvaluationRow.id)
-        .limit(limit)
     )
     with Session(store.engine) as session:
         return list(session.exec(stmt).all())

@@ -69,7 +69,8 @@ class BenchmarkServicer(benchmark_pb2_grpc.BenchmarkServiceServicer):
 
     async def GetLeaderboard(self, request: benchmark_pb2.GetLeaderboardRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> benchmark_pb2.GetLeaderboardResponse:
-        return await self._manager().leaderboard(request.benchmark, request.score_column, request.limit)
+        return await self._manager().leaderboard(request.benchmark, request.score_column, request.limit,
+                                                 request.question_set)
 
 
 class BenchmarkCore:

@@ -145,6 +145,30 @@ def _unary_in(behaviour: Callable[..., Any]) -> Callable[..., Any]:
     return unary_out
 
 
+def _sync_unary_in(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """A unary-request behaviour that is a plain function (or a generator, for server streaming)."""
+    import inspect
+
+    def refuse(request: Any, context: Any) -> None:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request.error))  # raises
+
+    if inspect.isgeneratorfunction(behaviour):
+        def stream_out(request: Any, context: Any) -> Any:
+            if isinstance(request, _Undecodable):
+                refuse(request, context)
+                return
+            yield from behaviour(request, context)
+
+        return stream_out
+
+    def unary_out(request: Any, context: Any) -> Any:
+        if isinstance(request, _Undecodable):
+            return refuse(request, context)
+        return behaviour(request, context)
+
+    return unary_out
+
+
 def _stream_in(behaviour: Callable[..., Any]) -> Callable[..., Any]:
     import inspect
 
@@ -179,12 +203,16 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
         if len(behaviours) != 1:
             return handler
         (name, behaviour), = behaviours.items()
-        # Generic handlers may run sync behaviours on a thread pool; only the async ones are wrapped.
         import inspect
 
         if not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
-            return handler
-        wrapped = _unary_in(behaviour) if name.startswith("unary") else _stream_in(behaviour)
+            # A sync behaviour (the standard health servicer's List, say) runs on a thread pool;
+            # unary requests are checked before it runs.
+            if not name.startswith("unary"):
+                return handler
+            wrapped = _sync_unary_in(behaviour)
+        else:
+            wrapped = _unary_in(behaviour) if name.startswith("unary") else _stream_in(behaviour)
         return handler._replace(request_deserializer=_checked_deserializer(handler.request_deserializer),
                                 **{name: wrapped})
 
@@ -241,6 +269,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
+class HealthServicer(health.aio.HealthServicer):
+    """The standard health service, with `List` (which grpcio's asyncio servicer leaves
+    unimplemented): every service name this server reports, with its status."""
+
+    async def List(  # noqa: N802 (gRPC method name)
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=status) for name, status in self._server_status.items()})
+
+
 class ServiceRunner:
     """Runs one Service on a grpc.aio server; usable in-process by tests as an async context."""
 
@@ -249,7 +288,7 @@ class ServiceRunner:
         self.settings = settings
         # The server and health servicer bind to the running event loop: made in start().
         self.server: grpc.aio.Server | None = None
-        self.health: health.aio.HealthServicer | None = None
+        self.health: HealthServicer | None = None
         self.port = 0
 
     @property
@@ -264,7 +303,7 @@ class ServiceRunner:
         if tokens.enabled:
             interceptors.insert(0, AuthInterceptor(tokens))  # first: a refused call is not even parsed
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service.register(self.server)
         names = [*self.service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -50,6 +50,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, check_page, shown
+from rlvr.common.settings import rlvr_home
 from rlvr.infra.events import (
     ALL_JOB_EVENTS,
     DurableSubscription,
@@ -63,6 +64,7 @@ from rlvr.infra.events import (
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow, metric_point_from_event
 from rlvr.infra.store import Store
 from rlvr.jobspec import ResolvedJob, job_status_name, job_status_value, resolve_spec
+from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import (
     TERMINAL,
@@ -110,10 +112,13 @@ MAX_RESUMES = 3
 
 class JobManager:
     def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
-                 data_roots: Sequence[Path] = (), rewards: RewardCatalogs | None = None) -> None:
+                 data_roots: Sequence[Path] = (), model_roots: Sequence[Path] | None = None,
+                 rewards: RewardCatalogs | None = None) -> None:
         self.store = store
         self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
+        # where a local base model may be named from (rlvr.models.check_base_model)
+        self.model_roots = tuple(model_roots) if model_roots is not None else (rlvr_home() / "models",)
         self.bus = bus
         self.workers = workers
         self.poll_seconds = poll_seconds
@@ -180,8 +185,10 @@ class JobManager:
         self._wake.set()
 
     async def check_data(self, spec: common_pb2.JobSpec, catalog: Catalog | None = None) -> None:
-        """INVALID_ARGUMENT now for a dataset the trainer could not read, or that lacks a column the
-        job's rewards read (services/scheduler/datasets.py)."""
+        """INVALID_ARGUMENT now for a base model no worker may load (a malformed hub id, a path outside
+        the model roots: rlvr.models.check_base_model), or a dataset the trainer could not read or that
+        lacks a column the job's rewards read (services/scheduler/datasets.py)."""
+        check_base_model(spec.base_model, self.model_roots)
         await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog)
 
     async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:

@@ -91,6 +91,10 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
             setattr(spec, field, rng.default)
         elif not rng.low <= getattr(spec, field) <= rng.high:
             raise out_of_range(field, getattr(spec, field), f"{rng.text()} (default {rng.default})")
+    if spec.give_up_after >= spec.max_rounds:  # Rounds spent is checked before Plateaued
+        warnings.append(f"give_up_after {spec.give_up_after} is not below max_rounds {spec.max_rounds}: the loop ends "
+                        f"with Rounds spent after round {spec.max_rounds} before it could count {spec.give_up_after} "
+                        "rounds without a real gain, so it never stops as Plateaued")
     if not spec.HasField("reclaim_storage"):
         spec.reclaim_storage = True
     if spec.HasField("min_gain") and (math.isnan(spec.min_gain) or not MIN_GAIN[0] <= spec.min_gain <= MIN_GAIN[1]):

@@ -88,8 +88,8 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     out.has_steps = True
     last = points[-1]
     running = job.status not in TERMINAL
-    out.message = (f"{len(points)} step(s) so far of {job.total_steps or last.total_steps}" if running
-                   else f"{len(points)} step(s)")
+    stored = f"{len(points)} step{'' if len(points) == 1 else 's'}"
+    out.message = f"{stored} so far of {job.total_steps or last.total_steps}" if running else stored
     out.accuracy_trend.CopyFrom(compute_trend(steps, accuracies))
     out.reward_trend.CopyFrom(compute_trend(steps, rewards))
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,

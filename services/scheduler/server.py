@@ -144,7 +144,8 @@ class SchedulerCore:
         self.store = await open_store(s)
         self.bus = await open_bus(s, "scheduler")
         s.artifact_root.mkdir(parents=True, exist_ok=True)
-        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)), data_roots=s.data_roots,
+        jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)),
+                          data_roots=s.data_roots, model_roots=s.model_roots,
                           rewards=GrpcRewards(s.reward_address, auth=peer_auth(s)))
         await jobs.start()
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,

@@ -1,5 +1,7 @@
 """Settings of the scheduler service (the public API, the store, dispatch)."""
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -12,6 +14,7 @@ from rlvr.common.settings import (
     StoreFields,
     local_address,
     port_field,
+    rlvr_home,
 )
 
 
@@ -28,6 +31,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     reward_address: str = local_address("reward")
     """The reward service: CreateJob and CreateLoop check a job's reward against the rewards it has
     (ListRewardFunctions)."""
+    model_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "models"])
+    """Folders a job's base model may be named from as a local path (JSON list or comma list); a
+    path outside them is refused at CreateJob. Hub ids and the bundled tiny models need no root."""
     max_lora_rank: int = Field(default=64, ge=4, le=512)
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
     adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
