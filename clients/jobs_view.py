@@ -56,6 +56,7 @@ class Chart:
 
 # The charts and their series, in the spec's order: "Reward & accuracy and Loss chart every step. If
 # the run logged them, you may also see KL & entropy and Completion length charts below."
+COMPONENTS_CHART = "reward_components"
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy")),
     ("loss", "Loss", ("loss",)),
@@ -162,7 +163,21 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     if any(p.completion_length for p in points):
         out.append(Series("completion_length", "Completion length (tokens)", steps,
                           [p.completion_length for p in points], "tokens"))
-    return [s for s in out if s.values]
+    return [s for s in out if s.values] + component_series(points)
+
+
+COMPONENT_PREFIX = "component:"
+
+
+def component_series(points: Sequence[S.SeriesPoint]) -> list[Series]:
+    """Each reward component's step mean (SeriesPoint.reward_components), when a job has more than the
+    one score of one reward: several rewards, or a reward's named parts."""
+    keys = list(dict.fromkeys(k for p in points for k in sorted(p.reward_components)))
+    if len(keys) < 2:
+        return []
+    steps = [p.step for p in points]
+    return [Series(f"{COMPONENT_PREFIX}{k}", k, steps, [p.reward_components.get(k, 0.0) for p in points], k)
+            for k in keys]
 
 
 def charts_of(metrics: S.JobMetrics) -> list[Chart]:
@@ -174,6 +189,9 @@ def charts_of(metrics: S.JobMetrics) -> list[Chart]:
         series = tuple(by_key[k] for k in keys if k in by_key)
         if series:
             charts.append(Chart(key, title if len(series) == len(keys) else series[0].title, series))
+    components = tuple(s for k, s in by_key.items() if k.startswith(COMPONENT_PREFIX))
+    if components:  # after the spec's charts: every reward's score and named part, on one 0-1 axis
+        charts.append(Chart(COMPONENTS_CHART, "Reward components", components))
     return charts
 
 

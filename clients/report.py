@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rlvr.clients.jobs_view import (
+    COMPONENTS_CHART,
     DIRECTION_WORDS,
     Chart,
     Series,
@@ -150,7 +151,9 @@ def table_rows(rows: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------- charts
 
 
-SHARED_AXIS = frozenset({"reward_accuracy"})
+SHARED_AXIS = frozenset({"reward_accuracy", COMPONENTS_CHART})
+# The lines of a chart of more series than COLORS names (the reward components).
+PALETTE = ("#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
 """The pairs drawn on one y axis (reward and accuracy share the 0-1 scale); any other pair gets a
 second axis on the right for its second series (KL is ~100x smaller than entropy)."""
 
@@ -168,8 +171,9 @@ def chart_png(chart: Chart | Series, trends: dict[str, S.Trend] | None = None) -
     pair = len(chart.series) > 1
     second = ax.twinx() if pair and chart.key not in SHARED_AXIS else ax
     lines, windows, peaks = [], [], []
-    for series, axis in zip(chart.series, (ax, second), strict=False):
-        color = COLORS.get(series.key, "#2563eb")
+    axes = [ax, second] if second is not ax else [ax] * len(chart.series)
+    for i, (series, axis) in enumerate(zip(chart.series, axes, strict=False)):
+        color = COLORS.get(series.key, PALETTE[i % len(PALETTE)])
         n = len(series.values)
         line, = axis.plot(series.steps, series.values, color=color, linewidth=1.8,
                           marker="o" if n <= 40 else None, markersize=7 if n == 1 else 3.5, label=series.name)
@@ -192,7 +196,7 @@ def chart_png(chart: Chart | Series, trends: dict[str, S.Trend] | None = None) -
     handles = [*lines, *windows] if pair else [*windows, *peaks]  # a pair's lines name their peaks
     if handles:
         ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
-                  ncol=2 if len(handles) == 4 else min(3, len(handles)), fontsize=8, frameon=False,
+                  ncol=2 if len(handles) == 4 else min(4, len(handles)), fontsize=8, frameon=False,
                   borderaxespad=0.2, handlelength=1.4, columnspacing=1.0)
     style_axes(ax, chart.title, "step")
     if second is not ax:  # each y axis in its series' colour

@@ -410,3 +410,30 @@ def test_unknown_job_is_one_error_line(scheduler, capfd, tmp_path: Path, command
     code, out, err = run(capfd, *argv, "--address", address)
     assert code == 1
     assert err.strip() == "error: NOT_FOUND: job 'nosuchjob' not found"
+
+
+def test_a_job_with_several_reward_components_charts_them_in_every_view(tmp_path) -> None:
+    """Several rewards (or one with named parts): a "Reward components" chart after the spec's
+    charts, one series per component, in the terminal card, the HTML report and the console's PNGs;
+    a job with a single reward's single score gets none."""
+    from rlvr.clients import report
+
+    metrics = make_metrics(RISING)
+    for i, p in enumerate(metrics.series):
+        p.reward_components["gsm8k"] = RISING[i]
+        p.reward_components["length"] = 0.5
+    charts = jobs_view.charts_of(metrics)
+    components = charts[-1]
+    assert (components.key, components.title) == ("reward_components", "Reward components")
+    assert [s.name for s in components.series] == ["gsm8k", "length"]
+    assert components.series[1].values == [0.5] * len(RISING)
+    text = jobs_view.render(metrics, width=100)
+    assert "Reward components" in text and "gsm8k" in text and "length" in text
+    png = report.chart_png(components)
+    assert png.startswith(b"\x89PNG")
+    page = report.write_report(metrics, None, tmp_path).read_text()
+    assert "Reward components" in page
+    single = make_metrics(RISING)
+    for p in single.series:
+        p.reward_components["gsm8k"] = p.accuracy
+    assert [c.key for c in jobs_view.charts_of(single)][-1] != "reward_components"
