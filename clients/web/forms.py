@@ -130,9 +130,9 @@ def reward_note(reward: object) -> tuple[str, str]:
 
 
 def generates(reward: object) -> bool:
-    """The reward makes its own prompts (Math Pairs): the Synthetic prompts field applies."""
-    return not (getattr(reward, "needs_dataset", False) or getattr(reward, "accepts_dataset", False)
-                or getattr(reward, "splits", None))
+    """The reward makes its own prompts (Math Pairs; the code reward without a dataset): the
+    Synthetic prompts field applies."""
+    return not (getattr(reward, "needs_dataset", False) or getattr(reward, "splits", None))
 
 
 _FIELD_PATH = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
