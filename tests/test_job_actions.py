@@ -198,12 +198,16 @@ async def test_export_history_round_trips(stack: Stack, tmp_path: Path) -> None:
     assert [p.step for p in points] == [1, 2]
     columns = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
 
-    def check(row: dict[str, object], point, parse) -> None:  # parse: the format's text -> value
+    # parse: the format's text -> value; a map column (reward_components) is JSON text in CSV, an object in JSONL
+    def check(row: dict[str, object], point, parse, as_object: bool) -> None:
         assert row["job_id"] == stack.job.id
         for name in columns:
             if name in ("job_id", "time"):
                 continue
             expected = getattr(point, name)
+            if name == "reward_components":
+                assert point.components(), "the job's reward must be in its components"
+                expected = point.components() if as_object else point.reward_components
             assert parse(row[name], expected) == expected, name
 
     path = await asyncio.to_thread(stack.client.export, stack.job.id, "csv", tmp_path)
@@ -211,7 +215,7 @@ async def test_export_history_round_trips(stack: Stack, tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert list(rows[0]) == columns and len(rows) == len(points)
     for row, point in zip(rows, points, strict=True):
-        check(row, point, lambda text, want: None if text == "" else type(want)(text))
+        check(row, point, lambda text, want: None if text == "" else type(want)(text), False)
 
     response = await asyncio.to_thread(stack.client.export_history,
                                        S.ExportHistoryRequest(job_id=stack.job.id, format=S.EXPORT_FORMAT_JSONL))
@@ -221,7 +225,7 @@ async def test_export_history_round_trips(stack: Stack, tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [list(line) for line in lines] == [columns, columns]
     for line, point in zip(lines, points, strict=True):
-        check(line, point, lambda value, want: value)
+        check(line, point, lambda value, want: value, True)
 
 
 async def test_actions_refuse_unknown_jobs_and_jobs_without_an_adapter(stack: Stack, tmp_path: Path) -> None:
