@@ -97,7 +97,7 @@ class JobRow(SQLModel, table=True):
     # `Store.create_all` adds it to an older table (ADDED_COLUMNS).
     queue_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
     # How many times the job was queued again after its trainer was lost (at most MAX_RESUMES,
-    # services/scheduler/jobs.py): kept here so a restarted scheduler does not start the count again.
+    # services/scheduler/dispatch.py): kept here so a restarted scheduler does not start the count again.
     resumes: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 

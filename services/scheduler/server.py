@@ -1,9 +1,10 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions;
-loops.py: automated training loops) know nothing of gRPC: the trainers are reached through
-workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a bad URL
-stops the service with one line naming the setting) and maps calls.
+The cores (services/scheduler/jobs.py: jobs, with lifecycle.py, dispatch.py and ingest.py behind
+it; actions.py: the RL Metrics card and the job actions; loops.py: automated training loops) know
+nothing of gRPC: the trainers are reached through workers.py's `GrpcWorkers`, and this module
+opens the store and the event bus at start (a bad URL stops the service with one line naming the
+setting) and maps calls.
 """
 
 from __future__ import annotations
