@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         ("accuracy_strict before -> after", f"{before.accuracy_strict:.1%} -> {after.accuracy_strict:.1%}"),
         ("held-out questions (greedy)", f"{args.eval_n}"),
         ("one standard error after (points)", f"{100 * (after.accuracy * (1 - after.accuracy) / args.eval_n) ** 0.5:.1f}"),
+        *([("paired: gain, SE, test", outcome.comparison.verdict()),
+           ("paired: wrong -> right, right -> wrong", f"{outcome.comparison.gained}, {outcome.comparison.lost}")]
+          if outcome.comparison is not None else []),
         ("GRPO steps", f"{steps}"),
         ("training wall time", f"{outcome.train_seconds:.0f} s ({outcome.train_seconds / max(1, steps):.2f} s/step)"),
         ("total wall time", f"{outcome.total_seconds:.0f} s"),
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps, "eval_n": args.eval_n, "max_async_steps": args.max_async_steps,
         "train_seconds": outcome.train_seconds, "total_seconds": outcome.total_seconds,
         "adapter": job.adapter.path,
+        **({"paired": {"se_points": outcome.comparison.se_points, "p_value": outcome.comparison.p_value,
+                       "test": outcome.comparison.test, "gained": outcome.comparison.gained,
+                       "lost": outcome.comparison.lost}} if outcome.comparison is not None else {}),
     }, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     if args.require_gain is not None and outcome.gain_points < args.require_gain:
