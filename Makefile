@@ -28,7 +28,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
 # tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no
