@@ -1,7 +1,7 @@
 """Learning gain: held-out Math Pairs accuracy of the tiny model before and after one RLVR run
 through the whole stack (embedded NATS, SQLite, the five services, the rollout server on vLLM).
 
-    python bench/learning.py                        # the measured configuration (see README)
+    python bench/learning.py                        # the measured configuration (docs/measurements/learning.md)
     python bench/learning.py --steps 100 --backend transformers
     python bench/learning.py --require-gain 8       # exit 1 below +8 points (tests/test_e2e_training.py)
     python bench/learning.py --steps 100 --max-async-steps 1   # generation one step ahead of training

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 
-# The measured configuration of bench/learning.py (README, "Learning"): every value inside the
+# The measured configuration of bench/learning.py (docs/measurements/learning.md): every value inside the
 # spec's ranges. `rlvr demo` runs it with fewer steps by default.
 RECIPE: dict[str, object] = {
     "steps": 300, "group_size": 8, "batch_size": 32, "max_tokens": 64, "rank": 4, "alpha": 128,

@@ -1,5 +1,5 @@
 """`rlvr jobs report|download|merge|export` and the RL Metrics part of `rlvr jobs show`: a job's
-results, the way the RL Metrics card and its actions offer them (see README, "Monitoring a run").
+results, the way the RL Metrics card and its actions offer them (see docs/monitoring.md).
 
 Registered into the `jobs` group by clients/train_cmd.py. Every command prints one
 `error: CODE: details` line on a failed call (an unknown job, a job without an adapter yet) and

@@ -182,7 +182,7 @@ def test_pages_render_the_specs_content(client: TestClient, url: str, expected: 
 
 def test_the_evaluation_legend_is_the_one_definition_of_the_score_columns(client: TestClient) -> None:
     """The legend under the score tiles reads rlvr/scores.py's DEFINITIONS, the words the code, the
-    proto and the README use: accuracy strict is about how the answer is written, not the format."""
+    proto and docs/evaluations.md use: accuracy strict is about how the answer is written, not the format."""
     from markupsafe import escape
 
     from rlvr.scores import DEFINITIONS, TITLES

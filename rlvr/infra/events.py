@@ -1,6 +1,6 @@
 """Events on NATS JetStream: the `RLVR` stream, its subjects, deduplicated publishing and consumers.
 
-DESIGN.md, Events: the trainer publishes one metric event per optimizer step on
+docs/design.md, Events: the trainer publishes one metric event per optimizer step on
 `rlvr.jobs.<id>.metrics`, services publish status changes on `rlvr.{jobs,loops,evals}.<id>.status`;
 the scheduler reads every job event with one durable consumer, in stream order (a job's last
 metrics before the status that ends it), and stores each one exactly once; the SDK and the CLI

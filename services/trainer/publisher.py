@@ -4,7 +4,7 @@ The training loop must not wait on the network, and must not lose an event eithe
 runs an asyncio loop with an `EventBus` in a background thread, and `publish` only enqueues. The
 thread publishes in order; a publish that still fails after `rlvr.infra.events.publish`'s own
 retries is tried again (with the same Nats-Msg-Id, so the stream stores it once) until `close`
-runs out of its flush time. Subjects and message ids follow DESIGN.md: metrics on
+runs out of its flush time. Subjects and message ids follow docs/design.md (Events): metrics on
 `rlvr.jobs.<id>.metrics` as "<job>:<step>", status on `rlvr.jobs.<id>.status` as
 "<job>:status:<STATUS>" (RUNNING, COMPLETED, ...: the scheduler's spelling, so when both publish
 the same transition the stream keeps one; each status is entered at most once per job run).

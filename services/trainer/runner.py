@@ -174,7 +174,7 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     if quant is None:
         model.to(device)
     else:
-        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, DESIGN.md).
+        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, docs/design.md).
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if job.init_adapter_path:
         if quant is None:
