@@ -174,6 +174,8 @@ def passthrough_parser(argv: list[str]):  # type: ignore[no-untyped-def]
         return parser, argv[1:]
     if argv[:2] == ["models", "build-tiny"]:
         return importlib.import_module("rlvr.tiny.__main__")._parser(), ["build", *argv[2:]]
+    if argv[:2] == ["models", "inspect"]:
+        return importlib.import_module("rlvr.tiny.__main__")._parser(), ["eval", "--diagnose", *argv[2:]]
     raise AssertionError(f"a passthrough command this test does not know: rlvr {' '.join(argv)}")
 
 
