@@ -87,7 +87,8 @@ def marked(kind: str, lang: str | None = None) -> list[Block]:
 
 PLACEHOLDERS = {"N": "2", "ID": "abc123", "DIR": "out", "FILE": "out.csv", "BENCHMARK": "gsm8k", "C": "accuracy",
                 "H": "127.0.0.1", "P": "8050", "A": "127.0.0.1:50051", "B": "127.0.0.1:50055", "K": "1",
-                "NAME:VERSION": "job-x:3", "NAME": "job-x", "HOST:PORT": "127.0.0.1:50051"}
+                "NAME:VERSION": "job-x:3", "NAME": "job-x", "HOST:PORT": "127.0.0.1:50051",
+                "MODEL": "rlvr-tiny", "BEFORE_ID": "ev-1", "AFTER_ID": "ev-2"}
 
 
 def expand(command: str) -> list[str]:
@@ -174,6 +175,8 @@ def passthrough_parser(argv: list[str]):  # type: ignore[no-untyped-def]
         return parser, argv[1:]
     if argv[:2] == ["models", "build-tiny"]:
         return importlib.import_module("rlvr.tiny.__main__")._parser(), ["build", *argv[2:]]
+    if argv[:2] == ["models", "inspect"]:
+        return importlib.import_module("rlvr.tiny.__main__")._parser(), ["eval", *argv[2:], "--diagnose"]
     raise AssertionError(f"a passthrough command this test does not know: rlvr {' '.join(argv)}")
 
 
