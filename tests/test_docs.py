@@ -1,4 +1,4 @@
-"""The docs cannot rot: README.md, CONTRIBUTING.md and every page under docs/ are read here.
+"""The docs cannot rot: README.md, CONTRIBUTING.md, bench/README.md and every page under docs/ are read here.
 
 - every `rlvr ...` command line (in a bash block or inline) parses with the real CLI's argparse;
   a synopsis (`rlvr jobs list [--limit N] | show ID`) is expanded into its commands first;
@@ -41,7 +41,7 @@ from rlvr.v1 import scheduler_pb2 as S
 from rlvr.v1 import scheduler_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BIN = Path(sys.executable).parent
 
 
@@ -379,7 +379,7 @@ def test_the_repository_links_only_to_itself() -> None:
         if path == Path(__file__).resolve():
             continue
         assert not outside.search(path.read_text()), path.relative_to(ROOT)
-    for page in (ROOT / "README.md", ROOT / "CONTRIBUTING.md"):
+    for page in (ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "bench" / "README.md"):
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not re.match(r"[a-z]+:", target):
                 assert (page.parent / target).exists(), f"{page.name}: {target}"
