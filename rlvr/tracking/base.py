@@ -1,0 +1,75 @@
+"""The interface every tracker module implements, and `open_tracker`, which picks the module.
+
+A tracker is opened for one job's run and fed in order: the spec as config once, then each stored
+step (`log_step`, step order, each step once), a sample of completions where there is one, the
+final tiles (`log_summary`) and `close`. Every call may raise (a tracker down, a folder not
+writable): the scheduler's bridge catches it, says so in the job's events and tries again later;
+a tracker never sees a step twice from one bridge.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.tracking import config as tc
+from rlvr.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a tracker names its run after."""
+
+    job_id: str
+    job_name: str
+    project: str
+    run_name: str
+    config: Mapping[str, Any]  # the job spec (values.spec_config)
+
+
+class Tracker(ABC):
+    kind: str = ""
+    location: str = ""
+    """Where to look: a folder, a run's URL or URI."""
+
+    @abstractmethod
+    def log_step(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None:  # noqa: B027 (optional)
+        """A sample of the step's completions (values.SAMPLE_COLUMNS) as a table, where there are tables."""
+
+    @abstractmethod
+    def log_summary(self, values: Mapping[str, float], step: int) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def open_tracker(config: common_pb2.TrackerConfig, run: RunInfo, default_mlflow_uri: Path | None = None) -> Tracker:
+    """The tracker `config` names, opened for `run` (its run created, the config logged)."""
+    if config.kind == common_pb2.TRACKER_KIND_TENSORBOARD:
+        from rlvr.tracking.tensorboard_tracker import TensorBoardTracker
+
+        return TensorBoardTracker(Path(config.target), run)
+    if config.kind == common_pb2.TRACKER_KIND_MLFLOW:
+        from rlvr.tracking.mlflow_tracker import MlflowTracker
+
+        uri = config.target or (default_mlflow_uri.as_uri() if default_mlflow_uri is not None else "")
+        return MlflowTracker(uri, run)
+    if config.kind == common_pb2.TRACKER_KIND_WANDB:
+        from rlvr.tracking.wandb_tracker import WandbTracker
+
+        return WandbTracker(Path(config.target), run, online=config.online)
+    if config.kind == common_pb2.TRACKER_KIND_TRACKIO:
+        from rlvr.tracking.trackio_tracker import TrackioTracker
+
+        return TrackioTracker(Path(config.target), run)
+    raise ValueError(f"not a tracker kind: {config.kind}")
+
+
+def run_info(config: common_pb2.TrackerConfig, job_id: str, job_name: str, spec_config: Mapping[str, Any]) -> RunInfo:
+    return RunInfo(job_id=job_id, job_name=job_name, project=tc.project(config),
+                   run_name=tc.run_name(config, job_name, job_id), config=spec_config)
