@@ -9,7 +9,8 @@ step), the spec is the run's params (flattened, "grpo.learning_rate") and the ar
 artifact (`completions/step_<n>.json`, MLflow's log_table). The run is FINISHED at the end.
 
 A server that does not answer fails fast: MLflow's HTTP retries and timeout are bounded here
-(MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT; the environment's own values win).
+(MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT), and the file store is allowed
+(MLFLOW_ALLOW_FILE_STORE); the environment's own values win.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from rlvr.tracking.config import is_url
 from rlvr.tracking.values import SUMMARY_PREFIX, flat_params
 
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+# MLflow 3 keeps its file store (a folder, no database) behind this switch; rlvr's default MLflow
+# target is such a folder under the artifact root, which needs no server and no database.
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param's value
 
