@@ -148,7 +148,8 @@ def tracking_lines(job) -> list[str]:  # noqa: ANN001 (common_pb2.Job)
 
     lines = []
     for link in job.tracking:
-        state = f"not logging: {link.error}" if link.error else f"{link.steps_logged} step(s) logged"
+        state = f"not logging: {link.error}" if link.error else \
+            f"{link.steps_logged} step(s) logged{', finished' if link.finished else ''}"
         lines.append(f"Tracked in {kind_name(link.kind)}: {link.location} ({state})")
     return lines
 

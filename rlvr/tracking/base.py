@@ -1,4 +1,5 @@
-"""The interface every tracker module implements, and `open_tracker`, which picks the module.
+"""The interface every tracker module implements, and the RunInfo a run is named from
+(`rlvr.tracking.open.open_tracker` picks the module).
 
 A tracker is opened for one job's run and fed in order: the spec as config once, then each stored
 step (`log_step`, step order, each step once), a sample of completions where there is one, the
@@ -12,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlvr.tracking import config as tc
@@ -46,28 +46,6 @@ class Tracker(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
-
-def open_tracker(config: common_pb2.TrackerConfig, run: RunInfo, default_mlflow_uri: Path | None = None) -> Tracker:
-    """The tracker `config` names, opened for `run` (its run created, the config logged)."""
-    if config.kind == common_pb2.TRACKER_KIND_TENSORBOARD:
-        from rlvr.tracking.tensorboard_tracker import TensorBoardTracker
-
-        return TensorBoardTracker(Path(config.target), run)
-    if config.kind == common_pb2.TRACKER_KIND_MLFLOW:
-        from rlvr.tracking.mlflow_tracker import MlflowTracker
-
-        uri = config.target or (default_mlflow_uri.as_uri() if default_mlflow_uri is not None else "")
-        return MlflowTracker(uri, run)
-    if config.kind == common_pb2.TRACKER_KIND_WANDB:
-        from rlvr.tracking.wandb_tracker import WandbTracker
-
-        return WandbTracker(Path(config.target), run, online=config.online)
-    if config.kind == common_pb2.TRACKER_KIND_TRACKIO:
-        from rlvr.tracking.trackio_tracker import TrackioTracker
-
-        return TrackioTracker(Path(config.target), run)
-    raise ValueError(f"not a tracker kind: {config.kind}")
 
 
 def run_info(config: common_pb2.TrackerConfig, job_id: str, job_name: str, spec_config: Mapping[str, Any]) -> RunInfo:

@@ -19,7 +19,7 @@ DEFAULT_PROJECT = "rlvr"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ %-]{0,127}$")
 URL_RE = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
-KINDS: dict[str, int] = {
+KINDS: dict[str, common_pb2.TrackerKind] = {
     "tensorboard": common_pb2.TRACKER_KIND_TENSORBOARD,
     "mlflow": common_pb2.TRACKER_KIND_MLFLOW,
     "wandb": common_pb2.TRACKER_KIND_WANDB,
@@ -31,7 +31,8 @@ MLFLOW_SCHEMES = ("file", "http", "https")
 
 def kind_name(kind: int) -> str:
     """"tensorboard", "mlflow", "wandb" or "trackio" (the CLI's spelling)."""
-    return {v: k for k, v in KINDS.items()}.get(kind, f"kind {kind}")
+    names: dict[int, str] = {int(v): k for k, v in KINDS.items()}
+    return names.get(kind, f"kind {kind}")
 
 
 def is_url(target: str) -> bool:

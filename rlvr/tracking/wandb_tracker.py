@@ -44,8 +44,8 @@ class WandbTracker(Tracker):
         import wandb
 
         if rows:
-            columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+            columns: list[str | int] = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[r.get(str(c)) for c in columns] for r in rows])
             self.run.log({"completions": table}, step=step)
 
     def log_summary(self, values: Mapping[str, float], step: int) -> None:

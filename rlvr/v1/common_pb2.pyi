@@ -206,16 +206,18 @@ class TrackerConfig(_message.Message):
     def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., target: _Optional[str] = ..., project: _Optional[str] = ..., run_name: _Optional[str] = ..., online: _Optional[bool] = ...) -> None: ...
 
 class TrackingLink(_message.Message):
-    __slots__ = ("kind", "location", "steps_logged", "error")
+    __slots__ = ("kind", "location", "steps_logged", "error", "finished")
     KIND_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     STEPS_LOGGED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     kind: TrackerKind
     location: str
     steps_logged: int
     error: str
-    def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., location: _Optional[str] = ..., steps_logged: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    finished: bool
+    def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., location: _Optional[str] = ..., steps_logged: _Optional[int] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class TrainingSummary(_message.Message):
     __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps")

@@ -43,7 +43,8 @@ from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.metrics import job_metrics
 from rlvr.tracking import config as tc
-from rlvr.tracking.base import Tracker, open_tracker, run_info
+from rlvr.tracking.base import Tracker, run_info
+from rlvr.tracking.open import open_tracker
 from rlvr.tracking.values import safe_name, spec_config, step_values, summary_values
 from rlvr.v1 import common_pb2
 
@@ -78,7 +79,7 @@ class Mirror:
         location = self.tracker.location if self.tracker is not None else \
             planned_location(self.config, job_name, job_id, default_mlflow)
         return common_pb2.TrackingLink(kind=self.config.kind, location=location, steps_logged=self.logged,
-                                       error=self.error)
+                                       error=self.error, finished=self.done and not self.error)
 
 
 def planned_location(config: common_pb2.TrackerConfig, job_name: str, job_id: str, default_mlflow: Path) -> str:
