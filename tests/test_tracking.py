@@ -278,3 +278,37 @@ def test_tracker_configs_parse_and_validate() -> None:
     spec.tracking.extend([C.TrackerConfig(kind=C.TRACKER_KIND_TENSORBOARD, target="/x")] * 2)
     with pytest.raises(InvalidArgument, match="the same tensorboard tracker twice"):
         resolve_spec(spec)
+
+
+def test_each_tracker_writes_a_step_s_completions_as_a_table(tmp_path: Path) -> None:
+    from rlvr.tracking.base import run_info
+    from rlvr.tracking.open import open_tracker
+
+    rows = [{"step": 1, "prompt": "2+2=", "completion": "4 | four\nmore", "reward": 1.0, "accuracy": 1.0},
+            {"step": 1, "prompt": "3+3=", "completion": "7", "reward": 0.0, "accuracy": 0.0}]
+    opened = {}
+    for config in _four(tmp_path):
+        tracker = open_tracker(config, run_info(config, "jobsamples1", "samples", {"name": "samples"}))
+        tracker.log_step(1, {"reward_mean": 0.5})
+        tracker.log_samples(1, rows)
+        tracker.log_summary({"steps": 1.0}, 1)
+        tracker.close()
+        opened[tracker.kind] = tracker
+
+    text = read.tensorboard_texts(Path(opened["tensorboard"].location))["completions"][1]
+    assert "| prompt |" in text and "4 \\| four<br>more" in text and "| 3+3= | 7 |" in text
+
+    client, run = read.mlflow_run((tmp_path / "mlruns").as_uri(), "rlvr-tests", "samples-jobsamples1")
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "completions/step_00001.json",
+                                                     str(tmp_path / "dl"))).read_text())
+    assert table["columns"] == list(rows[0]) and [r[2] for r in table["data"]] == ["4 | four\nmore", "7"]
+
+    wb = read.wandb_run(Path(opened["wandb"].location))
+    assert wb["history"]["completions/_type"] == {1: "table-file"} and wb["history"]["completions/nrows"] == {1: 2}
+    (table_file,) = (Path(opened["wandb"].location) / "files").glob(f"{wb['history']['completions/path'][1]}")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == list(rows[0]) and [r[2] for r in table["data"]] == ["4 | four\nmore", "7"]
+
+    logged, _ = read.trackio_logs(tmp_path / "trackio", "rlvr-tests", "samples-jobsamples1")
+    (with_table,) = [r for r in logged if "completions" in r]
+    assert with_table["step"] == 1 and with_table["completions"]["_type"] == "trackio.table"

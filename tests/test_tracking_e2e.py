@@ -1,7 +1,8 @@
 """A real job logged to all four experiment trackers through a real stack: a scheduler and a trainer
 service in this process over real gRPC, the trainer's job in its own process, a real embedded NATS
 and SQLite (as tests/test_job_actions.py). The job names TensorBoard, MLflow (file store), W&B
-(offline) and trackio (local store) in its spec (`rlvr train --track`'s field); once it has
+(offline) and trackio (local store) in its spec (`rlvr train --track`'s field), and an MLflow
+server that is down; the job completes, the down tracker is said in its events, and once it has
 ended, each tracker's own files equal the store's series step for step (tests/test_tracking.py's
 check), `GetJob` and `rlvr jobs show` say where it is tracked, and `rlvr jobs track ID --to
 tensorboard:DIR` mirrors it again after the fact.
@@ -10,6 +11,7 @@ tensorboard:DIR` mirrors it again after the fact.
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,12 @@ from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
 MODEL = "rlvr-tiny-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -39,7 +47,9 @@ def _spec(home: Path) -> C.JobSpec:
     spec.tracking.extend([tc.parse_tracker(f"tensorboard:{home / 'tb'}"),
                           tc.parse_tracker(f"mlflow:{home / 'mlruns'},project=rlvr-tests"),
                           tc.parse_tracker(f"wandb:{home / 'wandb'},project=rlvr-tests"),
-                          tc.parse_tracker(f"trackio:{home / 'trackio'},project=rlvr-tests")])
+                          tc.parse_tracker(f"trackio:{home / 'trackio'},project=rlvr-tests"),
+                          # an MLflow server nobody answers: said in the job's events, the job goes on
+                          tc.parse_tracker(f"mlflow:http://127.0.0.1:{_free_port()},run=down")])
     return spec
 
 
@@ -63,32 +73,43 @@ async def tracked(nats_server, tmp_path_factory: pytest.TempPathFactory):
             store = Store(settings.database_url)
             created = await asyncio.to_thread(client.create_job, S.CreateJobRequest(spec=_spec(home)))
             job_id = created.job.id
-            await asyncio.to_thread(lambda: list(client.watch(job_id, timeout=240)))
+            events = await asyncio.to_thread(lambda: list(client.watch(job_id, timeout=240)))
             for _ in range(600):  # the bridge closes the runs just after the job's end is stored
                 job = await asyncio.to_thread(client.get_job, S.GetJobRequest(id=job_id))
                 if all(link.finished or link.error for link in job.tracking):
                     break
                 await asyncio.sleep(0.1)
             assert job.status == C.JOB_STATUS_COMPLETED, job.error
-            yield home, scheduler.address, store, job
+            said = [e.status.message for e in events if e.HasField("status")]
+            yield home, scheduler.address, store, job, said
             client.close()
             store.close()
 
 
 async def test_a_job_logged_to_all_four_trackers_reads_back_equal_to_the_store(tracked) -> None:
-    home, _, store, job = tracked
+    home, _, store, job, _ = tracked
     assert [link.kind for link in job.tracking] == [c.kind for c in job.spec.tracking]
-    assert all(link.finished for link in job.tracking), job.tracking
+    assert all(link.finished for link in job.tracking[:4]), job.tracking
     assert len(store.metric_points(job.id)) == job.current_step == 3
-    check_all_four(store, job.id, f"tracked-{job.id}", home, list(job.tracking))
+    check_all_four(store, job.id, f"tracked-{job.id}", home, list(job.tracking[:4]))
+
+
+async def test_a_tracker_that_is_down_leaves_the_job_alone_and_is_said_in_its_events(tracked) -> None:
+    _, _, _, job, said = tracked
+    assert job.status == C.JOB_STATUS_COMPLETED and job.current_step == 3
+    down = job.tracking[4]
+    assert down.error and not down.finished and down.steps_logged == 0
+    assert any(m.startswith("not logged to the mlflow tracker (http://127.0.0.1:") and "the job goes on" in m
+               for m in said), said
 
 
 async def test_jobs_show_says_where_and_jobs_track_mirrors_after_the_fact(tracked, capsys) -> None:
-    home, address, store, job = tracked
+    home, address, store, job, _ = tracked
     code = await asyncio.to_thread(cli.main, ["jobs", "show", job.id, "--address", address])
     out = capsys.readouterr().out
     assert code == 0
     assert f"Tracked in tensorboard: {home / 'tb' / f'tracked-{job.id}'} (3 step(s) logged, finished)" in out
+    assert "Tracked in mlflow: http://127.0.0.1:" in out and "(not logging: " in out
     assert "Tracked in mlflow: " in out and "Tracked in wandb: " in out and "Tracked in trackio: " in out
 
     later = home / "later"
