@@ -312,3 +312,38 @@ def test_each_tracker_writes_a_step_s_completions_as_a_table(tmp_path: Path) -> 
     logged, _ = read.trackio_logs(tmp_path / "trackio", "rlvr-tests", "samples-jobsamples1")
     (with_table,) = [r for r in logged if "completions" in r]
     assert with_table["step"] == 1 and with_table["completions"]["_type"] == "trackio.table"
+
+
+def test_rlvr_train_track_flags_fill_the_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from rlvr.clients.train_cmd import add_train_arguments, spec_from_args
+
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--track", "tensorboard:runs/tb", "--track", "mlflow:http://mlflow:5000,project=x",
+                              "--track", "wandb:~/w,online"])
+    spec = spec_from_args(args)
+    assert [(t.kind, t.target) for t in spec.tracking] == [
+        (C.TRACKER_KIND_TENSORBOARD, str(tmp_path / "runs" / "tb")),  # made absolute here
+        (C.TRACKER_KIND_MLFLOW, "http://mlflow:5000"), (C.TRACKER_KIND_WANDB, str(Path("~/w").expanduser()))]
+    assert spec.tracking[1].project == "x" and spec.tracking[2].online
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--track", "neptune:/x"])
+
+
+async def test_links_of_a_job_this_scheduler_did_not_mirror_come_from_its_spec(store, tmp_path):
+    tb = tc.parse_tracker(f"tensorboard:{tmp_path / 'tb'},run=r1")
+    row = _job(store, "COMPLETED", tracking=[tb])
+    bridge = _bridge(store, tmp_path)
+    try:
+        (link,) = bridge.links(job_to_proto(row))
+        assert (link.location, link.steps_logged, link.finished) == (str(tmp_path / "tb" / "r1"), 0, False)
+        await bridge.track(row.id, [tc.parse_tracker(f"tensorboard:{tmp_path / 'again'}")])
+        spec_link, added = bridge.links(job_to_proto(row))
+    finally:
+        await bridge.stop()
+    assert spec_link.location == str(tmp_path / "tb" / "r1") and spec_link.steps_logged == 0
+    assert added.location == str(tmp_path / "again" / f"track-test-{row.id}") and added.finished
+    assert added.steps_logged == STEPS

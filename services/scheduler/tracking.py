@@ -66,6 +66,7 @@ class Mirror:
     """One tracker of one job: its config, the tracker once opened, how far it got."""
 
     config: common_pb2.TrackerConfig
+    from_spec: bool = False  # one of the job spec's trackers (else added by TrackJob)
     tracker: Tracker | None = None
     logged: int = 0  # the last step the tracker took
     done: bool = False  # summary given and closed, or given up
@@ -155,15 +156,15 @@ class TrackingBridge:
 
     def links(self, job: common_pb2.Job) -> list[common_pb2.TrackingLink]:
         """Job.tracking: the live trackers of the job, else those its spec names (not opened here)."""
-        mirrors = self._mirrors.get(job.id)
-        if mirrors is None:
-            mirrors = [Mirror(config=c) for c in job.spec.tracking]
+        mirrors = self._mirrors.get(job.id, [])
+        if not any(m.from_spec for m in mirrors):  # the spec's trackers were not taken up by this process
+            mirrors = [Mirror(config=c, from_spec=True) for c in job.spec.tracking] + mirrors
         return [m.link(job.spec.name, job.id, self.default_mlflow) for m in mirrors]
 
     async def job_created(self, job: common_pb2.Job) -> None:
         if job.spec.tracking and job.id not in self._seen:
             self._seen.add(job.id)
-            self._add(job.id, list(job.spec.tracking))
+            self._add(job.id, list(job.spec.tracking), from_spec=True)
 
     async def track(self, job_id: str, configs: Sequence[common_pb2.TrackerConfig]) -> list[common_pb2.TrackingLink]:
         """TrackJob: more trackers for a job; answers once they took every stored step (or failed)."""
@@ -179,8 +180,8 @@ class TrackingBridge:
 
     # ------------------------------------------------------------------ internals
 
-    def _add(self, job_id: str, configs: list[common_pb2.TrackerConfig]) -> list[Mirror]:
-        added = [Mirror(config=c) for c in configs]
+    def _add(self, job_id: str, configs: list[common_pb2.TrackerConfig], from_spec: bool = False) -> list[Mirror]:
+        added = [Mirror(config=c, from_spec=from_spec) for c in configs]
         self._mirrors.setdefault(job_id, []).extend(added)
         task = self._tasks.get(job_id)
         if task is None or task.done():
@@ -200,8 +201,8 @@ class TrackingBridge:
                         continue
                     self._seen.add(row.id)
                     spec = spec_from_json(row.spec_json)
-                    if spec.tracking and row.id not in self._mirrors:
-                        self._add(row.id, list(spec.tracking))
+                    if spec.tracking and not any(m.from_spec for m in self._mirrors.get(row.id, [])):
+                        self._add(row.id, list(spec.tracking), from_spec=True)
                 self._seen &= active | set(self._tasks)
             except Exception:
                 log.exception("tracking: listing the jobs failed")
