@@ -125,3 +125,25 @@ async def test_jobs_show_says_where_and_jobs_track_mirrors_after_the_fact(tracke
                                               "--address", address])
     err = capsys.readouterr().err
     assert code == 1 and "outside the scheduler's tracking roots" in err
+
+
+async def test_each_step_s_completions_are_a_table_in_each_tracker(tracked) -> None:
+    """The trainer publishes a few completions per step (CompletionSamples); the bridge reads them
+    off the stream and every tracker gets them as a table at that step."""
+    import json
+
+    home, _, _, job, _ = tracked
+    run = f"tracked-{job.id}"
+    texts = read.tensorboard_texts(Path(job.tracking[0].location))["completions"]
+    assert sorted(texts) == [1, 2, 3] and all("| step | prompt | completion | reward | accuracy |" in t
+                                              for t in texts.values())
+    client, mrun = read.mlflow_run((home / "mlruns").as_uri(), "rlvr-tests", run)
+    files = [f.path for f in client.list_artifacts(mrun.info.run_id, "completions")]
+    assert files == [f"completions/step_0000{s}.json" for s in (1, 2, 3)]
+    table = json.loads(Path(client.download_artifacts(mrun.info.run_id, files[0], str(home / "dl"))).read_text())
+    assert table["columns"] == ["step", "prompt", "completion", "reward", "accuracy"]
+    assert 1 <= len(table["data"]) <= 4 and all(row[0] == 1 and row[1] for row in table["data"])
+    wb = read.wandb_run(Path(job.tracking[2].location))
+    assert wb["history"]["completions/_type"] == {1: "table-file", 2: "table-file", 3: "table-file"}
+    rows, _ = read.trackio_logs(home / "trackio", "rlvr-tests", run)
+    assert sorted(r["step"] for r in rows if "completions" in r) == [1, 2, 3]

@@ -356,6 +356,28 @@ class MetricEvent(_message.Message):
     reward_errors: int
     def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
 
+class CompletionSamples(_message.Message):
+    __slots__ = ("job_id", "step", "samples")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    samples: _containers.RepeatedCompositeFieldContainer[CompletionSample]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[CompletionSample, _Mapping]]] = ...) -> None: ...
+
+class CompletionSample(_message.Message):
+    __slots__ = ("prompt", "completion", "reward", "accuracy")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    completion: str
+    reward: float
+    accuracy: float
+    def __init__(self, prompt: _Optional[str] = ..., completion: _Optional[str] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ...) -> None: ...
+
 class JobStatusEvent(_message.Message):
     __slots__ = ("job_id", "status", "message", "time", "adapter", "current_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -36,7 +36,7 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 
 from rlvr.common.errors import InvalidArgument, NotFound, shown
-from rlvr.infra.events import EventBus, cancel_and_wait, job_status_subject, status_msg_id
+from rlvr.infra.events import EventBus, cancel_and_wait, job_samples_subject, job_status_subject, status_msg_id
 from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.jobspec import job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now_ts, spec_from_json
@@ -243,6 +243,7 @@ class TrackingBridge:
         ended = row.status in TERMINAL
         after = min(m.logged for m in mirrors)
         points = await asyncio.to_thread(self.jobs.store.metric_points, row.id, after)
+        samples = await self._samples(row.id, [p.step for p in points])
         tiles: dict[str, float] | None = None
         if ended:
             tiles = tiles_dict(row, await asyncio.to_thread(self.jobs.store.metric_points, row.id))
@@ -250,7 +251,7 @@ class TrackingBridge:
             if m.error and time.monotonic() < m.retry_at:
                 continue
             try:
-                await self._feed(row, m, points, tiles)
+                await self._feed(row, m, points, samples, tiles)
                 m.error, m.failures = "", 0
             except Exception as e:  # any tracker fault: recorded and said, never raised into the job
                 m.failures += 1
@@ -264,8 +265,27 @@ class TrackingBridge:
                 await self._say(row, m)
             m.caught_up.set()
 
+    async def _samples(self, job_id: str, steps: Sequence[int]) -> dict[int, list[dict[str, object]]]:
+        """Each step's sample of completions, off the stream (CompletionSamples; published before
+        the step's metrics, so there once the step is stored); none for a step it no longer keeps."""
+        out: dict[int, list[dict[str, object]]] = {}
+        if self.bus is None:
+            return out
+        for step in steps:
+            try:
+                data = await self.bus.last_message(job_samples_subject(job_id, step))
+                if data is None:
+                    continue
+                event = common_pb2.CompletionSamples.FromString(data)
+            except Exception as e:  # the table is the optional part: the metrics go on without it
+                log.debug("job %s step %d: no completions sample (%s)", job_id, step, e)
+                continue
+            out[step] = [{"step": step, "prompt": s.prompt, "completion": s.completion, "reward": s.reward,
+                          "accuracy": s.accuracy} for s in event.samples]
+        return out
+
     async def _feed(self, row: JobRow, m: Mirror, points: Sequence[MetricPointRow],
-                    tiles: dict[str, float] | None) -> None:
+                    samples: dict[int, list[dict[str, object]]], tiles: dict[str, float] | None) -> None:
         if m.tracker is None:
             info = run_info(m.config, row.id, row.name, spec_config(spec_from_json(row.spec_json)))
             m.tracker = await self._call(open_tracker, m.config, info, self.default_mlflow)
@@ -275,6 +295,8 @@ class TrackingBridge:
                 continue
             values = step_values(metric_event_from_row(point, row.id))
             await self._call(m.tracker.log_step, point.step, values)
+            if samples.get(point.step):
+                await self._call(m.tracker.log_samples, point.step, samples[point.step])
             m.logged = point.step
         if tiles is not None:
             if tiles:
