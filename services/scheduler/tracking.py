@@ -10,8 +10,9 @@ when it answers again; and a job can be mirrored after the fact into more tracke
 
 For each tracked job one task follows the store (woken by every stored change, JobManager's
 `generation`): each tracker of the job (a `Mirror`) is opened on the job's first look (run created,
-the spec logged as its config), fed every stored step after the last it took, and once the job has
-ended given the final tiles and closed. A tracker call that fails is recorded (the job's link says
+the spec logged as its config), fed every stored step after the last it took (with the step's
+sample of completions, read off the stream: CompletionSamples, which the trainer publishes just
+before the step's metrics), and once the job has ended given the final tiles and closed. A tracker call that fails is recorded (the job's link says
 why: `Job.tracking[i].error`), said once in the job's events (a status event of the job's current
 status whose message names the tracker), and tried again after a back-off; once the job has ended,
 a tracker is given up after `MAX_ATTEMPTS` failures in a row. The job itself is never failed or
@@ -36,7 +37,13 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 
 from rlvr.common.errors import InvalidArgument, NotFound, shown
-from rlvr.infra.events import EventBus, cancel_and_wait, job_samples_subject, job_status_subject, status_msg_id
+from rlvr.infra.events import (
+    EventBus,
+    cancel_and_wait,
+    job_samples_subject,
+    job_status_subject,
+    status_msg_id,
+)
 from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.jobspec import job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now_ts, spec_from_json
