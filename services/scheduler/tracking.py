@@ -74,7 +74,8 @@ class Mirror:
 
     config: common_pb2.TrackerConfig
     from_spec: bool = False  # one of the job spec's trackers (else added by TrackJob)
-    tracker: Tracker | None = None
+    tracker: Tracker | None = None  # while open; let go once closed
+    location: str = ""  # the tracker's own word, once opened
     logged: int = 0  # the last step the tracker took
     done: bool = False  # summary given and closed, or given up
     error: str = ""
@@ -84,8 +85,7 @@ class Mirror:
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
 
     def link(self, job_name: str, job_id: str, default_mlflow: Path) -> common_pb2.TrackingLink:
-        location = self.tracker.location if self.tracker is not None else \
-            planned_location(self.config, job_name, job_id, default_mlflow)
+        location = self.location or planned_location(self.config, job_name, job_id, default_mlflow)
         return common_pb2.TrackingLink(kind=self.config.kind, location=location, steps_logged=self.logged,
                                        error=self.error, finished=self.done and not self.error)
 
@@ -137,7 +137,7 @@ class TrackingBridge:
             await cancel_and_wait(task)
         for mirrors in self._mirrors.values():
             for m in mirrors:
-                if m.tracker is not None and not m.done:
+                if m.tracker is not None:
                     with contextlib.suppress(Exception):
                         await self._call(m.tracker.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -296,7 +296,8 @@ class TrackingBridge:
         if m.tracker is None:
             info = run_info(m.config, row.id, row.name, spec_config(spec_from_json(row.spec_json)))
             m.tracker = await self._call(open_tracker, m.config, info, self.default_mlflow)
-            log.info("job %s: %s tracker logs to %s", row.id, m.tracker.kind, m.tracker.location)
+            m.location = m.tracker.location
+            log.info("job %s: %s tracker logs to %s", row.id, m.tracker.kind, m.location)
         for point in points:
             if point.step <= m.logged:
                 continue
@@ -309,7 +310,7 @@ class TrackingBridge:
             if tiles:
                 await self._call(m.tracker.log_summary, tiles, m.logged)
             await self._call(m.tracker.close)
-            m.done = True
+            m.done, m.tracker = True, None
 
     async def _say(self, row: JobRow, m: Mirror) -> None:
         """The tracker's error, once per distinct error, as a status event of the job's current status."""
