@@ -245,7 +245,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             job = client.get_job(scheduler_pb2.GetJobRequest(id=args.id))
             width, unicode = jobs_cmd.terminal_width(sys.stdout), jobs_view.supports_unicode(sys.stdout)
             print("\n".join(jobs_view.job_lines(job, width=width, unicode=unicode)))
-            print("\n".join(jobs_cmd.tracking_lines(job)))
+            for line in jobs_cmd.tracking_lines(job):
+                print(line)
             print("\n".join(summary_lines(job.summary, list(job.warnings), width=width, unicode=unicode)))
             print()
             jobs_cmd.print_metrics(client, job.id)
