@@ -497,3 +497,18 @@ def test_rlvr_web_and_up_options() -> None:
     status = argparse.ArgumentParser()
     stack.add_arguments(status)
     assert stack.config_from_args(status.parse_args([])).web_port is None  # `rlvr status`, the demo: no console
+
+
+def test_the_job_page_says_where_the_job_is_tracked(client: TestClient, sdk: FakeSdk) -> None:
+    job = sdk.scheduler.jobs["job0001"]
+    job.tracking.add(kind=C.TRACKER_KIND_TENSORBOARD, location="/runs/tb/rising-job0001", steps_logged=12,
+                     finished=True)
+    job.tracking.add(kind=C.TRACKER_KIND_MLFLOW, location="http://mlflow.example:5000/#/experiments/1/runs/abc",
+                     steps_logged=12, finished=True)
+    job.tracking.add(kind=C.TRACKER_KIND_WANDB, location="/runs/wandb/wandb", error="OSError: disk full")
+    page = client.get("/jobs/job0001").text
+    assert "Tracked in tensorboard</th><td><code>/runs/tb/rising-job0001</code>" in page
+    assert "(12 steps logged, finished)" in page
+    assert '<a href="http://mlflow.example:5000/#/experiments/1/runs/abc" rel="noopener noreferrer"' in page
+    assert "Tracked in wandb" in page and "(not logging: OSError: disk full)" in page
+    assert "Tracked in" not in client.get("/jobs/job0002").text

@@ -23,8 +23,10 @@ from rlvr.infra.events import (
     EventBus,
     EventBusError,
     job_metrics_subject,
+    job_samples_subject,
     job_status_subject,
     metric_msg_id,
+    samples_msg_id,
     status_msg_id,
 )
 from rlvr.jobspec import job_status_name
@@ -116,6 +118,10 @@ class EventPublisher:
     def publish_metric(self, event: common_pb2.MetricEvent) -> None:
         self.publish(job_metrics_subject(event.job_id), event.SerializeToString(),
                      metric_msg_id(event.job_id, event.step))
+
+    def publish_samples(self, event: common_pb2.CompletionSamples) -> None:
+        self.publish(job_samples_subject(event.job_id, event.step), event.SerializeToString(),
+                     samples_msg_id(event.job_id, event.step))
 
     def publish_status(self, event: common_pb2.JobStatusEvent) -> None:
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),
