@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlvr.v1 import benchmark_pb2, common_pb2
+
 SIGNIFICANCE = 0.05
 """A gain whose two-sided p-value is below this is called real."""
 
@@ -103,3 +105,24 @@ def compare(before: Sequence[float], after: Sequence[float]) -> Comparison:
     else:
         p, test = (_normal_p(mean / se) if se > 0 else (1.0 if mean == 0 else 0.0)), "paired z"
     return Comparison(n, sum(before) / n, sum(after) / n, gained, lost, se, p, test)
+
+
+def per_question(column: str, results: Sequence[benchmark_pb2.QuestionResult]) -> dict[int, float]:
+    """Question index -> its value in a score column (rlvr/scores.py's SCORE_COLUMNS): the share
+    that column averages over the questions."""
+    value = {
+        "accuracy": lambda r: r.accuracy,
+        "accuracy_strict": lambda r: float(r.strict),
+        "format": lambda r: r.format,
+        "answered": lambda r: float(r.finish_reason == common_pb2.FINISH_REASON_STOP),
+    }[column]
+    return {r.index: value(r) for r in results}
+
+
+def compare_columns(column: str, before: Sequence[benchmark_pb2.QuestionResult],
+                    after: Sequence[benchmark_pb2.QuestionResult]) -> Comparison | None:
+    """The two evaluations' results compared in `column`; None when they cover other questions."""
+    b, a = per_question(column, before), per_question(column, after)
+    if not b or sorted(b) != sorted(a):
+        return None
+    return compare([b[i] for i in sorted(b)], [a[i] for i in sorted(b)])

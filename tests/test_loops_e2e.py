@@ -156,6 +156,15 @@ def test_a_loop_reaches_its_target(stack) -> None:
     evaluation = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=r1.evaluation_id))
     assert evaluation.label == f"to 90% format R1 (loop {loop.id})" and evaluation.adapter_name == job.adapter.name
     assert r1.score == pytest.approx(100 * evaluation.scores.format)
+    # min_gain unset: the real-gain threshold is one standard error of the gain, paired question by
+    # question with the baseline's evaluation (rlvr/paired.py), as `rlvr eval compare` computes it
+    from rlvr.clients.compare import results
+    from rlvr.paired import compare_columns
+
+    paired = compare_columns("format", list(results(client.benchmark, loop.baseline_evaluation_id)),
+                             list(results(client.benchmark, r1.evaluation_id)))
+    assert paired is not None and r1.gain_threshold == pytest.approx(paired.se_points, abs=1e-6)
+    assert r1.real_gain == (r1.score - loop.baseline_score > r1.gain_threshold)
     events = loop_events(home, loop.id)
     statuses = [(e.round, S.LoopStatus.Name(e.status)) for e in events]
     assert statuses[0] == (0, "LOOP_STATUS_QUEUED") and statuses[-1] == (1, "LOOP_STATUS_TARGET_REACHED")

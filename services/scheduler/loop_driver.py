@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlvr import paired
 from rlvr.common.errors import RlvrServiceError, Unavailable
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import ConflictError, Store
@@ -250,8 +251,13 @@ class LoopDriver(abc.ABC):
         assert loop.baseline_score is not None
         score = loop_rules.percent(getattr(evaluation.scores, spec.score_column))
         before = loop_rules.best_before(loop.baseline_score, rounds, round_.index)
+        paired_se = None
+        if not spec.HasField("min_gain"):  # one standard error of the gain, paired with the best before
+            holder = loop_rules.best_before_round(rounds, round_.index, loop.baseline_score)
+            paired_se = await self._paired_se(holder.evaluation_id if holder else loop.baseline_evaluation_id,
+                                              evaluation.id, spec.score_column)
         threshold = loop_rules.gain_threshold(spec.min_gain if spec.HasField("min_gain") else None, before,
-                                              evaluation.questions_total)
+                                              evaluation.questions_total, paired_se)
         real = loop_rules.is_real_gain(score, before, threshold)
         await self._update_round(round_, status="SCORED", score=score, questions=evaluation.questions_total,
                                  gain_threshold=round(threshold, 6), real_gain=real, benchmarking_seconds=seconds,
@@ -264,6 +270,20 @@ class LoopDriver(abc.ABC):
                              score=score, event="SCORED")
         if spec.reclaim_storage:
             await self._reclaim(loop.id)
+
+    async def _paired_se(self, before_id: str, after_id: str, column: str) -> float | None:
+        """The standard error of the gain in points, question by question (rlvr/paired.py), or None
+        when the two evaluations' results cannot be read or paired (then the unpaired rule holds)."""
+        if not before_id:
+            return None
+        try:
+            before, after = await self.benchmarks.results(before_id), await self.benchmarks.results(after_id)
+        except RlvrServiceError as e:
+            log.warning("loop: cannot pair evaluations %s and %s (%s); one unpaired standard error instead",
+                        before_id, after_id, e)
+            return None
+        comparison = paired.compare_columns(column, before, after)
+        return None if comparison is None else comparison.se_points
 
     # ------------------------------------------------------------------ evaluations
 
