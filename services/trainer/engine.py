@@ -336,7 +336,11 @@ class GrpoEngine:
         on, and then the next steps' rollouts queued (prefetch.py)."""
         step = self.current
         if self.prefetch is None:
-            return step.rollout(prompts)
+            rows = step.rollout(prompts)
+            if self.corrections and rows.get("logprobs") is None:
+                raise RuntimeError(f"the generator returned no sampling logprobs at step {step.number}; the "
+                                   f"importance-sampling correction ({self.ctx.correction}) needs them")
+            return rows
         taken = self.prefetch.take(step, prompts)
         if taken is None:
             rows = step.rollout(prompts)

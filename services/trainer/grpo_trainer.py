@@ -80,9 +80,14 @@ def can_defer_ratio(args: Any) -> bool:
     """Whether the lag ratio can come from the training forward (`trainer_class`): TRL's token_truncate
     correction, and each generation trained on before any optimizer step changes the policy (TRL's
     own condition for skipping its old-logprob pass). Else TRL's own pass runs."""
+    return bool(args.vllm_importance_sampling_mode == "token_truncate" and trained_at_once(args))
+
+
+def trained_at_once(args: Any) -> bool:
+    """Whether each generation is trained on before any optimizer step changes the policy: then the
+    loss's forward gives the policy's logprobs of the rows the sampler generated (`logprob_gap`)."""
     generate_every = args.steps_per_generation * args.num_iterations
-    return bool(args.vllm_importance_sampling_mode == "token_truncate" and args.num_iterations == 1
-                and args.gradient_accumulation_steps % generate_every == 0)
+    return bool(args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0)
 
 
 def logprob_gap(trainer: Any, logps: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
@@ -156,7 +161,7 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
             self.epoch_sampler: EpochSampler | None = getattr(self, "epoch_sampler", None)
             # The gap from the loss's forward is the policy's logprob of the rows trained when each
             # generation is trained on within one optimizer step (the same condition as the ratio's).
-            self.measure_gap = not correct_lag and can_defer_ratio(self.args)
+            self.measure_gap = not correct_lag and trained_at_once(self.args)
             if correct_lag:
                 self.use_vllm = True
                 self.vllm_mode = "server"
