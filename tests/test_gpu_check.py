@@ -53,6 +53,7 @@ def test_the_qwen_shape_is_qwen25_05b() -> None:
     (["--steps", "2", "--skip", "2"], "--skip < --steps"),
     (["--batch-size", "12", "--group-size", "8"], "multiple of --group-size"),
     (["--memory", "0.6"], "--memory must be in"),
+    (["--max-tokens", "16"], "--max-tokens must be 32-2048"),
 ])
 def test_bad_arguments_are_refused_naming_the_flag(argv: list[str], message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
