@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: install protos check-protos lint test test-all demo up web bench clean chromium
+.PHONY: install protos check-protos lint test test-all demo up web bench clean chromium gpu-check gpu-test
 
 install: $(STAMP)
 
@@ -52,6 +52,15 @@ test: install lint chromium
 # Everything, the slow end-to-end measurements included.
 test-all: install chromium
 	$(BIN)/pytest -m 'not gpu'
+
+# On a host with one CUDA GPU and the gpu extra (pip install -e '.[gpu]'): the prepared GPU check
+# (bench/gpu_check.py: at most 8 minutes, one table, bench/results/gpu_check.json; docs/gpu.md), and
+# the tests marked gpu (skipped without CUDA; never part of `make test`).
+gpu-check:
+	$(BIN)/python bench/gpu_check.py
+
+gpu-test:
+	$(BIN)/pytest -m gpu tests/test_gpu.py
 
 # The main job: the whole stack on this machine with an embedded NATS and SQLite.
 demo: install

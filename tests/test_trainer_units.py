@@ -99,8 +99,9 @@ def test_metric_event_has_every_field() -> None:
                         generate_seconds=0.5, score_seconds=0.01, sync_seconds=0.02)
     record.scored_at, record.optimizer_done_at = 10.0, 10.25
     record.finish()
-    logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01}
-    event = metric_event("job_1", 10, record, logs, kl_computed=True)
+    logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01,
+            "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5}
+    event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision")
     assert event.reward_mean == pytest.approx(0.55) and event.reward_std == pytest.approx(0.5024938)
     assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
     assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)
@@ -108,6 +109,7 @@ def test_metric_event_has_every_field() -> None:
     # each component's mean over the step's completions, the errored one counting 0; and the errors
     assert dict(event.reward_components) == {"gsm8k": 0.5, "length": pytest.approx(1.75 / 4)}
     assert event.reward_errors == 1
+    assert (event.logprob_gap, event.logprob_gap_max, event.sampler_correction) == (0.02, 0.5, "precision")
     assert event.HasField("kl") and event.HasField("entropy") and event.HasField("time")
     assert set(METRIC_FIELDS) <= {f.name for f, _ in event.ListFields()} | {"adapter_version"}
     # KL is reported only when the KL term is computed (kl_beta > 0).

@@ -298,7 +298,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ..., tracking: _Optional[_Iterable[_Union[TrackingLink, _Mapping]]] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +330,9 @@ class MetricEvent(_message.Message):
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_GAP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_GAP_MAX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_CORRECTION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -354,7 +357,10 @@ class MetricEvent(_message.Message):
     policy_lag: int
     reward_components: _containers.ScalarMap[str, float]
     reward_errors: int
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
+    logprob_gap: float
+    logprob_gap_max: float
+    sampler_correction: str
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ...) -> None: ...
 
 class CompletionSamples(_message.Message):
     __slots__ = ("job_id", "step", "samples")

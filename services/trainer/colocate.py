@@ -131,6 +131,7 @@ class ColocatedGenerator:
         import torch
 
         self.model_path = model
+        self.dtype = dtype  # the job's precision (runner.start_colocated): sampler and trainer agree
         self.step = 0  # for error messages only (the engine sets it)
         self._uids = itertools.count(1)
         self._versions: dict[int, AdapterTag] = {}  # LoRA id -> the version it is
@@ -186,7 +187,7 @@ class ColocatedGenerator:
             model=model,
             tokenizer=model,
             trust_remote_code=trust_remote_code,
-            dtype=dtype,  # float32: "auto" silently downcasts an fp32 model on CPU (vllm_backend.py)
+            dtype=dtype,  # the job's precision, never "auto" (it downcasts an fp32 model on CPU: vllm_backend.py)
             seed=seed,
             max_model_len=max_model_len,
             gpu_memory_utilization=fraction,

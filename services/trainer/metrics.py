@@ -97,10 +97,12 @@ def reward_components(scores: Sequence[Score]) -> dict[str, float]:
 
 
 def metric_event(
-    job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool
+    job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool,
+    correction: str = "",
 ) -> common_pb2.MetricEvent:
     """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
-    entropy, kl); `kl` is set only when the KL term is computed (kl_beta > 0)."""
+    entropy, kl, the sampler/trainer logprob gap); `kl` is set only when the KL term is computed (kl_beta > 0);
+    `correction` is why the step's loss is importance-corrected ("" = it is not)."""
     scores = record.scores
     rewards = [s.reward for s in scores]
     lengths: Sequence[int] = record.completion_lengths or [0]
@@ -124,6 +126,7 @@ def metric_event(
         train_seconds=record.train_seconds,
         sync_seconds=record.sync_seconds,
         step_seconds=record.step_seconds,
+        sampler_correction=correction,
     )
     for key, value in reward_components(scores).items():
         event.reward_components[key] = value
@@ -134,6 +137,11 @@ def metric_event(
     kl = _finite(logs.get("kl"))
     if kl_computed and kl is not None:
         event.kl = kl
+    # TRL's keys for the sampler/trainer gap (grpo_trainer.lag_ratio / logprob_gap write them too)
+    gap = _finite(logs.get("sampling/sampling_logp_difference/mean"))
+    if gap is not None:
+        event.logprob_gap = gap
+        event.logprob_gap_max = _finite(logs.get("sampling/sampling_logp_difference/max")) or gap
     stamp = Timestamp()
     stamp.GetCurrentTime()
     event.time.CopyFrom(stamp)

@@ -106,6 +106,8 @@ class StepContext:
     newest: bool = False
     # (rendered prompt, ground truth) -> its problem: what the rewards read besides the completion
     problems: dict[tuple[str, str], Problem] = field(default_factory=dict)
+    # Why the loss is importance-corrected ("" = it is not): MetricEvent.sampler_correction.
+    correction: str = ""
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     _errors_seen: set[str] = field(default_factory=set)
 
@@ -282,7 +284,7 @@ class Step:
     def publish(self, logs: dict[str, Any]) -> None:
         """The step's MetricEvent, from the record and TRL's log line for the step."""
         ctx, record = self.ctx, self.record
-        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0)
+        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0, ctx.correction)
         log.info(
             "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
@@ -290,6 +292,9 @@ class Step:
             f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
             f" policy lag {record.policy_lag}" if ctx.job.max_async_steps else "",
         )
+        if event.HasField("logprob_gap"):
+            log.info("step %d sampler/trainer logprob gap mean %.4f max %.4f%s", event.step, event.logprob_gap,
+                     event.logprob_gap_max, f" (corrected: {ctx.correction})" if ctx.correction else "")
         if self.number <= ctx.job.stored_steps:
             # A step re-run after a resume that the scheduler stores already: its stored point stays
             # the first run's (see runner.py, "Resume"), so it is not published again.
