@@ -9,6 +9,7 @@ an unknown evaluation is None; a refused request keeps its status (InvalidArgume
 
 from __future__ import annotations
 
+import builtins
 import logging
 from typing import Protocol
 
@@ -38,7 +39,7 @@ class Benchmarks(Protocol):
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
     async def find(self, benchmark: str, label: str) -> benchmark_pb2.Evaluation | None: ...
     async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
-    async def results(self, evaluation_id: str) -> list[benchmark_pb2.QuestionResult]: ...
+    async def results(self, evaluation_id: str) -> builtins.list[benchmark_pb2.QuestionResult]: ...
 
 
 _KINDS: dict[str, type[RlvrServiceError]] = {
@@ -104,9 +105,9 @@ class GrpcBenchmarks:
         alive = [e for e in matches if e.status != benchmark_pb2.EVALUATION_STATUS_FAILED]
         return alive[0] if alive else (matches[0] if matches else None)
 
-    async def results(self, evaluation_id: str) -> list[benchmark_pb2.QuestionResult]:
+    async def results(self, evaluation_id: str) -> builtins.list[benchmark_pb2.QuestionResult]:
         """Every per-question result of an evaluation, a page at a time."""
-        found: list[benchmark_pb2.QuestionResult] = []
+        found: builtins.list[benchmark_pb2.QuestionResult] = []
         while True:
             try:
                 resp = await self._client.get_evaluation_results(benchmark_pb2.GetEvaluationResultsRequest(
