@@ -191,7 +191,7 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlvr.clients.errors import explain, is_unreachable
+    from rlvr.clients.errors import explain, invalid_fields, is_unreachable
     from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
@@ -199,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         resp = client.create_job(scheduler_pb2.CreateJobRequest(spec=spec_from_args(args), dry_run=args.dry_run))
     except RlvrError as e:
-        print(f"error: {explain(e) if is_unreachable(e) else e.details}", file=sys.stderr)
+        print(f"error: {explain(e) if is_unreachable(e) else invalid_fields(e)}", file=sys.stderr)
         return 2 if e.code.name == "INVALID_ARGUMENT" else 1
     print("\n".join(summary_lines(resp.summary, list(resp.warnings))))
     if args.dry_run:

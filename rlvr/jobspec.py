@@ -2,8 +2,8 @@
 defaults live (the proto comments state the same numbers; tests/test_spec_docs.py checks they agree).
 
 `resolve_spec` takes the JobSpec a user sent and returns it with every default filled in and the
-batch size rounded up to a multiple of the group size, plus the warnings to show; a value out of
-range raises InvalidArgument naming the field, the value and the range. It is pure: no store, no
+batch size rounded up to a multiple of the group size, plus the warnings to show; values out of
+range raise one InvalidArgument naming every bad field, its value and its range (`Violations`). It is pure: no store, no
 gRPC, so the CLI's dry run, the scheduler and the tests share it.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from google.protobuf.message import Message
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, bounded, out_of_range, shown
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, Violations, bounded, out_of_range, shown
 from rlvr.rewards.registry import KEY_RE as REWARD_KEY_RE
 from rlvr.rewards.registry import KEY_RULE as REWARD_KEY_RULE
 from rlvr.rewards.registry import Catalog, RewardInfo, UnavailableReward, UnknownReward, load_registry
@@ -241,7 +241,16 @@ def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
     return info is not None and not info.needs_dataset and not info.splits and not (info.accepts_dataset and dataset)
 
 
-def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
+def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None, v: Violations) -> None:
+    r = spec.reward
+    with v.check():
+        _validate_reward_data(spec, warnings, catalog)
+    with v.check():
+        _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
+
+
+def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
+    """The reward's terms, keys and data fields (each depends on the one before: the first bad one)."""
     r = spec.reward
     terms = reward_terms(r)
     field = (lambda i: f"reward.terms[{i}].key") if r.terms else (lambda i: "reward.key")
@@ -265,7 +274,6 @@ def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Cat
         r.ClearField("synthetic_prompts")
     if not r.HasField("format_bonus"):
         r.format_bonus = True
-    _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
     if info is None or info.needs_dataset or (info.accepts_dataset and r.dataset):
         if info is not None and info.needs_dataset and not r.dataset:
             raise InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
@@ -297,23 +305,31 @@ def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Cat
                     "combine it with a reward that reads a dataset holding it")
 
 
-def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     g = spec.grpo
-    group = _int(g, "group_size", "grpo.group_size", GROUP_SIZE)
-    _int(g, "max_completion_tokens", "grpo.max_completion_tokens", MAX_COMPLETION)
-    _int(g, "lora_rank", "grpo.lora_rank", LORA_RANK)
-    _int(g, "lora_alpha", "grpo.lora_alpha", LORA_ALPHA)
-    _float(g, "learning_rate", "grpo.learning_rate", LEARNING_RATE)
+    with v.check():
+        _int(g, "group_size", "grpo.group_size", GROUP_SIZE)
+    with v.check():
+        _int(g, "max_completion_tokens", "grpo.max_completion_tokens", MAX_COMPLETION)
+    with v.check():
+        _int(g, "lora_rank", "grpo.lora_rank", LORA_RANK)
+    with v.check():
+        _int(g, "lora_alpha", "grpo.lora_alpha", LORA_ALPHA)
+    with v.check():
+        _float(g, "learning_rate", "grpo.learning_rate", LEARNING_RATE)
     if not g.HasField("max_steps"):
         g.max_steps = MAX_STEPS_DEFAULT
     elif g.max_steps != -1 and not 1 <= g.max_steps <= MAX_STEPS_HIGH:
-        raise out_of_range("grpo.max_steps", g.max_steps,
-                           f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})")
+        v.add(out_of_range("grpo.max_steps", g.max_steps,
+                           f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})"))
     if not g.HasField("batch_size"):
         g.batch_size = BATCH_SIZE_DEFAULT
     elif g.batch_size not in BATCH_SIZES:
-        raise out_of_range("grpo.batch_size", g.batch_size,
-                           f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})")
+        v.add(out_of_range("grpo.batch_size", g.batch_size,
+                           f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})"))
+    if v.bad("grpo.group_size", "grpo.batch_size"):
+        return
+    group = g.group_size
     if g.batch_size % group != 0:
         rounded = math.ceil(g.batch_size / group) * group
         warnings.append(f"grpo.batch_size {g.batch_size} rounded up to {rounded}, a multiple of "
@@ -321,52 +337,72 @@ def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
         g.batch_size = rounded
 
 
-def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     a = spec.advanced
-    _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
-    _int(a, "epochs", "advanced.epochs", EPOCHS)
-    _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
-    backend = _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES,
-                    C.GENERATION_BACKEND_VLLM)
+    with v.check():
+        _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
+    with v.check():
+        _int(a, "epochs", "advanced.epochs", EPOCHS)
+    with v.check():
+        _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
+    with v.check():
+        _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES, C.GENERATION_BACKEND_VLLM)
+    backend = a.generation_backend
+    with v.check():
+        _validate_memory(a, backend)
+    a.gpu_selection = a.gpu_selection.strip() or "auto"
+    if not GPU_SELECTION_RE.match(a.gpu_selection):
+        v.add(out_of_range("advanced.gpu_selection", a.gpu_selection,
+                           '"auto", "cpu", or a comma list of device indices such as "0,1"'))
+    with v.check():
+        _validate_processes(spec, backend, v)
+    with v.check():
+        _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
+    with v.check():
+        _float(a, "temperature", "advanced.temperature", TEMPERATURE)
+    if not a.HasField("seed"):
+        a.seed = 0
+    with v.check():
+        _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+    with v.check():
+        _validate_async(a, backend)
+    a.lora_init = a.lora_init.strip() or "default"
+    if a.lora_init not in LORA_INITS:
+        v.add(out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{x}"' for x in LORA_INITS) +
+                           ' (default "default")'))
+    a.precision = a.precision.strip() or PRECISIONS[0]
+    if a.precision not in PRECISIONS:
+        v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
+                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")'))
+
+
+def _validate_memory(a: common_pb2.AdvancedOptions, backend: int) -> None:
     if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
         _float(a, "gpu_memory_fraction", "advanced.gpu_memory_fraction", GPU_MEMORY_FRACTION)
-    elif a.HasField("gpu_memory_fraction"):
+    elif a.HasField("gpu_memory_fraction") and backend in BACKEND_NAMES:
         why = ("the rollout server sizes its own engine (its --memory-fraction setting)"
                if backend == C.GENERATION_BACKEND_VLLM else "that backend runs no vLLM engine")
         raise InvalidArgument(f"advanced.gpu_memory_fraction: only the vLLM (colocate) backend takes a memory "
                               f"share; with {BACKEND_NAMES[backend]} {why}")
-    a.gpu_selection = a.gpu_selection.strip() or "auto"
-    if not GPU_SELECTION_RE.match(a.gpu_selection):
-        raise out_of_range("advanced.gpu_selection", a.gpu_selection,
-                           '"auto", "cpu", or a comma list of device indices such as "0,1"')
-    _validate_processes(spec, backend)
-    _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
-    _float(a, "temperature", "advanced.temperature", TEMPERATURE)
-    if not a.HasField("seed"):
-        a.seed = 0
-    _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+
+
+def _validate_async(a: common_pb2.AdvancedOptions, backend: int) -> None:
     if _int(a, "max_async_steps", "advanced.max_async_steps", MAX_ASYNC_STEPS) and \
-            backend != C.GENERATION_BACKEND_VLLM:
+            backend != C.GENERATION_BACKEND_VLLM and backend in BACKEND_NAMES:
         raise InvalidArgument(
             f"advanced.max_async_steps: {a.max_async_steps} needs the vLLM (rollout server) backend, which generates "
             f"in another process while the trainer trains; {BACKEND_NAMES[backend]} generates inside the training "
             f"process, so only 0 (synchronous) is allowed with it (range {MAX_ASYNC_STEPS.text()}, default "
             f"{MAX_ASYNC_STEPS.default})")
-    a.lora_init = a.lora_init.strip() or "default"
-    if a.lora_init not in LORA_INITS:
-        raise out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{v}"' for v in LORA_INITS) +
-                           ' (default "default")')
-    a.precision = a.precision.strip() or PRECISIONS[0]
-    if a.precision not in PRECISIONS:
-        raise out_of_range("advanced.precision", a.precision, ", ".join(f'"{v}"' for v in PRECISIONS[:-1]) +
-                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")')
 
 
-def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
+def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -> None:
     """advanced.num_processes against the fields it must agree with: one process per listed device,
     whole groups on every process, and the options that do not run across processes yet."""
     a, g = spec.advanced, spec.grpo
     procs = _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
+    if v.bad("advanced.gpu_selection"):
+        return
     if a.gpu_selection not in ("auto", "cpu"):
         devices = a.gpu_selection.split(",")
         if len(set(devices)) != len(devices):
@@ -376,7 +412,7 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
                 f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
                 f"advanced.num_processes is {procs}; a job trains with one process per device: set "
                 f"advanced.num_processes to {len(devices)} or list {procs} device(s)")
-    if procs == 1:
+    if procs == 1 or v.bad("grpo.group_size", "grpo.batch_size"):
         return
     if g.batch_size % (procs * g.group_size):
         raise InvalidArgument(
@@ -473,17 +509,19 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
     if len(spec.reward.terms) > MAX_REWARD_TERMS:
         raise out_of_range("reward.terms", f"{len(spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}")
-    _validate_reward(spec, warnings, catalog)
-    _validate_grpo(spec, warnings)
-    _validate_advanced(spec, warnings)
+    v = Violations()  # every bad field, refused at once
+    _validate_reward(spec, warnings, catalog, v)
+    _validate_grpo(spec, warnings, v)
+    _validate_advanced(spec, warnings, v)
     if not spec.name:
-        spec.name = default_name(spec.base_model, LOSS_NAMES[spec.advanced.loss_type])
+        spec.name = default_name(spec.base_model, LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
     if not NAME_RE.match(spec.name):
-        raise InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
-                              "and . _ - %, starting with a letter or digit")
+        v.add(InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
+                              "and . _ - %, starting with a letter or digit"))
     if spec.advanced.seed > JOB_SEED.high:
-        raise out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default {JOB_SEED.default})")
+        v.add(out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default {JOB_SEED.default})"))
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
-        raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
+        v.add(out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)"))
+    v.raise_any()
     steps = total_steps(spec, n_prompts)
     return ResolvedJob(spec=spec, summary=summary(spec, steps, catalog), warnings=warnings, total_steps=steps)

@@ -45,6 +45,16 @@ def test_bad_value_names_field_and_range(scheduler: str) -> None:
     assert "grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to 1e-05" in out.stderr
 
 
+def test_every_bad_value_is_listed_one_per_line(scheduler: str) -> None:
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--rank", "99", "--lr", "0.01")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "error: 2 invalid fields:",
+        "  grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)",
+        "  grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to 1e-05 (default 1e-06)",
+    ]
+
+
 def test_detach_list_show_cancel(scheduler: str) -> None:
     out = rlvr("train", "--detach", "--address", scheduler, "--name", "cli-job", "--max-steps", "5")
     assert out.returncode == 0, out.stderr

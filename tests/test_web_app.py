@@ -257,6 +257,22 @@ def test_an_invalid_value_is_answered_next_to_its_field_and_nothing_starts(clien
     assert "CreateJob" in sdk.scheduler.calls and len(sdk.scheduler.jobs) == jobs  # the server said no
 
 
+def test_every_invalid_value_is_answered_next_to_its_own_field(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data.update({"grpo.lora_rank": "99", "grpo.learning_rate": "0.01"})
+    page = client.post("/train", data=data, follow_redirects=False).text
+    assert message_of(page, "grpo.lora_rank") == "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)"
+    assert message_of(page, "grpo.learning_rate") == ("grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to "
+                                                      "1e-05 (default 1e-06)")
+    for f in ("f-grpo-lora_rank", "f-grpo-learning_rate"):
+        assert re.search(rf'id="{f}"[^>]*aria-invalid="true"', page) and f'href="#{f}"' in page
+    assert message_of(page, "grpo.group_size") == ""  # a good field gets no message
+    # the live preview (the sidebar's dry run) places both too
+    answer = client.post("/train/summary", data=data).json()
+    assert {p for p, m in answer["messages"].items() if m["kind"] == "error"} == {"grpo.lora_rank",
+                                                                                 "grpo.learning_rate"}
+
+
 def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:
     data = default_form(client)
     data["grpo.group_size"] = "eight"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlvr.clients.web.limits import FormLimits, set_path
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -224,6 +225,18 @@ def error_field(details: str, *, loop: bool = False) -> str:
     if loop:
         path = path.removeprefix("job.") if path.startswith("job.") else f"loop.{path}"
     return path if path in ALL_FIELDS else ""
+
+
+def field_errors(error: RlvrError, *, loop: bool = False) -> FormErrors:
+    """An INVALID_ARGUMENT's errors by form field: each bad field the status's BadRequest details
+    name goes next to its input (the whole message when it carries none); one that names no field
+    of the form goes above it ("")."""
+    out = FormErrors()
+    for field_path, description in error.violations or [("", error.details)]:
+        text = f"{field_path}: {description}" if field_path else description
+        path = error_field(text, loop=loop)
+        out[path] = f"{out[path]}\n{text}" if path in out else text
+    return out
 
 
 def lr_presets(low: float | None, high: float | None) -> list[str]:

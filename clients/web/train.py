@@ -69,8 +69,7 @@ def routes(console: Console) -> list[Route]:
         except RlvrError as e:
             if e.code.name != "INVALID_ARGUMENT":
                 raise
-            return {"summary": [], "warnings": [], "problem": e.details,
-                    "errors": {forms.error_field(e.details): e.details}}
+            return {"summary": [], "warnings": [], "problem": e.details, "errors": forms.field_errors(e)}
         return {"summary": views.summary(resp.summary), "warnings": list(resp.warnings), "problem": "",
                 "errors": {}}
 
@@ -116,7 +115,7 @@ def routes(console: Console) -> list[Route]:
             except RlvrError as e:
                 if e.code.name != "INVALID_ARGUMENT":
                     raise
-                errors = forms.FormErrors({forms.error_field(e.details, loop=loop): e.details})
+                errors = forms.field_errors(e, loop=loop)
         return await run_in_threadpool(lambda: render(request, values, errors, limits=limits))
 
     async def start_training(request: Request) -> Response:
