@@ -1,6 +1,13 @@
 """Job spec validation and the Training Summary: the one place where the spec's ranges and
 defaults live (the proto comments state the same numbers; tests/test_spec_docs.py checks they agree).
 
+`SPEC_FIELDS` declares the spec's user-facing fields once, a row each: path, label, help, range or
+choices, default, and which reward or backend it applies to. Everything else is derived from it:
+the CLI's flags and help (clients/train_cmd.py), the console's form, hints and limits
+(clients/web/forms.py, limits.py), the trainer's JobConfig (services/trainer/config.py, by field
+name), the Training Summary's extra rows, docs/spec-fields.md and the proto-comment test. A plain
+ranged field (`checked`) is validated from its row alone: adding one is its proto field and a row.
+
 `resolve_spec` takes the JobSpec a user sent and returns it with every default filled in and the
 batch size rounded up to a multiple of the group size, plus the warnings to show; values out of
 range raise one InvalidArgument naming every bad field, its value and its range (`Violations`). It is pure: no store, no
@@ -15,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Violations, bounded, out_of_range, shown
@@ -130,6 +138,225 @@ BACKEND_KEYS: dict[int, Backend] = {
 QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
                                C.QUANTIZATION_8BIT: "8-bit"}
 
+FieldKind = Literal["int", "float", "bool", "text", "enum", "word"]
+# Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
+# dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend.
+Applies = Literal["", "generated", "dataset", "colocate", "vllm"]
+APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
+                                 "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
+                                 "vllm": "vLLM (rollout server) only"}
+
+
+@dataclass(frozen=True)
+class SpecField:
+    """One field of the JobSpec, declared once (see the module's docstring for what derives from it)."""
+
+    path: str                                # the JobSpec path: "grpo.lora_rank" (the error's and the form's name)
+    label: str                               # the console's label and the Training Summary's
+    help: str                                # the one wording: CLI --help, the console's hint, the docs
+    kind: FieldKind
+    card: Literal["run", "reward", "grpo", "advanced"]  # where the console shows it
+    range: IntRange | FloatRange | None = None
+    choices: tuple[str, ...] = ()            # a word field's closed list (the first is the default)
+    names: Mapping[int, str] | None = None   # an enum field's value -> display name
+    default: object = None                   # when no range holds it
+    allowed_text: str = ""                   # the allowed values in words, when not range or choices
+    applies: Applies = ""
+    flag: str = ""                           # `rlvr train`'s flag ("" = a hand-written flag or none)
+    config: str | None = ""                  # JobConfig's name ("" = the field's name; None = not in it)
+    unset: object = None                     # JobConfig's value when the field is unset (None = the default)
+    checked: bool = False                    # validated from the row alone (presence, range, default)
+    summary: bool = False                    # a row of the Training Summary (TrainingSummary.settings)
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    @property
+    def group(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    @property
+    def config_name(self) -> str | None:
+        return None if self.config is None else self.config or self.name
+
+    @property
+    def default_value(self) -> object:
+        if self.range is not None:
+            return self.range.default
+        if self.choices:
+            return self.choices[0]
+        return self.default
+
+    def default_text(self) -> str:
+        value = self.default_value
+        return f"{value:g}" if isinstance(value, float) else "" if value is None else str(value)
+
+    def allowed(self) -> str:
+        """The allowed values as an INVALID_ARGUMENT names them: `4-64 (default 8)`."""
+        if self.allowed_text:
+            return self.allowed_text
+        if self.range is not None:
+            return f"{self.range.text()} (default {self.default_text()})"
+        if self.choices:
+            quoted = [f'"{c}"' for c in self.choices]
+            words = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+            return f'{words} (default "{self.choices[0]}")'
+        if self.names:
+            return ", ".join(f"{k} ({v})" for k, v in self.names.items())
+        return ""
+
+    def shown(self, value: object) -> str:
+        """A value as the Training Summary shows it."""
+        if self.names is not None and isinstance(value, int):
+            return self.names.get(value, str(value))
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _card(card: Literal["run", "reward", "grpo", "advanced"]) -> Any:
+    return lambda *args, **kw: SpecField(*args, card=card, **kw)  # type: ignore[misc]
+
+
+_RUN, _REWARD, _GRPO, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), _card("advanced")
+
+# The rows in the console's order, card by card. A new field: its proto field, then a row here.
+SPEC_FIELDS: tuple[SpecField, ...] = (
+    _RUN("name", "Name", "Labels the run; default: derived from the model and the loss type.", "text", config=None),
+    _RUN("base_model", "Base model", "A Hugging Face hub id, a local path, or a bundled tiny model.", "text",
+         default=DEFAULT_BASE_MODEL, config=None),
+    _REWARD("reward.key", "Reward", "The reward, by key (`rlvr rewards` lists them).", "word", default=DEFAULT_REWARD,
+            config=None),
+    _REWARD("reward.synthetic_prompts", "Synthetic prompts", "How many problems to generate on the fly.", "int",
+            range=SYNTHETIC_PROMPTS, applies="generated", flag="--synthetic-prompts", unset=0),
+    _REWARD("reward.format_bonus", "Format bonus",
+            "A small extra reward for wrapping the answer in <think>…</think><answer>…</answer>, on top of "
+            "whether the answer itself was correct.", "bool", default=True),
+    _REWARD("reward.dataset", "Dataset",
+            "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
+            "those the reward reads).", "text", applies="dataset", flag="--dataset", default=""),
+    _GRPO("grpo.group_size", "Group size", "Rollouts generated per prompt: the group GRPO compares against itself.",
+          "int", range=GROUP_SIZE, flag="--group-size", checked=True),
+    _GRPO("grpo.max_completion_tokens", "Max completion", "Cap on how long each generated answer can be, in tokens.",
+          "int", range=MAX_COMPLETION, flag="--max-completion", checked=True),
+    _GRPO("grpo.lora_rank", "Rank (r)", "LoRA adapter capacity.", "int", range=LORA_RANK, flag="--rank",
+          checked=True),
+    _GRPO("grpo.lora_alpha", "Alpha", "LoRA scaling factor.", "int", range=LORA_ALPHA, flag="--alpha", checked=True),
+    _GRPO("grpo.learning_rate", "Learning Rate", "Deliberately lower than SFT's range: RL updates are noisier.",
+          "float", range=LEARNING_RATE, flag="--lr", checked=True),
+    _GRPO("grpo.max_steps", "Max Steps",
+          "Full (-1) trains every prompt for the chosen epochs instead of stopping at a fixed step count.", "int",
+          default=MAX_STEPS_DEFAULT, allowed_text=f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})",
+          flag="--max-steps"),
+    _GRPO("grpo.batch_size", "Batch Size", "Examples per gradient step; should be a multiple of Group size.", "int",
+          default=BATCH_SIZE_DEFAULT,
+          allowed_text=f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})",
+          flag="--batch-size"),
+    _ADVANCED("advanced.loss_type", "Loss Type", "The GRPO loss: grpo, dapo or dr_grpo.", "enum", names=LOSS_NAMES,
+              default=C.LOSS_TYPE_GRPO),
+    _ADVANCED("advanced.epochs", "Epochs", "Passes over the prompts when Max Steps is Full.", "int", range=EPOCHS,
+              flag="--epochs", checked=True),
+    _ADVANCED("advanced.quantization", "Quantization", "The base model's weights: full, 4-bit or 8-bit.", "enum",
+              names=QUANT_NAMES, default=C.QUANTIZATION_FULL),
+    _ADVANCED("advanced.generation_backend", "Generation Backend",
+              "vLLM (colocate) is fast and shares the training GPU; Transformers runs in-process (use it if vLLM "
+              "runs out of memory); vLLM (rollout server) generates on the dedicated rollout service.", "enum",
+              names=BACKEND_NAMES, default=C.GENERATION_BACKEND_VLLM),
+    _ADVANCED("advanced.gpu_memory_fraction", "GPU memory",
+              "How much of the training GPU vLLM (colocate) keeps for itself.", "float", range=GPU_MEMORY_FRACTION,
+              applies="colocate", flag="--gpu-memory"),
+    _ADVANCED("advanced.gpu_selection", "GPU Selection", 'Which devices train: "auto", "cpu" or indices "0,1".',
+              "text", default="auto", allowed_text='"auto", "cpu", or a comma list of device indices such as "0,1"',
+              flag="--gpu"),
+    _ADVANCED("advanced.num_processes", "Processes",
+              "Training processes, data parallel: one per device GPU Selection lists.", "int", range=NUM_PROCESSES,
+              flag="--processes"),
+    _ADVANCED("advanced.precision", "Precision", "fp32, or mixed precision (bf16; fp16 needs a CUDA device).",
+              "word", choices=PRECISIONS),
+    _ADVANCED("advanced.kl_beta", "KL beta", "KL coefficient against the base model.", "float", range=KL_BETA,
+              flag="--kl-beta", checked=True),
+    _ADVANCED("advanced.temperature", "Temperature", "Sampling temperature of the rollouts.", "float",
+              range=TEMPERATURE, flag="--temperature", checked=True),
+    _ADVANCED("reward.format_bonus_weight", "Format bonus weight", "Size of the format bonus when earned.", "float",
+              range=FORMAT_BONUS_WEIGHT, flag="--format-bonus-weight", checked=True),
+    _ADVANCED("advanced.seed", "Seed", "Seed for prompts, sampling and initialisation.", "int", range=JOB_SEED,
+              flag="--seed"),
+    _ADVANCED("advanced.checkpoint_every", "Checkpoint every",
+              "Save a PEFT checkpoint every N steps (0 = only the final adapter).", "int", range=CHECKPOINT_EVERY,
+              flag="--checkpoint-every", checked=True),
+    _ADVANCED("advanced.lora_init", "LoRA init",
+              "peft's kaiming-uniform A (default) or the LoRA paper's gaussian N(0, 1/r).", "word", choices=LORA_INITS),
+    _ADVANCED("advanced.dynamic_sampling", "Dynamic sampling",
+              "DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups.", "bool",
+              default=False),
+    _ADVANCED("advanced.max_async_steps", "Max async steps",
+              "Generate the next steps on the rollout server while this one trains (0 = synchronous); a step "
+              "trains on completions at most this many adapter versions old.", "int", range=MAX_ASYNC_STEPS,
+              applies="vllm", flag="--max-async-steps"),
+)
+FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
+
+
+def proto_field(row: SpecField) -> FieldDescriptor:
+    """The row's field in the JobSpec's descriptor."""
+    desc = C.JobSpec.DESCRIPTOR
+    for part in row.group.split(".") if row.group else ():
+        desc = desc.fields_by_name[part].message_type
+    return desc.fields_by_name[row.name]
+
+
+def _message_of(spec: Message, row: SpecField) -> Message:
+    msg = spec
+    for part in row.group.split(".") if row.group else ():
+        msg = getattr(msg, part)
+    return msg
+
+
+def value_of(spec: Message, row: SpecField) -> object:
+    """The row's value in a (resolved) JobSpec; `row.unset` (or the default) where it is unset."""
+    msg = _message_of(spec, row)
+    if proto_field(row).has_presence and not msg.HasField(row.name):
+        return row.default_value if row.unset is None else row.unset
+    return getattr(msg, row.name)
+
+
+def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
+    """TrainingSummary.settings: the summary rows' values, by path."""
+    return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.summary}
+
+
+def fields_markdown() -> str:
+    """docs/spec-fields.md: the job spec's field reference, written from the table
+    (tests/test_spec_docs.py checks the file is current)."""
+    lines = ["# Job spec fields", "",
+             "Every field of a JobSpec a user sets, from `rlvr/jobspec.py`'s table (`SPEC_FIELDS`), which the",
+             "CLI, the web console and the trainer also read. Regenerate after changing the table:",
+             "`.venv/bin/python -c 'from rlvr.jobspec import fields_markdown as f; print(f(), end=\"\")' > "
+             "docs/spec-fields.md`.", ""]
+    for card, title in (("run", "Run"), ("reward", "Reward Function"), ("grpo", "GRPO Configuration"),
+                        ("advanced", "Advanced Options")):
+        lines += [f"## {title}", "", "| Field | Label | Allowed | CLI | Applies to | Description |",
+                  "|---|---|---|---|---|---|"]
+        for row in SPEC_FIELDS:
+            if row.card == card:
+                allowed = row.allowed() or (f"default {row.default_text()}" if row.default_text() else "")
+                cells = [f"`{row.path}`", row.label, allowed, f"`{row.flag}`" if row.flag else "",
+                         APPLIES_NOTES.get(row.applies, "every job"), row.help]
+                lines.append("| " + " | ".join(c.replace("|", "\\|").replace("<", "&lt;") for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _checked(spec: common_pb2.JobSpec, group: str, v: Violations) -> None:
+    """Every `checked` row of `group`: unset takes the default, a set value must be in range."""
+    for row in SPEC_FIELDS:
+        if row.checked and row.group == group:
+            rng = row.range
+            with v.check():
+                if isinstance(rng, IntRange):
+                    _int(_message_of(spec, row), row.name, row.path, rng)
+                elif isinstance(rng, FloatRange):
+                    _float(_message_of(spec, row), row.name, row.path, rng)
+
 
 def job_status_name(value: int) -> str:
     """A JobStatus as the store, the status events' ids and the CLI spell it: QUEUED, RUNNING,
@@ -242,11 +469,9 @@ def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
 
 
 def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None, v: Violations) -> None:
-    r = spec.reward
     with v.check():
         _validate_reward_data(spec, warnings, catalog)
-    with v.check():
-        _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
+    _checked(spec, "reward", v)
 
 
 def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
@@ -307,16 +532,7 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
 
 def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     g = spec.grpo
-    with v.check():
-        _int(g, "group_size", "grpo.group_size", GROUP_SIZE)
-    with v.check():
-        _int(g, "max_completion_tokens", "grpo.max_completion_tokens", MAX_COMPLETION)
-    with v.check():
-        _int(g, "lora_rank", "grpo.lora_rank", LORA_RANK)
-    with v.check():
-        _int(g, "lora_alpha", "grpo.lora_alpha", LORA_ALPHA)
-    with v.check():
-        _float(g, "learning_rate", "grpo.learning_rate", LEARNING_RATE)
+    _checked(spec, "grpo", v)
     if not g.HasField("max_steps"):
         g.max_steps = MAX_STEPS_DEFAULT
     elif g.max_steps != -1 and not 1 <= g.max_steps <= MAX_STEPS_HIGH:
@@ -342,8 +558,6 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
     with v.check():
         _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
     with v.check():
-        _int(a, "epochs", "advanced.epochs", EPOCHS)
-    with v.check():
         _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
     with v.check():
         _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES, C.GENERATION_BACKEND_VLLM)
@@ -356,14 +570,9 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
                            '"auto", "cpu", or a comma list of device indices such as "0,1"'))
     with v.check():
         _validate_processes(spec, backend, v)
-    with v.check():
-        _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
-    with v.check():
-        _float(a, "temperature", "advanced.temperature", TEMPERATURE)
+    _checked(spec, "advanced", v)
     if not a.HasField("seed"):
         a.seed = 0
-    with v.check():
-        _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
     with v.check():
         _validate_async(a, backend)
     a.lora_init = a.lora_init.strip() or "default"
@@ -466,6 +675,7 @@ def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None
         lora_rank=g.lora_rank, learn_rate=g.learning_rate, max_steps=g.max_steps,
         backend=BACKEND_NAMES[a.generation_backend], batch_size=g.batch_size, lora_alpha=g.lora_alpha,
         loss_type=LOSS_NAMES[a.loss_type], quantization=QUANT_NAMES[a.quantization], total_steps=steps,
+        settings=settings_of(spec),
     )
 
 

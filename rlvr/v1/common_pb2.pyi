@@ -177,7 +177,14 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
 
 class TrainingSummary(_message.Message):
-    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps")
+    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps", "settings")
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +200,7 @@ class TrainingSummary(_message.Message):
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     method: str
     model: str
     reward: str
@@ -208,7 +216,8 @@ class TrainingSummary(_message.Message):
     loss_type: str
     quantization: str
     total_steps: int
-    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    settings: _containers.ScalarMap[str, str]
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ..., settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("name", "version", "path")
