@@ -101,8 +101,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     def ListJobs(self, request, context):  # two bad fields, as the real services send them
         from rlvr.common.errors import bad_request_status
 
-        context.abort_with_status(bad_request_status(grpc.StatusCode.INVALID_ARGUMENT, "limit: bad\noffset: bad",
-                                                     BAD_FIELDS))
+        status = bad_request_status(grpc.StatusCode.INVALID_ARGUMENT, "limit: bad\noffset: bad", BAD_FIELDS)
+        assert status is not None
+        context.abort_with_status(status)
 
     def WatchJob(self, request, context):
         self.deadlines["WatchJob"] = context.time_remaining()

@@ -186,27 +186,30 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (ref {ref}); the server log has the cause"
 
 
-MAX_DETAILS_BYTES = 4096
-"""The BadRequest details travel in a trailer too (grpc-status-details-bin, base64): violations
-past this size are left out of the details (the message still names them, cut at its own limit)."""
+MAX_TRAILER_BYTES = 6144
+"""The details travel in a trailer beside the message (grpc-status-details-bin: a google.rpc.Status
+holding the message again and the violations, base64), and a client refuses trailers over its 8 KiB
+soft metadata limit. Where message and details would pass this, the status goes without details:
+the message alone still names every field, one per line."""
 
 
-def bad_request_status(code: grpc.StatusCode, message: str, violations: Sequence[tuple[str, str]]) -> grpc.Status:
+def bad_request_status(code: grpc.StatusCode, message: str, violations: Sequence[tuple[str, str]]) -> grpc.Status | None:
     """The rich status of an INVALID_ARGUMENT: `message` plus a google.rpc.BadRequest with one field
-    violation per bad field (grpcio-status: clients read it with `rpc_status.from_call`)."""
+    violation per bad field (grpcio-status: clients read it with `rpc_status.from_call`); None when
+    the two would not fit the trailer (MAX_TRAILER_BYTES)."""
     from google.protobuf import any_pb2
     from google.rpc import error_details_pb2, status_pb2
     from grpc_status import rpc_status
 
     bad = error_details_pb2.BadRequest()
-    for field, description in violations:
-        violation = error_details_pb2.BadRequest.FieldViolation(field=clip(field, 256), description=clip(description, 1024))
-        if bad.ByteSize() + violation.ByteSize() > MAX_DETAILS_BYTES:
-            break
-        bad.field_violations.append(violation)
+    bad.field_violations.extend(error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+                                for f, d in violations)
     detail = any_pb2.Any()
     detail.Pack(bad)
-    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[detail]))
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    if len(message.encode("utf-8", "surrogatepass")) + status.ByteSize() * 4 // 3 > MAX_TRAILER_BYTES:
+        return None
+    return rpc_status.to_status(status)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -215,8 +218,8 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     code, message = status_for(exc)
     if code != grpc.StatusCode.INTERNAL:
         log.info("rpc error %s: %s", code.name, message)
-    if isinstance(exc, InvalidArgument) and exc.violations:
-        status = bad_request_status(code, message, exc.violations)
+    status = bad_request_status(code, message, exc.violations) if isinstance(exc, InvalidArgument) else None
+    if status is not None:
         await context.abort(status.code, status.details, status.trailing_metadata)
     await context.abort(code, message)
 
