@@ -97,6 +97,8 @@ CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 # Steps of generation run ahead of training (0 = synchronous); a step trains on completions at most
 # this many adapter versions old. The rollout server backend only.
 MAX_ASYNC_STEPS = IntRange(0, 4, 0)
+# DAPO's clip-higher (advanced.epsilon_high): 0.2 = TRL's epsilon, the symmetric clip; DAPO uses 0.28.
+EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -292,6 +294,10 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               "Generate the next steps on the rollout server while this one trains (0 = synchronous); a step "
               "trains on completions at most this many adapter versions old.", "int", range=MAX_ASYNC_STEPS,
               applies="vllm", flag="--max-async-steps"),
+    _ADVANCED("advanced.epsilon_high", "Epsilon high",
+              "DAPO's clip-higher: the importance ratio's upper clip is 1 + this (the lower stays 1 - 0.2); DAPO "
+              "uses 0.28, 0.2 is the symmetric clip.", "float", range=EPSILON_HIGH, flag="--epsilon-high",
+              checked=True, summary=True),
 )
 FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
 

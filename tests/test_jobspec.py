@@ -239,3 +239,17 @@ def test_the_loop_and_the_evaluation_name_every_bad_field() -> None:
     with pytest.raises(InvalidArgument) as e:
         check_static(request)
     assert [f for f, _ in e.value.violations] == ["limit", "sampling.temperature", "sampling.top_p"]
+
+
+def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -> None:
+    from rlvr.clients.jobs_view import summary_lines
+
+    r = resolve_spec(C.JobSpec())
+    assert r.spec.advanced.epsilon_high == pytest.approx(0.2)
+    assert dict(r.summary.settings) == {"advanced.epsilon_high": "0.2"}
+    dapo = resolve_spec(spec(advanced={"epsilon_high": 0.28}))
+    assert "  Epsilon high    0.28" in summary_lines(dapo.summary)
+    for bad in (0.1, 1.5):
+        with pytest.raises(InvalidArgument, match=r"advanced.epsilon_high: .* is out of range; allowed: 0.2 to 1 "
+                                                   r"\(default 0.2\)"):
+            resolve_spec(spec(advanced={"epsilon_high": bad}))

@@ -37,6 +37,8 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
         assert line in out.stdout, out.stdout
     assert "warning: grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8" in out.stdout
     assert "queued" not in out.stdout
+    dapo = rlvr("train", "--dry-run", "--address", scheduler, "--epsilon-high", "0.28")
+    assert dapo.returncode == 0 and "Epsilon high    0.28" in dapo.stdout, dapo.stderr
 
 
 def test_bad_value_names_field_and_range(scheduler: str) -> None:

@@ -273,6 +273,19 @@ def test_every_invalid_value_is_answered_next_to_its_own_field(client: TestClien
                                                                                  "grpo.learning_rate"}
 
 
+def test_epsilon_high_is_a_field_with_its_range_from_the_table(client: TestClient, sdk: FakeSdk) -> None:
+    page = client.get("/train").text
+    assert re.search(r'id="f-advanced-epsilon_high"[^>]*data-low="0.2" data-high="1.0"', page)
+    assert input_value(page, "advanced.epsilon_high") == "0.2" and "Allowed: 0.2 to 1 (default 0.2)." in page
+    data = default_form(client)
+    data["advanced.epsilon_high"] = "0.28"
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    job = sdk.scheduler.jobs[resp.headers["location"].rsplit("/", 1)[1]]
+    assert job.spec.advanced.epsilon_high == pytest.approx(0.28)
+    assert "Epsilon high" in client.get(resp.headers["location"]).text  # the Training Summary's row
+
+
 def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:
     data = default_form(client)
     data["grpo.group_size"] = "eight"

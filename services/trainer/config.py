@@ -91,6 +91,8 @@ class JobConfig:
     # advanced.max_async_steps: steps of generation ahead of training (0 = synchronous); the bound
     # on the policy lag of a step's training data (services/trainer/prefetch.py).
     max_async_steps: int
+    # advanced.epsilon_high: DAPO's clip-higher, TRL's GRPOConfig(epsilon_high).
+    epsilon_high: float
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
