@@ -123,6 +123,16 @@ def test_ranges_and_defaults_asked_of_the_server_match_jobspec(sdk: FakeSdk) -> 
     assert got.default_text("grpo.learning_rate") == "1e-06" and got.default_text("reward.format_bonus") == "on"
 
 
+def test_the_form_limits_come_from_the_table_not_from_probing_dry_runs(sdk: FakeSdk) -> None:
+    got = limits.ask(sdk.scheduler, sdk.benchmark)
+    # one dry run each for the resolved defaults; no invalid spec sent to read a range out of its error
+    assert sdk.scheduler.calls.count("CreateJob dry") == 1 and sdk.scheduler.calls.count("CreateLoop dry") == 1
+    for row in jobspec.SPEC_FIELDS:
+        if row.range is not None:
+            assert got.limits[row.path].allowed == row.allowed()
+            assert (got.limits[row.path].low, got.limits[row.path].high) == (row.range.low, row.range.high)
+
+
 def test_parse_allowed_reads_the_contract_error_format() -> None:
     limit = limits.parse_allowed("grpo.lora_rank", "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)")
     assert limit is not None and (limit.low, limit.high, limit.default) == (4, 64, "8")

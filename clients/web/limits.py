@@ -4,10 +4,10 @@ The job spec's fields are declared once, in rlvr/jobspec.py's table (`SPEC_FIELD
 console imports (it is the shared domain, not service code): each field's allowed values in the
 words its INVALID_ARGUMENT uses ("4-64 (default 8)") become its hint, its numbers the inputs'
 min/max, its choices the selects' options. The scheduler is asked only what the table cannot
-know: the resolved spec of an empty dry run, the rewards the reward service has, the benchmarks,
-and the loop's ranges (a few CreateLoop dry runs whose INVALID_ARGUMENT names each range; the
-loop spec is validated in the scheduler, services/scheduler/loopspec.py). Cached for a few
-minutes. The server validates every submit anyway, and its errors are shown next to their fields.
+know: the resolved spec of an empty dry run (CreateJob's, and CreateLoop's: each benchmark's
+default column), the rewards the reward service has and the benchmarks. The loop's own ranges are
+declared beside the table too (loopspec.py validates with them). Cached for a few minutes. The
+server validates every submit anyway, and its errors are shown next to their fields.
 """
 
 from __future__ import annotations
@@ -15,12 +15,22 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from rlvr.jobspec import BATCH_SIZES, MAX_STEPS_HIGH, SPEC_FIELDS, SpecField
+from rlvr.jobspec import (
+    BATCH_SIZES,
+    GIVE_UP_AFTER,
+    MAX_ROUNDS,
+    MAX_STEPS_HIGH,
+    MIN_GAIN,
+    MIN_GAIN_ALLOWED,
+    SPEC_FIELDS,
+    TARGET,
+    TARGET_ALLOWED,
+    SpecField,
+)
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -30,7 +40,6 @@ from rlvr.v1 import scheduler_pb2 as S
 CACHE_SECONDS = 300.0
 RETRY_SECONDS = 10.0  # an answer with problems (the benchmark service down) is asked again sooner
 
-LOOP_PROBES: list[tuple[str, object]] = [("max_rounds", 0), ("give_up_after", 0), ("min_gain", -1.0)]
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", re.IGNORECASE)
 _DEFAULT = re.compile(r"\s*\(default ([^)]*)\)")
@@ -153,17 +162,6 @@ def limit_of(row: SpecField) -> Limit | None:
     return Limit(row.path, allowed, default=row.default_text() if row.kind != "text" else "")
 
 
-def _invalid(call: Callable[[], object]) -> str | None:
-    """The INVALID_ARGUMENT message of a dry run, or None when the call succeeded."""
-    try:
-        call()
-    except RlvrError as e:
-        if e.code.name == "INVALID_ARGUMENT":
-            return e.details
-        raise
-    return None
-
-
 def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or test fakes)
     """Asks the scheduler (and the benchmark service, for the benchmarks) everything the forms show.
     Raises RlvrError when the scheduler cannot be reached."""
@@ -189,19 +187,11 @@ def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or te
     try:
         base = S.LoopSpec(target=50.0)
         out.loop_defaults = scheduler.create_loop(S.CreateLoopRequest(spec=base, dry_run=True)).resolved_spec
-        for path, value in LOOP_PROBES:
-            spec = S.LoopSpec(target=50.0)
-            set_path(spec, path, value)
-            message = _invalid(lambda spec=spec: scheduler.create_loop(S.CreateLoopRequest(spec=spec, dry_run=True)))
-            limit = parse_allowed(path, message) if message else None
-            if limit is not None:
-                out.limits[f"loop.{path}"] = limit
-        message = _invalid(lambda: scheduler.create_loop(S.CreateLoopRequest(spec=S.LoopSpec(target=-1.0),
-                                                                             dry_run=True)))
-        if message and "; allowed: " in message:
-            # "a percent in (0, 100], ...": the bounds for the input, the words for the hint
-            allowed = message.partition("; allowed: ")[2]
-            out.limits["loop.target"] = Limit("loop.target", allowed, low=0.0, high=100.0)
+        for name, rng in (("max_rounds", MAX_ROUNDS), ("give_up_after", GIVE_UP_AFTER)):
+            out.limits[f"loop.{name}"] = Limit(f"loop.{name}", f"{rng.text()} (default {rng.default})", low=rng.low,
+                                               high=rng.high, default=str(rng.default))
+        out.limits["loop.min_gain"] = Limit("loop.min_gain", MIN_GAIN_ALLOWED, low=MIN_GAIN[0], high=MIN_GAIN[1])
+        out.limits["loop.target"] = Limit("loop.target", TARGET_ALLOWED, low=TARGET[0], high=TARGET[1])
     except RlvrError as e:
         if e.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             raise

@@ -15,22 +15,23 @@ from dataclasses import dataclass
 
 from rlvr.common.errors import InvalidArgument, Violations, bounded, out_of_range, shown
 from rlvr.jobspec import (
+    GIVE_UP_AFTER,
     JOB_SEED,
     MAX_DATASET_CHARS,
     MAX_NAME_CHARS,
+    MAX_ROUNDS,
     MAX_SPLIT_CHARS,
+    MIN_GAIN,
+    MIN_GAIN_ALLOWED,
     NAME_RE,
-    IntRange,
+    TARGET,
+    TARGET_ALLOWED,
     ResolvedJob,
     resolve_spec,
 )
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.v1 import benchmark_pb2, scheduler_pb2
 
-MAX_ROUNDS = IntRange(1, 100, 8)
-GIVE_UP_AFTER = IntRange(1, 100, 2)
-MIN_GAIN = (0.0, 100.0)  # points
-TARGET = (0.0, 100.0)  # percent, (low, high]
 DEFAULT_BENCHMARK_SPLIT = "test"
 
 
@@ -86,7 +87,7 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
     v = Violations()  # every bad field, refused at once
     low, high = TARGET
     if not spec.target or math.isnan(spec.target) or not low < spec.target <= high:
-        v.add(out_of_range("target", spec.target, "a percent in (0, 100], the leaderboard's scale; required"))
+        v.add(out_of_range("target", spec.target, TARGET_ALLOWED))
     for field, rng in (("max_rounds", MAX_ROUNDS), ("give_up_after", GIVE_UP_AFTER)):
         if not spec.HasField(field):
             setattr(spec, field, rng.default)
@@ -99,8 +100,7 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
     if not spec.HasField("reclaim_storage"):
         spec.reclaim_storage = True
     if spec.HasField("min_gain") and (math.isnan(spec.min_gain) or not MIN_GAIN[0] <= spec.min_gain <= MIN_GAIN[1]):
-        v.add(out_of_range("min_gain", spec.min_gain, "0-100 points (unset = one standard error of the best "
-                                                      "score at the benchmark's question count)"))
+        v.add(out_of_range("min_gain", spec.min_gain, MIN_GAIN_ALLOWED))
 
     try:
         job = _job_spec(spec, catalog)
