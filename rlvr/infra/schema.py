@@ -1,6 +1,6 @@
 """The store's schema, declared once: every table the scheduler and the benchmark keep.
 
-DESIGN.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
+docs/design.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
 artifacts; SQLite by default, PostgreSQL by URL. These SQLModel classes are the only declaration:
 `Store.create_all` builds the tables from them, services read and write these rows, and a metric
 event of the contract maps onto `MetricPointRow` by field name (`metric_point_from_event`), so a

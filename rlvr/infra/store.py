@@ -1,6 +1,6 @@
 """The store: the scheduler's record of jobs, metric series, loops, evaluations and artifacts.
 
-DESIGN.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
+docs/design.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
 (`rlvr.infra.schema`). The scheduler turns NATS metric events into rows here, exactly once: the
 consumer may deliver an event twice, `add_metric_point` stores it once.
 
