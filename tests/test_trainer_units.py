@@ -129,6 +129,20 @@ def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) ->
     # docs/design.md's CPU facts: fp32, no gradient checkpointing.
     assert not args.bf16 and not args.fp16 and not args.gradient_checkpointing
     assert args.lr_scheduler_type == "constant" and args.num_iterations == 1
+    assert args.epsilon_high == pytest.approx(args.epsilon) == pytest.approx(0.2)  # the spec's default: symmetric
+
+
+def test_epsilon_high_reaches_trl(tmp_path: Path) -> None:
+    from rlvr.services.trainer.config import job_config_from_request
+    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.v1 import trainer_pb2
+
+    request = trainer_pb2.StartJobRequest(job_id="x")
+    request.spec.advanced.epsilon_high = 0.28  # DAPO's
+    job = job_config_from_request(request, tmp_path)
+    assert job.epsilon_high == 0.28  # the decimal typed, not float32's 0.2800000011920929
+    args = grpo_args(job, total_steps=4, output_dir=tmp_path / "trl", use_cpu=True)
+    assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
 
 
 def test_local_scorer_keeps_components_apart() -> None:

@@ -124,6 +124,16 @@ def test_ranges_and_defaults_asked_of_the_server_match_jobspec(sdk: FakeSdk) -> 
     assert got.default_text("grpo.learning_rate") == "1e-06" and got.default_text("reward.format_bonus") == "on"
 
 
+def test_the_form_limits_come_from_the_table_not_from_probing_dry_runs(sdk: FakeSdk) -> None:
+    got = limits.ask(sdk.scheduler, sdk.benchmark)
+    # one dry run each for the resolved defaults; no invalid spec sent to read a range out of its error
+    assert sdk.scheduler.calls.count("CreateJob dry") == 1 and sdk.scheduler.calls.count("CreateLoop dry") == 1
+    for row in jobspec.SPEC_FIELDS:
+        if row.range is not None:
+            assert got.limits[row.path].allowed == row.allowed()
+            assert (got.limits[row.path].low, got.limits[row.path].high) == (row.range.low, row.range.high)
+
+
 def test_parse_allowed_reads_the_contract_error_format() -> None:
     limit = limits.parse_allowed("grpo.lora_rank", "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)")
     assert limit is not None and (limit.low, limit.high, limit.default) == (4, 64, "8")
@@ -282,6 +292,35 @@ def test_an_invalid_value_is_answered_next_to_its_field_and_nothing_starts(clien
     assert re.search(r'id="f-grpo-lora_rank"[^>]*aria-invalid="true"', page)
     assert 'href="#f-grpo-lora_rank"' in page  # the error summary links to the field
     assert "CreateJob" in sdk.scheduler.calls and len(sdk.scheduler.jobs) == jobs  # the server said no
+
+
+def test_every_invalid_value_is_answered_next_to_its_own_field(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data.update({"grpo.lora_rank": "99", "grpo.learning_rate": "0.01"})
+    page = client.post("/train", data=data, follow_redirects=False).text
+    assert message_of(page, "grpo.lora_rank") == "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)"
+    assert message_of(page, "grpo.learning_rate") == ("grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to "
+                                                      "1e-05 (default 1e-06)")
+    for f in ("f-grpo-lora_rank", "f-grpo-learning_rate"):
+        assert re.search(rf'id="{f}"[^>]*aria-invalid="true"', page) and f'href="#{f}"' in page
+    assert message_of(page, "grpo.group_size") == ""  # a good field gets no message
+    # the live preview (the sidebar's dry run) places both too
+    answer = client.post("/train/summary", data=data).json()
+    assert {p for p, m in answer["messages"].items() if m["kind"] == "error"} == {"grpo.lora_rank",
+                                                                                 "grpo.learning_rate"}
+
+
+def test_epsilon_high_is_a_field_with_its_range_from_the_table(client: TestClient, sdk: FakeSdk) -> None:
+    page = client.get("/train").text
+    assert re.search(r'id="f-advanced-epsilon_high"[^>]*data-low="0.2" data-high="1.0"', page)
+    assert input_value(page, "advanced.epsilon_high") == "0.2" and "Allowed: 0.2 to 1 (default 0.2)." in page
+    data = default_form(client)
+    data["advanced.epsilon_high"] = "0.28"
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    job = sdk.scheduler.jobs[resp.headers["location"].rsplit("/", 1)[1]]
+    assert job.spec.advanced.epsilon_high == pytest.approx(0.28)
+    assert "Epsilon high" in client.get(resp.headers["location"]).text  # the Training Summary's row
 
 
 def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:

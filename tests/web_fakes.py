@@ -40,7 +40,8 @@ BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, siz
 
 
 def invalid(e: InvalidArgument) -> RlvrError:
-    return RlvrError(grpc.StatusCode.INVALID_ARGUMENT, str(e), "rlvr.v1.SchedulerService/CreateJob")
+    return RlvrError(grpc.StatusCode.INVALID_ARGUMENT, str(e), "rlvr.v1.SchedulerService/CreateJob",
+                     violations=e.violations)
 
 
 def not_found(what: str) -> RlvrError:

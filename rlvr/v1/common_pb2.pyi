@@ -140,7 +140,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class AdvancedOptions(_message.Message):
     NUM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     MAX_ASYNC_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_HIGH_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -171,7 +172,8 @@ class AdvancedOptions(_message.Message):
     num_processes: int
     precision: str
     max_async_steps: int
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ...) -> None: ...
+    epsilon_high: float
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking")
@@ -220,7 +222,14 @@ class TrackingLink(_message.Message):
     def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., location: _Optional[str] = ..., steps_logged: _Optional[int] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class TrainingSummary(_message.Message):
-    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps")
+    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps", "settings")
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +245,7 @@ class TrainingSummary(_message.Message):
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     method: str
     model: str
     reward: str
@@ -251,7 +261,8 @@ class TrainingSummary(_message.Message):
     loss_type: str
     quantization: str
     total_steps: int
-    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    settings: _containers.ScalarMap[str, str]
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ..., settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("name", "version", "path")

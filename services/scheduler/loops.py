@@ -114,7 +114,7 @@ class LoopManager(LoopDriver):
         try:
             await self.jobs.check_data(own.spec.job, catalog)
         except InvalidArgument as e:
-            raise InvalidArgument(f"job.{e}") from None
+            raise e.prefixed("job.") from None
         resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank, catalog)
         if dry_run:
             return resolved, None

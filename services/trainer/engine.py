@@ -92,6 +92,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         # Dr. GRPO drops the per-group std normalisation (its length/difficulty bias fix).
         scale_rewards="none" if job.loss_type == "dr_grpo" else "group",
         beta=job.kl_beta,
+        epsilon_high=job.epsilon_high,  # DAPO's clip-higher; the lower clip stays TRL's epsilon (0.2)
         temperature=job.temperature,
         num_iterations=1,
         seed=job.seed,
