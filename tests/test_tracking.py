@@ -42,7 +42,8 @@ def _event(step: int) -> C.MetricEvent:
                       completion_length_max=30 + step, clipped_ratio=0.125, learning_rate=1e-5,
                       adapter_version=step - 1, generate_seconds=1.25, score_seconds=0.01 * step,
                       train_seconds=2.5, sync_seconds=0.3, step_seconds=4.0 + step, policy_lag=step % 2,
-                      reward_errors=step // 3)
+                      reward_errors=step // 3, logprob_gap=0.01 * step, logprob_gap_max=0.1 * step,
+                      sampler_correction="precision" if step % 2 else "")
     e.reward_components["math_pairs"] = step / 7
     e.reward_components["length.short"] = 1 - step / 9
     if step % 2:

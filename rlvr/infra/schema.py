@@ -136,6 +136,11 @@ class MetricPointRow(SQLModel, table=True):
     # MetricEvent.reward_components as a JSON object {"<key>": mean, ...}; added later, as above.
     reward_components: str = Field(default="{}", sa_type=Text, sa_column_kwargs={"server_default": text("'{}'")})
     reward_errors: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # The sampler/trainer logprob gap (None: the generator reported no logprobs) and the reasons the
+    # step was importance-corrected ("" = none); added later, as above.
+    logprob_gap: float | None = None
+    logprob_gap_max: float | None = None
+    sampler_correction: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""
@@ -143,11 +148,13 @@ class MetricPointRow(SQLModel, table=True):
 
 
 # Columns added to a table after databases were made with it: (table, column). `Store.create_all`
-# adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
-# database takes the new metric without a migration tool. Only columns with a server default.
+# adds each one a table lacks (ALTER TABLE ... ADD COLUMN, with its default if NOT NULL), so an existing
+# database takes the new metric without a migration tool. NOT NULL columns need a server default.
 ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"),
                                               ("jobs", "resumes"), ("metric_points", "reward_components"),
-                                              ("metric_points", "reward_errors"))
+                                              ("metric_points", "reward_errors"), ("metric_points", "logprob_gap"),
+                                              ("metric_points", "logprob_gap_max"),
+                                              ("metric_points", "sampler_correction"))
 
 
 class LoopRow(SQLModel, table=True):

@@ -189,11 +189,12 @@ class Store:
                 continue
             column = tables[table_name].c[column_name]
             kind = column.type.compile(dialect=self.engine.dialect)
-            default = column.server_default.arg  # type: ignore[union-attr]  # ADDED_COLUMNS have one
+            # a NOT NULL column has a server default (older rows take it); a nullable one reads NULL
+            default = (f" NOT NULL DEFAULT {column.server_default.arg}"  # type: ignore[attr-defined]
+                       if column.server_default is not None else "")
             try:
                 with self.engine.begin() as conn:
-                    conn.exec_driver_sql(f'ALTER TABLE {table_name} ADD COLUMN {column_name} {kind} '
-                                         f"NOT NULL DEFAULT {default}")
+                    conn.exec_driver_sql(f'ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}{default}')
             except SQLAlchemyError as e:
                 if "duplicate column" not in str(e).lower() and "already exists" not in str(e).lower():
                     raise

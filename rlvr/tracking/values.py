@@ -12,14 +12,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from rlvr.v1 import common_pb2
 
 NOT_LOGGED = frozenset({"job_id", "step", "time", "reward_components"})
 """MetricEvent fields that are not a per-step series (the step is the x axis)."""
+_TEXT = (FieldDescriptor.CPPTYPE_STRING, FieldDescriptor.CPPTYPE_MESSAGE)
 STEP_FIELDS: tuple[str, ...] = tuple(f.name for f in common_pb2.MetricEvent.DESCRIPTOR.fields
-                                     if f.name not in NOT_LOGGED)
+                                     if f.name not in NOT_LOGGED and f.cpp_type not in _TEXT)
+"""The numeric fields (a text field such as `sampler_correction` is the step's note, not a series)."""
 COMPONENT_PREFIX = "reward_components/"
 SUMMARY_PREFIX = "summary/"
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "accuracy")
