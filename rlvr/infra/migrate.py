@@ -19,6 +19,7 @@ transaction (PostgreSQL's DDL is transactional); on SQLite a file lock beside th
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from rlvr.infra.schema import TABLES, SQLModel
+
+log = logging.getLogger(__name__)
+# alembic says at INFO which backend it found on every connection it configures: a line per start
+# of every service, of no use to anyone reading its log. `upgrade` logs what it did in one line.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # pg_advisory_xact_lock's key: any fixed 64-bit number; this one is derived from a name so it says whose.
@@ -122,9 +128,12 @@ def upgrade(engine: Engine) -> Upgrade:
         if before is None and not any(inspect(connection).has_table(t.__tablename__) for t in TABLES):  # type: ignore[attr-defined]  # set on table=True models
             SQLModel.metadata.create_all(connection, tables=[t.__table__ for t in TABLES])  # type: ignore[attr-defined]
             command.stamp(cfg, "head")
+            log.info("store: new database, tables created at schema revision %s", newest)
             return Upgrade(before=None, after=newest, created=True)
         if before != newest:
             command.upgrade(cfg, "head")
+            log.info("store: schema upgraded from revision %s to %s", before or "(none: made before migrations)",
+                     newest)
         return Upgrade(before=before, after=newest, created=False)
 
 

@@ -35,6 +35,7 @@ def _run(connection: Connection) -> None:
         target_metadata=target_metadata,
         include_object=_include_object,
         compare_type=True,
+        compare_server_default=True,
         # SQLite alters a table by copying it: a revision made by autogenerate says so itself.
         render_as_batch=connection.dialect.name == "sqlite",
     )
