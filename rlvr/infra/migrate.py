@@ -73,6 +73,7 @@ def config(connection: Connection | None = None) -> Config:
     """alembic's configuration of the packaged script directory (no alembic.ini), on `connection`."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("file_template", "%%(rev)s")  # versions/0008_what_changed.py: the id says it
     cfg.attributes["connection"] = connection
     return cfg
 
@@ -125,8 +126,9 @@ def upgrade(engine: Engine) -> Upgrade:
         before = current(connection)
         _check_known(before, scripts)
         cfg = config(connection)
-        if before is None and not any(inspect(connection).has_table(t.__tablename__) for t in TABLES):  # type: ignore[attr-defined]  # set on table=True models
-            SQLModel.metadata.create_all(connection, tables=[t.__table__ for t in TABLES])  # type: ignore[attr-defined]
+        tables = [t.__table__ for t in TABLES]  # type: ignore[attr-defined]  # set on table=True models only
+        if before is None and not any(inspect(connection).has_table(table.name) for table in tables):
+            SQLModel.metadata.create_all(connection, tables=tables)
             command.stamp(cfg, "head")
             log.info("store: new database, tables created at schema revision %s", newest)
             return Upgrade(before=None, after=newest, created=True)

@@ -37,7 +37,6 @@ from rlvr.infra.migrate import Upgrade
 from rlvr.infra.schema import (
     ARTIFACT_KINDS,
     LOOP_FINAL_STATUSES,
-    TABLES,
     ArtifactRow,
     EvaluationRow,
     JobRow,

@@ -11,13 +11,14 @@ from typing import Any
 
 from alembic import context
 from sqlalchemy.engine import Connection
+from sqlmodel.sql.sqltypes import AutoString
 
 from rlvr.infra.migrations.helpers import LEGACY_TABLES
-from rlvr.infra.schema import TABLES, SQLModel
+from rlvr.infra.schema import TABLES, SQLModel, UTCDateTime
 
 # The metadata of exactly the store's tables (SQLModel's is global: a test's own table must not count).
 target_metadata = SQLModel.metadata
-_OURS = {t.__tablename__ for t in TABLES}  # type: ignore[attr-defined]  # set on every table=True model
+_OURS = {str(t.__tablename__) for t in TABLES}
 
 
 def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
@@ -29,6 +30,16 @@ def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, com
     return True
 
 
+def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+    """A drafted revision spells the models' column types in plain SQLAlchemy, as the revisions
+    do: a revision must not import the models, which change after it."""
+    if type_ == "type" and isinstance(obj, AutoString):
+        return f"sa.String(length={obj.length})" if obj.length else "sa.String()"
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
@@ -36,6 +47,7 @@ def _run(connection: Connection) -> None:
         include_object=_include_object,
         compare_type=True,
         compare_server_default=True,
+        render_item=_render_item,
         # SQLite alters a table by copying it: a revision made by autogenerate says so itself.
         render_as_batch=connection.dialect.name == "sqlite",
     )
