@@ -101,6 +101,9 @@ class ServiceSettings(BaseSettings):
     """Address the gRPC server binds to (0.0.0.0 to serve other hosts)."""
     port: int = Field(default=0, ge=0, le=65535)
     """gRPC port (0 = pick a free one; the chosen port is logged)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics at http://HOST:PORT/metrics (0 = a free port, logged); unset = none
+    served (docs/metrics.md). No auth: the metrics hold no secret, only counts and timings."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
     log_format: Literal["json", "text"] = "json"

@@ -313,6 +313,13 @@ class Store:
     def count_jobs(self, status: str | Iterable[str] | None = None) -> int:
         return self._count(JobRow, *_status_filter(JobRow, status))
 
+    def status_counts(self, model: type[JobRow] | type[LoopRow] | type[EvaluationRow]) -> dict[str, int]:
+        """How many jobs, loops or evaluations are in each status (a status with none is absent)."""
+        column = col(model.status)
+        with self._session() as session:
+            rows = session.exec(select(column, func.count()).group_by(column)).all()
+        return {str(status): int(n) for status, n in rows}
+
     def update_job(self, job_id: str, **fields: Any) -> JobRow:
         """Set the given fields; raises NotFoundError for an unknown id, ValueError for an unknown field."""
         return self._update(JobRow, {"id": job_id}, fields)

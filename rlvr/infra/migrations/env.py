@@ -7,7 +7,7 @@ migrations serve every service's start, `rlvr db upgrade` and the tests, with no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
 from sqlalchemy.engine import Connection
@@ -30,7 +30,7 @@ def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, com
     return True
 
 
-def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
     """A drafted revision spells the models' column types in plain SQLAlchemy, as the revisions
     do: a revision must not import the models, which change after it."""
     if type_ == "type" and isinstance(obj, AutoString):
