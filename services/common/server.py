@@ -329,7 +329,8 @@ class ServiceRunner:
             except OSError as e:
                 raise SettingsError(f"{setting_label(self.settings, 'metrics_port')} = {self.settings.metrics_port}: "
                                     f"cannot serve on {self.settings.host}: {e.strerror or e}") from None
-            log.info("metrics", extra={"url": f"http://{self.settings.host}:{port}/metrics"})
+            url = f"http://{self.settings.host}:{port}/metrics"
+            log.info("metrics at %s", url, extra={"url": url})
         await self.server.start()
         log.info("listening", extra={"address": self.address, "status": "starting",
                                      "auth": "tokens" if tokens.enabled else "off",
