@@ -146,14 +146,14 @@ def test_the_counters_move_with_the_work_done(stack) -> None:
     assert rpc(after, "Score") - rpc(before, "Score") == 5
     assert value(after, "rlvr_reward_items_scored_total") - value(before, "rlvr_reward_items_scored_total") == 15
 
-    from rlvr.v1 import rollout_pb2, rollout_pb2_grpc
+    from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 
     before = scrape(rollout_url)
     with grpc.insecure_channel(state["addresses"]["rollout"]) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         responses = list(stub.Generate(rollout_pb2.GenerateRequest(
-            prompts=[rollout_pb2.Prompt(text="1 + 1 =")],
-            sampling=rollout_pb2.SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=3)), metadata=auth))
+            prompts=[rollout_pb2.Prompt(text="1 + 1 =")], n=2,
+            sampling=common_pb2.SamplingParams(max_tokens=32, temperature=1.0, seed=3)), metadata=auth))
     tokens = sum(len(c.token_ids) for r in responses for c in r.completions)
     after = scrape(rollout_url)
     assert tokens > 0
