@@ -5,6 +5,7 @@ metrics that exist."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -232,3 +233,42 @@ def test_a_service_with_metrics_on_says_where_at_start(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- the trainer's steps
+
+
+async def test_the_trainer_counts_the_steps_it_ran_and_their_time(nats_server, tmp_path: Path) -> None:
+    """A 2-step job on a trainer in-process: busy while it runs, then 2 steps whose seconds sum to
+    the step_seconds of the job's metric events."""
+    from fixtures_infra import connected_bus
+    from fixtures_trainer import job_events
+    from test_trainer_service import _request, _settings
+
+    from rlvr.peers.base import make_channel
+    from rlvr.services.trainer.server import build_service as build_trainer
+    from rlvr.tiny.build import build_tiny_model, default_model_dir
+    from rlvr.v1 import trainer_pb2_grpc
+
+    model = build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
+    settings = _settings(tmp_path, nats_server.url)
+    async with ServiceRunner(build_trainer(settings), settings) as runner, connected_bus(nats_server.url) as bus:
+        registry = runner.metrics.registry
+        assert registry.get_sample_value("rlvr_trainer_busy") == 0
+        assert registry.get_sample_value("rlvr_trainer_step_seconds_count") == 0
+        channel = make_channel(runner.address, aio=True)
+        job_id = f"metrics-{time.monotonic_ns()}"
+        await trainer_pb2_grpc.TrainerServiceStub(channel).StartJob(_request(job_id, model, max_steps=2))
+        assert registry.get_sample_value("rlvr_trainer_busy") == 1
+        events, _ = await job_events(bus, job_id, timeout_s=180)
+        for _ in range(100):  # the worker notices the exit just after the process published its end
+            if registry.get_sample_value("rlvr_trainer_busy") == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert registry.get_sample_value("rlvr_trainer_busy") == 0
+        assert registry.get_sample_value("rlvr_trainer_step_seconds_count") == len(events) == 2
+        assert registry.get_sample_value("rlvr_trainer_step_seconds_sum") == pytest.approx(
+            sum(e.step_seconds for e in events))
+        assert registry.get_sample_value("rlvr_grpc_server_handled_total", {
+            "grpc_service": "rlvr.v1.TrainerService", "grpc_method": "StartJob", "grpc_code": "OK"}) == 1
+        await channel.close()
