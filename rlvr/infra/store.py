@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from alembic.util import CommandError
 from sqlalchemy import Engine, Table, create_engine, delete, event, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -173,7 +174,7 @@ class Store:
             return migrate.upgrade(self.engine)
         except migrate.DatabaseTooNewError as e:
             raise DatabaseTooNewError(f"store url {shown!r}: {e}") from None
-        except SQLAlchemyError as e:
+        except (SQLAlchemyError, CommandError) as e:
             raise StoreError(f"cannot upgrade the database at store url {shown!r}: {_first_line(e)}") from None
 
     def create_all(self) -> None:
