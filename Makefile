@@ -22,11 +22,13 @@ protos: install
 	$(BIN)/python -m rlvr.protogen
 
 # ruff, then the architecture's layers (.importlinter: fails on any import across a layer), then
-# mypy over rlvr/ and services/ ([tool.mypy] in pyproject.toml).
+# mypy over rlvr/ and services/ ([tool.mypy] in pyproject.toml), then the docs site (mkdocs.yml:
+# a broken link or anchor, or a page missing from the nav, fails it).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
 # tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no

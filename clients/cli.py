@@ -7,7 +7,8 @@ arguments returning the exit code):
 - `call`: every RPC of every service, generated from the descriptors (clients/rpc_commands.py);
 - `up`, `status`: the local stack, from `rlvr.clients.stack`, imported only when one of them runs;
 - `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
-- `models build-tiny`: builds the bundled tiny base model through `rlvr.tiny`'s own CLI;
+- `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
+  through `rlvr.tiny`'s own CLI.
 - `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
@@ -114,8 +115,16 @@ def _build_tiny(args: argparse.Namespace) -> int:
     return int(module.main(["build", *args.rest]) or 0)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    module = _lazy_module("rlvr.tiny.__main__", "models inspect")
+    if module is None:
+        return 1
+    return int(module.main(["eval", "--diagnose", *args.rest]) or 0)
+
+
 def register_models(subparsers: argparse._SubParsersAction) -> None:
-    models = subparsers.add_parser("models", help="base models: build the bundled tiny model")
+    models = subparsers.add_parser("models", help="base models: build the bundled tiny model, inspect a model's "
+                                                  "room for RL")
     models.set_defaults(handler=_usage(models))
     commands = models.add_subparsers(title="commands", metavar="COMMAND")
     build = commands.add_parser(
@@ -125,6 +134,13 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
         add_help=False,
     )
     build.set_defaults(handler=_build_tiny, passthrough=True)
+    inspect = commands.add_parser(
+        "inspect",
+        help="a model's greedy accuracy, pass@k, maj@k, zero-spread groups and per-part accuracy on Math Pairs "
+        "(the arguments of `python -m rlvr.tiny eval --diagnose`; --help lists them)",
+        add_help=False,
+    )
+    inspect.set_defaults(handler=_inspect, passthrough=True)
 
 
 # ---------------------------------------------------------------- main

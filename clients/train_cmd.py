@@ -107,6 +107,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                    help="training precision: fp32 (default), bf16, or fp16 (CUDA only)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
+    p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
+                   help="mirror the job's metrics into an experiment tracker, written by the scheduler: "
+                        "tensorboard:DIR, mlflow[:URI], wandb:DIR (offline), trackio:DIR; options after a comma: "
+                        ",project=NAME ,run=NAME ,online (wandb); repeat for several (docs/tracking.md)")
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,6 +135,8 @@ def reward_term(text: str) -> C.RewardTerm:
 
 def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     spec = C.JobSpec(name=args.name, base_model=args.model)
+    if getattr(args, "track", None):
+        spec.tracking.extend(args.track)
     if args.reward:
         terms = args.reward
         if len(terms) == 1 and not terms[0].HasField("weight"):
@@ -239,6 +245,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             job = client.get_job(scheduler_pb2.GetJobRequest(id=args.id))
             width, unicode = jobs_cmd.terminal_width(sys.stdout), jobs_view.supports_unicode(sys.stdout)
             print("\n".join(jobs_view.job_lines(job, width=width, unicode=unicode)))
+            for line in jobs_cmd.tracking_lines(job):
+                print(line)
             print("\n".join(summary_lines(job.summary, list(job.warnings), width=width, unicode=unicode)))
             print()
             jobs_cmd.print_metrics(client, job.id)

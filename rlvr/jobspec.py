@@ -22,6 +22,7 @@ from rlvr.rewards.registry import KEY_RE as REWARD_KEY_RE
 from rlvr.rewards.registry import KEY_RULE as REWARD_KEY_RULE
 from rlvr.rewards.registry import Catalog, RewardInfo, UnavailableReward, UnknownReward, load_registry
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
+from rlvr.tracking.config import validate_tracking
 from rlvr.v1 import common_pb2
 
 C = common_pb2
@@ -476,6 +477,7 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     _validate_reward(spec, warnings, catalog)
     _validate_grpo(spec, warnings)
     _validate_advanced(spec, warnings)
+    validate_tracking(spec)
     if not spec.name:
         spec.name = default_name(spec.base_model, LOSS_NAMES[spec.advanced.loss_type])
     if not NAME_RE.match(spec.name):

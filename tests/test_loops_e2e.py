@@ -243,7 +243,7 @@ def test_a_failing_round_fails_the_loop_with_its_cause(stack) -> None:
     running = until(client, loop.id, lambda lp: job_running(client, lp) and lp.rounds[0].current_step >= 1)
     job_id = running.rounds[0].job_id
     # A real fault that does not go away: the round's training process dies each time it runs. A
-    # lost trainer is resumed (services/scheduler/jobs.py MAX_RESUMES), so the job fails only after
+    # lost trainer is resumed (services/scheduler/dispatch.py MAX_RESUMES), so the job fails only after
     # its resumes are spent, with the cause.
     killed: set[int] = set()
     deadline = time.monotonic() + 300

@@ -124,7 +124,7 @@ def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) ->
     assert (args.loss_type, args.scale_rewards, args.beta) == (loss_type, scale, 0.04)
     assert (args.per_device_train_batch_size, args.num_generations, args.max_steps) == (8, 4, 12)
     assert args.temperature == pytest.approx(0.7) and args.learning_rate == pytest.approx(5e-6)
-    # DESIGN.md's CPU facts: fp32, no gradient checkpointing.
+    # docs/design.md's CPU facts: fp32, no gradient checkpointing.
     assert not args.bf16 and not args.fp16 and not args.gradient_checkpointing
     assert args.lr_scheduler_type == "constant" and args.num_iterations == 1
 

@@ -2,7 +2,7 @@
 config file, in that order of precedence (a flag beats the environment, which beats the file,
 which beats the documented default).
 
-Every field carries a docstring; it becomes the field's `--help` text and its README entry. The
+Every field carries a docstring; it becomes the field's `--help` text and its docs entry. The
 flag parser is derived from the model, so a new field is a flag, an environment variable
 (`RLVR_<SERVICE>_<FIELD>`) and a config-file key at once. This module imports nothing heavy so
 that `--help` answers at once.

@@ -1,6 +1,6 @@
 """Bringing a store's database to this rlvr's schema: alembic, run from code.
 
-DESIGN.md, Store; docs/migrations.md. Every service that opens the store (`Store.upgrade`, at its
+docs/design.md, Store; docs/migrations.md. Every service that opens the store (`Store.upgrade`, at its
 start) and `rlvr db upgrade` call `upgrade`, which decides from the database itself:
 
 - no table of the store yet: `create_all` from `rlvr.infra.schema` and stamp the newest revision

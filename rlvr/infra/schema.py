@@ -1,6 +1,6 @@
 """The store's schema, declared once: every table the scheduler and the benchmark keep.
 
-DESIGN.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
+docs/design.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
 artifacts; SQLite by default, PostgreSQL by URL. These SQLModel classes are the only declaration:
 a new database's tables are built from them, services read and write these rows, and a metric
 event of the contract maps onto `MetricPointRow` by field name (`metric_point_from_event`), so a
@@ -98,7 +98,7 @@ class JobRow(SQLModel, table=True):
     # While QUEUED: why no worker has it yet (Job.queue_reason).
     queue_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
     # How many times the job was queued again after its trainer was lost (at most MAX_RESUMES,
-    # services/scheduler/jobs.py): kept here so a restarted scheduler does not start the count again.
+    # services/scheduler/dispatch.py): kept here so a restarted scheduler does not start the count again.
     resumes: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 

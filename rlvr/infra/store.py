@@ -1,7 +1,8 @@
 """The store: the scheduler's record of jobs, metric series, loops, evaluations and artifacts.
 
-DESIGN.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
-(`rlvr.infra.schema`), kept up to date by alembic migrations (`Store.upgrade`, `rlvr.infra.migrate`). The scheduler turns NATS metric events into rows here, exactly once: the
+docs/design.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
+(`rlvr.infra.schema`), kept up to date by alembic migrations (`Store.upgrade`, `rlvr.infra.migrate`).
+The scheduler turns NATS metric events into rows here, exactly once: the
 consumer may deliver an event twice, `add_metric_point` stores it once.
 
 Why synchronous SQLAlchemy under asyncio services: every query here is small and short, SQLite

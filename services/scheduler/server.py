@@ -1,9 +1,10 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions;
-loops.py: automated training loops) know nothing of gRPC: the trainers are reached through
-workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a bad URL
-stops the service with one line naming the setting) and maps calls.
+The cores (services/scheduler/jobs.py: jobs, with lifecycle.py, dispatch.py and ingest.py behind
+it; actions.py: the RL Metrics card and the job actions; loops.py: automated training loops;
+tracking.py: the experiment trackers' bridge) know nothing of gRPC: the trainers are reached
+through workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a
+bad URL stops the service with one line naming the setting) and maps calls.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
 from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
 from rlvr.services.scheduler.settings import SchedulerSettings
+from rlvr.services.scheduler.tracking import TrackingBridge
 from rlvr.services.scheduler.workers import GrpcWorkers
 from rlvr.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -40,6 +42,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.jobs: JobManager | None = None
         self.actions: JobActions | None = None
         self.loops: LoopManager | None = None
+        self.tracking: TrackingBridge | None = None
 
     def _loops(self) -> LoopManager:
         if self.loops is None:
@@ -51,6 +54,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise Unavailable("the scheduler is starting")
         return self.jobs
 
+    def _tracking(self) -> TrackingBridge:
+        if self.tracking is None:
+            raise Unavailable("the scheduler is starting")
+        return self.tracking
+
     def _actions(self) -> JobActions:
         if self.actions is None:
             raise Unavailable("the scheduler is starting")
@@ -58,7 +66,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def CreateJob(self, request: scheduler_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
                         ) -> scheduler_pb2.CreateJobResponse:  # noqa: N802
+        self._tracking().check_targets(request.spec.tracking)
         resolved, job = await self._jobs().create(request.spec, request.dry_run)
+        if job is not None:
+            await self._tracking().job_created(job)
         resp = scheduler_pb2.CreateJobResponse(summary=resolved.summary, warnings=resolved.warnings,
                                                resolved_spec=resolved.spec)
         if job is not None:
@@ -66,7 +77,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return resp
 
     async def GetJob(self, request, context):  # noqa: N802
-        return await self._jobs().get(request.id)
+        job = await self._jobs().get(request.id)
+        job.tracking.extend(self._tracking().links(job))
+        return job
 
     async def ListJobs(self, request, context):  # noqa: N802
         jobs, total = await self._jobs().list(request.status, request.limit, request.offset)
@@ -102,6 +115,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def CreateLoop(self, request: scheduler_pb2.CreateLoopRequest, context: grpc.aio.ServicerContext
                          ) -> scheduler_pb2.CreateLoopResponse:  # noqa: N802
+        self._tracking().check_targets(request.spec.job.tracking, "job.tracking")
         resolved, loop = await self._loops().create(request.spec, request.dry_run)
         resp = scheduler_pb2.CreateLoopResponse(resolved_spec=resolved.spec, summary=resolved.job.summary,
                                                 warnings=resolved.warnings)
@@ -129,6 +143,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise Unavailable(f"the reward service at {catalog.address} is unreachable ({catalog.why}); only the "
                               f"built-in rewards can be named now: {', '.join(catalog.rewards)}")
         return catalog_proto(catalog)
+
+    async def TrackJob(self, request, context):  # noqa: N802
+        links = await self._tracking().track(request.job_id, list(request.trackers))
+        return scheduler_pb2.TrackJobResponse(links=links)
 
 
 class SchedulerCore:
@@ -170,11 +188,16 @@ class SchedulerCore:
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)
         await loops.start()
+        tracking = TrackingBridge(jobs, self.bus, s.tracking_roots, s.artifact_root / "mlruns")
+        await tracking.start()
+        self.servicer.tracking = tracking
         self.servicer.jobs = jobs
         self.servicer.actions = JobActions(jobs, s.artifact_root)
         self.servicer.loops = loops
 
     async def stop(self) -> None:
+        if self.servicer.tracking is not None:
+            await self.servicer.tracking.stop()
         if self.servicer.loops is not None:
             await self.servicer.loops.stop()
         if self.servicer.jobs is not None:

@@ -12,7 +12,7 @@ read in trl 1.16 (`trl/generation/vllm_generation.py`, `grpo_trainer.py`):
   `model_runner.model.load_weights`, and `unmerge_adapter()` (`_iter_named_params`,
   `sync_weights`), before the rollout function runs. The engine then holds anonymous weights:
   nothing in its output says which policy produced a completion, so the check this project makes
-  on every completion (DESIGN.md, step 4) has nothing to check. Here each output carries the
+  on every completion (docs/design.md, One training step, 4) has nothing to check. Here each output carries the
   `LoRARequest` vLLM ran it with (`RequestOutput.lora_request`), which is compared with the
   version the step expects (`check_versions`, as for the rollout server).
 - Merging moves the trainer's own base weights: merge + unmerge is exact only up to rounding, and

@@ -1,6 +1,6 @@
 """TRL's `GRPOTrainer` set up for a job, its seams calling into the step (services/trainer/step.py).
 
-DESIGN.md names TRL as the engine, and it gives the per-step control this worker needs through
+docs/design.md names TRL as the engine, and it gives the per-step control this worker needs through
 documented seams, so nothing of TRL is patched. Each seam is one call into the step's `Step`,
 which reads there in order (generate -> score -> update -> push -> publish):
 
@@ -60,7 +60,7 @@ RESUME_FILE = "rlvr-resume.json"
 
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
               processes: int = 1) -> Any:  # -> GRPOConfig
-    """TRL's config for a job. CPU facts (DESIGN.md): no gradient checkpointing, and fp32 unless the
+    """TRL's config for a job. CPU facts (docs/design.md): no gradient checkpointing, and fp32 unless the
     job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
     steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
     share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide)."""

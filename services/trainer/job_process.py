@@ -187,6 +187,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
             artifacts.write_json_atomic(job_dir / "progress.json", progress)
 
         deps = JobDeps(scorer=scorer, problems=problems, publish=publish,
+                       publish_samples=publisher.publish_samples if publisher else (lambda _e: None),
                        cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
                        colocate_enforce_eager=settings.colocate_enforce_eager, group=group)
         try:

@@ -42,6 +42,9 @@ class StepRecord:
     optimizer_done_at: float | None = None
     sync_seconds: float = 0.0
     step_seconds: float = 0.0
+    # (prompt, completion, score) of the first completion of each of the first SAMPLES_PER_STEP
+    # groups: the experiment trackers' completions table (`completion_samples`).
+    samples: list[tuple[str, str, Score]] = field(default_factory=list)
 
     @property
     def train_seconds(self) -> float:
@@ -52,6 +55,30 @@ class StepRecord:
 
     def finish(self) -> None:
         self.step_seconds = time.perf_counter() - self.started
+
+
+SAMPLES_PER_STEP = 4
+MAX_SAMPLE_PROMPT_CHARS = 2000
+MAX_SAMPLE_COMPLETION_CHARS = 4000
+
+
+def keep_samples(record: StepRecord, prompts: Sequence[str], completions: Sequence[str], scores: Sequence[Score],
+                 group_size: int) -> None:
+    """Keeps the first completion of each of the first groups as the step's sample (once a step)."""
+    if record.samples:
+        return
+    for i in range(0, min(len(completions), len(scores), len(prompts)), max(1, group_size)):
+        if len(record.samples) == SAMPLES_PER_STEP:
+            break
+        record.samples.append((prompts[i][:MAX_SAMPLE_PROMPT_CHARS], completions[i][:MAX_SAMPLE_COMPLETION_CHARS],
+                               scores[i]))
+
+
+def completion_samples(job_id: str, record: StepRecord) -> common_pb2.CompletionSamples:
+    event = common_pb2.CompletionSamples(job_id=job_id, step=record.step)
+    for prompt, completion, score in record.samples:
+        event.samples.add(prompt=prompt, completion=completion, reward=score.reward, accuracy=score.accuracy)
+    return event
 
 
 def _finite(value: Any) -> float | None:  # a log value of any type: None unless a finite number

@@ -1,7 +1,7 @@
 """Devices and quantization: what this host can run, decided up front and never silently downgraded.
 
 The spec's Quantization option (Full Precision, 4-bit QLoRA, 8-bit) loads the frozen base through
-bitsandbytes. DESIGN.md records that bitsandbytes 0.50.2 trains LoRA over nf4 and int8 on CPU, but
+bitsandbytes. docs/design.md records that bitsandbytes 0.50.2 trains LoRA over nf4 and int8 on CPU, but
 that is a property of the installed build and the host, so `check_quantization` probes it the way
 a job will use it (a micro Qwen2 loaded quantized, one LoRA forward and backward) and caches the
 answer. A job whose quantization cannot run fails at once with FailedPrecondition; it never falls

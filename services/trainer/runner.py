@@ -74,6 +74,8 @@ class JobDeps:
     # Where the training problems come from (scorers.py): the reward service, or (None) this
     # process's registry.
     problems: ProblemSource | None = None
+    # A few of each step's completions, for the experiment trackers' completions table (docs/tracking.md).
+    publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
 
 
 @dataclass
@@ -174,7 +176,7 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     if quant is None:
         model.to(device)
     else:
-        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, DESIGN.md).
+        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, docs/design.md).
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if job.init_adapter_path:
         if quant is None:
@@ -487,7 +489,8 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
             deps.on_step(step, total)
         return path
 
-    hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel)
+    hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel,
+                      publish_samples=deps.publish_samples)
     log.info("job %s: %d steps of %d completions (%d prompts x %d) on %s, backend %s, %s",
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)

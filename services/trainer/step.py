@@ -45,7 +45,7 @@ from typing import Any
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
-from rlvr.services.trainer.metrics import StepRecord, metric_event
+from rlvr.services.trainer.metrics import StepRecord, completion_samples, keep_samples, metric_event
 from rlvr.services.trainer.rollouts import PolicyGenerator, RolloutBatch
 from rlvr.services.trainer.scorers import Scorer
 from rlvr.tasks.base import Problem
@@ -65,6 +65,8 @@ class StepHooks:
     save_adapter: Callable[[Any, int], Path]  # (peft model, step) -> the directory holding the step's adapter
     publish: Callable[[common_pb2.MetricEvent], None]
     cancel: threading.Event
+    # a few of the step's completions (metrics.completion_samples), published just before its metrics
+    publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
 
 
 def step_seed(job_seed: int, step: int) -> int:
@@ -214,8 +216,10 @@ class Step:
         g = self.ctx.job.group_size
         started = time.perf_counter()
         texts = self.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-        scores = self.ctx.score(texts, [p for p in prompts for _ in range(g)], [t for t in truths for _ in range(g)])
+        rows = [p for p in prompts for _ in range(g)]
+        scores = self.ctx.score(texts, rows, [t for t in truths for _ in range(g)])
         self.record.score_seconds += time.perf_counter() - started
+        keep_samples(self.record, rows, texts, scores, g)
         return split_groups(batch, prompts, truths, scores, g, self.version(batch.adapter))
 
     def _with_signal(self, groups: list[Group], need: int, sampling: Sampling) -> list[Group]:
@@ -248,6 +252,7 @@ class Step:
             started = time.perf_counter()
             scores = self.ctx.score(completions, prompts, ground_truth)
             self.record.scores = scores
+            keep_samples(self.record, prompts, completions, scores, self.ctx.job.group_size)
             self.record.score_seconds += time.perf_counter() - started
             self.record.scored_at = time.perf_counter()
         return [s.reward for s in scores]
@@ -290,6 +295,8 @@ class Step:
             # the first run's (see runner.py, "Resume"), so it is not published again.
             log.info("step %d is stored already (the run before the resume published it)", self.number)
             return
+        if record.samples:
+            ctx.hooks.publish_samples(completion_samples(ctx.job.job_id, record))
         ctx.hooks.publish(event)
 
 
