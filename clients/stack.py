@@ -88,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "spread their generation across them (each vLLM one takes --memory-fraction)")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
+    parser.add_argument("--metrics", action="store_true",
+                        help="every service serves Prometheus /metrics on a free port (stack.json lists them; "
+                             "docs/metrics.md)")
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +155,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     last = max(cfg.ports.values()) if args.base_port != 0 else 0
     for k in range(2, replicas + 1):  # after the five services' ports (free ones with --base-port 0)
         cfg.ports[replica_name(k)] = last + k - 1 if last else free_port(args.host)
+    if getattr(args, "metrics", False):
+        cfg.metrics_ports = {name: free_port(args.host) for name in cfg.names}
     return cfg
 
 

@@ -61,6 +61,8 @@ class StackConfig:
     # Rollout servers: "rollout", then "rollout-2" ... (ports[name] each); the trainer and the
     # benchmark get all their addresses (rollout_addresses).
     rollout_replicas: int = 1
+    # Each service process's Prometheus /metrics port (`rlvr up --metrics`: free ones); empty: none served.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -189,6 +189,10 @@ class Stack:
             for key in ("RLVR_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKEN",
                         f"RLVR_{service}_AUTH_TOKEN_FILE", f"RLVR_{service}_AUTH_TOKENS_FILE"):
                 env.pop(key, None)  # the stack's own tokens, not ones the caller's environment had
+        for key in ("RLVR_METRICS_PORT", f"RLVR_{service_of(name).upper()}_METRICS_PORT"):
+            env.pop(key, None)  # one port for five processes would clash: the stack's own, or none
+        if name in self.cfg.metrics_ports:
+            env[f"RLVR_{service_of(name).upper()}_METRICS_PORT"] = str(self.cfg.metrics_ports[name])
         if name in ("scheduler", "benchmark"):  # a URL that may hold a password: never on a command line
             env[f"RLVR_{name.upper()}_DATABASE_URL"] = self.cfg.database_url or f"sqlite:///{self.cfg.home / 'rlvr.db'}"
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
@@ -242,7 +246,8 @@ class Stack:
         config = {**asdict(self.cfg), "database_url": redact_url(self.cfg.database_url)}
         state = {"pid": os.getpid(), "nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
-                 "pids": {n: p.pid for n, p in self.procs.items()}, "config": config}
+                 "pids": {n: p.pid for n, p in self.procs.items()}, "config": config,
+                 "metrics": {n: f"http://{self.cfg.host}:{p}/metrics" for n, p in self.cfg.metrics_ports.items()}}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
     def dead(self) -> list[tuple[str, int]]:
@@ -282,7 +287,9 @@ class Stack:
                                  "(the web console)")
                 elif check_health(self.cfg.addresses[name], timeout=1.0) == "SERVING":
                     pending.discard(name)
-                    self.say(f"{name:<10} {self.cfg.addresses[name]:<24} pid {self.procs[name].pid}  SERVING")
+                    metrics = self.cfg.metrics_ports.get(name)
+                    self.say(f"{name:<10} {self.cfg.addresses[name]:<24} pid {self.procs[name].pid}  SERVING"
+                             + (f"  metrics :{metrics}" if metrics else ""))
             if pending:
                 time.sleep(0.5)
         if pending:

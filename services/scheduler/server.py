@@ -10,15 +10,18 @@ bad URL stops the service with one line naming the setting) and maps calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
 from rlvr.peers.types import catalog_proto
+from rlvr.services.common.metrics import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
@@ -28,7 +31,7 @@ from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
 from rlvr.services.scheduler.settings import SchedulerSettings
 from rlvr.services.scheduler.tracking import TrackingBridge
 from rlvr.services.scheduler.workers import GrpcWorkers
-from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
+from rlvr.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("rlvr.scheduler")
 
@@ -154,6 +157,22 @@ class SchedulerCore:
         self.servicer = servicer
         self.store: Store | None = None
         self.bus: EventBus | None = None
+        self.metrics = Metrics()
+        self.metrics.register(self._gauges)
+
+    def _gauges(self) -> Iterator[Metric]:
+        """The store's jobs and loops by status, read at each scrape (a query each: small)."""
+        if self.store is None:
+            return
+        from rlvr.infra.schema import JobRow, LoopRow
+
+        jobs = self.store.status_counts(JobRow)
+        depth = GaugeMetricFamily("rlvr_scheduler_queue_depth", "Jobs QUEUED: waiting for a trainer worker")
+        depth.add_metric([], float(jobs.get("QUEUED", 0)))
+        yield depth
+        yield status_gauge("rlvr_scheduler_jobs", "Jobs in the store, by status", JOB_STATUSES, jobs)
+        yield status_gauge("rlvr_scheduler_loops", "Training loops in the store, by status", LOOP_STATUSES,
+                           self.store.status_counts(LoopRow))
 
     async def start(self) -> None:
         from rlvr.services.common.startup import open_bus, open_store
@@ -194,4 +213,12 @@ def build_service(settings: SchedulerSettings) -> GrpcService:
     core = SchedulerCore(settings, servicer)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     return GrpcService([(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, servicer, name)],
-                       on_start=core.start, on_stop=core.stop)
+                       on_start=core.start, on_stop=core.stop, metrics=core.metrics)
+
+
+def _names(enum: Any, prefix: str) -> tuple[str, ...]:
+    return tuple(v.name.removeprefix(prefix) for v in enum.DESCRIPTOR.values if not v.name.endswith("UNSPECIFIED"))
+
+
+JOB_STATUSES = _names(common_pb2.JobStatus, "JOB_STATUS_")
+LOOP_STATUSES = _names(scheduler_pb2.LoopStatus, "LOOP_STATUS_")

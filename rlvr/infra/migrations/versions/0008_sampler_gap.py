@@ -1,0 +1,30 @@
+"""metric_points.logprob_gap, logprob_gap_max and sampler_correction.
+
+The sampler/trainer logprob gap of a step (mean and largest |Δlogp| between the rollout engine's
+logprobs and the trainer's on the same tokens) and the reasons the step was importance-corrected.
+
+Stored points read NULL (no logprobs reported) and "" (no correction).
+
+Revision ID: 0008_sampler_gap
+Revises: 0007_reward_components
+Create Date: 2026-12-02
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0008_sampler_gap"
+down_revision: str | None = "0007_reward_components"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("metric_points") as batch:
+        batch.add_column(sa.Column("logprob_gap", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("logprob_gap_max", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("sampler_correction", sa.Text(), server_default=sa.text("''"), nullable=False))
+
+
+def downgrade() -> None:
+    raise NotImplementedError("not undone: restore the database from a backup instead")
