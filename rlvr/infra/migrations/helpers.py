@@ -1,10 +1,11 @@
-"""Operations the revisions up to 0007 use: each one does nothing when its change is already there.
+"""Operations the revisions up to 0008 use: each one does nothing when its change is already there.
 
 Databases made before the store had migrations were built by `create_all`, which also added late
 columns to older tables (the ADDED_COLUMNS list it had then), so such a database may hold any
 prefix of the changes 0002-0007 make, with no record of which. `rlvr.infra.migrate` runs every
-revision on it from the baseline, and these guards skip what its tables already have. A revision
-after 0007 meets only databases that alembic has versioned, and uses plain `op` calls.
+revision on it from the baseline, and these guards skip what its tables already have (0008's
+columns were briefly in that list too). A revision after 0008 meets only databases that alembic
+has versioned, and uses plain `op` calls.
 """
 
 from __future__ import annotations

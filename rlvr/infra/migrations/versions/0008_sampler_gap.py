@@ -11,7 +11,8 @@ Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from rlvr.infra.migrations.helpers import add_column
 
 revision: str = "0008_sampler_gap"
 down_revision: str | None = "0007_reward_components"
@@ -20,10 +21,11 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("metric_points") as batch:
-        batch.add_column(sa.Column("logprob_gap", sa.Float(), nullable=True))
-        batch.add_column(sa.Column("logprob_gap_max", sa.Float(), nullable=True))
-        batch.add_column(sa.Column("sampler_correction", sa.Text(), server_default=sa.text("''"), nullable=False))
+    # guarded as 0002-0007 are: these columns were briefly added by the pre-migration create_all too
+    add_column("metric_points", sa.Column("logprob_gap", sa.Float(), nullable=True))
+    add_column("metric_points", sa.Column("logprob_gap_max", sa.Float(), nullable=True))
+    add_column("metric_points", sa.Column("sampler_correction", sa.Text(), server_default=sa.text("''"),
+                                          nullable=False))
 
 
 def downgrade() -> None:
