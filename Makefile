@@ -43,13 +43,17 @@ chromium:
 		echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) for tests/test_report.py"; \
 	fi
 
-# The test command CI runs (.ci/run).
+# The test command CI runs (.ci/run). Two pytest workers (pytest-xdist): on two cores most tests
+# leave one idle (one torch thread, waits on child processes), so two workers halve those; a
+# module stays on one worker (--dist loadfile), which keeps its module-scoped stack and engine
+# fixtures one per module as in a plain run. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install lint chromium
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the slow end-to-end measurements included.
 test-all: install chromium
-	$(BIN)/pytest -m 'not gpu'
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not gpu'
 
 # The main job: the whole stack on this machine with an embedded NATS and SQLite.
 demo: install
