@@ -122,11 +122,6 @@ class VLLMBackend(GenerationBackend):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**self.engine_kwargs())
-        # multiprocessing's resource tracker is started by the first process start in this process
-        # (here vLLM's) and serves the whole process, not the engine: started first, it is in `before`.
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
         before = set(children())
         self._engine = AsyncLLM.from_engine_args(args)
         # The engine core runs in a process of vLLM's own (the worker under it): killed with kill -9
