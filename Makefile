@@ -44,7 +44,7 @@ chromium:
 	fi
 
 # The test command CI runs (.ci/run). Two pytest workers (pytest-xdist): on two cores most tests
-# leave one idle (one torch thread, waits on child processes), so two workers halve those; a
+# leave one idle (one torch thread, waits on child processes); two workers nearly halve those; a
 # module stays on one worker (--dist loadfile), which keeps its module-scoped stack and engine
 # fixtures one per module as in a plain run. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
