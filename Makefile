@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: install protos check-protos lint test test-all demo up web bench clean chromium
+.PHONY: install protos check-protos lint test test-all demo up web bench clean chromium gpu-check gpu-test
 
 install: $(STAMP)
 
@@ -22,11 +22,13 @@ protos: install
 	$(BIN)/python -m rlvr.protogen
 
 # ruff, then the architecture's layers (.importlinter: fails on any import across a layer), then
-# mypy over rlvr/ and services/ ([tool.mypy] in pyproject.toml).
+# mypy over rlvr/ and services/ ([tool.mypy] in pyproject.toml), then the docs site (mkdocs.yml:
+# a broken link or anchor, or a page missing from the nav, fails it).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Headless chromium for tests/test_report.py (the HTML report opened in a real browser) and
 # tests/test_web_e2e.py (the web console, driven by Playwright through this system chromium: no
@@ -54,6 +56,15 @@ test: install lint chromium
 # Everything, the slow end-to-end measurements included.
 test-all: install chromium
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not gpu'
+
+# On a host with one CUDA GPU and the gpu extra (pip install -e '.[gpu]'): the prepared GPU check
+# (bench/gpu_check.py: at most 8 minutes, one table, bench/results/gpu_check.json; docs/gpu.md), and
+# the tests marked gpu (skipped without CUDA; never part of `make test`).
+gpu-check:
+	$(BIN)/python bench/gpu_check.py
+
+gpu-test:
+	$(BIN)/pytest -m gpu tests/test_gpu.py
 
 # The main job: the whole stack on this machine with an embedded NATS and SQLite.
 demo: install

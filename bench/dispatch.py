@@ -12,7 +12,7 @@ in-process fakes that answer at once (no gRPC), so the rows time the scheduler's
 Rows:
 - "first round": every job's spec parsed and fit against every worker, and its reason stored;
 - "next rounds": nothing changed since (the same jobs, the same workers' capabilities): the fits
-  are the ones worked out before (jobs.py `_fits`);
+  are the ones worked out before (dispatch.py `Dispatcher.fits`);
 - "next rounds, fits not kept": the same rounds with that memory cleared before each, which is what
   every round cost before it existed.
 
@@ -88,7 +88,7 @@ async def measure(queued: int, workers: int, repeats: int, folder: Path) -> tupl
 
     async def timed(forget: bool) -> float:
         if forget:
-            jobs._fits.clear()
+            jobs.dispatcher.fits.clear()
         start = time.perf_counter()
         await jobs.dispatch_once()
         return time.perf_counter() - start

@@ -1,7 +1,7 @@
 """Learning gain: held-out Math Pairs accuracy of the tiny model before and after one RLVR run
 through the whole stack (embedded NATS, SQLite, the five services, the rollout server on vLLM).
 
-    python bench/learning.py                        # the measured configuration (see README)
+    python bench/learning.py                        # the measured configuration (docs/measurements/learning.md)
     python bench/learning.py --steps 100 --backend transformers
     python bench/learning.py --require-gain 8       # exit 1 below +8 points (tests/test_e2e_training.py)
     python bench/learning.py --steps 100 --max-async-steps 1   # generation one step ahead of training
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         ("accuracy_strict before -> after", f"{before.accuracy_strict:.1%} -> {after.accuracy_strict:.1%}"),
         ("held-out questions (greedy)", f"{args.eval_n}"),
         ("one standard error after (points)", f"{100 * (after.accuracy * (1 - after.accuracy) / args.eval_n) ** 0.5:.1f}"),
+        *([("paired: gain, SE, test", outcome.comparison.verdict()),
+           ("paired: wrong -> right, right -> wrong", f"{outcome.comparison.gained}, {outcome.comparison.lost}")]
+          if outcome.comparison is not None else []),
         ("GRPO steps", f"{steps}"),
         ("training wall time", f"{outcome.train_seconds:.0f} s ({outcome.train_seconds / max(1, steps):.2f} s/step)"),
         ("total wall time", f"{outcome.total_seconds:.0f} s"),
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps, "eval_n": args.eval_n, "max_async_steps": args.max_async_steps,
         "train_seconds": outcome.train_seconds, "total_seconds": outcome.total_seconds,
         "adapter": job.adapter.path,
+        **({"paired": {"se_points": outcome.comparison.se_points, "p_value": outcome.comparison.p_value,
+                       "test": outcome.comparison.test, "gained": outcome.comparison.gained,
+                       "lost": outcome.comparison.lost}} if outcome.comparison is not None else {}),
     }, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     if args.require_gain is not None and outcome.gain_points < args.require_gain:

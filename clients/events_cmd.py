@@ -78,6 +78,8 @@ def decode(subject: str, data: bytes) -> Message | None:
     """The event as its contract message, or None for a subject or payload this does not know."""
     parts = subject.split(".")
     cls = MESSAGES.get((parts[1], parts[-1])) if len(parts) >= 4 else None
+    if len(parts) == 5 and parts[1] == "jobs" and parts[3] == "samples":  # rlvr.jobs.<id>.samples.<step>
+        cls = common_pb2.CompletionSamples
     if cls is None:
         return None
     try:
@@ -105,6 +107,8 @@ def line_of(subject: str, seq: int, message: Message | None, data: bytes) -> str
         e = message
         return (f"#{seq} evaluation {e.evaluation_id} {_enum(e, 'status')} {e.questions_done}/{e.questions_total}: "
                 f"accuracy {e.scores.accuracy:.1%}" + (f" ({e.message})" if e.message else ""))
+    if isinstance(message, common_pb2.CompletionSamples):
+        return f"#{seq} job {message.job_id} step {message.step} samples: {len(message.samples)} completion(s)"
     if isinstance(message, scheduler_pb2.LoopStatusEvent):
         score = f" score {message.score:.1f}%" if message.HasField("score") else ""
         return (f"#{seq} loop {message.loop_id} round {message.round} {_enum(message, 'status')}{score}"

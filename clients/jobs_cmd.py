@@ -1,5 +1,5 @@
-"""`rlvr jobs report|download|merge|export` and the RL Metrics part of `rlvr jobs show`: a job's
-results, the way the RL Metrics card and its actions offer them (see README, "Monitoring a run").
+"""`rlvr jobs report|download|merge|export|track` and the RL Metrics part of `rlvr jobs show`: a job's
+results, the way the RL Metrics card and its actions offer them (see docs/monitoring.md).
 
 Registered into the `jobs` group by clients/train_cmd.py. Every command prints one
 `error: CODE: details` line on a failed call (an unknown job, a job without an adapter yet) and
@@ -12,9 +12,12 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rlvr.clients.jobs_view import human_size
+
+if TYPE_CHECKING:
+    from rlvr.v1 import common_pb2
 
 EXPORT_FORMATS = ("csv", "jsonl")
 
@@ -123,7 +126,51 @@ def cmd_export(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 0
 
 
-COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, "export": cmd_export}
+def tracker_arg(text: str) -> common_pb2.TrackerConfig:
+    """`--track KIND:TARGET[,OPTION...]` as a TrackerConfig; a relative folder made absolute here (the
+    scheduler writes it, on its own host: the same one for `rlvr up`)."""
+    from pathlib import Path
+
+    from rlvr.tracking.config import is_url, parse_tracker
+
+    try:
+        config = parse_tracker(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if config.target and not is_url(config.target) and not config.target.startswith("file:"):
+        config.target = str(Path(config.target).expanduser().absolute())
+    return config
+
+
+def tracking_lines(job) -> list[str]:  # noqa: ANN001 (common_pb2.Job)
+    """`rlvr jobs show`'s lines on where the job is tracked (none when it is not)."""
+    from rlvr.tracking.config import kind_name
+
+    lines = []
+    for link in job.tracking:
+        state = f"not logging: {link.error}" if link.error else \
+            f"{link.steps_logged} step(s) logged{', finished' if link.finished else ''}"
+        lines.append(f"Tracked in {kind_name(link.kind)}: {link.location} ({state})")
+    return lines
+
+
+def cmd_track(args: argparse.Namespace, client) -> int:  # noqa: ANN001
+    from rlvr.tracking.config import kind_name
+    from rlvr.v1 import scheduler_pb2 as S
+
+    resp = client.track_job(S.TrackJobRequest(job_id=args.id, trackers=args.to))
+    failed = 0
+    for link in resp.links:
+        if link.error:
+            failed += 1
+            print(f"{kind_name(link.kind)}: not logged: {link.error} ({link.location})", file=sys.stderr)
+        else:
+            print(f"{kind_name(link.kind)}: {link.steps_logged} step(s) of job {args.id} logged to {link.location}")
+    return 1 if failed else 0
+
+
+COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, "export": cmd_export,
+            "track": cmd_track}
 
 
 def scheduler_client(args: argparse.Namespace):  # -> SchedulerClient
@@ -154,7 +201,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Adds report, download, merge and export to the `jobs` subparsers."""
+    """Adds report, download, merge, export and track to the `jobs` subparsers."""
     report = sub.add_parser("report", help="write a self-contained HTML report (and PNG charts) of the RL Metrics",
                             description="Writes DIR/report.html (no network needed: inline CSS, charts embedded "
                             "as PNG) and the charts as PNG files next to it; prints the report's path.")
@@ -174,7 +221,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=EXPORT_FORMATS, default="csv", help="csv (default) or jsonl")
     export.add_argument("-o", "--output", metavar="FILE", default=None,
                         help="file (or folder) to write; default: standard output")
-    for p in (report, download, merge, export):
+    track = sub.add_parser("track", help="mirror a job's metrics into experiment trackers (also after it ended)",
+                           description="The scheduler writes the job's stored steps (and, while it runs, the "
+                           "next ones), its spec and final tiles into each tracker; docs/tracking.md.")
+    track.add_argument("--to", action="append", type=tracker_arg, required=True, metavar="KIND:TARGET",
+                       help="tensorboard:DIR, mlflow[:URI], wandb:DIR, trackio:DIR (options: ,project=NAME "
+                            ",run=NAME ,online); repeat for several")
+    for p in (report, download, merge, export, track):
         p.add_argument("id", help="job id")
         p.add_argument("--address", default=None, help="scheduler HOST:PORT")
         p.set_defaults(handler=cmd_jobs_action)

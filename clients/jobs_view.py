@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rlvr.jobspec import job_status_name
+from rlvr.jobspec import SPEC_FIELDS, job_status_name
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -472,7 +472,8 @@ def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
             ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
             ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
             ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
-            ("Quantization", summary.quantization)]
+            ("Quantization", summary.quantization)] + [
+        (row.label, summary.settings[row.path]) for row in SPEC_FIELDS if row.path in summary.settings]
 
 
 def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None, width: int = 80,

@@ -190,7 +190,7 @@ def render_html(loop: S.Loop, chart: bytes | None) -> str:
               _settings(loop)]
     parts += page_foot("Scores are percents on the benchmark's score column; Δ is against the previous scored "
                        "round, in points. A real gain beats the best score before it (the baseline included) by "
-                       "more than the min gain, or, unset, one standard error of that score.")
+                       "more than the min gain, or, unset, one standard error of the gain (paired question by question).")
     return "\n".join(parts)
 
 

@@ -72,7 +72,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop after this many rounds in a row without a real gain, 1-100 (default 2)")
     g.add_argument("--min-gain", type=float, default=None, metavar="POINTS",
                    help="a real gain beats the best score so far by more than this, 0-100 points (default: one "
-                   "standard error of that score)")
+                   "standard error of the gain, paired question by question)")
     g.add_argument("--no-reclaim-storage", action="store_true",
                    help="keep what finished rounds made beside their adapter (merged exports, checkpoints); "
                    "by default it is deleted between rounds")

@@ -290,6 +290,7 @@ class SchedulerRpcs:
     watch_loop = ServerStream("WatchLoop", sc.WatchLoopRequest, sc.Loop)
     list_reward_functions = Unary("ListRewardFunctions", rw.ListRewardFunctionsRequest,
                                   rw.ListRewardFunctionsResponse)
+    track_job = Unary("TrackJob", sc.TrackJobRequest, sc.TrackJobResponse)
 
 
 class SchedulerClient(SchedulerRpcs, ServiceClient):

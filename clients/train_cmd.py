@@ -14,31 +14,14 @@ import sys
 from rlvr.clients import jobs_cmd, jobs_view
 from rlvr.clients.jobs_view import summary_lines
 from rlvr.jobspec import (
+    APPLIES_NOTES,
     BACKEND_KEYS,
-    BATCH_SIZE_DEFAULT,
-    BATCH_SIZES,
-    CHECKPOINT_EVERY,
-    EPOCHS,
-    FORMAT_BONUS_WEIGHT,
-    GPU_MEMORY_FRACTION,
-    GROUP_SIZE,
-    JOB_SEED,
-    KL_BETA,
-    LEARNING_RATE,
-    LORA_ALPHA,
     LORA_INITS,
-    LORA_RANK,
     LOSS_NAMES,
-    MAX_ASYNC_STEPS,
-    MAX_COMPLETION,
-    MAX_STEPS_DEFAULT,
-    NUM_PROCESSES,
     PRECISIONS,
     QUANT_KEYS,
-    SYNTHETIC_PROMPTS,
-    TEMPERATURE,
-    FloatRange,
-    IntRange,
+    SPEC_FIELDS,
+    SpecField,
     job_status_name,
 )
 from rlvr.v1 import common_pb2 as C
@@ -47,39 +30,19 @@ from rlvr.v1 import common_pb2 as C
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 QUANTS = {key: value for value, key in QUANT_KEYS.items()}
 BACKENDS = {key.replace("_", "-"): value for value, key in BACKEND_KEYS.items()}
+KINDS: dict[str, type] = {"int": int, "float": float, "text": str}
 
 
-def _range(what: str, rng: IntRange | FloatRange) -> str:
-    return f"{what}, {rng.text()} (default {rng.default:g})"
+def flag_help(row: SpecField) -> str:
+    """A flag's help: the field's own words, its allowed values and where it applies (rlvr/jobspec.py)."""
+    allowed, only = row.allowed(), APPLIES_NOTES.get(row.applies)
+    text = f"{row.help}{f' Allowed: {allowed}.' if allowed else ''}{f' ({only})' if only else ''}"
+    return text.replace("%", "%%")
 
 
-# flag -> (message path, field, type, help); ranges and defaults from rlvr/jobspec.py
+# flag -> (message path, field, type, help): the rows of rlvr/jobspec.py's table that have a flag
 SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
-    ("--synthetic-prompts", "reward", "synthetic_prompts", int, _range("Math Pairs problems", SYNTHETIC_PROMPTS)),
-    ("--format-bonus-weight", "reward", "format_bonus_weight", float, _range("format bonus size", FORMAT_BONUS_WEIGHT)),
-    ("--dataset", "reward", "dataset", str, "boxed-answer dataset: hub name or local JSONL/Parquet/CSV"),
-    ("--group-size", "grpo", "group_size", int, _range("rollouts per prompt", GROUP_SIZE)),
-    ("--max-completion", "grpo", "max_completion_tokens", int, _range("tokens per completion", MAX_COMPLETION)),
-    ("--rank", "grpo", "lora_rank", int, _range("LoRA rank r", LORA_RANK)),
-    ("--alpha", "grpo", "lora_alpha", int, _range("LoRA alpha", LORA_ALPHA)),
-    ("--lr", "grpo", "learning_rate", float, _range("learning rate", LEARNING_RATE)),
-    ("--max-steps", "grpo", "max_steps", int,
-     f"-1 = full (every prompt for --epochs), else a count (default {MAX_STEPS_DEFAULT})"),
-    ("--batch-size", "grpo", "batch_size", int,
-     f"one of {','.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT}; rounded up to a multiple of the group size)"),
-    ("--epochs", "advanced", "epochs", int, _range("passes over the prompts when --max-steps -1", EPOCHS)),
-    ("--gpu-memory", "advanced", "gpu_memory_fraction", float, _range("vllm-colocate's memory share", GPU_MEMORY_FRACTION)),
-    ("--gpu", "advanced", "gpu_selection", str, 'GPU selection: "auto", "cpu" or "0,1" (default auto)'),
-    ("--kl-beta", "advanced", "kl_beta", float, _range("KL coefficient", KL_BETA)),
-    ("--temperature", "advanced", "temperature", float, _range("rollout temperature", TEMPERATURE)),
-    ("--seed", "advanced", "seed", int, _range("seed", JOB_SEED)),
-    ("--checkpoint-every", "advanced", "checkpoint_every", int,
-     _range("save a checkpoint every N steps (0 = never)", CHECKPOINT_EVERY)),
-    ("--processes", "advanced", "num_processes", int,
-     _range("training processes, data parallel (one per device --gpu lists)", NUM_PROCESSES)),
-    ("--max-async-steps", "advanced", "max_async_steps", int,
-     _range("steps of generation ahead of training on the rollout server (0 = synchronous)", MAX_ASYNC_STEPS)),
-]
+    (row.flag, row.group, row.name, KINDS[row.kind], flag_help(row)) for row in SPEC_FIELDS if row.flag]
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, *,
@@ -107,6 +70,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                    help="training precision: fp32 (default), bf16, or fp16 (CUDA only)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
+    p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
+                   help="mirror the job's metrics into an experiment tracker, written by the scheduler: "
+                        "tensorboard:DIR, mlflow[:URI], wandb:DIR (offline), trackio:DIR; options after a comma: "
+                        ",project=NAME ,run=NAME ,online (wandb); repeat for several (docs/tracking.md)")
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,6 +98,8 @@ def reward_term(text: str) -> C.RewardTerm:
 
 def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     spec = C.JobSpec(name=args.name, base_model=args.model)
+    if getattr(args, "track", None):
+        spec.tracking.extend(args.track)
     if args.reward:
         terms = args.reward
         if len(terms) == 1 and not terms[0].HasField("weight"):
@@ -191,7 +160,7 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlvr.clients.errors import explain, is_unreachable
+    from rlvr.clients.errors import explain, invalid_fields, is_unreachable
     from rlvr.clients.sdk import RlvrError
     from rlvr.v1 import scheduler_pb2
 
@@ -199,7 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         resp = client.create_job(scheduler_pb2.CreateJobRequest(spec=spec_from_args(args), dry_run=args.dry_run))
     except RlvrError as e:
-        print(f"error: {explain(e) if is_unreachable(e) else e.details}", file=sys.stderr)
+        print(f"error: {explain(e) if is_unreachable(e) else invalid_fields(e)}", file=sys.stderr)
         return 2 if e.code.name == "INVALID_ARGUMENT" else 1
     print("\n".join(summary_lines(resp.summary, list(resp.warnings))))
     if args.dry_run:
@@ -239,6 +208,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             job = client.get_job(scheduler_pb2.GetJobRequest(id=args.id))
             width, unicode = jobs_cmd.terminal_width(sys.stdout), jobs_view.supports_unicode(sys.stdout)
             print("\n".join(jobs_view.job_lines(job, width=width, unicode=unicode)))
+            for line in jobs_cmd.tracking_lines(job):
+                print(line)
             print("\n".join(summary_lines(job.summary, list(job.warnings), width=width, unicode=unicode)))
             print()
             jobs_cmd.print_metrics(client, job.id)

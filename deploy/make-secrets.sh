@@ -7,7 +7,7 @@
 # for server and client auth). Files already there are kept, so rerunning it rotates nothing;
 # delete a file to make it again. Needs the openssl CLI.
 # RLVR_TLS_NAMES adds host names and IP addresses to the certificate (comma or space list), for
-# services on several hosts (README, Multi-node); it applies when the certificate is made.
+# services on several hosts (docs/operations.md); it applies when the certificate is made.
 #
 #   deploy/make-secrets.sh && docker compose up
 #   RLVR_TLS_NAMES=host-a,host-b deploy/make-secrets.sh /etc/rlvr

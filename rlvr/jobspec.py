@@ -1,9 +1,16 @@
 """Job spec validation and the Training Summary: the one place where the spec's ranges and
 defaults live (the proto comments state the same numbers; tests/test_spec_docs.py checks they agree).
 
+`SPEC_FIELDS` declares the spec's user-facing fields once, a row each: path, label, help, range or
+choices, default, and which reward or backend it applies to. Everything else is derived from it:
+the CLI's flags and help (clients/train_cmd.py), the console's form, hints and limits
+(clients/web/forms.py, limits.py), the trainer's JobConfig (services/trainer/config.py, by field
+name), the Training Summary's extra rows, docs/spec-fields.md and the proto-comment test. A plain
+ranged field (`checked`) is validated from its row alone: adding one is its proto field and a row.
+
 `resolve_spec` takes the JobSpec a user sent and returns it with every default filled in and the
-batch size rounded up to a multiple of the group size, plus the warnings to show; a value out of
-range raises InvalidArgument naming the field, the value and the range. It is pure: no store, no
+batch size rounded up to a multiple of the group size, plus the warnings to show; values out of
+range raise one InvalidArgument naming every bad field, its value and its range (`Violations`). It is pure: no store, no
 gRPC, so the CLI's dry run, the scheduler and the tests share it.
 """
 
@@ -15,13 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, bounded, out_of_range, shown
+from rlvr.common.errors import FailedPrecondition, InvalidArgument, Violations, bounded, out_of_range, shown
 from rlvr.rewards.registry import KEY_RE as REWARD_KEY_RE
 from rlvr.rewards.registry import KEY_RULE as REWARD_KEY_RULE
 from rlvr.rewards.registry import Catalog, RewardInfo, UnavailableReward, UnknownReward, load_registry
 from rlvr.tasks.gsm8k import BUNDLED_SPLITS
+from rlvr.tracking.config import validate_tracking
 from rlvr.v1 import common_pb2
 
 C = common_pb2
@@ -89,6 +98,15 @@ CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 # Steps of generation run ahead of training (0 = synchronous); a step trains on completions at most
 # this many adapter versions old. The rollout server backend only.
 MAX_ASYNC_STEPS = IntRange(0, 4, 0)
+# The loop spec's own ranges (services/scheduler/loopspec.py validates; the console shows them).
+MAX_ROUNDS = IntRange(1, 100, 8)
+GIVE_UP_AFTER = IntRange(1, 100, 2)
+MIN_GAIN = (0.0, 100.0)  # points
+TARGET = (0.0, 100.0)  # percent, (low, high]
+TARGET_ALLOWED = "a percent in (0, 100], the leaderboard's scale; required"
+MIN_GAIN_ALLOWED = "0-100 points (unset = one standard error of the best score at the benchmark's question count)"
+# DAPO's clip-higher (advanced.epsilon_high): 0.2 = TRL's epsilon, the symmetric clip; DAPO uses 0.28.
+EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -129,6 +147,229 @@ BACKEND_KEYS: dict[int, Backend] = {
 }
 QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
                                C.QUANTIZATION_8BIT: "8-bit"}
+
+FieldKind = Literal["int", "float", "bool", "text", "enum", "word"]
+# Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
+# dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend.
+Applies = Literal["", "generated", "dataset", "colocate", "vllm"]
+APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
+                                 "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
+                                 "vllm": "vLLM (rollout server) only"}
+
+
+@dataclass(frozen=True)
+class SpecField:
+    """One field of the JobSpec, declared once (see the module's docstring for what derives from it)."""
+
+    path: str                                # the JobSpec path: "grpo.lora_rank" (the error's and the form's name)
+    label: str                               # the console's label and the Training Summary's
+    help: str                                # the one wording: CLI --help, the console's hint, the docs
+    kind: FieldKind
+    card: Literal["run", "reward", "grpo", "advanced"]  # where the console shows it
+    range: IntRange | FloatRange | None = None
+    choices: tuple[str, ...] = ()            # a word field's closed list (the first is the default)
+    names: Mapping[int, str] | None = None   # an enum field's value -> display name
+    default: object = None                   # when no range holds it
+    allowed_text: str = ""                   # the allowed values in words, when not range or choices
+    applies: Applies = ""
+    flag: str = ""                           # `rlvr train`'s flag ("" = a hand-written flag or none)
+    config: str | None = ""                  # JobConfig's name ("" = the field's name; None = not in it)
+    unset: object = None                     # JobConfig's value when the field is unset (None = the default)
+    checked: bool = False                    # validated from the row alone (presence, range, default)
+    summary: bool = False                    # a row of the Training Summary (TrainingSummary.settings)
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    @property
+    def group(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    @property
+    def config_name(self) -> str | None:
+        return None if self.config is None else self.config or self.name
+
+    @property
+    def default_value(self) -> object:
+        if self.range is not None:
+            return self.range.default
+        if self.choices:
+            return self.choices[0]
+        return self.default
+
+    def default_text(self) -> str:
+        value = self.default_value
+        return f"{value:g}" if isinstance(value, float) else "" if value is None else str(value)
+
+    def allowed(self) -> str:
+        """The allowed values as an INVALID_ARGUMENT names them: `4-64 (default 8)`."""
+        if self.allowed_text:
+            return self.allowed_text
+        if self.range is not None:
+            return f"{self.range.text()} (default {self.default_text()})"
+        if self.choices:
+            quoted = [f'"{c}"' for c in self.choices]
+            words = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+            return f'{words} (default "{self.choices[0]}")'
+        if self.names:
+            return ", ".join(f"{k} ({v})" for k, v in self.names.items())
+        return ""
+
+    def shown(self, value: object) -> str:
+        """A value as the Training Summary shows it."""
+        if self.names is not None and isinstance(value, int):
+            return self.names.get(value, str(value))
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _card(card: Literal["run", "reward", "grpo", "advanced"]) -> Any:
+    return lambda *args, **kw: SpecField(*args, card=card, **kw)  # type: ignore[misc]
+
+
+_RUN, _REWARD, _GRPO, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), _card("advanced")
+
+# The rows in the console's order, card by card. A new field: its proto field, then a row here.
+SPEC_FIELDS: tuple[SpecField, ...] = (
+    _RUN("name", "Name", "Labels the run; default: derived from the model and the loss type.", "text", config=None),
+    _RUN("base_model", "Base model", "A Hugging Face hub id, a local path, or a bundled tiny model.", "text",
+         default=DEFAULT_BASE_MODEL, config=None),
+    _REWARD("reward.key", "Reward", "The reward, by key (`rlvr rewards` lists them).", "word", default=DEFAULT_REWARD,
+            config=None),
+    _REWARD("reward.synthetic_prompts", "Synthetic prompts", "How many problems to generate on the fly.", "int",
+            range=SYNTHETIC_PROMPTS, applies="generated", flag="--synthetic-prompts", unset=0),
+    _REWARD("reward.format_bonus", "Format bonus",
+            "A small extra reward for wrapping the answer in <think>…</think><answer>…</answer>, on top of "
+            "whether the answer itself was correct.", "bool", default=True),
+    _REWARD("reward.dataset", "Dataset",
+            "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
+            "those the reward reads).", "text", applies="dataset", flag="--dataset", default=""),
+    _GRPO("grpo.group_size", "Group size", "Rollouts generated per prompt: the group GRPO compares against itself.",
+          "int", range=GROUP_SIZE, flag="--group-size", checked=True),
+    _GRPO("grpo.max_completion_tokens", "Max completion", "Cap on how long each generated answer can be, in tokens.",
+          "int", range=MAX_COMPLETION, flag="--max-completion", checked=True),
+    _GRPO("grpo.lora_rank", "Rank (r)", "LoRA adapter capacity.", "int", range=LORA_RANK, flag="--rank",
+          checked=True),
+    _GRPO("grpo.lora_alpha", "Alpha", "LoRA scaling factor.", "int", range=LORA_ALPHA, flag="--alpha", checked=True),
+    _GRPO("grpo.learning_rate", "Learning Rate", "Deliberately lower than SFT's range: RL updates are noisier.",
+          "float", range=LEARNING_RATE, flag="--lr", checked=True),
+    _GRPO("grpo.max_steps", "Max Steps",
+          "Full (-1) trains every prompt for the chosen epochs instead of stopping at a fixed step count.", "int",
+          default=MAX_STEPS_DEFAULT, allowed_text=f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})",
+          flag="--max-steps"),
+    _GRPO("grpo.batch_size", "Batch Size", "Examples per gradient step; should be a multiple of Group size.", "int",
+          default=BATCH_SIZE_DEFAULT,
+          allowed_text=f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})",
+          flag="--batch-size"),
+    _ADVANCED("advanced.loss_type", "Loss Type", "The GRPO loss: grpo, dapo or dr_grpo.", "enum", names=LOSS_NAMES,
+              default=C.LOSS_TYPE_GRPO),
+    _ADVANCED("advanced.epochs", "Epochs", "Passes over the prompts when Max Steps is Full.", "int", range=EPOCHS,
+              flag="--epochs", checked=True),
+    _ADVANCED("advanced.quantization", "Quantization", "The base model's weights: full, 4-bit or 8-bit.", "enum",
+              names=QUANT_NAMES, default=C.QUANTIZATION_FULL),
+    _ADVANCED("advanced.generation_backend", "Generation Backend",
+              "vLLM (colocate) is fast and shares the training GPU; Transformers runs in-process (use it if vLLM "
+              "runs out of memory); vLLM (rollout server) generates on the dedicated rollout service.", "enum",
+              names=BACKEND_NAMES, default=C.GENERATION_BACKEND_VLLM),
+    _ADVANCED("advanced.gpu_memory_fraction", "GPU memory",
+              "How much of the training GPU vLLM (colocate) keeps for itself.", "float", range=GPU_MEMORY_FRACTION,
+              applies="colocate", flag="--gpu-memory"),
+    _ADVANCED("advanced.gpu_selection", "GPU Selection", 'Which devices train: "auto", "cpu" or indices "0,1".',
+              "text", default="auto", allowed_text='"auto", "cpu", or a comma list of device indices such as "0,1"',
+              flag="--gpu"),
+    _ADVANCED("advanced.num_processes", "Processes",
+              "Training processes, data parallel: one per device GPU Selection lists.", "int", range=NUM_PROCESSES,
+              flag="--processes"),
+    _ADVANCED("advanced.precision", "Precision", "fp32, or mixed precision (bf16; fp16 needs a CUDA device).",
+              "word", choices=PRECISIONS),
+    _ADVANCED("advanced.kl_beta", "KL beta", "KL coefficient against the base model.", "float", range=KL_BETA,
+              flag="--kl-beta", checked=True),
+    _ADVANCED("advanced.temperature", "Temperature", "Sampling temperature of the rollouts.", "float",
+              range=TEMPERATURE, flag="--temperature", checked=True),
+    _ADVANCED("reward.format_bonus_weight", "Format bonus weight", "Size of the format bonus when earned.", "float",
+              range=FORMAT_BONUS_WEIGHT, flag="--format-bonus-weight", checked=True),
+    _ADVANCED("advanced.seed", "Seed", "Seed for prompts, sampling and initialisation.", "int", range=JOB_SEED,
+              flag="--seed"),
+    _ADVANCED("advanced.checkpoint_every", "Checkpoint every",
+              "Save a PEFT checkpoint every N steps (0 = only the final adapter).", "int", range=CHECKPOINT_EVERY,
+              flag="--checkpoint-every", checked=True),
+    _ADVANCED("advanced.lora_init", "LoRA init",
+              "peft's kaiming-uniform A (default) or the LoRA paper's gaussian N(0, 1/r).", "word", choices=LORA_INITS),
+    _ADVANCED("advanced.dynamic_sampling", "Dynamic sampling",
+              "DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups.", "bool",
+              default=False),
+    _ADVANCED("advanced.max_async_steps", "Max async steps",
+              "Generate the next steps on the rollout server while this one trains (0 = synchronous); a step "
+              "trains on completions at most this many adapter versions old.", "int", range=MAX_ASYNC_STEPS,
+              applies="vllm", flag="--max-async-steps"),
+    _ADVANCED("advanced.epsilon_high", "Epsilon high",
+              "DAPO's clip-higher: the importance ratio's upper clip is 1 + this (the lower stays 1 - 0.2); DAPO "
+              "uses 0.28, 0.2 is the symmetric clip.", "float", range=EPSILON_HIGH, flag="--epsilon-high",
+              checked=True, summary=True),
+)
+FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
+
+
+def proto_field(row: SpecField) -> FieldDescriptor:
+    """The row's field in the JobSpec's descriptor."""
+    desc = C.JobSpec.DESCRIPTOR
+    for part in row.group.split(".") if row.group else ():
+        desc = desc.fields_by_name[part].message_type
+    return desc.fields_by_name[row.name]
+
+
+def _message_of(spec: Message, row: SpecField) -> Message:
+    msg = spec
+    for part in row.group.split(".") if row.group else ():
+        msg = getattr(msg, part)
+    return msg
+
+
+def value_of(spec: Message, row: SpecField) -> object:
+    """The row's value in a (resolved) JobSpec; `row.unset` (or the default) where it is unset."""
+    msg = _message_of(spec, row)
+    if proto_field(row).has_presence and not msg.HasField(row.name):
+        return row.default_value if row.unset is None else row.unset
+    return getattr(msg, row.name)
+
+
+def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
+    """TrainingSummary.settings: the summary rows' values, by path."""
+    return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.summary}
+
+
+def fields_markdown() -> str:
+    """docs/spec-fields.md: the job spec's field reference, written from the table
+    (tests/test_spec_docs.py checks the file is current)."""
+    lines = ["# Job spec fields", "",
+             "Every field of a JobSpec a user sets, from `rlvr/jobspec.py`'s table (`SPEC_FIELDS`), which the",
+             "CLI, the web console and the trainer also read. Regenerate after changing the table:",
+             "`.venv/bin/python -c 'from rlvr.jobspec import fields_markdown as f; print(f(), end=\"\")' > "
+             "docs/spec-fields.md`.", ""]
+    for card, title in (("run", "Run"), ("reward", "Reward Function"), ("grpo", "GRPO Configuration"),
+                        ("advanced", "Advanced Options")):
+        lines += [f"## {title}", "", "| Field | Label | Allowed | CLI | Applies to | Description |",
+                  "|---|---|---|---|---|---|"]
+        for row in SPEC_FIELDS:
+            if row.card == card:
+                allowed = row.allowed() or (f"default {row.default_text()}" if row.default_text() else "")
+                cells = [f"`{row.path}`", row.label, allowed, f"`{row.flag}`" if row.flag else "",
+                         APPLIES_NOTES.get(row.applies, "every job"), row.help]
+                lines.append("| " + " | ".join(c.replace("|", "\\|").replace("<", "&lt;") for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _checked(spec: common_pb2.JobSpec, group: str, v: Violations) -> None:
+    """Every `checked` row of `group`: unset takes the default, a set value must be in range."""
+    for row in SPEC_FIELDS:
+        if row.checked and row.group == group:
+            rng = row.range
+            with v.check():
+                if isinstance(rng, IntRange):
+                    _int(_message_of(spec, row), row.name, row.path, rng)
+                elif isinstance(rng, FloatRange):
+                    _float(_message_of(spec, row), row.name, row.path, rng)
 
 
 def job_status_name(value: int) -> str:
@@ -241,7 +482,14 @@ def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
     return info is not None and not info.needs_dataset and not info.splits and not (info.accepts_dataset and dataset)
 
 
-def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
+def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None, v: Violations) -> None:
+    with v.check():
+        _validate_reward_data(spec, warnings, catalog)
+    _checked(spec, "reward", v)
+
+
+def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
+    """The reward's terms, keys and data fields (each depends on the one before: the first bad one)."""
     r = spec.reward
     terms = reward_terms(r)
     field = (lambda i: f"reward.terms[{i}].key") if r.terms else (lambda i: "reward.key")
@@ -265,7 +513,6 @@ def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Cat
         r.ClearField("synthetic_prompts")
     if not r.HasField("format_bonus"):
         r.format_bonus = True
-    _float(r, "format_bonus_weight", "reward.format_bonus_weight", FORMAT_BONUS_WEIGHT)
     if info is None or info.needs_dataset or (info.accepts_dataset and r.dataset):
         if info is not None and info.needs_dataset and not r.dataset:
             raise InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
@@ -297,23 +544,22 @@ def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Cat
                     "combine it with a reward that reads a dataset holding it")
 
 
-def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     g = spec.grpo
-    group = _int(g, "group_size", "grpo.group_size", GROUP_SIZE)
-    _int(g, "max_completion_tokens", "grpo.max_completion_tokens", MAX_COMPLETION)
-    _int(g, "lora_rank", "grpo.lora_rank", LORA_RANK)
-    _int(g, "lora_alpha", "grpo.lora_alpha", LORA_ALPHA)
-    _float(g, "learning_rate", "grpo.learning_rate", LEARNING_RATE)
+    _checked(spec, "grpo", v)
     if not g.HasField("max_steps"):
         g.max_steps = MAX_STEPS_DEFAULT
     elif g.max_steps != -1 and not 1 <= g.max_steps <= MAX_STEPS_HIGH:
-        raise out_of_range("grpo.max_steps", g.max_steps,
-                           f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})")
+        v.add(out_of_range("grpo.max_steps", g.max_steps,
+                           f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default {MAX_STEPS_DEFAULT})"))
     if not g.HasField("batch_size"):
         g.batch_size = BATCH_SIZE_DEFAULT
     elif g.batch_size not in BATCH_SIZES:
-        raise out_of_range("grpo.batch_size", g.batch_size,
-                           f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})")
+        v.add(out_of_range("grpo.batch_size", g.batch_size,
+                           f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})"))
+    if v.bad("grpo.group_size", "grpo.batch_size"):
+        return
+    group = g.group_size
     if g.batch_size % group != 0:
         rounded = math.ceil(g.batch_size / group) * group
         warnings.append(f"grpo.batch_size {g.batch_size} rounded up to {rounded}, a multiple of "
@@ -321,52 +567,65 @@ def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
         g.batch_size = rounded
 
 
-def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str]) -> None:
+def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     a = spec.advanced
-    _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
-    _int(a, "epochs", "advanced.epochs", EPOCHS)
-    _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
-    backend = _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES,
-                    C.GENERATION_BACKEND_VLLM)
+    with v.check():
+        _enum(a, "loss_type", "advanced.loss_type", LOSS_NAMES, C.LOSS_TYPE_GRPO)
+    with v.check():
+        _enum(a, "quantization", "advanced.quantization", QUANT_NAMES, C.QUANTIZATION_FULL)
+    with v.check():
+        _enum(a, "generation_backend", "advanced.generation_backend", BACKEND_NAMES, C.GENERATION_BACKEND_VLLM)
+    backend = a.generation_backend
+    with v.check():
+        _validate_memory(a, backend)
+    a.gpu_selection = a.gpu_selection.strip() or "auto"
+    if not GPU_SELECTION_RE.match(a.gpu_selection):
+        v.add(out_of_range("advanced.gpu_selection", a.gpu_selection,
+                           '"auto", "cpu", or a comma list of device indices such as "0,1"'))
+    with v.check():
+        _validate_processes(spec, backend, v)
+    _checked(spec, "advanced", v)
+    if not a.HasField("seed"):
+        a.seed = 0
+    with v.check():
+        _validate_async(a, backend)
+    a.lora_init = a.lora_init.strip() or "default"
+    if a.lora_init not in LORA_INITS:
+        v.add(out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{x}"' for x in LORA_INITS) +
+                           ' (default "default")'))
+    a.precision = a.precision.strip() or PRECISIONS[0]
+    if a.precision not in PRECISIONS:
+        v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
+                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")'))
+
+
+def _validate_memory(a: common_pb2.AdvancedOptions, backend: int) -> None:
     if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
         _float(a, "gpu_memory_fraction", "advanced.gpu_memory_fraction", GPU_MEMORY_FRACTION)
-    elif a.HasField("gpu_memory_fraction"):
+    elif a.HasField("gpu_memory_fraction") and backend in BACKEND_NAMES:
         why = ("the rollout server sizes its own engine (its --memory-fraction setting)"
                if backend == C.GENERATION_BACKEND_VLLM else "that backend runs no vLLM engine")
         raise InvalidArgument(f"advanced.gpu_memory_fraction: only the vLLM (colocate) backend takes a memory "
                               f"share; with {BACKEND_NAMES[backend]} {why}")
-    a.gpu_selection = a.gpu_selection.strip() or "auto"
-    if not GPU_SELECTION_RE.match(a.gpu_selection):
-        raise out_of_range("advanced.gpu_selection", a.gpu_selection,
-                           '"auto", "cpu", or a comma list of device indices such as "0,1"')
-    _validate_processes(spec, backend)
-    _float(a, "kl_beta", "advanced.kl_beta", KL_BETA)
-    _float(a, "temperature", "advanced.temperature", TEMPERATURE)
-    if not a.HasField("seed"):
-        a.seed = 0
-    _int(a, "checkpoint_every", "advanced.checkpoint_every", CHECKPOINT_EVERY)
+
+
+def _validate_async(a: common_pb2.AdvancedOptions, backend: int) -> None:
     if _int(a, "max_async_steps", "advanced.max_async_steps", MAX_ASYNC_STEPS) and \
-            backend != C.GENERATION_BACKEND_VLLM:
+            backend != C.GENERATION_BACKEND_VLLM and backend in BACKEND_NAMES:
         raise InvalidArgument(
             f"advanced.max_async_steps: {a.max_async_steps} needs the vLLM (rollout server) backend, which generates "
             f"in another process while the trainer trains; {BACKEND_NAMES[backend]} generates inside the training "
             f"process, so only 0 (synchronous) is allowed with it (range {MAX_ASYNC_STEPS.text()}, default "
             f"{MAX_ASYNC_STEPS.default})")
-    a.lora_init = a.lora_init.strip() or "default"
-    if a.lora_init not in LORA_INITS:
-        raise out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{v}"' for v in LORA_INITS) +
-                           ' (default "default")')
-    a.precision = a.precision.strip() or PRECISIONS[0]
-    if a.precision not in PRECISIONS:
-        raise out_of_range("advanced.precision", a.precision, ", ".join(f'"{v}"' for v in PRECISIONS[:-1]) +
-                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")')
 
 
-def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
+def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -> None:
     """advanced.num_processes against the fields it must agree with: one process per listed device,
     whole groups on every process, and the options that do not run across processes yet."""
     a, g = spec.advanced, spec.grpo
     procs = _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
+    if v.bad("advanced.gpu_selection"):
+        return
     if a.gpu_selection not in ("auto", "cpu"):
         devices = a.gpu_selection.split(",")
         if len(set(devices)) != len(devices):
@@ -376,7 +635,7 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int) -> None:
                 f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
                 f"advanced.num_processes is {procs}; a job trains with one process per device: set "
                 f"advanced.num_processes to {len(devices)} or list {procs} device(s)")
-    if procs == 1:
+    if procs == 1 or v.bad("grpo.group_size", "grpo.batch_size"):
         return
     if g.batch_size % (procs * g.group_size):
         raise InvalidArgument(
@@ -430,6 +689,7 @@ def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None
         lora_rank=g.lora_rank, learn_rate=g.learning_rate, max_steps=g.max_steps,
         backend=BACKEND_NAMES[a.generation_backend], batch_size=g.batch_size, lora_alpha=g.lora_alpha,
         loss_type=LOSS_NAMES[a.loss_type], quantization=QUANT_NAMES[a.quantization], total_steps=steps,
+        settings=settings_of(spec),
     )
 
 
@@ -473,17 +733,21 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
     if len(spec.reward.terms) > MAX_REWARD_TERMS:
         raise out_of_range("reward.terms", f"{len(spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}")
-    _validate_reward(spec, warnings, catalog)
-    _validate_grpo(spec, warnings)
-    _validate_advanced(spec, warnings)
+    v = Violations()  # every bad field, refused at once
+    _validate_reward(spec, warnings, catalog, v)
+    _validate_grpo(spec, warnings, v)
+    _validate_advanced(spec, warnings, v)
+    with v.check():
+        validate_tracking(spec)
     if not spec.name:
-        spec.name = default_name(spec.base_model, LOSS_NAMES[spec.advanced.loss_type])
+        spec.name = default_name(spec.base_model, LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
     if not NAME_RE.match(spec.name):
-        raise InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
-                              "and . _ - %, starting with a letter or digit")
+        v.add(InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
+                              "and . _ - %, starting with a letter or digit"))
     if spec.advanced.seed > JOB_SEED.high:
-        raise out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default {JOB_SEED.default})")
+        v.add(out_of_range("advanced.seed", spec.advanced.seed, f"{JOB_SEED.text()} (default {JOB_SEED.default})"))
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
-        raise out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)")
+        v.add(out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)"))
+    v.raise_any()
     steps = total_steps(spec, n_prompts)
     return ResolvedJob(spec=spec, summary=summary(spec, steps, catalog), warnings=warnings, total_steps=steps)

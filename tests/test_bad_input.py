@@ -460,3 +460,49 @@ def test_a_full_page_of_the_largest_rows_fits_in_one_message() -> None:
         assert reply.ByteSize() < MAX_MESSAGE_BYTES, (type(reply).__name__, one.ByteSize(), reply.ByteSize())
     print(f"widest Job {job.ByteSize()} B, page {jobs.ByteSize() / 2**20:.1f} MiB; widest Evaluation "
           f"{evaluation.ByteSize()} B, page {evaluations.ByteSize() / 2**20:.1f} MiB")
+
+
+async def test_every_bad_field_is_named_at_once(tmp_path: Path, nats_server) -> None:
+    """A spec with several bad fields is refused once with every one of them: one line per field in
+    the message, and each as a google.rpc.BadRequest field violation (what the SDK, the CLI and the
+    console read); CreateLoop prefixes its job's fields with `job.` and adds its own."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from rlvr.peers.base import RlvrError
+    from rlvr.services.scheduler.server import build_service
+    from rlvr.services.scheduler.settings import SchedulerSettings
+
+    settings = SchedulerSettings(port=0, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", nats_url=nats_server.url,
+                                 artifact_root=tmp_path / "artifacts", trainer_addresses=["127.0.0.1:1"],
+                                 benchmark_address="127.0.0.1:1")
+    spec = common_pb2.JobSpec()
+    spec.grpo.lora_rank, spec.grpo.learning_rate = 99, 0.01
+    loop = scheduler_pb2.LoopSpec(target=0.0, job=spec)
+    async with ServiceRunner(build_service(settings), settings) as runner, \
+            grpc.aio.insecure_channel(runner.address) as channel:
+        calls = {
+            "CreateJob": (scheduler_pb2.CreateJobRequest(spec=spec, dry_run=True), scheduler_pb2.CreateJobResponse,
+                          ["grpo.lora_rank", "grpo.learning_rate"]),
+            "CreateLoop": (scheduler_pb2.CreateLoopRequest(spec=loop, dry_run=True), scheduler_pb2.CreateLoopResponse,
+                           ["target", "job.grpo.lora_rank", "job.grpo.learning_rate"]),
+        }
+        for method, (request, response, fields) in calls.items():
+            call = channel.unary_unary(f"/rlvr.v1.SchedulerService/{method}",
+                                       request_serializer=type(request).SerializeToString,
+                                       response_deserializer=response.FromString)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(request, timeout=20)
+            error = refused.value
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+            lines = (error.details() or "").split("\n")
+            assert [line.split(": ", 1)[0] for line in lines] == fields
+            assert lines[-2].startswith(f"{fields[-2]}: 99 is out of range; allowed: 4-64")
+            assert lines[-1].startswith(f"{fields[-1]}: 0.01 is out of range; allowed: 5e-07 to 1e-05")
+            status = rpc_status.from_call(error)
+            assert status is not None and len(status.details) == 1
+            bad = error_details_pb2.BadRequest()
+            assert status.details[0].Unpack(bad)
+            assert [(v.field, f"{v.field}: {v.description}") for v in bad.field_violations] == \
+                [(f, line) for f, line in zip(fields, lines, strict=True)]
+            assert RlvrError.from_rpc(error).violations == [(v.field, v.description) for v in bad.field_violations]

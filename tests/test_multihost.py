@@ -1,6 +1,6 @@
 """Two hosts, simulated on this machine: every service a separate process on a port of its own,
 on this machine's PostgreSQL (127.0.0.1:5432, database `test`, a schema of the test's own) and
-NATS with JetStream (127.0.0.1:4222), not the embedded ones. The README's "Multi-node" layout:
+NATS with JetStream (127.0.0.1:4222), not the embedded ones. docs/operations.md's "Two hosts" layout:
 
 - host A (127.0.0.1): the scheduler, the reward service, the benchmark service, trainer worker A,
   rollout replica A;
@@ -14,7 +14,7 @@ the service token and the tokens file, and serves TLS; the client uses the user 
 This NATS and PostgreSQL take no password and no TLS.
 
 Shared between the hosts, and only that: the artifact root (as an NFS mount at the same path on
-both). The README says why: a job's adapter folder is written by whichever worker ran it, and is
+both). docs/operations.md says why: a job's adapter folder is written by whichever worker ran it, and is
 read by path by the benchmark service (an evaluation of that adapter, here the one host B
 trained), by the scheduler (DownloadAdapter, reclaim, delete), by any worker (a loop's next round
 stacking on it, MergeAdapter), none of which streams it today. The rollout replicas share nothing:

@@ -466,7 +466,7 @@ async def test_durable_consumer_survives_a_quiet_spell(nats_server) -> None:
 
 
 async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNats) -> None:
-    """The README's "Events over NATS" recipe: plain nats-py and the generated protos, nothing of
+    """docs/events.md's recipe: plain nats-py and the generated protos, nothing of
     rlvr's own client code, read what the trainer's publisher puts on the job's subject."""
     from rlvr.services.trainer.publisher import EventPublisher
     from rlvr.v1 import common_pb2

@@ -69,6 +69,8 @@ def test_info_and_shapes(rollout) -> None:
     client, backend, model = rollout
     info = client.get_info()
     assert info.backend == backend and info.model == model and info.max_lora_rank == 8
+    # dtype auto on this CPU host: float32 (the engine matches an fp32 trainer), on the CPU
+    assert (info.dtype, info.device) == ("float32", "cpu")
     out = _generate(client, n=3, prompts=2, temperature=1.0, seed=1)
     assert sorted((c.prompt_index, c.sample_index) for c in out) == [(p, s) for p in range(2) for s in range(3)]
     for c in out:

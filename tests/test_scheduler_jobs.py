@@ -18,6 +18,7 @@ from fixtures_infra import connected_bus
 from rlvr.common.errors import FailedPrecondition, NotFound, Unavailable
 from rlvr.infra.events import Event, job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.infra.store import Store
+from rlvr.services.scheduler import dispatch as dispatch_module
 from rlvr.services.scheduler import jobs as jobs_module
 from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager
 from rlvr.services.scheduler.workers import (
@@ -643,7 +644,7 @@ async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sq
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A status the scheduler finds itself (a worker that lost its job, with no resume left) is
     published like any other, so a watch of the job ends."""
-    monkeypatch.setattr(jobs_module, "MAX_RESUMES", 0)
+    monkeypatch.setattr(dispatch_module, "MAX_RESUMES", 0)
     workers = FakeWorkers()
     async with connected_bus(nats_server.url) as bus:
         jobs = JobManager(sqlite_store, bus, workers)
@@ -662,7 +663,7 @@ async def test_reconcile_publishes_its_status_and_ends_the_watch(nats_server, sq
 async def test_a_watch_ends_when_the_store_does_though_the_stream_never_says(nats_server, sqlite_store: Store
                                                                           ) -> None:
     """A terminal status stored but never published (NATS refused it): the watch still ends."""
-    import rlvr.services.scheduler.jobs as jobs_module
+    import rlvr.services.scheduler.ingest as jobs_module
 
     workers = FakeWorkers()
     async with connected_bus(nats_server.url) as bus:
@@ -746,8 +747,8 @@ async def test_a_job_no_worker_can_run_waits_with_its_reason_until_one_can(nats_
     job and published once (not every round), and worked out once while the workers stay the same;
     a worker that can run it appears, and it starts there."""
     fits: list[str] = []
-    real_fit = jobs_module.fit
-    monkeypatch.setattr(jobs_module, "fit", lambda spec, caps, name: fits.append(name) or real_fit(spec, caps, name))
+    real_fit = dispatch_module.fit
+    monkeypatch.setattr(dispatch_module, "fit", lambda spec, caps, name: fits.append(name) or real_fit(spec, caps, name))
     workers = FakeWorkers(2)
     workers.capabilities = {"w0:1": _cpu(), "w1:1": _cpu()}
     async with connected_bus(nats_server.url) as bus:

@@ -83,6 +83,9 @@ class FakeReward(reward_pb2_grpc.RewardServiceServicer):
         )
 
 
+BAD_FIELDS = [("limit", "9999 is out of range; allowed: 0-500 (0 = 100)"), ("offset", "-1 is out of range")]
+
+
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
@@ -94,6 +97,13 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     def GetJob(self, request, context):
         context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.id!r} not found")
+
+    def ListJobs(self, request, context):  # two bad fields, as the real services send them
+        from rlvr.common.errors import bad_request_status
+
+        status = bad_request_status(grpc.StatusCode.INVALID_ARGUMENT, "limit: bad\noffset: bad", BAD_FIELDS)
+        assert status is not None
+        context.abort_with_status(status)
 
     def WatchJob(self, request, context):
         self.deadlines["WatchJob"] = context.time_remaining()
@@ -189,6 +199,19 @@ def test_errors_are_readable_and_carry_no_grpc_traceback(fakes: Fakes) -> None:
     assert str(error) == "NOT_FOUND: job 'nope' not found"
     assert error.method == "rlvr.v1.SchedulerService/GetJob"
     assert error.__cause__ is None and error.__suppress_context__
+
+
+async def test_every_bad_field_is_in_the_errors_violations(fakes: Fakes) -> None:
+    with SchedulerClient(fakes.address) as scheduler, pytest.raises(RlvrError) as caught:
+        scheduler.list_jobs(scheduler_pb2.ListJobsRequest())
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and caught.value.violations == BAD_FIELDS
+    async with AsyncSchedulerClient(fakes.address) as aio:
+        with pytest.raises(RlvrError) as caught:
+            await aio.list_jobs(scheduler_pb2.ListJobsRequest())
+    assert caught.value.violations == BAD_FIELDS
+    with SchedulerClient(fakes.address) as scheduler, pytest.raises(RlvrError) as caught:
+        scheduler.get_job(scheduler_pb2.GetJobRequest(id="nope"))
+    assert caught.value.violations == []  # a status without details
 
 
 def test_watch_streams_job_events_and_maps_stream_errors(fakes: Fakes) -> None:

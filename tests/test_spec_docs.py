@@ -12,23 +12,9 @@ from rlvr import jobspec
 
 PROTO = Path(__file__).resolve().parent.parent / "protos" / "rlvr" / "v1" / "common.proto"
 
-# field -> the jobspec constant that holds its range and default
-RANGED = {
-    "synthetic_prompts": jobspec.SYNTHETIC_PROMPTS,
-    "format_bonus_weight": jobspec.FORMAT_BONUS_WEIGHT,
-    "group_size": jobspec.GROUP_SIZE,
-    "max_completion_tokens": jobspec.MAX_COMPLETION,
-    "lora_rank": jobspec.LORA_RANK,
-    "lora_alpha": jobspec.LORA_ALPHA,
-    "learning_rate": jobspec.LEARNING_RATE,
-    "epochs": jobspec.EPOCHS,
-    "gpu_memory_fraction": jobspec.GPU_MEMORY_FRACTION,
-    "kl_beta": jobspec.KL_BETA,
-    "temperature": jobspec.TEMPERATURE,
-    "checkpoint_every": jobspec.CHECKPOINT_EVERY,
-    "num_processes": jobspec.NUM_PROCESSES,
-    "max_async_steps": jobspec.MAX_ASYNC_STEPS,
-}
+# field -> its range and default: every row of rlvr/jobspec.py's table that has a range
+RANGED = {row.name: row.range for row in jobspec.SPEC_FIELDS if row.range is not None and row.name != "seed"}
+DOC = PROTO.parents[3] / "docs" / "spec-fields.md"
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
 SPEC_MESSAGES = ("RewardConfig", "GrpoConfig", "AdvancedOptions")
 
@@ -58,6 +44,7 @@ def field_comments() -> dict[str, str]:
 def test_range_and_default_in_the_proto_match_the_spec_module(field: str) -> None:
     comment = field_comments()[field]
     rng = RANGED[field]
+    assert rng is not None
     match = re.search(rf"Range {NUMBER}(?:-| to ){NUMBER}, default {NUMBER}", comment)
     assert match, f"{field}: no 'Range a-b, default c' in its proto comment: {comment!r}"
     low, high, default = (float(g) for g in match.groups())
@@ -74,3 +61,34 @@ def test_the_other_stated_defaults_match() -> None:
         assert f'"{init}"' in comments["lora_init"]
     for precision in jobspec.PRECISIONS:
         assert f'"{precision}"' in comments["precision"]
+
+
+def test_the_field_reference_is_written_from_the_table() -> None:
+    """docs/spec-fields.md is `fields_markdown()`'s output (RLVR_WRITE_DOCS=1 rewrites it)."""
+    import os
+
+    text = jobspec.fields_markdown()
+    if os.environ.get("RLVR_WRITE_DOCS"):
+        DOC.write_text(text)
+    assert DOC.read_text() == text, "docs/spec-fields.md is stale: RLVR_WRITE_DOCS=1 pytest tests/test_spec_docs.py"
+    for row in jobspec.SPEC_FIELDS:
+        assert f"| `{row.path}` | {row.label} |" in text
+
+
+def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> None:
+    import dataclasses
+
+    from rlvr.clients.train_cmd import SPEC_FLAGS
+    from rlvr.clients.web import forms
+    from rlvr.services.trainer.config import JobConfig
+
+    config_fields = {f.name for f in dataclasses.fields(JobConfig)}
+    flags = {flag: (group, name) for flag, group, name, _, _ in SPEC_FLAGS}
+    for row in jobspec.SPEC_FIELDS:
+        jobspec.proto_field(row)  # KeyError if the table names a field the proto lacks
+        assert row.path in forms.ALL_FIELDS and forms.ALL_FIELDS[row.path].label == row.label
+        assert row.config_name is None or row.config_name in config_fields, row.path
+        if row.flag:
+            assert flags[row.flag] == (row.group, row.name)
+        if row.range is not None:
+            assert row.allowed() == f"{row.range.text()} (default {row.default_text()})"

@@ -119,7 +119,7 @@ def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: p
     below that range, and no outgoing connection takes one."""
     import socket
 
-    from rlvr.clients import stack
+    from rlvr.clients import stack_ports as stack
 
     low, _ = stack._ephemeral_range()
     picked = [stack.free_port() for _ in range(60)]
@@ -262,7 +262,7 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
     """`rlvr up --database-url postgresql://USER:PASSWORD@...`: the URL reaches the scheduler and the
     benchmark service in their environment (ps shows command lines to every user) and stack.json,
     which any user may read, holds it redacted."""
-    from rlvr.clients import stack as stack_module
+    from rlvr.clients import stack_supervisor as stack_module
 
     url = "postgresql+psycopg://rlvr:s3cret-pw@db.internal:5432/rlvr"
     cfg = StackConfig(home=tmp_path, database_url=url)
@@ -297,7 +297,7 @@ def _free_base_port(count: int = 5) -> int:
     """A port with the next `count - 1` free as well, below the ephemeral range (as `--base-port`)."""
     import random
 
-    from rlvr.clients import stack
+    from rlvr.clients import stack_ports as stack
 
     rng = random.Random()
     for _ in range(500):

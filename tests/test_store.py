@@ -305,13 +305,16 @@ def test_concurrent_create_all_on_one_database(store_url: str) -> None:
 
 def test_a_database_made_before_policy_lag_gains_the_column(store_url: str) -> None:
     """A metric_points table of the earlier shape (no policy_lag) takes the column, default 0, when
-    a service creates the tables; its stored points stay, and new points store their lag."""
+    a service creates the tables; its stored points stay, and new points store their lag. (The
+    database is one made before migrations: no alembic_version. tests/test_migrations.py upgrades
+    the databases of earlier commits.)"""
     with Store(store_url) as old:
         old.create_all()
         job = old.add_job(JobRow(name="before"))
         assert old.add_metric_point(_metric(job.id, 1))
         with old.engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE metric_points DROP COLUMN policy_lag")
+            conn.exec_driver_sql("DROP TABLE alembic_version")
     with Store(store_url) as new:
         new.create_all()
         new.create_all()  # a second start finds the column there
@@ -328,6 +331,7 @@ def test_a_database_made_before_queue_reason_and_resumes_gains_the_columns(store
         with old.engine.begin() as conn:
             conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN queue_reason")
             conn.exec_driver_sql("ALTER TABLE jobs DROP COLUMN resumes")
+            conn.exec_driver_sql("DROP TABLE alembic_version")  # made before migrations
     with Store(store_url) as new:
         new.create_all()
         new.create_all()

@@ -37,12 +37,24 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
         assert line in out.stdout, out.stdout
     assert "warning: grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8" in out.stdout
     assert "queued" not in out.stdout
+    dapo = rlvr("train", "--dry-run", "--address", scheduler, "--epsilon-high", "0.28")
+    assert dapo.returncode == 0 and "Epsilon high    0.28" in dapo.stdout, dapo.stderr
 
 
 def test_bad_value_names_field_and_range(scheduler: str) -> None:
     out = rlvr("train", "--dry-run", "--address", scheduler, "--lr", "0.01")
     assert out.returncode == 2
     assert "grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to 1e-05" in out.stderr
+
+
+def test_every_bad_value_is_listed_one_per_line(scheduler: str) -> None:
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--rank", "99", "--lr", "0.01")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "error: 2 invalid fields:",
+        "  grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)",
+        "  grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to 1e-05 (default 1e-06)",
+    ]
 
 
 def test_detach_list_show_cancel(scheduler: str) -> None:

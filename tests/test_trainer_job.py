@@ -87,8 +87,11 @@ def test_grpo_steps_train_the_adapter_only(tmp_path: Path, tiny_model: str, monk
     for event in events:
         present = {f.name for f, _ in event.ListFields()}
         # zero (unset on the wire) on a synchronous step: adapter_version at step 1, policy_lag always
+        # The in-process generator reports no sampling logprobs (it samples from the policy itself):
+        # no logprob gap, no correction.
         assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio", "policy_lag",
-                                           "reward_components", "reward_errors"}, event  # this scorer gives none
+                                           "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max",
+                                           "sampler_correction"}, event  # this scorer gives none
         assert event.HasField("entropy") and not event.HasField("kl")
         assert event.step_seconds >= event.generate_seconds + event.score_seconds + event.train_seconds > 0
         assert 0 < event.completion_length_mean <= event.completion_length_max <= 32
@@ -206,14 +209,90 @@ def test_cancel_between_steps_keeps_the_last_adapter(tmp_path: Path, tiny_model:
 
 @pytest.mark.parametrize("quantization", ["4bit", "8bit"])
 def test_quantized_base_trains_or_fails_with_failed_precondition(
-    tmp_path: Path, tiny_model: str, quantization: str
+    tmp_path: Path, tiny_model: str, quantization: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The policy trained is the quantized base under the LoRA (bitsandbytes layers holding packed
+    weights), or the job fails naming the field; a trainer that ignored quantization fails both."""
+    import bitsandbytes as bnb
+    import torch
+
+    captured = _capture_policy(monkeypatch)
     result = run_job(_job(tmp_path, tiny_model, quantization=quantization, max_steps=1),
                      JobDeps(scorer=_scorer(), publish=lambda e: None))
     if result.status == "failed":  # a host whose bitsandbytes cannot run it: said at once, never full precision
-        assert result.error.startswith("advanced.quantization:") and result.steps_done == 0
-    else:
-        assert result.status == "completed" and result.steps_done == 1
+        assert result.error.startswith("advanced.quantization:") and result.steps_done == 0, result.error
+        assert "model" not in captured  # refused before any model was loaded
+        return
+    assert result.status == "completed" and result.steps_done == 1, result.error
+    layer, stored = {"4bit": (bnb.nn.Linear4bit, torch.uint8), "8bit": (bnb.nn.Linear8bitLt, torch.int8)}[quantization]
+    bases = {n: m for n, m in captured["model"].named_modules() if n.endswith(".base_layer")}
+    assert bases and all(type(m) is layer for m in bases.values()), {type(m).__name__ for m in bases.values()}
+    assert {m.weight.dtype for m in bases.values()} == {stored}  # packed nf4 / int8, not float weights
+    if quantization == "4bit":
+        assert all(m.weight.quant_state.quant_type == "nf4" for m in bases.values())
+
+
+class LogprobTwin(RolloutTwin):
+    """A RolloutTwin that reports an engine dtype and sampling logprobs: the policy's own log-
+    probabilities of the tokens it sampled (after temperature), plus `shift` on every token."""
+
+    def __init__(self, model_path: str, dtype: str, shift: float = 0.0) -> None:
+        super().__init__(model_path)
+        self.dtype, self.shift = dtype, shift
+        self._model: Any = None
+
+    def bind(self, model: Any) -> None:
+        super().bind(model)
+        self._model = model
+
+    def info(self) -> Any:
+        return SimpleNamespace(model=self.served_model, max_lora_rank=self.max_lora_rank, dtype=self.dtype)
+
+    def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
+        import torch
+
+        batch = super().generate(prompts, sampling, expected)
+        logprobs = []
+        with torch.no_grad():
+            for prompt, completion in zip(batch.prompt_ids, batch.completion_ids, strict=True):
+                ids = torch.tensor([prompt + completion])
+                logits = self._model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / sampling.temperature
+                own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+                logprobs.append([float(x) + self.shift for x in own])
+        return replace(batch, logprobs=logprobs)
+
+
+@pytest.mark.parametrize(("dtype", "shift", "correction"), [("float32", 0.0, ""), ("float32", 0.25, ""),
+                                                            ("bfloat16", 0.0, "precision")])
+def test_every_step_reports_the_sampler_trainer_logprob_gap_and_any_correction(
+    tmp_path: Path, tiny_model: str, dtype: str, shift: float, correction: str
+) -> None:
+    """MetricEvent.logprob_gap is the mean |log p_trainer - log p_sampler| over the trained tokens
+    (a sampler off by `shift` on every token shows `shift`); a rollout engine of another dtype than
+    advanced.precision turns TRL's truncated importance sampling on, named in sampler_correction."""
+    twin = LogprobTwin(tiny_model, dtype, shift)
+    events: list[C.MetricEvent] = []
+    result = run_job(_job(tmp_path, tiny_model, generation_backend="vllm", max_steps=2),
+                     JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
+    assert result.status == "completed", result.error
+    assert [e.sampler_correction for e in events] == [correction] * 2
+    for e in events:
+        assert e.HasField("logprob_gap") and e.logprob_gap == pytest.approx(shift, abs=1e-3)
+        assert e.logprob_gap_max >= e.logprob_gap
+
+
+def test_a_quantized_job_sampled_unquantized_is_corrected(tmp_path: Path, tiny_model: str) -> None:
+    """A 4-bit base trained while the rollout engine samples the full-precision base: the job applies
+    the correction and says so (docs/gpu.md: measured, the nf4 gap is 5x bf16's)."""
+    twin = LogprobTwin(tiny_model, "float32")
+    events: list[C.MetricEvent] = []
+    result = run_job(_job(tmp_path, tiny_model, generation_backend="vllm", quantization="4bit", max_steps=1),
+                     JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
+    if result.status == "failed":
+        assert result.error.startswith("advanced.quantization:"), result.error
+        return
+    assert result.status == "completed", result.error
+    assert [e.sampler_correction for e in events] == ["quantization"] and events[0].HasField("logprob_gap")
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])

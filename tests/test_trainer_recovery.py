@@ -3,7 +3,7 @@
 
 A job whose trainer is killed with SIGKILL after a checkpoint, only its job process or the whole
 trainer service (restarted then), is not failed: the scheduler resumes it from the checkpoint
-(services/scheduler/jobs.py), it ends COMPLETED with every step stored exactly once, and its final
+(services/scheduler/dispatch.py), it ends COMPLETED with every step stored exactly once, and its final
 adapter is bit for bit the adapter of an uninterrupted job with the same spec and seed
 (services/trainer/runner.py, `resume_point`). The job process of a killed trainer service dies with
 it (PR_SET_PDEATHSIG), so the resumed run never trains beside the lost one.

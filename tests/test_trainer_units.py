@@ -99,8 +99,9 @@ def test_metric_event_has_every_field() -> None:
                         generate_seconds=0.5, score_seconds=0.01, sync_seconds=0.02)
     record.scored_at, record.optimizer_done_at = 10.0, 10.25
     record.finish()
-    logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01}
-    event = metric_event("job_1", 10, record, logs, kl_computed=True)
+    logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01,
+            "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5}
+    event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision")
     assert event.reward_mean == pytest.approx(0.55) and event.reward_std == pytest.approx(0.5024938)
     assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
     assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)
@@ -108,6 +109,7 @@ def test_metric_event_has_every_field() -> None:
     # each component's mean over the step's completions, the errored one counting 0; and the errors
     assert dict(event.reward_components) == {"gsm8k": 0.5, "length": pytest.approx(1.75 / 4)}
     assert event.reward_errors == 1
+    assert (event.logprob_gap, event.logprob_gap_max, event.sampler_correction) == (0.02, 0.5, "precision")
     assert event.HasField("kl") and event.HasField("entropy") and event.HasField("time")
     assert set(METRIC_FIELDS) <= {f.name for f, _ in event.ListFields()} | {"adapter_version"}
     # KL is reported only when the KL term is computed (kl_beta > 0).
@@ -124,9 +126,23 @@ def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) ->
     assert (args.loss_type, args.scale_rewards, args.beta) == (loss_type, scale, 0.04)
     assert (args.per_device_train_batch_size, args.num_generations, args.max_steps) == (8, 4, 12)
     assert args.temperature == pytest.approx(0.7) and args.learning_rate == pytest.approx(5e-6)
-    # DESIGN.md's CPU facts: fp32, no gradient checkpointing.
+    # docs/design.md's CPU facts: fp32, no gradient checkpointing.
     assert not args.bf16 and not args.fp16 and not args.gradient_checkpointing
     assert args.lr_scheduler_type == "constant" and args.num_iterations == 1
+    assert args.epsilon_high == pytest.approx(args.epsilon) == pytest.approx(0.2)  # the spec's default: symmetric
+
+
+def test_epsilon_high_reaches_trl(tmp_path: Path) -> None:
+    from rlvr.services.trainer.config import job_config_from_request
+    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.v1 import trainer_pb2
+
+    request = trainer_pb2.StartJobRequest(job_id="x")
+    request.spec.advanced.epsilon_high = 0.28  # DAPO's
+    job = job_config_from_request(request, tmp_path)
+    assert job.epsilon_high == 0.28  # the decimal typed, not float32's 0.2800000011920929
+    args = grpo_args(job, total_steps=4, output_dir=tmp_path / "trl", use_cpu=True)
+    assert (args.epsilon, args.epsilon_high) == (0.2, 0.28)
 
 
 def test_local_scorer_keeps_components_apart() -> None:

@@ -25,6 +25,7 @@ from rlvr.clients.web import forms, limits
 from rlvr.peers.base import RlvrError
 from rlvr.rewards.registry import load_registry
 from rlvr.services.scheduler import loopspec
+from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -123,6 +124,16 @@ def test_ranges_and_defaults_asked_of_the_server_match_jobspec(sdk: FakeSdk) -> 
     assert got.default_text("grpo.learning_rate") == "1e-06" and got.default_text("reward.format_bonus") == "on"
 
 
+def test_the_form_limits_come_from_the_table_not_from_probing_dry_runs(sdk: FakeSdk) -> None:
+    got = limits.ask(sdk.scheduler, sdk.benchmark)
+    # one dry run each for the resolved defaults; no invalid spec sent to read a range out of its error
+    assert sdk.scheduler.calls.count("CreateJob dry") == 1 and sdk.scheduler.calls.count("CreateLoop dry") == 1
+    for row in jobspec.SPEC_FIELDS:
+        if row.range is not None:
+            assert got.limits[row.path].allowed == row.allowed()
+            assert (got.limits[row.path].low, got.limits[row.path].high) == (row.range.low, row.range.high)
+
+
 def test_parse_allowed_reads_the_contract_error_format() -> None:
     limit = limits.parse_allowed("grpo.lora_rank", "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)")
     assert limit is not None and (limit.low, limit.high, limit.default) == (4, 64, "8")
@@ -181,7 +192,7 @@ def test_pages_render_the_specs_content(client: TestClient, url: str, expected: 
 
 def test_the_evaluation_legend_is_the_one_definition_of_the_score_columns(client: TestClient) -> None:
     """The legend under the score tiles reads rlvr/scores.py's DEFINITIONS, the words the code, the
-    proto and the README use: accuracy strict is about how the answer is written, not the format."""
+    proto and docs/evaluations.md use: accuracy strict is about how the answer is written, not the format."""
     from markupsafe import escape
 
     from rlvr.scores import DEFINITIONS, TITLES
@@ -193,6 +204,32 @@ def test_the_evaluation_legend_is_the_one_definition_of_the_score_columns(client
     assert spans == {TITLES[key]: str(escape(text)) for key, text in DEFINITIONS.items()}
     assert "canonical place" in spans["Accuracy Strict"] and "independent of format" in spans["Accuracy Strict"]
     assert "&lt;/think&gt;&lt;answer&gt;" not in legend.group(1)  # the old, replaced definition
+
+
+def test_an_adapters_evaluation_is_compared_with_the_base_on_the_same_questions(sdk: FakeSdk,
+                                                                                client: TestClient) -> None:
+    from rlvr.paired import compare
+
+    bench = sdk.benchmark
+    assert "Compared with" not in client.get("/evals/ev1").text  # nothing else asked these questions
+    base = B.Evaluation(id="ev0", model="rlvr-tiny", benchmark=bench.evaluation.benchmark, question_set="qs-0123456789ab",
+                        status=B.EVALUATION_STATUS_COMPLETED, questions_total=45, questions_done=45)
+    base_rows = [B.QuestionResult(index=r.index, accuracy=1.0 if r.index % 9 == 0 else 0.0) for r in bench.results]
+    bench.others["ev0"] = (base, base_rows)
+    other = B.Evaluation(id="ev9", benchmark=base.benchmark, question_set="qs-ba9876543210",
+                         status=B.EVALUATION_STATUS_COMPLETED)
+    bench.others["ev9"] = (other, [])
+    page = client.get("/evals/ev1").text  # an adapter's: against the base model's by default
+    expected = compare([r.accuracy for r in base_rows], [r.accuracy for r in bench.results])
+    section = re.search(r'<section class="card" aria-labelledby="compare-h" id="compare">(.*?)</section>', page, re.S)
+    assert section is not None
+    assert 'value="ev0" selected' in section.group(1) and "ev9" not in section.group(1)  # same questions only
+    verdict = re.search(r"<p [^>]*data-verdict>(.*?)</p>", section.group(1), re.S)
+    assert verdict is not None and html.unescape(verdict.group(1)) == f"Gain {expected.verdict()}."
+    assert f"{expected.gained} / {expected.lost}" in section.group(1) and "base model" in section.group(1)
+    assert "ev1" not in re.findall(r'<option value="([^"]*)"', section.group(1))
+    refused = client.get("/evals/ev1?compare=ev9").text  # a hand-typed id of other questions: said, not a 500
+    assert "asked different questions" in html.unescape(refused)
 
 
 def test_wrong_answers_filter_and_paging(client: TestClient) -> None:
@@ -255,6 +292,35 @@ def test_an_invalid_value_is_answered_next_to_its_field_and_nothing_starts(clien
     assert re.search(r'id="f-grpo-lora_rank"[^>]*aria-invalid="true"', page)
     assert 'href="#f-grpo-lora_rank"' in page  # the error summary links to the field
     assert "CreateJob" in sdk.scheduler.calls and len(sdk.scheduler.jobs) == jobs  # the server said no
+
+
+def test_every_invalid_value_is_answered_next_to_its_own_field(client: TestClient, sdk: FakeSdk) -> None:
+    data = default_form(client)
+    data.update({"grpo.lora_rank": "99", "grpo.learning_rate": "0.01"})
+    page = client.post("/train", data=data, follow_redirects=False).text
+    assert message_of(page, "grpo.lora_rank") == "grpo.lora_rank: 99 is out of range; allowed: 4-64 (default 8)"
+    assert message_of(page, "grpo.learning_rate") == ("grpo.learning_rate: 0.01 is out of range; allowed: 5e-07 to "
+                                                      "1e-05 (default 1e-06)")
+    for f in ("f-grpo-lora_rank", "f-grpo-learning_rate"):
+        assert re.search(rf'id="{f}"[^>]*aria-invalid="true"', page) and f'href="#{f}"' in page
+    assert message_of(page, "grpo.group_size") == ""  # a good field gets no message
+    # the live preview (the sidebar's dry run) places both too
+    answer = client.post("/train/summary", data=data).json()
+    assert {p for p, m in answer["messages"].items() if m["kind"] == "error"} == {"grpo.lora_rank",
+                                                                                 "grpo.learning_rate"}
+
+
+def test_epsilon_high_is_a_field_with_its_range_from_the_table(client: TestClient, sdk: FakeSdk) -> None:
+    page = client.get("/train").text
+    assert re.search(r'id="f-advanced-epsilon_high"[^>]*data-low="0.2" data-high="1.0"', page)
+    assert input_value(page, "advanced.epsilon_high") == "0.2" and "Allowed: 0.2 to 1 (default 0.2)." in page
+    data = default_form(client)
+    data["advanced.epsilon_high"] = "0.28"
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    job = sdk.scheduler.jobs[resp.headers["location"].rsplit("/", 1)[1]]
+    assert job.spec.advanced.epsilon_high == pytest.approx(0.28)
+    assert "Epsilon high" in client.get(resp.headers["location"]).text  # the Training Summary's row
 
 
 def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:
@@ -399,6 +465,28 @@ def test_live_job_page_sends_regions_then_done(client: TestClient) -> None:
     assert client.get("/jobs/nope/events").status_code == 404
 
 
+def test_a_finished_loops_best_round_is_compared_with_its_baseline(sdk: FakeSdk, client: TestClient) -> None:
+    from rlvr.paired import compare
+
+    bench = sdk.benchmark
+    base_rows = [B.QuestionResult(index=r.index, accuracy=0.0) for r in bench.results]  # 0 right of 45
+    bench.others["ev0"] = (B.Evaluation(id="ev0", benchmark=bench.evaluation.benchmark, question_set="qs-0123456789ab",
+                                        status=B.EVALUATION_STATUS_COMPLETED), base_rows)
+    loop = S.Loop(id="loopdone", status=S.LOOP_STATUS_ROUNDS_SPENT, best_round=1, baseline_evaluation_id="ev0",
+                  baseline_score=0.0, best_score=20.0)
+    loop.spec.max_rounds = 1
+    loop.rounds.add(index=1, evaluation_id="ev1", status=S.ROUND_STATUS_SCORED, score=20.0, best=True)
+    sdk.scheduler.loops[loop.id] = loop
+    page = html.unescape(client.get("/loops/loopdone").text)
+    expected = compare([r.accuracy for r in base_rows], [r.accuracy for r in bench.results])
+    line = re.search(r'<p id="loop-paired"[^>]*>(.*?)</p>', page, re.S)
+    assert line is not None and expected.real  # 9 of 45 gained, none lost: p = 2 / 2^9
+    assert f"Best round R1 against the baseline, question by question: {expected.verdict()}" in line.group(1)
+    assert '/evals/ev1?compare=ev0#compare' in page
+    loop.baseline_evaluation_id = "gone"
+    assert "not comparable" in html.unescape(client.get("/loops/loopdone").text)
+
+
 def test_live_loop_page_follows_watch_loop(client: TestClient) -> None:
     with client.stream("GET", "/loops/3f9c1a2b4d5e/events") as resp:
         events = [(k, d) for k, d in sse(resp) if k != "ping"]
@@ -448,3 +536,18 @@ def test_rlvr_web_and_up_options() -> None:
     status = argparse.ArgumentParser()
     stack.add_arguments(status)
     assert stack.config_from_args(status.parse_args([])).web_port is None  # `rlvr status`, the demo: no console
+
+
+def test_the_job_page_says_where_the_job_is_tracked(client: TestClient, sdk: FakeSdk) -> None:
+    job = sdk.scheduler.jobs["job0001"]
+    job.tracking.add(kind=C.TRACKER_KIND_TENSORBOARD, location="/runs/tb/rising-job0001", steps_logged=12,
+                     finished=True)
+    job.tracking.add(kind=C.TRACKER_KIND_MLFLOW, location="http://mlflow.example:5000/#/experiments/1/runs/abc",
+                     steps_logged=12, finished=True)
+    job.tracking.add(kind=C.TRACKER_KIND_WANDB, location="/runs/wandb/wandb", error="OSError: disk full")
+    page = client.get("/jobs/job0001").text
+    assert "Tracked in tensorboard</th><td><code>/runs/tb/rising-job0001</code>" in page
+    assert "(12 steps logged, finished)" in page
+    assert '<a href="http://mlflow.example:5000/#/experiments/1/runs/abc" rel="noopener noreferrer"' in page
+    assert "Tracked in wandb" in page and "(not logging: OSError: disk full)" in page
+    assert "Tracked in" not in client.get("/jobs/job0002").text

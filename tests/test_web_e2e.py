@@ -10,7 +10,7 @@ and filter the wrong answers; then every page again at 390 px with and without J
 may log a console error, screenshots must not be blank, and the basic accessibility rules are
 checked on every page (labels, one h1, alt texts, text contrast).
 
-`RLVR_WRITE_SCREENSHOTS=1` also writes docs/console-job.png and docs/console-loop.png (the README's).
+`RLVR_WRITE_SCREENSHOTS=1` also writes docs/console-job.png and docs/console-loop.png (docs/web-console.md's).
 Chromium comes from `make chromium`; without it (or without Playwright) these tests skip locally
 and fail under CI=true.
 """

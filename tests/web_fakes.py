@@ -40,7 +40,8 @@ BENCHMARK_INFOS = [B.BenchmarkInfo(name=b.name, display_name=b.display_name, siz
 
 
 def invalid(e: InvalidArgument) -> RlvrError:
-    return RlvrError(grpc.StatusCode.INVALID_ARGUMENT, str(e), "rlvr.v1.SchedulerService/CreateJob")
+    return RlvrError(grpc.StatusCode.INVALID_ARGUMENT, str(e), "rlvr.v1.SchedulerService/CreateJob",
+                     violations=e.violations)
 
 
 def not_found(what: str) -> RlvrError:
@@ -198,7 +199,7 @@ class FakeBenchmark:
         self.evaluation = B.Evaluation(id="ev1", model="rlvr-tiny", benchmark="rlvr-math-pairs-heldout",
                                        status=B.EVALUATION_STATUS_COMPLETED, questions_total=45, questions_done=45,
                                        label="math-pairs to 70% R1 (loop 3f9c1a2b4d5e)", adapter_name="job-x",
-                                       adapter_version=3)
+                                       adapter_version=3, question_set="qs-0123456789ab")
         self.evaluation.scores.CopyFrom(B.ScoreBreakdown(score=0.2, accuracy=0.2, accuracy_strict=0.2, format=1.0,
                                                          answered=1.0, score_column="accuracy"))
         self.results = [B.QuestionResult(index=i, prompt=f"Add the pairs of {i} <and> {i + 1}", ground_truth=str(i),
@@ -206,22 +207,28 @@ class FakeBenchmark:
                                          extracted_answer=str(i if i % 5 == 0 else i + 1),
                                          accuracy=1.0 if i % 5 == 0 else 0.0, format=1.0, strict=i % 5 == 0,
                                          finish_reason=C.FINISH_REASON_STOP) for i in range(45)]
+        self.others: dict[str, tuple[B.Evaluation, list[B.QuestionResult]]] = {}  # more evaluations, by id
+
+    def _stored(self, evaluation_id: str) -> tuple[B.Evaluation, list[B.QuestionResult]]:
+        if evaluation_id == self.evaluation.id:
+            return self.evaluation, self.results
+        if evaluation_id in self.others:
+            return self.others[evaluation_id]
+        raise RlvrError(grpc.StatusCode.NOT_FOUND, f"evaluation {evaluation_id!r} not found",
+                        "rlvr.v1.BenchmarkService/GetEvaluation")
 
     def list_benchmarks(self, request: object = None, **_: object) -> B.ListBenchmarksResponse:
         return B.ListBenchmarksResponse(benchmarks=BENCHMARK_INFOS)
 
     def list_evaluations(self, request: B.ListEvaluationsRequest | None = None, **_: object) -> B.ListEvaluationsResponse:
-        return B.ListEvaluationsResponse(evaluations=[self.evaluation])
+        return B.ListEvaluationsResponse(evaluations=[self.evaluation, *(e for e, _ in self.others.values())])
 
     def get_evaluation(self, request: B.GetEvaluationRequest, **_: object) -> B.Evaluation:
-        if request.id != self.evaluation.id:
-            raise RlvrError(grpc.StatusCode.NOT_FOUND, f"evaluation {request.id!r} not found",
-                            "rlvr.v1.BenchmarkService/GetEvaluation")
-        return self.evaluation
+        return self._stored(request.id)[0]
 
     def get_evaluation_results(self, request: B.GetEvaluationResultsRequest, **_: object
                                ) -> B.GetEvaluationResultsResponse:
-        rows = [r for r in self.results if not request.only_wrong or r.accuracy < 1]
+        rows = [r for r in self._stored(request.id)[1] if not request.only_wrong or r.accuracy < 1]
         page = rows[request.offset:request.offset + request.limit] if request.limit else rows[request.offset:]
         return B.GetEvaluationResultsResponse(results=page, total=len(rows))
 

@@ -1,6 +1,7 @@
 """Evaluations: the list, an evaluation's detail page (the overall score and the four tiles:
 accuracy, accuracy strict, format, answered; the per-question Detailed Results, filtered to the
-wrong answers on request, a page at a time) and the leaderboard of a benchmark. Read-only, from the
+wrong answers on request, a page at a time; against another evaluation of the same questions, the
+gain with its paired test) and the leaderboard of a benchmark. Read-only, from the
 benchmark service; every page works without JavaScript (a running evaluation reloads itself)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rlvr.clients.compare import NotComparable, compare_evaluations
 from rlvr.clients.web import views
 from rlvr.clients.web.console import Console
 from rlvr.scores import DEFINITIONS
@@ -37,6 +39,30 @@ def routes(console: Console) -> list[Route]:
         return console.page(request, "evals.html", {"rows": rows, "benchmarks": benchmarks, "chosen": name,
                                                     "reload": 10 if running else 0}, active="evals")
 
+    def paired(ev: B.Evaluation, chosen: str) -> dict[str, object] | None:
+        """The Compare section: the other completed evaluations of the same questions, and this one
+        against the chosen (default: the newest base-model one, when this is an adapter's)."""
+        if ev.status != B.EVALUATION_STATUS_COMPLETED or not ev.question_set:
+            return None
+        listed = benchmark.list_evaluations(B.ListEvaluationsRequest(benchmark=ev.benchmark, limit=500)).evaluations
+        peers = [e for e in listed if e.id != ev.id and e.question_set == ev.question_set
+                 and e.status == B.EVALUATION_STATUS_COMPLETED]
+        if not peers:
+            return None
+        if not chosen and ev.adapter_name:
+            chosen = next((e.id for e in peers if not e.adapter_name), "")
+        section: dict[str, object] = {"peers": [(e.id, f"{views.policy(e)}{' · ' + e.label if e.label else ''} "
+                                                        f"({e.scores.accuracy:.1%}, {e.id})") for e in peers],
+                                      "chosen": chosen, "error": "", "c": None, "other": None, "other_policy": ""}
+        if chosen:
+            try:
+                other, _, comparison = compare_evaluations(benchmark, chosen, ev.id)
+            except NotComparable as e:
+                section["error"] = str(e)
+            else:
+                section.update(other=other, other_policy=views.policy(other), c=comparison)
+        return section
+
     def eval_page(request: Request) -> Response:
         eval_id = request.path_params["eval_id"]
         ev = benchmark.get_evaluation(B.GetEvaluationRequest(id=eval_id))
@@ -54,6 +80,7 @@ def routes(console: Console) -> list[Route]:
             "pages": max(1, -(-resp.total // RESULTS_PAGE)), "first": (page - 1) * RESULTS_PAGE + 1,
             "finish_reason": views.finish_reason, "when": views.when, "reload": 0 if final else 5,
             "definitions": [(title, DEFINITIONS[key]) for key, title in views.EVAL_TILES],
+            "paired": paired(ev, request.query_params.get("compare", "")),
         }, active="evals")
 
     def leaderboard(request: Request) -> Response:

@@ -5,8 +5,9 @@ server's INVALID_ARGUMENT error goes back on the page.
 Field names are the contract's field paths (`grpo.lora_rank`; `loop.target` for the LoopSpec's own
 fields), so the field named at the start of an error message (`grpo.lora_rank: 99 is out of
 range; ...`, or `job.grpo.lora_rank: ...` from CreateLoop) is the input the error belongs next
-to. Nothing here knows a range: ranges and defaults come from the server (clients/web/limits.py),
-and a field left empty stays unset in the spec, so the scheduler fills in its default.
+to. The job fields are the rows of rlvr/jobspec.py's table (label, help, where they apply); only
+the widget is the console's own. Nothing here knows a range (clients/web/limits.py takes them from
+the same table), and a field left empty stays unset in the spec, so the scheduler fills in its default.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlvr.clients.web.limits import FormLimits, set_path
+from rlvr.jobspec import SPEC_FIELDS, SpecField
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -36,65 +39,26 @@ class Field:
         return "f-" + self.path.replace(".", "-")
 
 
-RUN = [
-    Field("name", "Name", "text", "text", "Labels the run; default: derived from the model and the loss type."),
-    Field("base_model", "Base model", "text", "text", "A Hugging Face hub id, a local path, or a bundled tiny model."),
-]
-REWARD = [
-    Field("reward.key", "Reward", "word", "radio"),
-    Field("reward.synthetic_prompts", "Synthetic prompts", "int", "number",
-          "How many problems to generate on the fly.", only="generated"),
-    Field("reward.format_bonus", "Format bonus", "bool", "checkbox",
-          "A small extra reward for wrapping the answer in <think>…</think><answer>…</answer>, on top of "
-          "whether the answer itself was correct."),
-    Field("reward.dataset", "Dataset", "text", "text",
-          "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
-          "those the reward reads).", only="dataset"),
-]
-GRPO = [
-    Field("grpo.group_size", "Group size", "int", "slider",
-          "Rollouts generated per prompt: the group GRPO compares against itself."),
-    Field("grpo.max_completion_tokens", "Max completion", "int", "slider",
-          "Cap on how long each generated answer can be, in tokens."),
-    Field("grpo.lora_rank", "Rank (r)", "int", "slider", "LoRA adapter capacity."),
-    Field("grpo.lora_alpha", "Alpha", "int", "slider", "LoRA scaling factor."),
-    Field("grpo.learning_rate", "Learning Rate", "float", "lr",
-          "Deliberately lower than SFT's range: RL updates are noisier.", step="any"),
-    Field("grpo.max_steps", "Max Steps", "int", "steps",
-          "Full (-1) trains every prompt for the chosen epochs instead of stopping at a fixed step count."),
-    Field("grpo.batch_size", "Batch Size", "int", "batch",
-          "Examples per gradient step; should be a multiple of Group size."),
-]
-ADVANCED = [
-    Field("advanced.loss_type", "Loss Type", "enum", "select"),
-    Field("advanced.epochs", "Epochs", "int", "number", "Passes over the prompts when Max Steps is Full."),
-    Field("advanced.quantization", "Quantization", "enum", "select"),
-    Field("advanced.generation_backend", "Generation Backend", "enum", "select",
-          "vLLM (colocate) is fast and shares the training GPU; Transformers runs in-process (use it if vLLM runs "
-          "out of memory); vLLM (rollout server) generates on the dedicated rollout service."),
-    Field("advanced.gpu_memory_fraction", "GPU memory", "float", "slider",
-          "How much of the training GPU vLLM (colocate) keeps for itself.", only="colocate", step="0.05"),
-    Field("advanced.gpu_selection", "GPU Selection", "text", "text"),
-    Field("advanced.num_processes", "Processes", "int", "number",
-          "Training processes, data parallel: one per device GPU Selection lists."),
-    Field("advanced.precision", "Precision", "word", "select",
-          "fp32, or mixed precision (bf16; fp16 needs a CUDA device)."),
-    Field("advanced.kl_beta", "KL beta", "float", "number", "KL coefficient against the base model.", step="any"),
-    Field("advanced.temperature", "Temperature", "float", "number", "Sampling temperature of the rollouts.",
-          step="any"),
-    Field("reward.format_bonus_weight", "Format bonus weight", "float", "number",
-          "Size of the format bonus when earned.", step="any"),
-    Field("advanced.seed", "Seed", "int", "number", "Seed for prompts, sampling and initialisation."),
-    Field("advanced.checkpoint_every", "Checkpoint every", "int", "number",
-          "Save a PEFT checkpoint every N steps (0 = only the final adapter)."),
-    Field("advanced.lora_init", "LoRA init", "word", "select",
-          "peft's kaiming-uniform A (default) or the LoRA paper's gaussian N(0, 1/r)."),
-    Field("advanced.dynamic_sampling", "Dynamic sampling", "bool", "checkbox",
-          "DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups."),
-    Field("advanced.max_async_steps", "Max async steps", "int", "number",
-          "Generate the next steps on the rollout server while this one trains (0 = synchronous); a step "
-          "trains on completions at most this many adapter versions old.", only="vllm"),
-]
+# The console's widget of a field where it is not the kind's default (number, checkbox, select, text).
+WIDGETS = {"reward.key": "radio", "grpo.group_size": "slider", "grpo.max_completion_tokens": "slider",
+           "grpo.lora_rank": "slider", "grpo.lora_alpha": "slider", "grpo.learning_rate": "lr",
+           "grpo.max_steps": "steps", "grpo.batch_size": "batch", "advanced.gpu_memory_fraction": "slider",
+           "advanced.gpu_selection": "text"}
+STEPS = {"advanced.gpu_memory_fraction": "0.05"}
+_KIND_WIDGETS = {"int": "number", "float": "number", "bool": "checkbox", "enum": "select", "word": "select",
+                 "text": "text"}
+_NO_HINT = {"reward.key"}  # each reward choice carries its own note
+
+
+def _field(row: SpecField) -> Field:
+    """A job field of the form, from its row in rlvr/jobspec.py's table."""
+    return Field(row.path, row.label, row.kind, WIDGETS.get(row.path, _KIND_WIDGETS[row.kind]),
+                 "" if row.path in _NO_HINT else row.help, only=row.applies,
+                 step=STEPS.get(row.path, "any" if row.kind == "float" else "1"))
+
+
+RUN, REWARD, GRPO, ADVANCED = ([_field(r) for r in SPEC_FIELDS if r.card == card]
+                               for card in ("run", "reward", "grpo", "advanced"))
 LOOP = [
     Field("loop.name", "Name", "text", "text", "Labels the loop, for example “math-pairs to 35%”."),
     Field("loop.benchmark", "Benchmark", "word", "select", "Which environment scores each round."),
@@ -224,6 +188,18 @@ def error_field(details: str, *, loop: bool = False) -> str:
     if loop:
         path = path.removeprefix("job.") if path.startswith("job.") else f"loop.{path}"
     return path if path in ALL_FIELDS else ""
+
+
+def field_errors(error: RlvrError, *, loop: bool = False) -> FormErrors:
+    """An INVALID_ARGUMENT's errors by form field: each bad field the status's BadRequest details
+    name goes next to its input (the whole message when it carries none); one that names no field
+    of the form goes above it ("")."""
+    out = FormErrors()
+    for field_path, description in error.violations or [("", error.details)]:
+        text = f"{field_path}: {description}" if field_path else description
+        path = error_field(text, loop=loop)
+        out[path] = f"{out[path]}\n{text}" if path in out else text
+    return out
 
 
 def lr_presets(low: float | None, high: float | None) -> list[str]:

@@ -28,6 +28,21 @@ PAGE_SIZE = 20
 REGIONS = ("job-status", "rl-metrics", "actions", "job-details")
 
 
+def tracking_rows(job: C.Job) -> list[dict[str, Any]]:
+    """The Details card's "Tracked in" rows: each tracker, where it logs (a link when that is a
+    web address: an MLflow server's run page), and how far it got or why it is not logging."""
+    from rlvr.tracking.config import kind_name
+
+    rows = []
+    for link in job.tracking:
+        state = f"not logging: {link.error}" if link.error else \
+            f"{link.steps_logged} step{'' if link.steps_logged == 1 else 's'} logged{', finished' if link.finished else ''}"
+        url = link.location if link.location.startswith(("http://", "https://")) else ""
+        rows.append({"kind": kind_name(link.kind), "location": link.location, "url": url, "state": state,
+                     "error": bool(link.error)})
+    return rows
+
+
 def routes(console: Console) -> list[Route]:
     scheduler = console.sdk.scheduler
 
@@ -40,7 +55,7 @@ def routes(console: Console) -> list[Route]:
         return {"job": job, "status": views.job_status(job.status), "final": views.is_final_job(job),
                 "current": current, "total": total, "metrics": views.metrics_view(metrics),
                 "has_steps": metrics.has_steps, "summary": views.summary(job.summary), "when": views.when,
-                "csrf_token": csrf_token}
+                "csrf_token": csrf_token, "tracking": tracking_rows(job)}
 
     def regions(job: C.Job, metrics: S.JobMetrics, csrf_token: str) -> dict[str, str]:
         ctx = context(job, metrics, csrf_token)

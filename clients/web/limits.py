@@ -1,22 +1,13 @@
-"""The New Training form's ranges, defaults and choices, asked of the scheduler.
+"""The New Training form's ranges, defaults and choices.
 
-The spec's ranges live in one place, the scheduler's validation (rlvr/jobspec.py and
-loopspec.py), and the console imports no service code. So it asks, through two things the
-contract already promises:
-
-- a `CreateJob` dry run of an empty spec answers the resolved spec: every default filled in
-  (`CreateLoop` dry run: the loop's defaults, including each benchmark's default score column);
-- a bad value is INVALID_ARGUMENT naming the field, the value and the allowed range, in one
-  format (`rlvr/common/errors.py: out_of_range`): `grpo.lora_rank: 0 is out of range; allowed:
-  4-64 (default 8)`. One dry run per field with a value no range admits answers that field's
-  range in the server's own words; enum fields answer their choices with the display names
-  (`1 (Math Pairs (synthetic)), 2 (GSM8K accuracy), ...`).
-
-About twenty dry runs (milliseconds each, nothing created), cached for a few minutes. The words
-come back verbatim as the field's hint ("allowed: 4-64 (default 8)"); the numbers parsed out of
-them become the inputs' min/max. A field whose answer does not parse keeps its hint and loses only
-the client-side range check: the server validates every submit anyway, and its error is shown next
-to the field (tests/test_web_app.py checks the parse against jobspec.py's constants).
+The job spec's fields are declared once, in rlvr/jobspec.py's table (`SPEC_FIELDS`), which the
+console imports (it is the shared domain, not service code): each field's allowed values in the
+words its INVALID_ARGUMENT uses ("4-64 (default 8)") become its hint, its numbers the inputs'
+min/max, its choices the selects' options. The scheduler is asked only what the table cannot
+know: the resolved spec of an empty dry run (CreateJob's, and CreateLoop's: each benchmark's
+default column), the rewards the reward service has and the benchmarks. The loop's own ranges are
+declared beside the table too (loopspec.py validates with them). Cached for a few minutes. The
+server validates every submit anyway, and its errors are shown next to their fields.
 """
 
 from __future__ import annotations
@@ -24,11 +15,22 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
+from rlvr.jobspec import (
+    BATCH_SIZES,
+    GIVE_UP_AFTER,
+    MAX_ROUNDS,
+    MAX_STEPS_HIGH,
+    MIN_GAIN,
+    MIN_GAIN_ALLOWED,
+    SPEC_FIELDS,
+    TARGET,
+    TARGET_ALLOWED,
+    SpecField,
+)
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
@@ -38,19 +40,6 @@ from rlvr.v1 import scheduler_pb2 as S
 CACHE_SECONDS = 300.0
 RETRY_SECONDS = 10.0  # an answer with problems (the benchmark service down) is asked again sooner
 
-# A value no range of the field admits (`optional` fields: set explicitly, so validated).
-JOB_PROBES: list[tuple[str, object]] = [
-    ("reward.synthetic_prompts", 0), ("reward.format_bonus_weight", -1.0), ("grpo.group_size", 0),
-    ("grpo.max_completion_tokens", 0), ("grpo.lora_rank", 0), ("grpo.lora_alpha", 0),
-    ("grpo.learning_rate", -1.0), ("grpo.max_steps", 0), ("grpo.batch_size", 0), ("advanced.epochs", 0),
-    ("advanced.kl_beta", -1.0), ("advanced.temperature", -1.0), ("advanced.checkpoint_every", -1),
-    ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.num_processes", 0),
-    ("advanced.precision", "?"),
-    ("advanced.lora_init", "?"), ("advanced.gpu_selection", "?"), ("advanced.max_async_steps", -1),
-]
-ENUM_PROBES = ["advanced.loss_type", "advanced.quantization", "advanced.generation_backend"]
-LOOP_PROBES: list[tuple[str, object]] = [("max_rounds", 0), ("give_up_after", 0), ("min_gain", -1.0)]
-COLOCATE_FIELDS = ("advanced.gpu_memory_fraction",)  # validated only with the vLLM (colocate) backend
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", re.IGNORECASE)
 _DEFAULT = re.compile(r"\s*\(default ([^)]*)\)")
@@ -149,8 +138,6 @@ class FormLimits:
         limit = self.limits.get(path)
         if limit is not None and limit.default:
             return limit.default
-        if path in COLOCATE_FIELDS:
-            return ""
         value = get_path(self.job_defaults, path)
         if isinstance(value, bool):
             return "on" if value else ""
@@ -159,15 +146,20 @@ class FormLimits:
         return str(value)
 
 
-def _invalid(call: Callable[[], object]) -> str | None:
-    """The INVALID_ARGUMENT message of a dry run, or None when the call succeeded."""
-    try:
-        call()
-    except RlvrError as e:
-        if e.code.name == "INVALID_ARGUMENT":
-            return e.details
-        raise
-    return None
+def limit_of(row: SpecField) -> Limit | None:
+    """A job field's Limit, from its row in rlvr/jobspec.py's table (None: nothing to check or say)."""
+    allowed = row.allowed()
+    if row.names or not allowed:
+        return None
+    if row.range is not None:
+        return Limit(row.path, allowed, low=row.range.low, high=row.range.high, default=row.default_text())
+    if row.choices:
+        return Limit(row.path, allowed, default=row.default_text(), choices=row.choices)
+    if row.path == "grpo.batch_size":
+        return Limit(row.path, allowed, default=row.default_text(), choices=tuple(map(str, BATCH_SIZES)))
+    if row.path == "grpo.max_steps":
+        return Limit(row.path, allowed, low=-1, high=MAX_STEPS_HIGH, default=row.default_text())
+    return Limit(row.path, allowed, default=row.default_text() if row.kind != "text" else "")
 
 
 def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or test fakes)
@@ -176,28 +168,12 @@ def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or te
     resolved = scheduler.create_job(S.CreateJobRequest(spec=C.JobSpec(), dry_run=True)).resolved_spec
     out = FormLimits(job_defaults=resolved)
 
-    def job_probe(path: str, value: object, backend: int = 0) -> str | None:
-        spec = C.JobSpec()
-        if backend:
-            spec.advanced.generation_backend = backend
-        set_path(spec, path, value)
-        return _invalid(lambda: scheduler.create_job(S.CreateJobRequest(spec=spec, dry_run=True)))
-
-    for path, value in JOB_PROBES:
-        message = job_probe(path, value)
-        limit = parse_allowed(path, message) if message else None
+    for row in SPEC_FIELDS:
+        limit = limit_of(row)
         if limit is not None:
-            out.limits[path] = limit
-    for path in COLOCATE_FIELDS:
-        message = job_probe(path, -1.0, C.GENERATION_BACKEND_VLLM_COLOCATE)
-        limit = parse_allowed(path, message) if message else None
-        if limit is not None:
-            out.limits[path] = limit
-    for path in ENUM_PROBES:
-        message = job_probe(path, 99)
-        choices = parse_choices(message) if message else []
-        if choices:
-            out.choices[path] = choices
+            out.limits[row.path] = limit
+        if row.names:
+            out.choices[row.path] = list(row.names.items())  # type: ignore[arg-type]
 
     try:
         out.rewards = list(scheduler.list_reward_functions(R.ListRewardFunctionsRequest()).functions)
@@ -211,19 +187,11 @@ def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or te
     try:
         base = S.LoopSpec(target=50.0)
         out.loop_defaults = scheduler.create_loop(S.CreateLoopRequest(spec=base, dry_run=True)).resolved_spec
-        for path, value in LOOP_PROBES:
-            spec = S.LoopSpec(target=50.0)
-            set_path(spec, path, value)
-            message = _invalid(lambda spec=spec: scheduler.create_loop(S.CreateLoopRequest(spec=spec, dry_run=True)))
-            limit = parse_allowed(path, message) if message else None
-            if limit is not None:
-                out.limits[f"loop.{path}"] = limit
-        message = _invalid(lambda: scheduler.create_loop(S.CreateLoopRequest(spec=S.LoopSpec(target=-1.0),
-                                                                             dry_run=True)))
-        if message and "; allowed: " in message:
-            # "a percent in (0, 100], ...": the bounds for the input, the words for the hint
-            allowed = message.partition("; allowed: ")[2]
-            out.limits["loop.target"] = Limit("loop.target", allowed, low=0.0, high=100.0)
+        for name, rng in (("max_rounds", MAX_ROUNDS), ("give_up_after", GIVE_UP_AFTER)):
+            out.limits[f"loop.{name}"] = Limit(f"loop.{name}", f"{rng.text()} (default {rng.default})", low=rng.low,
+                                               high=rng.high, default=str(rng.default))
+        out.limits["loop.min_gain"] = Limit("loop.min_gain", MIN_GAIN_ALLOWED, low=MIN_GAIN[0], high=MIN_GAIN[1])
+        out.limits["loop.target"] = Limit("loop.target", TARGET_ALLOWED, low=TARGET[0], high=TARGET[1])
     except RlvrError as e:
         if e.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             raise

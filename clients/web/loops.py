@@ -1,7 +1,8 @@
 """Training Loops: the list and the Training Loop detail page as the spec describes it (header stats:
 best score with its gain over round 1, target, rounds run of the max, elapsed; a bar chart per
 round; one row per round with its job link, duration, score, the delta arrow against the previous
-scored round and the BEST badge), live while the loop runs, with Stop and the rounds' export.
+scored round and the BEST badge), live while the loop runs, with Stop and the rounds' export; once
+it ends, the best round against the baseline question by question (the paired test).
 Every figure is the scheduler's, shown through clients/loops_view.py and clients/loop_report.py.
 """
 
@@ -17,8 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rlvr.clients import loops_view
+from rlvr.clients.compare import NotComparable, compare_evaluations
 from rlvr.clients.web import live, views
 from rlvr.clients.web.console import Console, see_other
+from rlvr.peers.base import RlvrError
 from rlvr.v1 import scheduler_pb2 as S
 
 PAGE_SIZE = 20
@@ -54,10 +57,23 @@ def routes(console: Console) -> list[Route]:
             "rows": rows, "total": resp.total, "page": page, "pages": max(1, -(-resp.total // PAGE_SIZE)),
             "reload": 10 if running else 0}, active="loops")
 
+    def best_against_baseline(loop: S.Loop) -> dict[str, Any] | None:
+        """The best round's evaluation against the baseline's, question by question (a finished loop)."""
+        best = next((r for r in loop.rounds if r.index == loop.best_round), None)
+        if best is None or not best.evaluation_id or not loop.baseline_evaluation_id:
+            return None
+        try:
+            _, _, comparison = compare_evaluations(console.sdk.benchmark, loop.baseline_evaluation_id,
+                                                   best.evaluation_id)
+        except (NotComparable, RlvrError) as e:
+            return {"round": best.index, "evaluation_id": best.evaluation_id, "c": None, "error": str(e)}
+        return {"round": best.index, "evaluation_id": best.evaluation_id, "c": comparison, "error": ""}
+
     def loop_page(request: Request) -> Response:
         loop_id = request.path_params["loop_id"]
         loop = scheduler.get_loop(S.GetLoopRequest(id=loop_id))
         ctx = context(loop, request.state.csrf_token)
+        ctx["paired"] = best_against_baseline(loop) if ctx["final"] else None
         if not ctx["final"]:
             ctx["live_url"] = f"/loops/{loop_id}/events"
             ctx["refresh"] = 10

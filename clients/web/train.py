@@ -2,7 +2,7 @@
 the Training Summary sidebar with Start Training) and, further down the same form, "Start an
 automated loop" (the rounds train with the settings above).
 
-Every number's range, default and the choice labels come from the server (clients/web/limits.py).
+Every number's range, default and the choice labels come from rlvr/jobspec.py's table (clients/web/limits.py).
 The server validates every submit: its INVALID_ARGUMENT error goes next to the field it names,
 with the values entered kept (answered 200, as form frameworks do: browsers log a 4xx document as a
 console error, and the page itself says what is wrong). The Training Summary is a CreateJob dry run of what the form holds
@@ -23,13 +23,12 @@ from starlette.routing import Route
 from rlvr.clients.web import forms, views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.clients.web.limits import FormLimits
+from rlvr.jobspec import APPLIES_NOTES
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import scheduler_pb2 as S
 
 TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholders, sent only when typed
-ONLY_NOTES = {"generated": "rewards that generate their prompts only", "dataset": "rewards that read a dataset only",
-              "colocate": "vLLM (colocate) only", "vllm": "vLLM (rollout server) only",
-              "dataset_benchmark": "benchmarks that take a dataset only"}
+ONLY_NOTES = {**APPLIES_NOTES, "dataset_benchmark": "benchmarks that take a dataset only"}
 
 
 def default_values(limits: FormLimits) -> dict[str, str]:
@@ -69,8 +68,7 @@ def routes(console: Console) -> list[Route]:
         except RlvrError as e:
             if e.code.name != "INVALID_ARGUMENT":
                 raise
-            return {"summary": [], "warnings": [], "problem": e.details,
-                    "errors": {forms.error_field(e.details): e.details}}
+            return {"summary": [], "warnings": [], "problem": e.details, "errors": forms.field_errors(e)}
         return {"summary": views.summary(resp.summary), "warnings": list(resp.warnings), "problem": "",
                 "errors": {}}
 
@@ -116,7 +114,7 @@ def routes(console: Console) -> list[Route]:
             except RlvrError as e:
                 if e.code.name != "INVALID_ARGUMENT":
                     raise
-                errors = forms.FormErrors({forms.error_field(e.details, loop=loop): e.details})
+                errors = forms.field_errors(e, loop=loop)
         return await run_in_threadpool(lambda: render(request, values, errors, limits=limits))
 
     async def start_training(request: Request) -> Response:

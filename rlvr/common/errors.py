@@ -4,7 +4,10 @@ Core code raises plain exceptions; the servicers never build status codes themse
 `grpc_errors` decorator wraps every RPC handler (unary or streaming) and maps:
 
 - `InvalidArgument` and any other `ValueError` -> INVALID_ARGUMENT (bad input: the message names
-  the field, the value and the allowed range),
+  the field, the value and the allowed range). A request with several bad fields is refused once
+  with every one of them (`Violations` collects them): the message has one line per field, and the
+  status carries them as `google.rpc.BadRequest` field violations (grpcio-status's rich status), so
+  a client can show each next to its field without parsing the text,
 - `NotFound` / `KeyError`-free lookups -> NOT_FOUND (unknown ids),
 - `FailedPrecondition` -> FAILED_PRECONDITION (a state that forbids the call),
 - anything else -> INTERNAL with a short reference; the cause and stack trace go to the log,
@@ -16,9 +19,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -30,8 +35,65 @@ class RlvrServiceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
 
+_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.DOTALL)
+
+
 class InvalidArgument(RlvrServiceError, ValueError):
+    """Bad input. `violations`: the (field path, description) of every bad field; by default the
+    field the message starts with (`grpo.lora_rank: 99 is out of range; ...`), none if it names none."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, message: str = "", violations: Sequence[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        if violations is None:
+            m = _FIELD.match(message)
+            violations = [(m.group(1), m.group(2))] if m else []
+        self.violations: list[tuple[str, str]] = list(violations)
+
+    def prefixed(self, prefix: str) -> InvalidArgument:
+        """The same error with every field under `prefix` ("job." for a loop's job spec)."""
+        lines = "\n".join(prefix + line for line in str(self).split("\n"))
+        return InvalidArgument(lines, [(prefix + f, d) for f, d in self.violations])
+
+
+class Violations:
+    """Every bad field of one request, so that one INVALID_ARGUMENT names them all:
+
+        v = Violations()
+        with v.check():
+            check_rank(spec)       # raises InvalidArgument
+        with v.check():
+            check_rate(spec)
+        v.raise_any()              # one error: every field's message, one per line
+
+    Each field keeps the message it has alone. A check that reads fields found bad already asks
+    `v.bad(path, ...)` first and is skipped, so a bad value is not reported again as a mismatch."""
+
+    def __init__(self) -> None:
+        self.errors: list[InvalidArgument] = []
+
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except InvalidArgument as e:
+            self.errors.append(e)
+
+    def add(self, error: InvalidArgument) -> None:
+        self.errors.append(error)
+
+    def bad(self, *paths: str) -> bool:
+        """Whether any field at or under one of `paths` was found bad."""
+        fields = [f for e in self.errors for f, _ in e.violations]
+        return any(f == p or f.startswith((p + ".", p + "[")) for p in paths for f in fields)
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise InvalidArgument("\n".join(str(e) for e in self.errors),
+                                  [v for e in self.errors for v in e.violations])
 
 
 class NotFound(RlvrServiceError, LookupError):
@@ -124,11 +186,41 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (ref {ref}); the server log has the cause"
 
 
+MAX_TRAILER_BYTES = 6144
+"""The details travel in a trailer beside the message (grpc-status-details-bin: a google.rpc.Status
+holding the message again and the violations, base64), and a client refuses trailers over its 8 KiB
+soft metadata limit. Where message and details would pass this, the status goes without details:
+the message alone still names every field, one per line."""
+
+
+def bad_request_status(code: grpc.StatusCode, message: str, violations: Sequence[tuple[str, str]]) -> grpc.Status | None:
+    """The rich status of an INVALID_ARGUMENT: `message` plus a google.rpc.BadRequest with one field
+    violation per bad field (grpcio-status: clients read it with `rpc_status.from_call`); None when
+    the two would not fit the trailer (MAX_TRAILER_BYTES)."""
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    bad = error_details_pb2.BadRequest()
+    bad.field_violations.extend(error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+                                for f, d in violations)
+    detail = any_pb2.Any()
+    detail.Pack(bad)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    if len(message.encode("utf-8", "surrogatepass")) + status.ByteSize() * 4 // 3 > MAX_TRAILER_BYTES:
+        return None
+    return rpc_status.to_status(status)
+
+
 async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    """Ends the call with the mapped status of `exc` (raises grpc.aio.AbortError)."""
+    """Ends the call with the mapped status of `exc` (raises grpc.aio.AbortError); bad fields also
+    as BadRequest details."""
     code, message = status_for(exc)
     if code != grpc.StatusCode.INTERNAL:
         log.info("rpc error %s: %s", code.name, message)
+    status = bad_request_status(code, message, exc.violations) if isinstance(exc, InvalidArgument) else None
+    if status is not None:
+        await context.abort(status.code, status.details, status.trailing_metadata)
     await context.abort(code, message)
 
 

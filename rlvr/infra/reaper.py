@@ -92,6 +92,17 @@ def children(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def is_resource_tracker(pid: int) -> bool:
+    """Whether `pid` is multiprocessing's resource tracker: this process's own helper, which the first
+    spawn of a process starts as a direct child. It exits by itself when this process does, after
+    freeing the semaphores and shared memory left behind; SIGKILL would skip that."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing.resource_tracker" in cmdline
+
+
 def _watch(targets: list[str]) -> None:
     """The watcher's body (`python -m rlvr.infra.reaper PID:START ...`): wait for EOF on stdin, then
     SIGKILL the targets still alive (same start time) and all their descendants."""

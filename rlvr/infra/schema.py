@@ -1,10 +1,12 @@
 """The store's schema, declared once: every table the scheduler and the benchmark keep.
 
-DESIGN.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
+docs/design.md, Store: jobs, metric points, loops and rounds, evaluations and per-question results,
 artifacts; SQLite by default, PostgreSQL by URL. These SQLModel classes are the only declaration:
-`Store.create_all` builds the tables from them, services read and write these rows, and a metric
+a new database's tables are built from them, services read and write these rows, and a metric
 event of the contract maps onto `MetricPointRow` by field name (`metric_point_from_event`), so a
-metric added to `MetricEvent` is one new column here and nothing else.
+metric added to `MetricEvent` is one new column here plus the migration that adds it to existing
+databases (rlvr/infra/migrations/versions/, one revision per change to these classes; a test
+fails while the two disagree: docs/migrations.md).
 
 Conventions:
 - Ids are short random hex strings (`new_id`); they double as NATS subject tokens.
@@ -93,11 +95,10 @@ class JobRow(SQLModel, table=True):
     worker: str = ""  # the trainer worker that runs it
     current_step: int = 0
     total_steps: int = 0
-    # While QUEUED: why no worker has it yet (Job.queue_reason). Added after the first release:
-    # `Store.create_all` adds it to an older table (ADDED_COLUMNS).
+    # While QUEUED: why no worker has it yet (Job.queue_reason).
     queue_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
     # How many times the job was queued again after its trainer was lost (at most MAX_RESUMES,
-    # services/scheduler/jobs.py): kept here so a restarted scheduler does not start the count again.
+    # services/scheduler/dispatch.py): kept here so a restarted scheduler does not start the count again.
     resumes: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
@@ -131,31 +132,26 @@ class MetricPointRow(SQLModel, table=True):
     sync_seconds: float = 0.0
     step_seconds: float = 0.0
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)  # the event's time
-    # Added after the first release: `Store.create_all` adds it to an older table (ADDED_COLUMNS).
     policy_lag: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
-    # MetricEvent.reward_components as a JSON object {"<key>": mean, ...}; added later, as above.
+    # MetricEvent.reward_components as a JSON object {"<key>": mean, ...}.
     reward_components: str = Field(default="{}", sa_type=Text, sa_column_kwargs={"server_default": text("'{}'")})
     reward_errors: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # The sampler/trainer logprob gap (None: the generator reported no logprobs) and the reasons the
+    # step was importance-corrected ("" = none).
+    logprob_gap: float | None = None
+    logprob_gap_max: float | None = None
+    sampler_correction: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""
         return {str(k): float(v) for k, v in json.loads(self.reward_components or "{}").items()}
 
 
-# Columns added to a table after databases were made with it: (table, column). `Store.create_all`
-# adds each one a table lacks (ALTER TABLE ... ADD COLUMN with its default), so an existing
-# database takes the new metric without a migration tool. Only columns with a server default.
-ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("metric_points", "policy_lag"), ("jobs", "queue_reason"),
-                                              ("jobs", "resumes"), ("metric_points", "reward_components"),
-                                              ("metric_points", "reward_errors"))
-
-
 class LoopRow(SQLModel, table=True):
     """An automated training loop: train a round, benchmark it, retrain the winner.
 
-    The table is `training_loops` (not `loops`): databases made before loops existed hold an
-    unused `loops` table of another shape, and `create_all` never alters a table, so the new
-    shape takes a new name instead of a migration. Best score, best round and the elapsed and
+    The table is `training_loops` (not `loops`): the first release had an unused `loops` table of
+    another shape (migration 0002 drops it when empty). Best score, best round and the elapsed and
     phase times are derived from the rounds when read, never stored twice.
     """
 
@@ -278,7 +274,7 @@ class StoreMetaRow(SQLModel, table=True):
     value: str = Field(default="", sa_type=Text)
 
 
-# Creation order follows the foreign keys; `Store.create_all` builds exactly these.
+# Creation order follows the foreign keys; a new database gets exactly these (rlvr.infra.migrate).
 TABLES: tuple[type[SQLModel], ...] = (
     StoreMetaRow,
     JobRow,

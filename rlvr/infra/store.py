@@ -1,7 +1,8 @@
 """The store: the scheduler's record of jobs, metric series, loops, evaluations and artifacts.
 
-DESIGN.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
-(`rlvr.infra.schema`). The scheduler turns NATS metric events into rows here, exactly once: the
+docs/design.md, Store: SQLite by default (WAL, `synchronous=FULL`), PostgreSQL by URL, one schema
+(`rlvr.infra.schema`), kept up to date by alembic migrations (`Store.upgrade`, `rlvr.infra.migrate`).
+The scheduler turns NATS metric events into rows here, exactly once: the
 consumer may deliver an event twice, `add_metric_point` stores it once.
 
 Why synchronous SQLAlchemy under asyncio services: every query here is small and short, SQLite
@@ -25,18 +26,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, create_engine, delete, event, func, inspect, update
+from alembic.util import CommandError
+from sqlalchemy import Engine, Table, create_engine, delete, event, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col, select
 
+from rlvr.infra import migrate
+from rlvr.infra.migrate import Upgrade
 from rlvr.infra.schema import (
-    ADDED_COLUMNS,
     ARTIFACT_KINDS,
     LOOP_FINAL_STATUSES,
-    TABLES,
     ArtifactRow,
     EvaluationRow,
     JobRow,
@@ -57,6 +59,10 @@ BUSY_TIMEOUT_MS = 10_000
 
 class StoreError(RuntimeError):
     """The database is unreachable or refused a write; the message is one readable line."""
+
+
+class DatabaseTooNewError(StoreError):
+    """The database's schema is newer than this rlvr's: a newer rlvr migrated it."""
 
 
 class NotFoundError(StoreError, LookupError):
@@ -158,45 +164,23 @@ class Store:
             self.engine.dispose()
             raise StoreError(f"cannot reach the database at store url {shown!r}: {_first_line(e)}") from None
 
-    def create_all(self) -> None:
-        """Create the tables that do not exist yet (no migrations: a changed column needs one).
-
-        Services sharing one database (the scheduler and the benchmark) start together, and
-        create_all's check-then-create can race: the loser sees "already exists". The tables are
-        then there, so another pass (which checks again) goes on; each lost race means one more
-        table exists, so the passes are bounded by the number of tables.
+    def upgrade(self) -> Upgrade:
+        """Brings the database to this rlvr's schema (every service calls it at its start): creates
+        the tables of a new database, runs the migrations an older one lacks, and refuses, with
+        `DatabaseTooNewError` and nothing changed, a database a newer rlvr has migrated
+        (`rlvr.infra.migrate`, docs/migrations.md). Concurrent starts on one database take turns.
         """
-        attempts = len(TABLES) + 2
-        for attempt in range(attempts):
-            try:
-                SQLModel.metadata.create_all(self.engine, tables=[_table(t) for t in TABLES])
-                self._add_columns()
-                return
-            except SQLAlchemyError as e:
-                if attempt < attempts - 1 and "already exists" in str(e):
-                    continue
-                raise StoreError(
-                    f"cannot create tables at store url {_redact(self.url)!r}: {_first_line(e)}"
-                ) from None
+        shown = _redact(self.url)
+        try:
+            return migrate.upgrade(self.engine)
+        except migrate.DatabaseTooNewError as e:
+            raise DatabaseTooNewError(f"store url {shown!r}: {e}") from None
+        except (SQLAlchemyError, CommandError) as e:
+            raise StoreError(f"cannot upgrade the database at store url {shown!r}: {_first_line(e)}") from None
 
-    def _add_columns(self) -> None:
-        """Adds the schema's later columns (`ADDED_COLUMNS`) that an older table lacks; a
-        concurrent start that added one first is fine."""
-        tables = {_table(t).name: _table(t) for t in TABLES}
-        inspector = inspect(self.engine)
-        for table_name, column_name in ADDED_COLUMNS:
-            if column_name in {c["name"] for c in inspector.get_columns(table_name)}:
-                continue
-            column = tables[table_name].c[column_name]
-            kind = column.type.compile(dialect=self.engine.dialect)
-            default = column.server_default.arg  # type: ignore[union-attr]  # ADDED_COLUMNS have one
-            try:
-                with self.engine.begin() as conn:
-                    conn.exec_driver_sql(f'ALTER TABLE {table_name} ADD COLUMN {column_name} {kind} '
-                                         f"NOT NULL DEFAULT {default}")
-            except SQLAlchemyError as e:
-                if "duplicate column" not in str(e).lower() and "already exists" not in str(e).lower():
-                    raise
+    def create_all(self) -> None:
+        """`upgrade`, under the name scripts and tests call before using a new database."""
+        self.upgrade()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -330,6 +314,13 @@ class Store:
 
     def count_jobs(self, status: str | Iterable[str] | None = None) -> int:
         return self._count(JobRow, *_status_filter(JobRow, status))
+
+    def status_counts(self, model: type[JobRow] | type[LoopRow] | type[EvaluationRow]) -> dict[str, int]:
+        """How many jobs, loops or evaluations are in each status (a status with none is absent)."""
+        column = col(model.status)
+        with self._session() as session:
+            rows = session.exec(select(column, func.count()).group_by(column)).all()
+        return {str(status): int(n) for status, n in rows}
 
     def update_job(self, job_id: str, **fields: Any) -> JobRow:
         """Set the given fields; raises NotFoundError for an unknown id, ValueError for an unknown field."""

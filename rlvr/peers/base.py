@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, cast, overload
 
@@ -43,20 +43,24 @@ _SHORT_NAMES = {full: short for short, full in SERVICE_NAMES.items()}
 class RlvrError(Exception):
     """A failed call: the gRPC status code and the server's message (which, by the contract,
     names the field, value and allowed range for INVALID_ARGUMENT), the method called
-    ("rlvr.v1.RewardService/Score") and, when the client was given one, the address it called."""
+    ("rlvr.v1.RewardService/Score") and, when the client was given one, the address it called.
+    `violations`: for INVALID_ARGUMENT, every bad field as (field path, description), from the
+    status's google.rpc.BadRequest details (one per line of `details` too)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", address: str = "") -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", address: str = "",
+                 violations: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
         self.method = method
         self.address = address
+        self.violations: list[tuple[str, str]] = list(violations)
 
     @classmethod
     def from_rpc(cls, error: grpc.RpcError, method: str = "", address: str = "") -> RlvrError:
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
-        return cls(code, details or "", method, address)
+        return cls(code, details or "", method, address, field_violations(error))
 
     @property
     def service(self) -> str:
@@ -75,6 +79,27 @@ class RlvrError(Exception):
         where = f"{self.service or 'the'} service" + (f" at {self.address}" if self.address else "")
         details = " ".join(self.details.split())
         return f"{where}: {self.call or 'a call'} failed: {self.code.name}: {details}"
+
+
+def field_violations(error: grpc.RpcError) -> list[tuple[str, str]]:
+    """The (field, description) pairs of a failed call's google.rpc.BadRequest details; [] when it
+    carries none (or they do not decode)."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    if not hasattr(error, "trailing_metadata"):
+        return []
+    try:
+        status = rpc_status.from_call(error)
+    except (ValueError, TypeError, AttributeError):
+        return []
+    out: list[tuple[str, str]] = []
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            out += [(v.field, v.description) for v in bad.field_violations]
+    return out
 
 
 def default_timeout(method: str, unary_timeout: float | None = None) -> float:

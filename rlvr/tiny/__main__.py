@@ -1,4 +1,5 @@
-"""``python -m rlvr.tiny``: build the tiny base model, or measure a model's held-out accuracy.
+"""``python -m rlvr.tiny``: build the tiny base model, or measure a model's held-out accuracy (and,
+with ``eval --diagnose``, where its errors lie: ``rlvr models inspect``).
 
 The ``rlvr models build-tiny`` CLI command calls :func:`main` with its arguments.
 """
@@ -23,10 +24,21 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even when a build exists")
     build.add_argument("--json", action="store_true", help="print the report as JSON")
     build.add_argument("--eval-n", type=int, default=500, help="held-out problems the report's accuracy is measured on")
-    evaluate = commands.add_parser("eval", help="greedy accuracy of a model on held-out Math Pairs")
-    evaluate.add_argument("model", help="model directory")
+    evaluate = commands.add_parser("eval", help="greedy accuracy of a model on held-out Math Pairs; with --diagnose "
+                                                "also pass@k, maj@k, zero-spread groups and per-part accuracy")
+    evaluate.add_argument("model", help="model directory (any saved causal LM with its tokenizer)")
     evaluate.add_argument("-n", type=int, default=500)
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--diagnose", action="store_true", help="sample k completions per problem and print "
+                                                                  "where the errors lie (rlvr/tiny/diagnose.py)")
+    evaluate.add_argument("-k", type=int, default=16, help="--diagnose: samples per problem (2-64, default 16)")
+    evaluate.add_argument("--group", type=int, default=8, help="--diagnose: GRPO group size for the zero-spread "
+                                                               "share (2-k, default 8)")
+    evaluate.add_argument("--temperature", type=float, default=0.3, help="--diagnose: sampling temperature "
+                                                                         "(default 0.3, the demo's)")
+    evaluate.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                          help="--diagnose: the problems (train: the training distribution, to design on)")
+    evaluate.add_argument("--json", action="store_true", help="--diagnose: print the measures as JSON")
     untrained = commands.add_parser("untrained", help="write a randomly initialised model (no warm-up)")
     untrained.add_argument("out")
     untrained.add_argument("--size", choices=sorted(SIZES), default="test")
@@ -49,6 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out, size=args.size, seed=args.seed, progress=progress, force=args.force, eval_n=args.eval_n
         )
         print(json.dumps(asdict(report), indent=2) if args.json else report.summary())
+    elif args.command == "eval" and args.diagnose:
+        from rlvr.tiny.diagnose import diagnose
+
+        try:
+            found = diagnose(args.model, n=args.n, k=args.k, group=args.group, temperature=args.temperature,
+                             split=args.split, seed=args.seed)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(found.as_dict(), indent=2) if args.json else found.table())
     elif args.command == "eval":
         from rlvr.tiny.build import evaluate_heldout
 

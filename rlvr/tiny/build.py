@@ -50,8 +50,8 @@ class WarmupRecipe:
 
 
 # Measured on the shared 2-core machine (one thread): "default" (300 x 32) takes 150-460 s by load and
-# reaches 12.6% greedy held-out accuracy with seed 0: room for RL, as DESIGN.md's 17% starting point
-# had (450 x 32 reached 23-27%, and RLVR moved it less). 150x64 gave 1.4%, 600x16 gave 4%, and
+# reaches 12.6% greedy held-out accuracy with seed 0: room for RL, as the early 17% warm-up of
+# docs/design.md (Learning on the bundled model) had (450 x 32 reached 23-27%, and RLVR moved it less). 150x64 gave 1.4%, 600x16 gave 4%, and
 # lr 5e-3 or 1e-2 trained worse.
 RECIPES: dict[str, WarmupRecipe] = {
     "test": WarmupRecipe(steps=20, batch_size=16, learning_rate=3e-3, warmup_steps=2),

@@ -45,7 +45,7 @@ SIZES: dict[str, ModelSize] = {
     # it writes the answer format and stops, and is right on a few percent of the problems, so loop
     # and reward tests see real, non-zero scores; still built in seconds
     "small": _TEST_SHAPE,
-    # ~2.4M parameters: the size DESIGN.md measured GRPO on (0.34 s per step at batch 8 on 2 cores)
+    # ~2.4M parameters: the size docs/design.md's CPU facts measured GRPO on (0.34 s per step at batch 8 on 2 cores)
     "default": ModelSize(
         hidden_size=256,
         num_hidden_layers=4,

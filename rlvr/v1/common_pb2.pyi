@@ -52,6 +52,14 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+
+class TrackerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRACKER_KIND_UNSPECIFIED: _ClassVar[TrackerKind]
+    TRACKER_KIND_TENSORBOARD: _ClassVar[TrackerKind]
+    TRACKER_KIND_MLFLOW: _ClassVar[TrackerKind]
+    TRACKER_KIND_WANDB: _ClassVar[TrackerKind]
+    TRACKER_KIND_TRACKIO: _ClassVar[TrackerKind]
 REWARD_FUNCTION_UNSPECIFIED: RewardFunction
 REWARD_FUNCTION_MATH_PAIRS: RewardFunction
 REWARD_FUNCTION_GSM8K: RewardFunction
@@ -77,6 +85,11 @@ JOB_STATUS_CANCELLED: JobStatus
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
+TRACKER_KIND_UNSPECIFIED: TrackerKind
+TRACKER_KIND_TENSORBOARD: TrackerKind
+TRACKER_KIND_MLFLOW: TrackerKind
+TRACKER_KIND_WANDB: TrackerKind
+TRACKER_KIND_TRACKIO: TrackerKind
 
 class RewardConfig(_message.Message):
     __slots__ = ("function", "synthetic_prompts", "format_bonus", "format_bonus_weight", "dataset", "dataset_split", "key", "terms", "accuracy_key")
@@ -127,7 +140,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +156,7 @@ class AdvancedOptions(_message.Message):
     NUM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     MAX_ASYNC_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_HIGH_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -158,26 +172,64 @@ class AdvancedOptions(_message.Message):
     num_processes: int
     precision: str
     max_async_steps: int
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ...) -> None: ...
+    epsilon_high: float
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter")
+    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GRPO_FIELD_NUMBER: _ClassVar[int]
     ADVANCED_FIELD_NUMBER: _ClassVar[int]
     INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    TRACKING_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_model: str
     reward: RewardConfig
     grpo: GrpoConfig
     advanced: AdvancedOptions
     init_adapter: AdapterRef
-    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ...) -> None: ...
+    tracking: _containers.RepeatedCompositeFieldContainer[TrackerConfig]
+    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., tracking: _Optional[_Iterable[_Union[TrackerConfig, _Mapping]]] = ...) -> None: ...
+
+class TrackerConfig(_message.Message):
+    __slots__ = ("kind", "target", "project", "run_name", "online")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    RUN_NAME_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_FIELD_NUMBER: _ClassVar[int]
+    kind: TrackerKind
+    target: str
+    project: str
+    run_name: str
+    online: bool
+    def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., target: _Optional[str] = ..., project: _Optional[str] = ..., run_name: _Optional[str] = ..., online: _Optional[bool] = ...) -> None: ...
+
+class TrackingLink(_message.Message):
+    __slots__ = ("kind", "location", "steps_logged", "error", "finished")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LOGGED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    kind: TrackerKind
+    location: str
+    steps_logged: int
+    error: str
+    finished: bool
+    def __init__(self, kind: _Optional[_Union[TrackerKind, str]] = ..., location: _Optional[str] = ..., steps_logged: _Optional[int] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class TrainingSummary(_message.Message):
-    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps")
+    __slots__ = ("method", "model", "reward", "group_size", "max_completion", "gpu_selection", "lora_rank", "learn_rate", "max_steps", "backend", "batch_size", "lora_alpha", "loss_type", "quantization", "total_steps", "settings")
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +245,7 @@ class TrainingSummary(_message.Message):
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     method: str
     model: str
     reward: str
@@ -208,7 +261,8 @@ class TrainingSummary(_message.Message):
     loss_type: str
     quantization: str
     total_steps: int
-    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    settings: _containers.ScalarMap[str, str]
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., reward: _Optional[str] = ..., group_size: _Optional[int] = ..., max_completion: _Optional[int] = ..., gpu_selection: _Optional[str] = ..., lora_rank: _Optional[int] = ..., learn_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., backend: _Optional[str] = ..., batch_size: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., loss_type: _Optional[str] = ..., quantization: _Optional[str] = ..., total_steps: _Optional[int] = ..., settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("name", "version", "path")
@@ -221,7 +275,7 @@ class AdapterRef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "status", "created_at", "started_at", "finished_at", "error", "adapter", "summary", "warnings", "current_step", "total_steps", "worker", "queue_reason")
+    __slots__ = ("id", "spec", "status", "created_at", "started_at", "finished_at", "error", "adapter", "summary", "warnings", "current_step", "total_steps", "worker", "queue_reason", "tracking")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +290,7 @@ class Job(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_REASON_FIELD_NUMBER: _ClassVar[int]
+    TRACKING_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     status: JobStatus
@@ -250,10 +305,11 @@ class Job(_message.Message):
     total_steps: int
     worker: str
     queue_reason: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ...) -> None: ...
+    tracking: _containers.RepeatedCompositeFieldContainer[TrackingLink]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ..., tracking: _Optional[_Iterable[_Union[TrackingLink, _Mapping]]] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +341,9 @@ class MetricEvent(_message.Message):
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_GAP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_GAP_MAX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_CORRECTION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -309,7 +368,32 @@ class MetricEvent(_message.Message):
     policy_lag: int
     reward_components: _containers.ScalarMap[str, float]
     reward_errors: int
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
+    logprob_gap: float
+    logprob_gap_max: float
+    sampler_correction: str
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ...) -> None: ...
+
+class CompletionSamples(_message.Message):
+    __slots__ = ("job_id", "step", "samples")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    samples: _containers.RepeatedCompositeFieldContainer[CompletionSample]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[CompletionSample, _Mapping]]] = ...) -> None: ...
+
+class CompletionSample(_message.Message):
+    __slots__ = ("prompt", "completion", "reward", "accuracy")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    completion: str
+    reward: float
+    accuracy: float
+    def __init__(self, prompt: _Optional[str] = ..., completion: _Optional[str] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ...) -> None: ...
 
 class JobStatusEvent(_message.Message):
     __slots__ = ("job_id", "status", "message", "time", "adapter", "current_step")

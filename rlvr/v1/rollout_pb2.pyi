@@ -138,7 +138,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutInfo(_message.Message):
-    __slots__ = ("model", "backend", "max_lora_rank", "max_loras", "max_model_len", "memory_fraction", "vocab_size", "loaded_adapters", "generate_calls", "completions_generated")
+    __slots__ = ("model", "backend", "max_lora_rank", "max_loras", "max_model_len", "memory_fraction", "vocab_size", "loaded_adapters", "generate_calls", "completions_generated", "dtype", "device")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,8 @@ class RolloutInfo(_message.Message):
     LOADED_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     GENERATE_CALLS_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     model: str
     backend: str
     max_lora_rank: int
@@ -159,4 +161,6 @@ class RolloutInfo(_message.Message):
     loaded_adapters: int
     generate_calls: int
     completions_generated: int
-    def __init__(self, model: _Optional[str] = ..., backend: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., max_loras: _Optional[int] = ..., max_model_len: _Optional[int] = ..., memory_fraction: _Optional[float] = ..., vocab_size: _Optional[int] = ..., loaded_adapters: _Optional[int] = ..., generate_calls: _Optional[int] = ..., completions_generated: _Optional[int] = ...) -> None: ...
+    dtype: str
+    device: str
+    def __init__(self, model: _Optional[str] = ..., backend: _Optional[str] = ..., max_lora_rank: _Optional[int] = ..., max_loras: _Optional[int] = ..., max_model_len: _Optional[int] = ..., memory_fraction: _Optional[float] = ..., vocab_size: _Optional[int] = ..., loaded_adapters: _Optional[int] = ..., generate_calls: _Optional[int] = ..., completions_generated: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...

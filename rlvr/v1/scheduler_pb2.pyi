@@ -474,3 +474,17 @@ class WatchLoopRequest(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class TrackJobRequest(_message.Message):
+    __slots__ = ("job_id", "trackers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACKERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trackers: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrackerConfig]
+    def __init__(self, job_id: _Optional[str] = ..., trackers: _Optional[_Iterable[_Union[_common_pb2.TrackerConfig, _Mapping]]] = ...) -> None: ...
+
+class TrackJobResponse(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrackingLink]
+    def __init__(self, links: _Optional[_Iterable[_Union[_common_pb2.TrackingLink, _Mapping]]] = ...) -> None: ...

@@ -121,6 +121,11 @@ class SchedulerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
                 _registered_method=True)
+        self.TrackJob = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/TrackJob',
+                request_serializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -263,6 +268,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TrackJob(self, request, context):
+        """Mirrors a job's stored steps (and, while it runs, its next ones) into more trackers, after the
+        fact or alongside its spec's (docs/tracking.md). Returns once the stored steps are written,
+        each tracker's link and error in the response. INVALID_ARGUMENT for a bad TrackerConfig.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -350,6 +364,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListRewardFunctions,
                     request_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.SerializeToString,
+            ),
+            'TrackJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrackJob,
+                    request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -811,6 +830,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/ListRewardFunctions',
             rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
             rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrackJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/TrackJob',
+            rlvr_dot_v1_dot_scheduler__pb2.TrackJobRequest.SerializeToString,
+            rlvr_dot_v1_dot_scheduler__pb2.TrackJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Protocol
 
 from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
-from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, bounded, out_of_range, shown
+from rlvr.common import paths
+from rlvr.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Violations,
+    bounded,
+    out_of_range,
+    shown,
+)
 from rlvr.jobspec import (
     MAX_COMPLETION,
     MAX_DATASET_CHARS,
@@ -101,21 +110,26 @@ class Plan:
         return self.sampling.to_proto()
 
 
-def check_sampling(request: benchmark_pb2.RunEvaluationRequest) -> Sampling:
+def check_sampling(request: benchmark_pb2.RunEvaluationRequest, v: Violations | None = None) -> Sampling:
+    """The request's sampling; every bad field at once (added to `v`, else raised)."""
+    own = v is None
+    v = Violations() if v is None else v
     sp = request.sampling
     if not 0.0 <= sp.temperature <= 2.0:
-        raise out_of_range("sampling.temperature", sp.temperature, "0.0-2.0 (0 = greedy, the default)")
+        v.add(out_of_range("sampling.temperature", sp.temperature, "0.0-2.0 (0 = greedy, the default)"))
     top_p = sp.top_p or 1.0
     if not 0.0 < top_p <= 1.0:
-        raise out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)")
+        v.add(out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)"))
     max_tokens = sp.max_tokens or DEFAULT_MAX_TOKENS
     if not MAX_TOKENS[0] <= max_tokens <= MAX_TOKENS[1]:
-        raise out_of_range("sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)")
+        v.add(out_of_range("sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)"))
     # The request's own seed wins; sampling.seed is accepted for callers that fill SamplingParams only.
     seed = request.seed or (sp.seed if sp.HasField("seed") else 0)
     if seed > SEED_MAX:
         field = "seed" if request.seed else "sampling.seed"
-        raise out_of_range(field, seed, f"0-{SEED_MAX} (a signed 64-bit integer, as the evaluation is stored)")
+        v.add(out_of_range(field, seed, f"0-{SEED_MAX} (a signed 64-bit integer, as the evaluation is stored)"))
+    if own:
+        v.raise_any()
     return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
 
 
@@ -130,29 +144,36 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest, benchmarks: Mappin
                                 ("label", request.label, MAX_LABEL_CHARS),
                                 ("adapter_path", request.adapter_path, MAX_PATH_CHARS)):
         bounded(field, value, limit)
-    benchmark = get_benchmark(request.benchmark, benchmarks)
+    v = Violations()  # every bad field, refused at once
+    benchmark: Benchmark | None = None
+    with v.check():
+        benchmark = get_benchmark(request.benchmark, benchmarks)
     if request.limit < 0:
-        raise out_of_range("limit", request.limit, ">= 0 (0 = the whole benchmark)")
-    if benchmark.size and request.limit > benchmark.size:
-        raise out_of_range("limit", request.limit, f"0-{benchmark.size} ({benchmark.name} has {benchmark.size} questions)")
-    if benchmark.needs_dataset and not request.dataset.strip():
-        raise InvalidArgument(f"dataset: required for the {benchmark.name} benchmark (a hub dataset or a local "
-                              "JSONL/Parquet/CSV file with prompt and ground_truth columns)")
-    if not benchmark.takes_dataset and (request.dataset or request.dataset_split):
+        v.add(out_of_range("limit", request.limit, ">= 0 (0 = the whole benchmark)"))
+    elif benchmark is not None and benchmark.size and request.limit > benchmark.size:
+        v.add(out_of_range("limit", request.limit, f"0-{benchmark.size} ({benchmark.name} has {benchmark.size} "
+                                                   "questions)"))
+    if benchmark is not None and benchmark.needs_dataset and not request.dataset.strip():
+        v.add(InvalidArgument(f"dataset: required for the {benchmark.name} benchmark (a hub dataset or a local "
+                              "JSONL/Parquet/CSV file with prompt and ground_truth columns)"))
+    if benchmark is not None and not benchmark.takes_dataset and (request.dataset or request.dataset_split):
         given = "dataset" if request.dataset else "dataset_split"
         takers = ", ".join(b.name for b in (benchmarks or {}).values() if b.takes_dataset) or "boxed"
-        raise InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only a benchmark that takes a "
-                              f"dataset does ({takers}); {benchmark.name} has its own questions")
+        v.add(InvalidArgument(f"{given}: {shown(getattr(request, given))} given, but only a benchmark that takes a "
+                              f"dataset does ({takers}); {benchmark.name} has its own questions"))
     name = request.adapter.name
     if name and not ADAPTER_NAME_RE.match(name):
-        raise InvalidArgument(f"adapter.name: {shown(name)} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)")
+        v.add(InvalidArgument(f"adapter.name: {shown(name)} is not a valid name (^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$)"))
     if request.adapter.version < 0:
-        raise out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)")
-    if request.adapter.version and not name:
-        raise InvalidArgument("adapter.version: set without adapter.name")
+        v.add(out_of_range("adapter.version", request.adapter.version, ">= 0 (0 = the live version)"))
+    elif request.adapter.version and not name:
+        v.add(InvalidArgument("adapter.version: set without adapter.name"))
     if request.adapter_path and not name:
-        raise InvalidArgument("adapter.name: required with adapter_path (the name to upload the adapter under)")
-    return benchmark, check_sampling(request)
+        v.add(InvalidArgument("adapter.name: required with adapter_path (the name to upload the adapter under)"))
+    sampling = check_sampling(request, v)
+    v.raise_any()
+    assert benchmark is not None
+    return benchmark, sampling
 
 
 def same_model(requested: str, served: str) -> bool:
@@ -188,9 +209,9 @@ def questions_for(problems: Sequence[Problem], style: PromptStyle, instruction: 
 
 def adapter_folder(path: str, roots: Sequence[Path]) -> Path:
     """The adapter folder named by `adapter_path`, which must lie under one of `roots`."""
-    folder = Path(path).expanduser().resolve()
-    allowed = [Path(r).expanduser().resolve() for r in roots]
-    if not any(folder.is_relative_to(r) for r in allowed):
+    folder = paths.resolve(path)
+    allowed = paths.resolve_all(roots)
+    if not paths.is_under(folder, allowed):
         # The roots are this server's folders: logged for its operator, never sent to a client.
         log.info("adapter_path %s resolves to %s, outside the adapter roots %s", shown(path), folder,
                  ", ".join(map(str, allowed)) or "(none configured)")

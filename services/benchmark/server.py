@@ -8,15 +8,17 @@ URL stops the service with one line naming the setting) and maps calls onto the 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.services.benchmark.evaluations import EvaluationManager
 from rlvr.services.benchmark.settings import BenchmarkSettings
+from rlvr.services.common.metrics import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 
@@ -82,6 +84,22 @@ class BenchmarkCore:
         self.store: Store | None = None
         self.bus: EventBus | None = None
         self.peers: ServicePeers | None = None
+        self.metrics = Metrics()
+        self.metrics.register(self._gauges)
+
+    def _gauges(self) -> Iterator[Metric]:
+        """The store's evaluations by status, read at each scrape."""
+        if self.store is None:
+            return
+        from rlvr.infra.schema import EvaluationRow
+
+        counts = self.store.status_counts(EvaluationRow)
+        running = GaugeMetricFamily("rlvr_benchmark_evaluations_running", "Evaluations RUNNING")
+        running.add_metric([], float(counts.get("RUNNING", 0)))
+        yield running
+        statuses = [n.removeprefix("EVALUATION_STATUS_") for n in (v.name for v in benchmark_pb2.EvaluationStatus.DESCRIPTOR.values)
+                    if not n.endswith("UNSPECIFIED")]
+        yield status_gauge("rlvr_benchmark_evaluations", "Evaluations in the store, by status", statuses, counts)
 
     async def start(self) -> None:
         from rlvr.services.benchmark.events import BusEvents
@@ -116,4 +134,4 @@ def build_service(settings: BenchmarkSettings) -> GrpcService:
     core = BenchmarkCore(settings, servicer)
     name = benchmark_pb2.DESCRIPTOR.services_by_name["BenchmarkService"].full_name
     return GrpcService([(benchmark_pb2_grpc.add_BenchmarkServiceServicer_to_server, servicer, name)],
-                       on_start=core.start, on_stop=core.stop)
+                       on_start=core.start, on_stop=core.stop, metrics=core.metrics)

@@ -41,6 +41,7 @@ from rlvr.common.auth import (
 from rlvr.common.errors import InvalidArgument, abort_with
 from rlvr.common.logs import configure_logging
 from rlvr.common.settings import ServiceSettings, SettingsError, load_settings, setting_label
+from rlvr.services.common.metrics import Metrics, MetricsInterceptor
 
 log = logging.getLogger("rlvr.server")
 
@@ -290,6 +291,8 @@ class ServiceRunner:
         self.server: grpc.aio.Server | None = None
         self.health: HealthServicer | None = None
         self.port = 0
+        # The service's own metrics (GrpcService.metrics), else a registry for the RPC series alone.
+        self.metrics: Metrics = getattr(service, "metrics", None) or Metrics()
 
     @property
     def address(self) -> str:
@@ -302,6 +305,7 @@ class ServiceRunner:
         interceptors: list[grpc.aio.ServerInterceptor] = [DecodeErrorInterceptor()]
         if tokens.enabled:
             interceptors.insert(0, AuthInterceptor(tokens))  # first: a refused call is not even parsed
+        interceptors.insert(0, MetricsInterceptor(self.metrics))  # outermost: every call counts, refused ones too
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -319,6 +323,14 @@ class ServiceRunner:
         if self.port == 0:
             raise SettingsError(_port_error(self.settings))
         await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.settings.metrics_port is not None:
+            try:
+                port = self.metrics.serve(self.settings.host, self.settings.metrics_port)
+            except OSError as e:
+                raise SettingsError(f"{setting_label(self.settings, 'metrics_port')} = {self.settings.metrics_port}: "
+                                    f"cannot serve on {self.settings.host}: {e.strerror or e}") from None
+            url = f"http://{self.settings.host}:{port}/metrics"
+            log.info("metrics at %s", url, extra={"url": url})
         await self.server.start()
         log.info("listening", extra={"address": self.address, "status": "starting",
                                      "auth": "tokens" if tokens.enabled else "off",
@@ -339,6 +351,7 @@ class ServiceRunner:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.grace_seconds if grace is None else grace)
         await self.service.stop()
+        self.metrics.close()
         log.info("stopped", extra={"address": self.address})
 
     async def __aenter__(self) -> ServiceRunner:
@@ -347,6 +360,7 @@ class ServiceRunner:
         except BaseException:
             if self.server is not None:
                 await self.server.stop(0)
+            self.metrics.close()
             raise
         return self
 
@@ -370,6 +384,7 @@ async def _serve_until_signal(runner: ServiceRunner) -> None:
             waiter.cancel()
             if runner.server is not None:
                 await runner.server.stop(0)
+            runner.metrics.close()
             raise
         await waiter
     else:
@@ -416,8 +431,10 @@ class GrpcService:
         servicers: Sequence[tuple[Callable[[object, grpc.aio.Server], None], object, str]],
         on_start: Callable[[], object] | None = None,
         on_stop: Callable[[], object] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._servicers = servicers
+        self.metrics = metrics or Metrics()  # the service's own series live in it (docs/metrics.md)
         self.service_names = [name for _, _, name in servicers]
         self._on_start = on_start
         self._on_stop = on_stop

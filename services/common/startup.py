@@ -27,7 +27,7 @@ async def open_store(settings: ServiceSettings) -> Store:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         store = await asyncio.to_thread(Store, url)
-        await asyncio.to_thread(store.create_all)
+        await asyncio.to_thread(store.upgrade)
     except (StoreError, OSError) as e:
         raise StartupError(f"{setting_label(settings, 'database_url')}: {e}") from None
     return store

@@ -35,6 +35,7 @@ from rlvr.jobspec import (
 )
 from rlvr.peers.types import catalog_proto, columns_of, problem_proto
 from rlvr.rewards.registry import Catalog, RewardInfo, Sample, UnavailableReward, UnknownReward, load_registry
+from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.reward.errors import ErrorLog
 from rlvr.services.reward.settings import RewardSettings
@@ -51,8 +52,15 @@ log = logging.getLogger("rlvr.reward")
 
 @map_errors
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
-    def __init__(self, settings: RewardSettings) -> None:
+    def __init__(self, settings: RewardSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._items = self.metrics.counter("rlvr_reward_items_scored_total",
+                                           "Completions scored (every reward of a request, once per item)")
+        self._timeouts = self.metrics.counter("rlvr_reward_item_timeouts_total",
+                                              "Completions whose reward ran past its per-item time limit (scored 0)")
+        self._item_errors = self.metrics.counter("rlvr_reward_item_errors_total",
+                                                 "Completions whose reward raised, hung or returned no number in 0-1")
         self._pool: ScoringPool | None = None
         self._registry: Registry | None = None
         self._remotes: dict[str, RemoteScorer] = {}
@@ -154,6 +162,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         scored = [combine(terms, {k: results[k][i] for k, _ in terms}, s.completion, bonus, weight, accuracy)
                   for i, s in enumerate(samples)]
         self._errors.note([r.error for r in scored if r.error], len(scored))
+        self._items.inc(len(scored))
+        self._timeouts.inc(sum(r.timed_out for r in scored))
+        self._item_errors.inc(sum(bool(r.error) for r in scored))
         return reward_pb2.ScoreResponse(
             results=[common_pb2.RewardComponents(
                 reward=r.reward, accuracy=r.accuracy, format=r.format, strict=r.strict,
@@ -231,4 +242,4 @@ def build_service(settings: RewardSettings) -> GrpcService:
     servicer = RewardServicer(settings)
     name = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
     return GrpcService([(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer, name)],
-                       on_start=servicer.start, on_stop=servicer.stop)
+                       on_start=servicer.start, on_stop=servicer.stop, metrics=servicer.metrics)

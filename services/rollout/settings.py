@@ -43,6 +43,11 @@ class RolloutSettings(ServiceSettings):
     give the trainer and the benchmark all their addresses (rollout_addresses)."""
     enforce_eager: bool | None = None
     """vLLM: skip graph capture/compilation (starts faster; unset = on for CPU-only hosts, off with CUDA)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The engine's weight and compute dtype: auto = bfloat16 on a CUDA device that supports it
+    (Ampere on), float16 on an older CUDA device, float32 on a CPU host (where float32 matches an fp32
+    trainer token for token). A job whose advanced.precision differs is importance-corrected
+    (docs/gpu.md)."""
     seed: int = 0
     """Engine seed (requests carry their own seeds)."""
     trust_remote_code: bool = False

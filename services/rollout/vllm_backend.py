@@ -43,7 +43,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
-from rlvr.infra.reaper import children, reap_with_this_process
+from rlvr.infra.reaper import children, is_resource_tracker, reap_with_this_process
 from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
@@ -128,7 +128,9 @@ class VLLMBackend(GenerationBackend):
         # alone, this server would leave both running with the model's memory. Only the processes
         # the engine started: this process may have other children (an in-process server in tests
         # shares its process with their NATS server), which are not the engine's to take along.
-        self._reaper = reap_with_this_process(sorted(set(children()) - before))
+        # The resource tracker the engine's first spawn may start is this process's, not the engine's.
+        started = [pid for pid in sorted(set(children()) - before) if not is_resource_tracker(pid)]
+        self._reaper = reap_with_this_process(started)
 
     def engine_kwargs(self) -> dict[str, object]:
         """The engine's settings, as keyword arguments of `AsyncEngineArgs` (and of `vllm.LLM`, which

@@ -1,5 +1,5 @@
 """The benchmark service as the loop manager sees it: list benchmarks, start an evaluation, find one
-by label, wait for one to end.
+by label, wait for one to end, read its per-question results.
 
 `Benchmarks` is the interface the loop core uses; `GrpcBenchmarks` is the real one, over the typed
 client of rlvr.peers. It translates the client's failures into the project's errors here, once, so the loop core never sees gRPC: an
@@ -9,6 +9,7 @@ an unknown evaluation is None; a refused request keeps its status (InvalidArgume
 
 from __future__ import annotations
 
+import builtins
 import logging
 from typing import Protocol
 
@@ -38,6 +39,7 @@ class Benchmarks(Protocol):
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
     async def find(self, benchmark: str, label: str) -> benchmark_pb2.Evaluation | None: ...
     async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None: ...
+    async def results(self, evaluation_id: str) -> builtins.list[benchmark_pb2.QuestionResult]: ...
 
 
 _KINDS: dict[str, type[RlvrServiceError]] = {
@@ -102,6 +104,19 @@ class GrpcBenchmarks:
                 break
         alive = [e for e in matches if e.status != benchmark_pb2.EVALUATION_STATUS_FAILED]
         return alive[0] if alive else (matches[0] if matches else None)
+
+    async def results(self, evaluation_id: str) -> builtins.list[benchmark_pb2.QuestionResult]:
+        """Every per-question result of an evaluation, a page at a time."""
+        found: builtins.list[benchmark_pb2.QuestionResult] = []
+        while True:
+            try:
+                resp = await self._client.get_evaluation_results(benchmark_pb2.GetEvaluationResultsRequest(
+                    id=evaluation_id, offset=len(found), limit=MAX_PAGE), timeout=30)
+            except RlvrError as e:
+                raise self._error(e) from None
+            found += resp.results
+            if not resp.results or len(found) >= resp.total:
+                return found
 
     async def wait(self, evaluation_id: str) -> benchmark_pb2.Evaluation | None:
         """The evaluation once it has a final status (None when the service does not know it).

@@ -46,13 +46,30 @@ def standard_error_points(score_percent: float, questions: int) -> float:
     return 100.0 * math.sqrt(p * (1.0 - p) / questions)
 
 
-def gain_threshold(min_gain: float | None, best_before: float, questions: int) -> float:
+def gain_threshold(min_gain: float | None, best_before: float, questions: int,
+                   paired_se: float | None = None) -> float:
     """Points a round must gain over `best_before` (the best score before it, the baseline
-    included) for the gain to be real: `min_gain` when set, else one standard error of
-    `best_before` at the round's question count."""
+    included) for the gain to be real: `min_gain` when set, else one standard error of the gain.
+    That is `paired_se` (rlvr/paired.py: the standard error of the per-question differences
+    between the round's evaluation and the best before it, the same questions asked of both)
+    when the two evaluations' results could be paired, else one standard error of `best_before`
+    at the round's question count."""
     if min_gain is not None:
         return min_gain
+    if paired_se is not None:
+        return paired_se
     return standard_error_points(best_before, questions)
+
+
+def best_before_round(rounds: Sequence[R], index: int, baseline: float) -> R | None:
+    """The round that holds the best score before round `index` (None: the baseline holds it;
+    ties go to the baseline, then to the earlier round), whose evaluation a round is paired with."""
+    best: R | None = None
+    for r in sorted(scored(rounds), key=lambda r: r.index):
+        assert r.score is not None
+        if r.index < index and r.score > (baseline if best is None else (best.score or 0.0)):
+            best = r
+    return best
 
 
 def is_real_gain(score: float, best_before: float, threshold: float) -> bool:

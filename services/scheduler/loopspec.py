@@ -3,7 +3,7 @@
 `resolve_loop_spec` takes the LoopSpec a user sent, the benchmarks the benchmark service lists and
 the largest LoRA rank the rollout server serves, and returns the spec with every default filled in
 and its job spec resolved exactly as CreateJob resolves one (`resolve_spec`), plus the warnings to
-show. A bad value raises InvalidArgument naming the field (`job.<path>` for the job spec), the
+show. Bad values raise one InvalidArgument naming every bad field (`job.<path>` for the job spec), the
 value and the allowed range or choices. Pure: no store, no gRPC.
 """
 
@@ -13,24 +13,25 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlvr.common.errors import InvalidArgument, bounded, out_of_range, shown
+from rlvr.common.errors import InvalidArgument, Violations, bounded, out_of_range, shown
 from rlvr.jobspec import (
+    GIVE_UP_AFTER,
     JOB_SEED,
     MAX_DATASET_CHARS,
     MAX_NAME_CHARS,
+    MAX_ROUNDS,
     MAX_SPLIT_CHARS,
+    MIN_GAIN,
+    MIN_GAIN_ALLOWED,
     NAME_RE,
-    IntRange,
+    TARGET,
+    TARGET_ALLOWED,
     ResolvedJob,
     resolve_spec,
 )
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.v1 import benchmark_pb2, scheduler_pb2
 
-MAX_ROUNDS = IntRange(1, 100, 8)
-GIVE_UP_AFTER = IntRange(1, 100, 2)
-MIN_GAIN = (0.0, 100.0)  # points
-TARGET = (0.0, 100.0)  # percent, (low, high]
 DEFAULT_BENCHMARK_SPLIT = "test"
 
 
@@ -48,7 +49,7 @@ def _job_spec(spec: scheduler_pb2.LoopSpec, catalog: Catalog | None) -> Resolved
     try:
         return resolve_spec(spec.job, catalog=catalog)
     except InvalidArgument as e:
-        raise InvalidArgument(f"job.{e}") from None
+        raise e.prefixed("job.") from None
 
 
 def benchmark_of(key: str, catalog: Catalog | None = None) -> str:
@@ -83,25 +84,29 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
 
+    v = Violations()  # every bad field, refused at once
     low, high = TARGET
     if not spec.target or math.isnan(spec.target) or not low < spec.target <= high:
-        raise out_of_range("target", spec.target, "a percent in (0, 100], the leaderboard's scale; required")
+        v.add(out_of_range("target", spec.target, TARGET_ALLOWED))
     for field, rng in (("max_rounds", MAX_ROUNDS), ("give_up_after", GIVE_UP_AFTER)):
         if not spec.HasField(field):
             setattr(spec, field, rng.default)
         elif not rng.low <= getattr(spec, field) <= rng.high:
-            raise out_of_range(field, getattr(spec, field), f"{rng.text()} (default {rng.default})")
-    if spec.give_up_after >= spec.max_rounds:  # Rounds spent is checked before Plateaued
+            v.add(out_of_range(field, getattr(spec, field), f"{rng.text()} (default {rng.default})"))
+    if not v.bad("max_rounds", "give_up_after") and spec.give_up_after >= spec.max_rounds:  # Rounds spent is checked before Plateaued
         warnings.append(f"give_up_after {spec.give_up_after} is not below max_rounds {spec.max_rounds}: the loop ends "
                         f"with Rounds spent after round {spec.max_rounds} before it could count {spec.give_up_after} "
                         "rounds without a real gain, so it never stops as Plateaued")
     if not spec.HasField("reclaim_storage"):
         spec.reclaim_storage = True
     if spec.HasField("min_gain") and (math.isnan(spec.min_gain) or not MIN_GAIN[0] <= spec.min_gain <= MIN_GAIN[1]):
-        raise out_of_range("min_gain", spec.min_gain, "0-100 points (unset = one standard error of the best "
-                                                      "score at the benchmark's question count)")
+        v.add(out_of_range("min_gain", spec.min_gain, MIN_GAIN_ALLOWED))
 
-    job = _job_spec(spec, catalog)
+    try:
+        job = _job_spec(spec, catalog)
+    except InvalidArgument as e:
+        v.add(e)
+    v.raise_any()
     spec.job.CopyFrom(job.spec)
     warnings += job.warnings
 

@@ -1,23 +1,27 @@
 """gRPC glue of the scheduler: request in, validation and the job core, response out.
 
-The cores (services/scheduler/jobs.py: jobs; actions.py: the RL Metrics card and the job actions;
-loops.py: automated training loops) know nothing of gRPC: the trainers are reached through
-workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a bad URL
-stops the service with one line naming the setting) and maps calls.
+The cores (services/scheduler/jobs.py: jobs, with lifecycle.py, dispatch.py and ingest.py behind
+it; actions.py: the RL Metrics card and the job actions; loops.py: automated training loops;
+tracking.py: the experiment trackers' bridge) know nothing of gRPC: the trainers are reached
+through workers.py's `GrpcWorkers`, and this module opens the store and the event bus at start (a
+bad URL stops the service with one line naming the setting) and maps calls.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
 from rlvr.peers.types import catalog_proto
+from rlvr.services.common.metrics import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
@@ -25,8 +29,9 @@ from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
 from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
 from rlvr.services.scheduler.settings import SchedulerSettings
+from rlvr.services.scheduler.tracking import TrackingBridge
 from rlvr.services.scheduler.workers import GrpcWorkers
-from rlvr.v1 import scheduler_pb2, scheduler_pb2_grpc
+from rlvr.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("rlvr.scheduler")
 
@@ -37,6 +42,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.jobs: JobManager | None = None
         self.actions: JobActions | None = None
         self.loops: LoopManager | None = None
+        self.tracking: TrackingBridge | None = None
 
     def _loops(self) -> LoopManager:
         if self.loops is None:
@@ -48,6 +54,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise Unavailable("the scheduler is starting")
         return self.jobs
 
+    def _tracking(self) -> TrackingBridge:
+        if self.tracking is None:
+            raise Unavailable("the scheduler is starting")
+        return self.tracking
+
     def _actions(self) -> JobActions:
         if self.actions is None:
             raise Unavailable("the scheduler is starting")
@@ -55,7 +66,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def CreateJob(self, request: scheduler_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
                         ) -> scheduler_pb2.CreateJobResponse:  # noqa: N802
+        self._tracking().check_targets(request.spec.tracking)
         resolved, job = await self._jobs().create(request.spec, request.dry_run)
+        if job is not None:
+            await self._tracking().job_created(job)
         resp = scheduler_pb2.CreateJobResponse(summary=resolved.summary, warnings=resolved.warnings,
                                                resolved_spec=resolved.spec)
         if job is not None:
@@ -63,7 +77,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return resp
 
     async def GetJob(self, request, context):  # noqa: N802
-        return await self._jobs().get(request.id)
+        job = await self._jobs().get(request.id)
+        job.tracking.extend(self._tracking().links(job))
+        return job
 
     async def ListJobs(self, request, context):  # noqa: N802
         jobs, total = await self._jobs().list(request.status, request.limit, request.offset)
@@ -99,6 +115,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def CreateLoop(self, request: scheduler_pb2.CreateLoopRequest, context: grpc.aio.ServicerContext
                          ) -> scheduler_pb2.CreateLoopResponse:  # noqa: N802
+        self._tracking().check_targets(request.spec.job.tracking, "job.tracking")
         resolved, loop = await self._loops().create(request.spec, request.dry_run)
         resp = scheduler_pb2.CreateLoopResponse(resolved_spec=resolved.spec, summary=resolved.job.summary,
                                                 warnings=resolved.warnings)
@@ -127,6 +144,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                               f"built-in rewards can be named now: {', '.join(catalog.rewards)}")
         return catalog_proto(catalog)
 
+    async def TrackJob(self, request, context):  # noqa: N802
+        links = await self._tracking().track(request.job_id, list(request.trackers))
+        return scheduler_pb2.TrackJobResponse(links=links)
+
 
 class SchedulerCore:
     """Opens the store and the bus, runs the job manager."""
@@ -136,6 +157,22 @@ class SchedulerCore:
         self.servicer = servicer
         self.store: Store | None = None
         self.bus: EventBus | None = None
+        self.metrics = Metrics()
+        self.metrics.register(self._gauges)
+
+    def _gauges(self) -> Iterator[Metric]:
+        """The store's jobs and loops by status, read at each scrape (a query each: small)."""
+        if self.store is None:
+            return
+        from rlvr.infra.schema import JobRow, LoopRow
+
+        jobs = self.store.status_counts(JobRow)
+        depth = GaugeMetricFamily("rlvr_scheduler_queue_depth", "Jobs QUEUED: waiting for a trainer worker")
+        depth.add_metric([], float(jobs.get("QUEUED", 0)))
+        yield depth
+        yield status_gauge("rlvr_scheduler_jobs", "Jobs in the store, by status", JOB_STATUSES, jobs)
+        yield status_gauge("rlvr_scheduler_loops", "Training loops in the store, by status", LOOP_STATUSES,
+                           self.store.status_counts(LoopRow))
 
     async def start(self) -> None:
         from rlvr.services.common.startup import open_bus, open_store
@@ -151,11 +188,16 @@ class SchedulerCore:
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)
         await loops.start()
+        tracking = TrackingBridge(jobs, self.bus, s.tracking_roots, s.artifact_root / "mlruns")
+        await tracking.start()
+        self.servicer.tracking = tracking
         self.servicer.jobs = jobs
         self.servicer.actions = JobActions(jobs, s.artifact_root)
         self.servicer.loops = loops
 
     async def stop(self) -> None:
+        if self.servicer.tracking is not None:
+            await self.servicer.tracking.stop()
         if self.servicer.loops is not None:
             await self.servicer.loops.stop()
         if self.servicer.jobs is not None:
@@ -171,4 +213,12 @@ def build_service(settings: SchedulerSettings) -> GrpcService:
     core = SchedulerCore(settings, servicer)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     return GrpcService([(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, servicer, name)],
-                       on_start=core.start, on_stop=core.stop)
+                       on_start=core.start, on_stop=core.stop, metrics=core.metrics)
+
+
+def _names(enum: Any, prefix: str) -> tuple[str, ...]:
+    return tuple(v.name.removeprefix(prefix) for v in enum.DESCRIPTOR.values if not v.name.endswith("UNSPECIFIED"))
+
+
+JOB_STATUSES = _names(common_pb2.JobStatus, "JOB_STATUS_")
+LOOP_STATUSES = _names(scheduler_pb2.LoopStatus, "LOOP_STATUS_")

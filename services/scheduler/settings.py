@@ -38,5 +38,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
     adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
     round would not fit."""
+    tracking_roots: list[Path] = Field(default_factory=lambda: [Path.cwd(), rlvr_home() / "tracking"])
+    """Folders a job's experiment trackers may write under (TensorBoard log dirs, MLflow file
+    stores, W&B run dirs, trackio stores; JSON list or comma list): a target outside them is refused
+    at CreateJob and TrackJob (docs/tracking.md). MLflow servers (http/https) need no root."""
     loop_peer_wait_seconds: float = Field(default=600.0, gt=0)
     """How long a loop waits for an unreachable benchmark service before it fails."""

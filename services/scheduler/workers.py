@@ -2,8 +2,8 @@
 
 `Workers` is a small interface of plain Python (tests pass their own); `GrpcWorkers` is the real
 one. The adapter is the only place where the scheduler reads the trainers' status codes: it turns
-a failed call into one of the domain exceptions below, so jobs.py and actions.py never import
-grpc. The codes, by trainer.proto:
+a failed call into one of the domain exceptions below, so dispatch.py, jobs.py and actions.py never
+import grpc. The codes, by trainer.proto:
 
 - UNAVAILABLE, DEADLINE_EXCEEDED -> `WorkerUnavailable`: not reached, or no answer in time. The
   call may still have taken effect (a StartJob whose answer was lost started the job).
@@ -75,7 +75,7 @@ class WorkerState:
     last_error: str = ""
     last_adapter: common_pb2.AdapterRef | None = None
     # The last job's process ended without a result (killed, out of memory) and not on a cancel:
-    # resumable (jobs.py); its last_status reads FAILED.
+    # resumable (dispatch.py); its last_status reads FAILED.
     last_lost: bool = False
     # What it can run (trainer.proto WorkerCapabilities); None from a trainer that does not say,
     # which is then taken to fit any job (fit.py).

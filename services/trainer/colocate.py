@@ -12,7 +12,7 @@ read in trl 1.16 (`trl/generation/vllm_generation.py`, `grpo_trainer.py`):
   `model_runner.model.load_weights`, and `unmerge_adapter()` (`_iter_named_params`,
   `sync_weights`), before the rollout function runs. The engine then holds anonymous weights:
   nothing in its output says which policy produced a completion, so the check this project makes
-  on every completion (DESIGN.md, step 4) has nothing to check. Here each output carries the
+  on every completion (docs/design.md, One training step, 4) has nothing to check. Here each output carries the
   `LoRARequest` vLLM ran it with (`RequestOutput.lora_request`), which is compared with the
   version the step expects (`check_versions`, as for the rollout server).
 - Merging moves the trainer's own base weights: merge + unmerge is exact only up to rounding, and
@@ -131,6 +131,7 @@ class ColocatedGenerator:
         import torch
 
         self.model_path = model
+        self.dtype = dtype  # the job's precision (runner.start_colocated): sampler and trainer agree
         self.step = 0  # for error messages only (the engine sets it)
         self._uids = itertools.count(1)
         self._versions: dict[int, AdapterTag] = {}  # LoRA id -> the version it is
@@ -186,7 +187,7 @@ class ColocatedGenerator:
             model=model,
             tokenizer=model,
             trust_remote_code=trust_remote_code,
-            dtype=dtype,  # float32: "auto" silently downcasts an fp32 model on CPU (vllm_backend.py)
+            dtype=dtype,  # the job's precision, never "auto" (it downcasts an fp32 model on CPU: vllm_backend.py)
             seed=seed,
             max_model_len=max_model_len,
             gpu_memory_utilization=fraction,

@@ -9,26 +9,29 @@ adds what only a worker knows: where artifacts go and the adapter name it pushes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.infra.events import SUBJECT_TOKEN_RE
 from rlvr.jobspec import (
     BACKEND_KEYS,
     DEFAULT_DATASET_SPLIT,
-    GPU_MEMORY_FRACTION,
     LOSS_NAMES,
-    MAX_ASYNC_STEPS,
-    PRECISION_KEYS,
     QUANT_KEYS,
+    SPEC_FIELDS,
     Backend,
     LossType,
     Precision,
     Quantization,
     RewardName,
+    proto_field,
     resolve_spec,
+    value_of,
 )
 from rlvr.services.trainer.artifacts import under_root
 from rlvr.v1 import common_pb2, trainer_pb2
@@ -88,6 +91,8 @@ class JobConfig:
     # advanced.max_async_steps: steps of generation ahead of training (0 = synchronous); the bound
     # on the policy lag of a step's training data (services/trainer/prefetch.py).
     max_async_steps: int
+    # advanced.epsilon_high: DAPO's clip-higher, TRL's GRPOConfig(epsilon_high).
+    epsilon_high: float
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""
@@ -162,7 +167,7 @@ def job_config_from_request(
         raise InvalidArgument(f"job_id: {request.job_id!r} is not allowed; use 1-128 letters, digits, '_' or '-'")
     resolved = resolve_spec(request.spec)  # idempotent on a spec the scheduler already resolved
     spec = resolved.spec
-    r, g, a = spec.reward, spec.grpo, spec.advanced
+    r = spec.reward
     init_path = ""
     if spec.HasField("init_adapter") and (spec.init_adapter.path or spec.init_adapter.name):
         if not spec.init_adapter.path:
@@ -174,41 +179,14 @@ def job_config_from_request(
     if request.total_steps < -1:
         raise InvalidArgument(f"total_steps: {request.total_steps} must be >= 1, or 0/-1 to derive it")
     return JobConfig(
+        **spec_fields(spec),
         job_id=request.job_id,
         base_model=spec.base_model,
         artifact_root=artifact_root,
         reward_function=r.key,
         reward_terms=tuple((t.key, t.weight) for t in r.terms) if len(r.terms) > 1 else (),
         accuracy_key=r.accuracy_key if r.accuracy_key != r.key else "",
-        # a reward that generates its prompts has the count (resolve_spec); 0 = all of the dataset's
-        synthetic_prompts=r.synthetic_prompts if r.HasField("synthetic_prompts") else 0,
-        format_bonus=r.format_bonus,
-        format_bonus_weight=as_typed(r.format_bonus_weight),
-        dataset=r.dataset,
         dataset_split=r.dataset_split or DEFAULT_DATASET_SPLIT,  # "" for Math Pairs, which has no splits
-        group_size=g.group_size,
-        max_completion_tokens=g.max_completion_tokens,
-        lora_rank=g.lora_rank,
-        lora_alpha=g.lora_alpha,
-        learning_rate=g.learning_rate,
-        max_steps=g.max_steps,
-        batch_size=g.batch_size,
-        loss_type=LOSS_NAMES[a.loss_type],
-        epochs=a.epochs,
-        quantization=QUANT_KEYS[a.quantization],
-        generation_backend=BACKEND_KEYS[a.generation_backend],
-        gpu_memory_fraction=as_typed(a.gpu_memory_fraction) if a.HasField("gpu_memory_fraction")
-        else GPU_MEMORY_FRACTION.default,
-        gpu_selection=a.gpu_selection,
-        kl_beta=a.kl_beta,
-        temperature=as_typed(a.temperature),
-        dynamic_sampling=a.dynamic_sampling,
-        lora_init="gaussian" if a.lora_init == "gaussian" else "default",
-        seed=a.seed,
-        checkpoint_every=a.checkpoint_every,
-        num_processes=a.num_processes,
-        precision=PRECISION_KEYS[a.precision],
-        max_async_steps=a.max_async_steps if a.HasField("max_async_steps") else MAX_ASYNC_STEPS.default,
         init_adapter_path=init_path,
         init_adapter_label=spec.init_adapter.name or spec.init_adapter.path,
         total_steps=max(0, request.total_steps),
@@ -216,6 +194,28 @@ def job_config_from_request(
         resume=request.resume,
         stored_steps=max(0, request.stored_steps),
     )
+
+
+# An enum field's JobConfig value: its short key.
+ENUM_KEYS: dict[str, Mapping[int, str]] = {"advanced.loss_type": LOSS_NAMES, "advanced.quantization": QUANT_KEYS,
+                                           "advanced.generation_backend": BACKEND_KEYS}
+
+
+def spec_fields(spec: common_pb2.JobSpec) -> dict[str, Any]:
+    """JobConfig's fields that rlvr/jobspec.py's table declares, by name, from a resolved spec: an
+    enum as its key, a 32-bit float as the decimal typed (`as_typed`), an unset field as the row says."""
+    out: dict[str, Any] = {}
+    for row in SPEC_FIELDS:
+        name = row.config_name
+        if name is None:
+            continue
+        value = value_of(spec, row)
+        if row.path in ENUM_KEYS:
+            value = ENUM_KEYS[row.path][value]  # type: ignore[index]
+        elif proto_field(row).type == FieldDescriptor.TYPE_FLOAT:
+            value = as_typed(value)  # type: ignore[arg-type]
+        out[name] = value
+    return out
 
 
 def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any) -> JobConfig:

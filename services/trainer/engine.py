@@ -1,6 +1,6 @@
 """TRL's `GRPOTrainer` set up for a job, its seams calling into the step (services/trainer/step.py).
 
-DESIGN.md names TRL as the engine, and it gives the per-step control this worker needs through
+docs/design.md names TRL as the engine, and it gives the per-step control this worker needs through
 documented seams, so nothing of TRL is patched. Each seam is one call into the step's `Step`,
 which reads there in order (generate -> score -> update -> push -> publish):
 
@@ -18,10 +18,14 @@ adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into 
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed) unless advanced.max_async_steps > 0: then the
-next steps are generated while this one trains (prefetch.py), and TRL's truncated importance
-sampling against the rollout's logprobs corrects the lag (grpo_trainer.py: `trainer_class(correct_lag=True)`,
-its ratio taken from the training forward rather than from TRL's extra no-grad pass).
+step per generation, so no importance ratio is needed) unless the sampler is not the policy trained
+(quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
+this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, or a
+quantized base sampled unquantized by vLLM. Then TRL's truncated importance sampling against the
+rollout's logprobs corrects the loss (grpo_trainer.py: `trainer_class(correct_lag=True)`, its ratio
+taken from the training forward rather than from TRL's extra no-grad pass), and each step's
+MetricEvent names the reasons (sampler_correction). Every step measures the sampler/trainer logprob
+gap (MetricEvent.logprob_gap) whether or not it corrects.
 """
 
 from __future__ import annotations
@@ -59,14 +63,18 @@ RESUME_FILE = "rlvr-resume.json"
 
 
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
-              processes: int = 1) -> Any:  # -> GRPOConfig
-    """TRL's config for a job. CPU facts (DESIGN.md): no gradient checkpointing, and fp32 unless the
+              processes: int = 1, correct: bool | None = None) -> Any:  # -> GRPOConfig
+    """TRL's config for a job. CPU facts (docs/design.md): no gradient checkpointing, and fp32 unless the
     job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
     steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
-    share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide)."""
+    share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide).
+    `correct`: TRL's truncated importance sampling against the rollout's logprobs (None: with
+    asynchronous steps; the runner passes whether `sampler_corrections` found any reason)."""
     from trl import GRPOConfig
 
-    lag: dict[str, Any] = LAG_CORRECTION if job.max_async_steps else {}
+    if correct is None:
+        correct = job.max_async_steps > 0
+    lag: dict[str, Any] = LAG_CORRECTION if correct else {}
     return GRPOConfig(
         **lag,
         output_dir=str(output_dir),
@@ -84,6 +92,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         # Dr. GRPO drops the per-group std normalisation (its length/difficulty bias fix).
         scale_rewards="none" if job.loss_type == "dr_grpo" else "group",
         beta=job.kl_beta,
+        epsilon_high=job.epsilon_high,  # DAPO's clip-higher; the lower clip stays TRL's epsilon (0.2)
         temperature=job.temperature,
         num_iterations=1,
         seed=job.seed,
@@ -211,6 +220,7 @@ class GrpoEngine:
         initial: AdapterTag,
         use_cpu: bool,
         group: Group | None = None,  # a job of several processes: this one's rank (distributed.py)
+        corrections: Sequence[str] | None = None,  # quantization.sampler_corrections (None: the lag alone)
     ) -> None:
         from datasets import Dataset
         from transformers import PrinterCallback
@@ -227,14 +237,19 @@ class GrpoEngine:
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
             newest=job.max_async_steps > 0, problems={(text, p.ground_truth): p for text, p in problems},
         )
+        if corrections is None:
+            corrections = ("policy_lag",) if job.max_async_steps else ()
+        self.corrections = tuple(corrections)
+        self.ctx.correction = ",".join(self.corrections)
         self.step: Step | None = None  # the step in flight (or the last one)
         self.group = group or Group()
         self._texts = [p for p, _ in prompts]
         dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
-        self.trainer = trainer_class(correct_lag=job.max_async_steps > 0)(
+        self.trainer = trainer_class(correct_lag=bool(self.corrections))(
             model=model,
             reward_funcs=self._reward,
-            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world),
+            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world,
+                           correct=bool(self.corrections)),
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=self._rollout,
@@ -322,7 +337,11 @@ class GrpoEngine:
         on, and then the next steps' rollouts queued (prefetch.py)."""
         step = self.current
         if self.prefetch is None:
-            return step.rollout(prompts)
+            rows = step.rollout(prompts)
+            if self.corrections and rows.get("logprobs") is None:
+                raise RuntimeError(f"the generator returned no sampling logprobs at step {step.number}; the "
+                                   f"importance-sampling correction ({self.ctx.correction}) needs them")
+            return rows
         taken = self.prefetch.take(step, prompts)
         if taken is None:
             rows = step.rollout(prompts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "lag_ratio", "trainer_class"]
+__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "lag_ratio", "logprob_gap", "trainer_class"]
 
 # The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
 LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
@@ -80,23 +80,24 @@ def can_defer_ratio(args: Any) -> bool:
     """Whether the lag ratio can come from the training forward (`trainer_class`): TRL's token_truncate
     correction, and each generation trained on before any optimizer step changes the policy (TRL's
     own condition for skipping its old-logprob pass). Else TRL's own pass runs."""
+    return bool(args.vllm_importance_sampling_mode == "token_truncate" and trained_at_once(args))
+
+
+def trained_at_once(args: Any) -> bool:
+    """Whether each generation is trained on before any optimizer step changes the policy: then the
+    loss's forward gives the policy's logprobs of the rows the sampler generated (`logprob_gap`)."""
     generate_every = args.steps_per_generation * args.num_iterations
-    return bool(args.vllm_importance_sampling_mode == "token_truncate" and args.num_iterations == 1
-                and args.gradient_accumulation_steps % generate_every == 0)
+    return bool(args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0)
 
 
-def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
-    """TRL's token_truncate importance ratio (trl 1.16, GRPOTrainer._generate_and_score_completions)
-    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it."""
+def logprob_gap(trainer: Any, logps: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """Records TRL's sampler/trainer gap metrics (sampling/sampling_logp_difference/mean and max: the
+    mean and largest |logp - sampling logp| over the completion tokens, unscored ones left out) from
+    the policy's per-token logprobs `logps` (B, T); returns (the sampling logprobs, the token mask)."""
     import torch
-    from trl.trainer.utils import nanmax, nanmin
 
     sampling = inputs["sampling_per_token_logps"]
     mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-    # NaN sampling logprobs (unscored tokens) give a ratio of 1, as in TRL.
-    ratio = torch.exp(torch.nan_to_num((logps - sampling) * mask, nan=0.0))
-    ratio = torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min,
-                        max=trainer.vllm_importance_sampling_clip_max)
     metrics = trainer._metrics["train" if trainer.model.training else "eval"]
     gather = trainer.accelerator.gather
     zero = torch.tensor(0.0, device=logps.device)
@@ -106,6 +107,23 @@ def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
         gather(delta.mean() if delta.numel() else zero).mean().item())
     metrics["sampling/sampling_logp_difference/max"].append(
         gather(delta.max() if delta.numel() else zero).max().item())
+    return sampling, mask
+
+
+def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
+    """TRL's token_truncate importance ratio (trl 1.16, GRPOTrainer._generate_and_score_completions)
+    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it."""
+    import torch
+    from trl.trainer.utils import nanmax, nanmin
+
+    sampling, mask = logprob_gap(trainer, logps, inputs)
+    # NaN sampling logprobs (unscored tokens) give a ratio of 1, as in TRL.
+    ratio = torch.exp(torch.nan_to_num((logps - sampling) * mask, nan=0.0))
+    ratio = torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min,
+                        max=trainer.vllm_importance_sampling_clip_max)
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    gather = trainer.accelerator.gather
+    zero = torch.tensor(0.0, device=logps.device)
     flat = ratio[mask.bool()]
     metrics["sampling/importance_sampling_ratio/min"].append(
         nanmin(gather(flat.min() if flat.numel() else zero)).item())
@@ -128,16 +146,22 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
     steps, prefetch.py) also with TRL's importance-sampling correction against the rollout's own
     logprobs, which TRL applies only to vLLM rollouts (`use_vllm`): it is turned on after TRL's
     setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op. The correction's
-    ratio comes from the loss's own forward (`deferred_ratio`, below), not from a forward of its own."""
+    ratio comes from the loss's own forward (`deferred_ratio`, below), not from a forward of its own.
+    Without the correction the same forward still measures the sampler/trainer logprob gap
+    (`logprob_gap`) whenever the rollout reported its logprobs: it costs no extra pass."""
     from trl import GRPOTrainer
 
     class Trainer(GRPOTrainer):
         deferred_ratio = False  # the lag ratio from the loss's own forward (`_compute_loss`)
         _ratio_inputs: dict[str, Any] | None = None  # the loss's inputs, until its forward
+        _gap_inputs: dict[str, Any] | None = None  # uncorrected: the loss's inputs, for `logprob_gap`
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.epoch_sampler: EpochSampler | None = getattr(self, "epoch_sampler", None)
+            # The gap from the loss's forward is the policy's logprob of the rows trained when each
+            # generation is trained on within one optimizer step (the same condition as the ratio's).
+            self.measure_gap = not correct_lag and trained_at_once(self.args)
             if correct_lag:
                 self.use_vllm = True
                 self.vllm_mode = "server"
@@ -166,6 +190,12 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
                 self.vllm_importance_sampling_correction = True
 
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            if self.measure_gap and inputs.get("sampling_per_token_logps") is not None:
+                self._gap_inputs = inputs
+                try:
+                    return super()._compute_loss(model, inputs)
+                finally:
+                    self._gap_inputs = None
             if not self.deferred_ratio or "importance_sampling_ratio" in inputs:
                 return super()._compute_loss(model, inputs)
             self._ratio_inputs = inputs  # the loss's forward (below) fills in the ratio it then applies
@@ -179,6 +209,9 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
             inputs, self._ratio_inputs = self._ratio_inputs, None  # the loss's one forward of the policy
             if inputs is not None:
                 inputs["importance_sampling_ratio"] = lag_ratio(self, result[0].detach(), inputs)
+            gap, self._gap_inputs = self._gap_inputs, None
+            if gap is not None:
+                logprob_gap(self, result[0].detach(), gap)
             return result
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:

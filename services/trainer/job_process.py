@@ -170,11 +170,24 @@ def run(job_dir: Path, group: Group | None = None) -> int:
                                           on_wait=on_wait, auth=peer_auth(settings))
             generator.wait_ready()
 
-        def on_step(step: int, total: int) -> None:
-            artifacts.write_json_atomic(job_dir / "progress.json", {"step": step, "total_steps": total})
+        # progress.json: the step reached (GetWorkerStatus), and the steps this process ran with their
+        # time (the worker's rlvr_trainer_step_seconds). A step's event comes after its adapter is saved.
+        progress: dict[str, float] = {"step": 0, "total_steps": 0, "steps_timed": 0, "step_seconds_sum": 0.0}
 
-        deps = JobDeps(scorer=scorer, problems=problems,
-                       publish=publisher.publish_metric if publisher else (lambda _e: None),
+        def publish(event: common_pb2.MetricEvent) -> None:
+            progress["steps_timed"] += 1
+            progress["step_seconds_sum"] += event.step_seconds
+            if group.is_main:
+                artifacts.write_json_atomic(job_dir / "progress.json", progress)
+            if publisher:
+                publisher.publish_metric(event)
+
+        def on_step(step: int, total: int) -> None:
+            progress.update(step=step, total_steps=total)
+            artifacts.write_json_atomic(job_dir / "progress.json", progress)
+
+        deps = JobDeps(scorer=scorer, problems=problems, publish=publish,
+                       publish_samples=publisher.publish_samples if publisher else (lambda _e: None),
                        cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
                        colocate_enforce_eager=settings.colocate_enforce_eager, group=group)
         try:

@@ -42,6 +42,9 @@ class StepRecord:
     optimizer_done_at: float | None = None
     sync_seconds: float = 0.0
     step_seconds: float = 0.0
+    # (prompt, completion, score) of the first completion of each of the first SAMPLES_PER_STEP
+    # groups: the experiment trackers' completions table (`completion_samples`).
+    samples: list[tuple[str, str, Score]] = field(default_factory=list)
 
     @property
     def train_seconds(self) -> float:
@@ -52,6 +55,30 @@ class StepRecord:
 
     def finish(self) -> None:
         self.step_seconds = time.perf_counter() - self.started
+
+
+SAMPLES_PER_STEP = 4
+MAX_SAMPLE_PROMPT_CHARS = 2000
+MAX_SAMPLE_COMPLETION_CHARS = 4000
+
+
+def keep_samples(record: StepRecord, prompts: Sequence[str], completions: Sequence[str], scores: Sequence[Score],
+                 group_size: int) -> None:
+    """Keeps the first completion of each of the first groups as the step's sample (once a step)."""
+    if record.samples:
+        return
+    for i in range(0, min(len(completions), len(scores), len(prompts)), max(1, group_size)):
+        if len(record.samples) == SAMPLES_PER_STEP:
+            break
+        record.samples.append((prompts[i][:MAX_SAMPLE_PROMPT_CHARS], completions[i][:MAX_SAMPLE_COMPLETION_CHARS],
+                               scores[i]))
+
+
+def completion_samples(job_id: str, record: StepRecord) -> common_pb2.CompletionSamples:
+    event = common_pb2.CompletionSamples(job_id=job_id, step=record.step)
+    for prompt, completion, score in record.samples:
+        event.samples.add(prompt=prompt, completion=completion, reward=score.reward, accuracy=score.accuracy)
+    return event
 
 
 def _finite(value: Any) -> float | None:  # a log value of any type: None unless a finite number
@@ -70,10 +97,12 @@ def reward_components(scores: Sequence[Score]) -> dict[str, float]:
 
 
 def metric_event(
-    job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool
+    job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool,
+    correction: str = "",
 ) -> common_pb2.MetricEvent:
     """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
-    entropy, kl); `kl` is set only when the KL term is computed (kl_beta > 0)."""
+    entropy, kl, the sampler/trainer logprob gap); `kl` is set only when the KL term is computed (kl_beta > 0);
+    `correction` is why the step's loss is importance-corrected ("" = it is not)."""
     scores = record.scores
     rewards = [s.reward for s in scores]
     lengths: Sequence[int] = record.completion_lengths or [0]
@@ -97,6 +126,7 @@ def metric_event(
         train_seconds=record.train_seconds,
         sync_seconds=record.sync_seconds,
         step_seconds=record.step_seconds,
+        sampler_correction=correction,
     )
     for key, value in reward_components(scores).items():
         event.reward_components[key] = value
@@ -107,6 +137,11 @@ def metric_event(
     kl = _finite(logs.get("kl"))
     if kl_computed and kl is not None:
         event.kl = kl
+    # TRL's keys for the sampler/trainer gap (grpo_trainer.lag_ratio / logprob_gap write them too)
+    gap = _finite(logs.get("sampling/sampling_logp_difference/mean"))
+    if gap is not None:
+        event.logprob_gap = gap
+        event.logprob_gap_max = _finite(logs.get("sampling/sampling_logp_difference/max")) or gap
     stamp = Timestamp()
     stamp.GetCurrentTime()
     event.time.CopyFrom(stamp)

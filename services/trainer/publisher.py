@@ -4,7 +4,7 @@ The training loop must not wait on the network, and must not lose an event eithe
 runs an asyncio loop with an `EventBus` in a background thread, and `publish` only enqueues. The
 thread publishes in order; a publish that still fails after `rlvr.infra.events.publish`'s own
 retries is tried again (with the same Nats-Msg-Id, so the stream stores it once) until `close`
-runs out of its flush time. Subjects and message ids follow DESIGN.md: metrics on
+runs out of its flush time. Subjects and message ids follow docs/design.md (Events): metrics on
 `rlvr.jobs.<id>.metrics` as "<job>:<step>", status on `rlvr.jobs.<id>.status` as
 "<job>:status:<STATUS>" (RUNNING, COMPLETED, ...: the scheduler's spelling, so when both publish
 the same transition the stream keeps one; each status is entered at most once per job run).
@@ -23,8 +23,10 @@ from rlvr.infra.events import (
     EventBus,
     EventBusError,
     job_metrics_subject,
+    job_samples_subject,
     job_status_subject,
     metric_msg_id,
+    samples_msg_id,
     status_msg_id,
 )
 from rlvr.jobspec import job_status_name
@@ -116,6 +118,10 @@ class EventPublisher:
     def publish_metric(self, event: common_pb2.MetricEvent) -> None:
         self.publish(job_metrics_subject(event.job_id), event.SerializeToString(),
                      metric_msg_id(event.job_id, event.step))
+
+    def publish_samples(self, event: common_pb2.CompletionSamples) -> None:
+        self.publish(job_samples_subject(event.job_id, event.step), event.SerializeToString(),
+                     samples_msg_id(event.job_id, event.step))
 
     def publish_status(self, event: common_pb2.JobStatusEvent) -> None:
         self.publish(job_status_subject(event.job_id), event.SerializeToString(),

