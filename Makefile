@@ -45,13 +45,17 @@ chromium:
 		echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) for tests/test_report.py"; \
 	fi
 
-# The test command CI runs (.ci/run).
+# The test command CI runs (.ci/run). Two pytest workers (pytest-xdist): on two cores most tests
+# leave one idle (one torch thread, waits on child processes); two workers nearly halve those; a
+# module stays on one worker (--dist loadfile), which keeps its module-scoped stack and engine
+# fixtures one per module as in a plain run. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install lint chromium
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the slow end-to-end measurements included.
 test-all: install chromium
-	$(BIN)/pytest -m 'not gpu'
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not gpu'
 
 # On a host with one CUDA GPU and the gpu extra (pip install -e '.[gpu]'): the prepared GPU check
 # (bench/gpu_check.py: at most 8 minutes, one table, bench/results/gpu_check.json; docs/gpu.md), and

@@ -12,3 +12,22 @@ os.environ.setdefault("RLVR_HOME", str(Path(__file__).resolve().parent.parent / 
 from fixtures_infra import *  # noqa: E402,F403
 from fixtures_rewards import faulty_plugins  # noqa: E402,F401
 from fixtures_trainer import *  # noqa: E402,F403
+
+# `make test` runs two pytest workers (pytest-xdist, `--dist loadfile`: a module's tests, and so its
+# module-scoped stack or engine, stay on one worker). A worker takes the next module in collection
+# order when it is free, so the modules that start stacks and vLLM engines go first, longest first
+# (CI's --durations): the run does not end with one worker alone on a long module. Seconds, a
+# module's total in CI; every module not named here follows, in its usual order.
+SLOW_MODULES = {
+    "test_loops_e2e.py": 200, "test_rewards_e2e.py": 180, "test_trainer_recovery.py": 150, "test_stack.py": 130,
+    "test_web_e2e.py": 120, "test_e2e_training.py": 100, "test_rollout_service.py": 80,
+    "test_trainer_service.py": 80, "test_rollout_core.py": 70, "test_trainer_colocate.py": 50,
+    "test_multihost.py": 40, "test_stacking.py": 40, "test_benchmark_service.py": 100, "test_tracking_e2e.py": 90,
+    "test_metrics.py": 90, "test_trainer_job.py": 60,
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 (pytest's hook)
+    if not hasattr(config, "workerinput"):  # a plain `pytest` run keeps the usual order
+        return
+    items.sort(key=lambda item: -SLOW_MODULES.get(item.path.name, 0))  # stable: the rest keeps its order

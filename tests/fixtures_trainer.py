@@ -38,7 +38,7 @@ async def job_events(bus: EventBus, job_id: str, timeout_s: float, until_termina
     await asyncio.wait_for(collect(), timeout_s)
     return metrics, statuses
 
-__all__ = ["one_thread", "tiny_model"]
+__all__ = ["build_trainer_test_model", "one_thread", "tiny_model"]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,20 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
+def build_trainer_test_model() -> str:
+    """The test-size tiny model under $RLVR_HOME, built once: `make test` runs two pytest workers
+    (pytest-xdist), and both may ask for it at once, so the build holds the lock rlvr.models takes
+    for its own tiny models (two builds would share one staging folder)."""
+    from filelock import FileLock
+
     from rlvr.tiny.build import build_tiny_model, default_model_dir
 
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
+    out = default_model_dir("trainer-tests-tiny-test")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        return build_tiny_model(out, size="test").path
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    return build_trainer_test_model()

@@ -32,7 +32,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Pa
 
     home = tmp_path_factory.mktemp("e2e")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      start_timeout=300.0)
+                      start_timeout=300.0,
+                      memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
     log = open(home / "stack.out", "w")  # noqa: SIM115
     running = Stack(cfg, out=log)
     try:

@@ -157,6 +157,7 @@ async def core(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory
         max_model_len=512,
         max_adapter_bytes=256 * 1024,
         enforce_eager=True,  # the compiled graph buys nothing on this model and costs seconds at start
+        memory_fraction=0.1,  # vLLM's KV cache: 10% of host memory, as two test workers may each hold one
     )
     core = await RolloutCore.start(config)
     yield core

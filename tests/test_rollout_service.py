@@ -41,7 +41,8 @@ def rollout(request: pytest.FixtureRequest, rollout_model: Path, tmp_path_factor
         proc = subprocess.Popen(
             [sys.executable, "-m", "rlvr.services.rollout.main", "--port", str(port), "--model", str(rollout_model),
              "--backend", request.param, "--max-lora-rank", "8", "--max-model-len", "512",
-             "--adapter-root", str(tmp_path_factory.mktemp("adapters")), "--max-adapter-bytes", "262144"],
+             "--adapter-root", str(tmp_path_factory.mktemp("adapters")), "--max-adapter-bytes", "262144",
+             "--memory-fraction", "0.1"],
             stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_serving(f"127.0.0.1:{port}", timeout=240)

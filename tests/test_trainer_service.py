@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fixtures_infra import connected_bus
-from fixtures_trainer import job_events
+from fixtures_trainer import build_trainer_test_model, job_events
 
 from rlvr.common.client import make_channel
 from rlvr.infra.events import job_metrics_subject, metric_msg_id
@@ -31,9 +31,7 @@ from rlvr.v1 import trainer_pb2_grpc
 
 @pytest.fixture(scope="module")
 def tiny_model() -> str:
-    from rlvr.tiny.build import build_tiny_model, default_model_dir
-
-    return build_tiny_model(default_model_dir("trainer-tests-tiny-test"), size="test").path
+    return build_trainer_test_model()  # tests/fixtures_trainer.py: built once, under a lock
 
 
 def _settings(tmp_path: Path, nats_url: str) -> TrainerSettings:
@@ -81,7 +79,9 @@ async def test_job_streams_one_metric_event_per_step(nats_server, tmp_path: Path
         assert ack.duplicate
         assert metric_msg_id(job_id, 1) == f"{job_id}:1"
 
-        for _ in range(50):  # the worker notices the exit just after the process published it
+        # The worker notices the exit just after the process published it: within a second on a quiet
+        # machine, over 5 s with two test workers beside other jobs on two cores.
+        for _ in range(300):
             status = await stub.GetWorkerStatus(T.GetWorkerStatusRequest())
             if not status.busy:
                 break

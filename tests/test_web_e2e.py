@@ -74,7 +74,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, browser: object) -> Iterator
 
     home = tmp_path_factory.mktemp("web")
     cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      start_timeout=300.0, log_format="text", web_port=free_port())
+                      start_timeout=300.0, log_format="text", web_port=free_port(),
+                      memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
     log = open(home / "stack.out", "w")  # noqa: SIM115
     running = Stack(cfg, out=log)
     try:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr.common import paths
 from rlvr.tasks.base import TaskError
 
 log = logging.getLogger("rlvr.tasks.sources")
@@ -43,11 +44,11 @@ def resolve_local(source: str, data_roots: Sequence[str | Path]) -> Path:
     Symlinks and ``..`` are resolved first, so neither can lead out of a root. A folder holds one
     file per split (``train.jsonl``, ``test.jsonl``, ...); a file is a dataset of one split.
     """
-    path = Path(source).expanduser().resolve()
-    roots = [Path(r).expanduser().resolve() for r in data_roots]
+    path = paths.resolve(source)
+    roots = paths.resolve_all(data_roots)
     if not roots:
         raise TaskError(f"dataset path {source!r} is not allowed: no data roots are configured")
-    if not any(path.is_relative_to(root) for root in roots):
+    if not paths.is_under(path, roots):
         # The roots are the server's folders: logged for its operator, never sent to a client.
         log.info("dataset path %r resolves to %s, outside the data roots %s", source[:200], path,
                  ", ".join(map(str, roots)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
+from rlvr.common import paths
 from rlvr.common.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -208,9 +209,9 @@ def questions_for(problems: Sequence[Problem], style: PromptStyle, instruction: 
 
 def adapter_folder(path: str, roots: Sequence[Path]) -> Path:
     """The adapter folder named by `adapter_path`, which must lie under one of `roots`."""
-    folder = Path(path).expanduser().resolve()
-    allowed = [Path(r).expanduser().resolve() for r in roots]
-    if not any(folder.is_relative_to(r) for r in allowed):
+    folder = paths.resolve(path)
+    allowed = paths.resolve_all(roots)
+    if not paths.is_under(folder, allowed):
         # The roots are this server's folders: logged for its operator, never sent to a client.
         log.info("adapter_path %s resolves to %s, outside the adapter roots %s", shown(path), folder,
                  ", ".join(map(str, allowed)) or "(none configured)")

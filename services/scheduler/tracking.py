@@ -36,6 +36,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
+from rlvr.common import paths
 from rlvr.common.errors import InvalidArgument, NotFound, shown
 from rlvr.infra.events import (
     EventBus,
@@ -116,7 +117,7 @@ class TrackingBridge:
                  threads: int = 4) -> None:
         self.jobs = jobs
         self.bus = bus
-        self.roots = tuple(Path(r).resolve() for r in roots)
+        self.roots = tuple(paths.resolve_all(roots))
         self.default_mlflow = default_mlflow
         self._mirrors: dict[str, list[Mirror]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -156,8 +157,7 @@ class TrackingBridge:
             if not path.is_absolute():
                 raise InvalidArgument(f"{field}[{i}].target: {shown(target)} is not an absolute path; the "
                                       "scheduler writes it on its own host (the CLI makes a relative path absolute)")
-            resolved = path.resolve()
-            if not any(resolved == r or resolved.is_relative_to(r) for r in self.roots):
+            if not paths.is_under(paths.resolve(path), self.roots):
                 raise InvalidArgument(f"{field}[{i}].target: {shown(target)} is outside the scheduler's tracking "
                                       f"roots ({', '.join(map(str, self.roots))}; RLVR_SCHEDULER_TRACKING_ROOTS)")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.adapters import ADAPTER_FILES, ADAPTER_NAME_RE
+from rlvr.common import paths
 from rlvr.common.errors import InvalidArgument, shown
 
 log = logging.getLogger("rlvr.trainer.artifacts")
@@ -42,9 +43,8 @@ def check_name(name: str, field: str) -> str:
 def under_root(root: Path, path: str | Path, field: str) -> Path:
     """`path` (absolute, or relative to `root`) resolved, if it stays under `root`."""
     base = root.resolve()
-    candidate = Path(path)
-    resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
-    if resolved != base and base not in resolved.parents:
+    resolved = paths.resolve(path, base)
+    if not paths.is_under(resolved, [base]):
         log.info("%s: %s resolves to %s, outside the artifact root %s", field, shown(str(path)), resolved, base)
         raise InvalidArgument(f"{field}: {shown(str(path))} is outside the artifact root (give a folder under it, "
                               "or a path relative to it)")
