@@ -104,7 +104,7 @@ GIVE_UP_AFTER = IntRange(1, 100, 2)
 MIN_GAIN = (0.0, 100.0)  # points
 TARGET = (0.0, 100.0)  # percent, (low, high]
 TARGET_ALLOWED = "a percent in (0, 100], the leaderboard's scale; required"
-MIN_GAIN_ALLOWED = "0-100 points (unset = one standard error of the best score at the benchmark's question count)"
+MIN_GAIN_ALLOWED = "0-100 points (unset = one standard error of the gain, paired question by question)"
 # DAPO's clip-higher (advanced.epsilon_high): 0.2 = TRL's epsilon, the symmetric clip; DAPO uses 0.28.
 EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
