@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from rlvr.paired import Comparison, compare
+from rlvr.paired import Comparison, compare, compare_columns
 from rlvr.v1 import benchmark_pb2 as B
 
 
@@ -24,12 +24,14 @@ class NotComparable(ValueError):
     """The two evaluations did not ask the same questions, or one has not completed."""
 
 
-def results(client: Evaluations, evaluation_id: str, page: int = 1000) -> Iterator[B.QuestionResult]:
-    """Every per-question result of an evaluation, in question order, a page at a time."""
+def results(client: Evaluations, evaluation_id: str, only_wrong: bool = False,
+            page: int = 1000) -> Iterator[B.QuestionResult]:
+    """Every per-question result of an evaluation (only the wrong ones on request), in question
+    order, a page at a time."""
     offset = 0
     while True:
-        resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(id=evaluation_id, offset=offset,
-                                                                           limit=page))
+        resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(
+            id=evaluation_id, only_wrong=only_wrong, offset=offset, limit=page))
         yield from resp.results
         offset += len(resp.results)
         if not resp.results or offset >= resp.total:
@@ -52,10 +54,10 @@ def comparable(before: B.Evaluation, after: B.Evaluation) -> str:
 
 def compare_results(before: list[B.QuestionResult], after: list[B.QuestionResult]) -> Comparison:
     """Pairs the results by question index (accuracy: 1 right, 0 wrong, a share for partial rewards)."""
-    a = {r.index: r for r in after}
-    if sorted(a) != sorted(r.index for r in before):
+    comparison = compare_columns("accuracy", before, after) if before or after else compare([], [])
+    if comparison is None:
         raise NotComparable(f"the results cover different questions ({len(before)} and {len(after)})")
-    return compare([r.accuracy for r in before], [a[r.index].accuracy for r in before])
+    return comparison
 
 
 def compare_evaluations(client: Evaluations, before_id: str, after_id: str) -> tuple[B.Evaluation, B.Evaluation,

@@ -13,10 +13,11 @@ import argparse
 import csv
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlvr.clients.compare import results
 from rlvr.jobspec import MAX_COMPLETION
 from rlvr.scores import DEFINITIONS, SCORE_COLUMNS, TITLES
 from rlvr.v1 import benchmark_pb2 as B
@@ -129,18 +130,6 @@ def cmd_run(args: argparse.Namespace, client: BenchmarkClient) -> int:
     return 0
 
 
-def all_results(client: BenchmarkClient, evaluation_id: str, only_wrong: bool,
-                page: int = 1000) -> Iterator[B.QuestionResult]:
-    offset = 0
-    while True:
-        resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(
-            id=evaluation_id, only_wrong=only_wrong, offset=offset, limit=page))
-        yield from resp.results
-        offset += len(resp.results)
-        if not resp.results or offset >= resp.total:
-            return
-
-
 def _short(text: str, width: int) -> str:
     flat = text.replace("\n", "\\n")
     return flat if len(flat) <= width else flat[: width - 1] + "…"
@@ -189,7 +178,7 @@ def cmd_export(args: argparse.Namespace, client: BenchmarkClient) -> int:
         writer = csv.DictWriter(f, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None
         if writer is not None:
             writer.writeheader()
-        for result in all_results(client, args.id, args.wrong):
+        for result in results(client, args.id, args.wrong):
             row = export_row(result)
             if writer is not None:
                 writer.writerow(row)
