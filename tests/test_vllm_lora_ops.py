@@ -75,38 +75,60 @@ def test_a_queue_reader_spins_no_longer_than_the_cap_and_still_wakes_on_a_write(
         context.term()
 
 
-@pytest.mark.parametrize(("process", "ours", "expected"), [("VllmWorker-0", True, 0.05), ("EngineCore_DP0", True, 0.25),
-                                                         ("VllmWorker-0", False, 1.0), ("EngineCore_DP0", False, 1.0)])
-def test_the_vllm_plugin_caps_each_process_by_its_role(tmp_path, monkeypatch, process: str, ours: bool,  # noqa: ANN001
-                                                       expected: float) -> None:
+PLUGIN_CASES = [("VllmWorker-0", True, 0.05), ("EngineCore_DP0", True, 0.25), ("VllmWorker-0", False, 1.0),
+                ("EngineCore_DP0", False, 1.0)]
+
+# Loads the plugin as vLLM does, in a process of its own named for its role; prints each case's cap.
+_PLUGIN_CHILD = """
+import json, multiprocessing, os, sys, tempfile
+import zmq
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+from rlvr import vllm_lora_ops as grouped
+caps = []
+for process, ours in json.loads(sys.argv[1]):
+    multiprocessing.current_process().name = process
+    os.environ.pop(grouped.ENGINE_MARK, None)
+    if ours:
+        os.environ[grouped.ENGINE_MARK] = "1"
+    grouped.shorten_idle_spin(1.0)  # vLLM's own before each case
+    grouped.vllm_plugin()
+    context = zmq.Context()
+    reader = SpinCondition(is_reader=True, context=context, notify_address="ipc://" + tempfile.mktemp())
+    caps.append(reader.busy_loop_s)
+    for socket in (reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket):
+        socket.close(linger=0)
+    context.term()
+print(json.dumps(caps))
+"""
+
+
+@pytest.fixture(scope="module")
+def plugin_caps() -> list[float]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RLVR_VLLM_WORKER_SPIN_S"} | {"RLVR_VLLM_IDLE_SPIN_S": "0.25"}
+    cases = json.dumps([[process, ours] for process, ours, _ in PLUGIN_CASES])
+    done = subprocess.run([sys.executable, "-c", _PLUGIN_CHILD, cases], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("case", "process", "ours", "expected"), [(i, *c) for i, c in enumerate(PLUGIN_CASES)])
+def test_the_vllm_plugin_caps_each_process_by_its_role(plugin_caps: list[float], case: int, process: str,
+                                                       ours: bool, expected: float) -> None:
     """Registered as vLLM's general plugin (loaded in the engine core and in each worker): the
     worker's cap is RLVR_VLLM_WORKER_SPIN_S (default 0.05), the engine core's RLVR_VLLM_IDLE_SPIN_S;
-    in an engine rlvr did not build (no ENGINE_MARK: a user's own vLLM beside rlvr) vLLM's 1 s stays."""
-    import multiprocessing
+    in an engine rlvr did not build (no ENGINE_MARK: a user's own vLLM beside rlvr) vLLM's 1 s stays.
+    Each case runs in a fresh process named for its role, as vLLM loads the plugin, so no state of
+    the test process (an earlier test's vLLM, its platform, its patches) takes part."""
     from importlib.metadata import entry_points
 
-    import zmq
-    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-
     assert any(e.value == "rlvr.vllm_lora_ops:vllm_plugin" for e in entry_points(group="vllm.general_plugins"))
-    monkeypatch.delenv("RLVR_VLLM_WORKER_SPIN_S", raising=False)
-    monkeypatch.setenv("RLVR_VLLM_IDLE_SPIN_S", "0.25")
-    monkeypatch.setattr(multiprocessing.current_process(), "name", process)
-    if ours:
-        monkeypatch.setenv(grouped.ENGINE_MARK, "1")
-    else:
-        monkeypatch.delenv(grouped.ENGINE_MARK, raising=False)
-    context = zmq.Context()
-    try:
-        grouped.vllm_plugin()
-        reader = SpinCondition(is_reader=True, context=context, notify_address=f"ipc://{tmp_path}/n")
-        assert reader.busy_loop_s == expected
-        reader.local_notify_socket.close(linger=0)
-        reader.read_cancel_socket.close(linger=0)
-        reader.write_cancel_socket.close(linger=0)
-    finally:
-        grouped.shorten_idle_spin(1.0)
-        context.term()
+    assert plugin_caps[case] == expected, (process, ours, plugin_caps)
 
 
 @pytest.mark.parametrize("indices", SLOT_CASES.values(), ids=SLOT_CASES.keys())
