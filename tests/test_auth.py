@@ -366,3 +366,46 @@ def test_the_sdk_takes_the_local_stacks_token_only_for_that_stack(tmp_path: Path
     assert ClientSettings().token is None
     with pytest.raises(FileNotFoundError, match="no running stack"):
         ClientSettings.for_stack(home)
+
+
+async def test_health_port_serves_plaintext_health_alone_beside_a_tls_port(tmp_path: Path) -> None:
+    """health_port (what a Kubernetes `grpc:` probe reaches: it speaks no TLS, docs/kubernetes.md):
+    plaintext Health/Check answers SERVING there, and NOT_SERVING once the server drains; no other
+    service answers on it, with or without a token; the main port stays TLS only."""
+    from rlvr.services.reward.server import build_service
+    from rlvr.services.reward.settings import RewardSettings
+
+    pki = make_pki(tmp_path / "pki")
+    settings = RewardSettings(port=0, health_port=0, data_roots=[tmp_path], auth_token=SERVICE_TOKEN,
+                              tls_cert_file=pki.cert, tls_key_file=pki.key, tls_ca_file=pki.ca)
+    async with ServiceRunner(build_service(settings), settings) as runner:
+        assert runner.health_port > 0 and runner.health_port != runner.port
+        health_address = f"127.0.0.1:{runner.health_port}"
+        async with grpc.aio.insecure_channel(health_address) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            for service in ("", "rlvr.v1.RewardService"):
+                answer = await check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as other:
+                await channel.unary_unary("/rlvr.v1.RewardService/ListRewardFunctions")(
+                    b"", metadata=(("authorization", f"Bearer {SERVICE_TOKEN}"),), timeout=10)
+            assert other.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        async with grpc.aio.insecure_channel(runner.address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as plain:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert runner.health is not None
+        await runner.health.enter_graceful_shutdown()
+        async with grpc.aio.insecure_channel(health_address) as channel:
+            answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert runner.health_server is None
+
+
+def test_health_port_is_off_unless_set_and_shared_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.services.reward.settings import RewardSettings
+    from rlvr.services.trainer.settings import TrainerSettings
+
+    assert RewardSettings().health_port is None
+    monkeypatch.setenv("RLVR_HEALTH_PORT", "8081")
+    assert RewardSettings().health_port == TrainerSettings().health_port == 8081

@@ -104,6 +104,11 @@ class ServiceSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve Prometheus metrics at http://HOST:PORT/metrics (0 = a free port, logged); unset = none
     served (docs/metrics.md). No auth: the metrics hold no secret, only counts and timings."""
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    """Also serve the gRPC health service (grpc.health.v1 alone: no other service, no token) in
+    plaintext on this port, on `host` (0 = a free port, logged); unset = none. For probes that
+    cannot speak TLS, such as Kubernetes' `grpc:` probe (docs/kubernetes.md); the main port stays
+    TLS only. Also RLVR_HEALTH_PORT."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
     log_format: Literal["json", "text"] = "json"
@@ -151,7 +156,7 @@ class ServiceSettings(BaseSettings):
 
 SHARED_ENV_FIELDS = ("auth_token", "auth_token_file", "auth_tokens_file", "allow_insecure", "tls_cert_file",
                      "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file", "nats_url_file",
-                     "nats_ca_file", "metrics_port")
+                     "nats_ca_file", "metrics_port", "health_port")
 """Settings every service also reads from `RLVR_<FIELD>` (after its own `RLVR_<SERVICE>_<FIELD>`), so
 one environment (a compose file's, `rlvr up`'s) secures the whole stack."""
 

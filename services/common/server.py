@@ -291,6 +291,9 @@ class ServiceRunner:
         self.server: grpc.aio.Server | None = None
         self.health: HealthServicer | None = None
         self.port = 0
+        # The plaintext health-only server (settings.health_port), for probes that cannot speak TLS.
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         # The service's own metrics (GrpcService.metrics), else a registry for the RPC series alone.
         self.metrics: Metrics = getattr(service, "metrics", None) or Metrics()
 
@@ -332,12 +335,37 @@ class ServiceRunner:
             url = f"http://{self.settings.host}:{port}/metrics"
             log.info("metrics at %s", url, extra={"url": url})
         await self.server.start()
+        if self.settings.health_port is not None:
+            await self._serve_health(self.health)
         log.info("listening", extra={"address": self.address, "status": "starting",
                                      "auth": "tokens" if tokens.enabled else "off",
                                      "tls": "off" if tls is None else "mutual" if tls.client_ca else "on"})
         await self.service.start()
         await self._set_all(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"address": self.address, "services": ",".join(self.service.service_names)})
+
+    async def _serve_health(self, health: HealthServicer) -> None:
+        """The same health servicer on a second, plaintext server that serves nothing else: a
+        Kubernetes `grpc:` probe speaks no TLS, and no other RPC may be reached without it."""
+        self.health_server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health, self.health_server)
+        address = f"{self.settings.host}:{self.settings.health_port}"
+        try:
+            self.health_port = self.health_server.add_insecure_port(address)
+        except RuntimeError:
+            self.health_port = 0
+        if self.health_port == 0:
+            raise SettingsError(f"{setting_label(self.settings, 'health_port')} = {self.settings.health_port}: "
+                                f"cannot listen on {address} (in use by another process, or the host is not an "
+                                "address of this machine)")
+        await self.health_server.start()
+        log.info("health at %s:%d (plaintext, grpc.health.v1 only)", self.settings.host, self.health_port,
+                 extra={"health_port": self.health_port})
+
+    async def _stop_health_server(self) -> None:
+        if self.health_server is not None:
+            await self.health_server.stop(0)
+            self.health_server = None
 
     async def _set_all(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         assert self.health is not None
@@ -350,6 +378,7 @@ class ServiceRunner:
             return
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.grace_seconds if grace is None else grace)
+        await self._stop_health_server()  # after the grace: a probe sees NOT_SERVING meanwhile
         await self.service.stop()
         self.metrics.close()
         log.info("stopped", extra={"address": self.address})
@@ -360,6 +389,7 @@ class ServiceRunner:
         except BaseException:
             if self.server is not None:
                 await self.server.stop(0)
+            await self._stop_health_server()
             self.metrics.close()
             raise
         return self
@@ -384,6 +414,7 @@ async def _serve_until_signal(runner: ServiceRunner) -> None:
             waiter.cancel()
             if runner.server is not None:
                 await runner.server.stop(0)
+            await runner._stop_health_server()
             runner.metrics.close()
             raise
         await waiter
