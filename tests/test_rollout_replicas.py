@@ -251,7 +251,7 @@ async def test_the_benchmark_lets_the_live_replica_answer(replicas: Replicas) ->
         questions = [Question(i, (("user", f"{i}+{i}="),), str(2 * i)) for i in range(4)]
         answers = await peers.generate(questions, Sampling(max_tokens=32), BASE_MODEL)
         assert sorted(a.index for a in answers) == [0, 1, 2, 3]
-        assert peers.replicas[0].down_until > 0 and peers.replicas[1].down_until == 0
+        assert peers.replicas.all[0].down_until > 0 and peers.replicas.all[1].down_until == 0
     finally:
         await peers.close()
 

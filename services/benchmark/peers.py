@@ -8,23 +8,22 @@ is an `RlvrError` that `failure` translates, in one place:
 - while an evaluation runs, it becomes the evaluation's one-line cause, naming the service, its
   address and the call.
 
-Several rollout replicas (the `rollout_addresses` setting) are one rollout service to the core: a
-batch's questions are split into contiguous parts, one Generate call per replica at once (greedy,
-the default, answers the same whatever the split; a seeded sample is the single server's on vLLM,
-which seeds each prompt alike), an uploaded adapter goes to every replica, and a replica that
-fails a part because it is down (UNAVAILABLE; it is then left out for RETRY_DOWN_S) or does not
-hold the adapter version (NOT_FOUND) has that part answered by the others, with a warning. Only
-when no replica can answer does the evaluation fail.
+Several rollout replicas (the `rollout_addresses` setting) are one rollout service to the core,
+by the rules of `rlvr.peers.replicas.Replicas` (the trainer's too): a batch's questions are split
+into contiguous parts, one Generate call per replica at once (greedy, the default, answers the same
+whatever the split; a seeded sample is the single server's on vLLM, which seeds each prompt alike),
+an uploaded adapter goes to every replica, and a replica that fails a part because it is down
+(UNAVAILABLE, DEADLINE_EXCEEDED; it is then left out for RETRY_DOWN_S) or does not hold the adapter
+version (NOT_FOUND) has that part answered by the others, with a warning. Only when no replica can
+answer does the evaluation fail.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +33,7 @@ from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
+from rlvr.peers.replicas import Fate, NoReplicaLeft, Replicas
 from rlvr.peers.types import (
     AdapterTag,
     Sampling,
@@ -83,16 +83,19 @@ def translated(*, running: bool = False) -> Iterator[None]:
         raise failure(e, running=running) from None
 
 
-@dataclass
-class _Replica:
-    address: str
-    client: AsyncRolloutClient
-    down_until: float = 0.0  # time.monotonic() until which it is left out
-
-
 RETRY_DOWN_S = 30.0  # a replica found down is left out this long, then tried again
 CATALOG_TTL_S = 10.0  # how long the reward service's list of rewards is kept
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def fate(error: BaseException) -> Fate:
+    """Down (left out a while, the others answer), lacking the adapter version (the others answer
+    that part), or the call's own failure."""
+    if isinstance(error, RlvrError) and error.code in _GONE:
+        return "gone"
+    if isinstance(error, RlvrError) and error.code == grpc.StatusCode.NOT_FOUND:
+        return "refused"
+    return "fatal"
 
 
 class ServicePeers:
@@ -109,60 +112,49 @@ class ServicePeers:
         self.generate_timeout_s = generate_timeout_s
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
-        self.replicas = [_Replica(a, AsyncRolloutClient(a, auth=auth)) for a in addresses]
+        self.replicas = Replicas([AsyncRolloutClient(a, auth=auth) for a in addresses], fate,
+                                 retry_down_s=RETRY_DOWN_S)
         self.reward = AsyncRewardClient(reward_address, auth=auth)
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
         self._catalog: tuple[float, Catalog] | None = None
 
     async def close(self) -> None:
-        for replica in self.replicas:
-            await replica.client.close()
+        for replica in self.replicas.all:
+            await replica.handle.close()
         await self.reward.close()
 
     # ------------------------------------------------------------------ the replicas
 
-    def _up(self) -> list[_Replica]:
-        """The replicas not left out (all of them again when every one is)."""
-        now = time.monotonic()
-        return [r for r in self.replicas if r.down_until <= now] or list(self.replicas)
-
-    def _down(self, replica: _Replica, error: RlvrError) -> None:
-        replica.down_until = time.monotonic() + RETRY_DOWN_S
-        log.warning("the rollout replica at %s is down (%s); the others answer, it is tried again in %.0f s",
-                    replica.address, error.describe(), RETRY_DOWN_S)
-
-    async def _on_each(self, call: Callable[[AsyncRolloutClient], Awaitable[_R]]) -> list[tuple[_Replica, _R]]:
-        """`call` on every replica up, at once; the answers of those that answered. One found down
-        is left out while another answers; any other failure is raised, translated."""
-        replicas = self._up()
-        results = await asyncio.gather(*(call(r.client) for r in replicas), return_exceptions=True)
-        answered = [(r, res) for r, res in zip(replicas, results, strict=True) if not isinstance(res, BaseException)]
-        for replica, res in zip(replicas, results, strict=True):
-            if not isinstance(res, BaseException):
-                continue
-            if not (isinstance(res, RlvrError) and res.code in _GONE and answered):
-                raise failure(res, running=False) if isinstance(res, RlvrError) else res
-            self._down(replica, res)
-        return answered
+    async def _on_each(self, call: Callable[[AsyncRolloutClient], Awaitable[_R]], what: str) -> list[tuple[str, _R]]:
+        """`call` on every replica up, at once; (address, answer) of those that answered. One found
+        down is left out while another answers; any other failure is raised, translated."""
+        try:
+            answered = await self.replicas.each(call, what)
+        except NoReplicaLeft as e:
+            first = e.failures[0][1]  # none answered: the first one down, as a single server's failure
+            raise (failure(first, running=False) if isinstance(first, RlvrError) else first) from None
+        except RlvrError as e:
+            raise failure(e, running=False) from None
+        return [(client.address, answer) for client, answer in answered]
 
     # ------------------------------------------------------------------ checks (planning.Peers)
 
     async def rollout_model(self) -> RolloutModel:
-        infos = await self._on_each(lambda client: client.get_info())
+        infos = await self._on_each(lambda client: client.get_info(), "GetInfo")
         models = {info.model for _, info in infos}
         if len(models) > 1:
-            served = ", ".join(f"{r.address} serves {info.model!r}" for r, info in infos)
+            served = ", ".join(f"{address} serves {info.model!r}" for address, info in infos)
             raise FailedPrecondition(f"the rollout replicas serve different models ({served}); give the benchmark "
                                      "replicas of one model")
         return RolloutModel(model=infos[0][1].model, max_model_len=min(info.max_model_len for _, info in infos),
-                            address=", ".join(r.address for r, _ in infos))
+                            address=", ".join(address for address, _ in infos))
 
     async def live_adapters(self) -> dict[str, int]:
         """Each adapter's newest live version on any replica (one that lags refuses its parts with
         NOT_FOUND, and the others answer them)."""
         live: dict[str, int] = {}
-        for _, response in await self._on_each(lambda client: client.list_adapters()):
+        for _, response in await self._on_each(lambda client: client.list_adapters(), "ListAdapters"):
             for a in response.adapters:
                 live[a.name] = max(a.version, live.get(a.name, 0))
         return live
@@ -171,7 +163,8 @@ class ServicePeers:
         # The files are read in a worker thread, a chunk at a time: an adapter can be hundreds of
         # MB and the event loop serves calls meanwhile. Every replica up gets it.
         infos = await self._on_each(
-            lambda client: client.load_adapter(name, version, directory, timeout=self.upload_timeout_s))
+            lambda client: client.load_adapter(name, version, directory, timeout=self.upload_timeout_s),
+            f"uploading {name} v{version}")
         return min(info.version for _, info in infos)
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
@@ -184,48 +177,30 @@ class ServicePeers:
     # ------------------------------------------------------------------ the run (Generator, Scorer)
 
     async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
-        pending, answers = list(questions), []
-        cannot: dict[str, RlvrError] = {}  # replicas that could not answer this batch, and why
-        while pending:
-            replicas = [r for r in self._up() if r.address not in cannot]
-            if not replicas:
-                why = "; ".join(e.describe() for e in cannot.values())
-                raise EvaluationError(f"no rollout replica could answer questions {pending[0].index}-"
-                                      f"{pending[-1].index}: {why}")
-            k = min(len(replicas), len(pending))
-            bounds = [round(j * len(pending) / k) for j in range(k + 1)]
-            parts = [pending[bounds[j]:bounds[j + 1]] for j in range(k)]
-            results = await asyncio.gather(*(self._generate(r, part, sampling, adapter)
-                                             for r, part in zip(replicas, parts, strict=False)), return_exceptions=True)
-            pending = []
-            for replica, part, result in zip(replicas, parts, results, strict=False):
-                if not isinstance(result, BaseException):
-                    answers += result
-                    continue
-                if not (isinstance(result, RlvrError) and len(self.replicas) > 1
-                        and result.code in (*_GONE, grpc.StatusCode.NOT_FOUND)):
-                    raise failure(result, running=True) if isinstance(result, RlvrError) else result
-                cannot[replica.address] = result
-                if result.code in _GONE:
-                    self._down(replica, result)
-                else:
-                    log.warning("the rollout replica at %s cannot answer with %s (%s); the others answer",
-                                replica.address, adapter, result.describe())
-                pending += part
-            pending.sort(key=lambda q: q.index)
-        return answers
+        async def part(client: AsyncRolloutClient, indices: list[int]) -> list[Answer]:
+            return await self._generate(client, [questions[i] for i in indices], sampling, adapter)
 
-    async def _generate(self, replica: _Replica, questions: Sequence[Question], sampling: Sampling,
+        try:
+            parts = await self.replicas.spread(len(questions), part, f"generating with {adapter}")
+        except NoReplicaLeft as e:
+            why = "; ".join(error.describe() if isinstance(error, RlvrError) else str(error) for _, error in e.failures)
+            raise EvaluationError(f"no rollout replica could answer questions {questions[e.pending[0]].index}-"
+                                  f"{questions[e.pending[-1]].index}: {why}") from None
+        except RlvrError as e:
+            raise failure(e, running=True) from None
+        return [answer for _, answers in parts for answer in answers]
+
+    async def _generate(self, client: AsyncRolloutClient, questions: Sequence[Question], sampling: Sampling,
                         adapter: AdapterTag) -> list[Answer]:
         # An explicit version: the rollout service refuses rather than answer with another one.
         request = generate_request([chat_prompt(q.messages) for q in questions], sampling, adapter,
                                    request_id=f"benchmark-q{questions[0].index}")
         answers: list[Answer] = []
-        async with replica.client.generate(request, timeout=self.generate_timeout_s) as stream:
+        async with client.generate(request, timeout=self.generate_timeout_s) as stream:
             async for response in stream:
                 for c in response.completions:
                     if not 0 <= c.prompt_index < len(questions):
-                        raise EvaluationError(f"rollout service at {replica.address} answered prompt "
+                        raise EvaluationError(f"rollout service at {client.address} answered prompt "
                                               f"{c.prompt_index} of {len(questions)}")
                     reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
                     answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
