@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.peers.types import AdapterTag, Score
 from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.distributed import Group, merge_records, shareable
+from rlvr.services.trainer.distributed import Group, gather_adapter, merge_records, shareable
 from rlvr.services.trainer.dynamic import PromptDraw
 from rlvr.services.trainer.grpo_trainer import LAG_CORRECTION, trainer_class
 from rlvr.services.trainer.prefetch import Prefetcher
@@ -77,6 +77,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     lag: dict[str, Any] = LAG_CORRECTION if correct else {}
     return GRPOConfig(
         **lag,
+        **(fsdp_args(job) if job.sharding == "fsdp" and processes > 1 else {}),
         output_dir=str(output_dir),
         per_device_train_batch_size=job.batch_size // processes,
         gradient_accumulation_steps=1,
@@ -115,6 +116,16 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         save_total_limit=2,
         save_only_model=False,
     )
+
+
+def fsdp_args(job: JobConfig) -> dict[str, Any]:
+    """TrainingArguments' FSDP settings for advanced.sharding "fsdp": FSDP2 (torch's fully_shard,
+    through accelerate's plugin), one shard unit per decoder layer (transformers' own
+    `_no_split_modules`), resharded after each forward."""
+    return {"fsdp": True,
+            "fsdp_config": {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                            "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
+                            "cpu_ram_efficient_loading": False}}
 
 
 def checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
@@ -167,7 +178,10 @@ class _StepCallback:
             parts = group.gather(shareable(step.record))
             if group.is_main:
                 merge_records(step.record, parts)
-            pushed = group.on_main(lambda: step.push(engine.model))
+            # Sharded (advanced.sharding fsdp): every rank takes part in gathering the adapter whole,
+            # and rank 0 saves and pushes that; DDP's rank 0 holds the whole adapter itself.
+            policy = gather_adapter(engine.model, group) if engine.sharded else engine.model
+            pushed = group.on_main(lambda: step.push(policy))
             live = AdapterTag(engine.ctx.job.adapter_name, step.number)
             if not group.is_main:
                 engine.ctx.generator.adopt_adapter(pushed, live)
@@ -243,6 +257,8 @@ class GrpoEngine:
         self.ctx.correction = ",".join(self.corrections)
         self.step: Step | None = None  # the step in flight (or the last one)
         self.group = group or Group()
+        # advanced.sharding fsdp: the policy's weights sharded across the job's processes (`fsdp_args`)
+        self.sharded = job.sharding == "fsdp" and self.group.world > 1
         self._texts = [p for p, _ in prompts]
         dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
         self.trainer = trainer_class(correct_lag=bool(self.corrections))(
