@@ -640,10 +640,10 @@ def _validate_sharding(a: common_pb2.AdvancedOptions, v: Violations) -> None:
         raise InvalidArgument(f"advanced.sharding: fsdp shards the model across processes, and "
                               f"advanced.num_processes is {a.num_processes}; set it to 2 or more, or use "
                               f'"ddp"')
-    if a.quantization in (C.QUANTIZATION_4BIT, C.QUANTIZATION_8BIT):
-        raise InvalidArgument(f"advanced.sharding: fsdp cannot shard a {QUANT_NAMES[a.quantization]} base "
-                              "(bitsandbytes' packed weights are not FSDP parameters); use Full Precision "
-                              'with fsdp, or "ddp"')
+    if a.quantization == C.QUANTIZATION_8BIT:
+        raise InvalidArgument("advanced.sharding: fsdp cannot shard an 8-bit base (FSDP2 re-creates the "
+                              "parameters it shards, and bitsandbytes' int8 weights lose their quantization "
+                              'state with it); use Full Precision or 4-bit QLoRA with fsdp, or "ddp"')
 
 
 def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -> None:

@@ -30,6 +30,7 @@ gap (MetricEvent.logprob_gap) whether or not it corrects.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 
 __all__ = ["GrpoEngine", "StepHooks", "grpo_args"]
+
+log = logging.getLogger("rlvr.trainer.engine")
 
 # TRL's output_dir: its checkpoints (`checkpoint-N`: the adapter, optimizer, LR scheduler, RNG
 # states and trainer state, written every `checkpoint_every` steps) are what a resume starts from;
@@ -128,6 +131,17 @@ def fsdp_args(job: JobConfig) -> dict[str, Any]:
                             "cpu_ram_efficient_loading": False}}
 
 
+def shard_sizes(model: Any) -> tuple[int, int]:
+    """(parameters this process holds, parameters of the model): the two differ once FSDP2 shards it."""
+    from torch.distributed.tensor import DTensor
+
+    held = total = 0
+    for p in model.parameters():
+        total += p.numel()
+        held += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+    return held, total
+
+
 def checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
     """The job's TRL checkpoint folders (`checkpoint-<step>`, whole or not) with their steps."""
     found = []
@@ -158,6 +172,12 @@ class _StepCallback:
 
     def __init__(self, engine: GrpoEngine) -> None:
         self.engine = engine
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.engine.sharded:  # the policy is sharded by now (accelerate's prepare, in train())
+            held, total = shard_sizes(self.engine.model)
+            log.info("policy sharded with FSDP2 across %d processes: this one holds %d of its %d parameters",
+                     self.engine.group.world, held, total)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.engine.step = Step(self.engine.ctx, state.global_step + 1)

@@ -169,7 +169,7 @@ def load_policy(job: JobConfig, base_path: str, device: str,
         raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    quant = bnb_config(job.quantization)
+    quant = bnb_config(job.quantization, sharded=job.sharding == "fsdp" and job.num_processes > 1)
     # advanced.precision: the frozen base in that dtype; peft keeps the LoRA weights in float32
     # (get_peft_model's autocast_adapter_dtype), and TRL trains under autocast (engine.grpo_args).
     model = AutoModelForCausalLM.from_pretrained(
