@@ -78,7 +78,7 @@ async def test_fsdp_trains_what_ddp_trains_and_pushes_the_whole_adapter(nats_ser
         for kind, job_id in runs.items():
             await supervisors[kind].start(_request(job_id, kind))
         events = {kind: await job_events(bus, job_id, timeout_s=240) for kind, job_id in runs.items()}
-    for kind, supervisor in supervisors.items():
+    for supervisor in supervisors.values():
         await asyncio.wait_for(_idle(supervisor), 30)
     logs = {kind: (tmp_path / kind / "jobs" / job_id / "job.log").read_text() for kind, job_id in runs.items()}
     for kind, (_, statuses) in events.items():
