@@ -107,6 +107,7 @@ def run_rank(args: argparse.Namespace) -> int:
             "sharding": args.sharding, "status": result.status, "error": result.error,
             "adapter": result.adapter_path, "loss": [e.loss for e in events],
             "reward": [e.reward_mean for e in events], "step_seconds": [e.step_seconds for e in events],
+            **{f"{part}_seconds": [getattr(e, f"{part}_seconds") for e in events] for part in ("generate", "train", "sync")},
             "held": held}, indent=2) + "\n")
     return 0 if result.status == "completed" else 1
 

@@ -395,7 +395,9 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     if device == "cuda" and group.world > 1:
         device = f"cuda:{group.local_rank}"  # one device per rank (the job sees exactly num_processes)
     group.connect(device)
-    check_quantization(job.quantization, job.gpu_selection)
+    # Probed by rank 0 alone (its failure is every rank's): the probe saves a model and loads it back,
+    # and transformers 5 writes a model only on rank 0 of a torch.distributed group.
+    group.on_main(lambda: check_quantization(job.quantization, job.gpu_selection))
     check_precision(job.precision, job.gpu_selection)
     quiet_bitsandbytes()
     if job.generation_backend == "vllm" and deps.generator is None:
