@@ -28,7 +28,14 @@ others still run):
 - job-colocate: the job with the vLLM (colocate) backend (the engine in the job's process);
 - trl: `bench/trainer_step.py`'s comparison on the same model and settings: TRL's GRPOTrainer with
   its in-process generation and with vLLM colocate (TRL's server mode needs a second GPU: a row
-  saying so), against the job rows above.
+  saying so), against the job rows above;
+- job-fsdp: a bf16 job of two processes on devices 0 and 1 sharded with FSDP (advanced.sharding
+  fsdp) against the same job data parallel (ddp), both through `bench/sharded_job.py` (torchrun,
+  NCCL, the transformers backend): each rank's share of the policy, the two adapters' largest
+  difference relative to how far B moved, the losses' largest relative difference and the step
+  times. It fails when the FSDP adapter is not whole (a LoRA tensor missing or of another shape),
+  when a rank held the whole policy, or when the adapters differ by more than a quarter of B's
+  movement; a host with one CUDA device skips it (NCCL takes one device per rank).
 
 The engines run eagerly by default (`--eager on`: no CUDA graph capture or compilation, which would
 take most of the budget on a fresh machine; `--eager off` for compiled engines). Load and device
@@ -57,7 +64,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))  # rollout_throughput's helpers (make_lora, free ports)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-PARTS = ("model", "rollout", "job-vllm", "job-qlora", "adapter-push", "throughput", "job-colocate", "trl")
+PARTS = ("model", "rollout", "job-vllm", "job-qlora", "adapter-push", "throughput", "job-colocate", "trl", "job-fsdp")
 NEEDS_SERVER = {"job-vllm", "job-qlora", "adapter-push", "throughput"}
 
 # Qwen2.5-0.5B's config.json (the shape; every weight here is random).
@@ -317,6 +324,40 @@ class Check:
                 raise RuntimeError(f"{len(events)} of {self.args.steps} steps published")
         return body
 
+    # -- FSDP against DDP
+    def part_fsdp(self, row: Row) -> None:
+        import sharded_job
+        import torch
+
+        count = torch.cuda.device_count()
+        if count < 2:
+            row.status = "skipped"
+            row.detail = (f"needs 2 CUDA devices, one per process (NCCL takes one device per rank); this host has "
+                          f"{count}")
+            return
+        a = self.args
+        runs: dict[str, dict[str, Any]] = {}
+        for sharding in ("ddp", "fsdp"):
+            ns = sharded_job.parse_args([
+                "--model", str(self.model), "--sharding", sharding, "--processes", "2", "--gpus", "0,1",
+                "--precision", "bf16", "--steps", str(min(a.steps, 4)), "--batch-size", str(a.batch_size),
+                "--group-size", str(a.group_size), "--max-tokens", str(a.max_tokens), "--lora-rank",
+                str(a.lora_rank), "--out", str(self.work / "sharded" / f"{sharding}.json")])
+            runs[sharding] = sharded_job.launch(ns, timeout=max(60.0, self.left()))
+        diff = sharded_job.compare(runs["ddp"], runs["fsdp"])
+        held = runs["fsdp"]["held"]
+        steps = {k: statistics.median(v["step_seconds"][1:] or v["step_seconds"]) for k, v in runs.items()}
+        row.value = f"adapter diff {diff['adapter_rel']:.2g} of B"
+        row.detail = (f"{diff['tensors']} LoRA tensors, whole {diff['whole']}; loss rel diff {diff['loss_rel']:.2g}; "
+                      f"ranks held {held} parameters; step s fsdp {steps['fsdp']:.3f} ddp {steps['ddp']:.3f}")
+        row.data = {"runs": runs, "compare": diff}
+        if not diff["whole"]:
+            raise RuntimeError("the FSDP job's adapter is not whole: " + row.detail)
+        if not held or any(h is None or h[0] >= h[1] for h in held):
+            raise RuntimeError(f"the FSDP job's policy was not sharded: ranks held {held}")
+        if diff["adapter_rel"] > 0.25:
+            raise RuntimeError(f"the FSDP and DDP adapters differ by {diff['adapter_rel']:.2g} of B's movement")
+
     # -- adapter push
     def part_adapter(self, row: Row) -> None:
         import rollout_throughput as rt
@@ -462,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check.run("job-colocate", f"{args.steps}-step bf16 job, vLLM colocate", check.job("job-colocate",
                                                                                         "vllm-colocate"))
         check.run("trl", "bench/trainer_step.py: TRL GRPOTrainer", check.part_trl)
+        check.run("job-fsdp", "2-process bf16 job, FSDP against DDP", check.part_fsdp)
     table = format_table(check.rows, header(args))
     print()
     print(table)

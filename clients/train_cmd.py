@@ -20,6 +20,7 @@ from rlvr.jobspec import (
     LOSS_NAMES,
     PRECISIONS,
     QUANT_KEYS,
+    SHARDINGS,
     SPEC_FIELDS,
     SpecField,
     job_status_name,
@@ -68,6 +69,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="training precision: fp32 (default), bf16, or fp16 (CUDA only)")
+    p.add_argument("--sharding", choices=SHARDINGS, default=None,
+                   help="with --processes 2 or more: ddp (default, a whole model per process) or fsdp (the "
+                        "model sharded across the processes)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
     p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
@@ -122,6 +126,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.advanced.lora_init = args.lora_init
     if args.precision:
         spec.advanced.precision = args.precision
+    if args.sharding:
+        spec.advanced.sharding = args.sharding
     for _, group, field, _, _ in SPEC_FLAGS:
         value = getattr(args, field)
         if value is not None:

@@ -116,6 +116,11 @@ NUM_PROCESSES = IntRange(1, 8, 1)
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISION_KEYS: dict[str, Precision] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PRECISIONS = tuple(PRECISION_KEYS)
+# How a job of several processes holds the model (advanced.sharding): "ddp" a whole copy on each
+# process, gradients averaged; "fsdp" the weights, gradients and optimizer state sharded across the
+# processes (FSDP2 through accelerate: services/trainer/engine.py, `fsdp_args`).
+Sharding = Literal["ddp", "fsdp"]
+SHARDINGS: tuple[Sharding, ...] = ("ddp", "fsdp")
 
 BACKEND_NAMES: dict[int, str] = {
     C.GENERATION_BACKEND_VLLM: "vLLM (rollout server)",
@@ -280,6 +285,9 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
     _ADVANCED("advanced.num_processes", "Processes",
               "Training processes, data parallel: one per device GPU Selection lists.", "int", range=NUM_PROCESSES,
               flag="--processes"),
+    _ADVANCED("advanced.sharding", "Sharding",
+              "With several processes: ddp keeps a whole model on each; fsdp shards the weights, gradients and "
+              "optimizer state across them (for a base that does not fit one device).", "word", choices=SHARDINGS),
     _ADVANCED("advanced.precision", "Precision", "fp32, or mixed precision (bf16; fp16 needs a CUDA device).",
               "word", choices=PRECISIONS),
     _ADVANCED("advanced.kl_beta", "KL beta", "KL coefficient against the base model.", "float", range=KL_BETA,
@@ -593,6 +601,8 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
     if a.lora_init not in LORA_INITS:
         v.add(out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{x}"' for x in LORA_INITS) +
                            ' (default "default")'))
+    with v.check():
+        _validate_sharding(a, v)
     a.precision = a.precision.strip() or PRECISIONS[0]
     if a.precision not in PRECISIONS:
         v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
@@ -617,6 +627,23 @@ def _validate_async(a: common_pb2.AdvancedOptions, backend: int) -> None:
             f"in another process while the trainer trains; {BACKEND_NAMES[backend]} generates inside the training "
             f"process, so only 0 (synchronous) is allowed with it (range {MAX_ASYNC_STEPS.text()}, default "
             f"{MAX_ASYNC_STEPS.default})")
+
+
+def _validate_sharding(a: common_pb2.AdvancedOptions, v: Violations) -> None:
+    """advanced.sharding: one of SHARDINGS, and fsdp only where it can run (docs/jobs.md says why)."""
+    a.sharding = a.sharding.strip() or SHARDINGS[0]
+    if a.sharding not in SHARDINGS:
+        raise out_of_range("advanced.sharding", a.sharding, FIELDS_BY_PATH["advanced.sharding"].allowed())
+    if a.sharding != "fsdp" or v.bad("advanced.num_processes"):
+        return
+    if a.num_processes < 2:
+        raise InvalidArgument(f"advanced.sharding: fsdp shards the model across processes, and "
+                              f"advanced.num_processes is {a.num_processes}; set it to 2 or more, or use "
+                              f'"ddp"')
+    if a.quantization == C.QUANTIZATION_8BIT:
+        raise InvalidArgument("advanced.sharding: fsdp cannot shard an 8-bit base (FSDP2 re-creates the "
+                              "parameters it shards, and bitsandbytes' int8 weights lose their quantization "
+                              'state with it); use Full Precision or 4-bit QLoRA with fsdp, or "ddp"')
 
 
 def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -> None:
@@ -706,6 +733,7 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
         ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
         ("advanced.precision", spec.advanced.precision, MAX_OPTION_CHARS),
+        ("advanced.sharding", spec.advanced.sharding, MAX_OPTION_CHARS),
         ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
         ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),
     ):

@@ -99,3 +99,15 @@ def test_parts_past_the_budget_or_without_their_prerequisite_are_skipped_rows(tm
     assert ran == [] and [(r.part, r.status) for r in check.rows] == [("job-vllm", "skipped"), ("trl", "skipped")]
     assert "no model" in check.rows[0].detail and "budget is spent" in check.rows[1].detail
     json.dumps([vars(r) for r in check.rows])  # the JSON the check writes
+
+
+def test_the_fsdp_part_needs_two_devices_and_skips_on_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check = gpu_check.Check(gpu_check.parse_args(["--parts", "job-fsdp"]), tmp_path)
+    check.model = tmp_path / "model"  # never read: the part stops before it launches anything
+    check.run("job-fsdp", "2-process bf16 job, FSDP against DDP", check.part_fsdp)
+    (row,) = check.rows
+    assert (row.part, row.status) == ("job-fsdp", "skipped") and "needs 2 CUDA devices" in row.detail
+    assert "this host has 1" in row.detail and not (tmp_path / "sharded").exists()

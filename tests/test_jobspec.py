@@ -134,6 +134,27 @@ def test_precision() -> None:
         resolve_spec(spec(advanced={"precision": "fp8"}))
 
 
+def test_sharding() -> None:
+    assert resolve_spec(C.JobSpec()).spec.advanced.sharding == "ddp"
+    two = {"grpo": {"batch_size": 8, "group_size": 4}}
+    fsdp = resolve_spec(spec(**two, advanced={"num_processes": 2, "sharding": " fsdp "})).spec.advanced
+    assert fsdp.sharding == "fsdp"
+    assert resolve_spec(spec(**two, advanced={"num_processes": 2, "sharding": "fsdp",
+                                               "quantization": C.QUANTIZATION_4BIT})).spec.advanced.sharding == "fsdp"
+    with pytest.raises(InvalidArgument, match=r"advanced.sharding: 'zero3' is out of range; allowed: \"ddp\" or "
+                                              r"\"fsdp\" \(default \"ddp\"\)"):
+        resolve_spec(spec(advanced={"sharding": "zero3"}))
+    with pytest.raises(InvalidArgument, match="advanced.sharding: fsdp shards the model across processes, and "
+                                              "advanced.num_processes is 1; set it to 2 or more"):
+        resolve_spec(spec(advanced={"sharding": "fsdp"}))
+    with pytest.raises(InvalidArgument, match="advanced.sharding: fsdp cannot shard an 8-bit base"):
+        resolve_spec(spec(**two, advanced={"num_processes": 2, "sharding": "fsdp", "quantization": C.QUANTIZATION_8BIT}))
+    # A bad process count is named once, not again by sharding.
+    with pytest.raises(InvalidArgument) as err:
+        resolve_spec(spec(advanced={"num_processes": 9, "sharding": "fsdp"}))
+    assert "advanced.sharding" not in str(err.value)
+
+
 def test_lora_init_and_dynamic_sampling() -> None:
     a = resolve_spec(C.JobSpec()).spec.advanced
     assert a.lora_init == "default" and not a.dynamic_sampling

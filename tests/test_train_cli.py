@@ -93,3 +93,17 @@ def test_a_lost_watch_is_one_line_naming_the_queued_job(capfd: pytest.CaptureFix
     assert code == 1 and "job j1 queued" in out
     assert err.strip().splitlines() == ["error: watching job j1: UNAVAILABLE: scheduler shutting down; "
                                         "`rlvr jobs watch j1` re-attaches"], err
+
+
+def test_sharding_flag_sets_the_field() -> None:
+    import argparse
+
+    from rlvr.clients.train_cmd import add_train_arguments, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    spec = spec_from_args(parser.parse_args(["--processes", "2", "--sharding", "fsdp"]))
+    assert (spec.advanced.num_processes, spec.advanced.sharding) == (2, "fsdp")
+    assert spec_from_args(parser.parse_args([])).advanced.sharding == ""  # unset: the spec's default (ddp)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sharding", "zero3"])

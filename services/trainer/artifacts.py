@@ -103,13 +103,20 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
     staging = dest.with_name(f".{dest.name}.staging")
     if staging.exists():
         shutil.rmtree(staging)
+    # A sharded policy's adapter comes gathered (distributed.Gathered): its whole tensors are written.
+    from rlvr.services.trainer.distributed import Gathered
+
+    state = None
+    if isinstance(model, Gathered):
+        model, state = model.model, model.state_dict
     if stack_on is None:
         # Only the trained adapter: with kl_beta > 0 TRL keeps a frozen copy named "ref" beside it.
-        model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"])
+        model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"], state_dict=state)
     else:
         from rlvr.services.trainer import stacking
 
-        stacking.write_adapter(stacking.combine(stack_on, stacking.from_peft_model(model, "default")), staging)
+        trained = stacking.from_peft_model(model, "default", state_dict=state)
+        stacking.write_adapter(stacking.combine(stack_on, trained), staging)
     missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
     if missing:
         raise RuntimeError(f"peft wrote no {', '.join(missing)} (is the model a PeftModel?)")

@@ -29,6 +29,7 @@ from rlvr.jobspec import (
     Precision,
     Quantization,
     RewardName,
+    Sharding,
     proto_field,
     resolve_spec,
     value_of,
@@ -93,6 +94,9 @@ class JobConfig:
     max_async_steps: int
     # advanced.epsilon_high: DAPO's clip-higher, TRL's GRPOConfig(epsilon_high).
     epsilon_high: float
+    # advanced.sharding: how a job of several processes holds the model, "ddp" (a whole copy each)
+    # or "fsdp" (sharded across them: engine.py, `fsdp_args`).
+    sharding: Sharding
     # A PEFT directory to stack on ("" = none): merged into the base and kept frozen; a fresh adapter
     # trains on top, and the job publishes the two as one adapter on the original base.
     init_adapter_path: str = ""

@@ -137,6 +137,33 @@ class Group:
                 dist.destroy_process_group()
 
 
+@dataclass
+class Gathered:
+    """A sharded policy's adapter gathered whole (advanced.sharding "fsdp"): the PeftModel, for its
+    config, and the full tensors of its LoRA weights under the model's own state-dict names, which
+    artifacts.save_adapter writes instead of the model's shards."""
+
+    model: Any  # the peft PeftModel, its weights sharded (FSDP2 DTensors)
+    state_dict: dict[str, Any]  # every `lora_` tensor of the model, whole, on the CPU
+
+
+def gather_adapter(model: Any, group: Group) -> Gathered | None:
+    """The LoRA weights of a sharded `model`, whole, on rank 0 (None on the others). A collective:
+    every rank calls it, in the same order. Only the adapter's tensors are gathered (each an
+    all-gather of its shards, in the state dict's order), never the base's: the push of a base too
+    big for one device gathers a few MB."""
+    from torch.distributed.tensor import DTensor
+
+    full: dict[str, Any] = {}
+    for name, tensor in model.state_dict().items():
+        if "lora_" not in name:
+            continue
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if group.is_main:
+            full[name] = whole.detach().to("cpu", copy=True)
+    return Gathered(model, full) if group.is_main else None
+
+
 def device_count_problem(device: str, group: Group) -> str | None:
     """Why this job cannot give each rank its own CUDA device (None when it can, or on a CPU)."""
     if not device.startswith("cuda") or group.world == 1:

@@ -30,6 +30,7 @@ gap (MetricEvent.logprob_gap) whether or not it corrects.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.peers.types import AdapterTag, Score
 from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.distributed import Group, merge_records, shareable
+from rlvr.services.trainer.distributed import Group, gather_adapter, merge_records, shareable
 from rlvr.services.trainer.dynamic import PromptDraw
 from rlvr.services.trainer.grpo_trainer import LAG_CORRECTION, trainer_class
 from rlvr.services.trainer.prefetch import Prefetcher
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 
 __all__ = ["GrpoEngine", "StepHooks", "grpo_args"]
+
+log = logging.getLogger("rlvr.trainer.engine")
 
 # TRL's output_dir: its checkpoints (`checkpoint-N`: the adapter, optimizer, LR scheduler, RNG
 # states and trainer state, written every `checkpoint_every` steps) are what a resume starts from;
@@ -77,6 +80,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     lag: dict[str, Any] = LAG_CORRECTION if correct else {}
     return GRPOConfig(
         **lag,
+        **(fsdp_args(job) if job.sharding == "fsdp" and processes > 1 else {}),
         output_dir=str(output_dir),
         per_device_train_batch_size=job.batch_size // processes,
         gradient_accumulation_steps=1,
@@ -117,6 +121,27 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     )
 
 
+def fsdp_args(job: JobConfig) -> dict[str, Any]:
+    """TrainingArguments' FSDP settings for advanced.sharding "fsdp": FSDP2 (torch's fully_shard,
+    through accelerate's plugin), one shard unit per decoder layer (transformers' own
+    `_no_split_modules`), resharded after each forward."""
+    return {"fsdp": True,
+            "fsdp_config": {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                            "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
+                            "cpu_ram_efficient_loading": False}}
+
+
+def shard_sizes(model: Any) -> tuple[int, int]:
+    """(parameters this process holds, parameters of the model): the two differ once FSDP2 shards it."""
+    from torch.distributed.tensor import DTensor
+
+    held = total = 0
+    for p in model.parameters():
+        total += p.numel()
+        held += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+    return held, total
+
+
 def checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
     """The job's TRL checkpoint folders (`checkpoint-<step>`, whole or not) with their steps."""
     found = []
@@ -148,6 +173,12 @@ class _StepCallback:
     def __init__(self, engine: GrpoEngine) -> None:
         self.engine = engine
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.engine.sharded:  # the policy is sharded by now (accelerate's prepare, in train())
+            held, total = shard_sizes(self.engine.model)
+            log.info("policy sharded with FSDP2 across %d processes: this one holds %d of its %d parameters",
+                     self.engine.group.world, held, total)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.engine.step = Step(self.engine.ctx, state.global_step + 1)
 
@@ -167,7 +198,10 @@ class _StepCallback:
             parts = group.gather(shareable(step.record))
             if group.is_main:
                 merge_records(step.record, parts)
-            pushed = group.on_main(lambda: step.push(engine.model))
+            # Sharded (advanced.sharding fsdp): every rank takes part in gathering the adapter whole,
+            # and rank 0 saves and pushes that; DDP's rank 0 holds the whole adapter itself.
+            policy = gather_adapter(engine.model, group) if engine.sharded else engine.model
+            pushed = group.on_main(lambda: step.push(policy))
             live = AdapterTag(engine.ctx.job.adapter_name, step.number)
             if not group.is_main:
                 engine.ctx.generator.adopt_adapter(pushed, live)
@@ -243,6 +277,8 @@ class GrpoEngine:
         self.ctx.correction = ",".join(self.corrections)
         self.step: Step | None = None  # the step in flight (or the last one)
         self.group = group or Group()
+        # advanced.sharding fsdp: the policy's weights sharded across the job's processes (`fsdp_args`)
+        self.sharded = job.sharding == "fsdp" and self.group.world > 1
         self._texts = [p for p, _ in prompts]
         dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
         self.trainer = trainer_class(correct_lag=bool(self.corrections))(

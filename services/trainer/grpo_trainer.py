@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "lag_ratio", "logprob_gap", "trainer_class"]
+__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
+           "trainer_class"]
 
 # The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
 LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
@@ -134,6 +135,31 @@ def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
     return ratio
 
 
+def fsdp_on_cpu(trainer: Any) -> None:
+    """FSDP (advanced.sharding "fsdp") on a CPU: accelerate 1.16 turns its FSDP plugin on only for
+    accelerator devices (AcceleratorState: DistributedType.FSDP is set in the branch of MULTI_GPU and
+    its kin, never for MULTI_CPU), and a job of several CPU processes would then silently train as DDP.
+    torch's FSDP2 (fully_shard) runs on a CPU over gloo, so the trainer's accelerator gets the plugin
+    transformers built from the job's arguments, as accelerate would give it on a GPU: from here on
+    `accelerator.prepare` shards the model with fully_shard, as on a GPU."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise RuntimeError(f"advanced.sharding: fsdp was asked for, but accelerate set up {state.distributed_type} "
+                           "without its FSDP plugin")
+    plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    # As accelerate's AcceleratorState does on a GPU: the process-wide state names FSDP too, or the next
+    # AcceleratorState() (accelerate's set_seed makes one) would read MULTI_CPU back from it.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
 class _NoEngine:
     """TRL's vLLM handle for a trainer whose rollout_func generates: our Step pushes the adapters."""
 
@@ -180,6 +206,11 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
         # does the same: its trainer takes the ratio against the rollout's `inference_logprobs` from
         # the training forward's `trainer_logprobs`, with no old-logprob pass (src/prime_rl/trainer/rl/
         # train.py and loss.py `compute_loss`). tests/test_trainer_lag_ratio.py: bit-equal on CPU.
+        def create_accelerator_and_postprocess(self) -> None:
+            super().create_accelerator_and_postprocess()
+            if self.args.fsdp_plugin_args is not None and not self.is_fsdp_enabled:
+                fsdp_on_cpu(self)
+
         def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
             if not self.deferred_ratio:
                 return super()._generate_and_score_completions(inputs)

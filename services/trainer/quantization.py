@@ -92,7 +92,10 @@ def sampler_corrections(max_async_steps: int, precision: str, quantization: str,
     return tuple(reasons)
 
 
-def bnb_config(quantization: str) -> Any:  # -> transformers.BitsAndBytesConfig | None
+def bnb_config(quantization: str, sharded: bool = False) -> Any:  # -> transformers.BitsAndBytesConfig | None
+    """The bitsandbytes config of a quantized base. `sharded` (advanced.sharding fsdp): the 4-bit
+    weights packed into float32 storage, which FSDP2 can shard (accelerate leaves a base packed in
+    uint8, bitsandbytes' default, whole on every process: "non-floating frozen Params4bit")."""
     if quantization == "full":
         return None
     import torch
@@ -101,7 +104,7 @@ def bnb_config(quantization: str) -> Any:  # -> transformers.BitsAndBytesConfig 
     if quantization == "4bit":
         return BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
-            bnb_4bit_use_double_quant=False,
+            bnb_4bit_use_double_quant=False, **({"bnb_4bit_quant_storage": torch.float32} if sharded else {}),
         )
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)

@@ -163,6 +163,13 @@ class SeededSampler:
         return scores.float() / self.temperature + gumbel
 
 
+def sharded(model: torch.nn.Module) -> bool:
+    """Whether `model` is sharded by FSDP2 (torch's fully_shard, which accelerate applies in place)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 class LocalGenerator:
     """In-process sampling from the policy being trained (transformers + peft).
 
@@ -224,6 +231,9 @@ class LocalGenerator:
             out = self.model.generate(  # type: ignore[operator]  # a transformers model; nn.Module says Tensor | Module
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
+                # A policy sharded across processes (advanced.sharding fsdp) gathers its weights in each
+                # forward, a collective: every process runs forwards until all its peers' rows are done.
+                synced_gpus=sharded(self.model),
             )
         completion_ids, clipped = [], []
         for generated in out[:, width:].tolist():

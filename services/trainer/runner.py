@@ -169,7 +169,7 @@ def load_policy(job: JobConfig, base_path: str, device: str,
         raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    quant = bnb_config(job.quantization)
+    quant = bnb_config(job.quantization, sharded=job.sharding == "fsdp" and job.num_processes > 1)
     # advanced.precision: the frozen base in that dtype; peft keeps the LoRA weights in float32
     # (get_peft_model's autocast_adapter_dtype), and TRL trains under autocast (engine.grpo_args).
     model = AutoModelForCausalLM.from_pretrained(
@@ -395,7 +395,9 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     if device == "cuda" and group.world > 1:
         device = f"cuda:{group.local_rank}"  # one device per rank (the job sees exactly num_processes)
     group.connect(device)
-    check_quantization(job.quantization, job.gpu_selection)
+    # Probed by rank 0 alone (its failure is every rank's): the probe saves a model and loads it back,
+    # and transformers 5 writes a model only on rank 0 of a torch.distributed group.
+    group.on_main(lambda: check_quantization(job.quantization, job.gpu_selection))
     check_precision(job.precision, job.gpu_selection)
     quiet_bitsandbytes()
     if job.generation_backend == "vllm" and deps.generator is None:

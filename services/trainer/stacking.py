@@ -111,15 +111,17 @@ def write_adapter(adapter: Adapter, folder: Path) -> None:
               metadata={"format": "pt"})
 
 
-def from_peft_model(model: Any, adapter_name: str = "default") -> Adapter:
-    """The adapter `adapter_name` of a live peft PeftModel, as `save_pretrained` would write it."""
+def from_peft_model(model: Any, adapter_name: str = "default", state_dict: dict[str, Any] | None = None) -> Adapter:
+    """The adapter `adapter_name` of a live peft PeftModel, as `save_pretrained` would write it;
+    from `state_dict` (the model's state-dict names) rather than the model's own tensors when given
+    (a sharded policy's, gathered: distributed.gather_adapter)."""
     from peft import get_peft_model_state_dict
 
     config = model.peft_config[adapter_name].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     config["inference_mode"] = True
     config = json.loads(json.dumps(config))  # enums to strings, as in the saved file
-    state = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name)
     return Adapter(config, {k: v.detach().to("cpu", copy=True) for k, v in state.items()})
 
 
