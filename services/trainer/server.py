@@ -7,6 +7,8 @@ run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUME
 have codes of their own, so that the scheduler reads them by code and never by text: StartJob of
 another job while one runs is RESOURCE_EXHAUSTED (StartJob of the job that runs is OK: it is
 idempotent by job id), and MergeAdapter onto an existing output folder is ALREADY_EXISTS.
+FetchFolder streams a folder under the artifact root (rlvr.transfer.folder_chunks) to a host that
+does not share the disk; a path outside the root is INVALID_ARGUMENT, a folder not there NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from pathlib import Path
 import grpc
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors, shown
+from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, map_errors, shown
+from rlvr.peers.base import in_thread
 from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.capabilities import worker_capabilities
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
-from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
+from rlvr.transfer import folder_chunks
+from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger("rlvr.trainer.server")
 
@@ -93,6 +97,27 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         output.parent.mkdir(parents=True, exist_ok=True)
         async for progress in _run_merge(base_model, adapter, output):
             yield progress
+
+    async def FetchFolder(
+        self, request: trainer_pb2.FetchFolderRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.FileChunk]:
+        root = Path(self.settings.artifact_root)
+        if not request.path:
+            raise InvalidArgument("path: required (a folder under the artifact root, or a path relative to it)")
+        folder = artifacts.under_root(root, request.path, "path")
+        for i, name in enumerate(request.files):
+            artifacts.under_root(folder, name, f"files[{i}]")
+        if not folder.is_dir():
+            raise NotFound(f"path: {shown(_relative(folder, root))} is not a folder under the artifact root of "
+                           f"worker {self.settings.worker_name}")
+        have = {d.path: d.sha256 for d in request.have}
+        try:
+            chunks = await asyncio.to_thread(folder_chunks, folder, list(request.files) or None, have,
+                                             request.resume_path, request.resume_offset)
+        except FileNotFoundError:
+            raise NotFound(f"files: a file asked for is not in {shown(_relative(folder, root))}") from None
+        async for chunk in in_thread(chunks):
+            yield chunk
 
 
 def _relative(path: Path, root: Path) -> str:
