@@ -119,8 +119,8 @@ async def test_merge_runs_on_the_holding_worker_and_its_download_is_relayed(clus
 
 async def test_a_broken_fetch_resumes_without_sending_finished_files_again(cluster: Cluster, tmp_path: Path) -> None:
     job_dir = Path(cluster.job.adapter.path).parent  # <root b>/jobs/<id>: adapter, checkpoints, trl, ...
-    expected = _digests(job_dir)
-    assert len(expected) > 6, sorted(expected)
+    expected = {rel: sha for rel, sha in _digests(job_dir).items() if rel != "settings.json"}  # B's own (a token)
+    assert len(expected) > 6 and (job_dir / "settings.json").is_file(), sorted(expected)
     dest = tmp_path / "job"
     client = AsyncTrainerClient(make_channel(cluster.addresses["b"], aio=True))
     client.address = cluster.addresses["b"]
@@ -190,3 +190,48 @@ async def test_a_path_outside_the_artifact_root_is_refused(cluster: Cluster, tmp
         async for _ in client.fetch_folder(T.FetchFolderRequest(path="jobs/no-such-job")):
             pass
     assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def _run_on(address: str, request: T.StartJobRequest, timeout: float = 120) -> T.WorkerStatus:
+    """StartJob on one worker, then its status once the job has ended there."""
+    async with AsyncTrainerClient(address) as worker:
+        await worker.start_job(request)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            status = await worker.get_worker_status(T.GetWorkerStatusRequest())
+            if not status.busy and status.last_job_id == request.job_id:
+                return status
+            assert asyncio.get_running_loop().time() < deadline, "the job did not end in time"
+            await asyncio.sleep(0.3)
+
+
+async def test_a_worker_fetches_an_init_adapter_and_a_resumed_job_from_the_worker_that_holds_them(
+        cluster: Cluster) -> None:
+    from rlvr.jobspec import resolve_spec
+
+    b_job = Path(cluster.job.adapter.path).parent
+    # A loop round on worker A stacking on the adapter worker B trained: by its path on B.
+    spec = resolve_spec(_spec(steps=1)).spec
+    spec.init_adapter.CopyFrom(cluster.job.adapter)
+    request = T.StartJobRequest(job_id="stacked-on-b", spec=spec, total_steps=1)
+    async with AsyncTrainerClient(cluster.addresses["a"]) as worker:  # not under A's root, and no source named
+        with pytest.raises(RlvrError) as e:
+            await worker.start_job(request)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "init_adapter.path" in e.value.details
+    request.init_adapter_source = cluster.addresses["b"]
+    status = await _run_on(cluster.addresses["a"], request)
+    assert status.last_job_status == C.JOB_STATUS_COMPLETED, status.last_job_error
+    fetched = cluster.roots["a"] / "jobs" / "stacked-on-b" / "init-adapter"
+    assert _digests(fetched) == {n: _digests(b_job / "adapter")[n] for n in ADAPTER_FILES}
+
+    # B's job resumed on A (as after B lost it): A fetches the job's folder, checkpoints included,
+    # and goes on from B's last one; B's settings (0600: the service token) stay on B.
+    resume = T.StartJobRequest(job_id=cluster.job.id, spec=resolve_spec(_spec(steps=3)).spec, total_steps=3,
+                               resume=True, stored_steps=2, resume_source=cluster.addresses["b"])
+    status = await _run_on(cluster.addresses["a"], resume)
+    assert status.last_job_status == C.JOB_STATUS_COMPLETED, status.last_job_error
+    assert status.last_job_adapter.version == 3
+    a_job = cluster.roots["a"] / "jobs" / cluster.job.id
+    assert "resuming from step 2" in (a_job / "job.log").read_text()
+    assert (b_job / "settings.json").is_file() and (b_job / "settings.json").stat().st_mode & 0o077 == 0
+    assert (a_job / "settings.json").read_text() != (b_job / "settings.json").read_text()  # A's own

@@ -31,7 +31,7 @@ from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.capabilities import worker_capabilities
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
-from rlvr.transfer import folder_chunks
+from rlvr.transfer import folder_chunks, list_files
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger("rlvr.trainer.server")
@@ -112,8 +112,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                            f"worker {self.settings.worker_name}")
         have = {d.path: d.sha256 for d in request.have}
         try:
-            chunks = await asyncio.to_thread(folder_chunks, folder, list(request.files) or None, have,
-                                             request.resume_path, request.resume_offset)
+            files = list(request.files) or await asyncio.to_thread(_shareable_files, folder, root)
+            chunks = await asyncio.to_thread(folder_chunks, folder, files, have, request.resume_path,
+                                             request.resume_offset)
         except FileNotFoundError:
             raise NotFound(f"files: a file asked for is not in {shown(_relative(folder, root))}") from None
         async for chunk in in_thread(chunks):
@@ -123,6 +124,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 def _relative(path: Path, root: Path) -> str:
     """`path` as a client may see it: relative to the artifact root (no server folder in messages)."""
     return str(path.relative_to(root.resolve())) if path.is_relative_to(root.resolve()) else path.name
+
+
+def _shareable_files(folder: Path, root: Path) -> list[str]:
+    """The files of `folder` FetchFolder sends when not asked for some: all but a job's
+    settings.json (the worker's settings, with the service token: worker.py writes it 0600)."""
+    jobs = root.resolve() / "jobs"
+    return [rel for rel, path in list_files(folder)
+            if not (path.name == "settings.json" and path.resolve().parent.parent == jobs)]
 
 
 def _adapter_base(adapter: Path) -> str:

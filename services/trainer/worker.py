@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlvr.common.errors import NotFound
+from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
 from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
@@ -122,19 +122,23 @@ class JobSupervisor:
                                  "one job per worker")
             await asyncio.shield(starting)
             return False
+        asked, request = request, self._localized(request)
         job = job_config_from_request(request, self.root, tuple(self.settings.data_roots))
         self._check_idle()
-        task = asyncio.get_running_loop().create_task(self._launch(job, request), name=f"start-{job.job_id}")
+        task = asyncio.get_running_loop().create_task(self._launch(job, request, asked), name=f"start-{job.job_id}")
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a lone failure is logged in _launch
         self._starting = (job.job_id, task)
         await asyncio.shield(task)  # a caller that goes away does not stop the start half way
         return True
 
-    async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest) -> None:
+    async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest,
+                      asked: trainer_pb2.StartJobRequest) -> None:
+        """Starts the job process; `request` is `asked` as this worker runs it (`_localized`)."""
         try:
             await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
             await asyncio.to_thread(check_precision, job.precision, job.gpu_selection)
             job_dir = artifacts.job_dir(self.root, job.job_id)
+            await self._fetch_sources(asked, job_dir)
             await asyncio.to_thread(self._resumed_job_dir if job.resume else self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
             (job_dir / "config.json").write_text(json.dumps(job.to_json()))
@@ -161,6 +165,48 @@ class JobSupervisor:
             raise
         finally:
             self._starting = None
+
+    def _localized(self, request: trainer_pb2.StartJobRequest) -> trainer_pb2.StartJobRequest:
+        """The request as this worker runs it: an init_adapter held by another worker
+        (`init_adapter_source`) is read from this job's folder, where `_fetch_sources` puts it."""
+        if not (request.init_adapter_source and request.spec.init_adapter.path):
+            return request
+        local = trainer_pb2.StartJobRequest()
+        local.CopyFrom(request)
+        local.spec.init_adapter.path = str(artifacts.fetched_init_adapter_dir(self.root, request.job_id))
+        return local
+
+    async def _fetch_sources(self, request: trainer_pb2.StartJobRequest, job_dir: Path) -> None:
+        """What the job needs from other workers, fetched into this worker's root before it starts
+        (TrainerService.FetchFolder; no shared disk): a resumed job's folder from the worker that
+        ran it before (`resume_source`; unreachable, the job goes on from what is here, else from
+        step 0), and an init_adapter from the worker that holds it (`init_adapter_source`, by its
+        path there; FailedPrecondition when it cannot be had: the job cannot start without it)."""
+        from rlvr.common.auth import peer_auth
+        from rlvr.peers.base import RlvrError
+        from rlvr.peers.clients import AsyncTrainerClient
+        from rlvr.peers.folders import fetch_folder
+
+        if request.resume and request.resume_source:
+            try:
+                async with AsyncTrainerClient(request.resume_source, auth=peer_auth(self.settings)) as client:
+                    fetched = await fetch_folder(client, f"jobs/{request.job_id}", job_dir)
+                log.info("job %s: fetched %d of its %d files from %s to resume", request.job_id,
+                         len(fetched.received), len(fetched.listing), request.resume_source)
+            except (RlvrError, ValueError, OSError) as e:
+                log.warning("job %s: could not fetch its folder from %s (%s); resuming from what this worker holds",
+                            request.job_id, request.resume_source, e)
+        original = request.spec.init_adapter.path
+        if request.init_adapter_source and original:
+            dest = artifacts.fetched_init_adapter_dir(self.root, request.job_id)
+            try:
+                async with AsyncTrainerClient(request.init_adapter_source, auth=peer_auth(self.settings)) as client:
+                    await fetch_folder(client, original, dest, artifacts.ADAPTER_FILES)
+            except (RlvrError, ValueError, OSError) as e:
+                label = request.spec.init_adapter.name or original
+                raise FailedPrecondition(f"init_adapter: could not fetch {shown(label)} from trainer "
+                                         f"{request.init_adapter_source}, which holds it: {e}") from None
+            log.info("job %s: init_adapter fetched from %s into %s", request.job_id, request.init_adapter_source, dest)
 
     def _check_idle(self) -> None:
         if self.current is not None:
