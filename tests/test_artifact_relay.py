@@ -235,3 +235,30 @@ async def test_a_worker_fetches_an_init_adapter_and_a_resumed_job_from_the_worke
     assert "resuming from step 2" in (a_job / "job.log").read_text()
     assert (b_job / "settings.json").is_file() and (b_job / "settings.json").stat().st_mode & 0o077 == 0
     assert (a_job / "settings.json").read_text() != (b_job / "settings.json").read_text()  # A's own
+
+
+async def test_the_benchmark_fetches_an_adapter_path_it_cannot_read_from_the_worker_that_holds_it(
+        cluster: Cluster, tmp_path: Path) -> None:
+    from rlvr.common.errors import InvalidArgument
+    from rlvr.services.benchmark.peers import ServicePeers
+    from rlvr.services.benchmark.planning import _adapter_source
+
+    folder = Path(cluster.job.adapter.path)
+    own_root = tmp_path / "benchmark-adapters"  # the benchmark's adapter_roots: not B's
+    # A first (its root does not hold the path: it refuses, and B is asked next).
+    peers = ServicePeers("127.0.0.1:1", "127.0.0.1:1", trainer_addresses=[cluster.addresses["a"], cluster.addresses["b"]])
+    try:
+        got = await _adapter_source(str(folder), [own_root], peers, tmp_path / "scratch")
+        assert got.is_relative_to(tmp_path / "scratch")
+        assert {n: (got / n).read_bytes() for n in ADAPTER_FILES} == {n: (folder / n).read_bytes() for n in ADAPTER_FILES}
+        with pytest.raises(InvalidArgument, match="nor does a trainer worker"):
+            await _adapter_source(str(cluster.roots["b"] / "jobs" / "none" / "adapter"), [own_root], peers,
+                                  tmp_path / "scratch2")
+    finally:
+        await peers.close()
+    alone = ServicePeers("127.0.0.1:1", "127.0.0.1:1")  # no trainer_addresses: local folders only, as before
+    try:
+        with pytest.raises(InvalidArgument, match="outside the allowed adapter roots"):
+            await _adapter_source(str(folder), [own_root], alone, tmp_path / "scratch3")
+    finally:
+        await alone.close()
