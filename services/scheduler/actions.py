@@ -156,8 +156,8 @@ class JobActions:
         if not self._local(folder) and self._holder(row) is None:
             log.warning("the adapter folder of job %s is missing on this scheduler's disk and its worker %r is not "
                         "one of --trainer-addresses: %s", row.id, row.worker, folder)
-            raise FailedPrecondition(f"the adapter folder of job {row.id} is neither on the scheduler's disk nor on "
-                                     f"a trainer worker it knows (the job ran on {row.worker or 'no worker'})")
+            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk, and no "
+                                     f"trainer worker it knows holds it (the job ran on {row.worker or 'no worker'})")
         return folder
 
     def _local(self, folder: Path) -> bool:
