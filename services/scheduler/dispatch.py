@@ -214,4 +214,5 @@ class Dispatcher:
 
         outcome = await self.lifecycle.transition(row.id, Move("start", RUNNING, worker=address), start)
         if outcome.move is not None and outcome.move.to == RUNNING:
+            self.ran_on.pop(row.id, None)  # its folder is on `address` now
             log.info("dispatched job %s to %s%s", row.id, address, " to resume" if outcome.move.again else "")

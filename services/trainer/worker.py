@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
@@ -169,12 +170,21 @@ class JobSupervisor:
     def _localized(self, request: trainer_pb2.StartJobRequest) -> trainer_pb2.StartJobRequest:
         """The request as this worker runs it: an init_adapter held by another worker
         (`init_adapter_source`) is read from this job's folder, where `_fetch_sources` puts it."""
-        if not (request.init_adapter_source and request.spec.init_adapter.path):
+        if not self._fetches_init_adapter(request):
             return request
         local = trainer_pb2.StartJobRequest()
         local.CopyFrom(request)
         local.spec.init_adapter.path = str(artifacts.fetched_init_adapter_dir(self.root, request.job_id))
         return local
+
+    def _fetches_init_adapter(self, request: trainer_pb2.StartJobRequest) -> bool:
+        """Whether the init_adapter comes from its source worker: named one, and the folder is not
+        under this worker's own root already (a root the workers share)."""
+        path = request.spec.init_adapter.path
+        if not (request.init_adapter_source and path):
+            return False
+        resolved = paths.resolve(path)
+        return not (paths.is_under(resolved, [self.root.resolve()]) and resolved.is_dir())
 
     async def _fetch_sources(self, request: trainer_pb2.StartJobRequest, job_dir: Path) -> None:
         """What the job needs from other workers, fetched into this worker's root before it starts
@@ -197,7 +207,7 @@ class JobSupervisor:
                 log.warning("job %s: could not fetch its folder from %s (%s); resuming from what this worker holds",
                             request.job_id, request.resume_source, e)
         original = request.spec.init_adapter.path
-        if request.init_adapter_source and original:
+        if self._fetches_init_adapter(request):
             dest = artifacts.fetched_init_adapter_dir(self.root, request.job_id)
             try:
                 async with AsyncTrainerClient(request.init_adapter_source, auth=peer_auth(self.settings)) as client:
