@@ -31,6 +31,7 @@ from rlvr.adapters import ADAPTER_FILES
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
+from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.metrics import export_history, job_metrics
@@ -88,9 +89,10 @@ async def _in_thread(chunks: Iterator[T]) -> AsyncIterator[T]:
 
 
 class JobActions:
-    def __init__(self, jobs: JobManager, artifact_root: Path) -> None:
+    def __init__(self, jobs: JobManager, artifact_root: Path, store: ObjectStore | None = None) -> None:
         self.jobs = jobs
         self.root = Path(artifact_root)
+        self.store = store  # an object store the trainers put adapters and merged models into
         self._merge_locks: dict[str, asyncio.Lock] = {}
 
     async def _row(self, job_id: str) -> JobRow:
@@ -128,8 +130,8 @@ class JobActions:
     async def adapter_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
         row = await self._row(job_id)
         folder = self._adapter_folder(row)
-        if not self._local(folder):  # on the worker that wrote it
-            async for chunk in self._relay(row, str(folder), ADAPTER_FILES, "adapter folder"):
+        if not self._local(folder):  # in the object store, else on the worker that wrote it
+            async for chunk in self._remote(row, str(folder), 3, ADAPTER_FILES, "adapter folder"):
                 yield chunk
             return
         try:
@@ -153,7 +155,7 @@ class JobActions:
                 why = f"it ended ({row.status}) before its first step finished"
             raise FailedPrecondition(f"job {row.id} has no adapter yet: {why}")
         folder = Path(row.adapter_path)
-        if not self._local(folder) and self._holder(row) is None:
+        if not self._local(folder) and self._holder(row) is None and self.store is None:
             log.warning("the adapter folder of job %s is missing on this scheduler's disk and its worker %r is not "
                         "one of --trainer-addresses: %s", row.id, row.worker, folder)
             raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk, and no "
@@ -169,6 +171,29 @@ class JobActions:
         """The worker whose artifact root holds the job's folders: the one that ran it, if the
         scheduler still reaches it (one of its --trainer-addresses)."""
         return row.worker if row.worker and row.worker in self._workers().addresses else None
+
+    async def _remote(self, row: JobRow, path: str, depth: int, files: Sequence[str] | None, what: str
+                      ) -> AsyncIterator[common_pb2.FileChunk]:
+        """A folder not on this disk: from the object store when one is configured and holds it
+        whole (its key: the last `depth` parts of the path, "jobs/<id>/adapter", "merged/<name>"),
+        else relayed from the worker."""
+        if self.store is not None:
+            key = "/".join(Path(path).parts[-depth:])
+            try:
+                chunks = await asyncio.to_thread(self.store.chunks, key, files)
+            except (StoreError, ImportError) as e:
+                log.info("the %s of job %s is not in the object store (%s): asking its worker", what, row.id, e)
+            else:
+                log.info("streaming the %s of job %s from %s", what, row.id, self.store.url)
+                try:
+                    async for chunk in _in_thread(chunks):
+                        yield chunk
+                except StoreError as e:
+                    raise Unavailable(f"the object store failed while sending the {what} of job {row.id}: "
+                                      f"{e}") from None
+                return
+        async for chunk in self._relay(row, path, files, what):
+            yield chunk
 
     async def _relay(self, row: JobRow, path: str, files: Sequence[str] | None, what: str
                      ) -> AsyncIterator[common_pb2.FileChunk]:
@@ -236,7 +261,7 @@ class JobActions:
         if artifact is None:
             raise FailedPrecondition(f"job {job_id} has no merged model yet; run MergeModel first")
         if not self._local(Path(artifact.path)):  # merged on the worker that holds the job's folders
-            async for chunk in self._relay(row, artifact.path, None, "merged model"):
+            async for chunk in self._remote(row, artifact.path, 2, None, "merged model"):
                 yield chunk
             return
         try:
@@ -277,7 +302,8 @@ class JobActions:
         rows = await asyncio.to_thread(self.jobs.store.artifacts, row.id, "merged")
         for artifact in reversed(rows):
             path = Path(artifact.path)
-            if (any_version or path.name == merged_name(row)) and (self._local(path) or self._holder(row) is not None):
+            if (any_version or path.name == merged_name(row)) and (
+                    self._local(path) or self._holder(row) is not None or self.store is not None):
                 return artifact
         return None
 

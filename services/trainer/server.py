@@ -24,6 +24,7 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, map_errors, shown
+from rlvr.objectstore import StoreError, store_key
 from rlvr.peers.base import in_thread
 from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
@@ -96,6 +97,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise AlreadyExists(f"output_name: {name!r} already exists among the merged models; pick another")
         output.parent.mkdir(parents=True, exist_ok=True)
         async for progress in _run_merge(base_model, adapter, output):
+            store = self.supervisor.store
+            if progress.done and store is not None:  # in the store before it is announced
+                try:
+                    await asyncio.to_thread(store.put_folder, output, store_key(root, output))
+                except (StoreError, OSError, ImportError) as e:
+                    log.error("could not put the merged model %s into %s: %s", output.name, store.url, e)
             yield progress
 
     async def FetchFolder(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
+from rlvr.objectstore import StoreError, object_store, store_key
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
 from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
@@ -76,6 +77,8 @@ class JobSupervisor:
         self.settings = settings
         self.capabilities = capabilities  # reported in every status (capabilities.py)
         self.root = Path(settings.artifact_root)
+        # Where each job's final adapter is also put, when one is configured (rlvr/objectstore.py).
+        self.store = object_store(settings.artifact_store, settings.artifact_store_endpoint)
         self.current: RunningJob | None = None
         self.last: LastJob | None = self._lost_before_restart()
         self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
@@ -270,6 +273,7 @@ class JobSupervisor:
         job_id = running.config.job_id
         try:
             self.last = await self._outcome(running, code)
+            await self._put_adapter(self.last)
         except Exception:  # never leave the worker busy forever
             log.exception("could not read the outcome of job %s", job_id)
             self.last = LastJob(job_id, common_pb2.JOB_STATUS_FAILED, "the worker could not read the job's result")
@@ -306,6 +310,17 @@ class JobSupervisor:
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
                        f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter, lost=True)
+
+    async def _put_adapter(self, last: LastJob) -> None:
+        """The job's final adapter into the object store (when one is configured), so that it can
+        be downloaded without this worker; a store that fails is logged, the job's outcome stands."""
+        folder = artifacts.adapter_dir(self.root, last.job_id)
+        if self.store is None or last.adapter is None or not (folder / artifacts.ADAPTER_FILES[-1]).is_file():
+            return
+        try:
+            await asyncio.to_thread(self.store.put_folder, folder, store_key(self.root, folder), artifacts.ADAPTER_FILES)
+        except (StoreError, OSError, ImportError) as e:
+            log.error("could not put the adapter of job %s into %s: %s", last.job_id, self.store.url, e)
 
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
