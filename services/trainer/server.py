@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, map_errors, shown
+from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, bounded, map_errors, shown
+from rlvr.jobspec import MAX_PATH_CHARS
 from rlvr.objectstore import StoreError, store_key
 from rlvr.peers.base import in_thread
 from rlvr.services.common.metrics import Metrics
@@ -111,10 +112,18 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         root = Path(self.settings.artifact_root)
         if not request.path:
             raise InvalidArgument("path: required (a folder under the artifact root, or a path relative to it)")
-        folder = artifacts.under_root(root, request.path, "path")
-        for i, name in enumerate(request.files):
-            artifacts.under_root(folder, name, f"files[{i}]")
-        if not folder.is_dir():
+        for field, value in (("path", request.path), ("resume_path", request.resume_path),
+                             *((f"files[{i}]", f) for i, f in enumerate(request.files)),
+                             *((f"have[{i}].path", d.path) for i, d in enumerate(request.have))):
+            bounded(field, value, MAX_PATH_CHARS)
+        try:
+            folder = artifacts.under_root(root, request.path, "path")
+            for i, name in enumerate(request.files):
+                artifacts.under_root(folder, name, f"files[{i}]")
+            is_dir = folder.is_dir()
+        except OSError as e:  # a name the file system refuses (too long, ...)
+            raise InvalidArgument(f"path: not a usable path ({e.strerror})") from None
+        if not is_dir:
             raise NotFound(f"path: {shown(_relative(folder, root))} is not a folder under the artifact root of "
                            f"worker {self.settings.worker_name}")
         have = {d.path: d.sha256 for d in request.have}
