@@ -1,8 +1,9 @@
 """Chunked file transfer over the contract's FileChunk, both ways and for every user: a directory
 as a chunk stream (`directory_chunks`: the LoadAdapter upload of a PEFT directory, the scheduler's
 DownloadAdapter and DownloadMergedModel), and a received stream written back to disk
-(`save_file_chunks`), and the LoadAdapter stream reassembled on the receiving side
-(`AdapterUpload`).
+(`save_file_chunks`), the LoadAdapter stream reassembled on the receiving side
+(`AdapterUpload`), and a folder fetched from another host, checked and resumable (TrainerService
+FetchFolder: `folder_chunks`, `FolderWriter`, `FolderRelay`).
 
 Adapters and merged checkpoints never travel as one message (the channel limit is 64 MiB, and a
 merged model is gigabytes): each file is a run of chunks, `path` relative to the directory.
@@ -11,7 +12,8 @@ merged model is gigabytes): each file is a run of chunks, `path` relative to the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -19,6 +21,7 @@ from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import rollout_pb2 as ro
+from rlvr.v1 import trainer_pb2 as tr
 
 CHUNK_SIZE = 1024 * 1024
 """Default chunk size: far below the 64 MiB message limit, large enough to keep per-message
@@ -170,3 +173,162 @@ def save_file_chunks(chunks: Iterable[cm.FileChunk], directory: str | os.PathLik
         for handle in handles.values():
             handle.close()
     return done
+
+
+# ---------------------------------------------------------------------------- folders between hosts
+#
+# TrainerService/FetchFolder: a folder under a worker's artifact root sent to another host (the
+# scheduler relaying DownloadAdapter, a worker fetching an init_adapter or a resumed job's folder,
+# the benchmark an adapter to evaluate). Each chunk carries its file's sha256; the caller names the
+# files it holds (skipped when the digest matches) and the file it holds the start of (resumed
+# there), so a broken transfer goes on where it stopped. `folder_chunks` is the sending side,
+# `FolderWriter` the receiving one that writes to disk, `FolderRelay` one that passes the chunks
+# on (the scheduler's relay) and can still resume.
+
+PARTIAL_DIR = ".partial"
+"""Under a `FolderWriter` destination: the file being received, at its relative path, until its
+last chunk is checked and it is renamed into place. Hidden, so `list_files` skips it."""
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK_SIZE):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def folder_chunks(
+    directory: str | os.PathLike[str], files: Sequence[str] | None = None, have: Mapping[str, str] | None = None,
+    resume_path: str = "", resume_offset: int = 0, chunk_size: int = CHUNK_SIZE,
+) -> Iterator[cm.FileChunk]:
+    """`directory` as a FetchFolder stream: `directory_chunks`'s, each chunk with its file's sha256;
+    a file whose digest is `have[path]` is one empty chunk at offset = file_size (last), and
+    `resume_path` starts at `resume_offset`. The listing and the digests are worked out when this is
+    called (FileNotFoundError, InvalidArgument for a resume point that is no file's), not when the
+    stream is first read."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size: {chunk_size} must be > 0")
+    have = have or {}
+    listed = [(rel, path, path.stat().st_size, file_sha256(path)) for rel, path in list_files(directory, files)]
+    if resume_path:
+        size = next((s for rel, _, s, _ in listed if rel == resume_path), None)
+        if size is None:
+            raise InvalidArgument(f"resume_path: {resume_path!r} is not a file of the folder")
+        if not 0 <= resume_offset <= size:
+            raise out_of_range("resume_offset", resume_offset, f"0..{size} (the size of {resume_path})")
+
+    def chunks() -> Iterator[cm.FileChunk]:
+        for rel, path, size, sha in listed:
+            if have.get(rel) == sha:
+                yield cm.FileChunk(path=rel, offset=size, file_size=size, last=True, sha256=sha)
+                continue
+            offset = resume_offset if rel == resume_path else 0
+            with path.open("rb") as f:
+                f.seek(offset)
+                while True:
+                    data = f.read(chunk_size)
+                    last = offset + len(data) >= size or not data
+                    yield cm.FileChunk(path=rel, offset=offset, data=data, file_size=size, last=last, sha256=sha)
+                    offset += len(data)
+                    if last:
+                        break
+
+    return chunks()
+
+
+class FolderRelay:
+    """A FetchFolder stream passed on as it comes (the scheduler's DownloadAdapter relay), which
+    knows where to resume: `request()` is the call to make, at first and again after a broken
+    stream; `accept(chunk)` says whether the chunk is new (to pass on) or a file passed on already."""
+
+    def __init__(self, path: str, files: Sequence[str] | None = None) -> None:
+        self.path = path
+        self.files = list(files or ())
+        self.done: dict[str, str] = {}  # relative path -> sha256, of the files passed on whole
+        self.current: tuple[str, int] = ("", 0)  # the file being passed on, and the bytes so far
+
+    def request(self) -> tr.FetchFolderRequest:
+        rel, offset = self.current
+        return tr.FetchFolderRequest(path=self.path, files=self.files, resume_path=rel, resume_offset=offset,
+                                     have=[tr.FileDigest(path=p, sha256=s) for p, s in self.done.items()])
+
+    def accept(self, chunk: cm.FileChunk) -> bool:
+        if chunk.path in self.done:
+            return False  # sent before the break; the worker confirms it unchanged
+        end = chunk.offset + len(chunk.data)
+        self.current = ("", 0) if chunk.last else (chunk.path, end)
+        if chunk.last:
+            self.done[chunk.path] = chunk.sha256
+        return True
+
+
+class FolderWriter:
+    """The receiving side of FetchFolder, onto disk: `request()` names the files `directory`
+    holds (their digests) and the partial file it was receiving when a stream broke, `add(chunk)`
+    writes each chunk (a file is renamed into place once its last chunk came and its sha256
+    matched), `finish()` clears the partial folder. Raises ValueError for a chunk whose path leaves
+    the directory, that does not follow on from what was written, or a file whose digest is wrong
+    (its partial copy is removed: the next request sends it whole)."""
+
+    def __init__(self, directory: str | os.PathLike[str], path: str, files: Sequence[str] | None = None) -> None:
+        self.root = Path(directory).resolve()
+        self.path = path
+        self.files = list(files or ())
+        self.received: list[str] = []  # the files written (not those the folder held already)
+        self.listing: list[str] = []  # every file the stream named, in order
+
+    def _target(self, rel: str, base: Path) -> Path:
+        target = (base / rel).resolve()
+        if not rel or not target.is_relative_to(base) or target == base:
+            raise ValueError(f"chunk path {rel!r} is outside {base}")
+        return target
+
+    def _partials(self) -> list[tuple[str, Path]]:
+        partial = self.root / PARTIAL_DIR
+        return [(p.relative_to(partial).as_posix(), p) for p in sorted(partial.rglob("*")) if p.is_file()]
+
+    def request(self) -> tr.FetchFolderRequest:
+        have = []
+        if self.root.is_dir():
+            for rel, path in list_files(self.root, None):
+                if not self.files or rel in self.files:
+                    have.append(tr.FileDigest(path=rel, sha256=file_sha256(path)))
+        request = tr.FetchFolderRequest(path=self.path, files=self.files, have=have)
+        partials = self._partials()
+        if len(partials) == 1:
+            request.resume_path, request.resume_offset = partials[0][0], partials[0][1].stat().st_size
+        elif partials:  # not written by one stream: start those files again
+            shutil.rmtree(self.root / PARTIAL_DIR, ignore_errors=True)
+        return request
+
+    def add(self, chunk: cm.FileChunk) -> None:
+        target = self._target(chunk.path, self.root)
+        if chunk.path not in self.listing:
+            self.listing.append(chunk.path)
+            # A new file: a partial one left by a stream broken earlier, if any, is not resumed.
+            for _, other in self._partials():
+                if other != self._target(chunk.path, self.root / PARTIAL_DIR):
+                    other.unlink()
+        if chunk.last and not chunk.data and chunk.offset == chunk.file_size and chunk.file_size and target.is_file():
+            return  # held already with that digest
+        partial = self._target(chunk.path, self.root / PARTIAL_DIR)
+        size = partial.stat().st_size if partial.is_file() else 0
+        if chunk.offset != size:
+            raise ValueError(f"chunk of {chunk.path} at offset {chunk.offset}, but {size} bytes are written")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("ab") as f:
+            f.write(chunk.data)
+        if not chunk.last:
+            return
+        if chunk.sha256 and file_sha256(partial) != chunk.sha256:
+            partial.unlink()
+            raise ValueError(f"{chunk.path}: the sha256 of the received file differs from the sender's")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, target)
+        self.received.append(chunk.path)
+
+    def finish(self) -> None:
+        shutil.rmtree(self.root / PARTIAL_DIR, ignore_errors=True)

@@ -71,6 +71,9 @@ class LocalPeers:
         self.adapters[name] = version
         return version
 
+    async def fetch_adapter(self, path: str, directory: Path) -> str | None:
+        return None  # no trainer worker: local folders only
+
     async def problems(self, function: str, limit: int, dataset: str, split: str) -> list[Problem]:
         try:  # the reward service answers a TaskError with INVALID_ARGUMENT
             task = get_task(function, dataset=dataset or None, data_roots=self.data_roots)

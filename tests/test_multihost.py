@@ -21,11 +21,12 @@ stacking on it, MergeAdapter), none of which streams it today. The rollout repli
 adapters reach them through LoadAdapter's stream.
 
 Two jobs are submitted at once, one runs on each worker; then the benchmark service on host A
-evaluates the adapter host B trained (by its path: the shared folder), and host A's by name alone
+evaluates the adapter host B trained (by its path on B: fetched from B), and host A's by name alone
 (the version the trainer pushed to the replicas: no folder). Checked: both jobs complete, on
 different workers, every step stored once in PostgreSQL and published once on NATS, each replica
 answered its half of every step and of each evaluation (GetInfo's generate_calls), both hold every
-job's last version, and the evaluations are stored. Without PostgreSQL or NATS here it skips saying
+job's last version, the evaluations are stored, and B's adapter downloaded through the scheduler on
+host A is B's, byte for byte. Without PostgreSQL or NATS here it skips saying
 why; under CI=true it fails.
 
 This NATS is the machine's, so the test removes its jobs' and evaluation's messages from the `RLVR`
@@ -101,11 +102,14 @@ class Host:
     def datasets(self) -> Path:
         return self.home / "datasets"
 
+    @property
+    def artifacts(self) -> Path:  # its own artifact root: no folder is shared
+        return self.home / "artifacts"
+
 
 @dataclass
 class Cluster:
     root: Path
-    artifacts: Path  # the one shared folder
     secrets: Path  # deploy/make-secrets.sh's
     database_url: str
     hosts: dict[str, Host]
@@ -179,24 +183,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for host in hosts.values():
         shutil.copytree(built, host.home / "models" / MODEL)
         host.datasets.mkdir(parents=True)
-    cluster = Cluster(root, root / "shared" / "artifacts", make_secrets(root / "secrets", tls_names=HOSTS["b"]),
-                      database_url, hosts)
-    cluster.artifacts.mkdir(parents=True)
+    cluster = Cluster(root, make_secrets(root / "secrets", tls_names=HOSTS["b"]), database_url, hosts)
     a, b = hosts["a"], hosts["b"]
+    for host in (a, b):
+        host.artifacts.mkdir(parents=True)
     try:
         replicas = ",".join(cluster.start(f"rollout-{h.name}", h, "rollout", "--model", MODEL, "--backend",
                                           "transformers", "--max-model-len", "512", "--max-lora-rank", "8",
                                           "--adapter-root", str(h.rollout_adapters)) for h in (a, b))
         reward = cluster.start("reward", a, "reward", "--data-roots", str(a.datasets))
         workers = ",".join(cluster.start(f"trainer-{h.name}", h, "trainer", "--worker-name", f"trainer-{h.name}",
-                                         "--artifact-root", str(cluster.artifacts), "--data-roots", str(h.datasets),
+                                         "--artifact-root", str(h.artifacts), "--data-roots", str(h.datasets),
                                          "--nats-url", NATS_URL, "--rollout-addresses", replicas,
                                          "--reward-address", reward) for h in (a, b))
         benchmark = cluster.start("benchmark", a, "benchmark", "--database-url", database_url, "--nats-url", NATS_URL,
                                   "--rollout-addresses", replicas, "--reward-address", reward,
-                                  "--adapter-roots", str(cluster.artifacts), "--batch-size", str(EVAL_N))
+                                  "--adapter-roots", str(a.artifacts), "--trainer-addresses", workers,
+                                  "--batch-size", str(EVAL_N))
         cluster.start("scheduler", a, "scheduler", "--database-url", database_url, "--nats-url", NATS_URL,
-                      "--artifact-root", str(cluster.artifacts), "--data-roots", str(a.datasets),
+                      "--artifact-root", str(a.artifacts), "--data-roots", str(a.datasets),
                       "--trainer-addresses", workers, "--benchmark-address", benchmark, "--max-lora-rank", "8")
         cluster.wait_serving()
         yield cluster
@@ -275,10 +280,12 @@ def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> N
         for name, job in jobs.items():
             assert job.status == C.JOB_STATUS_COMPLETED, f"{name}: {job.error}"
             assert (job.adapter.name, job.adapter.version) == (f"job-{job.id}", STEPS[name])
-            assert Path(job.adapter.path).is_relative_to(cluster.artifacts)  # the shared folder
-        # One job on each worker: they ran at once.
+        # One job on each worker: they ran at once, each writing under its own host's root.
         assert sorted(job.worker for job in jobs.values()) == sorted(
             cluster.addresses[f"trainer-{h}"] for h in HOSTS), [job.worker for job in jobs.values()]
+        for job in jobs.values():
+            host = next(h for h in HOSTS if job.worker == cluster.addresses[f"trainer-{h}"])
+            assert Path(job.adapter.path).is_relative_to(cluster.hosts[host].artifacts.resolve())
         # Each replica answered one Generate call of every step of both jobs (a step's two prompts
         # split across them), and holds both jobs' last versions, streamed to its own folder.
         total = sum(STEPS.values())
@@ -299,9 +306,13 @@ def test_two_hosts_run_two_jobs_at_once_and_evaluate_them(cluster: Cluster) -> N
             assert done.questions_done == EVAL_N and done.adapter_name == job.adapter.name
             return done
 
-        # The benchmark service on host A evaluates the adapter host B's worker trained, by its
-        # path under the shared artifact root, and uploads it to both replicas as a new version ...
+        # The scheduler on host A relays the adapter host B trained (B's root only holds it).
         from_a, from_b = (next(j for j in jobs.values() if j.worker == cluster.addresses[f"trainer-{h}"]) for h in HOSTS)
+        downloaded = client.scheduler.save_adapter(from_b.id, cluster.root / "downloaded")
+        assert [p.read_bytes() for p in downloaded] == [(Path(from_b.adapter.path) / p.name).read_bytes()
+                                                        for p in downloaded] and len(downloaded) == 2
+        # The benchmark service on host A evaluates it by its path on host B (fetched from trainer
+        # B), and uploads it to both replicas as a new version ...
         by_path = evaluate(from_b, adapter_path=from_b.adapter.path)
         assert by_path.adapter_version == from_b.adapter.version + 1
         # ... and host A's by name alone: the version the trainer pushed to the replicas, no file read.

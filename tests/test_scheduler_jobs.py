@@ -57,6 +57,7 @@ class FakeWorkers:
         self.adapters: dict[str, C.AdapterRef] = {}  # the adapter of each address's last job
         self.resumes: list[tuple[str, bool, int]] = []  # (job, resume, stored_steps) of each job really started
         self.capabilities: dict[str, T.WorkerCapabilities] = {}
+        self.sources: dict[str, dict[str, str]] = {}  # each job's last StartJob: the workers holding its folders
 
     def finish(self, job_id: str, status: str) -> None:
         """The job ends on its worker, which then reports it as its last job (like a real trainer)."""
@@ -86,9 +87,10 @@ class FakeWorkers:
                            last_adapter=self.adapters.get(address), capabilities=self.capabilities.get(address))
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
-                    stored_steps: int = 0) -> str:
+                    stored_steps: int = 0, **sources: str) -> str:
         assert spec.grpo.batch_size % spec.grpo.group_size == 0  # the resolved spec is sent
         self.calls.append((address, job_id))
+        self.sources[job_id] = sources  # StartJobRequest's init_adapter_source, resume_source
         error, started, down = self.fail_next.pop(address, (None, False, False))
         if down:
             self.down.add(address)
@@ -277,6 +279,32 @@ async def test_cancelling_a_job_on_a_worker_no_longer_configured_says_so(sqlite_
     with pytest.raises(Unavailable, match="trainer gone:1, which is not one of this scheduler's trainer_addresses"):
         await jobs.cancel(job.id)
     assert sqlite_store.get_job(job.id).status == "RUNNING"
+
+
+async def test_a_start_names_the_workers_that_hold_its_folders(sqlite_store: Store) -> None:
+    """No shared disk: a job resumed on another worker is told which one ran it (resume_source), a
+    job whose init_adapter is another job's adapter which worker holds that (init_adapter_source);
+    the worker fetches the folders from there (TrainerService.FetchFolder)."""
+    workers = FakeWorkers(2)
+    jobs = JobManager(sqlite_store, None, workers)
+    _, first = await jobs.create(C.JobSpec(), dry_run=False)
+    await jobs.dispatch_once()
+    assert workers.calls[-1] == ("w0:1", first.id) and workers.sources[first.id] == {}
+    workers.lose(first.id, "the job process killed by signal 9 without a result", step=2)
+    workers.running["w0:1"] = "another"  # w0 is busy: the resume goes to w1
+    await jobs.dispatch_once()
+    assert workers.calls[-1] == ("w1:1", first.id) and workers.sources[first.id] == {"resume_source": "w0:1"}
+    workers.finish(first.id, "COMPLETED")
+    sqlite_store.update_job(first.id, status="COMPLETED", adapter_name=f"job-{first.id}", adapter_version=2,
+                            adapter_path=f"/b/jobs/{first.id}/adapter")
+    spec = C.JobSpec()
+    spec.init_adapter.name = f"job-{first.id}"
+    _, second = await jobs.create(spec, dry_run=False)
+    workers.finish("another", "COMPLETED")
+    workers.running["w1:1"] = "a third"  # w1 is busy: the job goes to w0, which lacks the adapter
+    await jobs.dispatch_once()
+    assert workers.calls[-1] == ("w0:1", second.id)
+    assert workers.sources[second.id] == {"init_adapter_source": "w1:1"}
 
 
 async def test_a_job_that_failed_in_its_process_is_not_resumed(sqlite_store: Store) -> None:

@@ -36,6 +36,7 @@ SERVICE_ONLY: dict[str, str] = {
     "rlvr.v1.TrainerService/CancelJob": "users cancel jobs with SchedulerService/CancelJob",
     "rlvr.v1.TrainerService/GetWorkerStatus": "users follow jobs with SchedulerService/GetJob and WatchJob",
     "rlvr.v1.TrainerService/MergeAdapter": "users merge with SchedulerService/MergeModel",
+    "rlvr.v1.TrainerService/FetchFolder": "users download with SchedulerService/DownloadAdapter and DownloadMergedModel",
     # Adapters go live on the rollout server only from the trainer (each step's version) and the
     # benchmark service (an evaluated adapter); a user upload could replace a job's live version.
     "rlvr.v1.RolloutService/LoadAdapter": "adapters are pushed by the trainer and the benchmark service",

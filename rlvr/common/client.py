@@ -80,6 +80,7 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset(
         "rlvr.v1.SchedulerService/WatchLoop",
         "rlvr.v1.SchedulerService/ListRewardFunctions",
         "rlvr.v1.TrainerService/GetWorkerStatus",
+        "rlvr.v1.TrainerService/FetchFolder",
         "rlvr.v1.RewardService/Score",
         "rlvr.v1.RewardService/GetProblems",
         "rlvr.v1.RewardService/ListRewardFunctions",
@@ -131,6 +132,7 @@ METHOD_DEADLINES: dict[str, float] = {
     "rlvr.v1.SchedulerService/MergeModel": 3600.0,
     "rlvr.v1.SchedulerService/DownloadMergedModel": 3600.0,
     "rlvr.v1.TrainerService/MergeAdapter": 3600.0,
+    "rlvr.v1.TrainerService/FetchFolder": 3600.0,  # a merged model: gigabytes
     "grpc.health.v1.Health/Check": 5.0,
 }
 

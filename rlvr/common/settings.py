@@ -309,6 +309,13 @@ class ArtifactFields(BaseSettings):
 
     artifact_root: Path = Field(default_factory=lambda: rlvr_home() / "stack" / "artifacts")
     """Root folder for adapters, checkpoints, merged models and exports; no path leaves it."""
+    artifact_store: str = ""
+    """An S3-compatible object store for adapters and merged models, "s3://BUCKET/PREFIX" (empty:
+    none): trainers put each job's final adapter and each merged model there, and the scheduler's
+    downloads read them from there before asking the worker that wrote them (needs `rlvr[s3]`;
+    credentials from boto3's chain, e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)."""
+    artifact_store_endpoint: str = ""
+    """The S3 endpoint URL of `artifact_store` for a server other than AWS (MinIO, Ceph: http(s)://HOST:PORT)."""
 
 
 class DataRootFields(BaseSettings):

@@ -19,6 +19,7 @@ import os
 from rlvr.peers.base import AsyncServiceClient, ClientStream, ServerStream, ServiceClient, Unary, in_thread
 from rlvr.transfer import CHUNK_SIZE, adapter_upload
 from rlvr.v1 import benchmark_pb2 as bm
+from rlvr.v1 import common_pb2 as cm
 from rlvr.v1 import reward_pb2 as rw
 from rlvr.v1 import rollout_pb2 as ro
 from rlvr.v1 import trainer_pb2 as tr
@@ -32,6 +33,8 @@ class TrainerRpcs:
     cancel_job = Unary("CancelJob", tr.TrainerCancelJobRequest, tr.TrainerCancelJobResponse)
     get_worker_status = Unary("GetWorkerStatus", tr.GetWorkerStatusRequest, tr.WorkerStatus)
     merge_adapter = ServerStream("MergeAdapter", tr.MergeAdapterRequest, tr.MergeProgress)
+    fetch_folder = ServerStream("FetchFolder", tr.FetchFolderRequest, cm.FileChunk,
+                                "A folder under the worker's artifact root; see rlvr.peers.folders.")
 
 
 class RewardRpcs:

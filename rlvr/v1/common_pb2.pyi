@@ -471,18 +471,20 @@ class RewardComponents(_message.Message):
     def __init__(self, reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., extracted_answer: _Optional[str] = ..., timed_out: _Optional[bool] = ..., components: _Optional[_Mapping[str, float]] = ..., error: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class FileChunk(_message.Message):
-    __slots__ = ("path", "offset", "data", "file_size", "last")
+    __slots__ = ("path", "offset", "data", "file_size", "last", "sha256")
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
     path: str
     offset: int
     data: bytes
     file_size: int
     last: bool
-    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., file_size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., file_size: _Optional[int] = ..., last: _Optional[bool] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class AdapterSelector(_message.Message):
     __slots__ = ("name", "version")

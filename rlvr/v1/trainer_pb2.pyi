@@ -8,18 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartJobRequest(_message.Message):
-    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps")
+    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps", "init_adapter_source", "resume_source")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     STORED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    INIT_ADAPTER_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: _common_pb2.JobSpec
     total_steps: int
     resume: bool
     stored_steps: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ...) -> None: ...
+    init_adapter_source: str
+    resume_source: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ..., init_adapter_source: _Optional[str] = ..., resume_source: _Optional[str] = ...) -> None: ...
 
 class StartJobResponse(_message.Message):
     __slots__ = ("job_id", "worker")
@@ -134,3 +138,25 @@ class MergeProgress(_message.Message):
     path: str
     size_bytes: int
     def __init__(self, stage: _Optional[str] = ..., fraction: _Optional[float] = ..., done: _Optional[bool] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchFolderRequest(_message.Message):
+    __slots__ = ("path", "files", "have", "resume_path", "resume_offset")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    HAVE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_PATH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    files: _containers.RepeatedScalarFieldContainer[str]
+    have: _containers.RepeatedCompositeFieldContainer[FileDigest]
+    resume_path: str
+    resume_offset: int
+    def __init__(self, path: _Optional[str] = ..., files: _Optional[_Iterable[str]] = ..., have: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ..., resume_path: _Optional[str] = ..., resume_offset: _Optional[int] = ...) -> None: ...
+
+class FileDigest(_message.Message):
+    __slots__ = ("path", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from rlvr.v1 import common_pb2 as rlvr_dot_v1_dot_common__pb2
 from rlvr.v1 import trainer_pb2 as rlvr_dot_v1_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -54,6 +55,11 @@ class TrainerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_trainer__pb2.MergeAdapterRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_trainer__pb2.MergeProgress.FromString,
                 _registered_method=True)
+        self.FetchFolder = channel.unary_stream(
+                '/rlvr.v1.TrainerService/FetchFolder',
+                request_serializer=rlvr_dot_v1_dot_trainer__pb2.FetchFolderRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_common__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -92,6 +98,19 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchFolder(self, request, context):
+        """A folder under this worker's artifact root (a job's folder, its adapter, a merged model) as a
+        stream of FileChunk, so that no host needs a shared disk: the scheduler relays DownloadAdapter
+        and DownloadMergedModel from it, a worker fetches a loop round's init_adapter or a resumed
+        job's folder, the benchmark service an adapter it evaluates by path. Every chunk carries its
+        file's sha256 (the caller checks each file whole); files the caller already holds with the
+        same digest are skipped, and a broken fetch resumes mid-file (FetchFolderRequest). Read-only.
+        INVALID_ARGUMENT for a path outside the artifact root, NOT_FOUND for a folder not there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +133,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.MergeAdapter,
                     request_deserializer=rlvr_dot_v1_dot_trainer__pb2.MergeAdapterRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_trainer__pb2.MergeProgress.SerializeToString,
+            ),
+            'FetchFolder': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchFolder,
+                    request_deserializer=rlvr_dot_v1_dot_trainer__pb2.FetchFolderRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_common__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +248,33 @@ class TrainerService:
             '/rlvr.v1.TrainerService/MergeAdapter',
             rlvr_dot_v1_dot_trainer__pb2.MergeAdapterRequest.SerializeToString,
             rlvr_dot_v1_dot_trainer__pb2.MergeProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchFolder(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rlvr.v1.TrainerService/FetchFolder',
+            rlvr_dot_v1_dot_trainer__pb2.FetchFolderRequest.SerializeToString,
+            rlvr_dot_v1_dot_common__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,

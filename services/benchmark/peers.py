@@ -29,10 +29,12 @@ from typing import TypeVar
 
 import grpc
 
+from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
 from rlvr.peers.base import RlvrError
-from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient
+from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient, AsyncTrainerClient
+from rlvr.peers.folders import fetch_folder
 from rlvr.peers.replicas import Fate, NoReplicaLeft, Replicas
 from rlvr.peers.types import (
     AdapterTag,
@@ -105,7 +107,7 @@ class ServicePeers:
 
     def __init__(self, rollout_address: str | Sequence[str], reward_address: str, *, generate_timeout_s: float = 600.0,
                  score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0,
-                 auth: ChannelAuth | None = None) -> None:
+                 auth: ChannelAuth | None = None, trainer_addresses: Sequence[str] = ()) -> None:
         addresses = [rollout_address] if isinstance(rollout_address, str) else list(rollout_address)
         self.rollout_address = ", ".join(addresses)
         self.reward_address = reward_address
@@ -115,6 +117,7 @@ class ServicePeers:
         self.replicas = Replicas([AsyncRolloutClient(a, auth=auth) for a in addresses], fate,
                                  retry_down_s=RETRY_DOWN_S)
         self.reward = AsyncRewardClient(reward_address, auth=auth)
+        self.trainers = [AsyncTrainerClient(a, auth=auth) for a in trainer_addresses]
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
         self._catalog: tuple[float, Catalog] | None = None
@@ -123,6 +126,8 @@ class ServicePeers:
         for replica in self.replicas.all:
             await replica.handle.close()
         await self.reward.close()
+        for trainer in self.trainers:
+            await trainer.close()
 
     # ------------------------------------------------------------------ the replicas
 
@@ -166,6 +171,21 @@ class ServicePeers:
             lambda client: client.load_adapter(name, version, directory, timeout=self.upload_timeout_s),
             f"uploading {name} v{version}")
         return min(info.version for _, info in infos)
+
+    async def fetch_adapter(self, path: str, directory: Path) -> str | None:
+        # Each trainer in turn: a path outside one's artifact root (INVALID_ARGUMENT), not there
+        # (NOT_FOUND) or a worker down is the next one's to send.
+        for trainer in self.trainers:
+            try:
+                await fetch_folder(trainer, path, directory, ADAPTER_FILES)
+            except RlvrError as e:
+                log.info("adapter_path %s: not from trainer %s (%s)", path, trainer.address, e.code.name)
+                continue
+            except ValueError as e:  # a file whose digest did not match, twice over
+                log.warning("adapter_path %s from trainer %s: %s", path, trainer.address, e)
+                continue
+            return trainer.address
+        return None
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
         request = reward_pb2.GetProblemsRequest(key=function, split=reward_pb2.PROBLEM_SPLIT_HELDOUT,

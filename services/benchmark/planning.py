@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,11 @@ class Peers(Protocol):
 
     async def problems(self, function: RewardName, limit: int, dataset: str, split: str) -> list[Problem]:
         """The benchmark's questions (the held-out split), the first `limit` (0 = all)."""
+        ...
+
+    async def fetch_adapter(self, path: str, directory: Path) -> str | None:
+        """The adapter folder `path` on the trainer worker that holds it (no shared disk), written
+        into `directory`; returns that worker's address, None when none of them has it."""
         ...
 
     async def rewards(self) -> Catalog:
@@ -230,7 +236,28 @@ async def prepare(
     """Every check, the questions, and (last, once nothing else can fail) the adapter upload."""
     catalog = await peers.rewards()
     benchmark, sampling = check_static(request, benchmarks_of(catalog))
-    folder = adapter_folder(request.adapter_path, adapter_roots) if request.adapter_path else None
+    with tempfile.TemporaryDirectory(prefix="rlvr-eval-adapter-") as scratch:
+        folder = await _adapter_source(request.adapter_path, adapter_roots, peers, Path(scratch)) \
+            if request.adapter_path else None
+        return await _prepare(request, peers, prompt_style, catalog, benchmark, sampling, folder)
+
+
+async def _adapter_source(path: str, roots: Sequence[Path], peers: Peers, scratch: Path) -> Path:
+    """The folder to upload for `adapter_path`: this host's (under `roots`), else fetched from the
+    trainer worker that holds it into `scratch` (removed once the evaluation is prepared)."""
+    try:
+        return adapter_folder(path, roots)
+    except InvalidArgument as e:
+        holder = await peers.fetch_adapter(path, scratch / "adapter")
+        if holder is None:
+            raise InvalidArgument(f"{e}; nor does a trainer worker (the benchmark's trainer_addresses) hold it") \
+                from None
+        log.info("adapter_path %s fetched from trainer %s", shown(path), holder)
+        return scratch / "adapter"
+
+
+async def _prepare(request: benchmark_pb2.RunEvaluationRequest, peers: Peers, prompt_style: str, catalog: Catalog,
+                   benchmark: Benchmark, sampling: Sampling, folder: Path | None) -> Plan:
     rollout = await peers.rollout_model()
     model = request.model or rollout.model
     if not same_model(model, rollout.model):

@@ -34,6 +34,10 @@ class BenchmarkSettings(PeerFields, NatsFields, StoreFields, ServiceSettings):
     """Deadline of one batch's Score call on the reward service."""
     adapter_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "stack" / "artifacts"])
     """Folders a RunEvaluation `adapter_path` may name (JSON list or comma list); nothing outside."""
+    trainer_addresses: list[str] = Field(default_factory=list)
+    """Trainer workers (HOST:PORT, JSON list or comma list) to fetch an `adapter_path` from when it
+    is not readable here (under adapter_roots): the one whose artifact root holds it sends it
+    (TrainerService.FetchFolder), so the hosts need share no disk. Empty: local folders only."""
     prompt_style: Literal["auto", "full", "compact"] = "auto"
     """How questions are put to the model: auto reads the rollout model's own declaration (the tiny
     models are compact), full adds the <think>/<answer> instruction, compact gives the bare problem."""

@@ -4,10 +4,12 @@ onto `JobActions` and the errors of rlvr.common.errors onto status codes, and th
 are reached through services/scheduler/workers.py, whose failures arrive as its domain exceptions.
 
 Files are read from the paths the store records: a job's adapter folder (`JobRow.adapter_path`,
-written by the trainer) and its merged checkpoint (an `ArtifactRow` of kind "merged"). The
-scheduler and the trainers therefore share the artifact root (one machine, or one volume, as in
-docker-compose); a recorded folder that is missing on the scheduler's disk is reported with its
-path rather than streamed as nothing.
+written by the trainer) and its merged checkpoint (an `ArtifactRow` of kind "merged"). Where the
+scheduler shares the trainers' artifact root (one machine, or one volume, as in docker-compose) it
+streams them from its own disk; a folder not on its disk is relayed from the worker that ran the
+job (`JobRow.worker`, TrainerService.FetchFolder, resumed across a broken stream), so hosts need
+share no disk. Such a job's merge runs on that worker too (it holds the adapter), and so does
+its merged checkpoint.
 
 Merge Model runs on a trainer worker (TrainerService.MergeAdapter, in a child process there), its
 progress relayed as it comes. The checkpoint is named `job-<id>-v<adapter version>` under
@@ -26,13 +28,16 @@ from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
 from rlvr.adapters import ADAPTER_FILES
+from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
+from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.metrics import export_history, job_metrics
 from rlvr.services.scheduler.reclaim import delete_job_files
 from rlvr.services.scheduler.workers import (
+    FolderNotOnWorker,
     MergeOutputExists,
     WorkerError,
     WorkerRejected,
@@ -48,7 +53,7 @@ T = TypeVar("T")
 
 
 class MergeWorkers(Protocol):
-    """What Merge Model needs of the trainer workers (`GrpcWorkers` is the real one)."""
+    """What Merge Model and the downloads need of the trainer workers (`GrpcWorkers` is the real one)."""
 
     @property
     def addresses(self) -> Sequence[str]: ...
@@ -58,6 +63,13 @@ class MergeWorkers(Protocol):
               ) -> AsyncGenerator[trainer_pb2.MergeProgress, None]:
         """The merge's progress; a failure raises MergeOutputExists, WorkerUnavailable,
         WorkerRejected or WorkerFailed. Closing the iterator (`aclose`) stops the merge there."""
+        ...
+
+    def fetch(self, address: str, path: str, files: Sequence[str] | None = None
+              ) -> AsyncGenerator[common_pb2.FileChunk, None]:
+        """A folder under that worker's artifact root (TrainerService.FetchFolder), resumed across a
+        broken stream; a failure raises FolderNotOnWorker, WorkerUnavailable, WorkerRejected or
+        WorkerFailed."""
         ...
 
 
@@ -77,9 +89,10 @@ async def _in_thread(chunks: Iterator[T]) -> AsyncIterator[T]:
 
 
 class JobActions:
-    def __init__(self, jobs: JobManager, artifact_root: Path) -> None:
+    def __init__(self, jobs: JobManager, artifact_root: Path, store: ObjectStore | None = None) -> None:
         self.jobs = jobs
         self.root = Path(artifact_root)
+        self.store = store  # an object store the trainers put adapters and merged models into
         self._merge_locks: dict[str, asyncio.Lock] = {}
 
     async def _row(self, job_id: str) -> JobRow:
@@ -117,6 +130,10 @@ class JobActions:
     async def adapter_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
         row = await self._row(job_id)
         folder = self._adapter_folder(row)
+        if not self._local(folder):  # in the object store, else on the worker that wrote it
+            async for chunk in self._remote(row, str(folder), 3, ADAPTER_FILES, "adapter folder"):
+                yield chunk
+            return
         try:
             chunks = await asyncio.to_thread(directory_chunks, folder, ADAPTER_FILES)
         except FileNotFoundError as e:
@@ -127,6 +144,8 @@ class JobActions:
             yield chunk
 
     def _adapter_folder(self, row: JobRow) -> Path:
+        """The job's adapter folder as the store records it: on this scheduler's disk (a shared
+        artifact root) or on the worker that ran the job (`row.worker`), which relays it."""
         if not row.adapter_path:
             if row.status == "QUEUED":
                 why = "it is queued and has not trained a step"
@@ -136,11 +155,65 @@ class JobActions:
                 why = f"it ended ({row.status}) before its first step finished"
             raise FailedPrecondition(f"job {row.id} has no adapter yet: {why}")
         folder = Path(row.adapter_path)
-        if not folder.is_dir():
-            log.warning("the adapter folder of job %s is missing on this scheduler's disk: %s", row.id, folder)
-            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk "
-                                     "(the scheduler and the trainers must share the artifact root)")
+        if not self._local(folder) and self._holder(row) is None and self.store is None:
+            log.warning("the adapter folder of job %s is missing on this scheduler's disk and its worker %r is not "
+                        "one of --trainer-addresses: %s", row.id, row.worker, folder)
+            raise FailedPrecondition(f"the adapter folder of job {row.id} is missing on the scheduler's disk, and no "
+                                     f"trainer worker it knows holds it (the job ran on {row.worker or 'no worker'})")
         return folder
+
+    def _local(self, folder: Path) -> bool:
+        """Whether the folder is on this scheduler's disk: under its own artifact root (a root it
+        shares with the workers) and there. The scheduler reads no folder outside its root."""
+        return paths.is_under(paths.resolve(folder), [paths.resolve(self.root)]) and folder.is_dir()
+
+    def _holder(self, row: JobRow) -> str | None:
+        """The worker whose artifact root holds the job's folders: the one that ran it, if the
+        scheduler still reaches it (one of its --trainer-addresses)."""
+        return row.worker if row.worker and row.worker in self._workers().addresses else None
+
+    async def _remote(self, row: JobRow, path: str, depth: int, files: Sequence[str] | None, what: str
+                      ) -> AsyncIterator[common_pb2.FileChunk]:
+        """A folder not on this disk: from the object store when one is configured and holds it
+        whole (its key: the last `depth` parts of the path, "jobs/<id>/adapter", "merged/<name>"),
+        else relayed from the worker."""
+        if self.store is not None:
+            key = "/".join(Path(path).parts[-depth:])
+            try:
+                chunks = await asyncio.to_thread(self.store.chunks, key, files)
+            except (StoreError, ImportError) as e:
+                log.info("the %s of job %s is not in the object store (%s): asking its worker", what, row.id, e)
+            else:
+                log.info("streaming the %s of job %s from %s", what, row.id, self.store.url)
+                try:
+                    async for chunk in _in_thread(chunks):
+                        yield chunk
+                except StoreError as e:
+                    raise Unavailable(f"the object store failed while sending the {what} of job {row.id}: "
+                                      f"{e}") from None
+                return
+        async for chunk in self._relay(row, path, files, what):
+            yield chunk
+
+    async def _relay(self, row: JobRow, path: str, files: Sequence[str] | None, what: str
+                     ) -> AsyncIterator[common_pb2.FileChunk]:
+        """The folder `path` relayed from the worker that holds the job's folders."""
+        address = self._holder(row)
+        if address is None:
+            raise FailedPrecondition(f"the {what} of job {row.id} is not on the scheduler's disk, and the worker that "
+                                     f"ran the job ({row.worker or 'none recorded'}) is not one it knows")
+        log.info("relaying the %s of job %s from trainer %s", what, row.id, address)
+        try:
+            async with contextlib.aclosing(self._workers().fetch(address, path, files)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except FolderNotOnWorker as e:
+            raise FailedPrecondition(f"the {what} of job {row.id} is gone from trainer {address}: {e}") from None
+        except WorkerUnavailable as e:
+            raise Unavailable(f"trainer {address}, which holds the {what} of job {row.id}, cannot be reached: "
+                              f"{e}") from None
+        except WorkerError as e:
+            raise RuntimeError(f"trainer {address} could not send the {what} of job {row.id}: {e}") from None
 
     # ------------------------------------------------------------------ Merge Model
 
@@ -153,7 +226,8 @@ class JobActions:
             if existing is not None:
                 yield _done(existing)
                 return
-            address = await self._pick_worker()
+            # An adapter on this disk (a shared root) merges on any worker; else on the one that holds it.
+            address = await self._pick_worker() if self._local(folder) else await self._holding_worker(row)
             yield scheduler_pb2.MergeModelProgress(stage="starting", fraction=0.0)
             request = trainer_pb2.MergeAdapterRequest(base_model=spec_from_json(row.spec_json).base_model,
                                                       adapter_path=str(folder), output_name=merged_name(row))
@@ -186,6 +260,10 @@ class JobActions:
         artifact = await self._current_merge(row, any_version=True)
         if artifact is None:
             raise FailedPrecondition(f"job {job_id} has no merged model yet; run MergeModel first")
+        if not self._local(Path(artifact.path)):  # merged on the worker that holds the job's folders
+            async for chunk in self._remote(row, artifact.path, 2, None, "merged model"):
+                yield chunk
+            return
         try:
             chunks = await asyncio.to_thread(directory_chunks, artifact.path)
         except FileNotFoundError as e:  # removed since the check above
@@ -208,13 +286,24 @@ class JobActions:
         idle = [s for s in reachable if not s.busy]
         return (idle or reachable)[0].address
 
+    async def _holding_worker(self, row: JobRow) -> str:
+        """The worker that holds the job's adapter (not on this disk), for its merge: it must be reachable."""
+        address = self._holder(row)
+        if address is None or await self._workers().status(address) is None:
+            raise Unavailable(f"trainer {row.worker}, which holds the adapter of job {row.id}, cannot be reached "
+                              "to run the merge")
+        return address
+
     async def _current_merge(self, row: JobRow, any_version: bool = False) -> ArtifactRow | None:
         """The newest recorded merge of the job's current adapter (of any adapter when
-        `any_version`) whose folder still exists."""
+        `any_version`) whose folder still exists: on this disk, or (not here) on the worker that
+        holds the job's folders, whose record is taken as it is (DownloadMergedModel says when that
+        worker no longer has it)."""
         rows = await asyncio.to_thread(self.jobs.store.artifacts, row.id, "merged")
         for artifact in reversed(rows):
             path = Path(artifact.path)
-            if (any_version or path.name == merged_name(row)) and path.is_dir():
+            if (any_version or path.name == merged_name(row)) and (
+                    self._local(path) or self._holder(row) is not None or self.store is not None):
                 return artifact
         return None
 

@@ -31,6 +31,7 @@ from rlvr.services.scheduler.convert import TERMINAL, spec_from_json
 from rlvr.services.scheduler.fit import fit, queue_reason
 from rlvr.services.scheduler.lifecycle import FAILED, IN_DOUBT, QUEUED, RUNNING, JobLifecycle, Move
 from rlvr.services.scheduler.workers import WorkerBusy, WorkerError, Workers, WorkerState, WorkerUnavailable
+from rlvr.v1 import common_pb2
 
 log = logging.getLogger("rlvr.scheduler.jobs")
 
@@ -46,6 +47,10 @@ class Dispatcher:
         self.poll_seconds = poll_seconds
         # queued job id -> (the live workers' names and capabilities, why each cannot run it), fit.py's
         self.fits: dict[str, tuple[tuple[object, ...], dict[str, str | None]]] = {}
+        # job id -> the worker it ran on when it was lost and queued again (the queued row records
+        # none): a resume elsewhere fetches the job's folder from there (StartJobRequest.resume_source).
+        # In memory: after a scheduler restart the resume goes on from what its new worker holds.
+        self.ran_on: dict[str, str] = {}
 
     async def run(self) -> None:
         """A round now, then again on every wake (a job queued or ended) or every poll_seconds."""
@@ -137,6 +142,7 @@ class Dispatcher:
 
         outcome = await self.lifecycle.transition(row.id, Move("resume", QUEUED, worker=row.worker), requeue)
         if outcome.move is not None:  # else ended or moved meanwhile
+            self.ran_on[row.id] = row.worker
             log.warning("job %s: %s", row.id, outcome.move.message)
 
     async def _settle_doubt(self, row: JobRow, state: WorkerState | None) -> bool:
@@ -160,15 +166,33 @@ class Dispatcher:
             return True
         return False
 
+    async def _sources(self, row: JobRow, spec: common_pb2.JobSpec, address: str, resume: bool) -> dict[str, str]:
+        """The other workers whose artifact roots hold what the job needs (StartJobRequest
+        init_adapter_source and resume_source): the worker that ran the job before (a resume), and
+        the one that ran the job whose adapter is its init_adapter ("job-<id>"). Only those other
+        than `address` and known to this scheduler; the worker fetches from them (no shared disk)."""
+        known = set(self.workers.addresses) - {address}
+        sources: dict[str, str] = {}
+        if resume and self.ran_on.get(row.id) in known:
+            sources["resume_source"] = self.ran_on[row.id]
+        name = spec.init_adapter.name if spec.HasField("init_adapter") else ""
+        if name.startswith("job-") and spec.init_adapter.path:
+            holder = await asyncio.to_thread(self.store.get_job, name.removeprefix("job-"))
+            if holder is not None and holder.worker in known and holder.adapter_path == spec.init_adapter.path:
+                sources["init_adapter_source"] = holder.worker
+        return sources
+
     async def _start_on(self, row: JobRow, address: str) -> None:
         """StartJob on `address`; every outcome is handled here (see the module docstring)."""
 
         async def start(current: JobRow) -> Move | None:
             # A job that ran before (queued again after its trainer was lost) goes on from its checkpoint.
             resume = current.started_at is not None or current.resumes > 0
+            spec = spec_from_json(row.spec_json)
             try:
-                await self.workers.start(address, row.id, spec_from_json(row.spec_json), row.total_steps,
-                                         resume=resume, stored_steps=current.current_step)
+                await self.workers.start(address, row.id, spec, row.total_steps, resume=resume,
+                                         stored_steps=current.current_step,
+                                         **await self._sources(current, spec, address, resume))
             except WorkerBusy:
                 return None  # another job holds the worker: next round
             except WorkerUnavailable as e:
@@ -190,4 +214,5 @@ class Dispatcher:
 
         outcome = await self.lifecycle.transition(row.id, Move("start", RUNNING, worker=address), start)
         if outcome.move is not None and outcome.move.to == RUNNING:
+            self.ran_on.pop(row.id, None)  # its folder is on `address` now
             log.info("dispatched job %s to %s%s", row.id, address, " to resume" if outcome.move.again else "")

@@ -20,6 +20,7 @@ from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
+from rlvr.objectstore import object_store
 from rlvr.peers.types import catalog_proto
 from rlvr.services.common.metrics import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
@@ -192,7 +193,8 @@ class SchedulerCore:
         await tracking.start()
         self.servicer.tracking = tracking
         self.servicer.jobs = jobs
-        self.servicer.actions = JobActions(jobs, s.artifact_root)
+        self.servicer.actions = JobActions(jobs, s.artifact_root,
+                                           object_store(s.artifact_store, s.artifact_store_endpoint))
         self.servicer.loops = loops
 
     async def stop(self) -> None:

@@ -11,6 +11,7 @@ import grpc. The codes, by trainer.proto:
   idempotent by job id: asked again for the job it runs, the worker answers OK.)
 - NOT_FOUND on CancelJob -> `JobNotOnWorker`: the worker does not run that job.
 - ALREADY_EXISTS on MergeAdapter -> `MergeOutputExists`: the output folder is there already.
+- NOT_FOUND on FetchFolder -> `FolderNotOnWorker`: no such folder under its artifact root.
 - INVALID_ARGUMENT, FAILED_PRECONDITION -> `WorkerRejected`: the request cannot succeed there as
   it is; asking again will not help.
 - any other code (INTERNAL, ...) -> `WorkerFailed`: the worker failed the call.
@@ -27,6 +28,9 @@ import grpc
 
 from rlvr.common.auth import ChannelAuth
 from rlvr.jobspec import job_status_name
+from rlvr.peers.base import RlvrError
+from rlvr.peers.clients import AsyncTrainerClient
+from rlvr.peers.folders import relay_folder
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger("rlvr.scheduler.workers")
@@ -54,6 +58,10 @@ class JobNotOnWorker(WorkerError):
 
 class MergeOutputExists(WorkerError):
     """MergeAdapter refused: its output folder exists already."""
+
+
+class FolderNotOnWorker(WorkerError):
+    """FetchFolder: the worker has no such folder (or file of it) under its artifact root."""
 
 
 class WorkerRejected(WorkerError):
@@ -97,10 +105,12 @@ class Workers(Protocol):
         ...
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
-                    resume: bool = False, stored_steps: int = 0) -> str:
+                    resume: bool = False, stored_steps: int = 0, init_adapter_source: str = "",
+                    resume_source: str = "") -> str:
         """Starts the job there (OK again for the job it already runs); returns the worker's name.
         `resume`: from the job's last checkpoint there (StartJobRequest.resume), not publishing the
-        `stored_steps` again. Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
+        `stored_steps` again; the `..._source` workers hold the init_adapter and the resumed job's
+        folder (StartJobRequest, the worker fetches them). Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
         or WorkerFailed."""
         ...
 
@@ -116,9 +126,12 @@ class Workers(Protocol):
 _UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def worker_error(e: grpc.aio.AioRpcError, address: str, method: str) -> WorkerError:
+def worker_error(e: grpc.aio.AioRpcError | RlvrError, address: str, method: str) -> WorkerError:
     """The domain exception of a failed call to `method` on the worker at `address`."""
-    code, details = e.code(), e.details() or e.code().name
+    if isinstance(e, RlvrError):
+        code, details = e.code, e.details or e.code.name
+    else:
+        code, details = e.code(), e.details() or e.code().name
     if code in _UNKNOWN_OUTCOME:
         return WorkerUnavailable(f"trainer {address} did not answer {method}: {code.name}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and method == "StartJob":
@@ -127,6 +140,8 @@ def worker_error(e: grpc.aio.AioRpcError, address: str, method: str) -> WorkerEr
         return JobNotOnWorker(details)
     if code == grpc.StatusCode.ALREADY_EXISTS and method == "MergeAdapter":
         return MergeOutputExists(details)
+    if code == grpc.StatusCode.NOT_FOUND and method == "FetchFolder":
+        return FolderNotOnWorker(details)
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
         return WorkerRejected(details)
     return WorkerFailed(f"{code.name}: {details}")
@@ -142,7 +157,9 @@ class GrpcWorkers:
 
         self.addresses = list(addresses)
         self.start_timeout_s = start_timeout_s
-        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(make_channel(a, aio=True, auth=auth)) for a in addresses}
+        channels = {a: make_channel(a, aio=True, auth=auth) for a in addresses}
+        self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(c) for a, c in channels.items()}
+        self._clients = {a: AsyncTrainerClient(c) for a, c in channels.items()}
 
     async def status(self, address: str) -> WorkerState | None:
         try:
@@ -158,11 +175,13 @@ class GrpcWorkers:
                            capabilities=s.capabilities if s.HasField("capabilities") else None)
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
-                    resume: bool = False, stored_steps: int = 0) -> str:
+                    resume: bool = False, stored_steps: int = 0, init_adapter_source: str = "",
+                    resume_source: str = "") -> str:
         try:
             resp = await self._stubs[address].StartJob(
                 trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps, resume=resume,
-                                            stored_steps=stored_steps),
+                                            stored_steps=stored_steps, init_adapter_source=init_adapter_source,
+                                            resume_source=resume_source),
                 timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise worker_error(e, address, "StartJob") from None
@@ -192,3 +211,16 @@ class GrpcWorkers:
             raise worker_error(e, address, "MergeAdapter") from None
         finally:
             call.cancel()
+
+    async def fetch(self, address: str, path: str, files: Sequence[str] | None = None
+                    ) -> AsyncGenerator[common_pb2.FileChunk, None]:
+        """The folder `path` under that worker's artifact root as FetchFolder streams it, resumed
+        where it broke off after UNAVAILABLE (rlvr.peers.folders.relay_folder). Raises
+        FolderNotOnWorker, WorkerUnavailable, WorkerRejected or WorkerFailed."""
+        client = self._clients[address]
+        client.address = address
+        try:
+            async for chunk in relay_folder(client, path, files):
+                yield chunk
+        except RlvrError as e:
+            raise worker_error(e, address, "FetchFolder") from None

@@ -9,6 +9,8 @@ leaving a half-written one behind.
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
     <artifact_root>/jobs/<job_id>/result-rank<N>.json  a failed rank's result (a job of several processes)
     <artifact_root>/jobs/<job_id>/cancel-requested    the worker's mark that its SIGTERM is a cancel
+    <artifact_root>/jobs/<job_id>/init-adapter/       the job's init_adapter, fetched from the worker that
+                                                      holds it (StartJobRequest.init_adapter_source)
     <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
 
 The adapter is rewritten after every optimizer step (it is also what goes to the rollout service),
@@ -57,6 +59,10 @@ def job_dir(root: Path, job_id: str) -> Path:
 
 def adapter_dir(root: Path, job_id: str) -> Path:
     return job_dir(root, job_id) / "adapter"
+
+
+def fetched_init_adapter_dir(root: Path, job_id: str) -> Path:
+    return job_dir(root, job_id) / "init-adapter"
 
 
 def checkpoint_dir(root: Path, job_id: str, step: int) -> Path:

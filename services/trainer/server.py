@@ -7,6 +7,8 @@ run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUME
 have codes of their own, so that the scheduler reads them by code and never by text: StartJob of
 another job while one runs is RESOURCE_EXHAUSTED (StartJob of the job that runs is OK: it is
 idempotent by job id), and MergeAdapter onto an existing output folder is ALREADY_EXISTS.
+FetchFolder streams a folder under the artifact root (rlvr.transfer.folder_chunks) to a host that
+does not share the disk; a path outside the root is INVALID_ARGUMENT, a folder not there NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ from pathlib import Path
 import grpc
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from rlvr.common.errors import InvalidArgument, RlvrServiceError, map_errors, shown
+from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, bounded, map_errors, shown
+from rlvr.jobspec import MAX_PATH_CHARS
+from rlvr.objectstore import StoreError, store_key
+from rlvr.peers.base import in_thread
 from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.capabilities import worker_capabilities
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
-from rlvr.v1 import trainer_pb2, trainer_pb2_grpc
+from rlvr.transfer import folder_chunks, list_files
+from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger("rlvr.trainer.server")
 
@@ -92,12 +98,56 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise AlreadyExists(f"output_name: {name!r} already exists among the merged models; pick another")
         output.parent.mkdir(parents=True, exist_ok=True)
         async for progress in _run_merge(base_model, adapter, output):
+            store = self.supervisor.store
+            if progress.done and store is not None:  # in the store before it is announced
+                try:
+                    await asyncio.to_thread(store.put_folder, output, store_key(root, output))
+                except (StoreError, OSError, ImportError) as e:
+                    log.error("could not put the merged model %s into %s: %s", output.name, store.url, e)
             yield progress
+
+    async def FetchFolder(
+        self, request: trainer_pb2.FetchFolderRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.FileChunk]:
+        root = Path(self.settings.artifact_root)
+        if not request.path:
+            raise InvalidArgument("path: required (a folder under the artifact root, or a path relative to it)")
+        for field, value in (("path", request.path), ("resume_path", request.resume_path),
+                             *((f"files[{i}]", f) for i, f in enumerate(request.files)),
+                             *((f"have[{i}].path", d.path) for i, d in enumerate(request.have))):
+            bounded(field, value, MAX_PATH_CHARS)
+        try:
+            folder = artifacts.under_root(root, request.path, "path")
+            for i, name in enumerate(request.files):
+                artifacts.under_root(folder, name, f"files[{i}]")
+            is_dir = folder.is_dir()
+        except OSError as e:  # a name the file system refuses (too long, ...)
+            raise InvalidArgument(f"path: not a usable path ({e.strerror})") from None
+        if not is_dir:
+            raise NotFound(f"path: {shown(_relative(folder, root))} is not a folder under the artifact root of "
+                           f"worker {self.settings.worker_name}")
+        have = {d.path: d.sha256 for d in request.have}
+        try:
+            files = list(request.files) or await asyncio.to_thread(_shareable_files, folder, root)
+            chunks = await asyncio.to_thread(folder_chunks, folder, files, have, request.resume_path,
+                                             request.resume_offset)
+        except FileNotFoundError:
+            raise NotFound(f"files: a file asked for is not in {shown(_relative(folder, root))}") from None
+        async for chunk in in_thread(chunks):
+            yield chunk
 
 
 def _relative(path: Path, root: Path) -> str:
     """`path` as a client may see it: relative to the artifact root (no server folder in messages)."""
     return str(path.relative_to(root.resolve())) if path.is_relative_to(root.resolve()) else path.name
+
+
+def _shareable_files(folder: Path, root: Path) -> list[str]:
+    """The files of `folder` FetchFolder sends when not asked for some: all but a job's
+    settings.json (the worker's settings, with the service token: worker.py writes it 0600)."""
+    jobs = root.resolve() / "jobs"
+    return [rel for rel, path in list_files(folder)
+            if not (path.name == "settings.json" and path.resolve().parent.parent == jobs)]
 
 
 def _adapter_base(adapter: Path) -> str:

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlvr.common.errors import NotFound
+from rlvr.common import paths
+from rlvr.common.errors import FailedPrecondition, NotFound, shown
+from rlvr.objectstore import StoreError, object_store, store_key
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
 from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
@@ -75,6 +77,8 @@ class JobSupervisor:
         self.settings = settings
         self.capabilities = capabilities  # reported in every status (capabilities.py)
         self.root = Path(settings.artifact_root)
+        # Where each job's final adapter is also put, when one is configured (rlvr/objectstore.py).
+        self.store = object_store(settings.artifact_store, settings.artifact_store_endpoint)
         self.current: RunningJob | None = None
         self.last: LastJob | None = self._lost_before_restart()
         self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
@@ -122,19 +126,23 @@ class JobSupervisor:
                                  "one job per worker")
             await asyncio.shield(starting)
             return False
+        asked, request = request, self._localized(request)
         job = job_config_from_request(request, self.root, tuple(self.settings.data_roots))
         self._check_idle()
-        task = asyncio.get_running_loop().create_task(self._launch(job, request), name=f"start-{job.job_id}")
+        task = asyncio.get_running_loop().create_task(self._launch(job, request, asked), name=f"start-{job.job_id}")
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a lone failure is logged in _launch
         self._starting = (job.job_id, task)
         await asyncio.shield(task)  # a caller that goes away does not stop the start half way
         return True
 
-    async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest) -> None:
+    async def _launch(self, job: JobConfig, request: trainer_pb2.StartJobRequest,
+                      asked: trainer_pb2.StartJobRequest) -> None:
+        """Starts the job process; `request` is `asked` as this worker runs it (`_localized`)."""
         try:
             await asyncio.to_thread(check_quantization, job.quantization, job.gpu_selection)
             await asyncio.to_thread(check_precision, job.precision, job.gpu_selection)
             job_dir = artifacts.job_dir(self.root, job.job_id)
+            await self._fetch_sources(asked, job_dir)
             await asyncio.to_thread(self._resumed_job_dir if job.resume else self._fresh_job_dir, job_dir)
             (job_dir / "request.pb").write_bytes(request.SerializeToString())
             (job_dir / "config.json").write_text(json.dumps(job.to_json()))
@@ -161,6 +169,57 @@ class JobSupervisor:
             raise
         finally:
             self._starting = None
+
+    def _localized(self, request: trainer_pb2.StartJobRequest) -> trainer_pb2.StartJobRequest:
+        """The request as this worker runs it: an init_adapter held by another worker
+        (`init_adapter_source`) is read from this job's folder, where `_fetch_sources` puts it."""
+        if not self._fetches_init_adapter(request):
+            return request
+        local = trainer_pb2.StartJobRequest()
+        local.CopyFrom(request)
+        local.spec.init_adapter.path = str(artifacts.fetched_init_adapter_dir(self.root, request.job_id))
+        return local
+
+    def _fetches_init_adapter(self, request: trainer_pb2.StartJobRequest) -> bool:
+        """Whether the init_adapter comes from its source worker: named one, and the folder is not
+        under this worker's own root already (a root the workers share)."""
+        path = request.spec.init_adapter.path
+        if not (request.init_adapter_source and path):
+            return False
+        resolved = paths.resolve(path)
+        return not (paths.is_under(resolved, [self.root.resolve()]) and resolved.is_dir())
+
+    async def _fetch_sources(self, request: trainer_pb2.StartJobRequest, job_dir: Path) -> None:
+        """What the job needs from other workers, fetched into this worker's root before it starts
+        (TrainerService.FetchFolder; no shared disk): a resumed job's folder from the worker that
+        ran it before (`resume_source`; unreachable, the job goes on from what is here, else from
+        step 0), and an init_adapter from the worker that holds it (`init_adapter_source`, by its
+        path there; FailedPrecondition when it cannot be had: the job cannot start without it)."""
+        from rlvr.common.auth import peer_auth
+        from rlvr.peers.base import RlvrError
+        from rlvr.peers.clients import AsyncTrainerClient
+        from rlvr.peers.folders import fetch_folder
+
+        if request.resume and request.resume_source:
+            try:
+                async with AsyncTrainerClient(request.resume_source, auth=peer_auth(self.settings)) as client:
+                    fetched = await fetch_folder(client, f"jobs/{request.job_id}", job_dir)
+                log.info("job %s: fetched %d of its %d files from %s to resume", request.job_id,
+                         len(fetched.received), len(fetched.listing), request.resume_source)
+            except (RlvrError, ValueError, OSError) as e:
+                log.warning("job %s: could not fetch its folder from %s (%s); resuming from what this worker holds",
+                            request.job_id, request.resume_source, e)
+        original = request.spec.init_adapter.path
+        if self._fetches_init_adapter(request):
+            dest = artifacts.fetched_init_adapter_dir(self.root, request.job_id)
+            try:
+                async with AsyncTrainerClient(request.init_adapter_source, auth=peer_auth(self.settings)) as client:
+                    await fetch_folder(client, original, dest, artifacts.ADAPTER_FILES)
+            except (RlvrError, ValueError, OSError) as e:
+                label = request.spec.init_adapter.name or original
+                raise FailedPrecondition(f"init_adapter: could not fetch {shown(label)} from trainer "
+                                         f"{request.init_adapter_source}, which holds it: {e}") from None
+            log.info("job %s: init_adapter fetched from %s into %s", request.job_id, request.init_adapter_source, dest)
 
     def _check_idle(self) -> None:
         if self.current is not None:
@@ -214,6 +273,7 @@ class JobSupervisor:
         job_id = running.config.job_id
         try:
             self.last = await self._outcome(running, code)
+            await self._put_adapter(self.last)
         except Exception:  # never leave the worker busy forever
             log.exception("could not read the outcome of job %s", job_id)
             self.last = LastJob(job_id, common_pb2.JOB_STATUS_FAILED, "the worker could not read the job's result")
@@ -250,6 +310,17 @@ class JobSupervisor:
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
                        f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter, lost=True)
+
+    async def _put_adapter(self, last: LastJob) -> None:
+        """The job's final adapter into the object store (when one is configured), so that it can
+        be downloaded without this worker; a store that fails is logged, the job's outcome stands."""
+        folder = artifacts.adapter_dir(self.root, last.job_id)
+        if self.store is None or last.adapter is None or not (folder / artifacts.ADAPTER_FILES[-1]).is_file():
+            return
+        try:
+            await asyncio.to_thread(self.store.put_folder, folder, store_key(self.root, folder), artifacts.ADAPTER_FILES)
+        except (StoreError, OSError, ImportError) as e:
+            log.error("could not put the adapter of job %s into %s: %s", last.job_id, self.store.url, e)
 
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
