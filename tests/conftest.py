@@ -22,7 +22,7 @@ SLOW_MODULES = {
     "test_loops_e2e.py": 200, "test_rewards_e2e.py": 180, "test_trainer_recovery.py": 150, "test_stack.py": 130,
     "test_web_e2e.py": 120, "test_e2e_training.py": 100, "test_rollout_service.py": 80,
     "test_trainer_service.py": 80, "test_rollout_core.py": 70, "test_trainer_colocate.py": 50,
-    "test_multihost.py": 40, "test_stacking.py": 40, "test_benchmark_service.py": 100, "test_tracking_e2e.py": 90,
+    "test_multihost.py": 40, "test_artifact_relay.py": 60, "test_stacking.py": 40, "test_benchmark_service.py": 100, "test_tracking_e2e.py": 90,
     "test_metrics.py": 90, "test_trainer_job.py": 60, "test_trainer_fsdp.py": 60,
 }
 
