@@ -332,33 +332,87 @@ def address_problems(objs: list[Obj], tree: Path) -> list[str]:
     return problems
 
 
+def mount_of(obj: Obj, container: Obj, path: str) -> tuple[Obj, Obj] | None:
+    """The mount the container sees `path` through (the deepest one holding it) and its volume: a
+    pod volume, or {"template": claim template} for a StatefulSet's volumeClaimTemplate; None
+    when the path is on no mount (the container's own writable layer, lost with the container)."""
+    templates = {t["metadata"]["name"]: t for t in obj["spec"].get("volumeClaimTemplates", [])}
+    volumes = {v["name"]: v for v in pod_spec(obj).get("volumes", [])}
+    holding = [m for m in container.get("volumeMounts", []) if PurePosixPath(path).is_relative_to(m["mountPath"])]
+    if not holding:
+        return None
+    mount = max(holding, key=lambda m: len(PurePosixPath(m["mountPath"]).parts))
+    if mount["name"] in templates:
+        return mount, {"template": templates[mount["name"]]}
+    return mount, volumes.get(mount["name"], {})
+
+
+def claims(objs: list[Obj]) -> list[tuple[str, Obj]]:
+    """Every volume claim of the render: each PersistentVolumeClaim, each StatefulSet's templates."""
+    found = [(f"PersistentVolumeClaim {o['metadata']['name']}", o) for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    found += [(f"StatefulSet {o['metadata']['name']}'s claim template {t['metadata']['name']}", t)
+              for o in objs if o["kind"] == "StatefulSet" for t in o["spec"].get("volumeClaimTemplates", [])]
+    return found
+
+
 def volume_problems(objs: list[Obj]) -> list[str]:
-    """The folders each service writes (artifact root, adapter roots, data roots, $RLVR_HOME) are on
-    a persistent volume claim; PostgreSQL's PGDATA and NATS's store folder on their own claims."""
-    problems = []
+    """No claim is ReadWriteMany (no volume is shared: docs/operations.md, each host its own artifact
+    root). Each trainer's artifact root and $RLVR_HOME are on a ReadWriteOnce claim of its own (a
+    volumeClaimTemplate), each rollout server's $RLVR_HOME (its model) too; the scheduler's artifact
+    root and $RLVR_HOME on its ReadWriteOnce claim (one pod, Recreate). Every folder a service is
+    given (artifact root, adapter, data and model roots, $RLVR_HOME) is on a mounted volume; the data
+    roots are the same in every service that reads them, each mounted read only from a volume an
+    initContainer fills or a claim. PostgreSQL's PGDATA and NATS's store folder on their own claims."""
+    problems = [f"{name} is ReadWriteMany: a volume shared between pods" for name, claim in claims(objs)
+                if "ReadWriteMany" in claim["spec"].get("accessModes", [])]
 
-    def claimed(obj: Obj, container: Obj, path: str) -> bool:
-        templates = {t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])}
-        volumes = {v["name"]: v for v in pod_spec(obj).get("volumes", [])}
-        for mount in container.get("volumeMounts", []):
-            persistent = mount["name"] in templates or "persistentVolumeClaim" in volumes.get(mount["name"], {})
-            if persistent and PurePosixPath(path).is_relative_to(mount["mountPath"]):
-                return True
-        return False
+    def own_claim(obj: Obj, container: Obj, path: str) -> bool:
+        found = mount_of(obj, container, path)
+        return (found is not None and "template" in found[1]
+                and found[1]["template"]["spec"].get("accessModes") == ["ReadWriteOnce"])
 
+    def single_claim(obj: Obj, container: Obj, path: str) -> bool:
+        found = mount_of(obj, container, path)
+        claim = find(objs, "PersistentVolumeClaim", found[1].get("persistentVolumeClaim", {}).get("claimName", "")) \
+            if found else None
+        return (claim is not None and claim["spec"].get("accessModes") == ["ReadWriteOnce"]
+                and obj["spec"].get("replicas", 1) == 1 and obj["spec"].get("strategy", {}).get("type") == "Recreate")
+
+    data_roots: dict[str, list[str]] = {}
     for service in SERVICES:
         obj = workload(objs, service)
-        container = pod_spec(obj)["containers"][0]
+        spec = pod_spec(obj)
+        container = spec["containers"][0]
         settings, error = service_settings(objs, service)
         if settings is None:
             problems.append(error)
             continue
-        paths = [container_env(objs, container, "x").get("RLVR_HOME", "")]
-        paths += [str(getattr(settings, "artifact_root", ""))]
-        paths += [str(p) for field in ("data_roots", "adapter_roots", "model_roots")
-                  for p in getattr(settings, field, [])]
-        problems += [f"{service}: {path} is on no persistent volume" for path in paths
-                     if path and not claimed(obj, container, path)]
+        home = container_env(objs, container, "x").get("RLVR_HOME", "")
+        artifact_root = str(getattr(settings, "artifact_root", ""))
+        paths = [home, artifact_root] + [str(p) for field in ("data_roots", "adapter_roots", "model_roots")
+                                         for p in getattr(settings, field, [])]
+        problems += [f"{service}: {path} is on no volume (the container's own layer)" for path in paths
+                     if path and mount_of(obj, container, path) is None]
+        persistent = {"trainer": ([artifact_root, home], own_claim, "a ReadWriteOnce claim of its own (volumeClaimTemplates)"),
+                      "rollout": ([home], own_claim, "a ReadWriteOnce claim of its own (volumeClaimTemplates)"),
+                      "scheduler": ([artifact_root, home], single_claim,
+                                    "a ReadWriteOnce claim of its one pod (replicas 1, Recreate)")}
+        if service in persistent:
+            wanted, check, what = persistent[service]
+            problems += [f"{service}: {path} is not on {what}" for path in wanted if not check(obj, container, path)]
+        if hasattr(settings, "data_roots"):
+            data_roots[service] = sorted(str(p) for p in settings.data_roots)
+            filled = {m["name"] for c in spec.get("initContainers", []) for m in c.get("volumeMounts", [])}
+            for root in settings.data_roots:
+                found = mount_of(obj, container, str(root))
+                if found is None:
+                    continue
+                mount, volume = found
+                if not mount.get("readOnly") or not (mount["name"] in filled or "persistentVolumeClaim" in volume):
+                    problems.append(f"{service}: its data root {root} is not mounted read only from a volume an "
+                                    f"initContainer fills or a claim (mount {mount})")
+    if len({tuple(roots) for roots in data_roots.values()}) > 1:
+        problems.append(f"the services read datasets from different data roots: {data_roots}")
     for name, path in (("postgres", None), ("nats", None)):
         obj = find(objs, "StatefulSet", name)
         if obj is None:
@@ -368,8 +422,27 @@ def volume_problems(objs: list[Obj]) -> list[str]:
         args = container.get("args", [])
         env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
         path = env.get("PGDATA") if name == "postgres" else args[args.index("-sd") + 1] if "-sd" in args else None
-        if not path or not claimed(obj, container, path):
+        if not path or not own_claim(obj, container, path):
             problems.append(f"{name}: its data folder {path} is on no volume claim template")
+    return problems
+
+
+def trainer_address_problems(objs: list[Obj]) -> list[str]:
+    """The scheduler and the benchmark service each list every trainer pod, by its name on the
+    headless Service (trainer-0.trainer:50052, ...): the scheduler dispatches to each and relays its
+    folders, the benchmark fetches an adapter_path from the one that holds it."""
+    trainers = workload(objs, "trainer")
+    settings, error = service_settings(objs, "trainer")
+    if settings is None:
+        return [error]
+    pods = [f"trainer-{i}.{trainers['spec']['serviceName']}:{settings.port}"
+            for i in range(trainers["spec"].get("replicas", 1))]
+    problems = []
+    for service in ("scheduler", "benchmark"):
+        caller, error = service_settings(objs, service)
+        listed = list(getattr(caller, "trainer_addresses", [])) if caller is not None else [error]
+        if listed != pods:
+            problems.append(f"{service}: its trainer addresses {listed} are not the trainer StatefulSet's pods {pods}")
     return problems
 
 
@@ -443,8 +516,19 @@ def test_every_peer_is_a_service_on_its_port_named_in_the_certificate(rendered: 
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_what_is_written_is_on_persistent_volumes(rendered: dict[str, list[Obj]], overlay: str) -> None:
-    assert volume_problems(rendered[overlay]) == []
+def test_no_volume_is_shared_and_each_trainer_has_its_own(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    objs = rendered[overlay]
+    assert volume_problems(objs) == []
+    modes = [mode for _, claim in claims(objs) for mode in claim["spec"]["accessModes"]]
+    assert modes and set(modes) == {"ReadWriteOnce"}, modes  # scheduler, trainer, rollout, PostgreSQL, NATS
+    trainer = workload(objs, "trainer")
+    mount = mount_of(trainer, pod_spec(trainer)["containers"][0], "/data/artifacts")
+    assert mount is not None and "template" in mount[1], mount  # data-trainer-0, data-trainer-1, ...
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scheduler_and_the_benchmark_list_every_trainer_pod(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    assert trainer_address_problems(rendered[overlay]) == []
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -471,7 +555,13 @@ def test_a_broken_manifest_is_caught(tmp_path: Path) -> None:
     _edit(base / "benchmark.yaml", "RLVR_BENCHMARK_REWARD_ADDRESS", "RLVR_BENCHMARK_REWARD_ADRESS")  # a typo
     _edit(base / "trainer.yaml", "value: /run/secrets/rlvr/nats_url", "value: /run/secrets/rlvr/nats-url")
     _edit(base / "scheduler.yaml", "trainer-0.trainer:50052", "trainer-1.trainer:50052")  # no such pod
-    _edit(base / "benchmark.yaml", "/data/artifacts\"]", "/scratch/artifacts\"]")  # an adapter root on no volume
+    _edit(base / "benchmark.yaml", "ADAPTER_ROOTS, value: '[]'", "ADAPTER_ROOTS, value: '[\"/artifacts\"]'")  # on no volume
+    _edit(base / "benchmark.yaml", '["trainer-0.trainer:50052"]', '["trainer:50052"]')  # the Service, not each pod
+    _edit(base / "scheduler.yaml", "accessModes: [ReadWriteOnce]", "accessModes: [ReadWriteMany]")  # a shared volume
+    # the trainers on one claim (the scheduler's) instead of each its own
+    _edit(base / "trainer.yaml", "    - metadata:\n        name: data", "    - metadata:\n        name: unused")
+    _edit(base / "trainer.yaml", "      volumes:\n", "      volumes:\n        - name: data\n"
+          "          persistentVolumeClaim: {claimName: scheduler-data}\n")
     _edit(base / "kustomization.yaml", "RLVR_METRICS_PORT=9464", "RLVR_METRICS_PORT=9466")  # annotation says 9464
     _edit(tree / "overlays" / "gpu" / "gpu.yaml", "nvidia.com/gpu: 1", "example.com/gpu: 1")
     objs = {overlay: render(tree, overlay) for overlay in OVERLAYS}["gpu"]
@@ -485,5 +575,10 @@ def test_a_broken_manifest_is_caught(tmp_path: Path) -> None:
     references = reference_problems(objs)
     assert any("trainer: /run/secrets/rlvr/nats-url" in p for p in references), references
     assert any("trainer-1.trainer: no pod" in p for p in address_problems(objs, tree))
-    assert any("benchmark: /scratch/artifacts is on no persistent volume" in p for p in volume_problems(objs))
+    volumes = volume_problems(objs)
+    assert any("benchmark: /artifacts is on no volume" in p for p in volumes), volumes
+    assert any(p.startswith("PersistentVolumeClaim scheduler-data is ReadWriteMany") for p in volumes), volumes
+    assert any(p.startswith("trainer: /data/artifacts is not on a ReadWriteOnce claim of its own") for p in volumes), volumes
+    trainers = trainer_address_problems(objs)
+    assert any(p.startswith("benchmark: its trainer addresses ['trainer:50052']") for p in trainers), trainers
     assert any("trainer requests no nvidia.com/gpu" in p for p in gpu_problems(objs, "gpu"))
