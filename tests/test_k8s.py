@@ -6,10 +6,13 @@ own settings class from the environment the manifest gives it (so an unknown var
 setting refuses, a port other than the code's default fails), its probes call the health port it
 serves, its Prometheus annotation names its metrics port, every secret or config map key and every
 /run/secrets file it names exists, every peer address is a Service (or a StatefulSet pod on a
-headless one) on that peer's port and a name in the TLS certificate, the data folders it writes
-are on persistent volumes, and only the gpu variant requests GPUs, for the trainer and the rollout
-server. `test_a_broken_manifest_is_caught` breaks a copy of the manifests in each of these ways.
-Nothing here is applied to a cluster.
+headless one) on that peer's port and a name in the TLS certificate, no volume is shared (no claim
+is ReadWriteMany: each trainer's artifact root is a ReadWriteOnce claim of its own, the scheduler's
+its one pod's, the datasets a read-only copy in each pod), the scheduler and the benchmark list
+every trainer pod, the optional S3 component gives the trainers and the scheduler one store, and
+only the gpu variant requests GPUs, for the trainer and the rollout server.
+`test_a_broken_manifest_is_caught` breaks a copy of the manifests in each of these ways. Nothing
+here is applied to a cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ from typing import Any
 import pytest
 import yaml
 
-from rlvr.common.settings import DEFAULT_PORTS, SHARED_ENV_FIELDS, ServiceSettings, load_settings
+from rlvr.common.settings import (
+    DEFAULT_PORTS,
+    SHARED_ENV_FIELDS,
+    ArtifactFields,
+    ServiceSettings,
+    load_settings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -535,6 +544,32 @@ def test_the_scheduler_and_the_benchmark_list_every_trainer_pod(rendered: dict[s
 def test_only_the_gpu_variant_requests_gpus_for_the_trainer_and_the_rollout_server(
         rendered: dict[str, list[Obj]], overlay: str) -> None:
     assert gpu_problems(rendered[overlay], overlay) == []
+
+
+def test_the_s3_component_gives_the_trainers_and_the_scheduler_one_store(rendered: dict[str, list[Obj]],
+                                                                        tree: Path) -> None:
+    """deploy/k8s/s3, added to an overlay as its kustomization says: the trainers and the scheduler
+    name the same store and endpoint and get boto3's credentials from its Secret; the default
+    render names no store."""
+    for service in ("trainer", "scheduler"):
+        settings, error = service_settings(rendered["gpu"], service)
+        assert isinstance(settings, ArtifactFields) and settings.artifact_store == "", error
+    (tree / "s3" / "s3.env").write_text("AWS_ACCESS_KEY_ID=test\nAWS_SECRET_ACCESS_KEY=test\n")
+    overlay = tree / "overlays" / "gpu-s3"
+    shutil.copytree(tree / "overlays" / "gpu", overlay)
+    _edit(overlay / "kustomization.yaml", "  - ../../store", "  - ../../store\n  - ../../s3")
+    objs = render(tree, "gpu-s3")
+    assert schema_problems(objs, KUBERNETES_VERSIONS[0]) == []
+    assert reference_problems(objs) == [] and settings_problems(objs) == [] and volume_problems(objs) == []
+    stores = set()
+    for service in ("trainer", "scheduler"):
+        settings, error = service_settings(objs, service)
+        assert isinstance(settings, ArtifactFields), error
+        stores.add((settings.artifact_store, settings.artifact_store_endpoint))
+        container = pod_spec(workload(objs, service))["containers"][0]
+        env = container_env(objs, container, f"{service}-0")
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RLVR_HOME"} <= env.keys(), sorted(env)
+    assert len(stores) == 1 and next(iter(stores))[0].startswith("s3://"), stores
 
 
 def _edit(path: Path, old: str, new: str) -> None:
