@@ -8,7 +8,7 @@ COPY protos protos
 COPY rlvr rlvr
 COPY services services
 COPY clients clients
-RUN pip install --no-cache-dir '.[gpu]'
+RUN pip install --no-cache-dir '.[gpu,s3]'
 # vLLM 0.32.0 pins torchaudio 2.11.0 and torchvision 0.28.0 beside torch 2.13.0; rlvr uses neither, and
 # make install removes them on CPU hosts for breaking `import transformers` (docs/gpu.md).
 RUN pip uninstall -y torchvision torchaudio torchcodec || true
