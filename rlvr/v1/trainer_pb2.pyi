@@ -8,18 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartJobRequest(_message.Message):
-    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps")
+    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps", "node_rank", "rendezvous_endpoint")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     STORED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: _common_pb2.JobSpec
     total_steps: int
     resume: bool
     stored_steps: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ...) -> None: ...
+    node_rank: int
+    rendezvous_endpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ..., node_rank: _Optional[int] = ..., rendezvous_endpoint: _Optional[str] = ...) -> None: ...
 
 class StartJobResponse(_message.Message):
     __slots__ = ("job_id", "worker")

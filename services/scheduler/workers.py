@@ -97,10 +97,12 @@ class Workers(Protocol):
         ...
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
-                    resume: bool = False, stored_steps: int = 0) -> str:
+                    resume: bool = False, stored_steps: int = 0, node_rank: int = 0,
+                    rendezvous_endpoint: str = "") -> str:
         """Starts the job there (OK again for the job it already runs); returns the worker's name.
         `resume`: from the job's last checkpoint there (StartJobRequest.resume), not publishing the
-        `stored_steps` again. Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
+        `stored_steps` again; `node_rank`, `rendezvous_endpoint`: its node of a job of several
+        (advanced.num_nodes). Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
         or WorkerFailed."""
         ...
 
@@ -158,11 +160,13 @@ class GrpcWorkers:
                            capabilities=s.capabilities if s.HasField("capabilities") else None)
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
-                    resume: bool = False, stored_steps: int = 0) -> str:
+                    resume: bool = False, stored_steps: int = 0, node_rank: int = 0,
+                    rendezvous_endpoint: str = "") -> str:
         try:
             resp = await self._stubs[address].StartJob(
                 trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps, resume=resume,
-                                            stored_steps=stored_steps),
+                                            stored_steps=stored_steps, node_rank=node_rank,
+                                            rendezvous_endpoint=rendezvous_endpoint),
                 timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise worker_error(e, address, "StartJob") from None
