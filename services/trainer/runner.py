@@ -468,7 +468,10 @@ def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str,
                 shutil.rmtree(path, ignore_errors=True)
     if here is None or found is None:
         return None
-    group.share_folder(here, wanted=not (here / RESUME_FILE).is_file())
+    missing = not (here / RESUME_FILE).is_file()
+    group.share_folder(here, wanted=missing)
+    if missing and group.is_node_main:
+        log.info("job %s: node %d had no whole %s: node 0's copy received", job.job_id, group.node, here.name)
     return here, found[1]
 
 
