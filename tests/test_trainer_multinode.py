@@ -97,6 +97,8 @@ async def test_two_nodes_train_what_two_processes_train_each_step_once(nats_serv
     # Each step published once, by node 0; node 1's worker reports its part ended (not lost).
     assert [m.step for m in metrics] == list(range(1, STEPS + 1)) and len(published) == STEPS
     assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING, C.JOB_STATUS_COMPLETED]
+    speaker = nodes[0].status()  # type: ignore[attr-defined]
+    assert (speaker.last_job_status, speaker.last_job_adapter.version) == (C.JOB_STATUS_COMPLETED, STEPS)
     part = nodes[1].status()  # type: ignore[attr-defined]
     assert (part.last_job_id, part.last_job_status, part.last_job_lost) == (job_id, C.JOB_STATUS_COMPLETED, False)
     # The adapter written once, under node 0's root.

@@ -187,10 +187,8 @@ class Group:
         node has already is kept (its own ranks' RNG states)."""
         if self.world == 1 or not self.any(wanted and self.is_node_main):
             return
-        files = None
-        if self.is_main:
-            files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-        files = self.on_main(lambda: files)
+        files: dict[str, bytes] = self.on_main(
+            lambda: {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()})
         if wanted and self.is_node_main and not self.is_main:
             for name, data in files.items():
                 path = folder / name

@@ -234,6 +234,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         if publisher is not None:
             publisher.close(flush_timeout_s=settings.publish_flush_seconds)
         return 1
+    artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)
         message = result.error or f"{result.status} after {result.steps_done} of {result.total_steps} steps"
