@@ -120,6 +120,13 @@ def launch(job_dir: Path) -> int:
         settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
         nodes = Nodes(job.num_nodes, job.node_rank, job.rendezvous_endpoint, job.job_id, settings.rendezvous_address)
         os.environ[NODE_RANK_ENV] = str(job.node_rank)  # torchrun passes it on to the ranks
+        if "OMP_NUM_THREADS" not in os.environ:
+            # torchrun sets 1 only for several processes per node; unset, one rank per node ran its
+            # steps 10-30x slower here (2 cores: bench/multinode.py, docs/measurements/multinode.md).
+            from rlvr.services.trainer.capabilities import cpu_cores
+
+            threads = settings.torch_threads or max(1, cpu_cores() // job.num_processes)
+            os.environ["OMP_NUM_THREADS"] = str(threads)
     command = launch_command(job_dir, job.num_processes, os.getpid(), nodes)
     log.info("job %s: %d training processes%s: %s", job.job_id, job.num_processes,
              f" on node {job.node_rank} of {job.num_nodes}" if nodes else "", " ".join(command))
