@@ -111,6 +111,9 @@ JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transform
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
 NUM_PROCESSES = IntRange(1, 8, 1)
+# Hosts (trainer workers) one job spans, num_processes on each, all in one torchrun rendezvous
+# (services/trainer/distributed.py); the scheduler reserves that many idle workers, all or none.
+NUM_NODES = IntRange(1, 16, 1)
 # Training precision: "fp32" (default), or mixed precision over a base loaded in that dtype (the
 # LoRA weights stay fp32). fp16 needs a CUDA device (torch's CPU autocast has no fp16 training).
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -288,6 +291,9 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
     _ADVANCED("advanced.sharding", "Sharding",
               "With several processes: ddp keeps a whole model on each; fsdp shards the weights, gradients and "
               "optimizer state across them (for a base that does not fit one device).", "word", choices=SHARDINGS),
+    _ADVANCED("advanced.num_nodes", "Nodes",
+              "Trainer workers (hosts) the job spans, Processes on each: reserved all or none.", "int",
+              range=NUM_NODES, flag="--nodes"),
     _ADVANCED("advanced.precision", "Precision", "fp32, or mixed precision (bf16; fp16 needs a CUDA device).",
               "word", choices=PRECISIONS),
     _ADVANCED("advanced.kl_beta", "KL beta", "KL coefficient against the base model.", "float", range=KL_BETA,
@@ -636,6 +642,10 @@ def _validate_sharding(a: common_pb2.AdvancedOptions, v: Violations) -> None:
         raise out_of_range("advanced.sharding", a.sharding, FIELDS_BY_PATH["advanced.sharding"].allowed())
     if a.sharding != "fsdp" or v.bad("advanced.num_processes"):
         return
+    if a.num_nodes > 1 and not v.bad("advanced.num_nodes"):
+        raise InvalidArgument(f"advanced.sharding: fsdp runs on one node only (advanced.num_nodes is "
+                              f"{a.num_nodes}): its checkpoints are sharded across the ranks, and a node that "
+                              'resumes receives node 0\'s checkpoint alone; use advanced.num_nodes 1, or "ddp"')
     if a.num_processes < 2:
         raise InvalidArgument(f"advanced.sharding: fsdp shards the model across processes, and "
                               f"advanced.num_processes is {a.num_processes}; set it to 2 or more, or use "
@@ -651,6 +661,7 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -
     whole groups on every process, and the options that do not run across processes yet."""
     a, g = spec.advanced, spec.grpo
     procs = _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
+    nodes = _int(a, "num_nodes", "advanced.num_nodes", NUM_NODES)
     if v.bad("advanced.gpu_selection"):
         return
     if a.gpu_selection not in ("auto", "cpu"):
@@ -662,21 +673,27 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -
                 f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
                 f"advanced.num_processes is {procs}; a job trains with one process per device: set "
                 f"advanced.num_processes to {len(devices)} or list {procs} device(s)")
-    if procs == 1 or v.bad("grpo.group_size", "grpo.batch_size"):
+    if procs * nodes == 1 or v.bad("grpo.group_size", "grpo.batch_size"):
         return
-    if g.batch_size % (procs * g.group_size):
+    # A job of several nodes is advanced.num_nodes x num_processes ranks, each named as such.
+    field, count = ("advanced.num_processes", procs) if nodes == 1 else ("advanced.num_nodes", nodes)
+    what = f"advanced.num_processes {procs}" if nodes == 1 else \
+        f"advanced.num_nodes {nodes} x advanced.num_processes {procs}"
+    world = procs * nodes
+    if g.batch_size % (world * g.group_size):
         raise InvalidArgument(
             f"grpo.batch_size: {g.batch_size} does not split into whole groups of grpo.group_size {g.group_size} "
-            f"on each of advanced.num_processes {procs}; use a multiple of {procs * g.group_size}")
+            f"on each of {what}; use a multiple of {world * g.group_size}")
+    one = "1 process" if nodes == 1 else "1 node"
     if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
-        raise InvalidArgument(f"advanced.num_processes: {procs} processes cannot each start a vLLM (colocate) "
-                              "engine yet; use the vLLM (rollout server) or Transformers backend, or 1 process")
+        raise InvalidArgument(f"{field}: {count} {'processes' if nodes == 1 else 'nodes'} cannot each start a vLLM "
+                              f"(colocate) engine yet; use the vLLM (rollout server) or Transformers backend, or {one}")
     if a.dynamic_sampling:
         raise InvalidArgument(f"advanced.dynamic_sampling: not supported across processes yet "
-                              f"(advanced.num_processes {procs}); use 1 process or turn it off")
+                              f"({what}); use {one} or turn it off")
     if a.max_async_steps:
         raise InvalidArgument(f"advanced.max_async_steps: asynchronous steps are not supported across processes "
-                              f"yet (advanced.num_processes {procs}); use 1 process or 0")
+                              f"yet ({what}); use {one} or 0")
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:

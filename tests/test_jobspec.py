@@ -149,6 +149,10 @@ def test_sharding() -> None:
         resolve_spec(spec(advanced={"sharding": "fsdp"}))
     with pytest.raises(InvalidArgument, match="advanced.sharding: fsdp cannot shard an 8-bit base"):
         resolve_spec(spec(**two, advanced={"num_processes": 2, "sharding": "fsdp", "quantization": C.QUANTIZATION_8BIT}))
+    with pytest.raises(InvalidArgument, match="advanced.sharding: fsdp runs on one node only "
+                                              r"\(advanced.num_nodes is 2\)"):
+        resolve_spec(spec(**two, advanced={"num_nodes": 2, "sharding": "fsdp"}))
+    assert resolve_spec(spec(**two, advanced={"num_nodes": 2})).spec.advanced.sharding == "ddp"
     # A bad process count is named once, not again by sharding.
     with pytest.raises(InvalidArgument) as err:
         resolve_spec(spec(advanced={"num_processes": 9, "sharding": "fsdp"}))

@@ -140,7 +140,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding", "num_nodes")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class AdvancedOptions(_message.Message):
     MAX_ASYNC_STEPS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_HIGH_FIELD_NUMBER: _ClassVar[int]
     SHARDING_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -175,7 +176,8 @@ class AdvancedOptions(_message.Message):
     max_async_steps: int
     epsilon_high: float
     sharding: str
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ...) -> None: ...
+    num_nodes: int
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking")

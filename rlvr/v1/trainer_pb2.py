@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlvr.v1 import common_pb2 as rlvr_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rlvr/v1/trainer.proto\x12\x07rlvr.v1\x1a\x14rlvr/v1/common.proto\"\xb0\x01\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1e\n\x04spec\x18\x02 \x01(\x0b\x32\x10.rlvr.v1.JobSpec\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x05\x12\x0e\n\x06resume\x18\x04 \x01(\x08\x12\x14\n\x0cstored_steps\x18\x05 \x01(\x05\x12\x1b\n\x13init_adapter_source\x18\x14 \x01(\t\x12\x15\n\rresume_source\x18\x15 \x01(\t\"2\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\")\n\x17TrainerCancelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"P\n\x18TrainerCancelJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x13.rlvr.v1.AdapterRef\"\x18\n\x16GetWorkerStatusRequest\"\xba\x02\n\x0cWorkerStatus\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04\x62usy\x18\x02 \x01(\x08\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63urrent_step\x18\x04 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x05\x12\x13\n\x0blast_job_id\x18\x06 \x01(\t\x12+\n\x0flast_job_status\x18\x07 \x01(\x0e\x32\x12.rlvr.v1.JobStatus\x12\x16\n\x0elast_job_error\x18\x08 \x01(\t\x12-\n\x10last_job_adapter\x18\t \x01(\x0b\x32\x13.rlvr.v1.AdapterRef\x12\x15\n\rlast_job_lost\x18\n \x01(\x08\x12\x31\n\x0c\x63\x61pabilities\x18\x0b \x01(\x0b\x32\x1b.rlvr.v1.WorkerCapabilities\"L\n\tGpuDevice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0c\n\x04\x62\x66\x31\x36\x18\x04 \x01(\x08\"\x92\x02\n\x12WorkerCapabilities\x12\x13\n\x0b\x64\x65vice_kind\x18\x01 \x01(\t\x12 \n\x04gpus\x18\x02 \x03(\x0b\x32\x12.rlvr.v1.GpuDevice\x12\x11\n\tcpu_cores\x18\x03 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12\x12\n\nprecisions\x18\x05 \x03(\t\x12\x15\n\rquantizations\x18\x06 \x03(\t\x12\x15\n\rvllm_colocate\x18\x07 \x01(\x08\x12\x19\n\x11max_num_processes\x18\x08 \x01(\x05\x12\x15\n\rcached_models\x18\t \x03(\t\x12\x13\n\x0bmodel_roots\x18\n \x03(\t\x12\x13\n\x0bhub_offline\x18\x0b \x01(\x08\"T\n\x13MergeAdapterRequest\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_path\x18\x02 \x01(\t\x12\x13\n\x0boutput_name\x18\x03 \x01(\t\"`\n\rMergeProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\"\x80\x01\n\x12\x46\x65tchFolderRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12!\n\x04have\x18\x03 \x03(\x0b\x32\x13.rlvr.v1.FileDigest\x12\x13\n\x0bresume_path\x18\x04 \x01(\t\x12\x15\n\rresume_offset\x18\x05 \x01(\x03\"*\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t2\xf8\x02\n\x0eTrainerService\x12?\n\x08StartJob\x12\x18.rlvr.v1.StartJobRequest\x1a\x19.rlvr.v1.StartJobResponse\x12P\n\tCancelJob\x12 .rlvr.v1.TrainerCancelJobRequest\x1a!.rlvr.v1.TrainerCancelJobResponse\x12I\n\x0fGetWorkerStatus\x12\x1f.rlvr.v1.GetWorkerStatusRequest\x1a\x15.rlvr.v1.WorkerStatus\x12\x46\n\x0cMergeAdapter\x12\x1c.rlvr.v1.MergeAdapterRequest\x1a\x16.rlvr.v1.MergeProgress0\x01\x12@\n\x0b\x46\x65tchFolder\x12\x1b.rlvr.v1.FetchFolderRequest\x1a\x12.rlvr.v1.FileChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rlvr/v1/trainer.proto\x12\x07rlvr.v1\x1a\x14rlvr/v1/common.proto\"\xe0\x01\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1e\n\x04spec\x18\x02 \x01(\x0b\x32\x10.rlvr.v1.JobSpec\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x05\x12\x0e\n\x06resume\x18\x04 \x01(\x08\x12\x14\n\x0cstored_steps\x18\x05 \x01(\x05\x12\x1b\n\x13init_adapter_source\x18\x14 \x01(\t\x12\x15\n\rresume_source\x18\x15 \x01(\t\x12\x11\n\tnode_rank\x18\n \x01(\x05\x12\x1b\n\x13rendezvous_endpoint\x18\x0b \x01(\t\"2\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\")\n\x17TrainerCancelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"P\n\x18TrainerCancelJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x13.rlvr.v1.AdapterRef\"\x18\n\x16GetWorkerStatusRequest\"\xba\x02\n\x0cWorkerStatus\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04\x62usy\x18\x02 \x01(\x08\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63urrent_step\x18\x04 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x05\x12\x13\n\x0blast_job_id\x18\x06 \x01(\t\x12+\n\x0flast_job_status\x18\x07 \x01(\x0e\x32\x12.rlvr.v1.JobStatus\x12\x16\n\x0elast_job_error\x18\x08 \x01(\t\x12-\n\x10last_job_adapter\x18\t \x01(\x0b\x32\x13.rlvr.v1.AdapterRef\x12\x15\n\rlast_job_lost\x18\n \x01(\x08\x12\x31\n\x0c\x63\x61pabilities\x18\x0b \x01(\x0b\x32\x1b.rlvr.v1.WorkerCapabilities\"L\n\tGpuDevice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0c\n\x04\x62\x66\x31\x36\x18\x04 \x01(\x08\"\x92\x02\n\x12WorkerCapabilities\x12\x13\n\x0b\x64\x65vice_kind\x18\x01 \x01(\t\x12 \n\x04gpus\x18\x02 \x03(\x0b\x32\x12.rlvr.v1.GpuDevice\x12\x11\n\tcpu_cores\x18\x03 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12\x12\n\nprecisions\x18\x05 \x03(\t\x12\x15\n\rquantizations\x18\x06 \x03(\t\x12\x15\n\rvllm_colocate\x18\x07 \x01(\x08\x12\x19\n\x11max_num_processes\x18\x08 \x01(\x05\x12\x15\n\rcached_models\x18\t \x03(\t\x12\x13\n\x0bmodel_roots\x18\n \x03(\t\x12\x13\n\x0bhub_offline\x18\x0b \x01(\x08\"T\n\x13MergeAdapterRequest\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_path\x18\x02 \x01(\t\x12\x13\n\x0boutput_name\x18\x03 \x01(\t\"`\n\rMergeProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\"\x80\x01\n\x12\x46\x65tchFolderRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12!\n\x04have\x18\x03 \x03(\x0b\x32\x13.rlvr.v1.FileDigest\x12\x13\n\x0bresume_path\x18\x04 \x01(\t\x12\x15\n\rresume_offset\x18\x05 \x01(\x03\"*\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t2\xf8\x02\n\x0eTrainerService\x12?\n\x08StartJob\x12\x18.rlvr.v1.StartJobRequest\x1a\x19.rlvr.v1.StartJobResponse\x12P\n\tCancelJob\x12 .rlvr.v1.TrainerCancelJobRequest\x1a!.rlvr.v1.TrainerCancelJobResponse\x12I\n\x0fGetWorkerStatus\x12\x1f.rlvr.v1.GetWorkerStatusRequest\x1a\x15.rlvr.v1.WorkerStatus\x12\x46\n\x0cMergeAdapter\x12\x1c.rlvr.v1.MergeAdapterRequest\x1a\x16.rlvr.v1.MergeProgress0\x01\x12@\n\x0b\x46\x65tchFolder\x12\x1b.rlvr.v1.FetchFolderRequest\x1a\x12.rlvr.v1.FileChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlvr.v1.trainer_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STARTJOBREQUEST']._serialized_start=57
-  _globals['_STARTJOBREQUEST']._serialized_end=233
-  _globals['_STARTJOBRESPONSE']._serialized_start=235
-  _globals['_STARTJOBRESPONSE']._serialized_end=285
-  _globals['_TRAINERCANCELJOBREQUEST']._serialized_start=287
-  _globals['_TRAINERCANCELJOBREQUEST']._serialized_end=328
-  _globals['_TRAINERCANCELJOBRESPONSE']._serialized_start=330
-  _globals['_TRAINERCANCELJOBRESPONSE']._serialized_end=410
-  _globals['_GETWORKERSTATUSREQUEST']._serialized_start=412
-  _globals['_GETWORKERSTATUSREQUEST']._serialized_end=436
-  _globals['_WORKERSTATUS']._serialized_start=439
-  _globals['_WORKERSTATUS']._serialized_end=753
-  _globals['_GPUDEVICE']._serialized_start=755
-  _globals['_GPUDEVICE']._serialized_end=831
-  _globals['_WORKERCAPABILITIES']._serialized_start=834
-  _globals['_WORKERCAPABILITIES']._serialized_end=1108
-  _globals['_MERGEADAPTERREQUEST']._serialized_start=1110
-  _globals['_MERGEADAPTERREQUEST']._serialized_end=1194
-  _globals['_MERGEPROGRESS']._serialized_start=1196
-  _globals['_MERGEPROGRESS']._serialized_end=1292
-  _globals['_FETCHFOLDERREQUEST']._serialized_start=1295
-  _globals['_FETCHFOLDERREQUEST']._serialized_end=1423
-  _globals['_FILEDIGEST']._serialized_start=1425
-  _globals['_FILEDIGEST']._serialized_end=1467
-  _globals['_TRAINERSERVICE']._serialized_start=1470
-  _globals['_TRAINERSERVICE']._serialized_end=1846
+  _globals['_STARTJOBREQUEST']._serialized_end=281
+  _globals['_STARTJOBRESPONSE']._serialized_start=283
+  _globals['_STARTJOBRESPONSE']._serialized_end=333
+  _globals['_TRAINERCANCELJOBREQUEST']._serialized_start=335
+  _globals['_TRAINERCANCELJOBREQUEST']._serialized_end=376
+  _globals['_TRAINERCANCELJOBRESPONSE']._serialized_start=378
+  _globals['_TRAINERCANCELJOBRESPONSE']._serialized_end=458
+  _globals['_GETWORKERSTATUSREQUEST']._serialized_start=460
+  _globals['_GETWORKERSTATUSREQUEST']._serialized_end=484
+  _globals['_WORKERSTATUS']._serialized_start=487
+  _globals['_WORKERSTATUS']._serialized_end=801
+  _globals['_GPUDEVICE']._serialized_start=803
+  _globals['_GPUDEVICE']._serialized_end=879
+  _globals['_WORKERCAPABILITIES']._serialized_start=882
+  _globals['_WORKERCAPABILITIES']._serialized_end=1156
+  _globals['_MERGEADAPTERREQUEST']._serialized_start=1158
+  _globals['_MERGEADAPTERREQUEST']._serialized_end=1242
+  _globals['_MERGEPROGRESS']._serialized_start=1244
+  _globals['_MERGEPROGRESS']._serialized_end=1340
+  _globals['_FETCHFOLDERREQUEST']._serialized_start=1343
+  _globals['_FETCHFOLDERREQUEST']._serialized_end=1471
+  _globals['_FILEDIGEST']._serialized_start=1473
+  _globals['_FILEDIGEST']._serialized_end=1515
+  _globals['_TRAINERSERVICE']._serialized_start=1518
+  _globals['_TRAINERSERVICE']._serialized_end=1894
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartJobRequest(_message.Message):
-    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps", "init_adapter_source", "resume_source")
+    __slots__ = ("job_id", "spec", "total_steps", "resume", "stored_steps", "init_adapter_source", "resume_source", "node_rank", "rendezvous_endpoint")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,8 @@ class StartJobRequest(_message.Message):
     STORED_STEPS_FIELD_NUMBER: _ClassVar[int]
     INIT_ADAPTER_SOURCE_FIELD_NUMBER: _ClassVar[int]
     RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: _common_pb2.JobSpec
     total_steps: int
@@ -23,7 +25,9 @@ class StartJobRequest(_message.Message):
     stored_steps: int
     init_adapter_source: str
     resume_source: str
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ..., init_adapter_source: _Optional[str] = ..., resume_source: _Optional[str] = ...) -> None: ...
+    node_rank: int
+    rendezvous_endpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., total_steps: _Optional[int] = ..., resume: _Optional[bool] = ..., stored_steps: _Optional[int] = ..., init_adapter_source: _Optional[str] = ..., resume_source: _Optional[str] = ..., node_rank: _Optional[int] = ..., rendezvous_endpoint: _Optional[str] = ...) -> None: ...
 
 class StartJobResponse(_message.Message):
     __slots__ = ("job_id", "worker")

@@ -12,6 +12,20 @@ step 0 when it has none (with the same seed, the same run again). A job is resum
 count); then it fails with the cause and the adapter the worker reports. While the worker cannot be
 reached at all the job stays RUNNING there: its job process may still be training.
 
+A job of several nodes (advanced.num_nodes = N) runs on N workers at once, recorded in `worker` as
+their addresses joined by commas, node 0 first (`nodes_of`). It waits QUEUED until N idle workers
+fit it, then is started on all of them or on none (`_start_nodes`): nodes 1..N-1 first, node 0
+last, each with its node rank and the rendezvous endpoint on node 0's host (port
+`rendezvous_port` + node 0's index in the trainer addresses, so that two jobs whose node 0 share a
+host do not collide); a node that refuses or is busy has the parts already started stopped (they
+publish nothing: only node 0 speaks), and the job waits for the next round. Node 0's outcome is the
+job's. The node failure rule: when some node's part is gone (its process died, its worker
+restarted) the others end by themselves (their collective loses its peer: distributed.py; node
+0's then ends lost, publishing no final status), and once no node runs it the job is queued again
+as a resume, like a lost job of one node: it starts again when N workers are idle, from node 0's
+last checkpoint (under node 0's artifact root: the resume prefers the workers it ran on), within
+the same MAX_RESUMES. While a node cannot be reached the job stays RUNNING, as for one node.
+
 Dispatch cannot start a job twice. StartJob is idempotent by job id on the trainer; when its
 outcome is unknown (no answer in time, or the worker unreachable) the scheduler asks the worker
 whether it runs the job before anything else may be tried, and while the worker cannot be asked
@@ -37,11 +51,25 @@ log = logging.getLogger("rlvr.scheduler.jobs")
 
 MAX_RESUMES = 3
 """How many times a job whose trainer was lost is resumed before it fails (see the module's doc)."""
+RENDEZVOUS_PORT = 29400
+"""torchrun's c10d port of a job of several nodes, plus node 0's index in the trainer addresses."""
+
+
+def nodes_of(worker: str) -> list[str]:
+    """The workers a job runs on (its row's `worker`), node 0 first; [] when none."""
+    return [a for a in worker.split(",") if a] if worker else []
+
+
+def num_nodes(spec: object) -> int:
+    a = spec.advanced  # type: ignore[attr-defined]
+    return a.num_nodes if a.HasField("num_nodes") and a.num_nodes > 1 else 1
 
 
 class Dispatcher:
-    def __init__(self, lifecycle: JobLifecycle, workers: Workers, poll_seconds: float = 1.0) -> None:
+    def __init__(self, lifecycle: JobLifecycle, workers: Workers, poll_seconds: float = 1.0,
+                 rendezvous_port: int = RENDEZVOUS_PORT) -> None:
         self.lifecycle = lifecycle
+        self.rendezvous_port = rendezvous_port
         self.store = lifecycle.store
         self.workers = workers
         self.poll_seconds = poll_seconds
@@ -51,6 +79,10 @@ class Dispatcher:
         # none): a resume elsewhere fetches the job's folder from there (StartJobRequest.resume_source).
         # In memory: after a scheduler restart the resume goes on from what its new worker holds.
         self.ran_on: dict[str, str] = {}
+        self._nodes: dict[str, int] = {}  # queued job id -> its advanced.num_nodes
+        # A job of several nodes queued again to resume -> the workers it ran on, node 0 first: given
+        # them again when they are idle (node 0's artifact root holds its checkpoints).
+        self.last_nodes: dict[str, list[str]] = {}
 
     async def run(self) -> None:
         """A round now, then again on every wake (a job queued or ended) or every poll_seconds."""
@@ -70,9 +102,13 @@ class Dispatcher:
         worker fits stays queued with the reason stored (`queue_reason`), and does not hold back
         the younger jobs behind it."""
         running = await asyncio.to_thread(self.store.list_jobs, "RUNNING", 1000, 0)
-        busy_workers = {r.worker for r in running}
+        busy_workers = {a for r in running for a in nodes_of(r.worker)}
         states = {a: await self.workers.status(a) for a in self.workers.addresses}
         for row in running:
+            if len(nodes_of(row.worker)) > 1:
+                if await self._reconcile_nodes(row, states):
+                    busy_workers.difference_update(nodes_of(row.worker))
+                continue
             state = states.get(row.worker)
             if state is None or state.job_id == row.id:
                 continue  # unreachable (keep waiting) or still at work
@@ -88,6 +124,11 @@ class Dispatcher:
         for row in queued:
             if not row.worker:
                 free.append(row)
+            elif len(nodes_of(row.worker)) > 1:
+                if await self._settle_nodes(row, states):
+                    busy_workers.update(nodes_of(row.worker))
+                else:
+                    free.append(row)
             elif await self._settle_doubt(row, states.get(row.worker)):
                 busy_workers.add(row.worker)  # running there, or still in doubt: that worker is taken
             else:
@@ -98,12 +139,31 @@ class Dispatcher:
         workers_seen = tuple((a, s.name, s.capabilities.SerializeToString(deterministic=True)
                               if s.capabilities is not None else None) for a, s in sorted(live.items()))
         self.fits = {row.id: self.fits[row.id] for row in free if row.id in self.fits}
+        self._nodes = {row.id: self._nodes[row.id] for row in free if row.id in self._nodes}
         for row in free:
             seen, reasons = self.fits.get(row.id, (None, {}))
             if seen != workers_seen:
                 spec = spec_from_json(row.spec_json)
                 reasons = {a: fit(spec, s.capabilities, s.name or a) for a, s in live.items()}
                 self.fits[row.id] = (workers_seen, reasons)
+            if row.id not in self._nodes:
+                self._nodes[row.id] = num_nodes(spec_from_json(row.spec_json))
+            nodes = self._nodes[row.id]
+            if nodes > 1:
+                before = self.last_nodes.get(row.id, [])  # a resume: node 0's root has the checkpoint
+                fitting = sorted((a for a in idle if reasons[a] is None),
+                                 key=lambda a: before.index(a) if a in before else len(before))
+                if len(fitting) >= nodes:
+                    chosen = fitting[:nodes]
+                    for a in chosen:
+                        idle.remove(a)  # taken, even if a StartJob is refused: next round
+                    await self._start_nodes(row, chosen)
+                else:
+                    fit_reason = queue_reason(reasons, len(self.workers.addresses)) if not fitting else ""
+                    await self._set_queue_reason(
+                        row, f"waits for {nodes} idle trainer workers that fit it (advanced.num_nodes {nodes}); "
+                        f"{len(fitting)} now" + (f": {fit_reason}" if fit_reason else ""))
+                continue
             address = next((a for a in idle if reasons[a] is None), None)
             if address is not None:
                 idle.remove(address)  # taken, even if StartJob is refused: next round
@@ -122,12 +182,12 @@ class Dispatcher:
         if (await self.lifecycle.transition(row.id, move)).done:
             log.info("job %s waits: %s", row.id, reason)
 
-    async def _lost(self, row: JobRow, state: WorkerState) -> None:
+    async def _lost(self, row: JobRow, state: WorkerState, why: str = "") -> None:
         """A running job its worker no longer runs, though it did not end there: queued again to
         be resumed, or failed once its resumes are spent (see the module's doc)."""
         reported = state.last_job_id == row.id
-        why = state.last_error if reported and state.last_error else \
-            f"trainer {row.worker} no longer runs this job (worker restarted?)"
+        why = why or (state.last_error if reported and state.last_error else
+                      f"trainer {row.worker} no longer runs this job (worker restarted?)")
         done = row.resumes
         if done >= MAX_RESUMES:
             message = f"{why}; not resumed again after {done} resumes" if done else why
@@ -216,3 +276,115 @@ class Dispatcher:
         if outcome.move is not None and outcome.move.to == RUNNING:
             self.ran_on.pop(row.id, None)  # its folder is on `address` now
             log.info("dispatched job %s to %s%s", row.id, address, " to resume" if outcome.move.again else "")
+
+    # ------------------------------------------------------------------ a job of several nodes
+
+    def _endpoint(self, node0: str) -> str:
+        """The rendezvous of a job whose node 0 is `node0`: on its host, a port of its own."""
+        host = node0.rpartition(":")[0] or node0
+        index = list(self.workers.addresses).index(node0) if node0 in self.workers.addresses else 0
+        return f"{host}:{self.rendezvous_port + index}"
+
+    async def _reconcile_nodes(self, row: JobRow, states: dict[str, WorkerState | None]) -> bool:
+        """A running job of several nodes against its workers; True when it left them (ended, or
+        queued again to resume: the module's node failure rule)."""
+        addresses = nodes_of(row.worker)
+        parts = [states.get(a) for a in addresses]
+        node0 = parts[0]
+        if node0 is not None and node0.job_id != row.id and node0.last_job_id == row.id \
+                and node0.last_status in TERMINAL and not node0.last_lost:
+            await self.lifecycle.report(row.id, node0.last_status, node0.last_error, node0.last_adapter, publish=True)
+            return True
+        if any(p is None or p.job_id == row.id for p in parts):
+            return False  # at work, unreachable, or a part still ending (it loses its peers: it will)
+        # No node runs it any more and node 0 did not finish it: the parts' causes, then a resume.
+        causes = [f"node {i} ({a}): {p.last_error or p.last_status or 'no longer runs it'}"
+                  for i, (a, p) in enumerate(zip(addresses, parts, strict=True))
+                  if p is not None and not (p.last_job_id == row.id and p.last_status == "COMPLETED")]
+        why = "a node of the job was lost: " + "; ".join(causes) if causes else ""
+        assert node0 is not None
+        self.last_nodes[row.id] = addresses
+        await self._lost(row, node0, why[:1000])
+        return True
+
+    async def _settle_nodes(self, row: JobRow, states: dict[str, WorkerState | None]) -> bool:
+        """A queued job of several nodes whose StartJob on node 0 had no answer (nodes 1.. had
+        started): True when it runs (node 0 has it: now RUNNING) or a node cannot be asked yet;
+        False when node 0 does not have it (the other parts are stopped, the job is free again)."""
+        addresses = nodes_of(row.worker)
+        if any(states.get(a) is None for a in addresses):
+            return True
+        node0 = states[addresses[0]]
+        assert node0 is not None
+        if not node0.has_job(row.id) and not await self._stop_parts(row.id, addresses[1:]):
+            return True
+
+        async def settle(current: JobRow) -> Move:
+            if node0.has_job(row.id):
+                return Move("settle", RUNNING, f"started on {row.worker}", worker=row.worker)
+            log.info("job %s did not start on %s; it is queued again", row.id, row.worker)
+            return Move("settle", QUEUED, worker=row.worker, publish=False)
+
+        outcome = await self.lifecycle.transition(row.id, Move("settle", RUNNING, worker=row.worker), settle)
+        if outcome.move is None:
+            return outcome.row is not None and outcome.row.status == RUNNING
+        return outcome.move.to == RUNNING
+
+    async def _stop_parts(self, job_id: str, addresses: list[str]) -> bool:
+        """Stops the job's parts on `addresses` (nodes other than 0: they publish nothing); False
+        when a worker could not be reached to do so."""
+        from rlvr.services.scheduler.workers import JobNotOnWorker
+
+        whole = True
+        for address in addresses:
+            try:
+                await self.workers.cancel(address, job_id)
+            except JobNotOnWorker:
+                pass
+            except WorkerError as e:
+                log.warning("job %s: could not stop its part on %s: %s", job_id, address, e)
+                whole = whole and not isinstance(e, WorkerUnavailable)
+        return whole
+
+    async def _start_nodes(self, row: JobRow, addresses: list[str]) -> None:
+        """StartJob on every node, all or none: nodes 1.. first (they wait in the rendezvous and
+        publish nothing), node 0 last (it speaks for the job); see the module's doc."""
+        joined, endpoint = ",".join(addresses), self._endpoint(addresses[0])
+
+        async def start(current: JobRow) -> Move | None:
+            resume = current.started_at is not None or current.resumes > 0
+            spec = spec_from_json(row.spec_json)
+            started: list[str] = []
+            for rank in [*range(1, len(addresses)), 0]:
+                address = addresses[rank]
+                try:
+                    await self.workers.start(address, row.id, spec, row.total_steps, resume=resume,
+                                             stored_steps=current.current_step, node_rank=rank,
+                                             rendezvous_endpoint=endpoint)
+                except WorkerError as e:
+                    if rank == 0 and isinstance(e, WorkerUnavailable):
+                        state = await self.workers.status(address)
+                        if state is None:
+                            log.warning("StartJob of %s on node 0 %s has no answer (%s): the job waits for it",
+                                        row.id, address, e)
+                            return Move("start", IN_DOUBT, worker=joined, publish=False)
+                        if state.has_job(row.id):
+                            break  # it runs there although the answer was lost
+                    unknown = isinstance(e, WorkerUnavailable)
+                    if not await self._stop_parts(row.id, started + ([address] if unknown else [])):
+                        log.warning("job %s: a part may still run; the job waits until it can be stopped", row.id)
+                    if isinstance(e, (WorkerBusy, WorkerUnavailable)):
+                        log.info("job %s did not start on node %d %s (%s); next round tries again", row.id, rank,
+                                 address, e)
+                        return None
+                    return Move("start", FAILED, f"node {rank} ({address}): {e or type(e).__name__}")
+                started.append(address)
+            where = f"{len(addresses)} nodes: {joined}"
+            if resume:
+                return Move("start", RUNNING, f"resumed on {where}", worker=joined, again=f"resume-{current.resumes}")
+            return Move("start", RUNNING, f"started on {where}", worker=joined)
+
+        outcome = await self.lifecycle.transition(row.id, Move("start", RUNNING, worker=joined), start)
+        if outcome.move is not None and outcome.move.to == RUNNING:
+            self.last_nodes.pop(row.id, None)
+            log.info("dispatched job %s to %s", row.id, joined)

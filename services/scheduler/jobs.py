@@ -31,7 +31,7 @@ from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import TERMINAL, job_to_proto, spec_from_json
 from rlvr.services.scheduler.datasets import check_dataset
-from rlvr.services.scheduler.dispatch import MAX_RESUMES, Dispatcher
+from rlvr.services.scheduler.dispatch import MAX_RESUMES, RENDEZVOUS_PORT, Dispatcher, nodes_of, num_nodes
 from rlvr.services.scheduler.ingest import STORE_GRACE_S, STREAM_GRACE_S, Ingest, events_consumer
 from rlvr.services.scheduler.lifecycle import CANCELLED, JobLifecycle, Move
 from rlvr.services.scheduler.rewards import LocalRewards, RewardCatalogs
@@ -47,7 +47,7 @@ log = logging.getLogger("rlvr.scheduler.jobs")
 class JobManager:
     def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
                  data_roots: Sequence[Path] = (), model_roots: Sequence[Path] | None = None,
-                 rewards: RewardCatalogs | None = None) -> None:
+                 rewards: RewardCatalogs | None = None, rendezvous_port: int = RENDEZVOUS_PORT) -> None:
         self.store = store
         self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
@@ -56,7 +56,7 @@ class JobManager:
         self.workers = workers
         self.poll_seconds = poll_seconds
         self.lifecycle = JobLifecycle(store, bus)
-        self.dispatcher = Dispatcher(self.lifecycle, workers, poll_seconds)
+        self.dispatcher = Dispatcher(self.lifecycle, workers, poll_seconds, rendezvous_port)
         self.ingest = Ingest(self.lifecycle, poll_seconds)
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[DurableSubscription] = []
@@ -97,6 +97,10 @@ class JobManager:
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
         catalog = await self.rewards.catalog()
         resolved = resolve_spec(spec, catalog=catalog)
+        nodes, configured = num_nodes(resolved.spec), len(self.workers.addresses)
+        if nodes > configured:
+            raise InvalidArgument(f"advanced.num_nodes: {nodes} nodes need {nodes} trainer workers, but this "
+                                  f"scheduler has {configured} (trainer_addresses); a job never starts on fewer")
         await self.check_data(resolved.spec, catalog)
         if resolved.spec.HasField("init_adapter") and (resolved.spec.init_adapter.name or resolved.spec.init_adapter.path):
             resolved.spec.init_adapter.CopyFrom(await self.resolve_adapter(resolved.spec.init_adapter))
@@ -177,17 +181,19 @@ class JobManager:
 
         async def stop_there(row: JobRow) -> Move:
             move = Move("cancel", CANCELLED, "cancelled by request")
-            if not row.worker:
-                return move
-            if row.worker not in self.workers.addresses:
-                raise Unavailable(f"job {job_id} is not cancelled: it runs on trainer {row.worker}, which is not "
-                                  "one of this scheduler's trainer_addresses; add it back to cancel the job there")
-            try:
-                move.adapter = await self.workers.cancel(row.worker, job_id)
-            except JobNotOnWorker:
-                pass  # not there (never started, or the worker restarted): nothing to stop
-            except WorkerUnavailable as e:
-                raise Unavailable(f"job {job_id} is not cancelled: {e}; try again") from None
+            # Node 0 first (its cancel stops every node's part at the same step: distributed.py).
+            for i, worker in enumerate(nodes_of(row.worker)):
+                if worker not in self.workers.addresses:
+                    raise Unavailable(f"job {job_id} is not cancelled: it runs on trainer {worker}, which is not "
+                                      "one of this scheduler's trainer_addresses; add it back to cancel the job there")
+                try:
+                    adapter = await self.workers.cancel(worker, job_id)
+                    if i == 0:
+                        move.adapter = adapter  # node 0's: the job's
+                except JobNotOnWorker:
+                    pass  # not there (never started, or the worker restarted): nothing to stop
+                except WorkerUnavailable as e:
+                    raise Unavailable(f"job {job_id} is not cancelled: {e}; try again") from None
             return move
 
         outcome = await self.lifecycle.transition(job_id, Move("cancel", CANCELLED), stop_there)

@@ -42,5 +42,9 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """Folders a job's experiment trackers may write under (TensorBoard log dirs, MLflow file
     stores, W&B run dirs, trackio stores; JSON list or comma list): a target outside them is refused
     at CreateJob and TrackJob (docs/tracking.md). MLflow servers (http/https) need no root."""
+    rendezvous_port: int = Field(default=29400, ge=1, le=65535 - 64)
+    """A job of several nodes (advanced.num_nodes): torchrun's rendezvous listens on node 0's host
+    at this port plus node 0's index in trainer_addresses (one port per worker that can be a node
+    0); the trainer hosts must reach each other there and on the ports torch.distributed opens."""
     loop_peer_wait_seconds: float = Field(default=600.0, gt=0)
     """How long a loop waits for an unreachable benchmark service before it fails."""

@@ -106,11 +106,12 @@ class Workers(Protocol):
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
                     resume: bool = False, stored_steps: int = 0, init_adapter_source: str = "",
-                    resume_source: str = "") -> str:
+                    resume_source: str = "", node_rank: int = 0, rendezvous_endpoint: str = "") -> str:
         """Starts the job there (OK again for the job it already runs); returns the worker's name.
         `resume`: from the job's last checkpoint there (StartJobRequest.resume), not publishing the
         `stored_steps` again; the `..._source` workers hold the init_adapter and the resumed job's
-        folder (StartJobRequest, the worker fetches them). Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
+        folder (StartJobRequest, the worker fetches them); `node_rank`, `rendezvous_endpoint`: its
+        node of a job of several (advanced.num_nodes). Raises WorkerBusy, WorkerUnavailable (outcome unknown), WorkerRejected
         or WorkerFailed."""
         ...
 
@@ -176,12 +177,13 @@ class GrpcWorkers:
 
     async def start(self, address: str, job_id: str, spec: common_pb2.JobSpec, total_steps: int,
                     resume: bool = False, stored_steps: int = 0, init_adapter_source: str = "",
-                    resume_source: str = "") -> str:
+                    resume_source: str = "", node_rank: int = 0, rendezvous_endpoint: str = "") -> str:
         try:
             resp = await self._stubs[address].StartJob(
                 trainer_pb2.StartJobRequest(job_id=job_id, spec=spec, total_steps=total_steps, resume=resume,
                                             stored_steps=stored_steps, init_adapter_source=init_adapter_source,
-                                            resume_source=resume_source),
+                                            resume_source=resume_source, node_rank=node_rank,
+                                            rendezvous_endpoint=rendezvous_endpoint),
                 timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise worker_error(e, address, "StartJob") from None

@@ -112,6 +112,12 @@ class JobConfig:
     # reward.terms: several rewards (key, weight) combined; () = reward_function alone with weight 1.
     reward_terms: tuple[tuple[str, float], ...] = ()
     accuracy_key: str = ""  # reward.accuracy_key ("" = reward_function)
+    # advanced.num_nodes: trainer workers the job spans (num_processes on each), and this worker's
+    # node in it with the rendezvous every node joins (StartJobRequest.node_rank, rendezvous_endpoint;
+    # services/trainer/distributed.py). Node 0 speaks for the job.
+    num_nodes: int = 1
+    node_rank: int = 0
+    rendezvous_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -182,6 +188,15 @@ def job_config_from_request(
         init_path = str(under_root(artifact_root, spec.init_adapter.path, "init_adapter.path"))
     if request.total_steps < -1:
         raise InvalidArgument(f"total_steps: {request.total_steps} must be >= 1, or 0/-1 to derive it")
+    nodes = spec.advanced.num_nodes
+    if nodes > 1:
+        if not 0 <= request.node_rank < nodes:
+            raise InvalidArgument(f"node_rank: {request.node_rank} is not a node of a job of advanced.num_nodes "
+                                  f"{nodes} (0-{nodes - 1})")
+        host, _, port = request.rendezvous_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"rendezvous_endpoint: {request.rendezvous_endpoint!r} is not HOST:PORT; a job of "
+                                  f"advanced.num_nodes {nodes} needs node 0's rendezvous endpoint")
     return JobConfig(
         **spec_fields(spec),
         job_id=request.job_id,
@@ -197,6 +212,8 @@ def job_config_from_request(
         data_roots=tuple(data_roots),
         resume=request.resume,
         stored_steps=max(0, request.stored_steps),
+        node_rank=request.node_rank if nodes > 1 else 0,
+        rendezvous_endpoint=request.rendezvous_endpoint if nodes > 1 else "",
     )
 
 

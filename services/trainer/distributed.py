@@ -13,6 +13,17 @@ others, so that no rank waits forever) and adopt the version (`adopt_adapter`: a
 again to a rollout server that lost it), and a cancel seen by any rank stops all of them at the
 same step boundary (`Group.any`).
 
+A job of several nodes (advanced.num_nodes, each a trainer worker the scheduler reserved: StartJob
+with the worker's node_rank and node 0's rendezvous endpoint): each worker's launcher execs torchrun
+with `--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT` instead of `--standalone`; node 0's
+torchrun hosts the rendezvous store (is_host), the others join it, and the world is N x
+num_processes ranks. c10d numbers the nodes itself (by address, `--node-rank` is for the static
+backend only), so the job's speaker is not "global rank 0" but the first process of node 0
+(`Group.is_main`: node 0 is the worker the scheduler made node 0, whose artifact root holds the
+job's adapter and checkpoints). The other nodes write their part's result only
+(job_process.py); a resume gives them node 0's checkpoint over the job's own process group when
+their artifact root lacks it (`share_folder`), so no disk is shared between the nodes.
+
 Processes: the launcher keeps the job process's pid (the exec), so the worker's cancel (SIGTERM to
 that process group, then SIGKILL) reaches torchrun, which passes SIGTERM on to the ranks (each in a
 session of its own) and kills them after its own grace; every rank dies with torchrun
@@ -34,11 +45,36 @@ from rlvr.services.trainer.metrics import StepRecord
 _T = TypeVar("_T")
 
 
-def launch_command(job_dir: Path, processes: int, launcher_pid: int) -> list[str]:
+# The environment variable that tells a rank its node in a job of several nodes (the worker's
+# StartJobRequest.node_rank; torchrun's own GROUP_RANK is the rendezvous' numbering).
+NODE_RANK_ENV = "RLVR_NODE_RANK"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this worker's part of a job of several nodes joins the others (advanced.num_nodes)."""
+
+    count: int  # advanced.num_nodes
+    rank: int  # this worker's node (0: the speaker's)
+    endpoint: str  # HOST:PORT of the rendezvous, on node 0's host
+    run_id: str  # the rendezvous' name: the job id
+    local_addr: str = ""  # the address the other nodes reach this one at ("": its FQDN)
+
+
+def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None) -> list[str]:
     """torchrun over `processes` ranks of the job process (the launcher execs it, keeping its pid:
-    `launcher_pid` is the ranks' parent, which they die with)."""
+    `launcher_pid` is the ranks' parent, which they die with); with `nodes`, this node's ranks of a
+    rendezvous of `nodes.count` nodes."""
+    if nodes is None or nodes.count == 1:
+        where = ["--standalone", "--nnodes", "1"]
+    else:
+        where = ["--nnodes", str(nodes.count), "--node-rank", str(nodes.rank), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.run_id,
+                 "--rdzv-conf", f"is_host={'true' if nodes.rank == 0 else 'false'}"]
+        if nodes.local_addr:
+            where += ["--local-addr", nodes.local_addr]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        sys.executable, "-m", "torch.distributed.run", *where,
         "--nproc-per-node", str(processes), "--max-restarts", "0",
         "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir), "--rank-of", str(launcher_pid),
     ]
@@ -59,22 +95,32 @@ def visible_devices(gpu_selection: str, processes: int, inherited: str | None) -
 
 @dataclass
 class Group:
-    """This process's place in the job: rank `rank` of `world` (1: a job of one process)."""
+    """This process's place in the job: rank `rank` of `world` (1: a job of one process), process
+    `local_rank` of node `node` (0 but in a job of several nodes)."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    node: int = 0
+    main_rank: int = 0  # the speaker's global rank (`connect` finds it: c10d numbers the nodes itself)
     _objects: Any = field(default=None, repr=False)  # a gloo group for the object collectives
 
     @classmethod
     def from_env(cls) -> Group:
-        """The group torchrun describes in the environment (RANK, WORLD_SIZE, LOCAL_RANK)."""
+        """The group torchrun describes in the environment (RANK, WORLD_SIZE, LOCAL_RANK), on the
+        node the worker was given (NODE_RANK_ENV)."""
         return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
+                   int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get(NODE_RANK_ENV, "0")))
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        """The process that speaks for the job: the first of node 0."""
+        return self.node == 0 and self.local_rank == 0
+
+    @property
+    def is_node_main(self) -> bool:
+        """The first process of its node: the one that writes into that node's artifact root."""
+        return self.local_rank == 0
 
     def connect(self, device: str) -> None:
         """Joins the job's process group (NCCL for CUDA, gloo otherwise), before the trainer is
@@ -90,6 +136,11 @@ class Group:
             dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         # Python objects (records, errors, flags) travel through gloo on any device.
         self._objects = dist.new_group(backend="gloo") if device.startswith("cuda") else dist.group.WORLD
+        speakers = [r for r, main in enumerate(self.gather(self.is_main)) if main]
+        if len(speakers) != 1:
+            raise RuntimeError(f"the job's processes name {len(speakers)} speakers (node 0, process 0); "
+                               "two workers were given the same node rank")
+        self.main_rank = speakers[0]
 
     def gather(self, value: _T) -> list[_T]:
         """`value` of every rank, in rank order (on every rank)."""
@@ -121,13 +172,30 @@ class Group:
             except BaseException as e:  # carried to the others, then raised here
                 error = e
                 box[0] = ("error", f"{type(e).__name__}: {e}")
-        dist.broadcast_object_list(box, src=0, group=self._objects)
+        dist.broadcast_object_list(box, src=self.main_rank, group=self._objects)
         if error is not None:
             raise error
         kind, value = box[0]
         if kind == "error":
             raise RuntimeError(f"training process 0 failed: {value}")
         return value
+
+    def share_folder(self, folder: Path, wanted: bool) -> None:
+        """`folder`'s files as the speaker has them, on every node whose first process asks for it
+        (`wanted`): a resume on a node whose artifact root lacks node 0's checkpoint. The files
+        travel through the job's process group (pickled: a LoRA checkpoint, megabytes); a file the
+        node has already is kept (its own ranks' RNG states)."""
+        if self.world == 1 or not self.any(wanted and self.is_node_main):
+            return
+        files: dict[str, bytes] = self.on_main(
+            lambda: {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()})
+        if wanted and self.is_node_main and not self.is_main:
+            for name, data in files.items():
+                path = folder / name
+                if not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+        self.gather(None)  # every node has it before any rank reads it
 
     def close(self) -> None:
         if self.world > 1:
@@ -162,6 +230,17 @@ def gather_adapter(model: Any, group: Group) -> Gathered | None:
         if group.is_main:
             full[name] = whole.detach().to("cpu", copy=True)
     return Gathered(model, full) if group.is_main else None
+# What a collective raises when a peer is gone (its host died, its process was killed): the error
+# of gloo or NCCL, or of torch.distributed's store, as `runner.one_line` spells it.
+_PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo", "nccl",
+              "distbackenderror", "distnetworkerror", "diststoreerror", "socket timeout")
+
+
+def peer_lost(error: str) -> bool:
+    """A job's failure that came out of the process group (a lost node), not out of the job itself:
+    in a job of several nodes the speaker then ends lost, to be resumed (job_process.py)."""
+    lowered = error.lower()
+    return any(marker in lowered for marker in _PEER_LOST)
 
 
 def device_count_problem(device: str, group: Group) -> str | None:

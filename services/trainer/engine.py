@@ -223,8 +223,9 @@ class _StepCallback:
         step.publish(logs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """TRL's checkpoint is written: ours goes beside it, last, marking it whole."""
-        if not self.engine.group.is_main:
+        """TRL's checkpoint is written: ours goes beside it, last, marking it whole (on each node of
+        a job of several nodes: each writes the checkpoint into its own artifact root)."""
+        if not self.engine.group.is_node_main:
             return
         self.engine.save_resume_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
 
@@ -281,11 +282,15 @@ class GrpoEngine:
         self.sharded = job.sharding == "fsdp" and self.group.world > 1
         self._texts = [p for p, _ in prompts]
         dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
+        args = grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world,
+                         correct=bool(self.corrections))
+        # Several nodes, an artifact root each: every node's first process writes the checkpoint
+        # (transformers' own rule; its global rank 0 need not be on node 0: distributed.py).
+        args.save_on_each_node = job.num_nodes > 1
         self.trainer = trainer_class(correct_lag=bool(self.corrections))(
             model=model,
             reward_funcs=self._reward,
-            args=grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world,
-                           correct=bool(self.corrections)),
+            args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=self._rollout,
@@ -353,7 +358,7 @@ class GrpoEngine:
             state["draw"] = ahead if ahead is not None else self.ctx.draw.state()
         job = self.ctx.job
         own = artifacts.checkpoint_dir(job.artifact_root, job.job_id, self.ctx.adapter_step)
-        if self.ctx.adapter_step and not own.is_dir():
+        if self.ctx.adapter_step and self.group.is_main and not own.is_dir():
             # The published adapter of the step (init + trained for a stacked job), which a resume
             # pushes to the rollout server again; not in TRL's folder, whose every adapter folder
             # TRL would load as another adapter of the policy on resume.

@@ -14,6 +14,11 @@ A job of several processes (advanced.num_processes, services/trainer/distributed
 execs torchrun over N ranks of this module (`--rank-of`); rank 0 does all of the above, the other
 ranks train their share of each step, and a rank other than 0 that fails writes
 `result-rank<N>.json`, which the worker reports when rank 0 could not write its result.
+
+A job of several nodes (advanced.num_nodes): each worker's job process execs torchrun into one
+rendezvous (distributed.py); node 0's first process speaks for the job as above, and the first
+process of every other node writes that node's `result.json` (its part's outcome, no adapter: the
+adapter is node 0's), so that its worker reports the part as ended rather than lost.
 """
 
 from __future__ import annotations
@@ -35,7 +40,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rlvr.common.auth import peer_auth
 from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
-from rlvr.services.trainer.distributed import Group, launch_command, visible_devices
+from rlvr.services.trainer.distributed import (
+    NODE_RANK_ENV,
+    Group,
+    Nodes,
+    launch_command,
+    peer_lost,
+    visible_devices,
+)
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2
 
@@ -101,10 +113,23 @@ def launch(job_dir: Path) -> int:
     visible = visible_devices(job.gpu_selection, job.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch is imported, or it is too late
-    if job.num_processes == 1:
+    if job.num_processes == 1 and job.num_nodes == 1:
         return run(job_dir)
-    command = launch_command(job_dir, job.num_processes, os.getpid())
-    log.info("job %s: %d training processes: %s", job.job_id, job.num_processes, " ".join(command))
+    nodes = None
+    if job.num_nodes > 1:
+        settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
+        nodes = Nodes(job.num_nodes, job.node_rank, job.rendezvous_endpoint, job.job_id, settings.rendezvous_address)
+        os.environ[NODE_RANK_ENV] = str(job.node_rank)  # torchrun passes it on to the ranks
+        if "OMP_NUM_THREADS" not in os.environ:
+            # torchrun sets 1 only for several processes per node; unset, one rank per node ran its
+            # steps 10-30x slower here (2 cores: bench/multinode.py, docs/measurements/multinode.md).
+            from rlvr.services.trainer.capabilities import cpu_cores
+
+            threads = settings.torch_threads or max(1, cpu_cores() // job.num_processes)
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+    command = launch_command(job_dir, job.num_processes, os.getpid(), nodes)
+    log.info("job %s: %d training processes%s: %s", job.job_id, job.num_processes,
+             f" on node {job.node_rank} of {job.num_nodes}" if nodes else "", " ".join(command))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)  # PR_SET_PDEATHSIG is kept: torchrun dies with the worker
@@ -201,11 +226,21 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
     if not group.is_main:
         log.info("job %s, rank %d: %s %s", result.job_id, group.rank, result.status, result.error)
+        if group.node > 0 and group.is_node_main:  # this node's part: its worker's record (no adapter)
+            part = {**result.to_json(), "adapter_version": 0, "adapter_path": ""}
+            artifacts.write_json_atomic(job_dir / "result.json", part)
         if result.status != "failed":
             return 0
         artifacts.write_json_atomic(job_dir / f"result-rank{group.rank}.json", result.to_json())
         return 1  # torchrun then stops the other ranks rather than leaving them waiting for this one
     settle_ranks(result, job_dir, group.world)
+    if job.num_nodes > 1 and result.status == "failed" and peer_lost(result.error):
+        # Another node's part is gone: not this job's failure. No result and no final status, so
+        # that the worker reports the job lost and the scheduler resumes it (dispatch.py's rule).
+        log.error("job %s lost a node (%s): ending without a result, to be resumed", job.job_id, result.error)
+        if publisher is not None:
+            publisher.close(flush_timeout_s=settings.publish_flush_seconds)
+        return 1
     artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)

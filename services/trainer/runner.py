@@ -452,6 +452,31 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
     return found
 
 
+def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str, Any]] | None
+                      ) -> tuple[Path, dict[str, Any]] | None:
+    """A job of several nodes: node 0's resume point (`resume_point`, its checkpoint's path under
+    node 0's root) as this node's, the same checkpoint under its own artifact root. Each other
+    node tidies its own checkpoints as node 0 did, and one whose root lacks the whole checkpoint
+    (another worker than last time) gets node 0's over the process group (`Group.share_folder`)."""
+    import shutil
+
+    from rlvr.services.trainer.engine import RESUME_FILE, TRL_DIR, checkpoints
+
+    here = job.job_dir / TRL_DIR / found[0].name if found is not None else None
+    if group.is_node_main and not group.is_main:
+        step = int(here.name.removeprefix("checkpoint-")) if here is not None else -1
+        for number, path in checkpoints(job.job_dir):
+            if number > step:
+                shutil.rmtree(path, ignore_errors=True)
+    if here is None or found is None:
+        return None
+    missing = not (here / RESUME_FILE).is_file()
+    group.share_folder(here, wanted=missing)
+    if missing and group.is_node_main:
+        log.info("job %s: node %d had no whole %s: node 0's copy received", job.job_id, group.node, here.name)
+    return here, found[1]
+
+
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
     from rlvr.services.trainer.engine import GrpoEngine
@@ -489,6 +514,8 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     group = deps.group
     resume = group.on_main(lambda: resume_point(job))  # rank 0 tidies the checkpoints; every rank resumes
+    if job.num_nodes > 1:
+        resume = node_resume_point(job, group, resume)
 
     def save(peft_model: Any, step: int) -> Path:
         path = artifacts.save_adapter(peft_model, adapter, stack_on=init)  # init + trained, as one

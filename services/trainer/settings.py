@@ -53,3 +53,7 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     unset = eager on a CPU-only host, compiled with CUDA, as the rollout server decides. Measured
     here (2 shared cores, rlvr-tiny): compiled, the engine started in 18-47 s instead of 3-4 s and
     generated up to ~2x faster."""
+    rendezvous_address: str = ""
+    """A job of several nodes (advanced.num_nodes): the address the other trainer hosts reach this
+    one at, for torchrun's rendezvous and the process group (torchrun --local-addr); "" = this
+    host's fully qualified name, which the other hosts must then resolve to it."""

@@ -1,0 +1,129 @@
+"""A job of several nodes (advanced.num_nodes) in the scheduler's job core, over a real store with
+scripted workers (test_scheduler_jobs.FakeWorkers, which also record each StartJob's node rank and
+rendezvous endpoint here): refused at CreateJob when fewer workers exist, waits QUEUED until that
+many are idle, starts on all of them or on none (node 0 last), ends with node 0's outcome, and
+follows the node failure rule (services/scheduler/dispatch.py): once no node runs it, it is queued
+again and resumed on as many workers, within MAX_RESUMES."""
+
+from __future__ import annotations
+
+import pytest
+from test_scheduler_jobs import FakeWorkers
+
+from rlvr.common.errors import InvalidArgument
+from rlvr.infra.store import Store
+from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager
+from rlvr.services.scheduler.workers import WorkerBusy
+from rlvr.v1 import common_pb2 as C
+
+
+class NodeWorkers(FakeWorkers):
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.addresses = [f"10.0.0.{i + 1}:5005{i}" for i in range(n)]
+        self.nodes: list[tuple[str, int, str]] = []  # (address, node_rank, endpoint) of each StartJob
+
+    async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
+                    stored_steps: int = 0, node_rank: int = 0, rendezvous_endpoint: str = "") -> str:
+        self.nodes.append((address, node_rank, rendezvous_endpoint))
+        return await super().start(address, job_id, spec, total_steps, resume, stored_steps)
+
+
+def _spec(nodes: int) -> C.JobSpec:
+    spec = C.JobSpec()
+    spec.grpo.max_steps, spec.grpo.batch_size, spec.grpo.group_size = 3, 8, 2
+    spec.advanced.num_nodes = nodes
+    spec.advanced.generation_backend = C.GENERATION_BACKEND_TRANSFORMERS
+    return spec
+
+
+async def test_more_nodes_than_workers_is_refused_at_create(sqlite_store: Store) -> None:
+    jobs = JobManager(sqlite_store, None, NodeWorkers(2))
+    with pytest.raises(InvalidArgument, match="advanced.num_nodes: 4 nodes need 4 trainer workers, but this "
+                                              "scheduler has 2"):
+        await jobs.create(_spec(4), dry_run=False)
+    with pytest.raises(InvalidArgument, match="advanced.num_nodes: 17 is out of range"):
+        await jobs.create(_spec(17), dry_run=False)
+    with pytest.raises(InvalidArgument, match="grpo.batch_size: 8 does not split into whole groups of grpo.group_size "
+                                              "8 on each of advanced.num_nodes 2 x advanced.num_processes 1"):
+        spec = _spec(2)
+        spec.grpo.group_size = 8
+        await jobs.create(spec, dry_run=False)
+
+
+async def test_waits_for_enough_idle_workers_then_starts_on_all_node_zero_last(sqlite_store: Store) -> None:
+    workers = NodeWorkers(4)
+    jobs = JobManager(sqlite_store, None, workers, rendezvous_port=29500)
+    workers.running[workers.addresses[1]] = "another"  # one of four busy: three idle
+    _, three = await jobs.create(_spec(4), dry_run=False)
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(three.id)
+    assert (row.status, row.worker, workers.calls) == ("QUEUED", "", [])  # never half-started
+    assert "waits for 4 idle trainer workers that fit it (advanced.num_nodes 4); 3 now" in row.queue_reason
+    del workers.running[workers.addresses[1]]
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(three.id)
+    a = workers.addresses
+    assert (row.status, row.worker) == ("RUNNING", ",".join(a))  # node 0 first
+    # Nodes 1-3 first, node 0 last; the rendezvous on node 0's host, its own port.
+    assert workers.nodes == [(a[i], i, "10.0.0.1:29500") for i in (1, 2, 3, 0)]
+    await jobs.dispatch_once()  # every node runs it: nothing changes
+    assert sqlite_store.get_job(three.id).status == "RUNNING" and len(workers.calls) == 4
+
+
+async def test_a_refused_node_stops_the_parts_started_all_or_none(sqlite_store: Store) -> None:
+    workers = NodeWorkers(2)
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(_spec(2), dry_run=False)
+    workers.fail_next[workers.addresses[0]] = (WorkerBusy("busy"), False, False)  # node 0, started last
+    await jobs.dispatch_once()
+    row = sqlite_store.get_job(job.id)
+    assert (row.status, row.worker) == ("QUEUED", "")
+    assert workers.cancelled == [job.id] and workers.running == {}  # node 1's part stopped
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(job.id).status == "RUNNING"
+
+
+async def test_node_zero_outcome_is_the_job_and_a_lost_node_resumes_on_as_many(sqlite_store: Store) -> None:
+    workers = NodeWorkers(2)
+    a = workers.addresses
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(_spec(2), dry_run=False)
+    await jobs.dispatch_once()
+    sqlite_store.update_job(job.id, current_step=2)
+    for n in range(1, MAX_RESUMES + 1):
+        # Node 1's process dies: node 0's part still runs (it is about to lose its peer): RUNNING.
+        workers.lose(job.id, "the job process killed by signal 9 without a result")
+        workers.running[a[0]] = job.id
+        await jobs.dispatch_once()
+        assert sqlite_store.get_job(job.id).status == "RUNNING"
+        # Node 0's part ends lost too: no node runs it, so it is queued again and resumed on both.
+        del workers.running[a[0]]
+        workers.last[a[0]] = (job.id, "FAILED:lost a node")
+        workers.lost.add(a[0])
+        await jobs.dispatch_once()
+        row = sqlite_store.get_job(job.id)
+        assert (row.status, row.worker, row.resumes) == ("RUNNING", ",".join(a), n), row.error
+        assert workers.resumes[-2:] == [(job.id, True, 2)] * 2
+    workers.lose(job.id, "the job process killed by signal 9 without a result")
+    await jobs.dispatch_once()
+    failed = sqlite_store.get_job(job.id)
+    assert failed.status == "FAILED"
+    assert failed.error.startswith("a node of the job was lost: node 0 (10.0.0.1:50050): the job process killed")
+    assert failed.error.endswith(f"not resumed again after {MAX_RESUMES} resumes")
+
+    _, done = await jobs.create(_spec(2), dry_run=False)
+    await jobs.dispatch_once()
+    workers.finish(done.id, "COMPLETED")  # both parts end; node 0's outcome is the job's
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(done.id).status == "COMPLETED"
+
+
+async def test_cancel_stops_every_node(sqlite_store: Store) -> None:
+    workers = NodeWorkers(2)
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(_spec(2), dry_run=False)
+    await jobs.dispatch_once()
+    cancelled = await jobs.cancel(job.id)
+    assert cancelled.status == C.JOB_STATUS_CANCELLED
+    assert workers.cancelled == [job.id, job.id] and workers.running == {}
