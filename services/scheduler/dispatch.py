@@ -249,10 +249,12 @@ class Dispatcher:
             # A job that ran before (queued again after its trainer was lost) goes on from its checkpoint.
             resume = current.started_at is not None or current.resumes > 0
             spec = spec_from_json(row.spec_json)
+            sources = await self._sources(current, spec, address, resume)
             try:
                 await self.workers.start(address, row.id, spec, row.total_steps, resume=resume,
                                          stored_steps=current.current_step,
-                                         **await self._sources(current, spec, address, resume))
+                                         init_adapter_source=sources.get("init_adapter_source", ""),
+                                         resume_source=sources.get("resume_source", ""))
             except WorkerBusy:
                 return None  # another job holds the worker: next round
             except WorkerUnavailable as e:
