@@ -90,7 +90,7 @@ class FakeWorkers:
                     stored_steps: int = 0, **sources: str) -> str:
         assert spec.grpo.batch_size % spec.grpo.group_size == 0  # the resolved spec is sent
         self.calls.append((address, job_id))
-        self.sources[job_id] = sources  # StartJobRequest's init_adapter_source, resume_source
+        self.sources[job_id] = {k: v for k, v in sources.items() if v}  # StartJobRequest's init_adapter_source, resume_source
         error, started, down = self.fail_next.pop(address, (None, False, False))
         if down:
             self.down.add(address)
