@@ -54,6 +54,10 @@ class WarmupRecipe:
     # instead of writing the worked chain: where it is above one half, greedy decoding takes the
     # glance (weak) while samples often write the chain (accurate), a global habit RL can change.
     direct_share: float = 0.0
+    # Write each chain in one of its equivalent orders (the pairs, and the numbers within each pair,
+    # swapped by a hash of the example's index), so a chain's first token is split over up to four
+    # numbers while the glance's is one: greedy takes the glance, samples mostly the chain.
+    shuffled_chain: bool = False
     # The held-out gate, or None: (least pass@16 - greedy, least maj@16 - greedy), measured by the
     # build on `eval_n` held-out problems at GATE_TEMPERATURE (the demo's); below it the build fails.
     gate: tuple[float, float] | None = None
@@ -64,7 +68,7 @@ GATE_K = 16
 GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
-_LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "gate": None}
+_LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "shuffled_chain": False, "gate": None}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -83,8 +87,8 @@ RECIPES: dict[str, WarmupRecipe] = {
     "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3, band=(0.10, 0.18), extra_steps=300),
     # RL headroom (issue 30; docs/measurements/tiny-diagnostics.md): whole-number tokens, the glance
     # and the chain mixed
-    "headroom": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3, number_tokens=325,
-                             direct_share=0.0, gate=(0.30, 0.05)),
+    "headroom": WarmupRecipe(steps=600, batch_size=32, learning_rate=3e-3, number_tokens=325,
+                             direct_share=0.55, gate=(0.30, 0.05)),
 }
 
 
@@ -169,13 +173,32 @@ def glance_solution(numbers) -> str:  # noqa: ANN001
     return f"<think>~{product}</think><answer>{product}</answer>"
 
 
+def shuffled_solution(numbers, seed: int, index: int) -> str:  # noqa: ANN001
+    """The worked chain in one of its eight equivalent orders, chosen by a hash of (seed, index).
+
+    >>> shuffled_solution((3, 4, 5, 6), 0, 0)
+    '<think>5+6=11 3+4=7 11*7=77</think><answer>77</answer>'
+    """
+    import hashlib
+
+    bits = hashlib.sha256(f"rlvr.tiny.chain-order:{seed}:{index}".encode()).digest()[0]
+    a, b, c, d = numbers
+    if bits & 1:
+        a, b = b, a
+    if bits & 2:
+        c, d = d, c
+    if bits & 4:
+        a, b, c, d = c, d, a, b
+    return mp.worked_solution((a, b, c, d))
+
+
 def is_glance(index: int, share: float) -> bool:
     """Whether example `index` of the sequence answers at a glance: spread evenly, `share` of them."""
     return int((index + 1) * share) > int(index * share)
 
 
 def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
-              direct_share: float = 0.0):
+              direct_share: float = 0.0, shuffled_chain: bool = False):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
     on the completion (answer + end of turn); `direct_share` of them answered at a glance."""
     import torch
@@ -184,7 +207,12 @@ def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, la
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
-        solution = glance_solution(numbers) if is_glance(index, direct_share) else mp.worked_solution(numbers)
+        if is_glance(index, direct_share):
+            solution = glance_solution(numbers)
+        elif shuffled_chain:
+            solution = shuffled_solution(numbers, seed, index)
+        else:
+            solution = mp.worked_solution(numbers)
         answer_text = solution + IM_END
         answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
         rows.append((prompt, answer))
@@ -220,7 +248,8 @@ class _Trainer:
 
         batch = self.recipe.batch_size
         input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch,
-                                      direct_share=self.recipe.direct_share)
+                                      direct_share=self.recipe.direct_share,
+                                      shuffled_chain=self.recipe.shuffled_chain)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):

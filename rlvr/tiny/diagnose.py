@@ -96,13 +96,15 @@ def majority(answers: Sequence[str | None]) -> str | None:
 
 def chain_parts(completion: str, numbers: Sequence[int]) -> tuple[bool, bool] | None:
     """(both sums right, product right given the sums written) of a Math Pairs chain; None when
-    the completion has no chain for these numbers."""
+    the completion has no chain for these numbers (in any order of the pairs and within them)."""
+    from rlvr.tasks.math_pairs import canonical_key
+
     m = CHAIN.search(completion)
     if m is None:
         return None
     a, b, s1, c, d, s2, x, y, z = (int(g) for g in m.groups())
-    if (a, b, c, d) != tuple(numbers):
-        return None
+    if (a, b, c, d) != tuple(numbers) and canonical_key((a, b, c, d)) != canonical_key(numbers):
+        return None  # a chain for other numbers (one in another order of the same pairs counts)
     sums = s1 == a + b and s2 == c + d
     return sums, sums and x == s1 and y == s2 and z == x * y
 
