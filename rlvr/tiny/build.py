@@ -54,6 +54,9 @@ class WarmupRecipe:
     # instead of writing the worked chain: where it is above one half, greedy decoding takes the
     # glance (weak) while samples often write the chain (accurate), a global habit RL can change.
     direct_share: float = 0.0
+    # The glances start after this many steps: the chain (the facts) is learned on every example
+    # first, then the share is mixed in, which sets the habit (the first token) without starving it.
+    direct_after: int = 0
     # Write each chain in one of its equivalent orders (the pairs, and the numbers within each pair,
     # swapped by a hash of the example's index), so a chain's first token is split over up to four
     # numbers while the glance's is one: greedy takes the glance, samples mostly the chain.
@@ -68,7 +71,8 @@ GATE_K = 16
 GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
-_LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "shuffled_chain": False, "gate": None}
+_LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
+                 "gate": None}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -87,8 +91,8 @@ RECIPES: dict[str, WarmupRecipe] = {
     "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3, band=(0.10, 0.18), extra_steps=300),
     # RL headroom (issue 30; docs/measurements/tiny-diagnostics.md): whole-number tokens, the glance
     # and the chain mixed
-    "headroom": WarmupRecipe(steps=600, batch_size=32, learning_rate=3e-3, number_tokens=325,
-                             direct_share=0.55, gate=(0.30, 0.05)),
+    "headroom": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
+                             direct_share=0.5, direct_after=450, gate=(0.30, 0.05)),
 }
 
 
@@ -98,6 +102,10 @@ class BuildOutOfBand(RuntimeError):
 
 class BuildFailedGate(RuntimeError):
     """The warm-up ended below its recipe's held-out gate (pass@k and maj@k over greedy)."""
+
+    def __init__(self, diagnosis: dict[str, object], message: str) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis
 
 
 @dataclass(frozen=True)
@@ -198,16 +206,17 @@ def is_glance(index: int, share: float) -> bool:
 
 
 def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
-              direct_share: float = 0.0, shuffled_chain: bool = False):
+              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
-    on the completion (answer + end of turn); `direct_share` of them answered at a glance."""
+    on the completion (answer + end of turn); `direct_share` of those from `direct_from` on answered
+    at a glance."""
     import torch
 
     rows: list[tuple[list[int], list[int]]] = []
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
-        if is_glance(index, direct_share):
+        if index >= direct_from and is_glance(index - direct_from, direct_share):
             solution = glance_solution(numbers)
         elif shuffled_chain:
             solution = shuffled_solution(numbers, seed, index)
@@ -249,7 +258,8 @@ class _Trainer:
         batch = self.recipe.batch_size
         input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch,
                                       direct_share=self.recipe.direct_share,
-                                      shuffled_chain=self.recipe.shuffled_chain)
+                                      shuffled_chain=self.recipe.shuffled_chain,
+                                      direct_from=self.recipe.direct_after * batch)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):
@@ -329,7 +339,7 @@ def check_gate(model, tokenizer, gate: tuple[float, float], eval_n: int,  # noqa
     pass_gap = float(found["pass_at_k"]) - float(found["greedy"])  # type: ignore[arg-type]
     maj_gap = float(found["maj_at_k"]) - float(found["greedy"])  # type: ignore[arg-type]
     if pass_gap < gate[0] or maj_gap < gate[1]:
-        raise BuildFailedGate(f"the tiny model failed its gate (pass@{GATE_K} - greedy at least "
+        raise BuildFailedGate(found, f"the tiny model failed its gate (pass@{GATE_K} - greedy at least "
                               f"{100 * gate[0]:.0f} points, maj@{GATE_K} - greedy at least {100 * gate[1]:.0f}): {line}")
     return found
 
@@ -426,7 +436,8 @@ def build_tiny_model(
                 failed = out.with_name(out.name + ".failed")
                 shutil.rmtree(failed, ignore_errors=True)
                 save_model(model, failed, number_tokens=recipe.number_tokens)
-                raise BuildFailedGate(f"{e} (the model is kept at {failed})") from None
+                (failed / "rlvr_gate.json").write_text(json.dumps(e.diagnosis, indent=2) + "\n")
+                raise BuildFailedGate(e.diagnosis, f"{e} (the model is kept at {failed})") from None
         # Save to a sibling and rename, so a crash never leaves a half model that looks built.
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
