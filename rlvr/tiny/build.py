@@ -17,14 +17,14 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlvr.common.settings import rlvr_home
 from rlvr.tasks import math_pairs as mp
 from rlvr.tasks.render import render_prompt
+from rlvr.tiny.generate import generate_greedy, torch_threads
 from rlvr.tiny.model import count_parameters, init_model, save_model
 from rlvr.tiny.tokenizer import IM_END, build_tokenizer
 
@@ -150,25 +150,6 @@ def default_model_dir(name: str) -> Path:
 
 def default_model_name(size: str) -> str:
     return "rlvr-tiny" if size == "default" else f"rlvr-tiny-{size}"
-
-
-@contextmanager
-def torch_threads(threads: int | None = None) -> Iterator[int]:
-    """Run with ``threads`` torch threads (default ``$RLVR_TINY_THREADS`` or 1), then restore.
-
-    One thread by default, for two reasons: float reductions then run in one order on any machine,
-    so a build is reproducible whatever the core count; and on this project's shared 2-core machines
-    one thread measured 5-30x faster than two while other processes ran (OpenMP spin-waiting).
-    """
-    import torch
-
-    count = max(1, threads or int(os.environ.get("RLVR_TINY_THREADS", "1")))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield count
-    finally:
-        torch.set_num_threads(previous)
 
 
 def glance_solution(numbers) -> str:  # noqa: ANN001
@@ -342,29 +323,6 @@ def check_gate(model, tokenizer, gate: tuple[float, float], eval_n: int,  # noqa
         raise BuildFailedGate(found, f"the tiny model failed its gate (pass@{GATE_K} - greedy at least "
                               f"{100 * gate[0]:.0f} points, maj@{GATE_K} - greedy at least {100 * gate[1]:.0f}): {line}")
     return found
-
-
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy completions (special tokens dropped; the answer tags are ordinary tokens and stay)."""
-    import torch
-
-    tokenizer.padding_side = "left"
-    completions: list[str] = []
-    with torch.inference_mode():
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(
-                prompts[start : start + batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            )
-            out = model.generate(
-                **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )
-            completions += tokenizer.batch_decode(
-                out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
-            )
-    return completions
 
 
 def heldout_accuracy(

@@ -171,7 +171,7 @@ def diagnose(model_path: str | Path, n: int = 500, k: int = 16, group: int = 8, 
     """Loads a saved model and measures it on `n` Math Pairs problems of `split` (heldout or train)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.tiny.build import torch_threads
+    from rlvr.tiny.generate import torch_threads
 
     check_arguments(split, k, group)
     with torch_threads():
@@ -195,7 +195,7 @@ def diagnose_model(model, tokenizer, label: str, n: int = 500, k: int = 16, grou
     from rlvr.rewards.scoring import score
     from rlvr.tasks import math_pairs
     from rlvr.tasks.render import render_prompt
-    from rlvr.tiny.build import generate_greedy
+    from rlvr.tiny.generate import generate_greedy
 
     check_arguments(split, k, group)
     problems = (math_pairs.heldout_problems(n, seed) if split == "heldout"
