@@ -253,3 +253,13 @@ def test_a_build_below_its_gate_fails_loudly() -> None:
     model = init_model("test", 0, len(tokenizer))
     with torch_threads(), pytest.raises(BuildFailedGate, match=r"pass@16 0\.0% \(\+0\.0 points over greedy 0\.0%\)"):
         check_gate(model, tokenizer, (0.30, 0.05), eval_n=4, progress=None)
+
+
+@pytest.mark.slow
+def test_headroom_model_passes_its_gate(tmp_path: Path) -> None:
+    """rlvr-tiny-headroom's build measures its own held-out gate and fails below it (minutes on
+    2 cores): pass@16 and maj@16 stand well above greedy, so GRPO has a global habit to fix."""
+    report = build_tiny_model(tmp_path / "headroom", size="headroom")
+    assert report.gate is not None and report.params == 2_527_488
+    greedy, passed, maj = (float(report.gate[k]) for k in ("greedy", "pass_at_k", "maj_at_k"))  # type: ignore[arg-type]
+    assert passed - greedy >= 0.30 and maj - greedy >= 0.05 and greedy == report.heldout_accuracy
