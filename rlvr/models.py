@@ -1,7 +1,8 @@
 """Base model names: a hub id, a local path, or one of the project's own tiny models.
 
 `rlvr-tiny` (and `rlvr-tiny-test` and `rlvr-tiny-small`, seconds-to-build variants for tests: the
-first earns no reward, the second writes the answer format and gets a few percent right) name the
+first earns no reward, the second writes the answer format and gets a few percent right) and
+`rlvr-tiny-headroom` (whole-number tokens, a warm-up built and gated for RL headroom) name the
 bundled tiny models: they are built on first use under $RLVR_HOME/models and reused afterwards. Every service resolves
 names through `resolve_model`, so a job spec, the rollout server and the benchmark agree on what
 "rlvr-tiny" means. A file lock keeps two services starting together from building it twice.
@@ -18,7 +19,8 @@ from rlvr.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
-TINY_MODELS = {"rlvr-tiny": "default", "rlvr-tiny-test": "test", "rlvr-tiny-small": "small"}
+TINY_MODELS = {"rlvr-tiny": "default", "rlvr-tiny-test": "test", "rlvr-tiny-small": "small",
+               "rlvr-tiny-headroom": "headroom"}
 # A Hugging Face hub id: [owner/]name, each part 1-96 letters, digits, "-", "_" or ".", starting and
 # ending with a letter or digit, no "--" or ".." (the hub's own rule).
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"

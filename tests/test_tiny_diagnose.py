@@ -49,7 +49,7 @@ def test_majority_and_chain_parts() -> None:
     assert majority([None, None]) is None and majority(["7", "8", "8"]) == "8"
     assert chain_parts(chain(1, 2, 3, 4), (1, 2, 3, 4)) == (True, True)
     assert chain_parts(chain(1, 2, 3, 4, product=20), (1, 2, 3, 4)) == (True, False)
-    assert chain_parts(chain(1, 2, 3, 4), (4, 3, 2, 1)) is None  # a chain for other numbers
+    assert chain_parts(chain(1, 2, 3, 4), (1, 3, 2, 4)) is None  # a chain for other numbers
     assert chain_parts("<answer>21</answer>", (1, 2, 3, 4)) is None
 
 
@@ -63,3 +63,8 @@ def test_inspect_on_a_real_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert found["pass_at_k"] + found["never_right"] == pytest.approx(1.0)
     assert cli.main(["models", "inspect", str(model), "-n", "4", "-k", "4", "--group", "8"]) == 2
     assert "group: 8" in capsys.readouterr().err
+
+
+def test_a_chain_in_another_order_of_the_same_pairs_counts() -> None:
+    assert chain_parts("<think>4+3=7 2+1=3 7*3=21</think>", (1, 2, 3, 4)) == (True, True)
+    assert chain_parts("<think>1+3=4 2+4=6 4*6=24</think>", (1, 2, 3, 4)) is None  # other pairs

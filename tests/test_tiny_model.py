@@ -207,3 +207,59 @@ def test_default_model_lands_in_its_band(tmp_path: Path) -> None:
     low, high = RECIPES["default"].band
     assert report.params == 2_445_568 and report.steps >= RECIPES["default"].steps
     assert low <= report.heldout_accuracy <= high, report
+
+
+# --- the headroom variant's parts: whole-number tokens, the glance share, the gate ------------------
+
+
+def test_number_tokens_make_each_sum_and_product_one_token() -> None:
+    from rlvr.tiny.tokenizer import build_tokenizer
+
+    plain, numbers = build_tokenizer(), build_tokenizer(number_tokens=325)
+    text = "<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>"
+    ids = numbers(text, add_special_tokens=False)["input_ids"]
+    assert numbers.convert_ids_to_tokens(ids)[11:18] == ["11", "Ġ", "7", "*", "11", "=", "77"]
+    assert numbers.decode(ids) == text and len(ids) < len(plain(text, add_special_tokens=False)["input_ids"])
+    # 10-324 are new (0-9 are characters already), after every other token: those ids are unchanged
+    assert len(numbers) == len(plain) + 315
+    assert numbers.convert_tokens_to_ids("<answer>") == plain.convert_tokens_to_ids("<answer>")
+
+
+def test_a_glance_share_answers_that_share_of_the_examples_without_the_chain() -> None:
+    from rlvr.tiny.build import _examples
+    from rlvr.tiny.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(number_tokens=325)
+    input_ids, _ = _examples(tokenizer, 40, seed=0, direct_share=0.55)
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in input_ids]
+    assert sum("<think>~" in t for t in texts) == 22 and sum("+" in t for t in texts) == 18
+
+
+def test_later_recipe_fields_keep_the_cached_builds_valid() -> None:
+    from rlvr.tiny.build import recipe_record
+
+    assert set(recipe_record(RECIPES["default"])) == {"steps", "batch_size", "learning_rate", "warmup_steps", "band",
+                                                      "extra_steps", "extra_chunk", "extra_learning_rate"}
+    assert recipe_record(RECIPES["headroom"])["number_tokens"] == 325
+
+
+def test_a_build_below_its_gate_fails_loudly() -> None:
+    """An untrained model is never right, so pass@16 and maj@16 equal greedy: below any gate."""
+    from rlvr.tiny.build import BuildFailedGate, check_gate
+    from rlvr.tiny.model import init_model
+    from rlvr.tiny.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = init_model("test", 0, len(tokenizer))
+    with torch_threads(), pytest.raises(BuildFailedGate, match=r"pass@16 0\.0% \(\+0\.0 points over greedy 0\.0%\)"):
+        check_gate(model, tokenizer, (0.30, 0.05), eval_n=4, progress=None)
+
+
+@pytest.mark.slow
+def test_headroom_model_passes_its_gate(tmp_path: Path) -> None:
+    """rlvr-tiny-headroom's build measures its own held-out gate and fails below it (minutes on
+    2 cores): pass@16 and maj@16 stand well above greedy, so GRPO has a global habit to fix."""
+    report = build_tiny_model(tmp_path / "headroom", size="headroom")
+    assert report.gate is not None and report.params == 2_527_488
+    greedy, passed, maj = (float(report.gate[k]) for k in ("greedy", "pass_at_k", "maj_at_k"))  # type: ignore[arg-type]
+    assert passed - greedy >= 0.30 and maj - greedy >= 0.05 and greedy == report.heldout_accuracy

@@ -17,14 +17,14 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlvr.common.settings import rlvr_home
 from rlvr.tasks import math_pairs as mp
 from rlvr.tasks.render import render_prompt
+from rlvr.tiny.generate import generate_greedy, torch_threads
 from rlvr.tiny.model import count_parameters, init_model, save_model
 from rlvr.tiny.tokenizer import IM_END, build_tokenizer
 
@@ -47,7 +47,38 @@ class WarmupRecipe:
     extra_steps: int = 0
     extra_chunk: int = 25
     extra_learning_rate: float = 3e-4
+    # Whole numbers 0 to number_tokens-1 as single tokens (rlvr.tiny.tokenizer): each sum and each
+    # product of the worked chain is then one prediction. 0: the character tokenizer alone.
+    number_tokens: int = 0
+    # The share of warm-up examples that answer at a glance, `<think>~77</think><answer>77</answer>`,
+    # instead of writing the worked chain: where it is above one half, greedy decoding takes the
+    # glance (weak) while samples often write the chain (accurate), a global habit RL can change.
+    direct_share: float = 0.0
+    # The glances start after this many steps: the chain (the facts) is learned on every example
+    # first, then the share is mixed in, which sets the habit (the first token) without starving it.
+    direct_after: int = 0
+    # Write each chain in one of its equivalent orders (the pairs, and the numbers within each pair,
+    # swapped by a hash of the example's index), so a chain's first token is split over up to four
+    # numbers while the glance's is one: greedy takes the glance, samples mostly the chain.
+    shuffled_chain: bool = False
+    # The held-out gate, or None: (least pass@16 - greedy, least maj@16 - greedy), measured by the
+    # build on `eval_n` held-out problems at GATE_TEMPERATURE (the demo's); below it the build fails.
+    gate: tuple[float, float] | None = None
 
+
+GATE_TEMPERATURE = 0.3  # clients/demo.py RECIPE["temperature"]
+GATE_K = 16
+GATE_GROUP = 8  # the demo's group size
+# Fields added after builds were cached: left out of a recipe's record while at their defaults, so
+# those builds stay valid.
+_LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
+                 "gate": None}
+
+
+def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
+    """The recipe as a build report records it (and as it reads back from JSON)."""
+    fields = {k: v for k, v in asdict(recipe).items() if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
+    return _jsonable(fields)
 
 # Measured on the shared 2-core machine (one thread): "default" (300 x 32) takes 150-460 s by load and
 # reaches 12.6% greedy held-out accuracy with seed 0: room for RL, as the early 17% warm-up of
@@ -58,11 +89,23 @@ RECIPES: dict[str, WarmupRecipe] = {
     # 300 x 16 on the test shape, 8 s: format 100%, every completion stops, ~5% greedy accuracy
     "small": WarmupRecipe(steps=300, batch_size=16, learning_rate=3e-3, warmup_steps=5),
     "default": WarmupRecipe(steps=300, batch_size=32, learning_rate=3e-3, band=(0.10, 0.18), extra_steps=300),
+    # RL headroom (issue 30; docs/measurements/tiny-diagnostics.md): whole-number tokens, the glance
+    # and the chain mixed
+    "headroom": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
+                             direct_share=0.5, direct_after=450, gate=(0.30, 0.05)),
 }
 
 
 class BuildOutOfBand(RuntimeError):
     """The warm-up ended with a held-out accuracy outside its recipe's band."""
+
+
+class BuildFailedGate(RuntimeError):
+    """The warm-up ended below its recipe's held-out gate (pass@k and maj@k over greedy)."""
+
+    def __init__(self, diagnosis: dict[str, object], message: str) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis
 
 
 @dataclass(frozen=True)
@@ -77,15 +120,27 @@ class BuildReport:
     recipe: dict[str, object]  # the WarmupRecipe used; a changed recipe invalidates a cached build
     final_loss: float
     steps: int = 0  # warm-up steps run: the recipe's, plus any taken to reach its band
+    gate: dict[str, object] | None = None  # the held-out diagnosis the recipe's gate was judged on
+    cpu_seconds: float = 0.0  # CPU time of the building process
 
     def summary(self) -> str:
         band = self.recipe.get("band")
         within = f" (band {band[0]:.0%}-{band[1]:.0%})" if isinstance(band, list) else ""  # JSON's list
-        return (
+        text = (
             f"tiny model '{self.size}' at {self.path}: {self.params / 1e6:.2f}M parameters, built in "
             f"{self.build_seconds:.1f} s ({self.steps} warm-up steps); greedy held-out Math Pairs accuracy "
             f"{self.heldout_accuracy:.1%} on {self.heldout_n} problems{within}"
         )
+        if self.gate:
+            text += "; gate passed: " + gate_line(self.gate)
+        return text
+
+
+def gate_line(d: dict[str, object]) -> str:
+    """pass@k, maj@k and greedy of a diagnosis (Diagnosis.as_dict())."""
+    greedy, passed, maj = (float(d[k]) for k in ("greedy", "pass_at_k", "maj_at_k"))  # type: ignore[arg-type]
+    return (f"pass@{d['k']} {passed:.1%} ({100 * (passed - greedy):+.1f} points over greedy {greedy:.1%}), "
+            f"maj@{d['k']} {maj:.1%} ({100 * (maj - greedy):+.1f}) at T={d['temperature']} on {d['n']} held-out")
 
 
 def default_model_dir(name: str) -> Path:
@@ -97,34 +152,58 @@ def default_model_name(size: str) -> str:
     return "rlvr-tiny" if size == "default" else f"rlvr-tiny-{size}"
 
 
-@contextmanager
-def torch_threads(threads: int | None = None) -> Iterator[int]:
-    """Run with ``threads`` torch threads (default ``$RLVR_TINY_THREADS`` or 1), then restore.
+def glance_solution(numbers) -> str:  # noqa: ANN001
+    """The answer at a glance, no chain (the recipe's direct_share of the warm-up).
 
-    One thread by default, for two reasons: float reductions then run in one order on any machine,
-    so a build is reproducible whatever the core count; and on this project's shared 2-core machines
-    one thread measured 5-30x faster than two while other processes ran (OpenMP spin-waiting).
+    >>> glance_solution((3, 4, 5, 6))
+    '<think>~77</think><answer>77</answer>'
     """
-    import torch
-
-    count = max(1, threads or int(os.environ.get("RLVR_TINY_THREADS", "1")))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield count
-    finally:
-        torch.set_num_threads(previous)
+    product = mp.answer(numbers)
+    return f"<think>~{product}</think><answer>{product}</answer>"
 
 
-def _examples(tokenizer, n: int, seed: int, start: int = 0):  # -> (input_ids, labels) LongTensors [n, T]
+def shuffled_solution(numbers, seed: int, index: int) -> str:  # noqa: ANN001
+    """The worked chain in one of its eight equivalent orders, chosen by a hash of (seed, index).
+
+    >>> shuffled_solution((3, 4, 5, 6), 0, 0)
+    '<think>5+6=11 3+4=7 11*7=77</think><answer>77</answer>'
+    """
+    import hashlib
+
+    bits = hashlib.sha256(f"rlvr.tiny.chain-order:{seed}:{index}".encode()).digest()[0]
+    a, b, c, d = numbers
+    if bits & 1:
+        a, b = b, a
+    if bits & 2:
+        c, d = d, c
+    if bits & 4:
+        a, b, c, d = c, d, a, b
+    return mp.worked_solution((a, b, c, d))
+
+
+def is_glance(index: int, share: float) -> bool:
+    """Whether example `index` of the sequence answers at a glance: spread evenly, `share` of them."""
+    return int((index + 1) * share) > int(index * share)
+
+
+def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
+              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
-    on the completion (answer + end of turn)."""
+    on the completion (answer + end of turn); `direct_share` of those from `direct_from` on answered
+    at a glance."""
     import torch
 
     rows: list[tuple[list[int], list[int]]] = []
-    for problem in mp.training_problems(start + n, seed)[start:]:
+    for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
-        answer_text = mp.worked_solution(mp.parse_numbers(problem.question)) + IM_END
+        numbers = mp.parse_numbers(problem.question)
+        if index >= direct_from and is_glance(index - direct_from, direct_share):
+            solution = glance_solution(numbers)
+        elif shuffled_chain:
+            solution = shuffled_solution(numbers, seed, index)
+        else:
+            solution = mp.worked_solution(numbers)
+        answer_text = solution + IM_END
         answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
         rows.append((prompt, answer))
     width = max(len(p) + len(a) for p, a in rows)
@@ -158,7 +237,10 @@ class _Trainer:
         import torch
 
         batch = self.recipe.batch_size
-        input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch)
+        input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch,
+                                      direct_share=self.recipe.direct_share,
+                                      shuffled_chain=self.recipe.shuffled_chain,
+                                      direct_from=self.recipe.direct_after * batch)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):
@@ -225,27 +307,22 @@ def warm_up_into_band(model, tokenizer, recipe: WarmupRecipe, seed: int, progres
     return loss, accuracy, n, trainer.steps_done
 
 
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy completions (special tokens dropped; the answer tags are ordinary tokens and stay)."""
-    import torch
+def check_gate(model, tokenizer, gate: tuple[float, float], eval_n: int,  # noqa: ANN001
+               progress: Progress | None) -> dict[str, object]:
+    """The held-out diagnosis at the demo's temperature; BuildFailedGate below the recipe's gate."""
+    from rlvr.tiny.diagnose import diagnose_model
 
-    tokenizer.padding_side = "left"
-    completions: list[str] = []
-    with torch.inference_mode():
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(
-                prompts[start : start + batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            )
-            out = model.generate(
-                **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )
-            completions += tokenizer.batch_decode(
-                out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
-            )
-    return completions
+    found = diagnose_model(model, tokenizer, "build", n=eval_n, k=GATE_K, group=GATE_GROUP,
+                           temperature=GATE_TEMPERATURE).as_dict()
+    line = gate_line(found)
+    if progress:
+        progress("gate: " + line + f"; groups with no reward spread {float(found['zero_spread_groups']):.1%}")  # type: ignore[arg-type]
+    pass_gap = float(found["pass_at_k"]) - float(found["greedy"])  # type: ignore[arg-type]
+    maj_gap = float(found["maj_at_k"]) - float(found["greedy"])  # type: ignore[arg-type]
+    if pass_gap < gate[0] or maj_gap < gate[1]:
+        raise BuildFailedGate(found, f"the tiny model failed its gate (pass@{GATE_K} - greedy at least "
+                              f"{100 * gate[0]:.0f} points, maj@{GATE_K} - greedy at least {100 * gate[1]:.0f}): {line}")
+    return found
 
 
 def heldout_accuracy(
@@ -299,18 +376,30 @@ def build_tiny_model(
     if _can_pin_kernels() and not _kernels_pinned():
         return _build_with_pinned_kernels(out, size, seed, progress, eval_n)
     started = time.perf_counter()
+    cpu_started = time.process_time()
+    recipe = RECIPES[size]
+    gate = None
     with torch_threads() as threads:
         if progress:
             pinned = " on pinned AVX2 kernels" if _kernels_pinned() else ""
             progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s){pinned} into {out}")
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(number_tokens=recipe.number_tokens)
         model = init_model(size, seed, len(tokenizer))
         final_loss, accuracy, n, steps = warm_up_into_band(
-            model, tokenizer, RECIPES[size], seed, progress, lambda: heldout_accuracy(model, tokenizer, eval_n))
+            model, tokenizer, recipe, seed, progress, lambda: heldout_accuracy(model, tokenizer, eval_n))
+        if recipe.gate is not None:
+            try:
+                gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
+            except BuildFailedGate as e:  # kept beside, for `rlvr models inspect`, never where a build is looked for
+                failed = out.with_name(out.name + ".failed")
+                shutil.rmtree(failed, ignore_errors=True)
+                save_model(model, failed, number_tokens=recipe.number_tokens)
+                (failed / "rlvr_gate.json").write_text(json.dumps(e.diagnosis, indent=2) + "\n")
+                raise BuildFailedGate(e.diagnosis, f"{e} (the model is kept at {failed})") from None
         # Save to a sibling and rename, so a crash never leaves a half model that looks built.
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        save_model(model, staging)
+        save_model(model, staging, number_tokens=recipe.number_tokens)
     report = BuildReport(
         path=str(out),
         size=size,
@@ -319,9 +408,11 @@ def build_tiny_model(
         build_seconds=round(time.perf_counter() - started, 2),
         heldout_accuracy=accuracy,
         heldout_n=n,
-        recipe=_jsonable(asdict(RECIPES[size])),  # as it reads back from the report
+        recipe=recipe_record(recipe),  # as it reads back from the report
         final_loss=round(final_loss, 4),
         steps=steps,
+        gate=gate,
+        cpu_seconds=round(time.process_time() - cpu_started, 2),
     )
     (staging / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -390,7 +481,7 @@ def _existing_build(out: Path, size: str, seed: int) -> BuildReport | None:
         report = BuildReport(**json.loads((out / REPORT_FILE).read_text()))
     except (OSError, ValueError, TypeError):  # absent, corrupt or from another version: rebuild
         return None
-    same = (report.size, report.seed, report.recipe) == (size, seed, _jsonable(asdict(RECIPES[size])))
+    same = (report.size, report.seed, report.recipe) == (size, seed, recipe_record(RECIPES[size]))
     if not same or not (out / "model.safetensors").is_file():
         return None
     # Where it is now, absolute: the folder may have moved, or been recorded relative to another cwd.

@@ -12,7 +12,10 @@ saved causal LM (transformers) and the Math Pairs problems of either split:
   whose rewards are all equal, so they carry no GRPO advantage;
 - per part (Math Pairs' worked chain ``a+b=X c+d=Y X*Y=Z``, read from the greedy completion): both
   sums right, and the product right given right sums;
-- format: the share of greedy completions in the ``<think>…</think><answer>…</answer>`` form.
+- format: the share of greedy completions in the ``<think>…</think><answer>…</answer>`` form;
+- chains sampled: the share of the k samples that write the worked chain, and the accuracy of
+  those samples and of the others (a base whose chain is accurate but seldom chosen has a global
+  habit for RL to fix: choosing the chain).
 
 Pure measurement: no training, nothing written.
 """
@@ -45,6 +48,9 @@ class Diagnosis:
     product_right_given_sums: float
     chains_written: float  # greedy completions with a parsable worked chain
     format: float
+    chains_sampled: float = 0.0  # samples with a parsable worked chain, of all n * k samples
+    sampled_chain_accuracy: float = 0.0  # accuracy of the samples that write the chain
+    sampled_other_accuracy: float = 0.0  # accuracy of the samples that do not
 
     def rows(self) -> list[tuple[str, str]]:
         return [
@@ -60,6 +66,9 @@ class Diagnosis:
             ("both sums right", f"{self.sums_right:.1%}"),
             ("product right given right sums", f"{self.product_right_given_sums:.1%}"),
             ("format (greedy)", f"{self.format:.1%}"),
+            ("samples writing the chain", f"{self.chains_sampled:.1%}"),
+            ("accuracy of samples with / without the chain",
+             f"{self.sampled_chain_accuracy:.1%} / {self.sampled_other_accuracy:.1%}"),
         ]
 
     def table(self) -> str:
@@ -87,13 +96,15 @@ def majority(answers: Sequence[str | None]) -> str | None:
 
 def chain_parts(completion: str, numbers: Sequence[int]) -> tuple[bool, bool] | None:
     """(both sums right, product right given the sums written) of a Math Pairs chain; None when
-    the completion has no chain for these numbers."""
+    the completion has no chain for these numbers (in any order of the pairs and within them)."""
+    from rlvr.tasks.math_pairs import canonical_key
+
     m = CHAIN.search(completion)
     if m is None:
         return None
     a, b, s1, c, d, s2, x, y, z = (int(g) for g in m.groups())
-    if (a, b, c, d) != tuple(numbers):
-        return None
+    if (a, b, c, d) != tuple(numbers) and canonical_key((a, b, c, d)) != canonical_key(numbers):
+        return None  # a chain for other numbers (one in another order of the same pairs counts)
     sums = s1 == a + b and s2 == c + d
     return sums, sums and x == s1 and y == s2 and z == x * y
 
@@ -106,9 +117,15 @@ def summarize(model: str, split: str, numbers: Sequence[Sequence[int]], truths: 
     k = len(samples[0]) if samples else 0
     greedy_scores = [score(c, t) for c, t in zip(greedy, truths, strict=True)]
     passed = majority_right = never = zero_spread = 0
-    for sampled, truth in zip(samples, truths, strict=True):
+    with_chain = [0, 0]  # samples, right
+    without_chain = [0, 0]
+    for sampled, truth, nums in zip(samples, truths, numbers, strict=True):
         scored = [score(c, truth) for c in sampled]
         right = [s[0] >= 1.0 for s in scored]
+        for completion, ok in zip(sampled, right, strict=True):
+            tally = with_chain if chain_parts(completion, nums) is not None else without_chain
+            tally[0] += 1
+            tally[1] += ok
         passed += any(right)
         never += not any(right)
         majority_right += majority([s[1] for s in scored]) == truth
@@ -123,7 +140,10 @@ def summarize(model: str, split: str, numbers: Sequence[Sequence[int]], truths: 
         never_right=never / n, zero_spread_groups=zero_spread / n,
         sums_right=len(sums_right) / len(written) if written else 0.0,
         product_right_given_sums=sum(p[1] for p in sums_right) / len(sums_right) if sums_right else 0.0,
-        chains_written=len(written) / n, format=sum(s[2] for s in greedy_scores) / n)
+        chains_written=len(written) / n, format=sum(s[2] for s in greedy_scores) / n,
+        chains_sampled=with_chain[0] / max(1, with_chain[0] + without_chain[0]),
+        sampled_chain_accuracy=with_chain[1] / max(1, with_chain[0]),
+        sampled_other_accuracy=without_chain[1] / max(1, without_chain[0]))
 
 
 def sample(model, tokenizer, prompts: list[str], k: int, temperature: float, max_new_tokens: int,  # noqa: ANN001
@@ -151,28 +171,43 @@ def diagnose(model_path: str | Path, n: int = 500, k: int = 16, group: int = 8, 
     """Loads a saved model and measures it on `n` Math Pairs problems of `split` (heldout or train)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.rewards.scoring import score
-    from rlvr.tasks import math_pairs
-    from rlvr.tasks.render import render_prompt
-    from rlvr.tiny.build import generate_greedy, torch_threads
+    from rlvr.tiny.generate import torch_threads
 
+    check_arguments(split, k, group)
+    with torch_threads():
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype="float32").eval()
+        return diagnose_model(model, tokenizer, str(model_path), n, k, group, temperature, split, seed,
+                              max_new_tokens, batch_size)
+
+
+def check_arguments(split: str, k: int, group: int) -> None:
     if split not in ("heldout", "train"):
         raise ValueError(f"split: {split!r} is not heldout or train")
     if not 2 <= k <= 64 or not 2 <= group <= k:
         raise ValueError(f"k: {k} must be 2-64 and group: {group} 2-k")
+
+
+def diagnose_model(model, tokenizer, label: str, n: int = 500, k: int = 16, group: int = 8,  # noqa: ANN001
+                   temperature: float = 0.3, split: str = "heldout", seed: int = 0, max_new_tokens: int = 48,
+                   batch_size: int = 128) -> Diagnosis:
+    """The measures of a loaded model (a build's gate measures the model it has just trained)."""
+    from rlvr.rewards.scoring import score
+    from rlvr.tasks import math_pairs
+    from rlvr.tasks.render import render_prompt
+    from rlvr.tiny.generate import generate_greedy
+
+    check_arguments(split, k, group)
     problems = (math_pairs.heldout_problems(n, seed) if split == "heldout"
                 else math_pairs.training_problems(n, seed))
-    with torch_threads():
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype="float32").eval()
-        prompts = [render_prompt(tokenizer, p) for p in problems]
-        greedy = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
-        samples = sample(model, tokenizer, prompts, k, temperature, max_new_tokens, batch_size, seed)
+    prompts = [render_prompt(tokenizer, p) for p in problems]
+    greedy = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+    samples = sample(model, tokenizer, prompts, k, temperature, max_new_tokens, batch_size, seed)
 
     def scored(completion: str, truth: str) -> tuple[float, str | None, float]:
         r = score("math_pairs", completion, truth)
         return r.accuracy, r.extracted_answer, r.format
 
     numbers = [math_pairs.parse_numbers(p.question) for p in problems]
-    return summarize(str(model_path), split, numbers, [p.ground_truth for p in problems], greedy, samples, group,
+    return summarize(label, split, numbers, [p.ground_truth for p in problems], greedy, samples, group,
                      temperature, scored)

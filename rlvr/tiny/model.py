@@ -45,6 +45,14 @@ SIZES: dict[str, ModelSize] = {
     # it writes the answer format and stops, and is right on a few percent of the problems, so loop
     # and reward tests see real, non-zero scores; still built in seconds
     "small": _TEST_SHAPE,
+    # the default shape with whole-number tokens and a warm-up built for RL headroom (build.RECIPES)
+    "headroom": ModelSize(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    ),
     # ~2.4M parameters: the size docs/design.md's CPU facts measured GRPO on (0.34 s per step at batch 8 on 2 cores)
     "default": ModelSize(
         hidden_size=256,
@@ -122,12 +130,13 @@ def init_model(size: str, seed: int, tokenizer_len: int):  # -> Qwen2ForCausalLM
     return model
 
 
-def save_model(model, out_dir: str | Path) -> Path:
-    """Save model + tokenizer in Hugging Face format (safetensors) and the prompt-style marker."""
+def save_model(model, out_dir: str | Path, number_tokens: int = 0) -> Path:
+    """Save model + tokenizer in Hugging Face format (safetensors) and the prompt-style marker
+    (``number_tokens``: the tokenizer's whole-number tokens, as the model was built with)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(out, model_max_length=model.config.max_position_embeddings)
+    save_tokenizer(out, model_max_length=model.config.max_position_embeddings, number_tokens=number_tokens)
     # A plain file too, for readers that only have the directory (e.g. a rollout server's config).
     (out / MODEL_MARKER_FILE).write_text(json.dumps({PROMPT_STYLE_KEY: COMPACT_STYLE}, indent=2) + "\n")
     return out

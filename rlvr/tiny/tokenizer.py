@@ -8,6 +8,9 @@ character tokenizer for ASCII that still round-trips any UTF-8 text byte by byte
 
 Chat specials are special tokens (dropped by ``skip_special_tokens=True``); the answer-format tags are
 ordinary added tokens, so one tag is one token and decoding keeps them, which the reward relies on.
+With ``number_tokens=N`` the whole numbers 0 to N-1 are ordinary added tokens too (the longest match
+wins, so ``77`` is one token and ``1234`` is ``123`` then ``4``): a model then predicts each sum and
+each product of the Math Pairs chain as one token instead of digit by digit.
 """
 
 from __future__ import annotations
@@ -62,8 +65,10 @@ def build_vocab() -> dict[str, int]:
     return vocab
 
 
-def build_tokenizer(model_max_length: int = 4096):  # -> transformers.Qwen2Tokenizer
-    """Build the character tokenizer (not saved; call ``save_pretrained`` on the result)."""
+def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0):  # -> transformers.Qwen2Tokenizer
+    """Build the character tokenizer (not saved; call ``save_pretrained`` on the result), with the
+    whole numbers below ``number_tokens`` as single tokens (after the tags, so every other id is
+    the same as without them)."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
@@ -78,13 +83,15 @@ def build_tokenizer(model_max_length: int = 4096):  # -> transformers.Qwen2Token
         **{PROMPT_STYLE_KEY: COMPACT_STYLE},
     )
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in FORMAT_TAGS])
+    if number_tokens:
+        tokenizer.add_tokens([AddedToken(str(i), special=False, normalized=False) for i in range(number_tokens)])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"  # decoder-only batched generation pads on the left
     return tokenizer
 
 
-def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096) -> int:
+def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096, number_tokens: int = 0) -> int:
     """Write the tokenizer files into ``out_dir``; returns the tokenizer's length (vocab + added)."""
-    tokenizer = build_tokenizer(model_max_length)
+    tokenizer = build_tokenizer(model_max_length, number_tokens)
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)
