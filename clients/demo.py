@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("vllm", "transformers"), default="transformers",
                    help="generation backend of the job (default transformers: in-process, faster than vLLM on a "
                         "CPU for a model this small; the rollout server on vLLM still serves the evaluations)")
-    p.add_argument("--model", default="rlvr-tiny", help="base model (default: the bundled tiny model)")
+    p.add_argument("--model", default="rlvr-tiny-headroom",
+                   help="base model (default: rlvr-tiny-headroom, the bundled tiny model built and gated for RL "
+                        "headroom: docs/tiny-model.md)")
     p.add_argument("--home", default=None, help="state folder (default $RLVR_HOME/demo)")
 
 
