@@ -38,6 +38,15 @@ _TEST_SHAPE = ModelSize(
     intermediate_size=128,
 )
 
+# ~2.4M parameters: the default model's shape, which rlvr-tiny-headroom shares
+_DEFAULT_SHAPE = ModelSize(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+)
+
 SIZES: dict[str, ModelSize] = {
     # builds and trains in seconds; for tests only, its outputs are noise
     "test": _TEST_SHAPE,
@@ -46,21 +55,9 @@ SIZES: dict[str, ModelSize] = {
     # and reward tests see real, non-zero scores; still built in seconds
     "small": _TEST_SHAPE,
     # the default shape with whole-number tokens and a warm-up built for RL headroom (build.RECIPES)
-    "headroom": ModelSize(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=512,
-    ),
+    "headroom": _DEFAULT_SHAPE,
     # ~2.4M parameters: the size docs/design.md's CPU facts measured GRPO on (0.34 s per step at batch 8 on 2 cores)
-    "default": ModelSize(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=512,
-    ),
+    "default": _DEFAULT_SHAPE,
     # ~38M parameters: big enough that generation throughput is compute-bound, still fits 2 cores
     "bench-large": ModelSize(
         hidden_size=512,
