@@ -5,11 +5,15 @@ through the whole stack (embedded NATS, SQLite, the five services, the rollout s
     python bench/learning.py --steps 100 --backend transformers
     python bench/learning.py --require-gain 8       # exit 1 below +8 points (tests/test_e2e_training.py)
     python bench/learning.py --steps 100 --max-async-steps 1   # generation one step ahead of training
+    python bench/learning.py --model rlvr-tiny-headroom --steps 60 --backend transformers --seeds 0 1
+                                                    # the two-seed table: one run per seed, then a row each
 
 Every setting is inside the spec's ranges (group size 2-32, rank 4-64, alpha 4-128, learning rate
 5e-7 to 1e-5, batch size 1-32, at most 300 steps here). The evaluations are the benchmark
 service's: greedy, `--eval-n` distinct held-out problems, never seen in training. Prints a table
-and writes JSON (`--out`).
+and writes JSON (`--out`; with `--seeds`, one file per seed, `learning-seedN.json`); with `--seeds`,
+also the seeds' table (before, after, gain with its SE, McNemar's p, wrong -> right and right ->
+wrong, from the run's paired comparison, rlvr/paired.py).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="advanced.max_async_steps: steps generated ahead of training (vllm backend; 0 = synchronous)")
     p.add_argument("--eval-n", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="run once per seed (each in its own state folder) and print the seeds' table; overrides --seed")
     p.add_argument("--home", type=Path, default=None, help="state folder (default: a fresh one under $RLVR_HOME/bench)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learning.json")
     p.add_argument("--require-gain", type=float, default=None, help="exit 1 when the gain is below this many points")
@@ -65,15 +71,33 @@ def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.seeds:
+        return run_one(args)[0]
+    codes, table = [], []
+    out = args.out
+    for seed in args.seeds:
+        one = argparse.Namespace(**(vars(args) | {"seed": seed, "out": out.with_name(f"{out.stem}-seed{seed}{out.suffix}"),
+                                                  "home": args.home / f"seed{seed}" if args.home else None}))
+        code, row = run_one(one)
+        codes.append(code)
+        table.append(row)
+    print("\n| seed | before | after | gain (SE) | McNemar | wrong -> right | right -> wrong |\n|---|---|---|---|---|---|---|")
+    for row in table:
+        print(row)
+    return max(codes)
+
+
+def run_one(args: argparse.Namespace) -> tuple[int, str]:
+    """One training run and its table; the exit code and the seeds' table row."""
     from rlvr.clients.demo import measure_training
     from rlvr.common.settings import rlvr_home
 
-    args = parse_args(argv)
-    home = args.home or rlvr_home() / "bench" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    home = args.home or rlvr_home() / "bench" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
     outcome = measure_training(spec_from(args), args.eval_n, home)
     if outcome.after is None:
         print(f"the job did not complete: {outcome.error}", file=sys.stderr)
-        return 1
+        return 1, f"| {args.seed} | did not complete: {outcome.error} | | | | | |"
     before, after, job = outcome.before.scores, outcome.after.scores, outcome.job
     steps = job.current_step
     rows = [
@@ -111,10 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                        "lost": outcome.comparison.lost}} if outcome.comparison is not None else {}),
     }, indent=2) + "\n")
     print(f"\nwrote {args.out}")
+    c = outcome.comparison
+    row = (f"| {args.seed} | {before.accuracy:.1%} | {after.accuracy:.1%} | "
+           + (f"{c.gain_points:+.1f} ({c.se_points:.1f}) | {c.p_text()} | {c.gained} | {c.lost} |" if c is not None
+              else f"{outcome.gain_points:+.1f} | - | - | - |"))
     if args.require_gain is not None and outcome.gain_points < args.require_gain:
         print(f"gain {outcome.gain_points:+.1f} points is below the required {args.require_gain:+.1f}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, row
+    return 0, row
 
 
 if __name__ == "__main__":
