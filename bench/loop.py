@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,11 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rlvr.clients.demo import LOSSES, RECIPE, recipe_spec  # noqa: E402
+from rlvr.clients.demo import BENCHMARK, DEMO_STEPS, LOSSES, RECIPE, recipe_spec  # noqa: E402
+from rlvr.scores import standard_error  # noqa: E402
 from rlvr.v1 import scheduler_pb2  # noqa: E402
 
-BENCHMARK = "rlvr-math-pairs-heldout"
-DEMO_STEPS = 60  # `rlvr demo`'s default step count (rlvr/clients/demo.py's --steps)
 TARGET_CAP = 99.9
 
 
@@ -50,8 +48,8 @@ def target_of(args: argparse.Namespace, base: float) -> float:
 
 
 def se_points(score: float, n: int) -> float:
-    """Standard error in points of an accuracy of `score` percent on n questions."""
-    return 100.0 * math.sqrt(max(0.0, score / 100.0 * (1.0 - score / 100.0)) / n) if n else 0.0
+    """Standard error in points of an accuracy of `score` percent on n questions (rlvr/scores.py)."""
+    return 100.0 * standard_error(score / 100.0, n)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

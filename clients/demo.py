@@ -19,10 +19,11 @@ from rlvr.paired import Comparison
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 BENCHMARK = "rlvr-math-pairs-heldout"
+DEMO_STEPS = 60  # `rlvr demo`'s default step count (bench/loop.py's rounds use it too)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=60, help="GRPO steps (default 60; bench/learning.py runs 300)")
+    p.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"GRPO steps (default {DEMO_STEPS}; bench/learning.py runs 300)")
     p.add_argument("--eval-n", type=int, default=500, help="held-out questions per evaluation (default 500)")
     p.add_argument("--backend", choices=("vllm", "transformers"), default="transformers",
                    help="generation backend of the job (default transformers: in-process, faster than vLLM on a "
