@@ -16,8 +16,10 @@ Rows:
 - "next rounds, fits not kept": the same rounds with that memory cleared before each, which is what
   every round cost before it existed.
 
-Each cell is the median of `--repeats` rounds. Prints the load average before and after (the host
-may be shared: compare rows of one invocation). It never fails on time: it measures.
+Each queue length is measured on `--repeats` fresh queues (at least 3; a store of its own each, the
+lengths taking turns), one round of each kind per queue; each cell is the median [lowest-highest]
+over those queues. Prints the load average before and after (the host may be shared: compare rows of
+one invocation). It never fails on time: it measures.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -33,13 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from repeats import check_repeats, spreads  # noqa: E402  (bench/repeats.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queued", default="10,100,1000,5000", help="comma list of queue lengths")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=check_repeats, default=3, help="fresh queues per length (>= 3)")
     args = p.parse_args(argv)
     args.queued = [int(n) for n in args.queued.split(",") if n.strip()]
     return args
@@ -68,7 +72,9 @@ class CpuWorkers:
         raise AssertionError("nothing runs")
 
 
-async def measure(queued: int, workers: int, repeats: int, folder: Path) -> tuple[float, float, float]:
+async def measure(queued: int, workers: int, folder: Path) -> dict[str, float]:
+    """One fresh queue of `queued` jobs (a store in `folder`): the seconds of its first round, of the
+    next round, and of a round with the fits cleared before it."""
     from rlvr.infra.schema import JobRow
     from rlvr.infra.store import Store
     from rlvr.jobspec import resolve_spec
@@ -80,6 +86,7 @@ async def measure(queued: int, workers: int, repeats: int, folder: Path) -> tupl
     spec.advanced.gpu_selection, spec.advanced.num_processes = "0,1", 2
     spec.grpo.group_size, spec.grpo.batch_size = 4, 8
     spec_json = spec_to_json(resolve_spec(spec).spec)
+    folder.mkdir(parents=True, exist_ok=True)
     store = Store(f"sqlite:///{folder / f'q{queued}.db'}")
     store.create_all()
     for _ in range(queued):
@@ -95,11 +102,11 @@ async def measure(queued: int, workers: int, repeats: int, folder: Path) -> tupl
 
     try:
         first = await timed(False)
-        kept = statistics.median([await timed(False) for _ in range(repeats)])
-        forgotten = statistics.median([await timed(True) for _ in range(repeats)])
+        kept = await timed(False)
+        forgotten = await timed(True)
         waiting = store.list_jobs("QUEUED", 1, 0)
         assert waiting and waiting[0].queue_reason.startswith("no trainer worker can run it"), waiting
-        return first, kept, forgotten
+        return {"queued": queued, "first": first, "kept": kept, "forgotten": forgotten}
     finally:
         store.close()
 
@@ -108,12 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
     print(f"dispatch rounds, {args.workers} idle CPU workers, every queued job wanting 2 GPUs; "
-          f"median of {args.repeats} rounds (seconds per round)")
-    print(f"{'queued jobs':>12} {'first round':>12} {'next rounds':>12} {'fits not kept':>14}")
+          f"median [lowest-highest] of {args.repeats} fresh queues (seconds per round)")
+    rows = []
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-dispatch-") as tmp:
-        for n in args.queued:
-            first, kept, forgotten = asyncio.run(measure(n, args.workers, args.repeats, Path(tmp)))
-            print(f"{n:>12} {first:>12.4f} {kept:>12.4f} {forgotten:>14.4f}")
+        for repeat in range(args.repeats):
+            for n in args.queued:  # interleaved: a slow spell of the host touches every length alike
+                rows.append(asyncio.run(measure(n, args.workers, Path(tmp) / f"{repeat}")))
+    table = {key: spreads(rows, key, by="queued") for key in ("first", "kept", "forgotten")}
+    print(f"{'queued jobs':>12} {'first round':>26} {'next round':>26} {'fits not kept':>26}")
+    for n in args.queued:
+        print(f"{n:>12} " + " ".join(f"{table[key][n].cell(4):>26}" for key in table))
     print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after ({os.cpu_count()} CPUs)")
 
 

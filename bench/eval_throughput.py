@@ -15,8 +15,9 @@ rollout on `--model`, built under $RLVR_HOME on first use). Rows:
 - "score in-process": `rlvr.services.reward.pool.score_many` on the stored completions, no gRPC;
 - "score via reward gRPC": the same completions in one Score call per benchmark batch.
 
-Prints a table (medians over --repeats) and writes bench/results/eval_throughput.json. It never
-fails on time: it measures.
+Every row is measured `--repeats` times (at least 3; each round one evaluation, then its completions
+scored both ways). Prints a table, each cell the median [lowest-highest] over the rounds, and writes
+bench/results/eval_throughput.json. It never fails on time: it measures.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers: free ports, waiting for SERVING
+sys.path.insert(0, str(ROOT / "bench"))
+
+from repeats import Spread, check_repeats  # noqa: E402  (bench/repeats.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=0, help="questions (0 = the whole benchmark)")
     p.add_argument("--max-tokens", type=int, default=0, help="0 = the service default (256)")
     p.add_argument("--batch-size", type=int, default=128, help="benchmark questions per Generate/Score call")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=check_repeats, default=3, help="rounds of every row (>= 3)")
     p.add_argument("--rollout-threads", type=int, default=0,
                    help="OMP_NUM_THREADS for the rollout service it starts (0 = torch's default: all cores)")
     p.add_argument("--benchmark-address", default="", help="use a running benchmark service")
@@ -164,14 +167,15 @@ def measure(args: argparse.Namespace, benchmark: str, reward_address: str) -> di
     threads = f", rollout threads {args.rollout_threads}" if args.rollout_threads else ""
     print(f"{args.benchmark}: {n} questions, model {evaluation.model} ({args.backend}{threads}), greedy, "
           f"max_tokens {evaluation.sampling.max_tokens}, batches of {args.batch_size}, "
-          f"median of {args.repeats}; accuracy {evaluation.scores.accuracy:.1%}")
-    print(f"{'path':<28}{'seconds':>10}{'questions/s':>14}")
+          f"median [lowest-highest] of {args.repeats}; accuracy {evaluation.scores.accuracy:.1%}")
+    print(f"{'path':<28}{'seconds':>26}{'questions/s':>32}")
     table = {}
     for name, seconds in runs.items():
-        median = statistics.median(seconds)
-        rate = n / median if median > 0 else float("inf")
-        table[name.strip()] = {"seconds": median, "questions_per_s": rate, "runs": seconds}
-        print(f"{name:<28}{median:>10.3f}{rate:>14,.1f}")
+        spread = Spread.of(seconds)
+        rate = Spread.of([n / s if s > 0 else None for s in seconds])
+        table[name.strip()] = {"seconds": spread.median, "questions_per_s": rate.median, "runs": seconds,
+                               "seconds_spread": spread.to_json(), "questions_per_s_spread": rate.to_json()}
+        print(f"{name:<28}{spread.cell(3):>26}{rate.cell(of=len(seconds), fmt=',.1f'):>32}")
     return {"benchmark": args.benchmark, "questions": n, "model": evaluation.model, "backend": args.backend,
             "rollout_threads": args.rollout_threads or None,
             "max_tokens": evaluation.sampling.max_tokens, "batch_size": args.batch_size,

@@ -11,12 +11,14 @@ first a job without a fault, then the same job (same spec, same seed) once per f
 - `trainer`:     the trainer service (its job process must go with it), restarted;
 - `job-process`: the job's training process alone (the trainer service stays).
 
-Each is killed once the job has stored step `--at-step`. Per fault it prints: the job's outcome;
-steps stored (of the job's steps); stored twice (metric points with the same step; the store and
-the stream both deduplicate, so anything here is a bug); re-run (steps the trainer computed again,
-from the job's log: the steps after its last checkpoint); time to recover (from the kill to the
-next stored step); and whether the final adapter is bit-identical to the fault-free run's. Writes
-JSON (`--out`). It never fails on a result: it measures.
+Each is killed once the job has stored step `--at-step`. The whole round (the job without a fault,
+then one per fault) runs `--repeats` times (at least 3) on the same stack. Per fault it prints, over
+its runs: how many ended COMPLETED; steps stored (of the job's steps); stored twice (metric points
+with the same step; the store and the stream both deduplicate, so anything here is a bug); re-run
+(steps the trainer computed again, from the job's log: the steps after its last checkpoint); time
+to recover (from the kill to the next stored step); the counts and times as median
+[lowest-highest]; and how many final adapters are bit-identical to the first fault-free run's (for
+"none", its later runs). Writes JSON (`--out`). It never fails on a result: it measures.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeats import check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
 
 FAULTS = ("rollout", "scheduler", "trainer", "job-process")
 
@@ -45,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--at-step", type=int, default=5, help="kill once this step is stored")
     p.add_argument("--checkpoint-every", type=int, default=2)
+    p.add_argument("--repeats", type=check_repeats, default=3,
+                   help="rounds of every fault (>= 3), on one stack, one round after the other")
     p.add_argument("--home", type=Path, default=None, help="stack folder (default: a temporary one)")
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     args = p.parse_args(argv)
@@ -105,12 +112,14 @@ def rerun_steps(home: Path, job_id: str) -> int:
     return sum(n - 1 for n in counts.values() if n > 1)
 
 
-def run_one(stack: Any, client: Any, home: Path, args: argparse.Namespace, fault: str | None) -> dict[str, Any]:
+def run_one(stack: Any, client: Any, home: Path, args: argparse.Namespace, fault: str | None,
+            repeat: int = 1) -> dict[str, Any]:
     from rlvr.infra.store import Store
     from rlvr.v1 import common_pb2 as C
     from rlvr.v1 import scheduler_pb2 as S
 
-    job_id = client.scheduler.create_job(S.CreateJobRequest(spec=job_spec(args, f"fault-{fault or 'none'}"))).job.id
+    name = f"fault-{fault or 'none'}-{repeat}"
+    job_id = client.scheduler.create_job(S.CreateJobRequest(spec=job_spec(args, name))).job.id
     started = time.monotonic()
     injected_at = recovered_at = None
     seen_at_kill = 0
@@ -141,7 +150,7 @@ def run_one(stack: Any, client: Any, home: Path, args: argparse.Namespace, fault
     steps = [p.step for p in points]
     adapter = Path(job.adapter.path, "adapter_model.safetensors") if job.adapter.path else None
     return {
-        "fault": fault or "none", "job": job_id, "outcome": C.JobStatus.Name(job.status).removeprefix("JOB_STATUS_"),
+        "fault": fault or "none", "repeat": repeat, "job": job_id, "outcome": C.JobStatus.Name(job.status).removeprefix("JOB_STATUS_"),
         "error": job.error, "stored": len(set(steps)), "steps": args.steps, "doubled": len(steps) - len(set(steps)),
         "rerun": rerun_steps(home, job_id),
         "recover_s": None if recovered_at is None or injected_at is None else round(recovered_at - injected_at, 1),
@@ -155,25 +164,42 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.clients.stack import local_stack
 
     home = args.home or Path(tempfile.mkdtemp(prefix="rlvr-faults-"))
+    faults = ["none", *args.faults.split(",")]
     rows = []
     with local_stack(home, args.model) as (stack, client):
-        for fault in (None, *args.faults.split(",")):
-            print(f"job with fault: {fault or 'none'}", flush=True)
-            rows.append(run_one(stack, client, home, args, fault))
-    baseline = rows[0]["adapter"]
-    header = f"{'fault':<12} {'outcome':<10} {'stored':>7} {'doubled':>7} {'re-run':>6} {'recover s':>9} {'same adapter':>12}"
-    print("\n" + header + "\n" + "-" * len(header))
+        for repeat in range(1, args.repeats + 1):
+            for fault in faults:
+                print(f"round {repeat}/{args.repeats}, job with fault: {fault}", flush=True)
+                rows.append(run_one(stack, client, home, args, None if fault == "none" else fault, repeat))
+    baseline = rows[0]["adapter"]  # the first fault-free run's
     for r in rows:
-        same = "-" if r["fault"] == "none" else ("yes" if r["adapter"] is not None and r["adapter"] == baseline
-                                                 else "no")
-        r["same_adapter"] = same
-        recover = "-" if r["recover_s"] is None else f"{r['recover_s']:.1f}"
-        print(f"{r['fault']:<12} {r['outcome']:<10} {r['stored']:>3}/{r['steps']:<3} {r['doubled']:>7} {r['rerun']:>6} "
-              f"{recover:>9} {same:>12}")
-        if r["error"]:
-            print(f"{'':<12} {r['error'][:150]}")
+        r["same_adapter"] = (None if r is rows[0]
+                             else r["adapter"] is not None and r["adapter"] == baseline)
+    table = {key: spreads(rows, key, by="fault") for key in ("stored", "doubled", "rerun", "recover_s")}
+    print(f"\n{args.steps} steps, killed at step {args.at_step}; median [lowest-highest] of {args.repeats} runs each; "
+          "same adapter: bit-identical to the first fault-free run's")
+    header = (f"{'fault':<12} {'completed':>13} {'stored':>14} {'doubled':>14} {'re-run':>14} {'recover s':>24} "
+              f"{'same adapter':>12}")
+    print(header + "\n" + "-" * len(header))
+    summary: dict[str, dict[str, Any]] = {}
+    for fault in faults:
+        mine = [r for r in rows if r["fault"] == fault]
+        compared = [r["same_adapter"] for r in mine if r["same_adapter"] is not None]
+        cells = {key: table[key][fault] for key in table}
+        recover = "-" if fault == "none" else cells["recover_s"].cell(1, of=len(mine))
+        print(f"{fault:<12} {tally((r['outcome'] == 'COMPLETED' for r in mine), 'completed'):>13} "
+              f"{cells['stored'].cell(0):>14} {cells['doubled'].cell(0):>14} {cells['rerun'].cell(0):>14} "
+              f"{recover:>24} {tally(compared, 'same'):>12}")
+        for r in mine:
+            if r["error"]:
+                print(f"{'':<12} run {r['repeat']}: {r['error'][:150]}")
+        summary[fault] = {"completed": sum(r["outcome"] == "COMPLETED" for r in mine), "runs": len(mine),
+                          "same_adapter": sum(compared), "compared": len(compared),
+                          **{key: cells[key].to_json() for key in table}}
     if args.out:
-        args.out.write_text(json.dumps([{k: v for k, v in r.items() if k != "adapter"} for r in rows], indent=2))
+        args.out.write_text(json.dumps({"repeats": args.repeats, "steps": args.steps, "faults": summary,
+                                        "runs": [{k: v for k, v in r.items() if k != "adapter"} for r in rows]},
+                                       indent=2))
     return 0
 
 

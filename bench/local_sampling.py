@@ -18,9 +18,11 @@ group size, completion length and temperature (clients/demo.py RECIPE):
   (do_sample=True, top_k=0, top_p=1; other completions, see the token column): what the seeded
   sampler costs over an unseeded one.
 
-Each cell is the median of `--repeats` timed calls after one warm-up call, with another step seed
-per call (the same seeds in every row). Prints the load average before and after (the host may be
-shared: compare rows of one invocation). It never fails on time: it measures.
+Each row makes one warm-up call, then `--repeats` timed calls (at least 3), the rows taking turns
+(one call of each, then the next round), with another step seed per round (the same seeds in every
+row); each cell is the median [lowest-highest] over the rounds, "vs per prompt" of each round's ratio.
+Prints the load average before and after (the host may be shared: compare rows of one invocation).
+It never fails on time: it measures.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeats import Spread, check_repeats  # noqa: E402  (bench/repeats.py)
 
 
 def _policy(model_name: str, rank: int, alpha: int) -> tuple[Any, Any, list[int]]:
@@ -58,11 +63,10 @@ def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
     return [tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in problems]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from rlvr.clients.demo import RECIPE as DEMO
 
     recipe: dict[str, Any] = dict(DEMO)
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny")
     p.add_argument("--prompts", default="4,8,16", help="prompts per generate (comma-separated)")
@@ -70,9 +74,14 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=recipe["max_tokens"])
     p.add_argument("--temperature", type=float, default=recipe["temperature"])
     p.add_argument("--rank", type=int, default=recipe["rank"])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=check_repeats, default=5, help="timed calls per row (>= 3), interleaved")
     p.add_argument("--threads", type=int, default=1, help="torch threads (a job's trainer.torch_threads)")
-    args = p.parse_args()
+    p.set_defaults(alpha=recipe["alpha"])
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import torch
     from transformers import GenerationConfig
@@ -81,7 +90,7 @@ def main() -> None:
     from rlvr.services.trainer.rollouts import LocalGenerator
 
     torch.set_num_threads(args.threads)
-    model, tokenizer, eos = _policy(args.model, args.rank, recipe["alpha"])
+    model, tokenizer, eos = _policy(args.model, args.rank, args.alpha)
     counts = [int(c) for c in args.prompts.split(",")]
     prompts_all = _prompts(tokenizer, max(counts))
 
@@ -119,31 +128,31 @@ def main() -> None:
     modes = {"per prompt": per_prompt, "batched": batched, "transformers do_sample": do_sample}
     load_before = os.getloadavg()
     print(f"model {args.model}, group {args.group_size}, max_tokens {args.max_tokens}, temperature "
-          f"{args.temperature}, LoRA rank {args.rank}, {args.threads} torch thread(s), median of {args.repeats}")
+          f"{args.temperature}, LoRA rank {args.rank}, {args.threads} torch thread(s), median [lowest-highest] of "
+          f"{args.repeats} calls after a warm-up")
     print("| prompts | rows | sampler | s / generate | generate calls | tokens / row | vs per prompt |")
     print("|---|---|---|---|---|---|---|")
     same_all = []
     for count in counts:
         prompts = prompts_all[:count]
-        seconds: dict[str, float] = {}
-        results: dict[str, list[list[list[int]]]] = {}
-        for name, run in modes.items():
-            times, outs = [], []
-            for repeat in range(args.repeats + 1):  # the first is a warm-up
-                sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens, seed=1000 + repeat,
-                                    group_size=args.group_size)
+        times: dict[str, list[float]] = {name: [] for name in modes}
+        results: dict[str, list[list[list[int]]]] = {name: [] for name in modes}
+        for repeat in range(args.repeats + 1):  # the first round is a warm-up
+            sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens, seed=1000 + repeat,
+                                group_size=args.group_size)
+            for name, run in modes.items():  # interleaved: a slow spell of the host touches every row alike
                 started = time.perf_counter()
-                outs.append(run(prompts, sampling))
+                results[name].append(run(prompts, sampling))
                 if repeat:
-                    times.append(time.perf_counter() - started)
-            seconds[name], results[name] = statistics.median(times), outs
+                    times[name].append(time.perf_counter() - started)
         same = results["per prompt"] == results["batched"]
         same_all.append(same)
         for name in modes:
             tokens = statistics.mean(len(c) for out in results[name] for c in out)
             calls = count if name == "per prompt" else 1
-            print(f"| {count} | {count * args.group_size} | {name} | {seconds[name]:.3f} | {calls} | {tokens:.1f} | "
-                  f"{seconds['per prompt'] / seconds[name]:.2f}x |")
+            ratio = Spread.of([a / b for a, b in zip(times["per prompt"], times[name], strict=True)])
+            print(f"| {count} | {count * args.group_size} | {name} | {Spread.of(times[name]).cell(3)} | {calls} | "
+                  f"{tokens:.1f} | {ratio.cell(2)}x |")
         if not same:
             print(f"| {count} | | WARNING: per-prompt and batched completions differ | | | | |")
     agreed = "the same completions" if all(same_all) else "DIFFERENT completions (see the warnings)"

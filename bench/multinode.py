@@ -8,9 +8,10 @@ launch (services/trainer/worker.py, distributed.py): two JobSupervisors on two l
 
 Each run is a fresh job of the same spec (no NATS: nothing is published). Its step times are read
 from node 0's progress.json, which node 0's first process rewrites after every step (polled every
-50 ms); the first `--skip` steps are left out. Prints one line per run, then a table per layout:
-the median of the runs' mean step time and its range (min-max), and the median start-up (StartJob
-to step 1). It never fails on time: it measures.
+50 ms); the first `--skip` steps are left out. Every layout runs `--repeats` times (at least 3), the
+layouts taking turns. Prints one line per run, then a row per layout: how many runs completed, the
+median [lowest-highest] of the runs' mean step time and of their start-up (StartJob to step 1). It
+never fails on time: it measures.
 
 What it measures on one machine: the same cores shared by every process, and the process group over
 loopback TCP, so the two-node rows show the cost of the rendezvous and of gloo between two
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
 
 LAYOUTS = {"1x1": (1, 1), "1x2": (1, 2), "2x1": (2, 1)}  # name -> (nodes, processes per node)
 
@@ -38,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny-small")
     p.add_argument("--layouts", default="1x1,1x2,2x1", help="comma list of NODESxPROCESSES")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=check_repeats, default=3, help="runs per layout (>= 3), interleaved")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--skip", type=int, default=1, help="first steps left out of the rate")
     p.add_argument("--batch-size", type=int, default=16)
@@ -121,16 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     print(f"\n{args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x {args.group_size}, "
           f"{args.max_tokens} tokens, {args.steps} steps (first {args.skip} left out), CPU, gloo, {args.repeats} runs each")
-    print(f"{'nodes x procs':>13} {'runs ok':>7} {'s/step median':>13} {'range':>13} {'start-up s':>10}")
+    completed = [r for r in rows if r["status"] == "COMPLETED"]  # a failed run's times are left out
+    step, startup = spreads(completed, "step_s", by="layout"), spreads(completed, "startup_s", by="layout")
+    print(f"{'nodes x procs':>13} {'runs':>13} {'s/step':>24} {'start-up s':>24}")
     for layout in layouts:
-        ok = [r for r in rows if r["layout"] == layout and r["status"] == "COMPLETED" and r["step_s"]]
-        if not ok:
-            print(f"{layout:>13} {0:>7} {'-':>13} {'-':>13} {'-':>10}")
-            continue
-        times = [r["step_s"] for r in ok]
-        span = f"{min(times):.2f}-{max(times):.2f}"
-        print(f"{layout:>13} {len(ok):>7} {statistics.median(times):>13.2f} {span:>13} "
-              f"{statistics.median(r['startup_s'] for r in ok):>10.1f}")
+        mine = [r for r in rows if r["layout"] == layout]
+        none = Spread.of([])  # a layout none of whose runs completed
+        print(f"{layout:>13} {tally((r['status'] == 'COMPLETED' for r in mine), 'completed'):>13} "
+              f"{step.get(layout, none).cell(2, of=len(mine)):>24} {startup.get(layout, none).cell(1, of=len(mine)):>24}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

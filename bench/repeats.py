@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MIN_REPEATS = 3
 
@@ -31,19 +32,42 @@ class Spread:
             return cls(None, None, None, 0)
         return cls(statistics.median(got), min(got), max(got), len(got))
 
-    def cell(self, digits: int = 3) -> str:
-        """"median [low-high]", or "-" without values; a single value prints alone."""
+    def cell(self, digits: int = 3, of: int | None = None, fmt: str = "") -> str:
+        """"median [low-high]", or "-" without values; a single value prints alone. With `of` (the
+        repeats run), " (k of n)" follows when only k of those n runs gave a value. Each number is
+        formatted with `digits` decimals, or with the format spec `fmt` (".2g") when given."""
         if self.median is None:
             return "-"
-        if self.n == 1:
-            return f"{self.median:.{digits}f}"
-        return f"{self.median:.{digits}f} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
+        spec = fmt or f".{digits}f"
+        text = (f"{self.median:{spec}}" if self.n == 1
+                else f"{self.median:{spec}} [{self.low:{spec}}-{self.high:{spec}}]")
+        return text + (f" ({self.n} of {of})" if of is not None and self.n < of else "")
 
     def to_json(self) -> dict[str, float | int | None]:
         return {"median": self.median, "min": self.low, "max": self.high, "n": self.n}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Spread:
+        """The Spread `to_json` wrote."""
+        return cls(data["median"], data["min"], data["max"], data["n"])
 
-def check_repeats(repeats: int) -> int:
+
+def spreads(rows: Iterable[Mapping[str, Any]], key: str, by: str) -> dict[Hashable, Spread]:
+    """Per configuration (`row[by]`, in the order first seen): the Spread of `row[key]` over that
+    configuration's rows, one row per run (a missing key or None: that run gave no value)."""
+    values: dict[Hashable, list[float | None]] = {}
+    for row in rows:
+        values.setdefault(row[by], []).append(row.get(key))
+    return {config: Spread.of(got) for config, got in values.items()}
+
+
+def tally(oks: Iterable[bool], word: str = "ok") -> str:
+    """"k/n ok": how many of a configuration's n runs passed (a pass/fail column over the repeats)."""
+    got = list(oks)
+    return f"{sum(1 for ok in got if ok)}/{len(got)} {word}"
+
+
+def check_repeats(repeats: str | int) -> int:
     """`repeats`, refused below MIN_REPEATS (argparse's type= for a --repeats flag)."""
     try:
         value = int(repeats)

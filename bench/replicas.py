@@ -4,10 +4,12 @@
     python bench/replicas.py --model rlvr-tiny --backend vllm --steps 8
 
 Starts two rollout servers (separate processes, `--backend`), then runs the same job (the same
-seed, `rlvr.services.trainer.runner.run_job` as a job process runs it) once through the first server
-alone and once through both, and prints, per run: steps/s and the means of the step's generate
-and whole-step seconds (from its MetricEvents, the first `--skip` steps left out) and how many
-Generate calls each server answered (their GetInfo). It never fails on time: it measures.
+seed, `rlvr.services.trainer.runner.run_job` as a job process runs it) through the first server
+alone and through both, `--repeats` times each (at least 3), taking turns (1, 2, 1, 2, ...). Per run:
+steps/s and the means of the step's generate and whole-step seconds (from its MetricEvents, the
+first `--skip` steps left out) and how many Generate calls each server answered (their GetInfo);
+the table prints each as the median [lowest-highest] over the runs. It never fails on time: it
+measures.
 
 What to expect on a small CPU host: each replica is a process decoding on the same cores as the
 other and as the trainer, so two replicas split a step's prompts but not the work per core; the
@@ -27,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="rlvr-tiny-test", help="base model: rlvr-tiny[-size], hub id or path")
     p.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
                    help="the rollout servers' backend")
+    p.add_argument("--repeats", type=check_repeats, default=3, help="runs per replica count (>= 3), interleaved")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--skip", type=int, default=1, help="first steps left out of the means")
     p.add_argument("--batch-size", type=int, default=32, help="completions per step")
@@ -65,13 +72,13 @@ def served(address: str) -> int:
         return int(client.get_info().generate_calls)
 
 
-def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path, repeat: int = 1) -> dict[str, Any]:
     from rlvr.services.trainer.config import job_config
     from rlvr.services.trainer.replicas import rollout_generator
     from rlvr.services.trainer.runner import JobDeps, run_job
     from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 
-    job = job_config(job_id=f"bench-replicas-{len(addresses)}-{os.getpid()}", base_model=model,
+    job = job_config(job_id=f"bench-replicas-{len(addresses)}-{repeat}-{os.getpid()}", base_model=model,
                      artifact_root=root / "artifacts", group_size=args.group_size, batch_size=args.batch_size,
                      max_completion_tokens=args.max_tokens, lora_rank=8, lora_alpha=16, learning_rate=1e-5,
                      max_steps=args.steps, loss_type="dapo", generation_backend="vllm", seed=1)
@@ -86,10 +93,11 @@ def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path) 
         generator.close()
     seconds = time.perf_counter() - started
     if result.status != "completed":
-        raise SystemExit(f"the job with {len(addresses)} replica(s) failed: {result.error}")
+        print(f"  run {repeat}: the job with {len(addresses)} replica(s) failed: {result.error}", flush=True)
+        return {"replicas": len(addresses), "repeat": repeat, "ok": False, "error": result.error}
     kept = events[args.skip:] or events
     return {
-        "replicas": len(addresses),
+        "replicas": len(addresses), "repeat": repeat, "ok": True,
         "steps_per_s": len(kept) / sum(e.step_seconds for e in kept),
         "generate_s": statistics.mean(e.generate_seconds for e in kept),
         "step_s": statistics.mean(e.step_seconds for e in kept),
@@ -118,18 +126,24 @@ def main(argv: list[str] | None = None) -> int:
                 waiting.wait_ready(900)
                 waiting.close()
             addresses = [a for a, _ in servers]
-            for n in (1, 2):
-                rows.append(run(args, model, addresses[:n], root))
+            for repeat in range(1, args.repeats + 1):
+                for n in (1, 2):  # interleaved: a slow spell of the host touches both counts alike
+                    rows.append(run(args, model, addresses[:n], root, repeat))
         finally:
             stop_process_groups([proc for _, proc in servers], grace=60)
     print(f"\n{args.model}, {args.backend} rollout servers, {args.batch_size} completions "
           f"({args.batch_size // args.group_size} prompts x {args.group_size}) of <= {args.max_tokens} tokens, "
-          f"{args.steps} steps ({args.skip} left out), {os.cpu_count()} cores")
-    print("| replicas | steps/s | generate s | step s | Generate calls per server |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['replicas']} | {r['steps_per_s']:.3f} | {r['generate_s']:.2f} | {r['step_s']:.2f} | "
-              f"{', '.join(map(str, r['calls']))} |")
+          f"{args.steps} steps ({args.skip} left out), {os.cpu_count()} cores; median [lowest-highest] of "
+          f"{args.repeats} runs each")
+    table = {key: spreads(rows, key, by="replicas") for key in ("steps_per_s", "generate_s", "step_s")}
+    print("| replicas | runs | steps/s | generate s | step s | Generate calls per server |")
+    print("|---|---|---|---|---|---|")
+    for n in (1, 2):
+        mine = [r for r in rows if r["replicas"] == n]
+        calls = [Spread.of([r["calls"][k] for r in mine if r["ok"]]).cell(0) for k in range(n)]
+        print(f"| {n} | {tally(r['ok'] for r in mine)} | {table['steps_per_s'][n].cell(3, of=len(mine))} | "
+              f"{table['generate_s'][n].cell(2, of=len(mine))} | {table['step_s'][n].cell(2, of=len(mine))} | "
+              f"{', '.join(calls)} |")
     return 0
 
 

@@ -25,8 +25,10 @@ rank-`--lora-rank` PEFT LoRA on every linear layer, the trainer's shape) and the
 Workloads: "step" is a training step's batch of bench/trainer_step.py (4 prompts x 8 completions,
 48 tokens, temperature 1, seeded); the others change one thing each. The server always returns
 logprobs (the trainer needs them), so the "no logprobs" workload runs on the engine path only.
-One warm-up call per workload and path, then --repeats timed calls; medians. The load average is
-printed before and after: the host is shared, so compare rows of one invocation.
+One warm-up call per workload and path, then --repeats timed calls (at least 3); the seconds column
+is the median [lowest-highest] over them, the other columns medians. The paths run one after the
+other (each its own engine or server, never two at once), so they are not interleaved. The load
+average is printed before and after: the host is shared, so compare rows of one invocation.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # make_lora, the tests' LoRA maker
+sys.path.insert(0, str(ROOT / "bench"))
+
+from repeats import Spread, check_repeats  # noqa: E402  (bench/repeats.py)
 
 ADAPTER = "bench-gap"
 
@@ -83,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
                    help=f"comma list of {', '.join(PATHS)} (*-vllm-ops: with vLLM's own CPU LoRA ops, "
                         "RLVR_VLLM_LORA_OPS=vllm, as before rlvr.vllm_lora_ops)")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per workload and path (median)")
+    p.add_argument("--repeats", type=check_repeats, default=5,
+                   help="timed calls per workload and path (>= 3; median and range)")
     p.add_argument("--lora-rank", type=int, default=4, help="rank of the adapter every path generates with")
     p.add_argument("--server-rank", type=int, default=0,
                    help="the rollout server's --max-lora-rank (0 = its default); the engine path uses the same")
@@ -131,7 +137,8 @@ class Call:
 
 
 def summary(calls: list[Call]) -> dict[str, Any]:
-    out: dict[str, Any] = {"seconds": statistics.median(c.seconds for c in calls),
+    seconds = Spread.of([c.seconds for c in calls])
+    out: dict[str, Any] = {"seconds": seconds.median, "seconds_spread": seconds.to_json(),
                            "completions": calls[0].completions,
                            "tokens": statistics.median(c.tokens for c in calls)}
     out["completions_per_s"] = out["completions"] / out["seconds"]
@@ -338,9 +345,9 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], er
                 load_before: tuple[float, ...], load_after: tuple[float, ...]) -> None:
     print()
     print(f"model {args.model}, adapter rank {args.lora_rank} (engine/server max_lora_rank {server_rank(args)}), "
-          f"median of {args.repeats} calls after a warm-up; {os.cpu_count()} CPUs, load average "
+          f"median [lowest-highest] of {args.repeats} calls after a warm-up; {os.cpu_count()} CPUs, load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after. vs engine = seconds over the engine's.")
-    head = (f"{'workload':<15}{'path':<17}{'seconds':>8}{'compl/s':>9}{'tok/s':>8}{'vs engine':>10}  "
+    head = (f"{'workload':<15}{'path':<17}{'seconds':>22}{'compl/s':>9}{'tok/s':>8}{'vs engine':>10}  "
             + " ".join(f"{k:>8}" for k in SPLIT))
     print(head)
     print("-" * len(head))
@@ -355,7 +362,8 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, Any]], er
                 continue
             ratio = f"{r['seconds'] / base['seconds']:.2f}x" if base else "-"
             split = r.get("split", {})
-            print(f"{name:<15}{path:<17}{r['seconds']:>8.3f}{r['completions_per_s']:>9.1f}{r['tokens_per_s']:>8.0f}"
+            seconds = Spread.from_json(r["seconds_spread"]).cell(3)
+            print(f"{name:<15}{path:<17}{seconds:>22}{r['completions_per_s']:>9.1f}{r['tokens_per_s']:>8.0f}"
                   f"{ratio:>10}  " + " ".join(f"{split[k]:>8.3f}" if k in split else f"{'-':>8}" for k in SPLIT))
     print("split (seconds): request = client send -> server received; validate, engine (queue + generation), "
           "decode, build, send = the server's own line; stream = its last write -> the client's last message; "

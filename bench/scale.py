@@ -7,8 +7,10 @@ trainer worker's own launch (services/trainer/worker.py: one job process, or tor
 Each run is a fresh job of the same spec (the worker's JobSupervisor, no NATS: nothing is
 published); the step times are read from progress.json, which rank 0 rewrites after every step
 (polled every 50 ms). The first `--skip` steps are left out (start-up, first batches); start-up
-(process start, imports, model load, the first steps) is reported apart. Prints one row per
-process count and writes JSON (`--out`). It never fails on time: it measures.
+(process start, imports, model load, the first steps) is reported apart. Every process count runs
+`--repeats` times (at least 3), the counts taking turns (1, 2, 1, 2, ...: a slow spell of a shared
+host touches each alike); prints one line per run, then one row per process count with the median
+[lowest-highest] over its completed runs, and writes JSON (`--out`). It never fails on time: it measures.
 
 What limits it on a 2-core machine: N processes share the same cores (each gets cores / N torch
 threads), so the arithmetic of a step is not faster, and each rank pays its own start-up
@@ -30,12 +32,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny-small")
     p.add_argument("--processes", default="1,2", help="comma list of process counts")
+    p.add_argument("--repeats", type=check_repeats, default=3, help="runs per process count (>= 3), interleaved")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--skip", type=int, default=1, help="first steps left out of the rate")
     p.add_argument("--batch-size", type=int, default=16)
@@ -102,21 +108,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from rlvr.v1 import common_pb2 as C
 
+    counts = [int(x) for x in args.processes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-scale-") as tmp:
-        for n in (int(x) for x in args.processes.split(",")):
-            row = asyncio.run(one_run(args, Path(tmp), n))
-            row["status"] = C.JobStatus.Name(row["status"]).removeprefix("JOB_STATUS_") if row["status"] else "?"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for repeat in range(args.repeats):
+            for n in counts:  # interleaved: one run of every count, then the next round
+                row = asyncio.run(one_run(args, Path(tmp), n))
+                row["status"] = C.JobStatus.Name(row["status"]).removeprefix("JOB_STATUS_") if row["status"] else "?"
+                row["repeat"] = repeat + 1
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     print(f"\n{args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x {args.group_size}, "
-          f"{args.max_tokens} tokens, {args.steps} steps (first {args.skip} left out), gpu {args.gpu}, {args.precision}")
-    print(f"{'processes':>9} {'status':>10} {'s/step':>7} {'steps/s':>8} {'start-up s':>10} {'wall s':>7}")
-    for r in rows:
-        print(f"{r['processes']:>9} {r['status']:>10} {r.get('step_s') or '-':>7} {r.get('steps_per_s') or '-':>8} "
-              f"{r['startup_s'] or '-':>10} {r['wall_s']:>7}" + (f"  {r['error'][:120]}" if r["error"] else ""))
+          f"{args.max_tokens} tokens, {args.steps} steps (first {args.skip} left out), gpu {args.gpu}, {args.precision}; "
+          f"median [lowest-highest] of {args.repeats} runs each")
+    columns = {"step_s": ("s/step", 2), "steps_per_s": ("steps/s", 2), "startup_s": ("start-up s", 1),
+               "wall_s": ("wall s", 1)}
+    completed = [r for r in rows if r["status"] == "COMPLETED"]  # a failed run's times are left out
+    table = {key: spreads(completed, key, by="processes") for key in columns}
+    print(f"{'processes':>9} {'runs':>9} " + " ".join(f"{name:>22}" for name, _ in columns.values()))
+    summary: dict[int, dict[str, object]] = {}
+    for n in counts:
+        mine = [r for r in rows if r["processes"] == n]
+        cells = {key: table[key].get(n, Spread.of([])) for key in columns}
+        print(f"{n:>9} {tally(r['status'] == 'COMPLETED' for r in mine):>9} "
+              + " ".join(f"{cells[key].cell(digits, of=len(mine)):>22}" for key, (_, digits) in columns.items()))
+        for r in mine:
+            if r["error"]:
+                print(f"{'':>9} run {r['repeat']}: {r['error'][:120]}")
+        summary[n] = {"completed": sum(r["status"] == "COMPLETED" for r in mine), "runs": len(mine),
+                      **{key: cells[key].to_json() for key in columns}}
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+        args.out.write_text(json.dumps({"repeats": args.repeats, "processes": summary, "runs": rows}, indent=2) + "\n")
     return 0
 
 

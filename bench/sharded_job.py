@@ -2,13 +2,19 @@
 job-fsdp part (bench/gpu_check.py) runs it twice and compares the two; it runs on a CPU as well.
 
     python bench/sharded_job.py --model PATH --sharding fsdp --processes 2 --gpus 0,1 --out run.json
-    python bench/sharded_job.py --model rlvr-tiny-small --sharding fsdp --gpus cpu --out run.json
+    python bench/sharded_job.py --model rlvr-tiny-small --sharding ddp,fsdp --gpus cpu --out runs.json
 
 It launches itself under torchrun (`torch.distributed.run --standalone`, as the worker launches a job
 of advanced.num_processes processes: services/trainer/distributed.py); each rank runs the job
 (runner.run_job with its rank's Group, the transformers backend, so no rollout server is needed), and
-rank 0 writes `--out`: the steps' losses, rewards and seconds, the adapter's folder, and each rank's
-share of the policy's parameters (`engine.shard_sizes`). `compare` reads two such files.
+rank 0 writes its run's file: the steps' losses, rewards and seconds, the adapter's folder, and each
+rank's share of the policy's parameters (`engine.shard_sizes`). `compare` reads two such files.
+
+Each sharding given (`--sharding ddp,fsdp` runs both) runs `--repeats` times (at least 3), the
+shardings taking turns (ddp, fsdp, ddp, ...), each run a fresh job in its own artifact root, its file
+beside `--out` (`<its stem>-<sharding>-<k>.json`). Prints, per sharding, the median [lowest-highest] over
+the runs of each run's median step, generate, train and sync seconds (steps after the first), and with
+both shardings the comparison of each round's pair (`compare`); `--out` gets the runs and the table.
 """
 
 from __future__ import annotations
@@ -25,12 +31,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
+
+SHARDINGS = ("ddp", "fsdp")
+PARTS = ("step", "generate", "train", "sync")  # the run's <part>_seconds per step
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a model folder, a hub id or rlvr-tiny[-<size>]")
-    p.add_argument("--sharding", choices=["ddp", "fsdp"], required=True)
+    p.add_argument("--sharding", required=True,
+                   help=f"{' or '.join(SHARDINGS)}, or a comma list of both (compared round by round)")
+    p.add_argument("--repeats", type=check_repeats, default=3, help="runs per sharding (>= 3), interleaved")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--gpus", default="cpu", help='advanced.gpu_selection: "cpu" or one device per process, "0,1"')
     p.add_argument("--precision", default="fp32")
@@ -43,7 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, default=None, help="the job's artifact root (default: beside --out)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # set for the ranks torchrun starts
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    shardings = [s.strip() for s in args.sharding.split(",") if s.strip()]
+    if not shardings or any(s not in SHARDINGS for s in shardings) or len(set(shardings)) < len(shardings):
+        p.error(f"--sharding: {args.sharding!r}; choose {', '.join(SHARDINGS)} or both, each once")
+    if args.rank and len(shardings) > 1:
+        p.error("--sharding: one per launched job")
+    args.shardings = shardings
+    return args
 
 
 def launch(args: argparse.Namespace, timeout: float | None = None) -> dict[str, Any]:
@@ -140,12 +161,57 @@ def compare(ddp: dict[str, Any], fsdp: dict[str, Any]) -> dict[str, Any]:
             "adapter_rel": worst / moved if moved else float("inf"), "loss_rel": loss}
 
 
+def run_summary(run: dict[str, Any]) -> dict[str, float | None]:
+    """One run's median seconds per part over its steps after the first (all of them for one step)."""
+    return {part: Spread.of(run[f"{part}_seconds"][1:] or run[f"{part}_seconds"]).median for part in PARTS}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rank:
         return run_rank(args)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    print(json.dumps(launch(args), indent=2))
+    rows: list[dict[str, Any]] = []
+    pairs: list[dict[str, Any]] = []
+    for repeat in range(1, args.repeats + 1):
+        done: dict[str, dict[str, Any]] = {}
+        for sharding in args.shardings:  # interleaved: a slow spell of the host touches both alike
+            name = f"{args.out.stem}-{sharding}-{repeat}"
+            one = argparse.Namespace(**{**vars(args), "sharding": sharding, "out": args.out.with_name(f"{name}.json"),
+                                        "root": args.root / name if args.root is not None else None})
+            row: dict[str, Any] = {"sharding": sharding, "repeat": repeat, "file": str(one.out)}
+            try:
+                done[sharding] = launch(one)
+                row.update(ok=done[sharding]["status"] == "completed", held=done[sharding]["held"],
+                           **run_summary(done[sharding]))
+            except RuntimeError as e:
+                row.update(ok=False, error=str(e)[-500:])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        if len(done) == len(SHARDINGS):
+            pairs.append({"repeat": repeat, **compare(done["ddp"], done["fsdp"])})
+    print(f"\n{args.model}, {args.processes} processes on {args.gpus}, {args.precision}, {args.steps} steps of "
+          f"{args.batch_size} completions ({args.batch_size // args.group_size} prompts x {args.group_size}), "
+          f"{args.max_tokens} tokens; median [lowest-highest] of {args.repeats} runs of each run's median over "
+          "steps 2 on")
+    table = {part: spreads(rows, part, by="sharding") for part in PARTS}
+    print(f"{'sharding':<9}{'runs':>8}" + "".join(f"{part + ' s':>24}" for part in PARTS) + "  parameters held")
+    summary: dict[str, Any] = {}
+    for sharding in args.shardings:
+        mine = [r for r in rows if r["sharding"] == sharding]
+        held = next((r["held"] for r in reversed(mine) if r.get("held")), None)
+        print(f"{sharding:<9}{tally(r['ok'] for r in mine):>8}"
+              + "".join(f"{table[part][sharding].cell(3, of=len(mine)):>24}" for part in PARTS) + f"  {held}")
+        summary[sharding] = {part: table[part][sharding].to_json() for part in PARTS}
+    if pairs:
+        diff = {key: Spread.of([p[key] for p in pairs]) for key in ("adapter_rel", "loss_rel")}
+        whole = tally((p["whole"] for p in pairs), "whole")
+        print(f"fsdp against ddp, {len(pairs)} rounds: adapter diff {diff['adapter_rel'].cell(fmt='.2g')} of B's "
+              f"largest value, loss rel diff {diff['loss_rel'].cell(fmt='.2g')}, adapters {whole}")
+        summary["compare"] = {key: spread.to_json() for key, spread in diff.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"repeats": args.repeats, "summary": summary, "runs": rows, "pairs": pairs},
+                                   indent=2) + "\n")
     return 0
 
 

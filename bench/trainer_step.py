@@ -431,10 +431,7 @@ def format_table(table: dict[str, dict[str, Any]], failed: dict[str, str]) -> st
     lines = [f"{'run':<{width}}" + "".join(f"{p:>10}" for p in PHASES[:-1]) + f"{'step [range]':>26}"
              + f"{'vs TRL [range]':>22}{'wall s':>9}"]
     for name, row in table.items():
-        step = Spread(row["step_spread"]["median"], row["step_spread"]["min"], row["step_spread"]["max"],
-                      row["step_spread"]["n"])
-        ratio = Spread(row["vs_trl_spread"]["median"], row["vs_trl_spread"]["min"], row["vs_trl_spread"]["max"],
-                       row["vs_trl_spread"]["n"])
+        step, ratio = Spread.from_json(row["step_spread"]), Spread.from_json(row["vs_trl_spread"])
         lines.append(f"{name:<{width}}" + "".join(cell(row[p]) for p in PHASES[:-1]) + f"{step.cell():>26}"
                      + f"{ratio.cell(2):>22}" + (f"{row['wall']:>9.1f}" if row["wall"] is not None else f"{'-':>9}"))
     for name, why in failed.items():
