@@ -9,7 +9,7 @@ generates on the rollout server's vLLM engine), asked to double the base model's
 The target is a multiple (`--times`, default 2.0) of the base model's held-out accuracy on the same
 questions (measured through the benchmark service first), capped at 99.9%, or that accuracy plus
 `--gain` points (the two are exclusive). Each round trains the demo's recipe (clients/demo.py,
-RECIPE) for `--steps` steps (default 60: `rlvr demo`'s count, the one that measured +28 points on
+RECIPE) for `--steps` steps (default 60: `rlvr demo`'s count, the one that measured +44.6 points on
 rlvr-tiny-headroom in one run) on top of the best round so far. Prints the per-round table (each
 score with its standard error), the best round against the base question by question (the gain,
 its standard error and McNemar's exact test, from rlvr/clients/compare.py), the time split
