@@ -37,9 +37,8 @@ step of a generation, so keeping it awake that long keeps decoding fast) and RLV
 the engine core (default 1, vLLM's own). The engine core's spin is a trade: spinning, it answers each
 decoding step at once, which a synchronous trainer waits for (its generation took 0.62-0.86 s a step
 with it, 0.78-0.86 s without: `bench/trainer_step.py`); sleeping, it can leave a core to an
-asynchronous trainer's update running beside the generation, but it does not do so reliably
-(`max_async_steps` 1, three interleaved runs each: 0.66-1.40 s a step with 0, 0.80-0.97 s with
-vLLM's 1 s; docs/measurements/trainer-step.md), so the default is vLLM's for every server.
+asynchronous trainer's update running beside the generation, but not reliably (the medians and
+ranges: docs/measurements/trainer-step.md), so the default is vLLM's for every server.
 RLVR_VLLM_IDLE_SPIN_S=0 stays available (the writer always notifies, so a sleeping reader misses
 nothing).
 """
