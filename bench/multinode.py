@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
+from repeats import check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
 
 LAYOUTS = {"1x1": (1, 1), "1x2": (1, 2), "2x1": (2, 1)}  # name -> (nodes, processes per node)
 
@@ -126,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.model}, batch {args.batch_size} = {args.batch_size // args.group_size} prompts x {args.group_size}, "
           f"{args.max_tokens} tokens, {args.steps} steps (first {args.skip} left out), CPU, gloo, {args.repeats} runs each")
     completed = [r for r in rows if r["status"] == "COMPLETED"]  # a failed run's times are left out
-    step, startup = spreads(completed, "step_s", by="layout"), spreads(completed, "startup_s", by="layout")
+    step = spreads(completed, "step_s", by="layout", configs=layouts)
+    startup = spreads(completed, "startup_s", by="layout", configs=layouts)
     print(f"{'nodes x procs':>13} {'runs':>13} {'s/step':>24} {'start-up s':>24}")
     for layout in layouts:
         mine = [r for r in rows if r["layout"] == layout]
-        none = Spread.of([])  # a layout none of whose runs completed
         print(f"{layout:>13} {tally((r['status'] == 'COMPLETED' for r in mine), 'completed'):>13} "
-              f"{step.get(layout, none).cell(2, of=len(mine)):>24} {startup.get(layout, none).cell(1, of=len(mine)):>24}")
+              f"{step[layout].cell(2, of=len(mine)):>24} {startup[layout].cell(1, of=len(mine)):>24}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

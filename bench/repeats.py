@@ -52,10 +52,12 @@ class Spread:
         return cls(data["median"], data["min"], data["max"], data["n"])
 
 
-def spreads(rows: Iterable[Mapping[str, Any]], key: str, by: str) -> dict[Hashable, Spread]:
+def spreads(rows: Iterable[Mapping[str, Any]], key: str, by: str,
+            configs: Iterable[Hashable] = ()) -> dict[Hashable, Spread]:
     """Per configuration (`row[by]`, in the order first seen): the Spread of `row[key]` over that
-    configuration's rows, one row per run (a missing key or None: that run gave no value)."""
-    values: dict[Hashable, list[float | None]] = {}
+    configuration's rows, one row per run (a missing key or None: that run gave no value). Each of
+    `configs` comes first and is there even without a row (an empty Spread: none of its runs kept)."""
+    values: dict[Hashable, list[float | None]] = {config: [] for config in configs}
     for row in rows:
         values.setdefault(row[by], []).append(row.get(key))
     return {config: Spread.of(got) for config, got in values.items()}

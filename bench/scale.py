@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from repeats import Spread, check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
+from repeats import check_repeats, spreads, tally  # noqa: E402  (bench/repeats.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     columns = {"step_s": ("s/step", 2), "steps_per_s": ("steps/s", 2), "startup_s": ("start-up s", 1),
                "wall_s": ("wall s", 1)}
     completed = [r for r in rows if r["status"] == "COMPLETED"]  # a failed run's times are left out
-    table = {key: spreads(completed, key, by="processes") for key in columns}
+    table = {key: spreads(completed, key, by="processes", configs=counts) for key in columns}
     print(f"{'processes':>9} {'runs':>9} " + " ".join(f"{name:>22}" for name, _ in columns.values()))
     summary: dict[int, dict[str, object]] = {}
     for n in counts:
         mine = [r for r in rows if r["processes"] == n]
-        cells = {key: table[key].get(n, Spread.of([])) for key in columns}
+        cells = {key: table[key][n] for key in columns}
         print(f"{n:>9} {tally(r['status'] == 'COMPLETED' for r in mine):>9} "
               + " ".join(f"{cells[key].cell(digits, of=len(mine)):>22}" for key, (_, digits) in columns.items()))
         for r in mine:

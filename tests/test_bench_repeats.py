@@ -54,6 +54,14 @@ def test_spreads_groups_the_runs_by_configuration_in_the_order_first_seen() -> N
     assert got[1].cell(1, of=3) == "0.1 (1 of 3)"
 
 
+def test_spreads_keeps_every_named_configuration_first_even_without_a_run() -> None:
+    rows = [{"n": 2, "s": 0.5}, {"n": 3, "s": 0.2}]  # configuration 1: none of its runs was kept
+    got = spreads(rows, "s", by="n", configs=[1, 2])
+    assert list(got) == [1, 2, 3]
+    assert got[1] == Spread(None, None, None, 0) and got[1].cell(2, of=3) == "-"
+    assert got[2] == Spread(0.5, 0.5, 0.5, 1)
+
+
 def test_tally_counts_the_passes_of_all_runs() -> None:
     assert tally([True, False, True]) == "2/3 ok"
     assert tally(iter([False, False, False]), "same") == "0/3 same"
