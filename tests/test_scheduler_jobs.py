@@ -660,6 +660,41 @@ async def test_two_deployments_on_one_nats_each_store_every_event_of_their_own(p
                 store.close()
 
 
+async def test_a_worker_that_reports_the_end_first_waits_for_the_steps_on_the_stream(
+        private_nats, sqlite_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that says its job ended at step 3 while the store holds none of its steps (a
+    restarted scheduler still reading what was published while it was away) leaves the job RUNNING
+    until the steps are stored, so a row that reads COMPLETED has every step; steps that never come
+    hold it back only STREAM_CATCH_UP_S."""
+    workers = FakeWorkers()
+    address = workers.addresses[0]
+    async with connected_bus(private_nats.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers, poll_seconds=0.05)
+        await jobs.start()
+        try:
+            _, job = await jobs.create(C.JobSpec(), dry_run=False)
+            await _until(lambda: _status_is(jobs, job.id, C.JOB_STATUS_RUNNING))
+            workers.adapters[address] = C.AdapterRef(name=f"job-{job.id}", version=3, path="/a")
+            workers.finish(job.id, "COMPLETED")
+            await asyncio.sleep(1.0)  # twenty rounds: the worker's word alone does not end it
+            assert (await jobs.get(job.id)).status == C.JOB_STATUS_RUNNING
+            for step in (1, 2, 3):
+                ev = C.MetricEvent(job_id=job.id, step=step, total_steps=3, reward_mean=0.1, loss=1.0)
+                await bus.publish(job_metrics_subject(job.id), ev.SerializeToString(), metric_msg_id(job.id, step))
+            await _until(lambda: _status_is(jobs, job.id, C.JOB_STATUS_COMPLETED))
+            assert [p.step for p in sqlite_store.metric_points(job.id)] == [1, 2, 3]
+
+            monkeypatch.setattr(dispatch_module, "STREAM_CATCH_UP_S", 0.5)
+            _, silent = await jobs.create(C.JobSpec(), dry_run=False)
+            await _until(lambda: _status_is(jobs, silent.id, C.JOB_STATUS_RUNNING))
+            workers.adapters[address] = C.AdapterRef(name=f"job-{silent.id}", version=2, path="/a")
+            workers.finish(silent.id, "COMPLETED")
+            await _until(lambda: _status_is(jobs, silent.id, C.JOB_STATUS_COMPLETED))
+            assert sqlite_store.metric_points(silent.id) == []
+        finally:
+            await jobs.stop()
+
+
 async def _stored_steps(store: Store, job_id: str, steps: list[int]) -> bool:
     return [p.step for p in store.metric_points(job_id)] == steps
 

@@ -51,6 +51,10 @@ log = logging.getLogger("rlvr.scheduler.jobs")
 
 MAX_RESUMES = 3
 """How many times a job whose trainer was lost is resumed before it fails (see the module's doc)."""
+STREAM_CATCH_UP_S = 10.0
+"""A job its worker reports ended while the store lacks steps of it (a restarted scheduler whose
+consumer is still reading the events published while it was away): how long those events are
+waited for (the ingest stores the steps, then the end) before the worker's word ends the job."""
 RENDEZVOUS_PORT = 29400
 """torchrun's c10d port of a job of several nodes, plus node 0's index in the trainer addresses."""
 
@@ -83,6 +87,24 @@ class Dispatcher:
         # A job of several nodes queued again to resume -> the workers it ran on, node 0 first: given
         # them again when they are idle (node 0's artifact root holds its checkpoints).
         self.last_nodes: dict[str, list[str]] = {}
+        self._behind: dict[str, float] = {}  # job id -> when its worker was first seen to report it ended ahead of the store
+
+    def _stream_behind(self, row: JobRow, state: WorkerState) -> bool:
+        """True while the worker reports `row`'s job ended at a step the store has not stored yet,
+        for up to STREAM_CATCH_UP_S: the ingest (ingest.py) stores a job's steps before its end, so
+        a row that reads ended has every step the stream brought."""
+        reported = state.last_adapter.version if state.last_adapter is not None else 0
+        if row.current_step >= reported:
+            self._behind.pop(row.id, None)
+            return False
+        since = self._behind.setdefault(row.id, time.monotonic())
+        if time.monotonic() - since < STREAM_CATCH_UP_S:
+            return True
+        del self._behind[row.id]
+        log.warning("job %s: worker %s reports it %s at step %d, the stream brought step %d in %.0f s: "
+                    "ending it on the worker's word", row.id, row.worker, state.last_status, reported,
+                    row.current_step, STREAM_CATCH_UP_S)
+        return False
 
     async def run(self) -> None:
         """A round now, then again on every wake (a job queued or ended) or every poll_seconds."""
@@ -113,6 +135,8 @@ class Dispatcher:
             if state is None or state.job_id == row.id:
                 continue  # unreachable (keep waiting) or still at work
             if state.last_job_id == row.id and state.last_status in TERMINAL and not state.last_lost:
+                if self._stream_behind(row, state):
+                    continue  # the worker stays taken: the job's end comes off the stream after its steps
                 await self.lifecycle.report(row.id, state.last_status, state.last_error, state.last_adapter, publish=True)
             else:
                 await self._lost(row, state)
