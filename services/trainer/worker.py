@@ -30,13 +30,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.objectstore import StoreError, object_store, store_key
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
+from rlvr.services.trainer.forkserver import ForkServer, ForkServerError, forks_jobs
 from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
 from rlvr.services.trainer.quantization import check_precision, check_quantization
 from rlvr.services.trainer.settings import TrainerSettings
@@ -53,10 +54,23 @@ class WorkerBusy(Exception):
     RESOURCE_EXHAUSTED, which the scheduler tells apart from a refusal by its code)."""
 
 
+JOB_MODULE = "rlvr.services.trainer.job_process"
+
+
+class JobProcess(Protocol):
+    """What the worker uses of a job's process: a fresh one (asyncio.subprocess.Process) or a
+    forked one (forkserver.ForkedProcess)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def wait(self) -> int: ...
+
+
 @dataclass
 class RunningJob:
     config: JobConfig
-    process: asyncio.subprocess.Process
+    process: JobProcess
     started: float = field(default_factory=time.monotonic)
     cancel_requested: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -85,6 +99,8 @@ class JobSupervisor:
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
         # Steps run by the jobs that ended here, and their seconds (rlvr_trainer_step_seconds).
         self._ended_steps, self._ended_seconds = 0, 0.0
+        # Job processes forked with their libraries imported (forkserver.py), started on first need.
+        self.forks = ForkServer() if forks_jobs(settings.job_start) else None
 
     def _lost_before_restart(self) -> LastJob | None:
         """After a restart of the service: the job it ran when it went away (the newest job folder
@@ -150,13 +166,7 @@ class JobSupervisor:
             fd = os.open(job_dir / "settings.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(self.settings.model_dump_json())
-            with open(job_dir / "job.log", "ab") as job_log:
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir),
-                    "--parent-pid", str(os.getpid()),  # it dies with this service (job_process.die_with_parent)
-                    stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log,
-                    start_new_session=True,  # its own process group: a cancel reaches its children too
-                )
+            process = await self._job_process(job)
             (job_dir / "pid").write_text(str(process.pid))  # for a restarted worker (`_lost_before_restart`)
             running = RunningJob(job, process)
             self.current = running
@@ -169,6 +179,34 @@ class JobSupervisor:
             raise
         finally:
             self._starting = None
+
+    async def _job_process(self, job: JobConfig) -> JobProcess:
+        """`python -m rlvr.services.trainer.job_process` for `job`, in a session of its own (a cancel
+        reaches its children too), writing into its job.log: forked from the fork server where this
+        worker has one (forkserver.py), else a fresh interpreter. A job of several processes starts
+        fresh: its process only execs torchrun, whose ranks import their libraries themselves."""
+        job_dir = artifacts.job_dir(self.root, job.job_id)
+        args = ["--job-dir", str(job_dir)]
+        if self.forks is not None and job.num_processes == 1 and job.num_nodes == 1:
+            try:
+                await self.forks.start()
+                # It dies with the fork server, which dies with this service (job_process.die_with_parent).
+                return await self.forks.spawn(JOB_MODULE, [*args, "--parent-pid", str(self.forks.pid)],
+                                              job_dir / "job.log")
+            except ForkServerError as e:
+                log.warning("job %s: %s; starting it as a fresh process", job.job_id, e)
+        with open(job_dir / "job.log", "ab") as job_log:
+            return await asyncio.create_subprocess_exec(
+                sys.executable, "-m", JOB_MODULE, *args, "--parent-pid", str(os.getpid()),
+                stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log, start_new_session=True,
+            )
+
+    async def warm(self) -> None:
+        """Starts the fork server in the background (the service's start), so that the first job
+        does not wait for its imports."""
+        if self.forks is not None:
+            task = asyncio.get_running_loop().create_task(self.forks.start(), name="fork-server")
+            task.add_done_callback(_log_failed_start)
 
     def _localized(self, request: trainer_pb2.StartJobRequest) -> trainer_pb2.StartJobRequest:
         """The request as this worker runs it: an init_adapter held by another worker
@@ -394,9 +432,17 @@ class JobSupervisor:
                 await asyncio.shield(self._starting[1])
         if self.current is not None:
             await self.cancel(self.current.config.job_id)
+        if self.forks is not None:
+            await self.forks.close()
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
+
+
+def _log_failed_start(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the fork server did not start (%s); jobs start as fresh processes until it does",
+                    task.exception())
 
 
 def _end_orphan(job_dir: Path) -> None:
@@ -408,7 +454,7 @@ def _end_orphan(job_dir: Path) -> None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return  # no such process (or no /proc to tell): nothing to end
-    if b"rlvr.services.trainer.job_process" in argv and str(job_dir).encode() in argv:
+    if JOB_MODULE.encode() in argv and str(job_dir).encode() in argv:
         log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
