@@ -80,7 +80,7 @@ def test_check_repeats_refuses_fewer_than_three_and_non_numbers() -> None:
 BENCHES = {
     "trainer_step": [], "rollout_throughput": [], "sampler_gap": [], "multinode": [], "scale": [], "faults": [],
     "replicas": [], "folder_fetch": [], "step_path": [], "dispatch": [], "eval_throughput": [], "rollout_gap": [],
-    "local_sampling": [],
+    "local_sampling": [], "job_start": [],
     "sharded_job": ["--model", "m", "--sharding", "ddp", "--out", "x.json"],
 }
 

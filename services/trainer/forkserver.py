@@ -3,8 +3,9 @@
 A job process that starts as a fresh interpreter imports torch, transformers, peft and TRL (and,
 through TRL, vLLM, mlflow, wandb and trackio) before its first step: about 10 s of CPU on this
 project's 2-core hosts, paid again by every job, and by every resume of one. The worker instead
-starts this module once (`ForkServer`): it imports those libraries, then forks each job process
-from itself on request, so a job starts with them in memory (shared copy-on-write).
+starts this module with its first job (`ForkServer`): it imports those libraries once, then forks
+each job process from itself on request, so a job starts with them in memory (shared
+copy-on-write). A worker that never runs a job never starts it.
 
 A forked job process is what a fresh one is: `python -m rlvr.services.trainer.job_process ...`
 run as `__main__` in a session of its own, stdout and stderr into its job.log, the worker's
@@ -251,8 +252,9 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """The worker's handle on its fork server: started on `start()` (or the first `spawn`), which
-    returns once it has imported `modules`; `spawn` forks a job process from it."""
+    """The worker's handle on its fork server: started on `start()` (or the first `spawn`, and
+    again after it ended), which returns once it has imported `modules`; `spawn` forks a job
+    process from it."""
 
     def __init__(self, modules: Sequence[str] = JOB_LIBRARIES, room: int = TITLE_ROOM) -> None:
         self.modules, self.room = tuple(modules), room
