@@ -318,6 +318,8 @@ def test_an_evaluation_and_its_wrong_answers(pages: Pages) -> None:
     wrong = int(re.search(r"of (\d+) wrong", page.inner_text("#results-count")).group(1))
     assert 0 < wrong <= 32
     page.click("text=Leaderboard of rlvr-math-pairs-heldout")
+    page.wait_for_url(re.compile(r"/leaderboard\?benchmark=rlvr-math-pairs-heldout"))
+    page.wait_for_load_state()  # a click returns once the navigation starts: count the new page's rows
     # The baseline and both rounds asked the same questions: one table, ranked together.
     assert page.locator("table.leaderboard").first.locator("tbody tr").count() >= 3
 
