@@ -3,9 +3,10 @@
 A job process that starts as a fresh interpreter imports torch, transformers, peft and TRL (and,
 through TRL, vLLM, mlflow, wandb and trackio) before its first step: about 10 s of CPU on this
 project's 2-core hosts, paid again by every job, and by every resume of one. The worker instead
-starts this module with its first job (`ForkServer`): it imports those libraries once, then forks
-each job process from itself on request, so a job starts with them in memory (shared
-copy-on-write). A worker that never runs a job never starts it.
+starts this module when the service starts (`ForkServer`, `JobSupervisor.warm`): it imports those
+libraries while the worker waits for work, then forks each job process from itself on request, so
+a job starts with them in memory (shared copy-on-write). A job that comes before the imports are
+done waits for them, which is no longer than its own import would take.
 
 A forked job process is what a fresh one is: `python -m rlvr.services.trainer.job_process ...`
 run as `__main__` in a session of its own, stdout and stderr into its job.log, the worker's

@@ -205,6 +205,7 @@ def build_service(settings: TrainerSettings) -> GrpcService:
     metrics.register(_WorkerCollector(supervisor).collect)
     return GrpcService(
         [(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, servicer, name)],
+        on_start=supervisor.warm,
         on_stop=supervisor.close,
         metrics=metrics,
     )

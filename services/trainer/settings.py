@@ -55,10 +55,10 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     generated up to ~2x faster."""
     job_start: Literal["auto", "fork", "fresh"] = "auto"
     """How a job process starts: "fork" = forked from a process of this service's that imported
-    torch, transformers, peft and TRL with the first job (forkserver.py: each later job skips about
-    8 s of CPU of imports; that process holds about 0.9 GB); "fresh" = a new interpreter that
-    imports them itself; "auto" = fork on a host without a GPU driver, fresh with one (CUDA state
-    must not cross a fork). A job of several processes always starts fresh."""
+    torch, transformers, peft and TRL when the service started (forkserver.py: a job skips about 8 s
+    of CPU of imports; that process holds about 0.9 GB); "fresh" = a new interpreter that imports
+    them itself; "auto" = fork on a host without a GPU driver, fresh with one (CUDA state must not
+    cross a fork). A job of several processes always starts fresh (its ranks are torchrun's)."""
     rendezvous_address: str = ""
     """A job of several nodes (advanced.num_nodes): the address the other trainer hosts reach this
     one at, for torchrun's rendezvous and the process group (torchrun --local-addr); "" = this

@@ -99,7 +99,7 @@ class JobSupervisor:
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
         # Steps run by the jobs that ended here, and their seconds (rlvr_trainer_step_seconds).
         self._ended_steps, self._ended_seconds = 0, 0.0
-        # Job processes forked with their libraries imported (forkserver.py), started with the first job.
+        # Job processes forked with their libraries imported (forkserver.py), started on first need.
         self.forks = ForkServer() if forks_jobs(settings.job_start) else None
 
     def _lost_before_restart(self) -> LastJob | None:
@@ -200,6 +200,13 @@ class JobSupervisor:
                 sys.executable, "-m", JOB_MODULE, *args, "--parent-pid", str(os.getpid()),
                 stdin=asyncio.subprocess.DEVNULL, stdout=job_log, stderr=job_log, start_new_session=True,
             )
+
+    async def warm(self) -> None:
+        """Starts the fork server in the background (the service's start), so that the first job
+        does not wait for its imports."""
+        if self.forks is not None:
+            task = asyncio.get_running_loop().create_task(self.forks.start(), name="fork-server")
+            task.add_done_callback(_log_failed_start)
 
     def _localized(self, request: trainer_pb2.StartJobRequest) -> trainer_pb2.StartJobRequest:
         """The request as this worker runs it: an init_adapter held by another worker
@@ -430,6 +437,12 @@ class JobSupervisor:
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
+
+
+def _log_failed_start(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the fork server did not start (%s); jobs start as fresh processes until it does",
+                    task.exception())
 
 
 def _end_orphan(job_dir: Path) -> None:
