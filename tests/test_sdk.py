@@ -459,6 +459,15 @@ async def test_async_unary_calls_have_the_same_deadlines_and_retries(fakes: Fake
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE and fakes.scheduler.calls["CreateJob"] == 1
 
 
+async def test_a_client_without_channel_retries_fails_at_the_first_unavailable(fakes: Fakes) -> None:
+    """retries=False (a caller with a wait loop of its own: the reward service's remote rewards):
+    the call that the default client retries through two UNAVAILABLE answers is tried once."""
+    async with AsyncRewardClient(fakes.address, retries=False) as reward:
+        with pytest.raises(RlvrError) as caught:
+            await reward.get_problems()
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE and fakes.reward.calls["GetProblems"] == 1
+
+
 async def test_async_errors_are_rlvr_errors_naming_the_call(fakes: Fakes) -> None:
     async with AsyncSchedulerClient(fakes.address) as scheduler:
         with pytest.raises(RlvrError) as caught:

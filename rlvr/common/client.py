@@ -301,16 +301,16 @@ def channel_credentials(auth: ChannelAuth) -> grpc.ChannelCredentials:
 
 @overload
 def make_channel(address: str, *, aio: Literal[False] = False, auth: ChannelAuth | None = None,
-                 own_connection: bool = False) -> grpc.Channel: ...
+                 own_connection: bool = False, retries: bool = True) -> grpc.Channel: ...
 
 
 @overload
 def make_channel(address: str, *, aio: Literal[True], auth: ChannelAuth | None = None,
-                 own_connection: bool = False) -> grpc.aio.Channel: ...
+                 own_connection: bool = False, retries: bool = True) -> grpc.aio.Channel: ...
 
 
 def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = None,
-                 own_connection: bool = False) -> grpc.Channel | grpc.aio.Channel:
+                 own_connection: bool = False, retries: bool = True) -> grpc.Channel | grpc.aio.Channel:
     """A channel to `address` ("HOST:PORT") with the options above: retries for the idempotent
     methods, keepalive, 64 MiB messages, and a default deadline on every call. `auth` adds the
     bearer token to every call and, with a CA, makes the channel TLS (rlvr.common.auth);
@@ -321,10 +321,16 @@ def make_channel(address: str, *, aio: bool = False, auth: ChannelAuth | None = 
     backoff: after a server restart a new channel fails at once with UNAVAILABLE, as the old one
     does, until the shared connection's backoff (which grows with the outage) lets it try again.
 
+    `retries=False`: no retries by the channel, for a caller whose own loop waits for an
+    unavailable service (the reward service's remote rewards: nested under the channel's five
+    attempts, each of its waits took five times as long as it says).
+
     `aio=True` gives a grpc.aio channel for asyncio code (the services); the SDK and the CLI use
     the synchronous one. The caller closes it (`channel.close()`, awaited for aio)."""
     auth = auth or ChannelAuth()
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)] if own_connection else CHANNEL_OPTIONS
+    if not retries:
+        options = [(k, 0 if k == "grpc.enable_retries" else v) for k, v in options]
     if aio:
         interceptors: list[grpc.aio.ClientInterceptor] = [
             _AioDefaultUnaryUnary(auth.token),
