@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process", "stop_process_groups"]
+__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process", "stat_fields",
+           "stop_process_groups"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -71,13 +72,19 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> str | None:
         os._exit(1)
     return problem
 
-def _stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time in clock ticks) of a live process, from /proc."""
+def stat_fields(pid: int | str = "self") -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, first: stat(5)'s
+    field N is at index N - 3); None for a process that is gone (or no /proc)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(fields[1]), fields[19]
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc."""
+    fields = stat_fields(pid)
+    return None if fields is None else (int(fields[1]), fields[19])
 
 
 def children(pid: int | None = None) -> list[int]:

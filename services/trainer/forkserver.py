@@ -102,10 +102,10 @@ def _set_title(argv: Sequence[str]) -> bool:
     """Writes `argv` (NUL-separated) over this process's command line, as /proc/PID/cmdline and ps
     show it; False where it does not fit (or off Linux). The rest of the area is NUL-padded, which
     keeps the kernel reading the area's arguments as separate ones."""
+    fields = reaper.stat_fields() or []
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end (stat fields 48, 49)
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):  # no /proc, or a kernel without them
         return False
     title = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
     if not start or len(title) > end - start:
@@ -373,7 +373,7 @@ async def _gone_pid(pid: int) -> None:
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        while Path(f"/proc/{pid}").exists() and _state(pid) != "Z":
+        while (fields := reaper.stat_fields(pid)) is not None and fields[0] != "Z":
             await asyncio.sleep(0.1)
         return
     loop = asyncio.get_running_loop()
@@ -388,13 +388,6 @@ async def _gone_pid(pid: int) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
 
 
 if __name__ == "__main__":
