@@ -125,6 +125,9 @@ class Dispatcher:
         the younger jobs behind it."""
         running = await asyncio.to_thread(self.store.list_jobs, "RUNNING", 1000, 0)
         busy_workers = {a for r in running for a in nodes_of(r.worker)}
+        # A job whose end came off the stream while it waited in `_behind` is no longer running.
+        running_ids = {r.id for r in running}
+        self._behind = {job_id: since for job_id, since in self._behind.items() if job_id in running_ids}
         states = {a: await self.workers.status(a) for a in self.workers.addresses}
         for row in running:
             if len(nodes_of(row.worker)) > 1:

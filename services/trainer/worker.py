@@ -99,7 +99,8 @@ class JobSupervisor:
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
         # Steps run by the jobs that ended here, and their seconds (rlvr_trainer_step_seconds).
         self._ended_steps, self._ended_seconds = 0, 0.0
-        # Job processes forked with their libraries imported (forkserver.py), started on first need.
+        # Job processes forked with their libraries imported (forkserver.py): started by `warm` when
+        # the service starts, else (or again, after it ended) by the first job that needs it.
         self.forks = ForkServer() if forks_jobs(settings.job_start) else None
 
     def _lost_before_restart(self) -> LastJob | None:
