@@ -146,6 +146,34 @@ def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: p
     assert all(stack._listenable("127.0.0.1", port) for port in more)
 
 
+def test_two_processes_picking_at_once_never_pick_the_same_port(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test workers (or two `rlvr up`) pick their stacks' ports at the same time, and neither has
+    bound any yet: the bind check cannot tell them apart, the machine-wide claims do. 400 picks each
+    from about 15,000 ports would share about ten by chance alone."""
+    import os as _os
+
+    from rlvr.clients import stack_ports as stack
+
+    claims = tmp_path / "claims"
+    monkeypatch.setattr(stack, "CLAIMS", claims)
+    code = ("import sys; from pathlib import Path; from rlvr.clients import stack_ports as s; "
+            "s.CLAIMS = Path(sys.argv[1]); print(*(s.free_port() for _ in range(400)))")
+    other = subprocess.Popen([sys.executable, "-c", code, str(claims)], stdout=subprocess.PIPE, text=True)
+    mine = [stack.free_port() for _ in range(400)]
+    theirs = [int(p) for p in other.communicate(timeout=120)[0].split()]
+    assert len(theirs) == 400 and len(set(mine)) == 400
+    assert not set(mine) & set(theirs)
+    assert len(list(claims.iterdir())) == 800
+
+    # A claim older than CLAIM_S is stale: its port can be picked again.
+    stale = claims / str(mine[0])
+    _os.utime(stale, (time.time() - stack.CLAIM_S - 1,) * 2)
+    stack._handed_out.discard(mine[0])
+    assert stack._claim(mine[0]) and stale.stat().st_mtime > time.time() - 60
+    assert not stack._claim(theirs[0])  # a fresh one of the other process's is not
+
+
 @pytest.mark.vllm
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
@@ -271,9 +299,9 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
     real_popen = subprocess.Popen
 
     def spawn(command: list[str], **kwargs: object) -> object:
-        if command[1:2] != ["-m"]:
+        if "-m" not in command:
             return real_popen(command, **kwargs)  # not a service (ctypes' ldconfig, ...)
-        spawned[command[2]] = (command, kwargs["env"])  # type: ignore[assignment]
+        spawned[command[command.index("-m") + 1]] = (command, kwargs["env"])  # type: ignore[assignment]
         return type("Spawned", (), {"pid": 4242})()
 
     monkeypatch.setattr(stack_module.subprocess, "Popen", spawn)
