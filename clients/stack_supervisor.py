@@ -176,7 +176,7 @@ class Stack:
         self._write_state(nats.url)
 
     def _launch(self, name: str) -> None:
-        from rlvr.infra.reaper import parent_death_hook
+        from rlvr.infra.reaper import parent_death_command
 
         assert self.nats is not None
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -203,9 +203,9 @@ class Stack:
         log_file = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (held by the child)
         command = web_command(self.cfg) if name == WEB else service_command(name, self.cfg)
         self.procs[name] = subprocess.Popen(
-            command,
+            parent_death_command(command),
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, preexec_fn=parent_death_hook(),
+            start_new_session=True,
         )
         log_file.close()
 

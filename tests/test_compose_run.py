@@ -76,7 +76,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     from rlvr.clients.sdk import ClientSettings, connect
     from rlvr.clients.stack import free_port
     from rlvr.infra.nats_server import find_nats_binary
-    from rlvr.infra.reaper import parent_death_hook, stop_process_groups
+    from rlvr.infra.reaper import parent_death_command, stop_process_groups
     from rlvr.peers.base import check_health
 
     made = _postgres_schema_url(POSTGRES_URL)
@@ -103,9 +103,9 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     nats_port = free_port()
     nats_argv = [{"4222": str(nats_port), "/data": str(home / "nats")}.get(a, local(a))
                  for a in compose["services"]["nats"]["command"]]
-    nats_proc = subprocess.Popen([str(find_nats_binary()), "-a", "127.0.0.1", *nats_argv], stdin=subprocess.DEVNULL,
-                                 stdout=open(home / "nats.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                 start_new_session=True, preexec_fn=parent_death_hook())
+    nats_proc = subprocess.Popen(parent_death_command([str(find_nats_binary()), "-a", "127.0.0.1", *nats_argv]),
+                                 stdin=subprocess.DEVNULL, stdout=open(home / "nats.log", "ab"),  # noqa: SIM115
+                                 stderr=subprocess.STDOUT, start_new_session=True)
     local_nats_url = home / "nats_url"  # the secret's URL, with nats:4222 mapped as the other host names
     local_nats_url.write_text(files["nats_url"].read_text().replace("@nats:4222", f"@127.0.0.1:{nats_port}"))
     service_env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -119,9 +119,9 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ob
     try:
         for name in ORDER:
             with open(home / f"{name}.log", "ab") as log:
-                procs[name] = subprocess.Popen(commands[name], stdin=subprocess.DEVNULL, stdout=log,
-                                               stderr=subprocess.STDOUT, env=service_env, cwd=home,
-                                               start_new_session=True, preexec_fn=parent_death_hook())
+                procs[name] = subprocess.Popen(parent_death_command(commands[name]), stdin=subprocess.DEVNULL,
+                                               stdout=log, stderr=subprocess.STDOUT, env=service_env, cwd=home,
+                                               start_new_session=True)
         deadline = time.monotonic() + 300
         pending = set(ORDER)
         while pending:

@@ -118,7 +118,7 @@ class Cluster:
 
     def start(self, label: str, host: Host, service: str, *args: str) -> str:
         from rlvr.clients.stack import free_port
-        from rlvr.infra.reaper import parent_death_hook
+        from rlvr.infra.reaper import parent_death_command
 
         address = f"{host.ip}:{free_port(host.ip)}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLVR_HOME": str(host.home),
@@ -131,9 +131,9 @@ class Cluster:
         argv = [sys.executable, "-m", f"rlvr.services.{service}.main", "--host", host.ip,
                 "--port", address.rsplit(":", 1)[1], "--log-format", "text", *args]
         with open(self.root / f"{label}.log", "ab") as log:
-            self.procs[label] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                                 env=env, cwd=host.home, start_new_session=True,
-                                                 preexec_fn=parent_death_hook())
+            self.procs[label] = subprocess.Popen(parent_death_command(argv), stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT, env=env, cwd=host.home,
+                                                 start_new_session=True)
         self.addresses[label] = address
         return address
 

@@ -3,6 +3,7 @@ included, down to the grandchildren; a clean exit that closes the pipe leaves no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,3 +65,44 @@ def test_stop_process_groups_terms_each_group_then_kills_what_stays() -> None:
     assert time.monotonic() - started < 10
     time.sleep(0.2)
     assert not [p for p in sleeps if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+
+
+def test_children_started_beside_a_grpc_channel_all_start_and_die_with_the_parent() -> None:
+    """gRPC's fork handlers (grpc/grpc#43055) aborted about 1 in 100 children forked to run a
+    `preexec_fn` in a process with a channel ("epoll_wait error: Bad file descriptor") before they
+    could exec: a stack's service or NATS that never started. `parent_death_command` needs no
+    `preexec_fn`: 300 starts beside a live channel all run their command, and the signal still
+    reaches the child when its parent is killed."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rlvr.infra.reaper import parent_death_command
+
+    with grpc.insecure_channel("127.0.0.1:1") as channel:  # a refused call starts gRPC's poller
+        with contextlib.suppress(grpc.RpcError):
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.2)
+        failed = []
+        for _ in range(300):
+            child = subprocess.run(parent_death_command(["/bin/sh", "-c", "echo ran"]), capture_output=True,
+                                   text=True, start_new_session=True, timeout=30)
+            if child.returncode != 0 or child.stdout != "ran\n":
+                failed.append((child.returncode, child.stderr[-300:]))
+        assert not failed, failed
+
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; from rlvr.infra.reaper import parent_death_command; "
+        "c = subprocess.Popen(parent_death_command(['sleep', '600'])); print(c.pid, flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}/cmdline").read_bytes() != b"sleep\x00600\x00":  # exec'd: the command keeps the pid
+        assert time.monotonic() < deadline, Path(f"/proc/{child}/cmdline").read_bytes()
+        time.sleep(0.01)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"{child} outlived its parent"
+

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from rlvr.infra.reaper import parent_death_hook
+from rlvr.infra.reaper import parent_death_command
 
 log = logging.getLogger(__name__)
 
@@ -185,14 +185,13 @@ class EmbeddedNats:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (held open for the child's life)
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            cmd,
+            parent_death_command(cmd),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             # Own session: a terminal's Ctrl-C reaches the parent only, which stops services first
             # and NATS last, so final events still get published.
             start_new_session=True,
-            preexec_fn=parent_death_hook(),
         )
         try:
             port = self._wait_ready(ports_dir, started)

@@ -1,8 +1,12 @@
 """Processes that must not outlive this one, however it ends.
 
 A child we start ourselves gets a parent-death signal from the kernel (PR_SET_PDEATHSIG):
-`parent_death_hook` is the `preexec_fn` that sets it in the child (NATS, the stack's services), and
-`die_with_parent` sets it in a process for itself (a trainer's job process).
+`parent_death_command` prefixes its command line with a few lines of Python that set it and then
+exec the command (NATS, the stack's services), and `die_with_parent` sets it in a process for itself
+(a trainer's job process). Not a `preexec_fn`: Python forks (instead of vfork) to run one, and the
+fork runs gRPC's fork handlers in the child, whose restarted poller dies on the epoll descriptor that
+`close_fds` closes before the exec (grpc/grpc#43055: about 1 start in 100 aborted with "epoll_wait
+error: Bad file descriptor" in a process with a gRPC channel, such as `rlvr up` or a test).
 
 A library may start processes of its own that we cannot give a parent-death signal: vLLM's engine
 core (and its worker under it) is one, started by `AsyncLLM` in the rollout server. Killed with
@@ -23,11 +27,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["children", "die_with_parent", "parent_death_hook", "reap_with_this_process", "stat_fields",
+__all__ = ["children", "die_with_parent", "parent_death_command", "reap_with_this_process", "stat_fields",
            "stop_process_groups"]
 
 _PR_SET_PDEATHSIG = 1
@@ -37,26 +41,23 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def parent_death_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """The preexec_fn that makes the kernel send the child `sig` when this process dies; None
-    off Linux.
+# argv: PARENT_PID SIGNAL COMMAND...; libc's prctl through the interpreter's own symbols (no library
+# search, which would start a process); a parent gone already (re-parented) exits at once.
+_PDEATH = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, int(sys.argv[2]), 0, 0, 0); "
+           "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[3], sys.argv[3:])")
 
-    Resolved before fork: loading a library in the forked child is not async-signal-safe.
+
+def parent_death_command(command: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
+    """`command` started so that the kernel sends it `sig` when this process dies: a Python without
+    `site` (a few milliseconds) sets PR_SET_PDEATHSIG and execs it, which keeps the pid and the
+    signal. `command` unchanged off Linux.
+
     PR_SET_PDEATHSIG fires when the *thread* that forked exits, so start the child from a thread
     that lives as long as this process (the main thread, or the event loop's thread).
     """
     if not sys.platform.startswith("linux"):
-        return None
-    libc = _libc()
-    parent = os.getpid()
-
-    def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        # The parent may have died between fork and prctl: then nobody would ever signal us.
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return hook
+        return list(command)
+    return [sys.executable, "-S", "-c", _PDEATH, str(os.getpid()), str(int(sig)), *command]
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> str | None:
