@@ -106,3 +106,35 @@ def test_children_started_beside_a_grpc_channel_all_start_and_die_with_the_paren
         time.sleep(0.05)
     assert not _alive(child), f"{child} outlived its parent"
 
+
+def test_an_exit_without_teardown_keeps_what_a_normal_exit_does(tmp_path: Path) -> None:
+    """The job process's end: its threads finish, atexit functions run, what Python and C buffered
+    reaches the file, the code is the process's; only the modules' teardown is skipped (an object
+    that would speak from its finalizer there stays silent)."""
+    script = """
+import atexit, ctypes, sys, threading, time
+from pathlib import Path
+from rlvr.infra.reaper import exit_without_teardown
+
+out = Path(sys.argv[1])
+class Loud:
+    def __del__(self, path=out / "teardown"):
+        path.write_text("ran")
+keep = Loud()
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("ran"))).start()
+print("python's buffer", end="")
+ctypes.CDLL(None).printf(b"C's buffer")
+exit_without_teardown(3) if sys.argv[2] == "fast" else sys.exit(3)
+"""
+    for mode in ("fast", "normal"):
+        out = tmp_path / mode
+        out.mkdir()
+        with open(out / "out.log", "wb") as log:
+            code = subprocess.run([sys.executable, "-c", script, str(out), mode], stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=Path(__file__).resolve().parents[1], timeout=60).returncode
+        assert code == 3
+        assert (out / "out.log").read_text() in ("python's bufferC's buffer", "C's bufferpython's buffer")
+        assert (out / "atexit").read_text() == (out / "thread").read_text() == "ran"
+    assert not (tmp_path / "fast" / "teardown").exists()
+    assert (tmp_path / "normal" / "teardown").read_text() == "ran"  # the teardown that was skipped

@@ -20,6 +20,7 @@ pid may belong to another process by then).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -27,11 +28,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["children", "die_with_parent", "parent_death_command", "reap_with_this_process", "stat_fields",
+__all__ = ["children", "die_with_parent", "exit_without_teardown", "parent_death_command", "reap_with_this_process", "stat_fields",
            "stop_process_groups"]
 
 _PR_SET_PDEATHSIG = 1
@@ -72,6 +74,26 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> str | None:
     if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
     return problem
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Ends this process as a normal exit would, less the interpreter's teardown of its modules: waits
+    for the other non-daemon threads, runs the atexit functions (logging's flush, the removal of
+    temporary folders, ...), flushes Python's and C's buffered output, then `os._exit(code)`.
+
+    With torch, transformers and TRL imported the teardown alone took 1.8 s of CPU on an idle 2-core
+    host, 2-5 s after a job under load, during which the job's worker still counted as busy."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)  # what a library printf-ed into a file
+    os._exit(code)
+
 
 def stat_fields(pid: int | str = "self") -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (field 3, the state, first: stat(5)'s

@@ -391,4 +391,4 @@ async def _gone_pid(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    reaper.exit_without_teardown(main())  # the server, or a job module that returned: nothing to tear down
