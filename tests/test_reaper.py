@@ -108,7 +108,7 @@ def test_children_started_beside_a_grpc_channel_all_start_and_die_with_the_paren
 
 
 def test_an_exit_without_teardown_keeps_what_a_normal_exit_does(tmp_path: Path) -> None:
-    """The job process's end: its threads finish, atexit functions run, what Python and C buffered
+    """The job process's end: its threads finish (an idle executor's too), atexit functions run, what Python and C buffered
     reaches the file, the code is the process's; only the modules' teardown is skipped (an object
     that would speak from its finalizer there stays silent)."""
     script = """
@@ -123,6 +123,9 @@ class Loud:
 keep = Loud()
 atexit.register(lambda: (out / "atexit").write_text("ran"))
 threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("ran"))).start()
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(1)  # left idle, never shut down: its worker must not hold the exit
+pool.submit(lambda: None).result()
 print("python's buffer", end="")
 ctypes.CDLL(None).printf(b"C's buffer")
 exit_without_teardown(3) if sys.argv[2] == "fast" else sys.exit(3)

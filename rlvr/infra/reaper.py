@@ -82,10 +82,13 @@ def exit_without_teardown(code: int) -> NoReturn:
 
     With torch, transformers and TRL imported the teardown alone took 1.8 s of CPU on an idle 2-core
     host, 2-5 s after a job under load, during which the job's worker still counted as busy."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)  # CPython's first step of an exit
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()  # threading's own exit functions (idle executors' workers told to end), then the joins
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
