@@ -58,10 +58,13 @@ def test_a_queue_reader_spins_no_longer_than_the_cap_and_still_wakes_on_a_write(
         assert reader.busy_loop_s == 0.0 and writer.busy_loop_s == 0
         time.sleep(0.2)  # the subscription reaches the publisher
         reader.record_read()  # a read just now: with vLLM's 1 s it would spin, not sleep
-        threading.Timer(0.3, writer.notify).start()
+        notify = threading.Timer(0.3, writer.notify)
+        notify.start()
         started = time.monotonic()
         reader.wait(timeout_ms=5_000)  # sleeps on the socket until the write's notification
         waited = time.monotonic() - started
+        notify.join()  # the reader can wake while the writer's send is still in the timer's thread:
+        # closing its socket then (below) aborted the process in libzmq (a full run lost its worker)
         assert 0.2 < waited < 4.0, waited  # woken by the notification, not by the timeout nor at once
         assert grouped.shorten_idle_spin(1.0)  # patching again replaces the cap (no stacking)
         assert SpinCondition(is_reader=True, context=context, notify_address=address).busy_loop_s == 1.0
