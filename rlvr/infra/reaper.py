@@ -33,8 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["children", "die_with_parent", "exit_without_teardown", "parent_death_command", "reap_with_this_process", "stat_fields",
-           "stop_process_groups"]
+__all__ = ["children", "die_with_parent", "exit_without_teardown", "parent_death_command", "reap_with_this_process",
+           "stat_fields", "stop_process_groups"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,7 +45,7 @@ def _libc() -> ctypes.CDLL:
 
 # argv: PARENT_PID SIGNAL COMMAND...; libc's prctl through the interpreter's own symbols (no library
 # search, which would start a process); a parent gone already (re-parented) exits at once.
-_PDEATH = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, int(sys.argv[2]), 0, 0, 0); "
+_PDEATH = (f"import ctypes, os, sys; ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, int(sys.argv[2]), 0, 0, 0); "
            "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[3], sys.argv[3:])")
 
 
