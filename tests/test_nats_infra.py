@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from fixtures_infra import connected_bus  # fixtures come through conftest.py
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 
 from rlvr.infra.events import (
+    ACK_WAIT_S,
     ALL_JOB_METRICS,
     STREAM_NAME,
     Event,
@@ -295,6 +297,62 @@ async def test_ordered_consumer_never_lets_an_event_overtake(nats_server: Embedd
     assert done == [b"m1", b"m2", b"COMPLETED"]
     assert calls == [b"m1", b"m2", b"m2", b"COMPLETED"]  # the status waited for the retry
     assert info.config.max_ack_pending == 1
+
+
+async def test_an_event_held_by_a_process_that_went_away_comes_again_within_the_ack_wait(
+        nats_server: EmbeddedNats) -> None:
+    """A scheduler killed (or stopped) while an event was delivered to it and not yet acknowledged:
+    the next scheduler on the same consumer gets that event, and the ones an ordered consumer held
+    back behind it, within ACK_WAIT_S (the server's redelivery), not a minute later."""
+    job, got, held = _job(), [], asyncio.Event()
+
+    async def stuck(event: Event) -> None:
+        held.set()
+        await asyncio.Event().wait()  # never returns: the process dies in the middle
+
+    async def handler(event: Event) -> None:
+        got.append(event.data)
+
+    name = f"killed-{job}"
+    gone = await EventBus.connect(nats_server.url, name="killed")
+    await gone.publish(job_metrics_subject(job), b"m1", metric_msg_id(job, 1))
+    killed = await gone.subscribe_durable(f"rlvr.jobs.{job}.>", name, stuck, ordered=True)
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        await gone.nc.close()  # no nak, no unsubscribe: the connection just ends
+        async with connected_bus(nats_server.url) as bus:
+            await bus.publish(job_metrics_subject(job), b"m2", metric_msg_id(job, 2))
+            started = time.monotonic()
+            await bus.subscribe_durable(f"rlvr.jobs.{job}.>", name, handler, ordered=True)
+            await _collect(2, got, timeout=ACK_WAIT_S + 10)
+            waited = time.monotonic() - started
+    finally:
+        await killed.stop()  # the dead process's task, still in its handler here
+    assert got == [b"m1", b"m2"]
+    assert waited < ACK_WAIT_S + 3, waited
+
+
+async def test_a_handler_slower_than_the_ack_wait_keeps_its_event(nats_server: EmbeddedNats) -> None:
+    """Two schedulers on one database read one consumer: a handler that takes longer than the ack
+    wait tells the server it is still at work, so the other is not handed the same event meanwhile."""
+    job, calls = _job(), []
+    name = f"slow-{job}"
+
+    async def slow(who: str, event: Event) -> None:
+        calls.append((who, event.data))
+        await asyncio.sleep(3.0)  # three ack waits
+
+    async with connected_bus(nats_server.url) as one, connected_bus(nats_server.url) as two:
+        await one.subscribe_durable(f"rlvr.jobs.{job}.>", name, functools.partial(slow, "one"), ordered=True, ack_wait_s=1.0)
+        await two.subscribe_durable(f"rlvr.jobs.{job}.>", name, functools.partial(slow, "two"), ordered=True, ack_wait_s=1.0)
+        await one.publish(job_metrics_subject(job), b"m1", metric_msg_id(job, 1))
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(4.0)  # the first handler's three seconds and a second beyond
+        info = await one.js.consumer_info(STREAM_NAME, name)
+    assert [data for _, data in calls] == [b"m1"], calls
+    assert info.ack_floor.stream_seq == info.delivered.stream_seq and info.num_redelivered == 0
 
 
 async def test_a_consumer_takes_over_from_the_ones_it_replaces(private_nats: EmbeddedNats) -> None:

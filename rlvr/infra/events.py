@@ -56,6 +56,12 @@ DUPLICATE_WINDOW_S = 120.0
 # whole without letting the files grow without bound.
 MAX_AGE_S = 7 * 24 * 3600.0
 MSG_ID_HEADER = "Nats-Msg-Id"
+# How long a durable consumer's delivered event may go unacknowledged before the server delivers it
+# again. A handler that runs longer keeps its event by telling the server it is still at work
+# (every third of this). The wait is what an event pays when the process that held it went away
+# without a word (killed, or stopped while the event was on its way to it); an ordered consumer
+# holds back every later event meanwhile, so it is short.
+ACK_WAIT_S = 5.0
 
 # A subject token must not contain the separator or wildcards, or one job could read another's. Job,
 # evaluation and loop ids are tokens (the trainer checks a job id with it: it is a folder name too).
@@ -117,6 +123,15 @@ async def cancel_and_wait(task: asyncio.Task[object], poll_s: float = 1.0) -> No
         await asyncio.wait({task}, timeout=poll_s)
     if not task.cancelled() and task.exception() is not None:
         log.debug("task %s ended with %r while stopping", task.get_name(), task.exception())
+
+
+async def _still_working(msg: Msg, every_s: float) -> None:
+    """Tell the server every `every_s` that `msg` is still being handled, so it is not delivered
+    again while its handler runs (a lost signal only costs a redelivery: handlers are idempotent)."""
+    while True:
+        await asyncio.sleep(every_s)
+        with contextlib.suppress(nats.errors.Error):
+            await msg.in_progress()
 
 
 def _token(kind: str, value: str) -> str:
@@ -383,7 +398,7 @@ class EventBus:
         handler: Handler,
         *,
         batch: int = 64,
-        ack_wait_s: float = 60.0,
+        ack_wait_s: float = ACK_WAIT_S,
         max_deliver: int = 20,
         ordered: bool = False,
         replaces: Sequence[str] = (),
@@ -453,7 +468,7 @@ class EventBus:
             raise EventBusError(
                 f"cannot create durable consumer {durable_name!r} on {subject}: {e}"
             ) from None
-        task = asyncio.create_task(self._fetch_loop(psub, durable_name, handler, batch, max_deliver))
+        task = asyncio.create_task(self._fetch_loop(psub, durable_name, handler, batch, max_deliver, ack_wait_s))
         sub = DurableSubscription(durable_name, psub, task)
         self._subscriptions.append(sub)
         return sub
@@ -481,6 +496,7 @@ class EventBus:
         handler: Handler,
         batch: int,
         max_deliver: int,
+        ack_wait_s: float,
     ) -> None:
         while True:
             try:
@@ -499,7 +515,7 @@ class EventBus:
                 continue
             for i, msg in enumerate(msgs):
                 try:
-                    await self._handle(msg, name, handler, max_deliver)
+                    await self._handle(msg, name, handler, max_deliver, ack_wait_s)
                 except asyncio.CancelledError:
                     # Stopping: what this fetch holds goes back now (the one being handled may be
                     # done already; handlers are idempotent), rather than after the ack wait, which
@@ -509,8 +525,9 @@ class EventBus:
                             await held.nak()
                     raise
 
-    async def _handle(self, msg: Msg, name: str, handler: Handler, max_deliver: int) -> None:
+    async def _handle(self, msg: Msg, name: str, handler: Handler, max_deliver: int, ack_wait_s: float) -> None:
         event = _event(msg)
+        working = asyncio.create_task(_still_working(msg, ack_wait_s / 3))
         try:
             await handler(event)
         except Exception as e:
@@ -535,6 +552,8 @@ class EventBus:
                 )
                 await msg.nak(delay=min(0.5 * 2**delivered, 30.0))
             return
+        finally:
+            working.cancel()  # only sleeps and signals: nothing to wait for (and no awaiting if the loop is gone)
         try:
             # Wait for the server to record the ack: a "done" that the server never saw would be
             # redelivered after a reconnect (harmless to the store, but wasted work).
