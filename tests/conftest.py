@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Tests never touch the user's own state folder.
@@ -11,6 +13,7 @@ os.environ.setdefault("RLVR_HOME", str(Path(__file__).resolve().parent.parent / 
 
 from fixtures_infra import *  # noqa: E402,F403
 from fixtures_rewards import faulty_plugins  # noqa: E402,F401
+from fixtures_stack import SHARED_STACK_MODULES, small_stack  # noqa: E402,F401
 from fixtures_trainer import *  # noqa: E402,F403
 
 # `make test` runs two pytest workers (pytest-xdist, `--dist loadfile`: a module's tests, and so its
@@ -36,6 +39,32 @@ def pytest_configure(config) -> None:  # noqa: ANN001 (pytest's hook)
     # to, which put the few-test, long modules last and left one worker alone on them at the end.
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False
+
+
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001,ANN201 (pytest-xdist's hook)
+    """--dist loadfile, except that the modules sharing one stack (fixtures_stack.py) go to one
+    worker together, which then starts it once."""
+    if getattr(config.option, "dist", "no") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedStackScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "shared stack: " + " ".join(SHARED_STACK_MODULES) if path in SHARED_STACK_MODULES else path
+
+    return SharedStackScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):  # noqa: ANN001,ANN201 (pytest's hook)
+    """The shared stack stops once the next test does not use it (after this test's own teardown:
+    a page still open on the console must not see it go)."""
+    result = yield
+    shared = getattr(item, "funcargs", {}).get("small_stack")
+    if shared is not None and "small_stack" not in getattr(nextitem, "fixturenames", ()):
+        shared.stop()
+    return result
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 (pytest's hook)

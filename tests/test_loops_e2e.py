@@ -15,42 +15,24 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_stack import SMALL_MODEL as MODEL  # the shared stack's model
 
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
 pytestmark = pytest.mark.vllm
-MODEL = "rlvr-tiny-small"
-SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 FINAL = {S.LOOP_STATUS_TARGET_REACHED, S.LOOP_STATUS_ROUNDS_SPENT, S.LOOP_STATUS_PLATEAUED,
          S.LOOP_STATUS_FAILED, S.LOOP_STATUS_STOPPED}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from rlvr.clients.sdk import connect
-    from rlvr.clients.stack import Stack, StackConfig, free_port
-
-    home = tmp_path_factory.mktemp("loops")
-    cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      start_timeout=300.0, log_format="text",
-                      memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
-    log = open(home / "stack.out", "w")  # noqa: SIM115
-    running = Stack(cfg, out=log)
-    try:
-        running.start()
-        assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(running.client_settings())
-        yield client, running, home
-        client.close()
-    finally:
-        running.stop()
-        log.close()
+def stack(small_stack) -> tuple[object, object, Path]:  # noqa: ANN001 (tests/fixtures_stack.py)
+    shared = small_stack.get()
+    return shared.client, shared.running, shared.home
 
 
 def loop_spec(name: str, *, column: str, target: float, steps: int = 2, limit: int = 64, **fields: object

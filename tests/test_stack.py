@@ -178,8 +178,10 @@ def test_two_processes_picking_at_once_never_pick_the_same_port(tmp_path: Path,
 def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
     home = tmp_path / "stack"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # vLLM's KV cache at 10% of host memory, as the other tests' stacks (`make test` runs two workers):
+    # the default 30% takes 15 s more to set up here and does not change what is checked.
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.clients.cli", "up", "--home", str(home), "--base-port", "0",
-                             "--model", "rlvr-tiny-test", "--start-timeout", "240"],
+                             "--model", "rlvr-tiny-test", "--memory-fraction", "0.1", "--start-timeout", "240"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
     started = time.monotonic()

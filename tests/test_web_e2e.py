@@ -29,10 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_stack import SMALL_MODEL as MODEL  # the shared stack's model
 
 pytestmark = pytest.mark.vllm
-MODEL = "rlvr-tiny-small"
-SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -68,25 +67,9 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, browser: object) -> Iterator[tuple[object, str]]:
-    from rlvr.clients.sdk import connect
-    from rlvr.clients.stack import Stack, StackConfig, free_port
-
-    home = tmp_path_factory.mktemp("web")
-    cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      start_timeout=300.0, log_format="text", web_port=free_port(),
-                      memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
-    log = open(home / "stack.out", "w")  # noqa: SIM115
-    running = Stack(cfg, out=log)
-    try:
-        running.start()
-        assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(running.client_settings())
-        yield client, cfg.web_url
-        client.close()
-    finally:
-        running.stop()
-        log.close()
+def stack(small_stack, browser: object) -> tuple[object, str]:  # noqa: ANN001 (tests/fixtures_stack.py)
+    shared = small_stack.get()
+    return shared.client, shared.web_url
 
 
 class Pages:
