@@ -231,6 +231,19 @@ def test_kernel_layers_contain_a_fork_bomb(kernel_only: Sandbox) -> None:
     assert_still_serves(kernel_only)
 
 
+def test_kernel_layers_end_what_left_the_runs_process_group(kernel_only: Sandbox) -> None:
+    """A run's child starts a session of its own (so the kill of the run's process group misses it)
+    and forks a grandchild: the child reaches the zygote when the run ends and is swept; the
+    grandchild reaches it only once that child is dead, after that sweep, and is swept too."""
+    code = ("import os, time\ndef f():\n    r, w = os.pipe()\n    if os.fork() == 0:\n        try:\n"
+            "            os.setsid()\n            if os.fork() == 0:\n                time.sleep(1000)\n"
+            "            os.write(w, b'x')\n            time.sleep(1000)\n        finally:\n"
+            "            os._exit(0)\n    return os.read(r, 1)\n")
+    run = kernel_only.run(code, ["assert f() == b'x'"])
+    assert (run.passed, run.reason) == (1, ""), run
+    assert_nothing_left(kernel_only)
+
+
 def test_kernel_layers_block_the_network_and_the_host_files(kernel_only: Sandbox) -> None:
     connect = ("import socket\ndef f():\n    try:\n        socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
                "    except OSError as exc:\n        return exc.errno\n    return 'connected'\n")

@@ -58,6 +58,7 @@ else:
 
 MAX_RESULT_BYTES = 1 << 20  # a child's report; more is treated as the output limit
 FD_RESULT = 3  # the child's end of its report pipe
+SETTLE_S = 5.0  # how long after a run ends its stray processes are still looked for (every 50 ms)
 # Loaded on first use by allowed modules (datetime.strptime, str.encode): preloaded with them, for
 # hosts where a run's user cannot read the standard library.
 LAZY_IMPORTS = ("_strptime", "locale", "encodings.idna", "encodings.cp1252", "encodings.latin_1",
@@ -101,6 +102,10 @@ class Zygote:
         self.runs: dict[int, Run] = {}  # by pid
         self.queue: deque[Run] = deque()
         self.strays: set[int] = set()
+        # Until when the children are swept every 50 ms after a run ended: the processes of a killed
+        # run's group reach the zygote (reparented, as the PID namespace's init) only as their own
+        # parents die, which on a loaded host can be a while after the run's end and its sweep.
+        self.sweep_until = 0.0
         self.sel = selectors.DefaultSelector()
         self.inbuf = bytearray()
         self.me = os.getpid()
@@ -112,7 +117,7 @@ class Zygote:
         while True:
             deadlines = [r.deadline for r in self.runs.values() if not r.killed]
             polled = [r for r in self.runs.values() if r.pidfd < 0]  # no pidfd (Linux < 5.3): polled
-            if self.strays or polled:
+            if self.strays or polled or time.monotonic() < self.sweep_until:
                 deadlines.append(time.monotonic() + (0.01 if polled else 0.05))
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             for key, _ in self.sel.select(timeout):
@@ -129,7 +134,7 @@ class Zygote:
                 exited = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                 if exited is not None and self.runs.get(run.pid) is run:
                     self._on_exit(run)
-            if self.strays:
+            if self.strays or time.monotonic() < self.sweep_until:
                 self._sweep()
             now = time.monotonic()
             for run in list(self.runs.values()):
@@ -278,6 +283,7 @@ class Zygote:
         del self.runs[run.pid]
         shutil.rmtree(run.dir, ignore_errors=True)
         self._sweep()
+        self.sweep_until = time.monotonic() + SETTLE_S
         reason, payload = self._verdict(run, status, cpu)
         os.write(1, _frame({"id": run.id, "reason": reason, "payload": payload, "cpu": cpu, "wall": wall}))
         self._start_queued()
