@@ -58,7 +58,7 @@ else:
 
 MAX_RESULT_BYTES = 1 << 20  # a child's report; more is treated as the output limit
 FD_RESULT = 3  # the child's end of its report pipe
-SETTLE_S = 5.0  # how long after a run ends its stray processes are still looked for (every 50 ms)
+SETTLE_S = 5.0  # how long after a run ends, or a stray was found, strays are still looked for (every 50 ms)
 # Loaded on first use by allowed modules (datetime.strptime, str.encode): preloaded with them, for
 # hosts where a run's user cannot read the standard library.
 LAZY_IMPORTS = ("_strptime", "locale", "encodings.idna", "encodings.cp1252", "encodings.latin_1",
@@ -321,6 +321,8 @@ class Zygote:
         except OSError:
             children = set()
         strays = (children - set(self.runs)) | self.strays
+        if strays:  # their own children reach the zygote as they die: go on looking a while
+            self.sweep_until = max(self.sweep_until, time.monotonic() + SETTLE_S)
         for pid in strays:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
