@@ -11,40 +11,22 @@ model learns is measured, not tested: `bench/learning.py` (`--require-gain N` fa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_stack import SMALL_MODEL as MODEL  # the shared stack's model
 
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as R
 from rlvr.v1 import scheduler_pb2 as S
 
 pytestmark = pytest.mark.vllm
-MODEL = "rlvr-tiny-test"
-SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path, object]]:
-    from rlvr.clients.sdk import connect
-    from rlvr.clients.stack import Stack, StackConfig, free_port
-
-    home = tmp_path_factory.mktemp("e2e")
-    cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      start_timeout=300.0,
-                      memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
-    log = open(home / "stack.out", "w")  # noqa: SIM115
-    running = Stack(cfg, out=log)
-    try:
-        running.start()
-        assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(running.client_settings())
-        yield client, home, running
-        client.close()
-    finally:
-        running.stop()
-        log.close()
+def stack(small_stack) -> tuple[object, Path, object]:  # noqa: ANN001 (tests/fixtures_stack.py)
+    shared = small_stack.get()
+    return shared.client, shared.home, shared.running
 
 
 def _spec(backend: int, steps: int) -> C.JobSpec:
@@ -91,8 +73,8 @@ def _check_points(home: Path, job: C.Job, steps: int) -> None:
 
 def _loads_in_peft(adapter: Path) -> None:
     """The saved folder is a PEFT adapter of the spec's rank and alpha over every linear layer, and
-    `PeftModel.from_pretrained` loads every tensor of it. (The test model earns no reward, so its
-    lora_B stay zero here; tests/test_trainer_job.py checks that steps move the policy.)"""
+    `PeftModel.from_pretrained` loads every tensor of it (tests/test_trainer_job.py checks that
+    steps move the policy)."""
     import torch
     from peft import PeftModel
     from safetensors.torch import load_file
