@@ -60,11 +60,12 @@ def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001,ANN201 (pytest-xdi
 def pytest_runtest_teardown(item, nextitem):  # noqa: ANN001,ANN201 (pytest's hook)
     """The shared stack stops once the next test does not use it (after this test's own teardown:
     a page still open on the console must not see it go)."""
-    result = yield
-    shared = getattr(item, "funcargs", {}).get("small_stack")
-    if shared is not None and "small_stack" not in getattr(nextitem, "fixturenames", ()):
-        shared.stop()
-    return result
+    try:
+        return (yield)
+    finally:
+        shared = getattr(item, "funcargs", {}).get("small_stack")
+        if shared is not None and "small_stack" not in getattr(nextitem, "fixturenames", ()):
+            shared.stop()
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 (pytest's hook)
