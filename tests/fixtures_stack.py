@@ -21,7 +21,6 @@ import pytest
 SHARED_STACK_MODULES = ("tests/test_e2e_training.py", "tests/test_loops_e2e.py", "tests/test_web_e2e.py")
 """The modules whose tests use `small_stack` (by their node id's path): one xdist worker runs them all."""
 SMALL_MODEL = "rlvr-tiny-small"
-SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 
 
 @dataclass
@@ -30,6 +29,7 @@ class RunningStack:
     running: Any  # rlvr.clients.stack.Stack
     home: Path
     web_url: str
+    log: Any  # the open stack.out the services' output goes to
 
 
 class SharedStack:
@@ -38,7 +38,6 @@ class SharedStack:
     def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
         self._tmp = tmp_path_factory
         self._current: RunningStack | None = None
-        self._log: Any = None
 
     def get(self) -> RunningStack:
         if self._current is None:
@@ -48,20 +47,21 @@ class SharedStack:
     def _start(self) -> RunningStack:
         from rlvr.clients.sdk import connect
         from rlvr.clients.stack import Stack, StackConfig, free_port
+        from rlvr.clients.stack_config import SERVICES
 
         home = self._tmp.mktemp("small-stack")
         cfg = StackConfig(home=home, model=SMALL_MODEL, ports={name: free_port() for name in SERVICES},
                           start_timeout=300.0, log_format="text", web_port=free_port(),
                           memory_fraction=0.1)  # the KV cache: 10% of host memory (`make test` runs two workers)
-        self._log = open(home / "stack.out", "w")  # noqa: SIM115
-        running = Stack(cfg, out=self._log)
+        log = open(home / "stack.out", "w")  # noqa: SIM115
+        running = Stack(cfg, out=log)
         try:
             running.start()
             assert running.wait_serving(), (home / "stack.out").read_text()
-            return RunningStack(connect(running.client_settings()), running, home, cfg.web_url)
+            return RunningStack(connect(running.client_settings()), running, home, cfg.web_url, log)
         except BaseException:
             running.stop()
-            self._log.close()
+            log.close()
             raise
 
     def stop(self) -> None:
@@ -72,7 +72,7 @@ class SharedStack:
             current.client.close()
         finally:
             current.running.stop()
-            self._log.close()
+            current.log.close()
 
 
 @pytest.fixture(scope="session")
