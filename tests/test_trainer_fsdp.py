@@ -9,7 +9,10 @@ tolerance (ADAPTER_TOL, LOSS_TOL) rather than bit for bit, as in tests/test_trai
 since the two collectives need not sum in one order (on this machine they came out bit-equal).
 
 The two jobs run at once, each on a worker of its own (a JobSupervisor, with its own artifact root),
-launched as a worker launches any job of several processes (torchrun, job_process).
+launched as a worker launches any job of several processes, in its two ways (job_process.launch):
+the FSDP job's ranks forked from its job process (torchrun's agent in it, as on a host without a
+GPU), the DDP job's started by torchrun exec'd (`job_start = "fresh"`, as on a GPU host), so the
+comparison also shows that the two ways train alike.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ ADAPTER_TOL = 1e-3  # per LoRA weight, relative to the largest change the steps 
 SHARDED = re.compile(r"\[rank (\d)\].*policy sharded with FSDP2 across 2 processes: this one holds (\d+) of its (\d+)")
 
 
-def _settings(root: Path, nats_url: str, name: str) -> TrainerSettings:
+def _settings(root: Path, nats_url: str, name: str, job_start: str = "fork") -> TrainerSettings:
     return TrainerSettings(port=0, artifact_root=root, nats_url=nats_url, scorer="local", torch_threads=1,
-                           cancel_grace_seconds=20.0, worker_name=name)
+                           cancel_grace_seconds=20.0, worker_name=name, job_start=job_start)
 
 
 def _request(job_id: str, sharding: str, resume: bool = False, stored: int = 0) -> T.StartJobRequest:
@@ -73,7 +76,9 @@ async def test_fsdp_trains_what_ddp_trains_and_pushes_the_whole_adapter(nats_ser
 
     stamp = time.monotonic_ns()
     runs = {"fsdp": f"fsdp-{stamp}", "ddp": f"ddp-{stamp}"}
-    supervisors = {kind: JobSupervisor(_settings(tmp_path / kind, nats_server.url, f"trainer-{kind}")) for kind in runs}
+    starts = {"fsdp": "fork", "ddp": "fresh"}
+    supervisors = {kind: JobSupervisor(_settings(tmp_path / kind, nats_server.url, f"trainer-{kind}", starts[kind]))
+                   for kind in runs}
     async with connected_bus(nats_server.url) as bus:
         for kind, job_id in runs.items():
             await supervisors[kind].start(_request(job_id, kind))
@@ -89,6 +94,8 @@ async def test_fsdp_trains_what_ddp_trains_and_pushes_the_whole_adapter(nats_ser
     assert sorted(held) == [0, 1], logs["fsdp"][-3000:]
     assert all(h < total for h, total in held.values()) and sum(h for h, _ in held.values()) == held[0][1]
     assert not SHARDED.search(logs["ddp"])
+    # Each job started its ranks as its worker's job_start says.
+    assert "2 training processes, forked: torchrun" in logs["fsdp"] and "-m torch.distributed.run" in logs["ddp"]
 
     # The same rewards and losses, step by step.
     (fsdp, fsdp_status), (ddp, ddp_status) = events["fsdp"], events["ddp"]

@@ -34,9 +34,9 @@ LOSS_TOL = 1e-4  # relative, per step (with an absolute floor of 1e-6)
 ADAPTER_TOL = 1e-3  # per LoRA weight, relative to the largest change the steps made to B
 
 
-def _settings(tmp_path: Path, nats_url: str) -> TrainerSettings:
+def _settings(tmp_path: Path, nats_url: str, job_start: str = "fork") -> TrainerSettings:
     return TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url=nats_url, scorer="local",
-                           torch_threads=1, cancel_grace_seconds=20.0, worker_name="trainer-mp")
+                           torch_threads=1, cancel_grace_seconds=20.0, worker_name="trainer-mp", job_start=job_start)
 
 
 def _request(job_id: str, model: str, processes: int, steps: int = STEPS) -> T.StartJobRequest:
@@ -160,15 +160,18 @@ async def _idle(supervisor: object) -> None:
 
 
 
-async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("job_start", ["fork", "fresh"])
+async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_path: Path, job_start: str) -> None:
     """SIGKILL to the job's process group (the worker's last resort on cancel, or the OOM killer):
-    torchrun dies, and each rank with it (PR_SET_PDEATHSIG, kept across the launcher's exec)."""
+    the launcher dies (torchrun's agent in it, or torchrun it exec'd), and each rank with it
+    (PR_SET_PDEATHSIG: the ranks it forked are in its process group too; a fresh launcher's death
+    signal is kept across its exec)."""
     import os
     import signal
 
     from rlvr.services.trainer.worker import JobSupervisor
 
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url, job_start))
     job_id = f"mp-kill-{time.monotonic_ns()}"
     job_dir = tmp_path / "artifacts" / "jobs" / job_id
     await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))

@@ -1,9 +1,13 @@
 """A job across several training processes (advanced.num_processes): who does what, and how the
 processes agree.
 
-The worker starts one job process; for N > 1 it becomes the launcher (`launch_command`): it execs
-torchrun (`torch.distributed.run --standalone`), which starts N ranks of the same entry point
-(`rlvr.services.trainer.job_process --rank-of PID`). Each rank trains on batch_size / N completions of
+The worker starts one job process; for N > 1 it becomes the launcher: it runs torchrun
+(`torch.distributed.run --standalone`), which starts N ranks of the same entry point
+(`rlvr.services.trainer.job_process --rank-of PID`). Where the worker forks its job processes (a
+host without a GPU driver: forkserver.py), the launcher has imported torch, transformers, peft and
+TRL already, runs torchrun's agent itself and forks the ranks from it (`torchrun_arguments(forked=True)`:
+each rank starts training about a second after the launch instead of after its own imports, 10+ s
+of CPU each); elsewhere it execs torchrun (`launch_command`), whose ranks are fresh interpreters. Each rank trains on batch_size / N completions of
 the step (TRL's GRPOTrainer under DDP: gloo on a CPU, NCCL on GPUs; one optimizer step across all
 ranks, its gradients averaged), and rank 0 alone speaks for the job: it writes progress.json and
 result.json, saves and pushes each adapter version once, and publishes one MetricEvent per step,
@@ -24,11 +28,12 @@ job's adapter and checkpoints). The other nodes write their part's result only
 (job_process.py); a resume gives them node 0's checkpoint over the job's own process group when
 their artifact root lacks it (`share_folder`), so no disk is shared between the nodes.
 
-Processes: the launcher keeps the job process's pid (the exec), so the worker's cancel (SIGTERM to
-that process group, then SIGKILL) reaches torchrun, which passes SIGTERM on to the ranks (each in a
-session of its own) and kills them after its own grace; every rank dies with torchrun
-(PR_SET_PDEATHSIG, `job_process.die_with_parent`), and torchrun with the worker (the death signal
-is kept across the exec).
+Processes: the launcher keeps the job process's pid (torchrun in it, or exec'd), so the worker's
+cancel (SIGTERM to that process group, then SIGKILL) reaches torchrun's agent, which passes SIGTERM
+on to the ranks (exec'd ones are each in a session of its own; forked ones are in the launcher's
+process group and have the worker's SIGTERM too) and kills them after its own grace; every rank
+dies with the launcher (PR_SET_PDEATHSIG, `job_process.die_with_parent`), and the launcher with the
+worker (the death signal is kept across an exec).
 """
 
 from __future__ import annotations
@@ -61,10 +66,13 @@ class Nodes:
     local_addr: str = ""  # the address the other nodes reach this one at ("": its FQDN)
 
 
-def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None) -> list[str]:
-    """torchrun over `processes` ranks of the job process (the launcher execs it, keeping its pid:
-    `launcher_pid` is the ranks' parent, which they die with); with `nodes`, this node's ranks of a
-    rendezvous of `nodes.count` nodes."""
+def torchrun_arguments(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None,
+                       forked: bool = False) -> list[str]:
+    """torchrun's arguments for `processes` ranks of the job process (`launcher_pid` is the ranks'
+    parent, which they die with); with `nodes`, this node's ranks of a rendezvous of `nodes.count`
+    nodes. `forked`: the launcher runs torchrun's agent itself and the ranks are forked from it
+    (`--run-path` of this package's job_process.py with `--start-method fork`, torchrun's way of
+    starting a function rather than a program), else each rank is `python -m` of it."""
     if nodes is None or nodes.count == 1:
         where = ["--standalone", "--nnodes", "1"]
     else:
@@ -73,11 +81,16 @@ def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Node
                  "--rdzv-conf", f"is_host={'true' if nodes.rank == 0 else 'false'}"]
         if nodes.local_addr:
             where += ["--local-addr", nodes.local_addr]
-    return [
-        sys.executable, "-m", "torch.distributed.run", *where,
-        "--nproc-per-node", str(processes), "--max-restarts", "0",
-        "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir), "--rank-of", str(launcher_pid),
-    ]
+    entry = (["--run-path", "--start-method", "fork", str(Path(__file__).with_name("job_process.py"))] if forked
+             else ["-m", "rlvr.services.trainer.job_process"])
+    return [*where, "--nproc-per-node", str(processes), "--max-restarts", "0",
+            *entry, "--job-dir", str(job_dir), "--rank-of", str(launcher_pid)]
+
+
+def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None) -> list[str]:
+    """torchrun over `processes` ranks of the job process, as a program (the launcher execs it,
+    keeping its pid): each rank a fresh interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_arguments(job_dir, processes, launcher_pid, nodes)]
 
 
 def visible_devices(gpu_selection: str, processes: int, inherited: str | None) -> str | None:

@@ -98,7 +98,7 @@ def _preload(modules: Sequence[str]) -> dict[str, str]:
     return failed
 
 
-def _set_title(argv: Sequence[str]) -> bool:
+def set_title(argv: Sequence[str]) -> bool:
     """Writes `argv` (NUL-separated) over this process's command line, as /proc/PID/cmdline and ps
     show it; False where it does not fit (or off Linux). The rest of the area is NUL-padded, which
     keeps the kernel reading the area's arguments as separate ones."""
@@ -204,7 +204,7 @@ class _Server:
         os.environ.clear()
         os.environ.update(request.env)
         os.chdir(request.cwd)
-        _set_title([sys.executable, "-m", request.module, *request.args])
+        set_title([sys.executable, "-m", request.module, *request.args])
         logging.root.handlers.clear()  # the job configures its own
 
 

@@ -27,13 +27,14 @@ import argparse
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -46,8 +47,10 @@ from rlvr.services.trainer.distributed import (
     Nodes,
     launch_command,
     peer_lost,
+    torchrun_arguments,
     visible_devices,
 )
+from rlvr.services.trainer.forkserver import forks_jobs, set_title
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2
 
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
     from rlvr.services.trainer.runner import JobResult
 
 log = logging.getLogger("rlvr.trainer.job")
+
+STOP_SIGNALS: list[int] = []  # the SIGTERMs and SIGINTs this process received (run(): a cancel)
 
 STATUS_BY_OUTCOME = {
     "completed": common_pb2.JOB_STATUS_COMPLETED,
@@ -107,17 +112,19 @@ def _read_job(job_dir: Path) -> JobConfig:
 
 
 def launch(job_dir: Path) -> int:
-    """The job process the worker started: runs the job, or for a job of several processes execs
-    torchrun over its ranks (keeping this pid, the worker's handle on the whole group)."""
+    """The job process the worker started: runs the job, or for a job of several processes starts
+    torchrun over its ranks, keeping this pid (the worker's handle on the whole group): torchrun's
+    agent in this process with the ranks forked from it where the worker forks its job processes
+    (this process has imported the ranks' libraries: forkserver.py), else torchrun exec'd."""
     job = _read_job(job_dir)
     visible = visible_devices(job.gpu_selection, job.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before torch is imported, or it is too late
     if job.num_processes == 1 and job.num_nodes == 1:
         return run(job_dir)
+    settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
     nodes = None
     if job.num_nodes > 1:
-        settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
         nodes = Nodes(job.num_nodes, job.node_rank, job.rendezvous_endpoint, job.job_id, settings.rendezvous_address)
         os.environ[NODE_RANK_ENV] = str(job.node_rank)  # torchrun passes it on to the ranks
         if "OMP_NUM_THREADS" not in os.environ:
@@ -127,12 +134,43 @@ def launch(job_dir: Path) -> int:
 
             threads = settings.torch_threads or max(1, cpu_cores() // job.num_processes)
             os.environ["OMP_NUM_THREADS"] = str(threads)
+    where = f" on node {job.node_rank} of {job.num_nodes}" if nodes else ""
+    if forks_jobs(settings.job_start):
+        arguments = torchrun_arguments(job_dir, job.num_processes, os.getpid(), nodes, forked=True)
+        log.info("job %s: %d training processes%s, forked: torchrun %s", job.job_id, job.num_processes, where,
+                 " ".join(arguments))
+        return _torchrun_here(arguments)
     command = launch_command(job_dir, job.num_processes, os.getpid(), nodes)
-    log.info("job %s: %d training processes%s: %s", job.job_id, job.num_processes,
-             f" on node {job.node_rank} of {job.num_nodes}" if nodes else "", " ".join(command))
+    log.info("job %s: %d training processes%s: %s", job.job_id, job.num_processes, where, " ".join(command))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)  # PR_SET_PDEATHSIG is kept: torchrun dies with the worker
+
+
+def _torchrun_here(arguments: list[str]) -> int:
+    """torchrun (torch.distributed.run, its own argument parsing and agent) in this process; its exit
+    code as a program: 1 when a rank failed or a signal stopped the agent (which stopped the ranks)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun.main(arguments)
+    except (ChildFailedError, SignalException) as e:
+        log.error("the job's training processes ended: %s", e)
+        return 1
+    return 0
+
+
+def _become_forked_rank(job_dir: Path, launcher_pid: int) -> None:
+    """A rank forked by torchrun's agent in the launcher: the command line a rank started by torchrun
+    as a program has (`ps`, a restarted worker's search for its job's processes), and the agent's
+    signal handlers, inherited across the fork, back to the defaults (run() sets its own)."""
+    set_title([sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir),
+               "--rank-of", str(launcher_pid)])
+    for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run(job_dir: Path, group: Group | None = None) -> int:
@@ -142,10 +180,15 @@ def run(job_dir: Path, group: Group | None = None) -> int:
     job = _read_job(job_dir)
 
     cancel = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        STOP_SIGNALS.append(signum)
+        cancel.set()
+
     # SIGTERM = cancel: finish the step in flight, save, report CANCELLED (the worker SIGKILLs
     # after its grace period if the step takes longer; the last step's adapter is on disk already).
-    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
     from rlvr.services.trainer.runner import JobDeps, JobResult, one_line, run_job
     from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
@@ -288,9 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     group = Group.from_env() if args.rank_of else None
     where = f" [rank {group.rank}]" if group is not None else ""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,  # a forked rank: not its launcher's
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
     if group is not None:
+        if _forked_rank():
+            _become_forked_rank(args.job_dir, args.rank_of)
         die_with_parent(args.rank_of)  # torchrun, which dies with the worker
         log.info("training process %d of %d started (pid %d)", group.rank, group.world, os.getpid())
         return run(args.job_dir, group)
@@ -298,7 +343,26 @@ def main(argv: list[str] | None = None) -> int:
     return launch(args.job_dir)
 
 
+def _forked_rank() -> bool:
+    """Whether this process is a rank that torchrun's agent forked (multiprocessing started it)."""
+    return multiprocessing.parent_process() is not None
+
+
+def _end_forked_rank(code: int) -> NoReturn:
+    """A forked rank's end. The agent takes a rank's return as its success (SystemExit(0) is one),
+    after which the rank waits until the agent has read it: so the return is kept for a rank that
+    ran to its end unsignalled. A rank that was signalled exits at once, 1 if its job did not fail:
+    the agent is stopping the ranks (it signalled them, or the worker signalled the job's process
+    group) and does not read returns, or else it was this rank alone, and its exit stops the others."""
+    if code == 0 and not STOP_SIGNALS:
+        sys.exit(0)
+    reaper.exit_without_teardown(code or 1)
+
+
 if __name__ == "__main__":
+    code = main()
+    if _forked_rank():
+        _end_forked_rank(code)
     # Every result is written and every event flushed: the interpreter's teardown of torch & co.
     # would only keep the worker busy for seconds more.
-    reaper.exit_without_teardown(main())
+    reaper.exit_without_teardown(code)

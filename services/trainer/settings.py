@@ -58,7 +58,8 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     torch, transformers, peft and TRL when the service started (forkserver.py: a job skips about 8 s
     of CPU of imports; that process holds about 0.9 GB); "fresh" = a new interpreter that imports
     them itself; "auto" = fork on a host without a GPU driver, fresh with one (CUDA state must not
-    cross a fork). A job of several processes always starts fresh (its ranks are torchrun's)."""
+    cross a fork). A job of several processes started so starts its ranks so: forked from its
+    job process, which runs torchrun's agent, or each a fresh interpreter torchrun starts."""
     rendezvous_address: str = ""
     """A job of several nodes (advanced.num_nodes): the address the other trainer hosts reach this
     one at, for torchrun's rendezvous and the process group (torchrun --local-addr); "" = this

@@ -184,11 +184,11 @@ class JobSupervisor:
     async def _job_process(self, job: JobConfig) -> JobProcess:
         """`python -m rlvr.services.trainer.job_process` for `job`, in a session of its own (a cancel
         reaches its children too), writing into its job.log: forked from the fork server where this
-        worker has one (forkserver.py), else a fresh interpreter. A job of several processes starts
-        fresh: its process only execs torchrun, whose ranks import their libraries themselves."""
+        worker has one (forkserver.py), else a fresh interpreter. A job of several processes forked
+        so forks its ranks from itself (job_process.launch)."""
         job_dir = artifacts.job_dir(self.root, job.job_id)
         args = ["--job-dir", str(job_dir)]
-        if self.forks is not None and job.num_processes == 1 and job.num_nodes == 1:
+        if self.forks is not None:
             try:
                 await self.forks.start()
                 # It dies with the fork server, which dies with this service (job_process.die_with_parent).
