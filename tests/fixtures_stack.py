@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-SHARED_STACK_MODULES = ("tests/test_e2e_training.py", "tests/test_loops_e2e.py", "tests/test_web_e2e.py")
+SHARED_STACK_MODULES = ("tests/test_e2e_training.py", "tests/test_loops_e2e.py", "tests/test_trainer_recovery.py",
+                        "tests/test_web_e2e.py")
 """The modules whose tests use `small_stack` (by their node id's path): one xdist worker runs them all."""
 SMALL_MODEL = "rlvr-tiny-small"
 

@@ -1,5 +1,6 @@
-"""Crash recovery on the real stack: embedded NATS, SQLite, the five services as child processes
-(the rollout server on its transformers backend: no vLLM here), jobs created through the public SDK.
+"""Crash recovery on the real stack: embedded NATS, SQLite, the five services as child processes (the
+end-to-end modules' shared stack, tests/fixtures_stack.py; these jobs generate on their own
+transformers backend), jobs created through the public SDK.
 
 A job whose trainer is killed with SIGKILL after a checkpoint, only its job process or the whole
 trainer service (restarted then), is not failed: the scheduler resumes it from the checkpoint
@@ -14,38 +15,21 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_stack import SMALL_MODEL as MODEL  # the shared stack's model
 
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
-MODEL = "rlvr-tiny-small"  # writes the answer format and is sometimes right: rewards differ, the adapter moves
-SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 STEPS = 6  # the kill comes after step 3, about 3 steps (2 s each, idle) before the job would end
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object, Path]]:
-    from rlvr.clients.sdk import connect
-    from rlvr.clients.stack import Stack, StackConfig, free_port
-
-    home = tmp_path_factory.mktemp("recovery")
-    cfg = StackConfig(home=home, model=MODEL, ports={name: free_port() for name in SERVICES},
-                      rollout_backend="transformers", start_timeout=300.0, log_format="text")
-    log = open(home / "stack.out", "w")  # noqa: SIM115
-    running = Stack(cfg, out=log)
-    try:
-        running.start()
-        assert running.wait_serving(), (home / "stack.out").read_text()
-        client = connect(running.client_settings())  # the stack's user token
-        yield client, running, home
-        client.close()
-    finally:
-        running.stop()
-        log.close()
+def stack(small_stack) -> tuple[object, object, Path]:  # noqa: ANN001 (tests/fixtures_stack.py)
+    shared = small_stack.get()
+    return shared.client, shared.running, shared.home
 
 
 def _spec(name: str) -> C.JobSpec:
