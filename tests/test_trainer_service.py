@@ -34,9 +34,9 @@ def tiny_model() -> str:
     return build_trainer_test_model()  # tests/fixtures_trainer.py: built once, under a lock
 
 
-def _settings(tmp_path: Path, nats_url: str) -> TrainerSettings:
+def _settings(tmp_path: Path, nats_url: str, job_start: str = "auto") -> TrainerSettings:
     return TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url=nats_url, scorer="local",
-                           torch_threads=1, cancel_grace_seconds=5.0, worker_name="trainer-test")
+                           torch_threads=1, cancel_grace_seconds=5.0, worker_name="trainer-test", job_start=job_start)
 
 
 def _request(job_id: str, model: str, max_steps: int) -> T.StartJobRequest:
@@ -207,7 +207,9 @@ async def test_start_is_idempotent_by_job_id_and_outlives_its_caller(
         real_check(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(worker_module, "check_quantization", slow_check)
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    # A fresh job process: what is checked is the start, and the job is cancelled as soon as it runs
+    # (a fork server would first import the job's libraries, 13 s of CPU, for a job that never trains).
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url, job_start="fresh"))
     job_id = f"idem-{time.monotonic_ns()}"
     request = _request(job_id, tiny_model, max_steps=500)
     first = asyncio.create_task(supervisor.start(request))
