@@ -62,7 +62,13 @@ async def test_rpc_counts_and_latencies_by_method_and_code(tmp_path: Path) -> No
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await stub.Score(reward_pb2.ScoreRequest(key="no-such-reward", items=_items(1)))
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        after = scrape(url)
+        # A call is counted when its handler has returned; an aborted one's status reaches the client
+        # first (context.abort sends it, then raises), so its count may come a moment after.
+        after, deadline = scrape(url), time.monotonic() + 10
+        while rpc(after, "Score", "INVALID_ARGUMENT") == rpc(before, "Score", "INVALID_ARGUMENT") \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            after = scrape(url)
     assert rpc(after, "Score") - rpc(before, "Score") == 3
     assert rpc(after, "Score", "INVALID_ARGUMENT") - rpc(before, "Score", "INVALID_ARGUMENT") == 1
     latency = {"grpc_service": "rlvr.v1.RewardService", "grpc_method": "Score", "grpc_code": "OK"}
