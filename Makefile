@@ -6,8 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlvr-installed
 # uv installs the project (parallel downloads: 16 s here for what took pip 70-80 s, the same versions).
 # It does not read pip's configuration, so the wheel folders pip is configured with (find-links, where
-# a host keeps a CPU build of torch) are passed on to it.
-FIND_LINKS := $(sort $(PIP_FIND_LINKS) $(shell $(PY) -m pip config get global.find-links 2>/dev/null))
+# a host keeps a CPU build of torch) are passed on to it (asked of pip by the install alone: `=`).
+FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 # The commands below write the bytecode of what they import, as Python does by default: an environment
 # that sets PYTHONDONTWRITEBYTECODE (this project's CI hosts do) would have every process compile
 # torch, vLLM and TRL again (an import of TRL 28 s instead of 13). Compiling only what is imported, on

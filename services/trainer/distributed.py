@@ -66,6 +66,16 @@ class Nodes:
     local_addr: str = ""  # the address the other nodes reach this one at ("": its FQDN)
 
 
+# The module every job process and every rank runs (`python -m`; a restarted worker finds its job's
+# processes by it in their command lines).
+JOB_MODULE = "rlvr.services.trainer.job_process"
+
+
+def rank_arguments(job_dir: Path, launcher_pid: int) -> list[str]:
+    """The command-line arguments of a rank of the job in `job_dir`, whose launcher is `launcher_pid`."""
+    return ["--job-dir", str(job_dir), "--rank-of", str(launcher_pid)]
+
+
 def torchrun_arguments(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None,
                        forked: bool = False) -> list[str]:
     """torchrun's arguments for `processes` ranks of the job process (`launcher_pid` is the ranks'
@@ -82,9 +92,9 @@ def torchrun_arguments(job_dir: Path, processes: int, launcher_pid: int, nodes: 
         if nodes.local_addr:
             where += ["--local-addr", nodes.local_addr]
     entry = (["--run-path", "--start-method", "fork", str(Path(__file__).with_name("job_process.py"))] if forked
-             else ["-m", "rlvr.services.trainer.job_process"])
+             else ["-m", JOB_MODULE])
     return [*where, "--nproc-per-node", str(processes), "--max-restarts", "0",
-            *entry, "--job-dir", str(job_dir), "--rank-of", str(launcher_pid)]
+            *entry, *rank_arguments(job_dir, launcher_pid)]
 
 
 def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None) -> list[str]:

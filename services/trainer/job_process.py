@@ -42,11 +42,13 @@ from rlvr.common.auth import peer_auth
 from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.distributed import (
+    JOB_MODULE,
     NODE_RANK_ENV,
     Group,
     Nodes,
     launch_command,
     peer_lost,
+    rank_arguments,
     torchrun_arguments,
     visible_devices,
 )
@@ -166,8 +168,7 @@ def _become_forked_rank(job_dir: Path, launcher_pid: int) -> None:
     """A rank forked by torchrun's agent in the launcher: the command line a rank started by torchrun
     as a program has (`ps`, a restarted worker's search for its job's processes), and the agent's
     signal handlers, inherited across the fork, back to the defaults (run() sets its own)."""
-    set_title([sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir),
-               "--rank-of", str(launcher_pid)])
+    set_title([sys.executable, "-m", JOB_MODULE, *rank_arguments(job_dir, launcher_pid)])
     for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

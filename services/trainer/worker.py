@@ -37,6 +37,7 @@ from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.objectstore import StoreError, object_store, store_key
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
+from rlvr.services.trainer.distributed import JOB_MODULE
 from rlvr.services.trainer.forkserver import ForkServer, ForkServerError, forks_jobs
 from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
 from rlvr.services.trainer.quantization import check_precision, check_quantization
@@ -52,9 +53,6 @@ log = logging.getLogger("rlvr.trainer.worker")
 class WorkerBusy(Exception):
     """StartJob of a job while this worker runs or starts another one (the servicer answers
     RESOURCE_EXHAUSTED, which the scheduler tells apart from a refusal by its code)."""
-
-
-JOB_MODULE = "rlvr.services.trainer.job_process"
 
 
 class JobProcess(Protocol):
