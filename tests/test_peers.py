@@ -125,6 +125,33 @@ async def test_service_peers_over_the_async_clients(rollout: tuple[ScriptedRollo
         await peers.close()
 
 
+async def test_an_evaluation_waits_for_a_rollout_service_that_comes_back(reward_address: str) -> None:
+    """A rollout server killed mid-evaluation (every replica down) is waited for, bounded, and the
+    batch generated again once it serves; one that stays away fails the batch naming it."""
+    import asyncio
+
+    from rlvr.clients.stack_ports import free_port
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    peers = ServicePeers(address, reward_address, rollout_wait_s=60)
+    questions = [Question(7, (("user", "q7"),), "77"), Question(8, (("user", "q8"),), "1")]
+    try:
+        waiting = asyncio.create_task(peers.generate(questions, Sampling(), AdapterTag()))
+        await asyncio.sleep(2.5)
+        assert not waiting.done()  # down: waited for, not failed
+        async with ServiceRunner(_Service(ScriptedRollout()), ServiceSettings(port=port)):
+            answers = await asyncio.wait_for(waiting, 30)
+        assert sorted(a.index for a in answers) == [7, 8]
+
+        peers.rollout_wait_s = 1.0
+        with pytest.raises(EvaluationError, match=rf"^the rollout service at {address} is down and did not come "
+                                                   r"back within 1 s: rollout service at .*UNAVAILABLE"):
+            await peers.generate(questions, Sampling(), AdapterTag())
+    finally:
+        await peers.close()
+
+
 async def test_service_peers_name_an_unreachable_peer(reward_address: str) -> None:
     peers = ServicePeers("127.0.0.1:9", reward_address)
     try:

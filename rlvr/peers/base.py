@@ -416,15 +416,17 @@ class AsyncServiceClient(_Client):
     event loop running when it is made."""
 
     def __init__(self, target: str | grpc.aio.Channel, *, timeout: float | None = None,
-                 auth: ChannelAuth | None = None, retries: bool = True) -> None:
+                 auth: ChannelAuth | None = None, retries: bool = True, own_connection: bool = False) -> None:
         """`target` is an address ("HOST:PORT"; the client owns and closes the channel) or a
         channel from `make_channel(..., aio=True)` (the caller owns it). `timeout` overrides the
-        default deadline of unary calls and uploads; `auth` as for `ServiceClient`; `retries`
-        (make_channel's) False for a caller that waits for an unavailable service itself."""
+        default deadline of unary calls and uploads; `auth` and `own_connection` as for
+        `ServiceClient`; `retries` (make_channel's) False for a caller that waits for an
+        unavailable service itself."""
         self._owns_channel = isinstance(target, str)
         self.address = target if isinstance(target, str) else ""
-        self.channel: grpc.aio.Channel = (make_channel(target, aio=True, auth=auth, retries=retries)
-                                          if isinstance(target, str) else target)
+        self.channel: grpc.aio.Channel = (
+            make_channel(target, aio=True, auth=auth, retries=retries, own_connection=own_connection)
+            if isinstance(target, str) else target)
         self._timeout = timeout
 
     async def close(self) -> None:

@@ -14,12 +14,16 @@ into contiguous parts, one Generate call per replica at once (greedy, the defaul
 whatever the split; a seeded sample is the single server's on vLLM, which seeds each prompt alike),
 an uploaded adapter goes to every replica, and a replica that fails a part because it is down
 (UNAVAILABLE, DEADLINE_EXCEEDED; it is then left out for RETRY_DOWN_S) or does not hold the adapter
-version (NOT_FOUND) has that part answered by the others, with a warning. Only when no replica can
-answer does the evaluation fail.
+version (NOT_FOUND) has that part answered by the others, with a warning. When no replica can
+answer because every one is down (killed, restarting: vLLM takes tens of seconds to start), the
+evaluation waits up to `rollout_wait_s` for one to serve again and generates that batch again (greedy
+or seeded, the same answers); a reward service that goes away is waited for the same way
+(`reward_wait_s`), as a training job waits for both. Only then does the evaluation fail, naming it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -32,7 +36,7 @@ import grpc
 from rlvr.adapters import ADAPTER_FILES
 from rlvr.common.auth import ChannelAuth
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, RlvrServiceError, Unavailable
-from rlvr.peers.base import RlvrError
+from rlvr.peers.base import RlvrError, check_health
 from rlvr.peers.clients import AsyncRewardClient, AsyncRolloutClient, AsyncTrainerClient
 from rlvr.peers.folders import fetch_folder
 from rlvr.peers.replicas import Fate, NoReplicaLeft, Replicas
@@ -85,9 +89,22 @@ def translated(*, running: bool = False) -> Iterator[None]:
         raise failure(e, running=running) from None
 
 
+def _describe(error: BaseException) -> str:
+    if isinstance(error, NoReplicaLeft):
+        return "; ".join(_describe(e) for _, e in error.failures)
+    return error.describe() if isinstance(error, RlvrError) else str(error)
+
+
 RETRY_DOWN_S = 30.0  # a replica found down is left out this long, then tried again
 CATALOG_TTL_S = 10.0  # how long the reward service's list of rewards is kept
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _gone(error: BaseException) -> bool:
+    """A peer that is not there (UNAVAILABLE, DEADLINE_EXCEEDED): worth waiting for."""
+    if isinstance(error, NoReplicaLeft):
+        return all(isinstance(e, RlvrError) and e.code in _GONE for _, e in error.failures)
+    return isinstance(error, RlvrError) and error.code in _GONE
 
 
 def fate(error: BaseException) -> Fate:
@@ -107,13 +124,21 @@ class ServicePeers:
 
     def __init__(self, rollout_address: str | Sequence[str], reward_address: str, *, generate_timeout_s: float = 600.0,
                  score_timeout_s: float = 300.0, upload_timeout_s: float = 300.0,
-                 auth: ChannelAuth | None = None, trainer_addresses: Sequence[str] = ()) -> None:
+                 auth: ChannelAuth | None = None, trainer_addresses: Sequence[str] = (),
+                 rollout_wait_s: float = 300.0, reward_wait_s: float = 300.0,
+                 health: Callable[[str], Awaitable[str]] | None = None) -> None:
         addresses = [rollout_address] if isinstance(rollout_address, str) else list(rollout_address)
+        self.rollout_addresses = addresses
+        self.rollout_wait_s = rollout_wait_s
+        self.reward_wait_s = reward_wait_s
+        self.health = health or (lambda address: asyncio.to_thread(check_health, address, timeout=1.0))
         self.rollout_address = ", ".join(addresses)
         self.reward_address = reward_address
         self.generate_timeout_s = generate_timeout_s
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
+        self.auth = auth
+        self._replaced: list[AsyncRolloutClient | AsyncRewardClient] = []  # closed with the others
         self.replicas = Replicas([AsyncRolloutClient(a, auth=auth) for a in addresses], fate,
                                  retry_down_s=RETRY_DOWN_S)
         self.reward = AsyncRewardClient(reward_address, auth=auth)
@@ -128,6 +153,8 @@ class ServicePeers:
         await self.reward.close()
         for trainer in self.trainers:
             await trainer.close()
+        for client in self._replaced:
+            await client.close()
 
     # ------------------------------------------------------------------ the replicas
 
@@ -196,17 +223,69 @@ class ServicePeers:
 
     # ------------------------------------------------------------------ the run (Generator, Scorer)
 
+    async def _waiting(self, call: Callable[[], Awaitable[_R]], service: str, addresses: Sequence[str],
+                       wait_s: float) -> _R:
+        """`call()`, made again once a peer of `service` at `addresses` serves again when it failed
+        because every one was down; at most `wait_s` seconds of waiting in all."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await call()
+            except Exception as e:
+                if not _gone(e):
+                    raise
+                cause = e
+            where = ", ".join(addresses)
+            if time.monotonic() >= deadline:
+                waited = f" and did not come back within {wait_s:.0f} s" if wait_s else ""
+                raise EvaluationError(f"the {service} service at {where} is down{waited}: {_describe(cause)}") from None
+            log.warning("the %s service at %s is down (%s); waiting up to %.0f s for it", service, where,
+                        _describe(cause), deadline - time.monotonic())
+            started = time.monotonic()
+            while time.monotonic() < deadline:
+                if "SERVING" in [await self.health(a) for a in addresses]:
+                    break
+                await asyncio.sleep(1.0)
+            else:
+                continue  # the deadline passed: the next failure says so
+            self._reconnect(service)
+            log.warning("the %s service at %s serves again after %.0f s; calling it again", service, where,
+                        time.monotonic() - started)
+
+    def _reconnect(self, service: str) -> None:
+        """Fresh clients, each with a connection of its own, for a service that came back: the old
+        channel may still be backing off its reconnects (gRPC's backoff grows with the outage) and
+        fail every call at once, the server up. The old ones are closed at the end only: another
+        evaluation's call may still be on them."""
+        if service == "reward":
+            self._replaced.append(self.reward)
+            self.reward = AsyncRewardClient(self.reward_address, auth=self.auth, own_connection=True)
+            return
+        for replica in self.replicas.all:  # back: none is left out for having been down
+            self._replaced.append(replica.handle)
+            replica.handle = AsyncRolloutClient(replica.address, auth=self.auth, own_connection=True)
+            replica.down_until = 0.0
+
     async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
+        return await self._waiting(lambda: self._generate_all(questions, sampling, adapter), "rollout",
+                                   self.rollout_addresses, self.rollout_wait_s)
+
+    async def _generate_all(self, questions: Sequence[Question], sampling: Sampling,
+                            adapter: AdapterTag) -> list[Answer]:
         async def part(client: AsyncRolloutClient, indices: list[int]) -> list[Answer]:
             return await self._generate(client, [questions[i] for i in indices], sampling, adapter)
 
         try:
             parts = await self.replicas.spread(len(questions), part, f"generating with {adapter}")
         except NoReplicaLeft as e:
+            if _gone(e):
+                raise  # every replica down: `generate` waits for one
             why = "; ".join(error.describe() if isinstance(error, RlvrError) else str(error) for _, error in e.failures)
             raise EvaluationError(f"no rollout replica could answer questions {questions[e.pending[0]].index}-"
                                   f"{questions[e.pending[-1]].index}: {why}") from None
         except RlvrError as e:
+            if _gone(e):
+                raise
             raise failure(e, running=True) from None
         return [answer for _, answers in parts for answer in answers]
 
@@ -227,8 +306,11 @@ class ServicePeers:
         return answers
 
     async def score(self, function: RewardName, items: Sequence[ScoreInput]) -> list[Score]:
+        async def call() -> reward_pb2.ScoreResponse:
+            return await self.reward.score(score_request(function, items), timeout=self.score_timeout_s)
+
         with translated(running=True):
-            response = await self.reward.score(score_request(function, items), timeout=self.score_timeout_s)
+            response = await self._waiting(call, "reward", [self.reward_address], self.reward_wait_s)
         return [Score.of(r) for r in response.results]
 
     async def rewards(self) -> Catalog:

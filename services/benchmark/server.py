@@ -112,7 +112,8 @@ class BenchmarkCore:
         # Channels connect lazily: a rollout service still loading its model is not a start failure.
         self.peers = ServicePeers(s.rollout_replicas(), s.reward_address, generate_timeout_s=s.generate_timeout_seconds,
                                   score_timeout_s=s.score_timeout_seconds, auth=peer_auth(s),
-                                  trainer_addresses=s.trainer_addresses)
+                                  trainer_addresses=s.trainer_addresses, rollout_wait_s=s.rollout_wait_seconds,
+                                  reward_wait_s=s.reward_wait_seconds)
         manager = EvaluationManager(self.store, self.peers, BusEvents(self.bus), batch_size=s.batch_size,
                                     max_concurrent=s.max_concurrent, prompt_style=s.prompt_style,
                                     adapter_roots=s.adapter_roots)

@@ -32,6 +32,12 @@ class BenchmarkSettings(PeerFields, NatsFields, StoreFields, ServiceSettings):
     """Deadline of one batch's Generate call; a rollout service that stalls fails the evaluation."""
     score_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     """Deadline of one batch's Score call on the reward service."""
+    rollout_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """An evaluation whose rollout service goes away (killed, restarting: vLLM takes tens of seconds
+    to start; every replica down) waits this long for it, then generates the batch again; past it,
+    the evaluation fails naming the rollout service. 0: fail at once."""
+    reward_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """The same for the reward service: an evaluation waits this long for it to score again."""
     adapter_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "stack" / "artifacts"])
     """Folders a RunEvaluation `adapter_path` may name (JSON list or comma list); nothing outside."""
     trainer_addresses: list[str] = Field(default_factory=list)
