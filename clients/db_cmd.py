@@ -42,7 +42,7 @@ def _run(action: str):  # type: ignore[no-untyped-def]  # a handler factory, as 
         from rlvr.infra.store import Store, StoreError
 
         try:
-            with Store(_url(args)) as store:
+            with Store(_url(args), create=action == "upgrade") as store:  # current and check only read
                 shown = make_url(store.url).render_as_string(hide_password=True)
                 if action == "upgrade":
                     done = store.upgrade()
