@@ -360,13 +360,15 @@ def _ascii(dots: set[int]) -> str:
 
 def _band(series: Series, cols: int, rows: int, label_w: int, unicode: bool, name: str = "") -> list[str]:
     """The plot rows of one series: its range on the first and last row (a flat line: on its
-    row), `name` on a middle row when given."""
+    row), `name` when given on the free row nearest the middle (a flat line's value takes the
+    middle row, so its name goes above it; `rows` >= 3 leaves a free row either way)."""
     cx, cy, draw = (2, 4, _braille) if unicode else (1, 3, _ascii)
     finite = [v for v in series.values if math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
     labels = {(rows * cy // 2) // cy: num(hi)} if hi == lo else {0: num(hi), rows - 1: num(lo)}
-    if name:
-        labels.setdefault(rows // 2, name)
+    free = [r for r in range(rows) if r not in labels]
+    if name and free:
+        labels[min(free, key=lambda r: (abs(r - rows // 2), r))] = name
     cells = _canvas(series.values, cols, rows, cx, cy)
     lines = []
     for r, row in enumerate(cells):
@@ -393,7 +395,7 @@ def chart_lines(chart: Chart | Series, width: int = 38, height: int = 4, *, unic
         last = last.removeprefix("last ")
     title = chart.title[: max(0, width - len(last) - 1)]
     lines = [f"{title:<{max(0, width - len(last))}}{last}"]
-    rows = max(2, height - 1) if pair else height
+    rows = max(3, height - 1) if pair else height  # a band's name needs a row beside its range labels
     for s in chart.series:
         lines += _band(s, cols, rows, label_w, unicode, s.name if pair else "")
     first_step, last_step = chart.steps

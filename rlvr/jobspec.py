@@ -714,14 +714,17 @@ def total_steps(spec: common_pb2.JobSpec, n_prompts: int | None = None) -> int:
 
 
 def reward_title(reward: common_pb2.RewardConfig, catalog: Catalog | None = None) -> str:
-    """The Training Summary's Reward: the reward's display name ("GSM8K accuracy"), or a combination
-    as "GSM8K accuracy + 0.2 x Length" (a key stands for a reward this process does not know)."""
+    """The Training Summary's Reward (the one place every view's text comes from): the reward's
+    display name ("GSM8K accuracy"), or a combination as "GSM8K accuracy + 0.2 x Length". One form
+    for every term: where this process does not know a term (a plugin or remote reward only the
+    reward service has), every term is named by its key ("gsm8k + 0.2 x length")."""
     names = catalog.rewards if catalog is not None else load_registry().rewards
+    terms = list(reward.terms) or [common_pb2.RewardTerm(key=reward.key or DEFAULT_REWARD, weight=1.0)]
+    by_display_name = all(t.key in names for t in terms)
 
     def name(key: str) -> str:
-        return names[key].display_name if key in names else key
+        return names[key].display_name if by_display_name else key
 
-    terms = list(reward.terms) or [common_pb2.RewardTerm(key=reward.key or DEFAULT_REWARD, weight=1.0)]
     return " + ".join(name(t.key) if t.weight == 1.0 else f"{t.weight:g} x {name(t.key)}" for t in terms)
 
 

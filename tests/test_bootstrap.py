@@ -207,3 +207,59 @@ def test_unreachable_dependency_is_one_line_naming_the_setting(flag: str, value:
     # The structured log lines go to stderr too; the error itself is one line for a person.
     errors = [line for line in out.stderr.splitlines() if line.startswith("rlvr-scheduler: error:")]
     assert len(errors) == 1 and setting in errors[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def _service_settings() -> dict[str, type]:
+    """Every console script of pyproject.toml but `rlvr` is a service's: its settings class, by name."""
+    import importlib
+    import tomllib
+
+    from rlvr.common.settings import ServiceSettings
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for target in scripts.values():
+        importlib.import_module(target.partition(":")[0])
+    found, todo = {}, list(ServiceSettings.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("rlvr.services."):
+            found[f"rlvr-{cls.service_name}"] = cls
+    assert sorted(found) == sorted(s for s in scripts if s != "rlvr")
+    return found
+
+
+def test_every_flag_of_every_service_prints_a_true_default(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--help` of each service names each flag's default as the value that flag would take (given
+    back as the flag, it changes nothing), or in words where it depends on where the service starts."""
+    import importlib
+    import os
+    import re
+    import tomllib
+
+    from rlvr.common.settings import build_parser
+
+    for name in [n for n in os.environ if n.startswith("RLVR_")]:
+        monkeypatch.delenv(name)
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for script, cls in _service_settings().items():
+        module, _, func = scripts[script].partition(":")
+        with pytest.raises(SystemExit):
+            getattr(importlib.import_module(module), func)(["--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "Undefined" not in text, script
+        if "data_roots" in cls.model_fields:
+            assert "default: the folder the service starts in]" in text, script
+        defaults = load_settings(cls, [])
+        for action in build_parser(cls, script, "")._actions:
+            field = action.dest
+            if field not in cls.model_fields or cls.model_fields[field].annotation is bool:
+                continue
+            shown = re.search(r"; default: (.*)\]\Z", action.help or "", re.S)
+            assert shown, (script, field, action.help)
+            value = shown.group(1)
+            if value == "unset" or value.startswith("the folder the service starts in"):
+                continue
+            given = load_settings(cls, [action.option_strings[0], value])
+            assert getattr(given, field) == getattr(defaults, field), (script, field, value)

@@ -399,6 +399,15 @@ def test_every_docs_file_the_code_cites_exists() -> None:
     assert not missing, missing
 
 
+def test_the_tracker_files_the_docs_name_are_the_ones_written() -> None:
+    """docs/tracking.md names MLflow's completions table by the name the tracker gives step 1."""
+    from rlvr.tracking.mlflow_tracker import completions_artifact
+
+    page = (ROOT / "docs" / "tracking.md").read_text()
+    assert f"`{completions_artifact(1)}`" in page
+    assert not re.search(r"completions/step_[^0-9]", page), "a step's artifact shown by another name"
+
+
 @pytest.mark.skipif(shutil.which("mkdocs", path=str(BIN)) is None, reason="mkdocs is a dev extra (make install)")
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],

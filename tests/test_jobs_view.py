@@ -4,6 +4,7 @@ the `rlvr jobs show|report|download|merge|export` commands against a fake schedu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,6 +153,21 @@ def test_chart_has_y_range_labels_and_handles_one_step() -> None:
     assert lines[1].strip().startswith("0.800┤") and lines[-2].strip().startswith("0.100┤")
     one = jobs_view.render(make_metrics([0.4]))
     assert "0.400┤" in one and "step 1" in one
+
+
+@pytest.mark.parametrize("unicode", [True, False])
+@pytest.mark.parametrize("steps", [1, 2, 12])
+def test_every_band_of_a_chart_is_named_also_when_its_series_is_flat(unicode: bool, steps: int) -> None:
+    """A flat series' value label sits on the row of its line; its name goes on another row of its
+    band, so a chart of several series keeps every key (short jobs, constant components)."""
+    chart = jobs_view.Chart("reward_components", "Reward components", (
+        jobs_view.Series("component:gsm8k", "gsm8k", list(range(1, steps + 1)), RISING[:steps], "gsm8k"),
+        jobs_view.Series("component:length", "length", list(range(1, steps + 1)), [0.5] * steps, "length")))
+    lines = jobs_view.chart_lines(chart, width=38, unicode=unicode)
+    axis = "│┤" if unicode else "|+"
+    labels = [re.split(f"[{axis}]", line)[0].strip() for line in lines[1:-1]]
+    assert "gsm8k" in labels and "length" in labels
+    assert "0.500" in labels  # the flat band keeps its value too
 
 
 def test_supports_unicode_follows_the_stream_encoding() -> None:

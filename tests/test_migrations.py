@@ -331,3 +331,33 @@ def test_rlvr_db_upgrades_current_and_checks(store_url: str, capsys: pytest.Capt
             conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0099_from_the_future'")
     assert main(["db", "upgrade", "--database-url", store_url]) == 1
     assert "newer than this rlvr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["current", "check"])
+def test_rlvr_db_reading_a_missing_sqlite_file_writes_nothing(action: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr db current` and `check` only read: a SQLite file that is not there is one error naming
+    the file (and `rlvr db upgrade`, which creates it), not a new empty database or folder."""
+    from rlvr.clients.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["db", action, "--database-url", "sqlite:///missing.db"]) == 1
+    err = capsys.readouterr().err
+    assert "sqlite:///missing.db" in err and str(tmp_path / "missing.db") in err and "rlvr db upgrade" in err
+    assert main(["db", action, "--database-url", f"sqlite:///{tmp_path}/no/such/folder/rlvr.db"]) == 1
+    assert str(tmp_path / "no" / "such" / "folder" / "rlvr.db") in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rlvr_db_check_of_a_database_behind_this_rlvr_is_one_error(store_url: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """alembic check refuses a database that is not at the newest revision: one line saying so and
+    naming both revisions, not alembic's traceback."""
+    from rlvr.clients.cli import main
+
+    with Store(store_url) as old:
+        _run_ddl(old, "532ba1a")
+    assert main(["db", "check", "--database-url", store_url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "(not versioned)" in err and migrate.head() in err and "rlvr db upgrade" in err

@@ -144,6 +144,22 @@ def test_a_reward_the_catalog_lacks_or_could_not_load_is_refused(faulty_plugins)
         resolve_spec(_spec(key="labelled"), catalog=catalog)
 
 
+def test_a_combined_rewards_title_names_every_term_in_one_form() -> None:
+    """The Training Summary's Reward: every term by its display name where the process knows them
+    all, else every term by its key (a plugin or remote reward the scheduler lacks), never a mix."""
+    from rlvr.jobspec import reward_title
+    from rlvr.rewards.registry import Catalog
+
+    builtins = load_registry().catalog().rewards
+    catalog = Catalog({k: builtins[k] for k in ("gsm8k", "boxed")})
+    known = C.RewardConfig(terms=[C.RewardTerm(key="gsm8k", weight=1.0), C.RewardTerm(key="boxed", weight=0.5)])
+    assert reward_title(known, catalog) == "GSM8K accuracy + 0.5 x " + builtins["boxed"].display_name
+    mixed = C.RewardConfig(terms=[C.RewardTerm(key="gsm8k", weight=1.0), C.RewardTerm(key="judge", weight=0.5),
+                                  C.RewardTerm(key="boxed", weight=2.0)])
+    assert reward_title(mixed, catalog) == "gsm8k + 0.5 x judge + 2 x boxed"
+    assert reward_title(C.RewardConfig(key="judge"), catalog) == "judge"
+
+
 def test_several_rewards_weights_keys_and_the_accuracy_key(faulty_plugins) -> None:
     catalog = load_registry().catalog()
     terms = [C.RewardTerm(key="gsm8k"), C.RewardTerm(key="length", weight=0.25)]

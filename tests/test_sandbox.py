@@ -88,6 +88,14 @@ def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
         assert base.startswith("/tmp/rlvr-sandbox-") and not Path(base).exists()
 
 
+def _private_fs_missing(why: str) -> None:
+    """Namespaces given but no private file system: a layout the sandbox should not need (it holds
+    from a checkout anywhere); under CI=true a failure, as an isolation test skipped unseen."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{why}; CI must run the kernel-isolation tests")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="module")
 def kernel_only() -> Iterator[Sandbox]:
     """Python guards off, os/socket importable: what the kernel layers alone stop."""
@@ -96,11 +104,30 @@ def kernel_only() -> Iterator[Sandbox]:
     if not iso["network"].startswith("namespace") or iso["pid"] != "namespace":
         sb.close()
         pytest.skip(f"this host gives no namespaces to the sandbox: {iso}")
-    if "tmpfs on /tmp" not in iso["filesystem"]:  # e.g. a checkout under /tmp, which the tmpfs would hide
+    if "tmpfs on /tmp" not in iso["filesystem"]:  # e.g. Python's standard library under /tmp
         sb.close()
-        pytest.skip(f"the sandbox has no private file system here: {iso['filesystem']}")
+        _private_fs_missing(f"the sandbox has no private file system here: {iso['filesystem']}")
     with sb:
         yield sb
+
+
+def test_the_private_file_system_holds_with_the_sandbox_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox's own scripts under /tmp (a checkout CI cloned there), which the runs' tmpfs on
+    /tmp covers: they are loaded before it, so the private file system is in force all the same."""
+    import tempfile
+
+    from rlvr.rewards import sandbox
+
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="rlvr-checkout-") as folder:
+        for name in ("sandbox_zygote.py", "sandbox_setup.py", "sandbox_harness.py"):
+            (Path(folder) / name).write_bytes(sandbox.ZYGOTE.with_name(name).read_bytes())
+        monkeypatch.setattr(sandbox, "ZYGOTE", Path(folder) / "sandbox_zygote.py")
+        with Sandbox(LIMITS) as sb:
+            iso = sb.isolation()
+            if not iso["network"].startswith("namespace") or iso["pid"] != "namespace":
+                pytest.skip(f"this host gives no namespaces to the sandbox: {iso}")
+            assert "tmpfs on /tmp" in iso["filesystem"], iso
+            assert_still_serves(sb)
 
 
 # --- the hostile programs: score 0, the reason named, nothing left, still serving -------------
@@ -424,8 +451,6 @@ _SYSTEM_PYTHON = "/usr/bin/python3"
 def test_an_unprivileged_parent(namespaces: bool) -> None:
     """The reward service as a user with no privileges: a user namespace where the host allows
     one (as here), else the Python guards; every hostile case still scores 0 with its reason."""
-    if namespaces and str(ROOT).startswith("/tmp/"):
-        pytest.skip("a checkout under /tmp: the sandbox's tmpfs on /tmp would hide its code, so it keeps the host's")
     cases = {"correct": GOOD, **{name: GOOD + code for name, (code, _) in HOSTILE.items()
                                  if name != "sleeping past the wall time"}}
     done = subprocess.run([_SYSTEM_PYTHON, "-c", _UNPRIVILEGED_PARENT, str(ROOT), "1" if namespaces else "0",

@@ -183,8 +183,35 @@ def port_field(default: int) -> Any:
     return Field(default=default, ge=0, le=65535)
 
 
+STARTS_IN = "the folder the service starts in"
+"""How `--help` names a default that is the service's working folder (Path.cwd() when it starts)."""
+
+
+def described_field(default_factory: typing.Callable[[], Any], default_help: str) -> Any:
+    """A field whose default depends on where the service starts (its working folder): `--help`
+    prints `default_help` for it, as the value in the shell that asks would mislead."""
+    return Field(default_factory=default_factory, json_schema_extra={"default_help": default_help})
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _default_help(info: FieldInfo) -> str:
+    """A field's default as `--help` prints it: what the flag would take to set that value (a comma
+    list, a JSON object), "unset" for None, or the field's words for it (described_field)."""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("default_help"), str):
+        return str(extra["default_help"])
+    default = info.get_default(call_default_factory=True)
+    if default is None:
+        return "unset"
+    if isinstance(default, list | tuple):
+        items = [str(v) for v in default]
+        return ",".join(items) if items and not any("," in v for v in items) else json.dumps(items)
+    if isinstance(default, dict):
+        return json.dumps(default, default=str)
+    return str(default)
 
 
 def _field_type_help(info: FieldInfo) -> str:
@@ -204,8 +231,7 @@ def build_parser(cls: type[ServiceSettings], prog: str, description: str) -> arg
     )
     parser.add_argument("--config", type=Path, default=None, help="TOML, JSON or YAML config file")
     for name, info in cls.model_fields.items():
-        default = info.default if info.default is not None else "unset"
-        help_text = f"{info.description or ''} [{_field_type_help(info)}; default: {default}]"
+        help_text = f"{info.description or ''} [{_field_type_help(info)}; default: {_default_help(info)}]"
         if info.annotation is bool:
             parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)
@@ -321,7 +347,7 @@ class ArtifactFields(BaseSettings):
 class DataRootFields(BaseSettings):
     model_config = SettingsConfigDict(use_attribute_docstrings=True)
 
-    data_roots: list[Path] = Field(default_factory=lambda: [Path.cwd()])
+    data_roots: list[Path] = described_field(lambda: [Path.cwd()], STARTS_IN)
     """Folders local dataset files and folders may be read from (JSON list or comma list); nothing
     outside them."""
 

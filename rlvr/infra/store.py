@@ -121,10 +121,12 @@ class Store:
     """Jobs, metric points, loops and rounds, evaluations and question results, artifacts.
 
     `Store(url)` connects at once and raises `StoreError` naming the store URL when the database
-    cannot be reached, so a bad setting fails at start, not at the first request.
+    cannot be reached, so a bad setting fails at start, not at the first request. A SQLite file
+    that is not there is created (with its folder), unless `create` is False (a command that only
+    reads, such as `rlvr db current`): then it is a StoreError naming the file.
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, echo: bool = False) -> None:
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, echo: bool = False, create: bool = True) -> None:
         self.url = url
         shown = _redact(url)
         try:
@@ -142,6 +144,8 @@ class Store:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000}
             if parsed.database in (None, "", ":memory:"):
                 kwargs["poolclass"] = StaticPool  # one shared in-memory database, not one per thread
+            elif not create and not (file := Path(parsed.database).expanduser().absolute()).is_file():
+                raise StoreError(f"store url {shown!r}: no database file at {file} (`rlvr db upgrade` creates one)")
             else:
                 try:
                     Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)

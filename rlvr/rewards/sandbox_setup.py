@@ -113,8 +113,12 @@ def setup_filesystem(iso: dict[str, str], mount_ns: bool, pid_ns: bool, disk_byt
     the host refuses falls back (docs/code-reward.md): to read-only tmpfs over the usual world-writable
     directories, to the host's /proc, or to a plain temporary directory on the host.
     """
-    code_dirs = [os.path.dirname(os.__file__), os.path.dirname(os.path.abspath(__file__))]
-    if mount_ns and not any(d == "/tmp" or d.startswith("/tmp/") for d in code_dirs):
+    # What a run still reads from the host after the tmpfs covers /tmp is the standard library
+    # (lazy imports); the zygote's own scripts (this one, the harness) were loaded before it, and
+    # runs are forks that exec nothing, so rlvr itself may lie under /tmp (a CI clone). A standard
+    # library under /tmp would be hidden: the plain directory then.
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    if mount_ns and not (stdlib == "/tmp" or stdlib.startswith("/tmp/")):
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
         except OSError as exc:

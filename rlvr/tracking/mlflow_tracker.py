@@ -6,7 +6,8 @@ experiment named by the tracker's `project` (created when missing) and named aft
 tags say the job (`rlvr.job_id`). Each step's numbers are metrics at that step (one log_batch per
 step), the spec is the run's params (flattened, "grpo.learning_rate") and the artifact
 `spec.json`, the final tiles are metrics `summary/<tile>`, and a step's completions a table
-artifact (`completions/step_<n>.json`, MLflow's log_table). The run is FINISHED at the end.
+artifact (`completions/step_00001.json`, MLflow's log_table; completions_artifact). The run is
+FINISHED at the end.
 
 A server that does not answer fails fast: MLflow's HTTP retries and timeout are bounded here
 (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT), and the file store is allowed
@@ -30,6 +31,12 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param's value
+
+
+def completions_artifact(step: int) -> str:
+    """The artifact a step's completions table is logged as: the step zero-padded to five digits,
+    as MLflow lists a run's artifacts by name (step_00002 before step_00010, not after)."""
+    return f"completions/step_{step:05d}.json"
 
 
 def tracking_uri(target: str) -> str:
@@ -77,7 +84,7 @@ class MlflowTracker(Tracker):
         if rows:
             columns = list(rows[0])
             self.client.log_table(self.run_id, data={c: [r.get(c) for r in rows] for c in columns},
-                                  artifact_file=f"completions/step_{step:05d}.json")
+                                  artifact_file=completions_artifact(step))
 
     def log_summary(self, values: Mapping[str, float], step: int) -> None:
         self._metrics(values, step, SUMMARY_PREFIX)

@@ -7,11 +7,13 @@ from pydantic_settings import SettingsConfigDict
 
 from rlvr.common.settings import (
     DEFAULT_PORTS,
+    STARTS_IN,
     ArtifactFields,
     DataRootFields,
     NatsFields,
     ServiceSettings,
     StoreFields,
+    described_field,
     local_address,
     port_field,
     rlvr_home,
@@ -38,7 +40,8 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """The rollout server's max LoRA rank (its own max_lora_rank setting): loop rounds stack their
     adapters (round k's has rank up to grpo.lora_rank x k), so CreateLoop refuses loops whose last
     round would not fit."""
-    tracking_roots: list[Path] = Field(default_factory=lambda: [Path.cwd(), rlvr_home() / "tracking"])
+    tracking_roots: list[Path] = described_field(lambda: [Path.cwd(), rlvr_home() / "tracking"],
+                                                 f"{STARTS_IN}, $RLVR_HOME/tracking")
     """Folders a job's experiment trackers may write under (TensorBoard log dirs, MLflow file
     stores, W&B run dirs, trackio stores; JSON list or comma list): a target outside them is refused
     at CreateJob and TrackJob (docs/tracking.md). MLflow servers (http/https) need no root."""
