@@ -302,8 +302,8 @@ def test_delete_evaluation(stack: Stack, capsys: pytest.CaptureFixture[str], mon
     with pytest.raises(RlvrError) as refused:  # it cannot have ended yet: it was just queued
         client.delete_evaluation(B.DeleteEvaluationRequest(id=running.id))
     assert refused.value.code.name == "FAILED_PRECONDITION"
-    assert re.fullmatch(rf"evaluation {running.id} is (QUEUED|RUNNING); delete it once it has ended",
-                        refused.value.details)
+    assert re.fullmatch(rf"evaluation {running.id} is (QUEUED|RUNNING); cancel it first \(rlvr eval cancel "
+                        rf"{running.id}\), then delete it", refused.value.details)
     list(client.watch_evaluation(B.WatchEvaluationRequest(id=running.id), timeout=300))
     assert len(results(client, running.id)) == 16
 
