@@ -1,6 +1,6 @@
 """`rlvr eval ...`: run a benchmark on the base model or an adapter with a live progress bar, show an
-evaluation's score tiles and per-question results, export them, list evaluations, the
-leaderboard of a benchmark, and compare two evaluations of the same questions (paired). Talks to
+evaluation's score tiles and per-question results, export them, list, cancel or delete evaluations,
+the leaderboard of a benchmark, and compare two evaluations of the same questions (paired). Talks to
 the benchmark service through the SDK (address from RLVR_BENCHMARK_ADDRESS or --address).
 
 Flags left out stay unset in the request, so the service applies its documented defaults (greedy,
@@ -32,7 +32,7 @@ TILES = [(column, TITLES[column]) for column in SCORE_COLUMNS]  # rlvr/scores.py
 EXPORT_FIELDS = ["index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy",
                  "format", "strict", "finish_reason"]
 BAD_INPUT = ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION")
-FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
+FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED, B.EVALUATION_STATUS_CANCELLED)
 
 
 def _client(args: argparse.Namespace) -> BenchmarkClient:
@@ -125,6 +125,10 @@ def cmd_run(args: argparse.Namespace, client: BenchmarkClient) -> int:
     if ev.status == B.EVALUATION_STATUS_FAILED:
         print(f"error: evaluation failed: {ev.error}", file=sys.stderr)
         return 1
+    if ev.status == B.EVALUATION_STATUS_CANCELLED:
+        print(f"error: evaluation cancelled after {ev.questions_done} of {ev.questions_total} questions",
+              file=sys.stderr)
+        return 1
     console.print(tiles(ev.scores))
     console.print(f"generate {ev.generate_seconds:.1f} s, score {ev.score_seconds:.1f} s")
     return 0
@@ -209,6 +213,17 @@ def cmd_list(args: argparse.Namespace, client: BenchmarkClient) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace, client: BenchmarkClient) -> int:
+    ev = client.cancel_evaluation(B.CancelEvaluationRequest(id=args.id))
+    if ev.status != B.EVALUATION_STATUS_CANCELLED:  # its end not stored within the service's wait
+        print(f"evaluation {ev.id} is being cancelled ({status_name(ev.status)} still); "
+              f"`rlvr eval show {ev.id}` follows it")
+        return 0
+    print(f"evaluation {ev.id} cancelled after {ev.questions_done} of {ev.questions_total} questions; "
+          f"their results are kept (`rlvr eval delete {ev.id}` removes them)")
+    return 0
+
+
 def cmd_delete(args: argparse.Namespace, client: BenchmarkClient) -> int:
     resp = client.delete_evaluation(B.DeleteEvaluationRequest(id=args.id))
     print(f"evaluation {resp.id} deleted with its {resp.results_deleted} per-question result(s)")
@@ -290,7 +305,8 @@ def _handler(command: Callable[[argparse.Namespace, BenchmarkClient], int]) -> C
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    group = subparsers.add_parser("eval", help="evaluations: run a benchmark, show, export, list, delete, leaderboard")
+    group = subparsers.add_parser("eval", help="evaluations: run a benchmark, show, export, list, cancel, delete, "
+                                               "leaderboard")
 
     def usage(args: argparse.Namespace) -> int:
         group.print_help(sys.stderr)
@@ -331,6 +347,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=0, help="at most N, up to 500 (default 100)")
     ls.add_argument("--offset", type=int, default=0, help="skip the N newest (paging; default 0)")
     ls.set_defaults(handler=_handler(cmd_list))
+    cancel = sub.add_parser("cancel", help="cancel a queued or running evaluation (the results scored so far are "
+                                           "kept)")
+    cancel.add_argument("id")
+    cancel.set_defaults(handler=_handler(cmd_cancel))
     delete = sub.add_parser("delete", help="delete a finished evaluation and its per-question results")
     delete.add_argument("id")
     delete.set_defaults(handler=_handler(cmd_delete))
@@ -347,5 +367,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     comp.add_argument("before", help="the evaluation to compare against (e.g. the base model's)")
     comp.add_argument("after", help="the evaluation compared (e.g. the trained adapter's)")
     comp.set_defaults(handler=_handler(cmd_compare))
-    for parser in (run, show, export, ls, delete, board, benchmarks, comp):
+    for parser in (run, show, export, ls, cancel, delete, board, benchmarks, comp):
         parser.add_argument("--address", default=None, help="benchmark HOST:PORT (default RLVR_BENCHMARK_ADDRESS)")

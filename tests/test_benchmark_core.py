@@ -401,3 +401,64 @@ async def test_list_pages_and_delete_removes_a_finished_evaluation(sqlite_store:
     with pytest.raises(FailedPrecondition, match="RUNNING"):
         await manager.delete(running.id)
     assert sqlite_store.get_evaluation(running.id) is not None
+
+
+async def test_cancel_stops_a_running_evaluation_and_a_queued_one_never_starts(sqlite_store: Store) -> None:
+    """CancelEvaluation in the core, one slot: the running evaluation's generation in flight is
+    abandoned and it ends CANCELLED at once with the batch already stored; the queued one ends
+    CANCELLED without starting; the next in the queue then runs. Cancel again answers the same; a
+    completed one is refused naming its status, an unknown id is NOT_FOUND; a cancelled one deletes."""
+    import time
+
+    peers = LocalPeers()
+    answer = peers.generate
+    abandoned: list[int] = []
+
+    async def runaway_after_first_batch(questions: Sequence[Question], sampling: Sampling,
+                                        adapter: AdapterTag) -> list[Answer]:
+        if questions[0].index >= 4:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                abandoned.append(questions[0].index)
+                raise
+        return await answer(questions, sampling, adapter)
+
+    peers.generate = runaway_after_first_batch  # type: ignore[method-assign]
+    events = MemoryEvents()
+    manager = EvaluationManager(sqlite_store, peers, events, batch_size=4, max_concurrent=1, poll_seconds=0.2)
+    running = await manager.run(request(limit=12))
+    queued = await manager.run(request(limit=4))
+    after = await manager.run(request(limit=4))
+    for _ in range(200):
+        if (await manager.get(running.id)).questions_done == 4:
+            break
+        await asyncio.sleep(0.02)
+
+    never = await manager.cancel(queued.id)
+    assert never.status == B.EVALUATION_STATUS_CANCELLED and never.questions_done == 0
+    assert not never.started_at.seconds and never.finished_at.seconds and never.error == ""
+    t0 = time.monotonic()
+    stopped = await manager.cancel(running.id)
+    assert time.monotonic() - t0 < 2 and abandoned == [4]
+    assert stopped.status == B.EVALUATION_STATUS_CANCELLED and stopped.questions_done == 4
+    assert len(sqlite_store.question_results(running.id)) == 4 and stopped.scores.score_column == "accuracy"
+    assert await manager.cancel(running.id) == stopped  # idempotent
+
+    done = await finished(manager, after.id)  # the queue moved on
+    assert done.status == B.EVALUATION_STATUS_COMPLETED and done.questions_done == 4
+    assert sqlite_store.question_results(queued.id) == []
+    with pytest.raises(FailedPrecondition, match=rf"^evaluation {after.id} has already ended \(COMPLETED\); "
+                                                 "only a QUEUED or RUNNING evaluation can be cancelled$"):
+        await manager.cancel(after.id)
+    with pytest.raises(NotFound, match="nope"):
+        await manager.cancel("nope")
+    with pytest.raises(InvalidArgument, match="^id: required"):
+        await manager.cancel("")
+
+    final = events.history[running.id][-1]
+    assert final.status == B.EVALUATION_STATUS_CANCELLED and final.questions_done == 4
+    assert final.message == "cancelled by request after 4 of 12 questions"
+    assert events.history[queued.id][-1].message == "cancelled by request after 0 of 4 questions"
+    assert [e.status async for e in manager.watch(running.id)] == [B.EVALUATION_STATUS_CANCELLED]
+    assert (await manager.delete(running.id)).results_deleted == 4

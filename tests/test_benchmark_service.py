@@ -302,8 +302,8 @@ def test_delete_evaluation(stack: Stack, capsys: pytest.CaptureFixture[str], mon
     with pytest.raises(RlvrError) as refused:  # it cannot have ended yet: it was just queued
         client.delete_evaluation(B.DeleteEvaluationRequest(id=running.id))
     assert refused.value.code.name == "FAILED_PRECONDITION"
-    assert re.fullmatch(rf"evaluation {running.id} is (QUEUED|RUNNING); delete it once it has ended",
-                        refused.value.details)
+    assert re.fullmatch(rf"evaluation {running.id} is (QUEUED|RUNNING); cancel it first \(rlvr eval cancel "
+                        rf"{running.id}\), then delete it", refused.value.details)
     list(client.watch_evaluation(B.WatchEvaluationRequest(id=running.id), timeout=300))
     assert len(results(client, running.id)) == 16
 
@@ -325,6 +325,76 @@ def test_delete_evaluation(stack: Stack, capsys: pytest.CaptureFixture[str], mon
     assert cli.main(["eval", "delete", running.id]) == 2 and "NOT_FOUND" in capsys.readouterr().err
     assert cli.main(["eval", "list", "--limit", "1", "--offset", "1"]) == 0
     assert f"2-2 of {after.total} evaluation(s)" in capsys.readouterr().out
+
+
+async def test_cancel_evaluation(stack: Stack, nats_server, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """CancelEvaluation over gRPC and `rlvr eval cancel`, with both slots held by whole-benchmark runs:
+    a queued evaluation cancelled never starts; a running one stops within seconds with fewer rows
+    than questions (those kept, its last NATS event CANCELLED), and the next queued one takes its
+    slot. Cancel again answers the same; a completed one is refused naming its status, an unknown
+    id is NOT_FOUND; the loop manager's wait ends on it; a cancelled evaluation deletes."""
+    from fixtures_infra import connected_bus
+
+    from rlvr.infra.events import eval_status_subject
+    from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
+    from rlvr.services.scheduler.loop_driver import not_completed
+
+    monkeypatch.setenv("RLVR_BENCHMARK_ADDRESS", stack.address)
+    client = stack.client
+    whole = [client.run_evaluation(B.RunEvaluationRequest(benchmark=HELDOUT, sampling=greedy())) for _ in range(2)]
+    queued, nxt = [client.run_evaluation(B.RunEvaluationRequest(benchmark=HELDOUT, limit=8, sampling=greedy()))
+                   for _ in range(2)]
+    assert cli.main(["eval", "cancel", queued.id]) == 0
+    assert capsys.readouterr().out.strip() == (f"evaluation {queued.id} cancelled after 0 of 8 questions; their "
+                                               f"results are kept (`rlvr eval delete {queued.id}` removes them)")
+    never = client.get_evaluation(B.GetEvaluationRequest(id=queued.id))
+    assert never.status == B.EVALUATION_STATUS_CANCELLED and not never.started_at.seconds
+    assert results(client, queued.id) == []
+
+    runaway = whole[0]
+    deadline = time.monotonic() + 120
+    while client.get_evaluation(B.GetEvaluationRequest(id=runaway.id)).questions_done < 16:
+        assert time.monotonic() < deadline, "no batch stored within 120 s"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    stopped = client.cancel_evaluation(B.CancelEvaluationRequest(id=runaway.id))
+    assert time.monotonic() - t0 < 10 and stopped.status == B.EVALUATION_STATUS_CANCELLED
+    assert 16 <= stopped.questions_done < stopped.questions_total == 500 and stopped.finished_at.seconds
+    kept = results(client, runaway.id)
+    assert [r.index for r in kept] == list(range(stopped.questions_done))
+
+    # The slot it held goes to the next queued one, which completes while the other whole run goes on.
+    list(client.watch_evaluation(B.WatchEvaluationRequest(id=nxt.id), timeout=120))
+    done = client.get_evaluation(B.GetEvaluationRequest(id=nxt.id))
+    assert done.status == B.EVALUATION_STATUS_COMPLETED and done.questions_done == 8
+    assert client.get_evaluation(B.GetEvaluationRequest(id=whole[1].id)).status == B.EVALUATION_STATUS_RUNNING
+    assert client.cancel_evaluation(B.CancelEvaluationRequest(id=whole[1].id)).status == B.EVALUATION_STATUS_CANCELLED
+    waited = await GrpcBenchmarks(stack.address).wait(whole[1].id)  # a loop's wait ends on it
+    assert waited is not None and not_completed(waited) == "was cancelled"
+    assert len(results(client, runaway.id)) == len(kept)  # nothing stored after the cancel
+
+    assert client.cancel_evaluation(B.CancelEvaluationRequest(id=runaway.id)) == stopped  # idempotent
+    for evaluation_id, code, text in ((nxt.id, "FAILED_PRECONDITION", f"evaluation {nxt.id} has already ended "
+                                       "(COMPLETED); only a QUEUED or RUNNING evaluation can be cancelled"),
+                                      ("no-such-evaluation", "NOT_FOUND", "no-such-evaluation")):
+        with pytest.raises(RlvrError) as refused:
+            client.cancel_evaluation(B.CancelEvaluationRequest(id=evaluation_id))
+        assert refused.value.code.name == code and text in refused.value.details
+    assert cli.main(["eval", "cancel", nxt.id]) == 2 and "COMPLETED" in capsys.readouterr().err
+
+    seen: list[B.EvaluationEvent] = []
+    async with connected_bus(nats_server.url) as bus:
+        async for event in bus.watch(eval_status_subject(runaway.id)):
+            seen.append(B.EvaluationEvent.FromString(event.data))
+            if seen[-1].status == B.EVALUATION_STATUS_CANCELLED:
+                break
+    assert seen[-1].questions_done == stopped.questions_done
+    assert seen[-1].message == f"cancelled by request after {stopped.questions_done} of 500 questions"
+
+    deleted = client.delete_evaluation(B.DeleteEvaluationRequest(id=runaway.id))
+    assert deleted.results_deleted == len(kept)
+    for ev in (queued, whole[1]):
+        client.delete_evaluation(B.DeleteEvaluationRequest(id=ev.id))
 
 
 def test_a_rollout_refusal_mid_run_fails_the_evaluation_with_its_cause(stack: Stack, services: Services,

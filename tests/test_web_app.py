@@ -240,6 +240,26 @@ def test_wrong_answers_filter_and_paging(client: TestClient) -> None:
     assert "Questions 21–36 of 36 wrong" in last and 'rel="prev"' in last and 'rel="next"' not in last
 
 
+def test_a_running_evaluation_has_a_cancel_button_and_a_finished_one_none(client: TestClient, sdk: FakeSdk) -> None:
+    bench = sdk.benchmark
+    running = B.Evaluation(id="evrun", model="rlvr-tiny", benchmark=bench.evaluation.benchmark,
+                           status=B.EVALUATION_STATUS_RUNNING, questions_total=45, questions_done=20)
+    bench.others["evrun"] = (running, bench.results[:20])
+    assert "Cancel evaluation" not in client.get("/evals/ev1").text  # completed: nothing to cancel
+    page = client.get("/evals/evrun").text
+    assert 'action="/evals/evrun/cancel"' in page and "Cancel evaluation" in page
+    t = token(client, "/evals/evrun")
+    resp = client.post("/evals/evrun/cancel", data={"csrf_token": t}, follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"] == "/evals/evrun"
+    assert bench.calls == ["CancelEvaluation evrun"]
+    after = client.get("/evals/evrun").text
+    assert "Cancel evaluation" not in after and "reloads every few seconds" not in after
+    assert '<span class="badge CANCELLED">cancelled</span>' in after
+    assert "Cancelled after 20 of 45 questions; their results are kept." in after and "Questions 1–20 of 20" in after
+    refused = client.post("/evals/ev1/cancel", data={"csrf_token": t})  # a stale page's button: said, not a 500
+    assert refused.status_code == 409 and "has already ended (COMPLETED)" in refused.text
+
+
 def test_unknown_ids_and_unreachable_services_are_pages_not_tracebacks(client: TestClient, sdk: FakeSdk) -> None:
     resp = client.get("/jobs/nope")
     assert resp.status_code == 404 and "NOT_FOUND: job &#39;nope&#39; not found" in resp.text
@@ -259,7 +279,7 @@ def test_posts_need_this_browsers_token_and_this_origin(client: TestClient, sdk:
     data = default_form(client)
     good = data.pop("csrf_token")
     for url in ("/train", "/loops", "/train/summary", "/jobs/job0001/merge", "/jobs/job0002/cancel", "/jobs/job0001/delete",
-                "/loops/3f9c1a2b4d5e/stop"):
+                "/loops/3f9c1a2b4d5e/stop", "/evals/ev1/cancel"):
         assert client.post(url, data=data).status_code == 403, url
         assert client.post(url, data={**data, "csrf_token": "0" * 64}).status_code == 403, url
     # The token belongs to the cookie: another browser's token does not pass.
@@ -268,7 +288,7 @@ def test_posts_need_this_browsers_token_and_this_origin(client: TestClient, sdk:
     # Another site posting with a valid pair (it cannot read them, but even so) is refused.
     resp = client.post("/train", data={**data, "csrf_token": good}, headers={"origin": "http://evil.example"})
     assert resp.status_code == 403
-    assert not [c for c in sdk.scheduler.calls if not c.endswith(" dry")]
+    assert not [c for c in sdk.scheduler.calls if not c.endswith(" dry")] and not sdk.benchmark.calls
     resp = client.post("/train", data={**data, "csrf_token": good}, headers={"origin": "http://127.0.0.1:8050"},
                        follow_redirects=False)
     assert resp.status_code == 303 and resp.headers["location"].startswith("/jobs/job")

@@ -293,6 +293,7 @@ def test_an_evaluation_and_its_wrong_answers(pages: Pages) -> None:
     for label in ("Accuracy", "Accuracy Strict", "Format", "Answered"):
         assert page.inner_text(f"[data-tile='{label}']").endswith("%")
     assert "of 32" in page.inner_text("#results-count")
+    assert page.locator(f"form[action='{href}/cancel']").count() == 0  # completed: no Cancel evaluation
     check_page(page)
     page.click("text=Wrong answers only")
     page.wait_for_url(re.compile(r"wrong=1"))

@@ -208,6 +208,7 @@ class FakeBenchmark:
                                          accuracy=1.0 if i % 5 == 0 else 0.0, format=1.0, strict=i % 5 == 0,
                                          finish_reason=C.FINISH_REASON_STOP) for i in range(45)]
         self.others: dict[str, tuple[B.Evaluation, list[B.QuestionResult]]] = {}  # more evaluations, by id
+        self.calls: list[str] = []
 
     def _stored(self, evaluation_id: str) -> tuple[B.Evaluation, list[B.QuestionResult]]:
         if evaluation_id == self.evaluation.id:
@@ -225,6 +226,19 @@ class FakeBenchmark:
 
     def get_evaluation(self, request: B.GetEvaluationRequest, **_: object) -> B.Evaluation:
         return self._stored(request.id)[0]
+
+    def cancel_evaluation(self, request: B.CancelEvaluationRequest, **_: object) -> B.Evaluation:
+        """As the service answers: a queued or running one ends CANCELLED, a cancelled one is
+        answered as it is, a completed or failed one is refused naming its status."""
+        self.calls.append(f"CancelEvaluation {request.id}")
+        evaluation = self._stored(request.id)[0]
+        if evaluation.status in (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED):
+            status = B.EvaluationStatus.Name(evaluation.status).removeprefix("EVALUATION_STATUS_")
+            raise RlvrError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"evaluation {request.id} has already ended ({status}); only a QUEUED or RUNNING "
+                            "evaluation can be cancelled", "rlvr.v1.BenchmarkService/CancelEvaluation")
+        evaluation.status = B.EVALUATION_STATUS_CANCELLED
+        return evaluation
 
     def get_evaluation_results(self, request: B.GetEvaluationResultsRequest, **_: object
                                ) -> B.GetEvaluationResultsResponse:

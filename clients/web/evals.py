@@ -1,18 +1,20 @@
 """Evaluations: the list, an evaluation's detail page (the overall score and the four tiles:
 accuracy, accuracy strict, format, answered; the per-question Detailed Results, filtered to the
 wrong answers on request, a page at a time; against another evaluation of the same questions, the
-gain with its paired test) and the leaderboard of a benchmark. Read-only, from the
-benchmark service; every page works without JavaScript (a running evaluation reloads itself)."""
+gain with its paired test) and the leaderboard of a benchmark, from the benchmark service; the one
+action is Cancel, on a queued or running evaluation's page. Every page works without JavaScript (a
+running evaluation reloads itself)."""
 
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rlvr.clients.compare import NotComparable, compare_evaluations
 from rlvr.clients.web import views
-from rlvr.clients.web.console import Console
+from rlvr.clients.web.console import Console, see_other
 from rlvr.scores import DEFINITIONS
 from rlvr.v1 import benchmark_pb2 as B
 
@@ -96,8 +98,15 @@ def routes(console: Console) -> list[Route]:
             "display_name": info.display_name if info else resp.benchmark, "policy": views.policy,
             "when": views.when}, active="leaderboard")
 
+    async def cancel(request: Request) -> Response:
+        await console.form(request)
+        eval_id = request.path_params["eval_id"]
+        await run_in_threadpool(benchmark.cancel_evaluation, B.CancelEvaluationRequest(id=eval_id))
+        return see_other(f"/evals/{eval_id}")
+
     return [
         Route("/evals", list_page),
         Route("/evals/{eval_id}", eval_page),
+        Route("/evals/{eval_id}/cancel", cancel, methods=["POST"]),
         Route("/leaderboard", leaderboard),
     ]

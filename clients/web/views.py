@@ -30,7 +30,7 @@ from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
 FINAL_JOB = (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED)
-FINAL_EVAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED)
+FINAL_EVAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED, B.EVALUATION_STATUS_CANCELLED)
 ARROW_WORDS = {"↑": "up", "↓": "down", "→": "unchanged"}  # a delta arrow in words, for screen readers
 
 

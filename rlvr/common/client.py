@@ -60,6 +60,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # and that every name here exists. Deliberately absent:
 #   CreateJob, CreateLoop, RunEvaluation, StartJob: a retry could start the work twice;
 #   CancelJob, StopLoop, UnloadAdapter: the second attempt fails (already ended / unknown);
+#   CancelEvaluation: safe to repeat (a cancelled evaluation is answered as it is), yet kept with
+#   the other state changes (Cancel*, Stop*, Delete*), which a caller repeats itself;
 #   DeleteJob, DeleteEvaluation: a retry of a delete that went through answers NOT_FOUND, which
 #   would hide the success;
 #   LoadAdapter: a repeated version is FAILED_PRECONDITION, and the upload is large;

@@ -69,6 +69,7 @@ class BenchmarkRpcs:
     run_evaluation = Unary("RunEvaluation", bm.RunEvaluationRequest, bm.Evaluation)
     get_evaluation = Unary("GetEvaluation", bm.GetEvaluationRequest, bm.Evaluation)
     list_evaluations = Unary("ListEvaluations", bm.ListEvaluationsRequest, bm.ListEvaluationsResponse)
+    cancel_evaluation = Unary("CancelEvaluation", bm.CancelEvaluationRequest, bm.Evaluation)
     delete_evaluation = Unary("DeleteEvaluation", bm.DeleteEvaluationRequest, bm.DeleteEvaluationResponse)
     get_evaluation_results = Unary("GetEvaluationResults", bm.GetEvaluationResultsRequest,
                                    bm.GetEvaluationResultsResponse)

@@ -18,11 +18,13 @@ class EvaluationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVALUATION_STATUS_RUNNING: _ClassVar[EvaluationStatus]
     EVALUATION_STATUS_COMPLETED: _ClassVar[EvaluationStatus]
     EVALUATION_STATUS_FAILED: _ClassVar[EvaluationStatus]
+    EVALUATION_STATUS_CANCELLED: _ClassVar[EvaluationStatus]
 EVALUATION_STATUS_UNSPECIFIED: EvaluationStatus
 EVALUATION_STATUS_QUEUED: EvaluationStatus
 EVALUATION_STATUS_RUNNING: EvaluationStatus
 EVALUATION_STATUS_COMPLETED: EvaluationStatus
 EVALUATION_STATUS_FAILED: EvaluationStatus
+EVALUATION_STATUS_CANCELLED: EvaluationStatus
 
 class BenchmarkInfo(_message.Message):
     __slots__ = ("name", "display_name", "description", "size", "score_columns", "default_score_column", "needs_dataset", "reward_key")
@@ -163,6 +165,12 @@ class ListEvaluationsResponse(_message.Message):
     evaluations: _containers.RepeatedCompositeFieldContainer[Evaluation]
     total: int
     def __init__(self, evaluations: _Optional[_Iterable[_Union[Evaluation, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class CancelEvaluationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class DeleteEvaluationRequest(_message.Message):
     __slots__ = ("id",)

@@ -54,6 +54,11 @@ class BenchmarkServiceStub:
                 request_serializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.FromString,
                 _registered_method=True)
+        self.CancelEvaluation = channel.unary_unary(
+                '/rlvr.v1.BenchmarkService/CancelEvaluation',
+                request_serializer=rlvr_dot_v1_dot_benchmark__pb2.CancelEvaluationRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_benchmark__pb2.Evaluation.FromString,
+                _registered_method=True)
         self.DeleteEvaluation = channel.unary_unary(
                 '/rlvr.v1.BenchmarkService/DeleteEvaluation',
                 request_serializer=rlvr_dot_v1_dot_benchmark__pb2.DeleteEvaluationRequest.SerializeToString,
@@ -106,10 +111,21 @@ class BenchmarkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelEvaluation(self, request, context):
+        """Stops a QUEUED or RUNNING evaluation and returns it CANCELLED: a queued one never starts; a
+        running one abandons its generation and scoring calls in flight and keeps the per-question
+        results already stored (questions_done of them, its scores over those). Answers once the
+        status is stored, normally within a second. An evaluation already CANCELLED is returned as it
+        is; FAILED_PRECONDITION for one that has COMPLETED or FAILED; NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteEvaluation(self, request, context):
-        """Removes a finished evaluation (COMPLETED or FAILED) and its per-question results for good.
-        FAILED_PRECONDITION while it is QUEUED or RUNNING; NOT_FOUND for an unknown id, so a second
-        delete of the same evaluation answers NOT_FOUND.
+        """Removes a finished evaluation (COMPLETED, FAILED or CANCELLED) and its per-question results
+        for good. FAILED_PRECONDITION while it is QUEUED or RUNNING (cancel it first); NOT_FOUND for
+        an unknown id, so a second delete of the same evaluation answers NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +176,11 @@ def add_BenchmarkServiceServicer_to_server(servicer, server):
                     servicer.ListEvaluations,
                     request_deserializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.SerializeToString,
+            ),
+            'CancelEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelEvaluation,
+                    request_deserializer=rlvr_dot_v1_dot_benchmark__pb2.CancelEvaluationRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_benchmark__pb2.Evaluation.SerializeToString,
             ),
             'DeleteEvaluation': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteEvaluation,
@@ -290,6 +311,33 @@ class BenchmarkService:
             '/rlvr.v1.BenchmarkService/ListEvaluations',
             rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsRequest.SerializeToString,
             rlvr_dot_v1_dot_benchmark__pb2.ListEvaluationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.BenchmarkService/CancelEvaluation',
+            rlvr_dot_v1_dot_benchmark__pb2.CancelEvaluationRequest.SerializeToString,
+            rlvr_dot_v1_dot_benchmark__pb2.Evaluation.FromString,
             options,
             channel_credentials,
             insecure,

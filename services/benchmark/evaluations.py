@@ -3,8 +3,11 @@
 Lifecycle of an evaluation: RunEvaluation checks everything (services/benchmark/planning.py) and
 stores it QUEUED; a background task waits for one of `max_concurrent` slots, marks it RUNNING,
 runs the batches (services/benchmark/runner.py) and ends COMPLETED with its score breakdown, or
-FAILED with the cause in one line. Every change is written to the store first and then published,
-so the store is the truth and events are the live view of it.
+FAILED with the cause in one line, or CANCELLED by CancelEvaluation. Every change is written to
+the store first and then published, so the store is the truth and events are the live view of it.
+
+The task is the one writer of an evaluation's status: a cancel only sets the evaluation's event and
+waits for its task to store CANCELLED, so a cancel and the task's own end can never both land.
 
 An evaluation never hangs: every peer call has a deadline, and one left QUEUED or RUNNING by a
 service that stopped is marked FAILED when the service stops or starts again (this assumes one
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,12 +32,21 @@ from rlvr.services.benchmark.catalog import SCORE_COLUMNS, Benchmark, benchmarks
 from rlvr.services.benchmark.events import Events, msg_id
 from rlvr.services.benchmark.leaderboard import leaderboard as rank_by_question_set
 from rlvr.services.benchmark.planning import Peers, Plan, prepare
-from rlvr.services.benchmark.runner import Progress, RunResult, run_questions
+from rlvr.services.benchmark.runner import Cancelled, Progress, RunResult, run_questions, unless_cancelled
 from rlvr.v1 import benchmark_pb2
 
 log = logging.getLogger("rlvr.benchmark")
 
 INTERRUPTED = "interrupted: the benchmark service stopped before the evaluation finished; run it again"
+CANCEL_WAIT_SECONDS = 10.0  # how long CancelEvaluation waits for the task to store CANCELLED
+
+
+@dataclass
+class _Run:
+    """An evaluation's task as a cancel sees it: set `cancel` to stop it, `ended` once its end is stored."""
+
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _extras(plan: Plan, generate_seconds: float = 0.0, score_seconds: float = 0.0) -> str:
@@ -70,6 +83,7 @@ class EvaluationManager:
         self.poll_seconds = poll_seconds
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: dict[str, _Run] = {}  # by id: every evaluation stored QUEUED until its end is stored
 
     async def start(self) -> None:
         """Fails what a previous process left unfinished: nothing will ever finish it."""
@@ -123,11 +137,17 @@ class EvaluationManager:
 
     async def _enqueue(self, row: EvaluationRow, plan: Plan) -> EvaluationRow:
         """Stores the evaluation QUEUED and starts its task; both or neither."""
-        row = await asyncio.to_thread(self.store.add_evaluation, row)
+        # Cancellable before it is stored (its id is set on creation): no caller ever sees it without.
+        run = self._runs[row.id] = _Run()
+        try:
+            row = await asyncio.to_thread(self.store.add_evaluation, row)
+        except BaseException:
+            del self._runs[row.id]
+            raise
         try:
             await self._publish(row, "queued")
         finally:
-            task = asyncio.create_task(self._execute(row.id, plan), name=f"evaluation-{row.id}")
+            task = asyncio.create_task(self._execute(row.id, plan, run), name=f"evaluation-{row.id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         log.info("evaluation %s queued: %s on %s, %d questions", row.id, plan.adapter, plan.benchmark.name,
@@ -144,14 +164,41 @@ class EvaluationManager:
         rows, total = await asyncio.to_thread(records.list_evaluations, self.store, benchmark, limit or 100, offset)
         return benchmark_pb2.ListEvaluationsResponse(evaluations=[records.evaluation_of(r) for r in rows], total=total)
 
+    async def cancel(self, evaluation_id: str) -> benchmark_pb2.Evaluation:
+        """Stops a queued or running evaluation: CANCELLED once its task has stored it (a queued one
+        never starts; a running one keeps the results stored so far). Answers an evaluation
+        already CANCELLED as it is; one that COMPLETED or FAILED is refused."""
+        if not evaluation_id:
+            raise InvalidArgument("id: required (the id RunEvaluation returned)")
+        run = self._runs.get(evaluation_id)
+        if run is None:  # its task has stored its end (or this service never ran it)
+            row = await self._row(evaluation_id)
+            if row.status == "CANCELLED":
+                return records.evaluation_of(row)
+            if row.status in records.TERMINAL:
+                raise FailedPrecondition(f"evaluation {evaluation_id} has already ended ({row.status}); only a "
+                                         "QUEUED or RUNNING evaluation can be cancelled")
+            # QUEUED or RUNNING with no task here: left by another process on this store, which
+            # nothing will ever run on (start() fails such rows): it ends here.
+            await self._finish(evaluation_id, "CANCELLED")
+            return await self.get(evaluation_id)
+        run.cancel.set()
+        try:  # shielded: a caller that goes away does not cut the cancel short (it is set anyway)
+            await asyncio.wait_for(asyncio.shield(run.ended.wait()), CANCEL_WAIT_SECONDS)
+        except TimeoutError:
+            log.warning("evaluation %s: its end was not stored within %.0f s of the cancel", evaluation_id,
+                        CANCEL_WAIT_SECONDS)
+        return await self.get(evaluation_id)
+
     async def delete(self, evaluation_id: str) -> benchmark_pb2.DeleteEvaluationResponse:
         """Removes a finished evaluation and its per-question results; one still queued or running
-        is refused (it ends on its own, or fails when the service stops)."""
+        is refused (cancel it first, or let it end)."""
         if not evaluation_id:
             raise InvalidArgument("id: required (the id RunEvaluation returned)")
         row = await self._row(evaluation_id)
         if row.status not in records.TERMINAL:
-            raise FailedPrecondition(f"evaluation {evaluation_id} is {row.status}; delete it once it has ended")
+            raise FailedPrecondition(f"evaluation {evaluation_id} is {row.status}; cancel it first "
+                                     f"(rlvr eval cancel {evaluation_id}), then delete it")
         results = await asyncio.to_thread(self.store.delete_evaluation, evaluation_id)
         if results is None:  # deleted meanwhile by another call
             raise NotFound(f"evaluation {evaluation_id!r} not found")
@@ -225,23 +272,37 @@ class EvaluationManager:
 
     # ------------------------------------------------------------------ the run
 
-    async def _execute(self, evaluation_id: str, plan: Plan) -> None:
+    async def _execute(self, evaluation_id: str, plan: Plan, run: _Run) -> None:
         try:
-            async with self._slots:
+            await unless_cancelled(self._slots.acquire(), run.cancel)  # a queued one cancelled never starts
+            try:
+                if run.cancel.is_set():  # the slot came at the very moment of the cancel
+                    raise Cancelled
                 await self._update(evaluation_id, "RUNNING", started_at=datetime.now(UTC))
                 result = await run_questions(
                     evaluation_id, plan.questions, plan.benchmark.reward_function, plan.sampling, plan.adapter,
                     self.peers.generator, self.peers.scorer, self.store, self.batch_size,
-                    on_progress=lambda p: self._progress(evaluation_id, plan, p),
+                    on_progress=lambda p: self._progress(evaluation_id, plan, p), cancelled=run.cancel,
                 )
-        except asyncio.CancelledError:
-            await self._finish(evaluation_id, "FAILED", error=INTERRUPTED)
+            finally:
+                self._slots.release()
+        except Cancelled:
+            log.info("evaluation %s cancelled", evaluation_id)
+            await self._finish(evaluation_id, "CANCELLED")
+        except asyncio.CancelledError:  # the service stops (a cancel asked for just before still counts)
+            if run.cancel.is_set():
+                await self._finish(evaluation_id, "CANCELLED")
+            else:
+                await self._finish(evaluation_id, "FAILED", error=INTERRUPTED)
             raise
         except Exception as e:  # noqa: BLE001 (any cause fails the evaluation, with that cause)
             log.warning("evaluation %s failed: %s", evaluation_id, one_line(e))
             await self._finish(evaluation_id, "FAILED", error=one_line(e))
         else:
             await self._finish(evaluation_id, "COMPLETED", plan=plan, result=result)
+        finally:
+            self._runs.pop(evaluation_id, None)
+            run.ended.set()
 
     async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress) -> None:
         fields: dict[str, object] = {
@@ -267,8 +328,13 @@ class EvaluationManager:
         except Exception as e:  # noqa: BLE001 (the database itself failed: the log is all that is left)
             log.error("evaluation %s: could not store its end (%s): %s", evaluation_id, status, e)
             return
-        score = f"{row.score_column} {row.score or 0.0:.1%}" if status == "COMPLETED" else error
-        await self._publish(row, f"{status.lower()}: {score}")
+        if status == "COMPLETED":
+            message = f"completed: {row.score_column} {row.score or 0.0:.1%}"
+        elif status == "CANCELLED":
+            message = f"cancelled by request after {row.n_done} of {row.n_questions} questions"
+        else:
+            message = f"{status.lower()}: {error}"
+        await self._publish(row, message)
 
     async def _publish(self, row: EvaluationRow, message: str) -> None:
         if self.events is None:

@@ -27,8 +27,8 @@ from rlvr.infra.store import Store
 from rlvr.services.benchmark.catalog import Tally, check_score_column
 from rlvr.v1 import benchmark_pb2, common_pb2
 
-TERMINAL = frozenset({"COMPLETED", "FAILED"})
-STATUS_RANK = {"QUEUED": 1, "RUNNING": 2, "COMPLETED": 3, "FAILED": 3}
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+STATUS_RANK = {"QUEUED": 1, "RUNNING": 2, "COMPLETED": 3, "FAILED": 3, "CANCELLED": 3}
 
 
 def status_value(name: str) -> benchmark_pb2.EvaluationStatus:

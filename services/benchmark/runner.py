@@ -7,6 +7,11 @@ over the rollout and reward services; tests use in-process twins). Why batches: 
 single Generate call (the engine batches it), a single Score call, one insert of its rows and one
 progress event, so a 500-question run costs a handful of round trips and a watcher sees it move.
 
+Cancel: the manager sets an event; the run stops at the next generate or score call it is waiting
+on (that call abandoned: its task cancelled, which cancels the gRPC call) and raises `Cancelled`.
+A batch's insert and its progress are never cut in two, so the rows stored always match the
+questions_done stored with them.
+
 Repeatability: a batch is always the same questions in the same order (question i of a benchmark
 never depends on `limit`), and each batch gets a seed derived from the evaluation's seed and its
 first question, so the same evaluation twice sends the rollout service identical requests.
@@ -18,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from rlvr.infra.schema import QuestionResultRow
 from rlvr.infra.store import Store
@@ -26,6 +31,7 @@ from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.benchmark.catalog import RewardName, Tally
 
 FinishReason = Literal["STOP", "LENGTH"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,29 @@ class EvaluationError(RuntimeError):
     """The evaluation cannot go on; the message is the one-line cause stored with it."""
 
 
+class Cancelled(Exception):  # noqa: N818 (a state, like asyncio's CancelledError, not a fault)
+    """The evaluation was cancelled by request; what was stored before stays."""
+
+
+async def unless_cancelled(work: Awaitable[T], cancelled: asyncio.Event | None) -> T:
+    """`work`'s result, or `Cancelled` as soon as `cancelled` is set, `work` then abandoned (its task
+    cancelled and awaited: a gRPC call in flight is cancelled with it)."""
+    task = asyncio.ensure_future(work)
+    if cancelled is None:
+        return await task
+    stop = asyncio.ensure_future(cancelled.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this coroutine is itself cancelled (the service stopping)
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise Cancelled
+    return task.result()
+
+
 def batch_seed(seed: int, first_index: int) -> int:
     # Distinct per batch (so batches do not replay one random stream), stable across runs, and
     # inside the 63 bits every engine accepts.
@@ -129,8 +158,10 @@ async def run_questions(
     store: Store,
     batch_size: int,
     on_progress: Callable[[Progress], Awaitable[None]] | None = None,
+    cancelled: asyncio.Event | None = None,
 ) -> RunResult:
-    """Generates, scores and stores every question; returns the totals. Raises on the first failure.
+    """Generates, scores and stores every question; returns the totals. Raises on the first failure,
+    and `Cancelled` once `cancelled` is set (at the next generate or score call).
 
     The next batch is generated while this one is scored and stored, so the rollout engine (the
     slow part) is never idle waiting for the reward service or the database.
@@ -150,12 +181,15 @@ async def run_questions(
             pending = asyncio.create_task(generate(batches[0]))
         for k, batch in enumerate(batches):
             assert pending is not None
-            answers, seconds = await pending
+            if cancelled is not None and cancelled.is_set():
+                raise Cancelled
+            answers, seconds = await unless_cancelled(pending, cancelled)
             pending = asyncio.create_task(generate(batches[k + 1])) if k + 1 < len(batches) else None
             result.generate_seconds += seconds
             ordered = check_answers(batch, answers, adapter)
             t0 = time.perf_counter()
-            scores = await scorer.score(function, [q.score_input(a.text) for a, q in zip(ordered, batch, strict=True)])
+            items = [q.score_input(a.text) for a, q in zip(ordered, batch, strict=True)]
+            scores = await unless_cancelled(scorer.score(function, items), cancelled)
             result.score_seconds += time.perf_counter() - t0
             if len(scores) != len(batch):
                 raise EvaluationError(f"the reward service scored {len(scores)} of {len(batch)} answers")

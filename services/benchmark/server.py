@@ -56,6 +56,10 @@ class BenchmarkServicer(benchmark_pb2_grpc.BenchmarkServiceServicer):
                               context: grpc.aio.ServicerContext) -> benchmark_pb2.ListEvaluationsResponse:
         return await self._manager().list(request.benchmark, request.limit, request.offset)
 
+    async def CancelEvaluation(self, request: benchmark_pb2.CancelEvaluationRequest,  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> benchmark_pb2.Evaluation:
+        return await self._manager().cancel(request.id)
+
     async def DeleteEvaluation(self, request: benchmark_pb2.DeleteEvaluationRequest,  # noqa: N802
                                context: grpc.aio.ServicerContext) -> benchmark_pb2.DeleteEvaluationResponse:
         return await self._manager().delete(request.id)

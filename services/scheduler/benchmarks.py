@@ -28,7 +28,8 @@ from rlvr.v1 import benchmark_pb2
 
 log = logging.getLogger("rlvr.scheduler.benchmarks")
 
-FINAL = frozenset({benchmark_pb2.EVALUATION_STATUS_COMPLETED, benchmark_pb2.EVALUATION_STATUS_FAILED})
+FINAL = frozenset({benchmark_pb2.EVALUATION_STATUS_COMPLETED, benchmark_pb2.EVALUATION_STATUS_FAILED,
+                   benchmark_pb2.EVALUATION_STATUS_CANCELLED})
 # benchmark's services/benchmark/evaluations.py INTERRUPTED: an evaluation its service stopped under.
 INTERRUPTED_PREFIX = "interrupted"
 

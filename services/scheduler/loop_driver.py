@@ -49,6 +49,13 @@ def evaluation_seconds(evaluation: benchmark_pb2.Evaluation) -> float:
     return max(0.0, evaluation.finished_at.ToDatetime().timestamp() - evaluation.started_at.ToDatetime().timestamp())
 
 
+def not_completed(evaluation: benchmark_pb2.Evaluation) -> str:
+    """How an evaluation that did not complete ended, as a loop's error says it."""
+    if evaluation.status == benchmark_pb2.EVALUATION_STATUS_CANCELLED:
+        return "was cancelled"
+    return f"failed: {evaluation.error}".replace("  ", " ")
+
+
 class LoopDriver(abc.ABC):
     """A loop's steps, driven from the store; what they read and write of the loop itself is the
     subclass's (LoopManager)."""
@@ -161,7 +168,7 @@ class LoopDriver(abc.ABC):
         if evaluation is None:
             return  # interrupted: run again on the next step
         if evaluation.status != benchmark_pb2.EVALUATION_STATUS_COMPLETED:
-            error = f"the baseline evaluation {evaluation.id} failed: {evaluation.error}".replace("  ", " ")
+            error = f"the baseline evaluation {evaluation.id} {not_completed(evaluation)}"
             await self._fail(loop.id, error)
             return
         score = loop_rules.percent(getattr(evaluation.scores, spec.score_column))
@@ -243,7 +250,7 @@ class LoopDriver(abc.ABC):
             return
         seconds = evaluation_seconds(evaluation)
         if evaluation.status != benchmark_pb2.EVALUATION_STATUS_COMPLETED:
-            error = f"round {round_.index}'s evaluation {evaluation.id} failed: {evaluation.error}".replace("  ", " ")
+            error = f"round {round_.index}'s evaluation {evaluation.id} {not_completed(evaluation)}"
             await self._update_round(round_, status="FAILED", benchmarking_seconds=seconds, finished_at=utc_now(),
                                      error=error)
             await self._fail(loop.id, error, round_.index)
