@@ -7,14 +7,19 @@ again and resumed on as many workers, within MAX_RESUMES."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+
 import pytest
 from test_scheduler_jobs import FakeWorkers
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.infra.store import Store
+from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager
 from rlvr.services.scheduler.workers import WorkerBusy
 from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import trainer_pb2 as T
 
 
 class NodeWorkers(FakeWorkers):
@@ -22,11 +27,22 @@ class NodeWorkers(FakeWorkers):
         super().__init__(n)
         self.addresses = [f"10.0.0.{i + 1}:5005{i}" for i in range(n)]
         self.nodes: list[tuple[str, int, str]] = []  # (address, node_rank, endpoint) of each StartJob
+        self.fetched: list[tuple[str, str]] = []  # (address, path) of each FetchFolder
+        self.merged: list[tuple[str, str]] = []  # (address, adapter path) of each MergeAdapter
 
     async def start(self, address: str, job_id: str, spec: C.JobSpec, total_steps: int, resume: bool = False,
-                    stored_steps: int = 0, node_rank: int = 0, rendezvous_endpoint: str = "") -> str:
+                    stored_steps: int = 0, node_rank: int = 0, rendezvous_endpoint: str = "", **sources: str) -> str:
         self.nodes.append((address, node_rank, rendezvous_endpoint))
-        return await super().start(address, job_id, spec, total_steps, resume, stored_steps)
+        return await super().start(address, job_id, spec, total_steps, resume, stored_steps, **sources)
+
+    async def fetch(self, address: str, path: str, files: Sequence[str] | None = None
+                    ) -> AsyncGenerator[C.FileChunk, None]:
+        self.fetched.append((address, path))
+        yield C.FileChunk(path="adapter_config.json", data=b"{}", file_size=2, last=True)
+
+    async def merge(self, address: str, request: T.MergeAdapterRequest) -> AsyncGenerator[T.MergeProgress, None]:
+        self.merged.append((address, request.adapter_path))
+        yield T.MergeProgress(done=True, path=f"/{address}/merged/{request.output_name}", size_bytes=7)
 
 
 def _spec(nodes: int) -> C.JobSpec:
@@ -127,3 +143,30 @@ async def test_cancel_stops_every_node(sqlite_store: Store) -> None:
     cancelled = await jobs.cancel(job.id)
     assert cancelled.status == C.JOB_STATUS_CANCELLED
     assert workers.cancelled == [job.id, job.id] and workers.running == {}
+
+
+async def test_the_adapter_is_downloaded_and_merged_from_node_zero(sqlite_store: Store, tmp_path: Path) -> None:
+    """A completed job of two nodes records both workers ("node0,node1"); its adapter lies under node
+    0's artifact root (not on the scheduler's disk), so DownloadAdapter is relayed from node 0 and
+    MergeModel runs there."""
+    workers = NodeWorkers(2)
+    a = workers.addresses
+    jobs = JobManager(sqlite_store, None, workers)
+    _, job = await jobs.create(_spec(2), dry_run=False)
+    folder = f"/host-of-{a[1]}/jobs/{job.id}/adapter"
+    sqlite_store.update_job(job.id, status="COMPLETED", worker=f"{a[1]},{a[0]}", adapter_name=f"job-{job.id}",
+                            adapter_version=3, adapter_path=folder)
+    actions = JobActions(jobs, tmp_path / "scheduler-root")
+    chunks = [c async for c in actions.adapter_chunks(job.id)]
+    assert [c.path for c in chunks] == ["adapter_config.json"]
+    assert workers.fetched == [(a[1], folder)]  # node 0, not the "node0,node1" string
+    progress = [p async for p in actions.merge(job.id)]
+    assert progress[-1].done and workers.merged == [(a[1], folder)]
+    # A job of one node that starts from that adapter fetches it from node 0 too.
+    spec = _spec(1)
+    spec.init_adapter.name = f"job-{job.id}"
+    _, stacked = await jobs.create(spec, dry_run=False)
+    workers.running[a[1]] = "another"  # node 0 busy: the job starts on node 1's worker, which lacks the adapter
+    await jobs.dispatch_once()
+    assert sqlite_store.get_job(stacked.id).worker == a[0]
+    assert workers.sources[stacked.id] == {"init_adapter_source": a[1]}

@@ -64,6 +64,13 @@ def nodes_of(worker: str) -> list[str]:
     return [a for a in worker.split(",") if a] if worker else []
 
 
+def holder_of(worker: str) -> str:
+    """The worker whose artifact root holds a job's folders (adapter, checkpoints, merged model):
+    node 0 of the job's workers (its row's `worker`); "" when none is recorded."""
+    nodes = nodes_of(worker)
+    return nodes[0] if nodes else ""
+
+
 def num_nodes(spec: object) -> int:
     a = spec.advanced  # type: ignore[attr-defined]
     return a.num_nodes if a.HasField("num_nodes") and a.num_nodes > 1 else 1
@@ -229,7 +236,7 @@ class Dispatcher:
 
         outcome = await self.lifecycle.transition(row.id, Move("resume", QUEUED, worker=row.worker), requeue)
         if outcome.move is not None:  # else ended or moved meanwhile
-            self.ran_on[row.id] = row.worker
+            self.ran_on[row.id] = holder_of(row.worker)
             log.warning("job %s: %s", row.id, outcome.move.message)
 
     async def _settle_doubt(self, row: JobRow, state: WorkerState | None) -> bool:
@@ -265,8 +272,8 @@ class Dispatcher:
         name = spec.init_adapter.name if spec.HasField("init_adapter") else ""
         if name.startswith("job-") and spec.init_adapter.path:
             holder = await asyncio.to_thread(self.store.get_job, name.removeprefix("job-"))
-            if holder is not None and holder.worker in known and holder.adapter_path == spec.init_adapter.path:
-                sources["init_adapter_source"] = holder.worker
+            if holder is not None and holder_of(holder.worker) in known and holder.adapter_path == spec.init_adapter.path:
+                sources["init_adapter_source"] = holder_of(holder.worker)
         return sources
 
     async def _start_on(self, row: JobRow, address: str) -> None:
