@@ -19,7 +19,7 @@ from rlvr.services.scheduler.lifecycle import Edge, JobLifecycle, Move, edge, fi
 from rlvr.v1 import common_pb2 as C
 
 STATES = (L.QUEUED, L.IN_DOUBT, L.RUNNING, L.COMPLETED, L.FAILED, L.CANCELLED)
-CAUSES = ("start", "wait", "settle", "resume", "cancel", "report")
+CAUSES = ("start", "wait", "settle", "resume", "give_up", "cancel", "report")
 
 
 def row_in(state: str, **fields: object) -> JobRow:
@@ -43,7 +43,7 @@ def test_the_table_is_the_lifecycle_the_scheduler_runs() -> None:
         ("start", L.QUEUED, L.RUNNING), ("start", L.QUEUED, L.FAILED), ("start", L.QUEUED, L.IN_DOUBT),
         ("wait", L.QUEUED, L.QUEUED),
         ("settle", L.IN_DOUBT, L.RUNNING), ("settle", L.IN_DOUBT, L.QUEUED),
-        ("resume", L.RUNNING, L.QUEUED),
+        ("resume", L.RUNNING, L.QUEUED), ("give_up", L.QUEUED, L.FAILED),
         *(("cancel", s, L.CANCELLED) for s in (L.QUEUED, L.IN_DOUBT, L.RUNNING)),
         ("report", L.IN_DOUBT, L.RUNNING),
         *(("report", s, e) for s in (L.QUEUED, L.IN_DOUBT, L.RUNNING) for e in ends),

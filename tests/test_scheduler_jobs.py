@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -539,6 +540,31 @@ async def test_grpc_workers_turn_status_codes_into_domain_errors() -> None:
     with pytest.raises(WorkerUnavailable):
         await start()
     assert await workers.status(address) is None
+
+
+async def test_an_unreachable_worker_is_logged_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Dispatch asks every worker its status each round: an outage is said once when it begins and
+    once when the worker answers again, not on every round."""
+
+    class FlakyStub:
+        up = False
+
+        async def GetWorkerStatus(self, request: T.GetWorkerStatusRequest, timeout: float) -> T.WorkerStatus:  # noqa: N802
+            if not self.up:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
+            return T.WorkerStatus(worker="w")
+
+    workers = GrpcWorkers(["127.0.0.1:1"])
+    stub = FlakyStub()
+    workers._stubs["127.0.0.1:1"] = stub  # type: ignore[assignment]
+    with caplog.at_level(logging.INFO, logger="rlvr.scheduler.workers"):
+        for up in (False, False, False, True, True, False, False):
+            stub.up = up
+            assert (await workers.status("127.0.0.1:1") is not None) == up
+    said = [r.getMessage() for r in caplog.records if r.name == "rlvr.scheduler.workers"]
+    assert len(said) == 3, said
+    assert said[0] == said[2] == "worker 127.0.0.1:1 unreachable: UNAVAILABLE (said once until it answers again)"
+    assert said[1].startswith("worker 127.0.0.1:1 answers again, after 0 s unreachable")
 
 
 # ---------------------------------------------------------------- one ordered stream of job events

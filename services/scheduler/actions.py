@@ -33,6 +33,7 @@ from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
 from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
+from rlvr.services.scheduler.dispatch import holder_of
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.metrics import export_history, job_metrics
 from rlvr.services.scheduler.reclaim import delete_job_files
@@ -168,9 +169,11 @@ class JobActions:
         return paths.is_under(paths.resolve(folder), [paths.resolve(self.root)]) and folder.is_dir()
 
     def _holder(self, row: JobRow) -> str | None:
-        """The worker whose artifact root holds the job's folders: the one that ran it, if the
-        scheduler still reaches it (one of its --trainer-addresses)."""
-        return row.worker if row.worker and row.worker in self._workers().addresses else None
+        """The worker whose artifact root holds the job's folders: the one that ran it (node 0 of a
+        job of several nodes, `holder_of`), if the scheduler still reaches it (one of its
+        --trainer-addresses)."""
+        address = holder_of(row.worker)
+        return address if address and address in self._workers().addresses else None
 
     async def _remote(self, row: JobRow, path: str, depth: int, files: Sequence[str] | None, what: str
                       ) -> AsyncIterator[common_pb2.FileChunk]:
@@ -290,8 +293,8 @@ class JobActions:
         """The worker that holds the job's adapter (not on this disk), for its merge: it must be reachable."""
         address = self._holder(row)
         if address is None or await self._workers().status(address) is None:
-            raise Unavailable(f"trainer {row.worker}, which holds the adapter of job {row.id}, cannot be reached "
-                              "to run the merge")
+            raise Unavailable(f"trainer {holder_of(row.worker) or 'none recorded'}, which holds the adapter of job "
+                              f"{row.id}, cannot be reached to run the merge")
         return address
 
     async def _current_merge(self, row: JobRow, any_version: bool = False) -> ArtifactRow | None:

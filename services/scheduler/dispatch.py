@@ -24,7 +24,13 @@ restarted) the others end by themselves (their collective loses its peer: distri
 0's then ends lost, publishing no final status), and once no node runs it the job is queued again
 as a resume, like a lost job of one node: it starts again when N workers are idle, from node 0's
 last checkpoint (under node 0's artifact root: the resume prefers the workers it ran on), within
-the same MAX_RESUMES. While a node cannot be reached the job stays RUNNING, as for one node.
+the same MAX_RESUMES. While a node cannot be reached the job stays RUNNING, for up to
+`node_lost_seconds`: a node whose worker has not answered that long is lost (nodes.py, `judge`),
+and the job is queued again at once, its status message naming the node and since when, its
+surviving workers free for other jobs while it waits. It resumes on the returning worker or on any
+N idle workers that fit it, or fails naming the lost node once it has waited `node_wait_seconds`
+(kept in memory: a restarted scheduler starts that wait again). A resume's message names the lost
+node and its cause, not the nodes that only lost their peer (rlvr.common.nodes).
 
 Dispatch cannot start a job twice. StartJob is idempotent by job id on the trainer; when its
 outcome is unknown (no answer in time, or the worker unreachable) the scheduler asks the worker
@@ -39,11 +45,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlvr.infra.schema import JobRow
 from rlvr.services.scheduler.convert import TERMINAL, spec_from_json
 from rlvr.services.scheduler.fit import fit, queue_reason
 from rlvr.services.scheduler.lifecycle import FAILED, IN_DOUBT, QUEUED, RUNNING, JobLifecycle, Move
+from rlvr.services.scheduler.nodes import AT_WORK, ENDED, Outages, clock_time, judge
 from rlvr.services.scheduler.workers import WorkerBusy, WorkerError, Workers, WorkerState, WorkerUnavailable
 from rlvr.v1 import common_pb2
 
@@ -57,11 +66,33 @@ consumer is still reading the events published while it was away): how long thos
 waited for (the ingest stores the steps, then the end) before the worker's word ends the job."""
 RENDEZVOUS_PORT = 29400
 """torchrun's c10d port of a job of several nodes, plus node 0's index in the trainer addresses."""
+NODE_LOST_SECONDS = 120.0
+"""How long a node's worker of a running job of several nodes may not answer before it is lost."""
+NODE_WAIT_SECONDS = 1800.0
+"""How long a job that lost a node waits QUEUED for workers to resume on before it fails."""
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """A job of several nodes queued again after it lost a node, while it waits to resume."""
+
+    what: str  # "node 1 (HOST:PORT)", "nodes 0 and 1"
+    was: str  # "was" or "were"
+    why: str  # its cause
+    since: float  # wall-clock seconds: the node's outage began, or the loss was seen
+    until: float  # the job fails when it has not resumed by then
 
 
 def nodes_of(worker: str) -> list[str]:
     """The workers a job runs on (its row's `worker`), node 0 first; [] when none."""
     return [a for a in worker.split(",") if a] if worker else []
+
+
+def holder_of(worker: str) -> str:
+    """The worker whose artifact root holds a job's folders (adapter, checkpoints, merged model):
+    node 0 of the job's workers (its row's `worker`); "" when none is recorded."""
+    nodes = nodes_of(worker)
+    return nodes[0] if nodes else ""
 
 
 def num_nodes(spec: object) -> int:
@@ -71,8 +102,14 @@ def num_nodes(spec: object) -> int:
 
 class Dispatcher:
     def __init__(self, lifecycle: JobLifecycle, workers: Workers, poll_seconds: float = 1.0,
-                 rendezvous_port: int = RENDEZVOUS_PORT) -> None:
+                 rendezvous_port: int = RENDEZVOUS_PORT, node_lost_seconds: float = NODE_LOST_SECONDS,
+                 node_wait_seconds: float = NODE_WAIT_SECONDS, clock: Callable[[], float] = time.time) -> None:
         self.lifecycle = lifecycle
+        self.node_lost_seconds = node_lost_seconds
+        self.node_wait_seconds = node_wait_seconds
+        self.clock = clock  # wall-clock seconds: an outage's start is shown as a time of day
+        self.outages = Outages()  # since when each worker has not answered
+        self.node_losses: dict[str, NodeLoss] = {}  # a queued job of several nodes that lost one -> that loss
         self.rendezvous_port = rendezvous_port
         self.store = lifecycle.store
         self.workers = workers
@@ -129,6 +166,7 @@ class Dispatcher:
         running_ids = {r.id for r in running}
         self._behind = {job_id: since for job_id, since in self._behind.items() if job_id in running_ids}
         states = {a: await self.workers.status(a) for a in self.workers.addresses}
+        self.outages.observe(states, self.clock())
         for row in running:
             if len(nodes_of(row.worker)) > 1:
                 if await self._reconcile_nodes(row, states):
@@ -167,6 +205,7 @@ class Dispatcher:
                               if s.capabilities is not None else None) for a, s in sorted(live.items()))
         self.fits = {row.id: self.fits[row.id] for row in free if row.id in self.fits}
         self._nodes = {row.id: self._nodes[row.id] for row in free if row.id in self._nodes}
+        self.node_losses = {row.id: self.node_losses[row.id] for row in free if row.id in self.node_losses}
         for row in free:
             seen, reasons = self.fits.get(row.id, (None, {}))
             if seen != workers_seen:
@@ -187,9 +226,17 @@ class Dispatcher:
                     await self._start_nodes(row, chosen)
                 else:
                     fit_reason = queue_reason(reasons, len(self.workers.addresses)) if not fitting else ""
-                    await self._set_queue_reason(
-                        row, f"waits for {nodes} idle trainer workers that fit it (advanced.num_nodes {nodes}); "
-                        f"{len(fitting)} now" + (f": {fit_reason}" if fit_reason else ""))
+                    waits = (f"waits for {nodes} idle trainer workers that fit it (advanced.num_nodes {nodes}); "
+                             f"{len(fitting)} now" + (f": {fit_reason}" if fit_reason else ""))
+                    loss = self.node_losses.get(row.id)
+                    if loss is None:
+                        await self._set_queue_reason(row, waits)
+                    elif self.clock() >= loss.until:
+                        await self._give_up(row, loss, nodes)
+                    else:
+                        await self._set_queue_reason(
+                            row, f"{loss.what} lost since {clock_time(loss.since)} ({loss.why}); {waits}; fails at "
+                            f"{clock_time(loss.until)} unless it resumes by then")
                 continue
             address = next((a for a in idle if reasons[a] is None), None)
             if address is not None:
@@ -209,28 +256,43 @@ class Dispatcher:
         if (await self.lifecycle.transition(row.id, move)).done:
             log.info("job %s waits: %s", row.id, reason)
 
-    async def _lost(self, row: JobRow, state: WorkerState, why: str = "") -> None:
+    async def _lost(self, row: JobRow, state: WorkerState, why: str = "", what: str = "the trainer was") -> bool:
         """A running job its worker no longer runs, though it did not end there: queued again to
-        be resumed, or failed once its resumes are spent (see the module's doc)."""
+        be resumed (True), or failed once its resumes are spent (see the module's doc). `what` was
+        lost ("node 1 (HOST:PORT) was" of a job of several nodes), for `why`."""
         reported = state.last_job_id == row.id
         why = why or (state.last_error if reported and state.last_error else
                       f"trainer {row.worker} no longer runs this job (worker restarted?)")
         done = row.resumes
         if done >= MAX_RESUMES:
-            message = f"{why}; not resumed again after {done} resumes" if done else why
+            message = why if what == "the trainer was" else f"{what} lost at step {row.current_step}: {why}"
+            message = f"{message}; not resumed again after {done} resumes" if done else message
             await self.lifecycle.report(row.id, FAILED, message, state.last_adapter if reported else None, publish=True)
-            return
+            return False
 
         async def requeue(current: JobRow) -> Move:
             n = current.resumes + 1
-            return Move("resume", QUEUED, f"resuming from the last checkpoint after the trainer was lost at step "
+            return Move("resume", QUEUED, f"resuming from the last checkpoint after {what} lost at step "
                         f"{current.current_step} ({why}); resume {n} of {MAX_RESUMES}", worker=row.worker,
                         again=f"resume-{n}")
 
         outcome = await self.lifecycle.transition(row.id, Move("resume", QUEUED, worker=row.worker), requeue)
-        if outcome.move is not None:  # else ended or moved meanwhile
-            self.ran_on[row.id] = row.worker
-            log.warning("job %s: %s", row.id, outcome.move.message)
+        if outcome.move is None:
+            return False  # ended or moved meanwhile
+        self.ran_on[row.id] = holder_of(row.worker)
+        log.warning("job %s: %s", row.id, outcome.move.message)
+        return True
+
+    async def _give_up(self, row: JobRow, loss: NodeLoss, nodes: int) -> None:
+        """A job that lost a node and found no workers to resume on within node_wait_seconds:
+        FAILED, naming the node."""
+        message = (f"{loss.what} {loss.was} lost at step {row.current_step} ({loss.why}), and no {nodes} idle trainer "
+                   f"workers that fit the job were found to resume it within node_wait_seconds "
+                   f"({self.node_wait_seconds:g} s, by {clock_time(loss.until)})")
+        if (await self.lifecycle.transition(row.id, Move("give_up", FAILED, message))).done:
+            self.node_losses.pop(row.id, None)
+            self.last_nodes.pop(row.id, None)
+            log.warning("job %s failed: %s", row.id, message)
 
     async def _settle_doubt(self, row: JobRow, state: WorkerState | None) -> bool:
         """A queued job whose StartJob on `row.worker` had no answer: True when it runs there (now
@@ -265,8 +327,8 @@ class Dispatcher:
         name = spec.init_adapter.name if spec.HasField("init_adapter") else ""
         if name.startswith("job-") and spec.init_adapter.path:
             holder = await asyncio.to_thread(self.store.get_job, name.removeprefix("job-"))
-            if holder is not None and holder.worker in known and holder.adapter_path == spec.init_adapter.path:
-                sources["init_adapter_source"] = holder.worker
+            if holder is not None and holder_of(holder.worker) in known and holder.adapter_path == spec.init_adapter.path:
+                sources["init_adapter_source"] = holder_of(holder.worker)
         return sources
 
     async def _start_on(self, row: JobRow, address: str) -> None:
@@ -316,24 +378,26 @@ class Dispatcher:
 
     async def _reconcile_nodes(self, row: JobRow, states: dict[str, WorkerState | None]) -> bool:
         """A running job of several nodes against its workers; True when it left them (ended, or
-        queued again to resume: the module's node failure rule)."""
+        queued again to resume: the module's node failure rule, nodes.py)."""
         addresses = nodes_of(row.worker)
-        parts = [states.get(a) for a in addresses]
-        node0 = parts[0]
-        if node0 is not None and node0.job_id != row.id and node0.last_job_id == row.id \
-                and node0.last_status in TERMINAL and not node0.last_lost:
+        now = self.clock()
+        verdict = judge(row.id, addresses, states, self.outages.down_since, now, self.node_lost_seconds)
+        node0 = states.get(addresses[0])
+        if verdict.kind == ENDED:
+            assert node0 is not None
             await self.lifecycle.report(row.id, node0.last_status, node0.last_error, node0.last_adapter, publish=True)
             return True
-        if any(p is None or p.job_id == row.id for p in parts):
-            return False  # at work, unreachable, or a part still ending (it loses its peers: it will)
-        # No node runs it any more and node 0 did not finish it: the parts' causes, then a resume.
-        causes = [f"node {i} ({a}): {p.last_error or p.last_status or 'no longer runs it'}"
-                  for i, (a, p) in enumerate(zip(addresses, parts, strict=True))
-                  if p is not None and not (p.last_job_id == row.id and p.last_status == "COMPLETED")]
-        why = "a node of the job was lost: " + "; ".join(causes) if causes else ""
-        assert node0 is not None
+        if verdict.kind == AT_WORK:
+            return False  # at work, not reached yet, or a part still ending (it loses its peers: it will)
+        if verdict.stop and not await self._stop_parts(row.id, list(verdict.stop)):
+            return False  # a part that still runs could not be stopped: next round
         self.last_nodes[row.id] = addresses
-        await self._lost(row, node0, why[:1000])
+        what, why = verdict.what(), verdict.why()[:1000]
+        # Node 0 not answering: no adapter of its to record should the job fail here.
+        state = node0 or WorkerState(address=addresses[0], name="", busy=False, job_id="")
+        if await self._lost(row, state, why, f"{what} {verdict.was()}"):
+            since = verdict.since if verdict.since is not None else now
+            self.node_losses[row.id] = NodeLoss(what, verdict.was(), why, since, now + self.node_wait_seconds)
         return True
 
     async def _settle_nodes(self, row: JobRow, states: dict[str, WorkerState | None]) -> bool:
@@ -416,4 +480,5 @@ class Dispatcher:
         outcome = await self.lifecycle.transition(row.id, Move("start", RUNNING, worker=joined), start)
         if outcome.move is not None and outcome.move.to == RUNNING:
             self.last_nodes.pop(row.id, None)
+            self.node_losses.pop(row.id, None)
             log.info("dispatched job %s to %s", row.id, joined)

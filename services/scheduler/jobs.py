@@ -31,7 +31,15 @@ from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import TERMINAL, job_to_proto, spec_from_json
 from rlvr.services.scheduler.datasets import check_dataset
-from rlvr.services.scheduler.dispatch import MAX_RESUMES, RENDEZVOUS_PORT, Dispatcher, nodes_of, num_nodes
+from rlvr.services.scheduler.dispatch import (
+    MAX_RESUMES,
+    NODE_LOST_SECONDS,
+    NODE_WAIT_SECONDS,
+    RENDEZVOUS_PORT,
+    Dispatcher,
+    nodes_of,
+    num_nodes,
+)
 from rlvr.services.scheduler.ingest import STORE_GRACE_S, STREAM_GRACE_S, Ingest, events_consumer
 from rlvr.services.scheduler.lifecycle import CANCELLED, JobLifecycle, Move
 from rlvr.services.scheduler.rewards import LocalRewards, RewardCatalogs
@@ -47,7 +55,8 @@ log = logging.getLogger("rlvr.scheduler.jobs")
 class JobManager:
     def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
                  data_roots: Sequence[Path] = (), model_roots: Sequence[Path] | None = None,
-                 rewards: RewardCatalogs | None = None, rendezvous_port: int = RENDEZVOUS_PORT) -> None:
+                 rewards: RewardCatalogs | None = None, rendezvous_port: int = RENDEZVOUS_PORT,
+                 node_lost_seconds: float = NODE_LOST_SECONDS, node_wait_seconds: float = NODE_WAIT_SECONDS) -> None:
         self.store = store
         self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
@@ -56,7 +65,8 @@ class JobManager:
         self.workers = workers
         self.poll_seconds = poll_seconds
         self.lifecycle = JobLifecycle(store, bus)
-        self.dispatcher = Dispatcher(self.lifecycle, workers, poll_seconds, rendezvous_port)
+        self.dispatcher = Dispatcher(self.lifecycle, workers, poll_seconds, rendezvous_port, node_lost_seconds,
+                                     node_wait_seconds)
         self.ingest = Ingest(self.lifecycle, poll_seconds)
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[DurableSubscription] = []

@@ -9,6 +9,7 @@ that one says whether it runs the job.
     QUEUED   --wait--->   QUEUED                        a new reason it waits (a QUEUED event)
     IN_DOUBT --settle->   RUNNING | QUEUED              the worker runs it, or does not have it
     RUNNING  --resume->   QUEUED                        its trainer was lost: to be started again
+    QUEUED   --give_up->  FAILED                        it lost a node and found no workers to resume on in time
     any open --cancel->   CANCELLED
     --report->  what the trainer says (a status event, or a worker's last job): RUNNING -> an end;
                 IN_DOUBT -> RUNNING or an end; QUEUED -> an end
@@ -126,6 +127,7 @@ TABLE: tuple[Edge, ...] = (
     Edge("settle", IN_DOUBT, RUNNING, guard=_same_worker, effect=_on_worker),
     Edge("settle", IN_DOUBT, QUEUED, guard=_same_worker, effect=_off_worker),
     Edge("resume", RUNNING, QUEUED, guard=_same_worker, effect=_requeued),
+    Edge("give_up", QUEUED, FAILED),
     *(Edge("cancel", source, CANCELLED) for source in OPEN),
     Edge("report", IN_DOUBT, RUNNING),
     *(Edge("report", source, end) for source in OPEN for end in ENDS),

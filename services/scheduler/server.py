@@ -185,7 +185,8 @@ class SchedulerCore:
         jobs = JobManager(self.store, self.bus, GrpcWorkers(s.trainer_addresses, auth=peer_auth(s)),
                           data_roots=s.data_roots, model_roots=s.model_roots,
                           rewards=GrpcRewards(s.reward_address, auth=peer_auth(s)),
-                          rendezvous_port=s.rendezvous_port)
+                          rendezvous_port=s.rendezvous_port, node_lost_seconds=s.node_lost_seconds,
+                          node_wait_seconds=s.node_wait_seconds)
         await jobs.start()
         loops = LoopManager(self.store, self.bus, jobs, GrpcBenchmarks(s.benchmark_address, auth=peer_auth(s)), s.artifact_root,
                             max_lora_rank=s.max_lora_rank, peer_wait_seconds=s.loop_peer_wait_seconds)

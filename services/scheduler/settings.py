@@ -49,5 +49,12 @@ class SchedulerSettings(NatsFields, StoreFields, ArtifactFields, DataRootFields,
     """A job of several nodes (advanced.num_nodes): torchrun's rendezvous listens on node 0's host
     at this port plus node 0's index in trainer_addresses (one port per worker that can be a node
     0); the trainer hosts must reach each other there and on the ports torch.distributed opens."""
+    node_lost_seconds: float = Field(default=120.0, gt=0)
+    """A job of several nodes: how long a node's trainer worker may not answer before the node is
+    lost. The job is then queued again to resume, its status message naming the node and since
+    when, and its other workers are free for other jobs while it waits (docs/operations.md)."""
+    node_wait_seconds: float = Field(default=1800.0, gt=0)
+    """How long a job of several nodes that lost a node waits for as many idle workers that fit it
+    (the returning one or others) to resume on, before it fails naming the lost node."""
     loop_peer_wait_seconds: float = Field(default=600.0, gt=0)
     """How long a loop waits for an unreachable benchmark service before it fails."""

@@ -20,6 +20,7 @@ import grpc. The codes, by trainer.proto:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -161,13 +162,19 @@ class GrpcWorkers:
         channels = {a: make_channel(a, aio=True, auth=auth) for a in addresses}
         self._stubs = {a: trainer_pb2_grpc.TrainerServiceStub(c) for a, c in channels.items()}
         self._clients = {a: AsyncTrainerClient(c) for a, c in channels.items()}
+        self._down_since: dict[str, float] = {}  # unreachable workers -> since (monotonic): one log line per outage
 
     async def status(self, address: str) -> WorkerState | None:
         try:
             s = await self._stubs[address].GetWorkerStatus(trainer_pb2.GetWorkerStatusRequest(), timeout=5)
         except grpc.aio.AioRpcError as e:
-            log.warning("worker %s unreachable: %s", address, e.code().name)
+            if address not in self._down_since:
+                self._down_since[address] = time.monotonic()
+                log.warning("worker %s unreachable: %s (said once until it answers again)", address, e.code().name)
             return None
+        since = self._down_since.pop(address, None)
+        if since is not None:
+            log.warning("worker %s answers again, after %.0f s unreachable", address, time.monotonic() - since)
         last = job_status_name(s.last_job_status) if s.last_job_status else ""
         return WorkerState(address=address, name=s.worker, busy=s.busy, job_id=s.job_id,
                            last_job_id=s.last_job_id, last_status=last, last_error=s.last_job_error,

@@ -34,6 +34,9 @@ from rlvr.common.errors import InvalidArgument, shown
 log = logging.getLogger("rlvr.trainer.artifacts")
 
 CANCEL_FILE = "cancel-requested"
+# Written by node 0's speaker of a job of several nodes whose collective lost a peer (job_process.py):
+# the error, which the worker reports as the lost part's cause instead of the launcher's exit.
+PEER_LOST_FILE = "peer-lost.json"
 
 
 def check_name(name: str, field: str) -> str:

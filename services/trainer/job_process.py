@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, NoReturn
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.common.auth import peer_auth
+from rlvr.common.nodes import peer_lost_error
 from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.distributed import (
@@ -270,6 +271,8 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
     if not group.is_main:
         log.info("job %s, rank %d: %s %s", result.job_id, group.rank, result.status, result.error)
+        if job.num_nodes > 1 and result.status == "failed" and peer_lost(result.error):
+            result.error = peer_lost_error(result.error)  # a consequence: the scheduler names the lost node
         if group.node > 0 and group.is_node_main:  # this node's part: its worker's record (no adapter)
             part = {**result.to_json(), "adapter_version": 0, "adapter_path": ""}
             artifacts.write_json_atomic(job_dir / "result.json", part)
@@ -282,6 +285,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         # Another node's part is gone: not this job's failure. No result and no final status, so
         # that the worker reports the job lost and the scheduler resumes it (dispatch.py's rule).
         log.error("job %s lost a node (%s): ending without a result, to be resumed", job.job_id, result.error)
+        artifacts.write_json_atomic(job_dir / artifacts.PEER_LOST_FILE, {"error": result.error})
         if publisher is not None:
             publisher.close(flush_timeout_s=settings.publish_flush_seconds)
         return 1

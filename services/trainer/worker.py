@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
+from rlvr.common.nodes import peer_lost_error
 from rlvr.objectstore import StoreError, object_store, store_key
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.config import JobConfig, job_config_from_request
@@ -120,9 +121,11 @@ class JobSupervisor:
         _end_orphan(newest)
         step, _ = self._progress(config.job_id)
         adapter = adapter_ref(config.adapter_name, step, str(artifacts.adapter_dir(self.root, config.job_id).resolve()))
-        log.info("job %s was running when this worker stopped (at step %d): reported lost", config.job_id, step)
+        # Node 0 alone counts a job's steps (progress.json): another node's part knows no step.
+        at = f" (at step {step})" if config.node_rank == 0 else f" (its part of node {config.node_rank})"
+        log.info("job %s was running when this worker stopped%s: reported lost", config.job_id, at)
         return LastJob(config.job_id, common_pb2.JOB_STATUS_FAILED,
-                       f"the trainer service {self.settings.worker_name} was restarted while the job ran (at step {step})",
+                       f"the trainer service {self.settings.worker_name} was restarted while the job ran{at}",
                        adapter, lost=True)
 
     # ------------------------------------------------------------------ start
@@ -269,7 +272,7 @@ class JobSupervisor:
     @staticmethod
     def _fresh_job_dir(job_dir: Path) -> None:
         """A job id started again without `resume` starts from nothing: no stale result or adapter."""
-        for name in ("result.json", "progress.json", artifacts.CANCEL_FILE):
+        for name in ("result.json", "progress.json", artifacts.CANCEL_FILE, artifacts.PEER_LOST_FILE):
             (job_dir / name).unlink(missing_ok=True)
         artifacts.unlink_rank_results(job_dir)
         for name in ("adapter", "checkpoints", "trl"):
@@ -281,7 +284,7 @@ class JobSupervisor:
         """A resume (StartJobRequest.resume) keeps the checkpoints, the adapter of the last finished
         step and progress.json (the step that adapter is of, until the resumed run finishes one);
         only a stale result goes. The job process picks the checkpoint (runner.resume_point)."""
-        for name in ("result.json", artifacts.CANCEL_FILE):
+        for name in ("result.json", artifacts.CANCEL_FILE, artifacts.PEER_LOST_FILE):
             (job_dir / name).unlink(missing_ok=True)
         artifacts.unlink_rank_results(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -344,6 +347,10 @@ class JobSupervisor:
         # Lost, not failed: no final status is published (a FAILED on the stream would be final in
         # the store). The scheduler reads `lost` in GetWorkerStatus and resumes the job from its
         # last checkpoint, or fails it itself once its resumes are spent.
+        peer = artifacts.read_json(job_dir / artifacts.PEER_LOST_FILE)
+        if peer is not None:  # node 0 of a job of several nodes whose peer's part went away
+            return LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED, peer_lost_error(str(peer.get("error", ""))),
+                           adapter, lost=True)
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED,
                        f"the job process {how} without a result{_log_tail(job_dir / 'job.log')}", adapter, lost=True)
@@ -459,6 +466,11 @@ def _end_orphan(job_dir: Path) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
+# Lines of torchrun's failure report that read like errors but name none ("traceback : To enable
+# traceback see: https://pytorch.org/docs/stable/elastic/errors.html", "error_file: <N/A>").
+_TORCHRUN_BOILERPLATE = ("To enable traceback see", "error_file:")
+
+
 def _log_tail(path: Path) -> str:
     """The last error-looking line of the job log, to name the cause in one line."""
     try:
@@ -466,6 +478,8 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return ""
     for line in reversed(lines):
+        if any(text in line for text in _TORCHRUN_BOILERPLATE):
+            continue
         if "Error" in line or "error" in line or "Killed" in line:
             return f": {line.strip()[:300]}"
     return ""
