@@ -64,6 +64,31 @@ async def test_bad_requests_name_the_field(reward) -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith(field)
 
 
+async def test_a_non_finite_column_is_named_with_every_other(reward) -> None:
+    # A column is JSON, which has no NaN or infinity; a Value can carry one (ParseDict lets NaN through).
+    from google.protobuf import struct_pb2
+
+    stub, _ = reward
+    listed = struct_pb2.Value()
+    listed.list_value.values.add().number_value = 1.0
+    listed.list_value.values.add().number_value = float("-inf")
+    items = [
+        R.ScoreItem(completion="77", ground_truth="77", columns={"ok": struct_pb2.Value(number_value=1.0),
+                                                                 "bad": struct_pb2.Value(number_value=float("nan"))}),
+        R.ScoreItem(completion="77", ground_truth="77"),
+        R.ScoreItem(completion="77", ground_truth="77", columns={"weights": listed}),
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Score(R.ScoreRequest(key="math_pairs", items=items), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().split("\n") == [
+        "items[0].columns.bad: nan is out of range; allowed: a finite number (a column is JSON, which has no NaN "
+        "or infinity)",
+        "items[2].columns.weights: -inf is out of range; allowed: a finite number (a column is JSON, which has "
+        "no NaN or infinity)",
+    ]
+
+
 async def test_problems_and_dataset_errors(reward, tmp_path: Path) -> None:
     stub, _ = reward
     train = await stub.GetProblems(R.GetProblemsRequest(function=C.REWARD_FUNCTION_MATH_PAIRS, limit=16, seed=3),
