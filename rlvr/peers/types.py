@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from google.protobuf import json_format, struct_pb2
@@ -24,6 +24,7 @@ from google.protobuf import json_format, struct_pb2
 from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.jobspec import REWARD_FUNCTIONS, RewardName
 from rlvr.rewards.registry import Catalog, RewardInfo
+from rlvr.seeds import offset_seed
 from rlvr.tasks.base import Message, Problem
 from rlvr.v1 import common_pb2, reward_pb2, rollout_pb2
 
@@ -64,6 +65,14 @@ class Sampling:
     max_tokens: int = 256
     seed: int | None = None  # None: unseeded
     group_size: int = 1  # completions per prompt
+
+    def from_prompt(self, first: int) -> Sampling:
+        """This sampling for a part of a request that starts at its prompt `first` (a replica's
+        part, a job process's share): the seed moved there (rlvr/seeds.py), so the part's prompts
+        are seeded as they are in the whole request, and sample what one server would."""
+        if self.seed is None or first == 0:
+            return self
+        return replace(self, seed=offset_seed(self.seed, first))
 
     def to_proto(self) -> common_pb2.SamplingParams:
         return common_pb2.SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
