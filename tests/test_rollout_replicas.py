@@ -165,12 +165,13 @@ def test_a_step_is_split_across_replicas_and_put_back_in_prompt_order(replicas: 
         assert both.generate(prompts, sampling, BASE_MODEL).completion_ids == batch.completion_ids  # seeded
     finally:
         both.close()
-    # The first half is what replica A alone makes of it, the second B's: the parts keep the seed.
+    # The first half is what replica A alone makes of it, the second B's: each part carries the step's
+    # seed moved to its first prompt (rlvr/seeds.py), so no two parts sample with the same numbers.
     halves = []
-    for address, part in ((replicas.a, prompts[:2]), (replicas.b, prompts[2:])):
+    for address, part, first in ((replicas.a, prompts[:2], 0), (replicas.b, prompts[2:], 2)):
         one = ServiceGenerator(address)
         try:
-            halves += one.generate(part, sampling, BASE_MODEL).completion_ids
+            halves += one.generate(part, sampling.from_prompt(first), BASE_MODEL).completion_ids
         finally:
             one.close()
     assert batch.completion_ids == halves

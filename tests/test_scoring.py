@@ -505,6 +505,25 @@ CASES += [
     ("gsm8k", "so she has 55", "####: 55", 1, 0, False, "a ground truth written ####: 55 is 55"),
     ("gsm8k", "so she has 55", "#### 55", 1, 0, False, "a ground truth written #### 55 is 55"),
 ]
+# A stated final answer written with its working (a real model wrote "the final answer is 6 + 12 + 24 =
+# 48" in 7 of 16 held-out rows): what it states is the result, never the first number of the working.
+CASES += [
+    ("gsm8k", "Each pays 6, 12 and 24. So the final answer is 6 + 12 + 24 = 48", "48", 1, 0, False,
+     "a stated answer with its working states the number after the last ="),
+    ("gsm8k", "So the final answer is 6 + 12 + 24 = 48", "6", 0, 0, False, "... not the working's first number"),
+    ("gsm8k", "So the final answer is 6+12+24 = 48.", "48", 1, 0, False, "the working unspaced, a full stop after"),
+    ("gsm8k", "The final answer is 2*3=6", "6", 1, 0, False, "a product with its result"),
+    ("gsm8k", "The final answer is $6 \\times 7 = 42$.", "42", 1, 0, False, "LaTeX operators, in $...$"),
+    ("gsm8k", "The final answer is $1,200 + 34 = 1,234$.", "1234", 1, 0, False, "thousands separators in the working"),
+    ("gsm8k", "The final answer is (6 + 12) * 2 = 36 apples.", "36", 1, 0, False, "brackets in the working"),
+    ("gsm8k", "So the final answer is 6 + 12 + 24.", "42", 1, 0, False, "working without its result: what it comes to"),
+    ("gsm8k", "The final answer is 3 - the other two are wrong.", "3", 1, 0, False,
+     "a dash after the number is prose, not a subtraction"),
+    ("gsm8k", "The final answer is: 48", "48", 1, 0, False, "a colon after is"),
+    ("gsm8k", "The final answer is $48", "48", 1, 0, False, "a dollar sign before the number"),
+    ("gsm8k", "The final answer is \\$48. Then 2 + 2 = 4", "48", 1, 0, False,
+     "an escaped dollar sign, and arithmetic after the statement's sentence is not its answer"),
+]
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,21 @@ class FailedPrecondition(RlvrServiceError):
 
 
 class Unavailable(RlvrServiceError):
+    """The service, or what it needs, cannot answer now. `retry=False`: the service has waited for
+    it already (a remote reward's `wait_seconds`), so the answer tells the client's channel not to
+    retry (`NO_RETRY`): its retries would only wait that long again, each."""
+
     code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str = "", *, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+NO_RETRY = (("grpc-retry-pushback-ms", "-1"),)
+"""Trailing metadata that stops a gRPC channel's retry policy from retrying the call: a negative
+server push-back means "do not retry" (gRFC A6, honoured by grpcio's channels). A caller's own loop
+(the trainer's wait for the reward service) still sees UNAVAILABLE and decides for itself."""
 
 
 MAX_SHOWN_CHARS = 120
@@ -221,7 +235,7 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     status = bad_request_status(code, message, exc.violations) if isinstance(exc, InvalidArgument) else None
     if status is not None:
         await context.abort(status.code, status.details, status.trailing_metadata)
-    await context.abort(code, message)
+    await context.abort(code, message, NO_RETRY if isinstance(exc, Unavailable) and not exc.retry else ())
 
 
 def grpc_errors(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,9 @@
   trainer's job drops it); when every replica is left out for a while, all are tried again;
 - how a call's items are split (`parts`): contiguous parts as even as possible, one per replica
   up (fewer when there are fewer items), the first part to the replica whose turn it is; the turn
-  moves on with every call, so calls with fewer items than replicas still spread the load;
+  moves on with every call, so calls with fewer items than replicas still spread the load. A part
+  is always a run of consecutive items (items going again after a failure may be several runs:
+  one part each), so a caller seeds it from its first item and it samples what one server would;
 - what a failed part means (`fate`, the caller's): "gone" (the replica is not there: left out,
   announced), "refused" (it cannot answer this call, e.g. it lacks the adapter version: the others
   answer, it stays up) or "fatal" (the call's failure, raised once every part has ended). With a
@@ -76,6 +78,17 @@ def split_bounds(count: int, parts: int) -> list[int]:
     return [round(j * count / parts) for j in range(parts + 1)]
 
 
+def _runs(indices: Sequence[int]) -> list[list[int]]:
+    """Ascending `indices` cut into runs of consecutive items."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
 Plan = Generator[list[tuple[Replica[H], _A]], list[Any], _R]
 
 
@@ -131,11 +144,18 @@ class Replicas(Generic[H]):
         self.notify(message)
 
     def parts(self, indices: Sequence[int], replicas: Sequence[Replica[H]], turn: int) -> list[tuple[Replica[H], list[int]]]:
-        """`indices` in contiguous parts as even as possible, one per replica (fewer when there are
-        fewer items), the first to the replica whose turn it is."""
+        """`indices` (ascending) in parts as even as possible, one share per replica (fewer when
+        there are fewer items), the first to the replica whose turn it is. A part is always a run of
+        consecutive items, so a caller can seed it from its first (rlvr/seeds.py): a share that spans
+        a gap (items answered already, when parts go again after a failure) is one part per run."""
         k = min(len(replicas), len(indices))
         bounds = split_bounds(len(indices), k)
-        return [(replicas[(turn + j) % len(replicas)], list(indices[bounds[j]:bounds[j + 1]])) for j in range(k)]
+        parts: list[tuple[Replica[H], list[int]]] = []
+        for j in range(k):
+            replica = replicas[(turn + j) % len(replicas)]
+            for run in _runs(indices[bounds[j]:bounds[j + 1]]):
+                parts.append((replica, run))
+        return parts
 
     def _sort(self, error: BaseException) -> Fate:
         return self.fate(error) if len(self.all) > 1 else "fatal"

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from google.protobuf import json_format, struct_pb2
 
+from rlvr.common.errors import InvalidArgument, out_of_range
 from rlvr.jobspec import REWARD_FUNCTIONS, RewardName
 from rlvr.rewards.registry import Catalog, RewardInfo
+from rlvr.seeds import offset_seed
 from rlvr.tasks.base import Message, Problem
 from rlvr.v1 import common_pb2, reward_pb2, rollout_pb2
 
@@ -63,6 +65,14 @@ class Sampling:
     max_tokens: int = 256
     seed: int | None = None  # None: unseeded
     group_size: int = 1  # completions per prompt
+
+    def from_prompt(self, first: int) -> Sampling:
+        """This sampling for a part of a request that starts at its prompt `first` (a replica's
+        part, a job process's share): the seed moved there (rlvr/seeds.py), so the part's prompts
+        are seeded as they are in the whole request, and sample what one server would."""
+        if self.seed is None or first == 0:
+            return self
+        return replace(self, seed=offset_seed(self.seed, first))
 
     def to_proto(self) -> common_pb2.SamplingParams:
         return common_pb2.SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
@@ -148,9 +158,27 @@ def columns_proto(columns: Mapping[str, Any]) -> dict[str, struct_pb2.Value]:
     return {str(k): json_format.ParseDict(v, struct_pb2.Value()) for k, v in columns.items()}
 
 
-def columns_of(columns: Mapping[str, struct_pb2.Value]) -> dict[str, Any]:
-    """The contract's map<string, Value> as plain values (the inverse of `columns_proto`)."""
+def columns_of(columns: Mapping[str, struct_pb2.Value], field: str = "columns") -> dict[str, Any]:
+    """The contract's map<string, Value> as plain values (the inverse of `columns_proto`).
+
+    A value is JSON, which holds no NaN or infinity (a Value can carry one, a JSON row cannot):
+    InvalidArgument naming `field`.<key> of every such column, with the number."""
+    bad = [(key, _non_finite(value)) for key, value in sorted(columns.items())]
+    errors = [out_of_range(f"{field}.{key}", number, "a finite number (a column is JSON, which has no NaN "
+                           "or infinity)") for key, number in bad if number is not None]
+    if errors:
+        raise InvalidArgument("\n".join(str(e) for e in errors), [v for e in errors for v in e.violations])
     return {k: _plain(json_format.MessageToDict(v)) for k, v in columns.items()}
+
+
+def _non_finite(value: struct_pb2.Value) -> float | None:
+    """The first NaN or infinite number in `value` (a list's or a struct's too), or None."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return None if math.isfinite(value.number_value) else value.number_value
+    inner = (value.list_value.values if kind == "list_value"
+             else value.struct_value.fields.values() if kind == "struct_value" else ())
+    return next((n for n in map(_non_finite, inner) if n is not None), None)
 
 
 def problem_of(message: reward_pb2.Problem, key: str) -> Problem:

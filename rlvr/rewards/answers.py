@@ -120,20 +120,118 @@ def last_boxed_at(text: str) -> tuple[int, str] | None:
 
 
 def stated_final_answer(text: str) -> tuple[int, str] | None:
-    """The number of the last "final answer is N" statement in ``text`` (``$N$`` too), and where
-    that number starts; None without one. Math-Verify ranks this statement with a ``\\boxed{}``
-    answer and takes whichever comes last; lm-eval's GSM8K takes the last number.
+    """The number the last "final answer is ..." statement in ``text`` states (``$N$`` too), and
+    where the statement's answer starts; None without one. Math-Verify ranks this statement with a
+    ``\\boxed{}`` answer and takes whichever comes last; lm-eval's GSM8K takes the last number.
+
+    The statement may give the working that leads to the number: "is 6 + 12 + 24 = 48" states 48,
+    the result after the last ``=``; "is 6 + 12 + 24" states their sum, 42 (`_stated_result`).
 
     >>> stated_final_answer(r"so \\boxed{255}. Final Answer: The final answer is $10,455$. I hope it is correct.")
     (51, '10,455')
+    >>> stated_final_answer("So the final answer is 6 + 12 + 24 = 48.")
+    (23, '48')
     """
     found = None
     for found in _FINAL_ANSWER.finditer(text):  # noqa: B007  # only the last one matters
         pass
     if found is None:
         return None
-    number = _NUMBER.match(_prepare_numbers(text[found.end() : found.end() + MAX_ANSWER_CHARS]))
-    return (found.end(), number.group(0).strip()) if number and number.group(0).strip() else None
+    stated = _stated_result(_prepare_numbers(text[found.end() : found.end() + MAX_ANSWER_CHARS]))
+    return (found.end(), stated) if stated else None
+
+
+# The arithmetic a stated answer may be written with, at the start of what follows "is": numbers,
+# operators, brackets and "=" (a currency sign before a number is skipped).
+_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "\u00d7": "*", "\u00b7": "*", "\\times": "*",
+              "\\cdot": "*", "/": "/", "\u00f7": "/", "\\div": "/"}
+_EXPRESSION_TOKEN = re.compile(r"[ \t]*(\\times|\\cdot|\\div|[-+*/=()\u2212\u00d7\u00b7\u00f7])")
+_CURRENCY = re.compile(r"[ \t]*(?:\\\$|\$)?[ \t]*")
+Token = tuple[str, str]  # ("number", as written) or (an operator "+-*/", a bracket "()" or "=", "")
+
+
+def _stated_result(text: str) -> str | None:
+    """What the arithmetic at the start of ``text`` comes to, as written when it is one number:
+    "48." -> '48'; "6+12+24 = 48." -> '48' (after the last "="); "2*3=6" -> '6'; "6 + 12 + 24" ->
+    '42' (computed exactly); "$1,200 and more" -> '1,200'. None when no number starts it."""
+    tokens: list[Token] = []
+    complete = 0  # tokens[:complete] is a whole expression (it ends after a number or a bracket)
+    depth, at, want_number = 0, 0, True
+    while at < len(text) and len(tokens) < 200:
+        if want_number:
+            at = _CURRENCY.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string
+            number = _NUMBER.match(text, at)
+            if number and number.group(0).strip():
+                tokens.append(("number", number.group(0).strip()))
+                at, want_number = number.end(), False
+                complete = len(tokens) if depth == 0 else complete
+                continue
+        symbol = _EXPRESSION_TOKEN.match(text, at)
+        if symbol is None:
+            break
+        op = _OPERATORS.get(symbol.group(1), symbol.group(1))
+        if want_number and op == "(" and depth < _MAX_PARSE_DEPTH:
+            depth += 1
+        elif not want_number and op == ")" and depth > 0:
+            depth -= 1
+            complete = len(tokens) + 1 if depth == 0 else complete
+        elif not want_number and (op in ("+", "-", "*", "/") or (op == "=" and depth == 0)):
+            want_number = True
+        else:
+            break
+        tokens.append((op, ""))
+        at = symbol.end()
+    tokens = tokens[:complete]
+    if not tokens:
+        return None
+    result = tokens[max((i + 1 for i, t in enumerate(tokens) if t[0] == "="), default=0):]
+    if len(result) == 1:
+        return result[0][1]
+    value = _evaluate(result)
+    if value is None:
+        return None
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _evaluate(tokens: list[Token]) -> Fraction | None:
+    """The exact value of + - * / over numbers and brackets (tokens from `_stated_result`, whose
+    brackets are balanced); None on a division by zero or a number that is not a plain one."""
+    position = 0
+
+    def term() -> Fraction | None:  # factor (* or / factor)...
+        nonlocal position
+        value = factor()
+        while value is not None and position < len(tokens) and tokens[position][0] in "*/":
+            op = tokens[position][0]
+            position += 1
+            right = factor()
+            if right is None or (op == "/" and right == 0):
+                return None
+            value = value * right if op == "*" else value / right
+        return value
+
+    def expression() -> Fraction | None:  # term (+ or - term)...
+        nonlocal position
+        value = term()
+        while value is not None and position < len(tokens) and tokens[position][0] in "+-":
+            op = tokens[position][0]
+            position += 1
+            right = term()
+            value = None if right is None else value + right if op == "+" else value - right
+        return value
+
+    def factor() -> Fraction | None:  # a number or a bracketed expression
+        nonlocal position
+        kind, written = tokens[position]
+        position += 1
+        if kind == "(":
+            value = expression()
+            position += 1  # its ")"
+            return value
+        number = numeric_value(written)
+        return number if isinstance(number, Fraction) else None
+
+    return expression()
 
 
 def _prepare_numbers(text: str) -> str:

@@ -11,7 +11,8 @@ is an `RlvrError` that `failure` translates, in one place:
 Several rollout replicas (the `rollout_addresses` setting) are one rollout service to the core,
 by the rules of `rlvr.peers.replicas.Replicas` (the trainer's too): a batch's questions are split
 into contiguous parts, one Generate call per replica at once (greedy, the default, answers the same
-whatever the split; a seeded sample is the single server's on vLLM, which seeds each prompt alike),
+whatever the split; a part's seed is the batch's moved to its first question, `rlvr.seeds.offset_seed`,
+so a seeded sample is the single server's on vLLM, which seeds each prompt from its index),
 an uploaded adapter goes to every replica, and a replica that fails a part because it is down
 (UNAVAILABLE, DEADLINE_EXCEEDED; it is then left out for RETRY_DOWN_S) or does not hold the adapter
 version (NOT_FOUND) has that part answered by the others, with a warning. When no replica can
@@ -273,7 +274,10 @@ class ServicePeers:
     async def _generate_all(self, questions: Sequence[Question], sampling: Sampling,
                             adapter: AdapterTag) -> list[Answer]:
         async def part(client: AsyncRolloutClient, indices: list[int]) -> list[Answer]:
-            return await self._generate(client, [questions[i] for i in indices], sampling, adapter)
+            # A part is contiguous (Replicas.parts): seeded from where it starts, it samples what one
+            # server would.
+            return await self._generate(client, [questions[i] for i in indices], sampling.from_prompt(indices[0]),
+                                        adapter)
 
         try:
             parts = await self.replicas.spread(len(questions), part, f"generating with {adapter}")

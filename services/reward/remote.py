@@ -6,8 +6,10 @@ a job names the key like any reward's. Scoring sends that server a ScoreRequest 
 `components`. Its answer is not trusted: a wrong number of results fails the call's items, and a
 score that is not a number in [0, 1] (or an item's own `error`) fails that item, each scored 0 with
 the reason. An unreachable server is waited for (``wait_seconds``, retrying with backoff), then the
-call fails with UNAVAILABLE naming the key and the address, so the trainer rides over a restart of it
-as over one of the rollout server, and fails the job naming it when it does not come back.
+call fails with UNAVAILABLE naming the key and the address, once: the status tells the caller's
+channel not to retry (`NO_RETRY`), which would wait ``wait_seconds`` again per retry. The trainer's
+own wait still rides over a restart of it as over one of the rollout server, and fails the job
+naming it when it does not come back.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ class RemoteScorer:
                                             max(0.0, deadline - loop.time())))
                     continue
                 details = " ".join(e.details.split())
-                if gone:
-                    raise Unavailable(f"{self._where()} is unreachable: {e.code.name}: {details}") from None
+                if gone:  # waited for already: the caller's channel must not wait again per retry
+                    raise Unavailable(f"{self._where()} is unreachable after {self.settings.wait_seconds:g} s: "
+                                      f"{e.code.name}: {details}", retry=False) from None
                 raise FailedPrecondition(f"{self._where()} refused the call: {e.code.name}: {details}") from None
         raise AssertionError("unreachable")
 

@@ -21,6 +21,7 @@ from rlvr.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     Unavailable,
+    Violations,
     bounded,
     map_errors,
     out_of_range,
@@ -136,8 +137,14 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if not request.items:  # a check that the rewards can score now (a remote one: reachable)
             await asyncio.gather(*(self._remotes[k].check() for k, _ in terms if k in self._remotes))
             return reward_pb2.ScoreResponse(seconds=time.perf_counter() - t0)
-        samples = [Sample(it.completion, it.ground_truth, it.prompt, tuple((m.role, m.content) for m in it.messages),
-                          columns_of(it.columns)) for it in request.items]
+        samples: list[Sample] = []
+        bad = Violations()
+        for i, it in enumerate(request.items):
+            with bad.check():  # every item's bad columns named at once
+                samples.append(Sample(it.completion, it.ground_truth, it.prompt,
+                                      tuple((m.role, m.content) for m in it.messages),
+                                      columns_of(it.columns, f"items[{i}].columns")))
+        bad.raise_any()
         results = await self._evaluate([k for k, _ in terms], samples, timeout)
         return self._response(terms, accuracy, samples, results, bonus, weight, time.perf_counter() - t0)
 

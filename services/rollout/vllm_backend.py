@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
 from rlvr.infra.reaper import children, is_resource_tracker, reap_with_this_process
+from rlvr.seeds import prompt_seed
 from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
@@ -58,10 +59,37 @@ from rlvr.services.rollout.backend import (
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.outputs import RequestOutput
+    from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
+
+
+def prompt_sampling_params(sampling: SamplingSpec, count: int) -> list[SamplingParams]:
+    """The vLLM sampling parameters of each of a request's `count` prompts. Each prompt is one engine
+    request with a seed of its own, `prompt_seed(sampling.seed, i)` (rlvr/seeds.py): one seed for all
+    would give completion j of every prompt the same random numbers. Unseeded, vLLM draws each
+    request's seed itself."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    # vLLM refuses n > 1 with greedy sampling; the n greedy completions are identical, so one is
+    # generated and repeated (the transformers backend needs no such case: it just decodes n rows).
+    engine_n = 1 if sampling.greedy else sampling.n
+    return [
+        SamplingParams(
+            n=engine_n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=None if sampling.seed is None else prompt_seed(sampling.seed, i),
+            logprobs=0,  # just the sampled token's log-probability
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,  # text comes from PromptCodec.decode, identical across backends
+        )
+        for i in range(count)
+    ]
 
 
 class VLLMBackend(GenerationBackend):
@@ -259,27 +287,12 @@ class VLLMBackend(GenerationBackend):
         adapter: AdapterVersion | None,
         request_id: str,
     ) -> AsyncGenerator[PromptGroupOut, None]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         prompt_ids = self.codec.encode_prompts(prompts, sampling.max_tokens)
-        # vLLM refuses n > 1 with greedy sampling; the n greedy completions are identical, so one is
-        # generated and repeated (the transformers backend needs no such case: it just decodes n rows).
-        engine_n = 1 if sampling.greedy else sampling.n
-        params = SamplingParams(
-            n=engine_n,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            logprobs=0,  # just the sampled token's log-probability
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=False,  # text comes from PromptCodec.decode, identical across backends
-        )
+        params = prompt_sampling_params(sampling, len(prompt_ids))
         # Resolved once: every prompt of this request uses this exact LoRARequest, and is stamped from it.
         lora = self._lora_request(adapter) if adapter is not None else self._base_lora
         tasks = [
-            asyncio.create_task(self._one_prompt(i, ids, params, lora, f"{request_id}-{i}"))
+            asyncio.create_task(self._one_prompt(i, ids, params[i], lora, f"{request_id}-{i}"))
             for i, ids in enumerate(prompt_ids)
         ]
         try:

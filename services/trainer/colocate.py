@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.common.errors import FailedPrecondition
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling
+from rlvr.seeds import prompt_seed
 from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
 
 if TYPE_CHECKING:
@@ -327,17 +328,21 @@ class ColocatedGenerator:
         greedy = sampling.temperature < GREEDY_EPS
         n = sampling.group_size
         # As the rollout server samples (vllm_backend.py): the full tempered distribution (top_p 1,
-        # no top-k), the step's seed, the sampled token's logprob, one final output per prompt.
-        params = SamplingParams(
-            n=1 if greedy else n,  # vLLM refuses n > 1 when greedy; the n completions are identical
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=1.0,
-            seed=sampling.seed,
-            logprobs=0,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=False,
-        )
+        # no top-k), each prompt's own seed from the step's (rlvr/seeds.py), the sampled token's
+        # logprob, one final output per prompt.
+        params = [
+            SamplingParams(
+                n=1 if greedy else n,  # vLLM refuses n > 1 when greedy; the n completions are identical
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=1.0,
+                seed=None if sampling.seed is None else prompt_seed(sampling.seed, i),
+                logprobs=0,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
         if self.llm is None:
             raise RuntimeError("the colocated vLLM engine is closed")
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

@@ -488,9 +488,13 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     prompts = [(text, p.ground_truth) for text, p in rendered]
     total = job.steps_for(len(prompts))
     result.total_steps = total
+    # Where this process's share of each step starts in the step's whole batch: each prompt is seeded
+    # by its index in the whole batch (rlvr/seeds.py), so the completions do not depend on the split.
+    offset = deps.group.rank * (job.prompts_per_step // deps.group.world)
     if job.generation_backend == "vllm":
         generator = deps.generator
         assert generator is not None
+        generator.prompt_offset = offset  # type: ignore[attr-defined]  # a ServiceGenerator or ReplicatedGenerator (JobDeps)
         # Once per job, by rank 0; the other ranks wait for it (and fail with it), and adopt the
         # init adapter it pushed (engine.py, on_step_end, says why).
         initial, sampler_dtypes = deps.group.on_main(
@@ -504,9 +508,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         sampler_dtypes = [str(getattr(generator, "dtype", "") or PRECISION_DTYPES[job.precision])]
     else:
         # One batched generate call, each prompt's group sampled with random numbers of its own
-        # (seeded by step and index in the step's global batch: rollouts.SeededSampler): the
-        # completions do not depend on how the batch is split across processes.
-        offset = deps.group.rank * (job.prompts_per_step // deps.group.world)
+        # (rollouts.SeededSampler).
         generator = LocalGenerator(tokenizer, _eos_ids(model, tokenizer), prompt_offset=offset)
         initial = BASE_MODEL
         sampler_dtypes = []
