@@ -19,6 +19,7 @@ import torch
 
 from rlvr.adapters import base_linear_shapes
 from rlvr.services.rollout.adapters import (
+    AdapterCapacityError,
     AdapterRegistry,
     AdapterRejected,
     AdapterVersionMismatch,
@@ -451,6 +452,56 @@ async def test_registry_backend_refusal_keeps_live(model_dir: Path, loras, tmp_p
     backend.refuse = False
     v2 = await registry.load("job", 2, upload(loras["v2"]))
     assert v2.uid != v1.uid and backend.loaded == [v2.key] and not v1.path.exists()
+
+
+class CappedBackend(RefusingBackend):
+    """Holds at most `adapter_capacity` versions, as vLLM's LoRA cache does before it evicts one."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.adapter_capacity = capacity
+        self.most = 0
+
+    async def add_adapter(self, adapter: AdapterVersion) -> None:
+        await super().add_adapter(adapter)
+        self.most = max(self.most, len(self.loaded))
+
+
+def held(backend: RefusingBackend) -> list[str]:
+    return [key.partition("#")[0] for key in backend.loaded]  # "name@vN#uid" -> "name@vN"
+
+
+async def test_the_registry_never_loads_past_the_engines_capacity(model_dir: Path, loras, tmp_path: Path) -> None:
+    """Jobs with steps still generating from older versions (asynchronous steps) never make the
+    engine evict a version in use: a push waits for an old version's last request to end, and one
+    that cannot get room is refused, naming the capacity."""
+    backend = CappedBackend(capacity=3)
+    registry = AdapterRegistry(tmp_path / "adapters", backend, base_linear_shapes(model_dir),  # type: ignore[arg-type]
+                               MAX_LORA_RANK)
+    await registry.load("a", 1, upload(loras["v1"]))
+    await registry.load("b", 1, upload(loras["other"]))
+    async with registry.lease("a") as a1:
+        await registry.load("a", 2, upload(loras["v2"]))  # a1 finishes its request: 3 held
+        async with registry.lease("a") as a2:
+            push = asyncio.create_task(registry.load("a", 3, upload(loras["v1"])))
+            await asyncio.sleep(0.3)
+            assert not push.done() and held(backend) == ["a@v1", "b@v1", "a@v2"]  # waits: no eviction
+        assert a1 is not None and a2 is not None and not push.done()  # a2 is superseded by nothing yet
+    a3 = await asyncio.wait_for(push, 10)  # a1's request ended: it left, a3 came in
+    assert held(backend) == ["b@v1", "a@v3"] and a3.version == 3 and backend.most == 3
+
+    async with registry.lease("a"):  # a3 runs a request past a push and the wait of the next one
+        await registry.load("a", 4, upload(loras["v2"]))
+        registry.capacity_wait_s = 0.2
+        with pytest.raises(AdapterCapacityError, match=r"holds 2 live, 1 finishing requests; none left within 0 s$"):
+            await registry.load("a", 5, upload(loras["v1"]))
+    assert held(backend) == ["b@v1", "a@v4"] and registry.get("a").version == 4  # type: ignore[union-attr]
+
+    await registry.load("c", 1, upload(loras["other"]))  # three live versions: the engine is full
+    with pytest.raises(AdapterCapacityError, match=r"^adapter d@v1#\d+: the engine holds 3 adapter versions at "
+                                                   r"most and holds 3 live, 0 finishing requests$"):
+        await registry.load("d", 1, upload(loras["v1"]))
+    assert registry.get("d") is None and not list((tmp_path / "adapters").glob("d/v1*")) and backend.most == 3
 
 
 async def test_live_adapters_come_back_after_a_restart(model_dir: Path, loras, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import itertools
 import json
 import logging
@@ -32,6 +33,7 @@ from rlvr.common.errors import FailedPrecondition, NotFound
 from rlvr.services.rollout.backend import AdapterVersion, GenerationBackend
 
 __all__ = [
+    "AdapterCapacityError",
     "AdapterRegistry",
     "AdapterRejected",
     "AdapterVersionMismatch",
@@ -76,6 +78,13 @@ class AdapterVersionMismatch(NotFound):
         return str(self.args[0]) if self.args else ""
 
 
+class AdapterCapacityError(FailedPrecondition):
+    """The engine holds as many adapter versions as it can without evicting one (FAILED_PRECONDITION)."""
+
+
+CAPACITY_WAIT_S = 120.0  # a push waits this long for an old version's last request to end
+
+
 class AdapterRegistry:
     """Named LoRA adapters, each with one live version, stored under `root/<name>/v<version>.<uid>/`."""
 
@@ -99,6 +108,8 @@ class AdapterRegistry:
         # One load/unload per name at a time, so the version check and the swap are atomic; different jobs'
         # pushes do not wait for each other.
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._dropped = asyncio.Event()  # set whenever a version leaves the backend
+        self.capacity_wait_s = CAPACITY_WAIT_S
         self._staging = self.root / ".staging"
         self.root.mkdir(parents=True, exist_ok=True)
         # Leftovers of a crashed upload are never live (nothing survives a restart), so they can go.
@@ -140,7 +151,11 @@ class AdapterRegistry:
             rank, stored = await asyncio.to_thread(self._validate_and_store, name, version, uid, files)
             adapter = AdapterVersion(name=name, version=version, path=stored, uid=uid, rank=rank)
             try:
+                await self._room_for_one(adapter)
                 await self.backend.add_adapter(adapter)
+            except AdapterCapacityError:
+                shutil.rmtree(stored, ignore_errors=True)
+                raise
             except Exception as e:
                 shutil.rmtree(stored, ignore_errors=True)
                 logger.warning("backend refused adapter %s: %s", adapter.key, e)
@@ -153,6 +168,27 @@ class AdapterRegistry:
             if previous is not None:
                 await self._retire(previous)
             return adapter
+
+    async def _room_for_one(self, adapter: AdapterVersion) -> None:
+        """Waits until the backend can take one more version without evicting one that a request
+        still uses (vLLM would read it back from disk mid-step): a superseded version leaves when
+        its last request ends. Raises AdapterCapacityError when none is waiting to leave (every
+        held version is live: as many jobs as the engine has room for) or the wait runs out."""
+        capacity = getattr(self.backend, "adapter_capacity", None)
+        if capacity is None:
+            return
+        deadline = asyncio.get_running_loop().time() + self.capacity_wait_s
+        while len(self._live) + len(self._retired) >= capacity:
+            held = f"{len(self._live)} live, {len(self._retired)} finishing requests"
+            left = deadline - asyncio.get_running_loop().time()
+            if not self._retired or left <= 0:
+                raise AdapterCapacityError(
+                    f"adapter {adapter.key}: the engine holds {capacity} adapter versions at most and holds "
+                    f"{held}" + ("" if not self._retired else f"; none left within {self.capacity_wait_s:.0f} s"))
+            logger.info("adapter %s waits for room in the engine (%s of %d)", adapter.key, held, capacity)
+            self._dropped.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dropped.wait(), timeout=left)
 
     async def unload(self, name: str) -> AdapterVersion:
         """Stop serving `name`; running requests finish on it. A later push may start again at any version."""
@@ -241,6 +277,7 @@ class AdapterRegistry:
             await self.backend.remove_adapter(adapter)
         except Exception:  # a failed eviction costs memory, never correctness: the uid is never reused
             logger.exception("could not remove adapter %s from the backend", adapter.key)
+        self._dropped.set()
         await asyncio.to_thread(shutil.rmtree, adapter.path, True)
 
     async def close(self) -> None:

@@ -135,6 +135,10 @@ class GenerationBackend(abc.ABC):
     """
 
     name: str
+    adapter_capacity: int | None = None
+    """Adapter versions the engine holds at once without evicting one to load another (None: no
+    limit). The registry never loads past it: an evicted version that a running request still uses
+    would be read back from disk mid-step."""
 
     @abc.abstractmethod
     async def start(self) -> None:

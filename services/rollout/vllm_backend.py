@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from rlvr.adapters import ZERO_LORA_UID, write_zero_lora
 from rlvr.infra.reaper import children, is_resource_tracker, reap_with_this_process
+from rlvr.jobspec import MAX_ASYNC_STEPS
 from rlvr.seeds import prompt_seed
 from rlvr.services.rollout.backend import (
     AdapterVersion,
@@ -55,6 +56,10 @@ from rlvr.services.rollout.backend import (
     PromptInput,
     SamplingSpec,
 )
+
+# Versions of one job's adapter in use at once: the live one and, with asynchronous steps, one per
+# step still generating from an older one (the staleness plus one, the rule the field uses).
+VERSIONS_PER_JOB = MAX_ASYNC_STEPS.high + 1
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -114,6 +119,7 @@ class VLLMBackend(GenerationBackend):
         self.model_path = model
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
+        self.adapter_capacity = max_loras * VERSIONS_PER_JOB
         self.max_model_len = max_model_len
         self.gpu_memory_utilization = gpu_memory_utilization
         self.dtype = dtype
@@ -188,8 +194,9 @@ class VLLMBackend(GenerationBackend):
             max_lora_rank=self.max_lora_rank,
             # + the zero "base" adapter on CPU, so jobs keep their max_loras slots
             max_loras=self.max_loras + on_cpu,
-            # CPU-side LoRA cache: room for every slot plus the versions still finishing old requests.
-            max_cpu_loras=2 * self.max_loras + on_cpu,
+            # CPU-side LoRA cache: room for every slot's job at the deepest staleness (its live version
+            # and one per step still generating); the registry loads no more (adapter_capacity).
+            max_cpu_loras=self.max_loras * VERSIONS_PER_JOB + on_cpu,
             logprobs_mode="processed_logprobs",
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
