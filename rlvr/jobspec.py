@@ -441,37 +441,43 @@ def _enum(msg: Message, field: str, path: str, names: Mapping[int, object], defa
 
 def reward_terms(r: common_pb2.RewardConfig | Any, prefix: str = "reward.") -> list[common_pb2.RewardTerm]:
     """reward.function / reward.key / reward.terms as the terms of the job, each key checked for its
-    shape and each weight for its range (InvalidArgument naming the field, under `prefix`). `r` is a
-    RewardConfig, or any message with the same fields (a ScoreRequest, prefix "")."""
+    shape and each weight for its range: one InvalidArgument naming every bad field, under `prefix`.
+    `r` is a RewardConfig, or any message with the same fields (a ScoreRequest, prefix "")."""
+    v = Violations()
     fn = r.function
     if fn and fn not in REWARD_KEYS:
-        raise out_of_range(f"{prefix}function", fn, ", ".join(f"{k} ({C.RewardFunction.Name(k)})" for k in REWARD_KEYS))
+        v.add(out_of_range(f"{prefix}function", fn, ", ".join(f"{k} ({C.RewardFunction.Name(k)})" for k in REWARD_KEYS)))
+        fn = C.REWARD_FUNCTION_UNSPECIFIED
     key = r.key.strip()
     if key and not REWARD_KEY_RE.match(key):
-        raise InvalidArgument(f"{prefix}key: {shown(key)} is not a reward key ({REWARD_KEY_RULE})")
-    if fn and key and key != REWARD_KEYS[fn]:
-        raise InvalidArgument(f"{prefix}key: {key!r} disagrees with {prefix}function {C.RewardFunction.Name(fn)} "
-                              f"({REWARD_KEYS[fn]!r}); set one of them")
+        v.add(InvalidArgument(f"{prefix}key: {shown(key)} is not a reward key ({REWARD_KEY_RULE})"))
+    elif fn and key and key != REWARD_KEYS[fn]:
+        v.add(InvalidArgument(f"{prefix}key: {key!r} disagrees with {prefix}function {C.RewardFunction.Name(fn)} "
+                              f"({REWARD_KEYS[fn]!r}); set one of them"))
     key = key or (REWARD_KEYS[fn] if fn else "")
     terms = [common_pb2.RewardTerm(key=t.key.strip(), weight=t.weight if t.HasField("weight") else REWARD_WEIGHT.default)
              for t in getattr(r, "terms", ())]
     if not terms:
+        v.raise_any()
         return [common_pb2.RewardTerm(key=key or DEFAULT_REWARD, weight=REWARD_WEIGHT.default)]
-    if key and key != terms[0].key:
-        field = f"{prefix}key" if r.key.strip() else f"{prefix}function"
-        raise InvalidArgument(f"{field}: {key!r} is not {prefix}terms[0].key ({terms[0].key!r}); the first term is "
-                              "the job's reward: name it once")
     seen: set[str] = set()
     for i, term in enumerate(terms):
         if not REWARD_KEY_RE.match(term.key):
-            raise InvalidArgument(f"{prefix}terms[{i}].key: {shown(term.key)} is not a reward key ({REWARD_KEY_RULE})")
-        if term.key in seen:
-            raise InvalidArgument(f"{prefix}terms[{i}].key: {term.key!r} is named twice; give each reward once")
+            v.add(InvalidArgument(f"{prefix}terms[{i}].key: {shown(term.key)} is not a reward key ({REWARD_KEY_RULE})"))
+        elif term.key in seen:
+            v.add(InvalidArgument(f"{prefix}terms[{i}].key: {term.key!r} is named twice; give each reward once"))
         seen.add(term.key)
-        _float(term, "weight", f"{prefix}terms[{i}].weight", REWARD_WEIGHT)
-    if not any(t.weight > 0 for t in terms):
-        raise InvalidArgument(f"{prefix}terms: every weight is 0; at least one reward must count (range "
-                              f"{REWARD_WEIGHT.text()}, default {REWARD_WEIGHT.default:g})")
+        with v.check():
+            _float(term, "weight", f"{prefix}terms[{i}].weight", REWARD_WEIGHT)
+    if key and key != terms[0].key and not v.bad(f"{prefix}key", f"{prefix}function", f"{prefix}terms[0].key"):
+        field = f"{prefix}key" if r.key.strip() else f"{prefix}function"
+        v.add(InvalidArgument(f"{field}: {key!r} is not {prefix}terms[0].key ({terms[0].key!r}); the first term is "
+                              "the job's reward: name it once"))
+    weights_bad = any(v.bad(f"{prefix}terms[{i}].weight") for i in range(len(terms)))
+    if not weights_bad and not any(t.weight > 0 for t in terms):
+        v.add(InvalidArgument(f"{prefix}terms: every weight is 0; at least one reward must count (range "
+                              f"{REWARD_WEIGHT.text()}, default {REWARD_WEIGHT.default:g})"))
+    v.raise_any()
     return terms
 
 
@@ -497,17 +503,31 @@ def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
 
 
 def _validate_reward(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None, v: Violations) -> None:
-    with v.check():
-        _validate_reward_data(spec, warnings, catalog)
+    if not v.bad("reward"):  # a reward field refused already (over its size limit) is not read further
+        _validate_reward_data(spec, warnings, catalog, v)
     _checked(spec, "reward", v)
 
 
-def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None) -> None:
-    """The reward's terms, keys and data fields (each depends on the one before: the first bad one)."""
+def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog: Catalog | None,
+                          v: Violations) -> None:
+    """The reward's terms and keys, then its data fields, which read the rewards' declarations: every
+    bad term or key at once, and when they are good every bad data field at once."""
     r = spec.reward
-    terms = reward_terms(r)
+    try:
+        terms = reward_terms(r)
+    except InvalidArgument as e:
+        v.add(e)
+        return
     field = (lambda i: f"reward.terms[{i}].key") if r.terms else (lambda i: "reward.key")
-    infos = [_known(catalog, t.key, field(i)) for i, t in enumerate(terms)]
+    known = Violations()
+    infos: list[RewardInfo | None] = []
+    for i, t in enumerate(terms):
+        infos.append(None)
+        with known.check():
+            infos[i] = _known(catalog, t.key, field(i))
+    if known.errors:
+        v.errors.extend(known.errors)
+        return
     del r.terms[:]
     r.terms.extend(terms)
     info = infos[0]
@@ -515,12 +535,13 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
     r.function = REWARD_FUNCTIONS.get(r.key, C.REWARD_FUNCTION_UNSPECIFIED)
     r.accuracy_key = r.accuracy_key.strip() or r.key
     if r.accuracy_key not in {t.key for t in terms}:
-        raise InvalidArgument(f"reward.accuracy_key: {shown(r.accuracy_key)} is not a key of the job's rewards "
-                              f"({', '.join(t.key for t in terms)})")
+        v.add(InvalidArgument(f"reward.accuracy_key: {shown(r.accuracy_key)} is not a key of the job's rewards "
+                              f"({', '.join(t.key for t in terms)})"))
     name = info.display_name if info is not None else r.key
     r.dataset = r.dataset.strip()
     if generates_prompts(info, r.dataset):
-        _int(r, "synthetic_prompts", "reward.synthetic_prompts", SYNTHETIC_PROMPTS)
+        with v.check():
+            _int(r, "synthetic_prompts", "reward.synthetic_prompts", SYNTHETIC_PROMPTS)
     elif r.HasField("synthetic_prompts"):
         warnings.append(f"reward.synthetic_prompts is only used by rewards that generate their prompts (Math "
                         f"Pairs); ignored for {name}")
@@ -529,9 +550,9 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
         r.format_bonus = True
     if info is None or info.needs_dataset or (info.accepts_dataset and r.dataset):
         if info is not None and info.needs_dataset and not r.dataset:
-            raise InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
+            v.add(InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
                                   "JSONL/Parquet/CSV file or a folder of split files, with prompt and ground_truth"
-                                  + "".join(f", {c}" for c in info.columns) + " columns)")
+                                  + "".join(f", {c}" for c in info.columns) + " columns)"))
         if r.dataset:  # checked against the data at submit (the scheduler: services/scheduler/datasets.py)
             r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
     else:
@@ -542,20 +563,21 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
         if info.splits:
             r.dataset_split = r.dataset_split.strip() or DEFAULT_DATASET_SPLIT
             if r.dataset_split not in info.splits:
-                raise out_of_range("reward.dataset_split", r.dataset_split,
-                                   f"a split of {info.data_name or name}: {', '.join(info.splits)} (default train)")
+                v.add(out_of_range("reward.dataset_split", r.dataset_split,
+                                   f"a split of {info.data_name or name}: {', '.join(info.splits)} (default train)"))
         elif r.dataset_split:
             warnings.append(f"reward.dataset_split {r.dataset_split!r} is ignored for {name} (its prompts "
                             "are self-generated; its held-out set is the benchmark's)")
             r.dataset_split = ""
-    if info is not None and not r.dataset:  # the problems are the reward's own: they hold its columns
+    if info is not None and not r.dataset and not v.bad("reward.dataset"):
+        # the problems are the reward's own: they hold its columns
         for i, (term, term_info) in enumerate(zip(terms, infos, strict=True)):
             missing = [c for c in (term_info.columns if term_info else ()) if c not in info.columns]
             if i and missing:
-                raise InvalidArgument(
+                v.add(InvalidArgument(
                     f"reward.terms[{i}].key: {term.key!r} reads the column {missing[0]!r}, which {name}'s own "
                     f"prompts do not have (they have: {', '.join(info.columns) or 'no other columns'}); "
-                    "combine it with a reward that reads a dataset holding it")
+                    "combine it with a reward that reads a dataset holding it"))
 
 
 def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
@@ -593,24 +615,23 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
     with v.check():
         _validate_memory(a, backend)
     a.gpu_selection = a.gpu_selection.strip() or "auto"
-    if not GPU_SELECTION_RE.match(a.gpu_selection):
+    if not v.bad("advanced.gpu_selection") and not GPU_SELECTION_RE.match(a.gpu_selection):
         v.add(out_of_range("advanced.gpu_selection", a.gpu_selection,
                            '"auto", "cpu", or a comma list of device indices such as "0,1"'))
-    with v.check():
-        _validate_processes(spec, backend, v)
+    _validate_processes(spec, backend, v)
     _checked(spec, "advanced", v)
     if not a.HasField("seed"):
         a.seed = 0
     with v.check():
         _validate_async(a, backend)
     a.lora_init = a.lora_init.strip() or "default"
-    if a.lora_init not in LORA_INITS:
+    if a.lora_init not in LORA_INITS and not v.bad("advanced.lora_init"):
         v.add(out_of_range("advanced.lora_init", a.lora_init, " or ".join(f'"{x}"' for x in LORA_INITS) +
                            ' (default "default")'))
     with v.check():
         _validate_sharding(a, v)
     a.precision = a.precision.strip() or PRECISIONS[0]
-    if a.precision not in PRECISIONS:
+    if a.precision not in PRECISIONS and not v.bad("advanced.precision"):
         v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
                            f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")'))
 
@@ -638,6 +659,8 @@ def _validate_async(a: common_pb2.AdvancedOptions, backend: int) -> None:
 def _validate_sharding(a: common_pb2.AdvancedOptions, v: Violations) -> None:
     """advanced.sharding: one of SHARDINGS, and fsdp only where it can run (docs/jobs.md says why)."""
     a.sharding = a.sharding.strip() or SHARDINGS[0]
+    if v.bad("advanced.sharding"):
+        return
     if a.sharding not in SHARDINGS:
         raise out_of_range("advanced.sharding", a.sharding, FIELDS_BY_PATH["advanced.sharding"].allowed())
     if a.sharding != "fsdp" or v.bad("advanced.num_processes"):
@@ -658,42 +681,47 @@ def _validate_sharding(a: common_pb2.AdvancedOptions, v: Violations) -> None:
 
 def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -> None:
     """advanced.num_processes against the fields it must agree with: one process per listed device,
-    whole groups on every process, and the options that do not run across processes yet."""
+    whole groups on every process, and the options that do not run across processes yet. Every
+    field found bad goes to `v`."""
     a, g = spec.advanced, spec.grpo
-    procs = _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
-    nodes = _int(a, "num_nodes", "advanced.num_nodes", NUM_NODES)
-    if v.bad("advanced.gpu_selection"):
+    with v.check():
+        _int(a, "num_processes", "advanced.num_processes", NUM_PROCESSES)
+    with v.check():
+        _int(a, "num_nodes", "advanced.num_nodes", NUM_NODES)
+    if v.bad("advanced.num_processes", "advanced.num_nodes"):
         return
-    if a.gpu_selection not in ("auto", "cpu"):
+    procs, nodes = a.num_processes, a.num_nodes
+    if a.gpu_selection not in ("auto", "cpu") and not v.bad("advanced.gpu_selection"):
         devices = a.gpu_selection.split(",")
         if len(set(devices)) != len(devices):
-            raise InvalidArgument(f"advanced.gpu_selection: {a.gpu_selection!r} lists a device twice")
-        if len(devices) != procs:
-            raise InvalidArgument(
+            v.add(InvalidArgument(f"advanced.gpu_selection: {a.gpu_selection!r} lists a device twice"))
+        elif len(devices) != procs:
+            v.add(InvalidArgument(
                 f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
                 f"advanced.num_processes is {procs}; a job trains with one process per device: set "
-                f"advanced.num_processes to {len(devices)} or list {procs} device(s)")
-    if procs * nodes == 1 or v.bad("grpo.group_size", "grpo.batch_size"):
+                f"advanced.num_processes to {len(devices)} or list {procs} device(s)"))
+    if procs * nodes == 1:
         return
     # A job of several nodes is advanced.num_nodes x num_processes ranks, each named as such.
     field, count = ("advanced.num_processes", procs) if nodes == 1 else ("advanced.num_nodes", nodes)
     what = f"advanced.num_processes {procs}" if nodes == 1 else \
         f"advanced.num_nodes {nodes} x advanced.num_processes {procs}"
     world = procs * nodes
-    if g.batch_size % (world * g.group_size):
-        raise InvalidArgument(
+    if not v.bad("grpo.group_size", "grpo.batch_size") and g.batch_size % (world * g.group_size):
+        v.add(InvalidArgument(
             f"grpo.batch_size: {g.batch_size} does not split into whole groups of grpo.group_size {g.group_size} "
-            f"on each of {what}; use a multiple of {world * g.group_size}")
+            f"on each of {what}; use a multiple of {world * g.group_size}"))
     one = "1 process" if nodes == 1 else "1 node"
     if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
-        raise InvalidArgument(f"{field}: {count} {'processes' if nodes == 1 else 'nodes'} cannot each start a vLLM "
-                              f"(colocate) engine yet; use the vLLM (rollout server) or Transformers backend, or {one}")
+        v.add(InvalidArgument(f"{field}: {count} {'processes' if nodes == 1 else 'nodes'} cannot each start a "
+                              f"vLLM (colocate) engine yet; use the vLLM (rollout server) or Transformers backend, "
+                              f"or {one}"))
     if a.dynamic_sampling:
-        raise InvalidArgument(f"advanced.dynamic_sampling: not supported across processes yet "
-                              f"({what}); use {one} or turn it off")
+        v.add(InvalidArgument(f"advanced.dynamic_sampling: not supported across processes yet "
+                              f"({what}); use {one} or turn it off"))
     if a.max_async_steps:
-        raise InvalidArgument(f"advanced.max_async_steps: asynchronous steps are not supported across processes "
-                              f"yet ({what}); use {one} or 0")
+        v.add(InvalidArgument(f"advanced.max_async_steps: asynchronous steps are not supported across processes "
+                              f"yet ({what}); use {one} or 0"))
 
 
 def prompt_count(spec: common_pb2.JobSpec) -> int | None:
@@ -741,7 +769,9 @@ def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None
 
 
 def check_sizes(spec: common_pb2.JobSpec) -> None:
-    """Every string of a JobSpec within its size limit (InvalidArgument naming the field)."""
+    """Every string of a JobSpec within its size limit: one InvalidArgument naming every field over
+    its limit. The terms' keys are checked up to MAX_REWARD_TERMS (more terms are refused as such)."""
+    v = Violations()
     for path, value, limit in (
         ("name", spec.name, MAX_NAME_CHARS),
         ("base_model", spec.base_model, MAX_MODEL_CHARS),
@@ -749,7 +779,8 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("reward.dataset_split", spec.reward.dataset_split, MAX_SPLIT_CHARS),
         ("reward.key", spec.reward.key, MAX_NAME_CHARS),
         ("reward.accuracy_key", spec.reward.accuracy_key, MAX_NAME_CHARS),
-        *((f"reward.terms[{i}].key", t.key, MAX_NAME_CHARS) for i, t in enumerate(spec.reward.terms)),
+        *((f"reward.terms[{i}].key", t.key, MAX_NAME_CHARS)
+          for i, t in enumerate(spec.reward.terms[:MAX_REWARD_TERMS])),
         ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
         ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
         ("advanced.precision", spec.advanced.precision, MAX_OPTION_CHARS),
@@ -757,7 +788,9 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
         ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),
     ):
-        bounded(path, value, limit)
+        with v.check():
+            bounded(path, value, limit)
+    v.raise_any()
 
 
 def default_name(base_model: str, loss: str) -> str:
@@ -774,14 +807,15 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     `catalog`: the rewards the reward service has (the scheduler passes its ListRewardFunctions):
     a key it lacks is refused. Without one (the trainer's re-check, a dry run in a client) the
     rewards this process knows are checked in full and any other key is left to the reward service."""
-    check_sizes(user_spec)
+    v = Violations()  # every bad field, refused at once; a field found bad is not read again
+    if len(user_spec.reward.terms) > MAX_REWARD_TERMS:
+        v.add(out_of_range("reward.terms", f"{len(user_spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}"))
+    with v.check():
+        check_sizes(user_spec)
     spec = common_pb2.JobSpec()
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
-    if len(spec.reward.terms) > MAX_REWARD_TERMS:
-        raise out_of_range("reward.terms", f"{len(spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}")
-    v = Violations()  # every bad field, refused at once
     _validate_reward(spec, warnings, catalog, v)
     _validate_grpo(spec, warnings, v)
     _validate_advanced(spec, warnings, v)
@@ -789,7 +823,7 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
         validate_tracking(spec)
     if not spec.name:
         spec.name = default_name(spec.base_model, LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
-    if not NAME_RE.match(spec.name):
+    if not v.bad("name") and not NAME_RE.match(spec.name):
         v.add(InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
                               "and . _ - %, starting with a letter or digit"))
     if spec.advanced.seed > JOB_SEED.high:

@@ -278,3 +278,60 @@ def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -
         with pytest.raises(InvalidArgument, match=r"advanced.epsilon_high: .* is out of range; allowed: 0.2 to 1 "
                                                    r"\(default 0.2\)"):
             resolve_spec(spec(advanced={"epsilon_high": bad}))
+
+
+def _fields(job: C.JobSpec, catalog: object = None) -> list[str]:
+    """The fields one INVALID_ARGUMENT names for `job`, each once, in its message's order."""
+    with pytest.raises(InvalidArgument) as e:
+        resolve_spec(job, catalog=catalog)  # type: ignore[arg-type]
+    lines = str(e.value).split("\n")
+    assert [f"{f}: {d}" for f, d in e.value.violations] == lines  # one line per field, in its own words
+    return [f for f, _ in e.value.violations]
+
+
+def _too_long() -> C.JobSpec:
+    job = spec(grpo={"lora_rank": 99}, advanced={"gpu_selection": "0," * 40})
+    job.name, job.init_adapter.path = "n" * 129, "/a" * 600
+    return job
+
+
+def _too_many_terms() -> C.JobSpec:
+    job = spec(grpo={"lora_rank": 99})
+    job.reward.terms.extend(C.RewardTerm(key=f"r{i}") for i in range(9))
+    return job
+
+
+def _bad_terms() -> C.JobSpec:
+    job = C.JobSpec()
+    job.reward.terms.extend([C.RewardTerm(key="Bad Key"), C.RewardTerm(key="length", weight=500.0),
+                             C.RewardTerm(key="length")])
+    return job
+
+
+@pytest.mark.parametrize("job,fields", [
+    # every string over its limit, and what is bad besides (a field too long is not read again)
+    (_too_long(), ["name", "advanced.gpu_selection", "init_adapter.path", "grpo.lora_rank"]),
+    (_too_many_terms(), ["reward.terms", "grpo.lora_rank"]),
+    # the terms: a key of the wrong shape, a weight out of range, a key named twice
+    (_bad_terms(), ["reward.terms[0].key", "reward.terms[1].weight", "reward.terms[2].key"]),
+    (spec(reward={"function": 99, "key": "Not A Key"}), ["reward.function", "reward.key"]),
+    # the reward's data fields, once its terms are good
+    (spec(reward={"accuracy_key": "nope", "synthetic_prompts": 1}), ["reward.accuracy_key",
+                                                                     "reward.synthetic_prompts"]),
+    # the processes: both counts out of range; two options that do not run across processes
+    (spec(advanced={"num_processes": 99, "num_nodes": 99}), ["advanced.num_processes", "advanced.num_nodes"]),
+    (spec(grpo={"batch_size": 16}, advanced={"num_processes": 2, "dynamic_sampling": True, "max_async_steps": 1}),
+     ["advanced.dynamic_sampling", "advanced.max_async_steps"]),
+], ids=["sizes", "terms-count", "terms", "function-and-key", "reward-data", "process-counts", "across-processes"])
+def test_every_bad_field_at_once_on_every_path(job: C.JobSpec, fields: list[str]) -> None:
+    """The paths whose fields depend on one another still name every bad field they reach."""
+    assert _fields(job) == fields
+
+
+def test_every_reward_the_reward_service_lacks_is_named() -> None:
+    from rlvr.rewards.registry import Catalog, load_registry
+
+    catalog = Catalog(rewards=dict(load_registry().rewards))
+    job = C.JobSpec()
+    job.reward.terms.extend([C.RewardTerm(key="no_such_reward"), C.RewardTerm(key="nor_this_one")])
+    assert _fields(job, catalog) == ["reward.terms[0].key", "reward.terms[1].key"]

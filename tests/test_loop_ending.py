@@ -63,7 +63,7 @@ async def test_a_reclaim_that_fails_leaves_the_loops_end_as_it_was(
         raise PermissionError(13, "Permission denied", str(tmp_path / "jobs"))
 
     monkeypatch.setattr(loops_module, "reclaim_job", unremovable)
-    await loops._finish(loop.id, "TARGET_REACHED", "reached 60.0% in round 1", 1)
+    await loops._transition(loop.id, "TARGET_REACHED", 1, "reached 60.0% in round 1")
     assert store.get_loop(loop.id).status == "TARGET_REACHED"
     await loops._fail(loop.id, "internal error while driving the loop: boom")
     row = store.get_loop(loop.id)

@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,10 @@ from rlvr.services.scheduler.jobs import JobManager
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 log = logging.getLogger("rlvr.scheduler.loops")
+
+
+Explain = Callable[[], Awaitable[tuple[str, int]]]
+"""What a loop that has just moved says of it: the message and round to store and publish."""
 
 
 def utc_now() -> datetime:
@@ -76,13 +80,11 @@ class LoopDriver(abc.ABC):
     async def _update_round(self, round_: RoundRow, **fields: object) -> None: ...
 
     @abc.abstractmethod
-    async def _set_status(self, loop_id: str, status: str, round_index: int, message: str) -> None: ...
+    async def _transition(self, loop_id: str, to: str, round_index: int, message: str, *, error: str = "",
+                          explain: Explain | None = None) -> LoopRow: ...
 
     @abc.abstractmethod
     async def _set_message(self, loop_id: str, message: str) -> None: ...
-
-    @abc.abstractmethod
-    async def _finish(self, loop_id: str, status: str, message: str, round_index: int, error: str = "") -> None: ...
 
     @abc.abstractmethod
     async def _fail(self, loop_id: str, error: str, round_index: int | None = None) -> None: ...
@@ -137,7 +139,7 @@ class LoopDriver(abc.ABC):
                 verdict = loop_rules.verdict(rounds, target=spec.target, max_rounds=spec.max_rounds,
                                              give_up_after=spec.give_up_after)
                 if verdict is not None:
-                    await self._finish(loop_id, verdict.status, verdict.message, last.index)
+                    await self._transition(loop_id, verdict.status, last.index, verdict.message)
                     return True
             await self._start_round(loop, spec, rounds)
             return False
@@ -149,15 +151,15 @@ class LoopDriver(abc.ABC):
             return False
         # A FAILED or STOPPED round under a loop that did not end with it (a stop cut short).
         status = "FAILED" if last.status == "FAILED" else "STOPPED"
-        await self._finish(loop_id, status, f"round {last.index} {last.status.lower()}", last.index,
-                           error=last.error if status == "FAILED" else "")
+        await self._transition(loop_id, status, last.index, f"round {last.index} {last.status.lower()}",
+                               error=last.error if status == "FAILED" else "")
         return True
 
     # ------------------------------------------------------------------ baseline
 
     async def _baseline(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec) -> None:
         if loop.status != "BENCHMARKING":
-            await self._set_status(loop.id, "BENCHMARKING", 0, f"scoring the base model {spec.job.base_model} on "
+            await self._transition(loop.id, "BENCHMARKING", 0, f"scoring the base model {spec.job.base_model} on "
                                                                f"{spec.benchmark} (baseline)")
         request = self._evaluation_request(spec, f"{loop.name} baseline (loop {loop.id})")
 
@@ -199,7 +201,7 @@ class LoopDriver(abc.ABC):
             job = await self.jobs.create_for_round(resolved, round_row)
         except ConflictError:  # the loop ended meanwhile (stopped): nothing was created
             return
-        await self._set_status(loop.id, "QUEUED", index,
+        await self._transition(loop.id, "QUEUED", index,
                                f"round {index} of {spec.max_rounds}: job {job.id} queued, training {on_top}")
 
     async def _train(self, loop: LoopRow, round_: RoundRow) -> None:
@@ -211,11 +213,11 @@ class LoopDriver(abc.ABC):
         while True:
             if job.status == "QUEUED" and status != "QUEUED":
                 status = "QUEUED"
-                await self._set_status(loop.id, status, round_.index,
+                await self._transition(loop.id, status, round_.index,
                                        f"round {round_.index}: job {job_id} waits for a trainer worker")
             elif job.status == "RUNNING" and status != "TRAINING":
                 status = "TRAINING"
-                await self._set_status(loop.id, status, round_.index,
+                await self._transition(loop.id, status, round_.index,
                                        f"round {round_.index}: training job {job_id} on {job.worker or 'a worker'}")
             elif job.status in TERMINAL:
                 break
@@ -238,7 +240,7 @@ class LoopDriver(abc.ABC):
                          rounds: builtins.list[RoundRow]) -> None:
         job = await self.jobs.job_row(round_.job_id or "")
         if loop.status != "BENCHMARKING":
-            await self._set_status(loop.id, "BENCHMARKING", round_.index,
+            await self._transition(loop.id, "BENCHMARKING", round_.index,
                                    f"round {round_.index}: scoring {job.adapter_name} on {spec.benchmark}")
         request = self._evaluation_request(spec, f"{loop.name} R{round_.index} (loop {loop.id})", job)
 

@@ -10,8 +10,10 @@ Every step writes the store first and then acts, and every step can be run again
 alone: a round and its job are inserted in one transaction, an evaluation is found again by its
 id or its label before a new one is started. So a driver that stops anywhere (the scheduler
 killed, restarted) resumes on the next start exactly where the loop stood, adopting the round's
-job or evaluation, and never creates one twice. Status changes are stored, then published on
-rlvr.loops.<id>.status (Nats-Msg-Id "<loop>:<round>:<STATUS>": a republish is dropped).
+job or evaluation, and never creates one twice. A loop's status is written in one place,
+`LoopManager._transition`, which checks the move against loop_lifecycle.py's table, stores it and
+then publishes it on rlvr.loops.<id>.status (Nats-Msg-Id "<loop>:<round>:<STATUS>": a republish is
+dropped).
 
 The driver's steps are in loop_driver.py (`LoopDriver`, which `LoopManager` extends); here are
 the loop API (create, get, list, stop, watch) and the loop's store and events that the steps use.
@@ -39,6 +41,7 @@ from rlvr.common.errors import (
 from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import Store, StoreError
+from rlvr.services.scheduler import loop_lifecycle
 from rlvr.services.scheduler.benchmarks import Benchmarks
 from rlvr.services.scheduler.convert import (
     LOOP_TERMINAL,
@@ -50,7 +53,8 @@ from rlvr.services.scheduler.convert import (
     now_ts,
 )
 from rlvr.services.scheduler.jobs import JobManager
-from rlvr.services.scheduler.loop_driver import LoopDriver, one_line, utc_now
+from rlvr.services.scheduler.loop_driver import Explain, LoopDriver, one_line, utc_now
+from rlvr.services.scheduler.loop_lifecycle import LoopTransitionRefused
 from rlvr.services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
 from rlvr.services.scheduler.reclaim import reclaim_job
 from rlvr.services.scheduler.workers import WorkerError
@@ -83,6 +87,7 @@ class LoopManager(LoopDriver):
         self.max_evaluation_attempts = max_evaluation_attempts
         self.recheck_seconds = recheck_seconds
         self._drivers: dict[str, asyncio.Task[None]] = {}
+        self._status_lock = asyncio.Lock()  # every read-check-write of a loop's status (`_transition`)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,7 +135,7 @@ class LoopManager(LoopDriver):
 
     async def _enqueue(self, row: LoopRow) -> LoopRow:
         """Stores the loop QUEUED and starts its driver; both or neither."""
-        row = await asyncio.to_thread(self.store.add_loop, row)
+        row = await asyncio.to_thread(self.store.add_loop, row)  # born QUEUED; `_transition` moves it on
         try:
             await self._publish(row.id, "QUEUED", 0, row.message)
         finally:
@@ -168,10 +173,13 @@ class LoopManager(LoopDriver):
         task = self._drivers.pop(loop_id, None)
         if task is not None:
             await cancel_and_wait(task)
-        # Ended first: a round the cancelled driver was still inserting (its thread outlives the
-        # cancel) is then either visible below or refused by the store (add_round_with_job).
-        await asyncio.to_thread(self.store.update_loop, loop_id, status="STOPPED", finished_at=utc_now(),
-                                message="stopped by request")
+        # Ended first (`explain` runs once STOPPED is stored): a round the cancelled driver was still
+        # inserting (its thread outlives the cancel) is then either visible to `explain` or refused by
+        # the store (add_round_with_job).
+        await self._transition(loop_id, "STOPPED", 0, "stopped by request", explain=lambda: self._stop_rounds(loop_id))
+
+    async def _stop_rounds(self, loop_id: str) -> tuple[str, int]:
+        """Stops the loop's running round and cancels its job; the stopped loop's message and round."""
         rounds = await asyncio.to_thread(self.store.rounds, loop_id)
         last = rounds[-1] if rounds else None
         where, left = "before round 1", ""
@@ -189,7 +197,7 @@ class LoopManager(LoopDriver):
             await self._update_round(last, status="STOPPED", finished_at=utc_now(), error="stopped by request" + left)
         elif last is not None:
             where = f"after round {last.index}"
-        await self._finish(loop_id, "STOPPED", f"stopped by request {where}{left}", last.index if last else 0)
+        return f"stopped by request {where}{left}", last.index if last else 0
 
     async def watch(self, loop_id: str) -> AsyncIterator[scheduler_pb2.Loop]:
         """The loop now, then again whenever it changes (status, a round's step or score), until it
@@ -248,38 +256,51 @@ class LoopManager(LoopDriver):
         await asyncio.to_thread(self.store.update_round, round_.loop_id, round_.index, **fields)
         await self.jobs.notify()
 
-    async def _set_status(self, loop_id: str, status: str, round_index: int, message: str) -> None:
-        await asyncio.to_thread(self.store.update_loop, loop_id, status=status, message=message)
-        await self._publish(loop_id, status, round_index, message)
+    async def _transition(self, loop_id: str, to: str, round_index: int, message: str, *, error: str = "",
+                          explain: Explain | None = None) -> LoopRow:
+        """The one writer of a loop's status. Under the lock, from the row read now: checks the move
+        against the table (loop_lifecycle.py; LoopTransitionRefused, a FailedPrecondition, when it is
+        not allowed), stores the status with `message` (an end with its time and `error`). Then
+        `explain()`, when given, runs with the new status stored and returns the message and round to
+        store and publish instead (a stop: what it cancelled). On an end, reclaims the finished
+        rounds' files when the spec asks. Last, publishes the status event and wakes the watchers:
+        the row is the record, an event follows it."""
+        async with self._status_lock:
+            row = await self._loop_row(loop_id)
+            loop_lifecycle.check(loop_id, row.status, to)
+            fields: dict[str, object] = {"status": to, "message": message}
+            if to in LOOP_TERMINAL:
+                fields["finished_at"] = utc_now()
+                if error:
+                    fields["error"] = error
+            row = await asyncio.to_thread(self.store.update_loop, loop_id, **fields)
+        if explain is not None:
+            message, round_index = await explain()
+            row = await asyncio.to_thread(self.store.update_loop, loop_id, message=message)
+        if to in LOOP_TERMINAL:
+            if loop_spec_from_json(row.spec_json).reclaim_storage:
+                await self._reclaim(loop_id)
+            log.info("loop %s ended %s: %s", loop_id, to, message)
+        await self._publish(loop_id, to, round_index, message)
         await self.jobs.notify()
+        return row
 
     async def _set_message(self, loop_id: str, message: str) -> None:
         await asyncio.to_thread(self.store.update_loop, loop_id, message=message)
         await self.jobs.notify()
 
-    async def _finish(self, loop_id: str, status: str, message: str, round_index: int, error: str = "") -> None:
-        fields: dict[str, object] = {"status": status, "message": message, "finished_at": utc_now()}
-        if error:
-            fields["error"] = error
-        await asyncio.to_thread(self.store.update_loop, loop_id, **fields)
-        spec = loop_spec_from_json((await self._loop_row(loop_id)).spec_json)
-        if spec.reclaim_storage:
-            await self._reclaim(loop_id)
-        log.info("loop %s ended %s: %s", loop_id, status, message)
-        await self._publish(loop_id, status, round_index, message)
-        await self.jobs.notify()
-
     async def _fail(self, loop_id: str, error: str, round_index: int | None = None) -> None:
         """FAILED with `error`, unless the loop has ended meanwhile (a failure after its end, such as
         in the clean-up that follows it, does not turn a reached target into a failure)."""
-        row = await asyncio.to_thread(self.store.get_loop, loop_id)
-        if row is not None and row.status in LOOP_TERMINAL:
-            log.error("loop %s had already ended %s when it failed: %s", loop_id, row.status, error)
-            return
         if round_index is None:
             rounds = await asyncio.to_thread(self.store.rounds, loop_id)
             round_index = rounds[-1].index if rounds else 0
-        await self._finish(loop_id, "FAILED", f"failed: {error}", round_index, error=error)
+        try:
+            await self._transition(loop_id, "FAILED", round_index, f"failed: {error}", error=error)
+        except LoopTransitionRefused as e:
+            if e.status not in LOOP_TERMINAL:
+                raise
+            log.error("loop %s had already ended %s when it failed: %s", loop_id, e.status, error)
 
     async def _publish(self, loop_id: str, status: str, round_index: int, message: str, *,
                        score: float | None = None, event: str | None = None) -> None:
