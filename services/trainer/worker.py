@@ -369,9 +369,11 @@ class JobSupervisor:
         try:
             if self._bus is None:
                 url, ca_file = self.settings.nats_connection()
-                self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file)
+                self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file,
+                                                   connect_timeout_s=self.settings.nats_outage_seconds)
             await self._bus.publish(job_status_subject(last.job_id), event.SerializeToString(),
-                                    status_msg_id(last.job_id, job_status_name(last.status)))
+                                    status_msg_id(last.job_id, job_status_name(last.status)),
+                                    within_s=self.settings.nats_outage_seconds)
         except EventBusError as e:
             log.error("could not publish the final status of job %s: %s", last.job_id, e)
 
