@@ -122,7 +122,7 @@ class JobSupervisor:
         adapter = adapter_ref(config.adapter_name, step, str(artifacts.adapter_dir(self.root, config.job_id).resolve()))
         log.info("job %s was running when this worker stopped (at step %d): reported lost", config.job_id, step)
         return LastJob(config.job_id, common_pb2.JOB_STATUS_FAILED,
-                       f"the trainer service {self.settings.worker_name} was restarted while the job ran (at step {step})",
+                       f"the trainer service {self.settings.worker_name} was restarted while the job ran",
                        adapter, lost=True)
 
     # ------------------------------------------------------------------ start
