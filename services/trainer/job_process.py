@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, NoReturn
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.common.auth import peer_auth
+from rlvr.common.logs import quiet_optional_kernels
 from rlvr.common.settings import setting_label
 from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f" [rank {group.rank}]" if group is not None else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,  # a forked rank: not its launcher's
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
+    quiet_optional_kernels()  # the job imports peft, so bitsandbytes
     if group is not None:
         if _forked_rank():
             _become_forked_rank(args.job_dir, args.rank_of)
