@@ -67,12 +67,9 @@ class EventPublisher:
         failure: list[BaseException] = []
 
         def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._run(ready, failure))
-            finally:
-                loop.close()
+            # asyncio.run: what a connection closed on a dead socket leaves running is cancelled
+            # before the loop closes.
+            asyncio.run(self._run(ready, failure))
 
         self._thread = threading.Thread(target=main, name="nats-publisher", daemon=True)
         self._thread.start()
@@ -82,6 +79,7 @@ class EventPublisher:
             raise failure[0]
 
     async def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         try:
             bus = await EventBus.connect(self.nats_url, name=self.name, connect_timeout_s=self.outage_s,
