@@ -1,6 +1,6 @@
 """The local stack's commands: `rlvr up` runs an embedded NATS and all five services as child
 processes on one machine, and the web console (`rlvr web`) beside them on its own port; `rlvr status`
-prints each service's health; `local_stack` is the same stack inside a `with` block.
+prints each service's health and NATS's; `local_stack` is the same stack inside a `with` block.
 
 The parts: ports (rlvr.clients.stack_ports), what runs where (rlvr.clients.stack_config), the process
 supervisor (rlvr.clients.stack_supervisor). Their public names are re-exported here.
@@ -20,6 +20,7 @@ from typing import Any
 from rlvr.clients.stack_config import (
     DEFAULT_WEB_PORT,
     GRPC_NAMES,
+    NATS,
     NATS_SERVICES,
     NATS_USER,
     RESTART_WINDOW,
@@ -104,8 +105,8 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                              "a login, the stack's user token)")
     parser.add_argument("--no-web", action="store_true", help="do not start the web console")
     parser.add_argument("--max-restarts", type=int, default=5,
-                        help=f"start a service that dies again, at most this many times in {RESTART_WINDOW:.0f} s "
-                             "(then stop everything; 0 = never restart)")
+                        help="start a service (or NATS) that dies again, at most this many times in "
+                             f"{RESTART_WINDOW:.0f} s (then stop everything; 0 = never restart)")
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -209,9 +210,18 @@ def up(args: argparse.Namespace) -> int:
     return code
 
 
+def _nats_credentials(home: Path) -> str:
+    """The stack's NATS URL with its password (nats.json, readable by the stack's user only), or ""."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return str(json.loads((home / "nats.json").read_text())["url"])
+    return ""
+
+
 def status(args: argparse.Namespace) -> int:
-    """`rlvr status`: each service's health, from a running `rlvr up` (its stack.json) or the
-    configured addresses."""
+    """`rlvr status`: each service's health, and the embedded NATS's (a client's handshake), from a
+    running `rlvr up` (its stack.json) or the configured addresses; 1 when any is not SERVING."""
+    from rlvr.infra.nats_server import check_nats
+
     home = args.home.expanduser() if getattr(args, "home", None) else default_home()
     addresses = {name: f"127.0.0.1:{port}" for name, port in DEFAULT_PORTS.items()}
     nats_url = web_url = ""
@@ -230,8 +240,10 @@ def status(args: argparse.Namespace) -> int:
         st = check_health(addresses[name])
         ok &= st == "SERVING"
         print(f"{name:<10} {addresses[name]:<24} {st}")
-    if nats_url:
-        print(f"{'nats':<10} {nats_url}")
+    if nats_url:  # the stack's own NATS: the services' events stop while it is down
+        st = check_nats(_nats_credentials(home) or nats_url)
+        ok &= st == "SERVING"
+        print(f"{NATS:<10} {nats_url:<24} {st}")
     if web_url:
         print(f"{WEB:<10} {web_url:<24} {check_web(web_url)}")
     return 0 if ok else 1

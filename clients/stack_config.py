@@ -13,6 +13,7 @@ from rlvr.common.settings import DEFAULT_PORTS
 SERVICES = ("reward", "rollout", "trainer", "benchmark", "scheduler")
 WEB = "web"  # the web console's process (clients/web): HTTP, not gRPC; started last, stopped first
 DEFAULT_WEB_PORT = 8050
+NATS = "nats"  # the embedded NATS server's process name (rlvr up's messages, rlvr status)
 NATS_SERVICES = ("scheduler", "trainer", "benchmark")  # the services that publish or read events
 NATS_USER = "rlvr"  # the embedded NATS's one user; its password is made at each start
 RESTART_WINDOW = 600.0  # seconds over which StackConfig.max_restarts counts a service's restarts

@@ -1,5 +1,6 @@
 """The local stack's process supervisor: `Stack` runs an embedded NATS and all five services (and
-the web console) as child processes on one machine; `supervise` starts a service that dies again.
+the web console) as child processes on one machine; `supervise` starts a service, or NATS, that dies
+again.
 
 Processes: every service runs in its own process group (so vLLM's engine subprocess goes with
 it) and gets SIGTERM if `rlvr up` itself dies (PR_SET_PDEATHSIG), so no orphan is left behind.
@@ -22,12 +23,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.clients.stack_config import (
+    NATS,
     NATS_SERVICES,
     NATS_USER,
     RESTART_WINDOW,
@@ -39,6 +42,9 @@ from rlvr.clients.stack_config import (
     web_command,
 )
 from rlvr.peers.base import check_health
+
+if TYPE_CHECKING:
+    from rlvr.infra.nats_server import EmbeddedNats
 
 
 def check_web(url: str, timeout: float = 2.0) -> str:
@@ -98,7 +104,7 @@ class Stack:
         self.cfg = cfg
         self.out = out
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.nats: object | None = None
+        self.nats: EmbeddedNats | None = None
         self.logs = cfg.home / "logs"
         self.service_token = ""
         self.user_token = ""
@@ -156,24 +162,28 @@ class Stack:
         self._lock_fd = fd
 
     def start(self) -> None:
-        from rlvr.infra.nats_server import EmbeddedNats
-
         self.cfg.home.mkdir(parents=True, exist_ok=True)
         self._lock_home()  # before anything is written: another stack's tokens and state stay its own
         self.logs.mkdir(parents=True, exist_ok=True)
         self._make_tokens()
         self.prepare_model()
+        self.start_nats()
+        for name in self.cfg.names:
+            self._launch(name)
+        if self.cfg.web_port is not None:
+            self._launch(WEB)
+        self._write_state()
+
+    def start_nats(self) -> None:
+        """The embedded NATS, its URL with the password in nats.json (0600)."""
+        from rlvr.infra.nats_server import EmbeddedNats
+
         nats = EmbeddedNats(self.cfg.home / "nats", port=self.cfg.nats_port, host=self.cfg.host,
                             user=NATS_USER, password=self.nats_password)
         nats.start()
         self.nats = nats
         _write_private(self.nats_file, json.dumps({"url": nats.url_with_credentials}))
-        self.say(f"nats       {nats.url:<24} pid {nats.pid}")
-        for name in self.cfg.names:
-            self._launch(name)
-        if self.cfg.web_port is not None:
-            self._launch(WEB)
-        self._write_state(nats.url)
+        self.say(f"{NATS:<10} {nats.url:<24} pid {nats.pid}")
 
     def _launch(self, name: str) -> None:
         from rlvr.infra.reaper import parent_death_command
@@ -196,7 +206,7 @@ class Stack:
         if name in ("scheduler", "benchmark"):  # a URL that may hold a password: never on a command line
             env[f"RLVR_{name.upper()}_DATABASE_URL"] = self.cfg.database_url or f"sqlite:///{self.cfg.home / 'rlvr.db'}"
         if name in NATS_SERVICES:  # the URL with the password: in the environment, never on a command line
-            env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials  # type: ignore[attr-defined]
+            env[f"RLVR_{name.upper()}_NATS_URL"] = self.nats.url_with_credentials
             for key in (f"RLVR_{name.upper()}_NATS_URL_FILE", f"RLVR_{name.upper()}_NATS_CA_FILE",
                         "RLVR_NATS_URL_FILE", "RLVR_NATS_CA_FILE"):
                 env.pop(key, None)  # the caller's would replace the stack's NATS (see NatsFields)
@@ -240,23 +250,41 @@ class Stack:
             path = resolve_model(self.cfg.model, progress=lambda m: self.say(f"  {m}"))
             self.say(f"model      {self.cfg.model} -> {path}")
 
-    def _write_state(self, nats_url: str) -> None:
+    def _write_state(self) -> None:
         from rlvr.infra.events import redact_url
 
+        assert self.nats is not None
         config = {**asdict(self.cfg), "database_url": redact_url(self.cfg.database_url)}
-        state = {"pid": os.getpid(), "nats_url": nats_url, "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
+        state = {"pid": os.getpid(), "nats_url": self.nats.url, "nats_pid": self.nats.pid,
+                 "addresses": self.cfg.addresses, "web_url": self.cfg.web_url,
                  "tokens_file": str(self.tokens_file), "nats_file": str(self.nats_file),
                  "pids": {n: p.pid for n, p in self.procs.items()}, "config": config,
                  "metrics": {n: f"http://{self.cfg.host}:{p}/metrics" for n, p in self.cfg.metrics_ports.items()}}
         (self.cfg.home / "stack.json").write_text(json.dumps(state, indent=2, default=str))
 
     def dead(self) -> list[tuple[str, int]]:
-        return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+        """The processes that died, (name, exit status): the services, the console and NATS."""
+        dead = [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+        code = self.nats.returncode if self.nats is not None else None
+        return dead if code is None else [(NATS, code), *dead]
+
+    def pid(self, name: str) -> int | None:
+        if name == NATS:
+            return self.nats.pid if self.nats is not None else None
+        return self.procs[name].pid
 
     def revive(self, name: str) -> None:
-        """Starts a dead service again with its command line (same port, same NATS, same store);
-        what it ran picks up from the store. Its process group goes first: an engine subprocess
-        of the dead one must not hold its port or memory."""
+        """Starts a dead process again. A service with its command line (same port, same NATS,
+        same store): what it ran picks up from the store; its process group goes first, so that an
+        engine subprocess of the dead one holds neither its port nor its memory. NATS on its port
+        with its data folder and password: the services' clients reconnect by themselves, and
+        JetStream finds the stream and the durable consumers it had (NatsStartError when it cannot
+        start, e.g. its port was taken meanwhile)."""
+        if name == NATS:
+            assert self.nats is not None
+            self.nats.start()
+            self._write_state()
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.procs[name].pid, signal.SIGKILL)
         self._relaunch(name)
@@ -265,11 +293,17 @@ class Stack:
         """A service started again, and stack.json naming its new pid."""
         self._launch(name)
         if self.nats is not None:
-            self._write_state(self.nats.url)  # type: ignore[attr-defined]
+            self._write_state()
+
+    def log_path(self, name: str) -> Path:
+        if name == NATS and self.nats is not None:
+            return Path(self.nats.log_path)
+        return self.logs / f"{name}.log"
 
     def report_dead(self, name: str, code: int) -> None:
-        self.say(f"\nservice {name} exited with code {code}; last lines of {self.logs / (name + '.log')}:")
-        self.say(_tail(self.logs / f"{name}.log"))
+        what = "" if name == NATS else "service "
+        self.say(f"\n{what}{name} exited with code {code}; last lines of {self.log_path(name)}:")
+        self.say(_tail(self.log_path(name)))
 
     def wait_serving(self) -> bool:
         """Waits until every health check answers SERVING; False if a service died or time ran out."""
@@ -323,7 +357,7 @@ class Stack:
         while any(group_alive(proc.pid) for proc in self.procs.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         if self.nats is not None:
-            self.nats.stop()  # type: ignore[attr-defined]
+            self.nats.stop()
             self.nats = None
         with contextlib.suppress(OSError):
             (self.cfg.home / "stack.json").unlink()
@@ -334,32 +368,55 @@ class Stack:
         self._lock_fd = None
 
 
-def supervise(stack: Stack, poll: float = 1.0) -> int:
-    """Watches a SERVING stack until it is stopped (the caller's signal handler raises): a service
-    that dies is reported with the end of its log and started again after a back-off (1, 2, 4 ...
-    30 s), so one crash does not take the others down and what it ran resumes from the store. A
-    service that died more than `max_restarts` times in RESTART_WINDOW seconds stops the stack: 1."""
+def supervise(stack: Stack, poll: float = 1.0, stop: threading.Event | None = None) -> int:
+    """Watches a SERVING stack until it is stopped (the caller's signal handler raises, or `stop` is
+    set: then 0): a process that dies, a service or NATS, is reported with the end of its log and
+    started again after a back-off (1, 2, 4 ... 30 s), so one crash does not take the others down:
+    what a service ran resumes from the store, and NATS comes back on its port with its JetStream
+    files, where the services' clients reconnect by themselves. One that died more than
+    `max_restarts` times in RESTART_WINDOW seconds (a NATS that cannot start again counts as a
+    death) stops the stack: 1."""
+    from rlvr.infra.nats_server import NatsStartError
+
     restarts: dict[str, list[float]] = {}
     due: dict[str, float] = {}  # name -> when to start it again
-    while True:
+
+    def died(name: str, now: float) -> bool:
+        """Schedules the restart; False when the restarts are spent."""
+        recent = [t for t in restarts.get(name, []) if now - t < RESTART_WINDOW]
+        what = "" if name == NATS else "service "
+        if len(recent) >= stack.cfg.max_restarts:
+            stack.say(f"{what}{name} died {len(recent) + 1} times in {RESTART_WINDOW:.0f} s "
+                      f"(at most {stack.cfg.max_restarts} restarts); stopping the stack")
+            return False
+        delay = min(30.0, 2.0 ** len(recent))
+        restarts[name] = [*recent, now]
+        due[name] = now + delay
+        stack.say(f"restarting {name} in {delay:.0f} s (restart {len(recent) + 1} of at most "
+                  f"{stack.cfg.max_restarts} in {RESTART_WINDOW:.0f} s)")
+        return True
+
+    while stop is None or not stop.is_set():
         now = time.monotonic()
         for name, rc in stack.dead():
             if name in due:
                 continue
             stack.report_dead(name, rc)
-            recent = [t for t in restarts.get(name, []) if now - t < RESTART_WINDOW]
-            if len(recent) >= stack.cfg.max_restarts:
-                stack.say(f"service {name} died {len(recent) + 1} times in {RESTART_WINDOW:.0f} s "
-                          f"(at most {stack.cfg.max_restarts} restarts); stopping the stack")
+            if not died(name, now):
                 return 1
-            delay = min(30.0, 2.0 ** len(recent))
-            restarts[name] = [*recent, now]
-            due[name] = now + delay
-            stack.say(f"restarting {name} in {delay:.0f} s (restart {len(recent) + 1} of at most "
-                      f"{stack.cfg.max_restarts} in {RESTART_WINDOW:.0f} s)")
         for name, when in list(due.items()):
             if now >= when:
                 del due[name]
-                stack.revive(name)
-                stack.say(f"{name:<10} restarted, pid {stack.procs[name].pid}")
-        time.sleep(poll)
+                try:
+                    stack.revive(name)
+                except NatsStartError as e:
+                    stack.say(f"{name} did not start again: {e}")
+                    if not died(name, now):
+                        return 1
+                    continue
+                stack.say(f"{name:<10} restarted, pid {stack.pid(name)}")
+        if stop is None:
+            time.sleep(poll)
+        else:
+            stop.wait(poll)
+    return 0

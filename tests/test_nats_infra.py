@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from rlvr.infra.events import (
     ACK_WAIT_S,
     ALL_JOB_METRICS,
+    DUPLICATE_WINDOW_S,
+    MAX_OUTAGE_S,
     STREAM_NAME,
     Event,
     EventBus,
@@ -155,7 +158,7 @@ async def test_ensure_stream_is_idempotent_and_updates(private_nats: EmbeddedNat
         info = await js.stream_info(STREAM_NAME)
         assert info.config.subjects == ["rlvr.>"]
         assert info.config.storage == StorageType.FILE
-        assert info.config.duplicate_window == 120
+        assert info.config.duplicate_window == DUPLICATE_WINDOW_S > MAX_OUTAGE_S  # a retry after any outage finds its first try
         assert info.config.max_age == 7 * 24 * 3600
         with pytest.raises(ValueError, match="duplicate window"):
             await ensure_stream(js, max_age_s=60)
@@ -166,8 +169,8 @@ async def test_ensure_stream_is_idempotent_and_updates(private_nats: EmbeddedNat
 async def test_publish_without_stream_fails_after_retries(private_nats: EmbeddedNats) -> None:
     nc = await nats.connect(private_nats.url)
     try:
-        with pytest.raises(EventBusError, match="after 2 attempts"):
-            await publish(nc.jetstream(), "rlvr.jobs.x.metrics", b"", "x:1", attempts=2, timeout_s=0.5)
+        with pytest.raises(EventBusError, match="not taken by NATS within 1 s"):
+            await publish(nc.jetstream(), "rlvr.jobs.x.metrics", b"", "x:1", within_s=1, timeout_s=0.5)
         with pytest.raises(ValueError, match="msg_id"):
             await publish(nc.jetstream(), "rlvr.jobs.x.metrics", b"", "")
     finally:
@@ -551,6 +554,140 @@ async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNat
     finally:
         await nc.close()
     assert seen == [(1, 0.25, 0), (2, 0.5, 1)]
+
+
+async def test_a_normal_close_is_no_warning(nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture) -> None:
+    """Every job closes its connection when it ends: that is no "disconnected from nats" warning."""
+    import logging
+
+    from rlvr.services.trainer.publisher import EventPublisher
+
+    caplog.set_level(logging.DEBUG, logger="rlvr")
+    async with connected_bus(nats_server.url, name="closing"):
+        pass
+    publisher = EventPublisher(nats_server.url, name="job")
+    publisher.start()
+    assert await asyncio.to_thread(publisher.close)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sum("connection to" in r.getMessage() and "closed" in r.getMessage() for r in caplog.records) == 2
+
+
+def _kill_nats(server: EmbeddedNats) -> None:
+    """kill -9, and back only once it is gone (its port closed)."""
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGKILL)
+    while server.returncode is None:
+        time.sleep(0.01)
+
+
+async def _stored(url: str, subject: str) -> list[tuple[str, bytes]]:
+    """Every message the stream holds on `subject`, (Nats-Msg-Id, payload), in stream order."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(STREAM_NAME, subjects_filter=subject)
+        count = (info.state.subjects or {}).get(subject, 0)
+        sub = await js.subscribe(subject, deliver_policy="all", ordered_consumer=True)
+        got = []
+        for _ in range(count):
+            msg = await sub.next_msg(timeout=5)
+            got.append(((msg.headers or {}).get("Nats-Msg-Id", ""), msg.data))
+        await sub.unsubscribe()
+        return got
+    finally:
+        await nc.close()
+
+
+async def test_a_job_rides_out_a_nats_outage_longer_than_the_old_limits(
+        private_nats: EmbeddedNats, caplog: pytest.LogCaptureFixture) -> None:
+    """NATS killed (-9) for 11 s, past the 10 s in which a job's publisher had to connect at its
+    start: a job that runs through the outage, one that starts during it and ends (closes its
+    publisher) before NATS is back lose no event and store none twice, including the retry of a
+    step NATS had stored before it died (its ack lost): the duplicate window spans the restart.
+    Each client says it lost NATS once and that it is back once, with the failed attempts counted
+    (it warned twice a second), and a normal close is no warning."""
+    import logging
+    import threading
+
+    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.v1 import common_pb2
+
+    caplog.set_level(logging.DEBUG, logger="rlvr")
+    url, running, starting = private_nats.url, _job(), _job()
+
+    def metric(job: str, step: int) -> common_pb2.MetricEvent:
+        return common_pb2.MetricEvent(job_id=job, step=step, total_steps=8)
+
+    async with connected_bus(url):  # the stream, as every service ensures it at its start
+        pass
+    before = EventPublisher(url, name="running", outage_s=60)
+    before.start()
+    for step in (1, 2, 3):
+        before.publish_metric(metric(running, step))
+    while before.published < 3:
+        await asyncio.sleep(0.01)
+    nc = await nats.connect(url)  # step 4 stored by NATS, its ack lost: the publisher will send it again
+    await nc.jetstream().publish(job_metrics_subject(running), metric(running, 4).SerializeToString(),
+                                 headers={"Nats-Msg-Id": metric_msg_id(running, 4)})
+    await nc.close()
+
+    _kill_nats(private_nats)
+    down = time.monotonic()
+    for step in (4, 5, 6):
+        before.publish_metric(metric(running, step))
+    during = EventPublisher(url, name="starting", outage_s=60)
+    started = threading.Thread(target=during.start)
+    started.start()
+    closed: list[bool] = []
+    ended = threading.Thread(target=lambda: closed.append(before.close()))  # the job ends while NATS is away
+    ended.start()
+    await asyncio.sleep(11)
+    assert ended.is_alive() and started.is_alive()
+    private_nats.start()  # same port, same JetStream folder
+    await asyncio.to_thread(started.join, 30)
+    await asyncio.to_thread(ended.join, 30)
+    for step in (1, 2):
+        during.publish_metric(metric(starting, step))
+    assert closed == [True] and await asyncio.to_thread(during.close)
+    assert time.monotonic() - down > 11
+
+    ids = [msg_id for msg_id, _ in await _stored(url, job_metrics_subject(running))]
+    assert ids == [metric_msg_id(running, step) for step in range(1, 7)]  # each once, in order
+    assert [msg_id for msg_id, _ in await _stored(url, job_metrics_subject(starting))] == \
+        [metric_msg_id(starting, 1), metric_msg_id(starting, 2)]
+    records = [r for r in caplog.records if r.name.startswith("rlvr")]
+    warned = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    assert [m for m in warned if "disconnected from" in m] == [f"nats running: disconnected from {url}; reconnecting"]
+    assert len(warned) <= 3, warned  # lost (the connection, the publisher), nothing per attempt, nothing at close
+    back = [r.getMessage() for r in records if "reconnected to" in r.getMessage()]
+    assert len(back) == 1 and re.search(r"after \d+\.\d s \((\d+) failed attempts\)", back[0]), back
+    assert int(re.search(r"\((\d+) failed", back[0]).group(1)) >= 5  # type: ignore[union-attr]
+    attempts = [r for r in records if "reconnect attempt" in r.getMessage()]
+    assert attempts and all(r.levelno == logging.DEBUG for r in attempts)
+
+
+async def test_an_outage_past_its_bound_fails_the_job_naming_nats_and_the_setting(private_nats: EmbeddedNats) -> None:
+    """NATS away for longer than the publisher's bound (the trainer's nats_outage_seconds, 1 s
+    here): the next event the job publishes raises one line that names NATS and the setting, as
+    does a publisher started while NATS is away."""
+    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.v1 import common_pb2
+
+    job = _job()
+    publisher = EventPublisher(private_nats.url, outage_s=1, setting="setting nats_outage_seconds")
+    publisher.start()
+    _kill_nats(private_nats)
+    publisher.publish_metric(common_pb2.MetricEvent(job_id=job, step=1))
+    deadline = time.monotonic() + 10
+    while publisher.error is None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    with pytest.raises(EventBusError, match="took none of this job's events for 1 s .setting nats_outage_seconds.") as err:
+        publisher.publish_metric(common_pb2.MetricEvent(job_id=job, step=2))
+    assert private_nats.url in str(err.value) and "\n" not in str(err.value)
+    assert not await asyncio.to_thread(publisher.close)
+    with pytest.raises(EventBusError, match=r"cannot reach NATS .* \(setting nats_outage_seconds = 1 s\)"):
+        await asyncio.to_thread(EventPublisher(private_nats.url, outage_s=1, setting="setting nats_outage_seconds").start)
 
 
 async def test_cancel_and_wait_survives_a_swallowed_cancellation() -> None:

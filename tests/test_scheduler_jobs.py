@@ -802,6 +802,22 @@ async def test_a_resume_is_published_so_watchers_see_it(nats_server, sqlite_stor
     assert stream[3].message == "resumed on w0:1"
 
 
+async def test_a_resume_message_names_one_step_the_last_finished_one(nats_server, sqlite_store: Store) -> None:
+    """The worker finished step 128 (its adapter's version), the store has 127 (step 128's event on
+    its way): the message says 128, once (it said "lost at step 127 (... (at step 128))")."""
+    workers = FakeWorkers()
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers)
+        _, job = await jobs.create(C.JobSpec(), dry_run=False)
+        await jobs.dispatch_once()
+        sqlite_store.update_job(job.id, current_step=127)
+        workers.lose(job.id, "the trainer service w0 was restarted while the job ran", step=128)
+        await jobs.dispatch_once()
+        stream = await _statuses(bus, job.id, 3)
+    assert stream[2].message == ("resuming from the last checkpoint after the trainer was lost at step 128 (the "
+                                 f"trainer service w0 was restarted while the job ran); resume 1 of {MAX_RESUMES}")
+
+
 # ---------------------------------------------------------------- dispatch to a worker that can run the job
 
 

@@ -697,3 +697,29 @@ def test_gsm8k_ground_truth_after_a_colon() -> None:
 
     assert ground_truth("5 * 11 = 55\n####: 55") == "55"
     assert ground_truth("#### 1,450,000") == "1450000"
+
+
+def test_a_killed_service_leaves_its_own_last_lines_not_its_pool_workers_traceback() -> None:
+    """kill -9 of a process with scoring workers (the reward service): its workers end quietly when
+    the pipe to it closes, so the end of its log (`rlvr up`'s crash report) is its own, not a
+    worker's EOFError traceback."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from rlvr.services.reward.pool import ScoreItem, ScoringPool
+        pool = ScoringPool(workers=1)
+        pool.score_batch([ScoreItem("math_pairs", "The answer is 4", "4")])  # a worker runs now
+        print("the service's own last line", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # The worker inherits stderr: reading it to its end waits for the worker too.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == -9, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "the service's own last line", done.stderr
+    assert "EOFError" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_bootstrap import PROBE
 
-from rlvr.clients.stack import Stack, StackConfig, supervise
+from rlvr.clients.stack import Stack, StackConfig, free_port, status, supervise
 from rlvr.peers.base import check_health
 
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
@@ -203,7 +203,7 @@ def test_up_serving_status_probe_and_clean_stop(tmp_path: Path) -> None:
         status = subprocess.run([sys.executable, "-m", "rlvr.clients.cli", "status", "--home", str(home)],
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("SERVING") == 6 and state["web_url"] in status.stdout
+        assert status.stdout.count("SERVING") == 7 and state["web_url"] in status.stdout  # with NATS
         # A second `rlvr up` on the same home is refused before it writes anything there: the
         # running stack keeps its tokens and state (checked next, with its token).
         tokens, stack_json = (home / "tokens.json").read_text(), (home / "stack.json").read_text()
@@ -309,7 +309,8 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
     monkeypatch.setattr(stack_module.subprocess, "Popen", spawn)
     s = Stack(cfg)
     s.logs.mkdir(parents=True)
-    s.nats = type("Nats", (), {"url_with_credentials": "nats://rlvr:pw@127.0.0.1:4222"})()
+    s.nats = type("Nats", (), {"url_with_credentials": "nats://rlvr:pw@127.0.0.1:4222",  # type: ignore[assignment]
+                               "url": "nats://127.0.0.1:4222", "pid": 4243})()
     for name in cfg.names:
         s._launch(name)
     for module, (command, env) in spawned.items():
@@ -318,7 +319,7 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
         if service in ("scheduler", "benchmark"):
             assert env[f"RLVR_{service.upper()}_DATABASE_URL"] == url
     assert {m.split(".")[2] for m in spawned} == set(SERVICES)
-    s._write_state("nats://127.0.0.1:4222")
+    s._write_state()
     text = (tmp_path / "stack.json").read_text()
     assert "s3cret-pw" not in text and "rlvr:***@db.internal" in text
 
@@ -413,3 +414,95 @@ def test_after_up_with_a_base_port_the_cli_needs_no_address(tmp_path: Path) -> N
                 up.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 up.kill()
+
+
+class _NatsOnly(Stack):
+    """The stack's NATS, real, and no service processes (their health answered by `_healthy`)."""
+
+    def prepare_model(self) -> None:
+        pass
+
+    def _launch(self, name: str) -> None:
+        pass
+
+
+def _healthy(ports: list[int]) -> object:
+    """One gRPC server answering the health check SERVING on each of `ports`: the five services."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    for port in ports:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
+def test_nats_killed_is_named_by_status_and_started_again_with_its_stream(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kill -9 of `rlvr up`'s NATS: `rlvr status` exits 1 naming it (it printed only the URL and
+    exited 0), and `supervise` starts it again on the same port with the same JetStream files, so
+    the events and the durable consumer it had are still there."""
+    import argparse
+    import asyncio
+    import io
+    import threading
+
+    import nats
+
+    out = io.StringIO()
+    cfg = StackConfig(home=tmp_path / "stack", ports={name: free_port() for name in SERVICES})
+    stack = _NatsOnly(cfg, out=out)
+    services = _healthy(list(cfg.ports.values()))
+    stop = threading.Event()
+    watcher = threading.Thread(target=supervise, args=(stack,), kwargs={"poll": 0.05, "stop": stop})
+
+    def rlvr_status() -> tuple[int, str]:
+        code = status(argparse.Namespace(home=cfg.home))
+        return code, next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nats"))
+
+    async def stream(url: str, publish: bool) -> tuple[int, str]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            if publish:
+                await js.add_stream(name="KEPT", subjects=["kept.>"])
+                await js.publish("kept.one", b"1", stream="KEPT")
+                await js.pull_subscribe("kept.>", durable="reader", stream="KEPT")
+            info = await js.stream_info("KEPT")
+            return info.state.messages, (await js.consumer_info("KEPT", "reader")).name
+        finally:
+            await nc.close()
+
+    try:
+        stack.start()
+        assert stack.nats is not None
+        url, pid, secret = stack.nats.url, stack.nats.pid, stack.nats.url_with_credentials
+        assert asyncio.run(stream(secret, publish=True)) == (1, "reader")
+        watcher.start()
+        assert rlvr_status() == (0, f"nats       {url:<24} SERVING")
+
+        os.kill(pid, signal.SIGKILL)
+        while stack.nats.returncode is None:
+            time.sleep(0.01)
+        assert rlvr_status() == (1, f"nats       {url:<24} UNREACHABLE")
+        deadline = time.monotonic() + 30
+        while "nats       restarted" not in out.getvalue():
+            assert time.monotonic() < deadline, out.getvalue()
+            time.sleep(0.05)
+        text = out.getvalue()
+        assert "nats exited with code -9; last lines of" in text and "restarting nats in 1 s (restart 1 of at most 5" \
+            in text, text
+        assert stack.nats.url == url and stack.nats.pid != pid
+        assert json.loads((cfg.home / "stack.json").read_text())["nats_pid"] == stack.nats.pid
+        assert rlvr_status() == (0, f"nats       {url:<24} SERVING")
+        assert asyncio.run(stream(secret, publish=False)) == (1, "reader")
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join(timeout=10)
+        stack.stop()
+        services.stop(0)  # type: ignore[attr-defined]

@@ -35,6 +35,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+_OPTIONAL_KERNELS_LOGGER = "bitsandbytes.backends.cpu.ops"
+
+
+def _not_the_missing_kernels_package(record: logging.LogRecord) -> bool:
+    """False for bitsandbytes' warning that the optional `kernels` package is not installed."""
+    message = record.getMessage()
+    return not ("kernels-community" in message and "No module named 'kernels'" in message)
+
+
+def quiet_optional_kernels() -> None:
+    """bitsandbytes (which peft imports) looks for the optional `kernels` package's CPU 4-bit kernel
+    on a host with AVX512-BF16, warns "Failed to load CPU gemm_4bit_forward from kernels-community:
+    No module named 'kernels'" when it is not installed, and uses its own kernel: nothing is wrong,
+    yet every process that imports peft said so. Only that case is dropped: `kernels` installed but
+    failing still warns, as does anything else of that logger. A filter on the logger itself, so it
+    holds whatever handlers are set up later."""
+    logger = logging.getLogger(_OPTIONAL_KERNELS_LOGGER)
+    if _not_the_missing_kernels_package not in logger.filters:
+        logger.addFilter(_not_the_missing_kernels_package)
+
+
 def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -47,3 +68,4 @@ def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> N
     # Third-party chatter at INFO drowns the service's own lines.
     for noisy in ("httpx", "urllib3", "filelock", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    quiet_optional_kernels()

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -48,9 +49,15 @@ log = logging.getLogger(__name__)
 
 STREAM_NAME = "RLVR"
 STREAM_SUBJECTS = ["rlvr.>"]
-# A publisher retries for well under a minute (see `publish`), so two minutes of duplicate window
-# cover every retry of the same event.
-DUPLICATE_WINDOW_S = 120.0
+# How long a publish keeps trying while NATS is away (restarting, a network cut) before it fails
+# (`publish`). A job's publisher takes its own bound from the trainer's nats_outage_seconds (5
+# minutes by default, at most MAX_OUTAGE_S); the services' own status events, which their store
+# holds anyway, wait this long.
+PUBLISH_WITHIN_S = 15.0
+MAX_OUTAGE_S = 600.0
+# A retried publish must find its first attempt, which NATS may have stored just before it went
+# away, still in the duplicate window: the window outlasts the longest outage a publisher rides out.
+DUPLICATE_WINDOW_S = 900.0
 # The stream is the live feed and a replay buffer, not the record: the scheduler copies every
 # event into the store within seconds. A week keeps a disconnected scheduler or a late `watch`
 # whole without letting the files grow without bound.
@@ -236,19 +243,24 @@ async def publish(
     payload: bytes,
     msg_id: str,
     *,
-    attempts: int = 6,
+    within_s: float = PUBLISH_WITHIN_S,
     timeout_s: float = 2.0,
 ) -> PubAck:
-    """Publish to the stream with `Nats-Msg-Id`, retrying timeouts with exponential backoff.
+    """Publish to the stream with `Nats-Msg-Id`, trying again for `within_s` seconds while NATS does
+    not answer (a restart, a reconnect, JetStream not ready yet), then EventBusError.
 
-    Retrying is safe only because of the id: a first attempt that was stored but whose ack was
-    lost comes back from the retry as `PubAck(duplicate=True)` instead of a second copy. The total
-    wait (6 x 2 s plus about 3 s of backoff) stays well inside the duplicate window.
+    Trying again is safe only because of the id: a first attempt that was stored but whose ack was
+    lost comes back from the retry as `PubAck(duplicate=True)` instead of a second copy, as long as
+    the retry comes within the duplicate window (DUPLICATE_WINDOW_S > MAX_OUTAGE_S). While the
+    client is disconnected it waits for the reconnect rather than sending again, so an outage does
+    not fill the client's buffer with copies of one event.
     """
     if not msg_id:
         raise ValueError("msg_id is required: without Nats-Msg-Id a retried publish is stored twice")
+    nc: NatsClient = js._nc  # the connection this context publishes on
+    deadline = asyncio.get_running_loop().time() + within_s
     delay = 0.1
-    for attempt in range(1, attempts + 1):
+    while True:
         try:
             return await js.publish(
                 subject, payload, timeout=timeout_s, stream=STREAM_NAME, headers={MSG_ID_HEADER: msg_id}
@@ -257,20 +269,28 @@ async def publish(
             TimeoutError,  # nats-py raises both its own subclass and the builtin
             nats.js.errors.NoStreamResponseError,
             nats.errors.NoRespondersError,
+            nats.errors.OutboundBufferLimitError,
+            nats.js.errors.ServiceUnavailableError,  # JetStream still starting after a restart
         ) as e:
-            # Timeouts and "no responders" are what a NATS restart or reconnect looks like.
-            if attempt == attempts:
-                raise EventBusError(
-                    f"publish to {subject} (id {msg_id}) failed after {attempts} attempts: {type(e).__name__}"
-                ) from None
-            log.warning("publish to %s (id %s) attempt %d failed (%s); retrying", subject, msg_id, attempt, e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            # What a NATS restart or a reconnect looks like.
+            failure: Exception = e
         except nats.js.errors.APIError as e:
             raise EventBusError(
                 f"publish to {subject} (id {msg_id}) refused by JetStream: {e.description}"
             ) from None
-    raise AssertionError("unreachable")
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            raise EventBusError(
+                f"publish to {subject} (id {msg_id}) not taken by NATS within {within_s:g} s: "
+                f"{type(failure).__name__}"
+            ) from None
+        log.debug("publish to %s (id %s) failed (%r); trying again", subject, msg_id, failure)
+        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+        delay = min(delay * 2, 2.0)
+        while not nc.is_connected and not nc.is_closed and loop.time() < deadline:
+            await asyncio.sleep(0.1)  # reconnecting: what is sent now would only wait in the buffer
+        if nc.is_closed:
+            raise EventBusError(f"publish to {subject} (id {msg_id}): the NATS connection is closed") from None
 
 
 def _event(msg: Msg) -> Event:
@@ -296,6 +316,45 @@ class DurableSubscription:
             await self._psub.unsubscribe()
 
 
+class _ConnectionLog:
+    """What a connection's callbacks say. A lost connection is one warning, its return one line
+    with the count of failed attempts (each at debug: nats-py tries twice a second); a close of
+    ours is no warning. Other errors warn as they come."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = redact_url(url)
+        self.nc: NatsClient | None = None
+        self.closing = False
+        self.last_error: Exception | None = None
+        self.lost_at: float | None = None  # monotonic time of the disconnect; None while connected
+        self.failed = 0  # reconnect attempts that failed since then
+
+    async def on_error(self, e: Exception) -> None:
+        self.last_error = e
+        if self.lost_at is not None or self.closing or (self.nc is not None and not self.nc.is_connected):
+            self.failed += 1
+            log.debug("nats %s: reconnect attempt %d failed: %s", self.name, self.failed, e)
+        elif isinstance(e, nats.errors.UnexpectedEOF | nats.errors.StaleConnectionError | OSError):
+            log.debug("nats %s: connection lost: %r", self.name, e)  # on_disconnected says it next
+        else:
+            log.warning("nats %s: %s", self.name, e)
+
+    async def on_disconnected(self) -> None:
+        if self.closing:
+            log.debug("nats %s: connection to %s closed", self.name, self.url)
+            return
+        self.lost_at, self.failed = time.monotonic(), 0
+        log.warning("nats %s: disconnected from %s; reconnecting", self.name, self.url)
+
+    async def on_reconnected(self) -> None:
+        nc = self.nc
+        where = redact_url(nc.connected_url.geturl()) if nc is not None and nc.connected_url else self.url
+        away = f" after {time.monotonic() - self.lost_at:.1f} s" if self.lost_at is not None else ""
+        log.info("nats %s: reconnected to %s%s (%d failed attempts)", self.name, where, away, self.failed)
+        self.lost_at, self.failed = None, 0
+
+
 class EventBus:
     """A NATS connection that reconnects forever, with the stream ensured and the rlvr consumers.
 
@@ -308,6 +367,7 @@ class EventBus:
         self._subscriptions: list[DurableSubscription] = []
         # Open watches: an abandoned watch's unread messages would hold `drain()` until it times out.
         self._watches: set[Subscription] = set()
+        self._log: _ConnectionLog | None = None
 
     @classmethod
     async def connect(
@@ -322,19 +382,7 @@ class EventBus:
         first connection, however, is bounded, so a wrong URL fails at start with one line.
         """
 
-        last_error: list[Exception] = []
-
-        async def on_error(e: Exception) -> None:
-            last_error[:] = [e]
-            log.warning("nats %s: %s", name, e)
-
-        async def on_disconnected() -> None:
-            log.warning("nats %s: disconnected from %s", name, redact_url(url))
-
-        async def on_reconnected() -> None:
-            log.info("nats %s: reconnected to %s", name,
-                     redact_url(nc.connected_url.geturl() if nc.connected_url else url))
-
+        watch = _ConnectionLog(name, url)
         tls = None
         if tls_ca_file is not None:
             try:
@@ -342,7 +390,7 @@ class EventBus:
             except (OSError, ssl.SSLError) as e:
                 raise EventBusError(f"nats_ca_file {os.fspath(tls_ca_file)!r} is not a readable PEM CA: {e}") from None
         servers, user, password = _credentials_apart(url)
-        nc = NatsClient()
+        nc = watch.nc = NatsClient()
         try:
             await asyncio.wait_for(
                 nc.connect(
@@ -354,9 +402,9 @@ class EventBus:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py says int, but sleeps on it: seconds
                     connect_timeout=2,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnected,
-                    reconnected_cb=on_reconnected,
+                    error_cb=watch.on_error,
+                    disconnected_cb=watch.on_disconnected,
+                    reconnected_cb=watch.on_reconnected,
                 ),
                 connect_timeout_s,
             )
@@ -364,9 +412,10 @@ class EventBus:
             await nc.close()
             raise EventBusError(
                 f"cannot reach NATS at nats url {redact_url(url)!r} within {connect_timeout_s:g} s: "
-                f"{last_error[0] if last_error else type(e).__name__}"
+                f"{watch.last_error or type(e).__name__}"
             ) from None
         bus = cls(nc)
+        bus._log = watch
         if ensure:
             try:
                 await ensure_stream(bus.js)
@@ -378,6 +427,10 @@ class EventBus:
         return bus
 
     async def close(self) -> None:
+        """Stops the subscriptions and closes the connection (drained when connected): a normal
+        end, logged at debug only."""
+        if self._log is not None:
+            self._log.closing = True
         for sub in self._subscriptions:
             await sub.stop()
         self._subscriptions.clear()
@@ -385,11 +438,15 @@ class EventBus:
             with contextlib.suppress(nats.errors.Error):
                 await watch.unsubscribe()
         self._watches.clear()
-        if not self.nc.is_closed:
+        if self.nc.is_connected:
             await self.nc.drain()
+        elif not self.nc.is_closed:  # NATS away: nothing to drain to (and drain() refuses while reconnecting)
+            with contextlib.suppress(OSError, nats.errors.Error):  # the dead socket's flush
+                await self.nc.close()
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str) -> PubAck:
-        return await publish(self.js, subject, payload, msg_id)
+    async def publish(self, subject: str, payload: bytes, msg_id: str, within_s: float = PUBLISH_WITHIN_S) -> PubAck:
+        """`publish`: trying again for `within_s` while NATS is away, then EventBusError."""
+        return await publish(self.js, subject, payload, msg_id, within_s=within_s)
 
     async def subscribe_durable(
         self,
@@ -509,8 +566,9 @@ class EventBus:
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 return
             except Exception as e:  # a consumer must outlive any one bad fetch, never die silently
-                # Mostly a reconnect in progress: the client comes back by itself.
-                log.warning("consumer %s: fetch failed (%s: %s); retrying", name, type(e).__name__, e)
+                # Mostly a reconnect in progress: the client comes back by itself (and says so once).
+                level = logging.WARNING if self.nc.is_connected else logging.DEBUG
+                log.log(level, "consumer %s: fetch failed (%s: %s); retrying", name, type(e).__name__, e)
                 await asyncio.sleep(0.5)
                 continue
             for i, msg in enumerate(msgs):

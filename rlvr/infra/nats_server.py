@@ -157,12 +157,23 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status of a server that was started and has died (-9: killed); None while it
+        runs, or when it was never started or was stopped."""
+        return self._proc.poll() if self._proc is not None else None
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> EmbeddedNats:
-        """Spawn the server and return once it accepts client connections."""
+        """Spawn the server and return once it accepts client connections. Again after it died:
+        the same port, data folder and password, so clients reconnect to the URL they know and
+        JetStream finds its stream and durable consumers where they were."""
         if self.running:
             return self
+        if self._log_file is not None:  # the dead server's
+            self._log_file.close()
+            self._log_file = None
         binary = find_nats_binary(self.binary)
         self._check_data_dir()
         ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.data_dir))
@@ -283,3 +294,29 @@ class EmbeddedNats:
         if "storage directory" in fatal or "JetStream" in fatal:
             return NatsStartError(f"NATS data_dir {str(self.data_dir)!r} is unusable: {reason}", "data_dir")
         return NatsStartError(f"NATS server exited at start: {reason or 'no log output'}", "binary")
+
+
+def check_nats(url: str, timeout: float = 2.0) -> str:
+    """"SERVING" when the NATS server at `url` (nats://[USER:PASSWORD@]HOST:PORT) answers a client's
+    handshake: its INFO, then, with credentials in the URL, a PONG to CONNECT and PING (a wrong
+    password reads "REFUSED"). "UNREACHABLE" when nothing answers there. A TLS server is seen by
+    its INFO alone. Plain sockets: `rlvr status` runs where nats-py is not installed."""
+    import socket
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url.split(",", 1)[0].strip())
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout=timeout) as sock:
+            reader = sock.makefile("rb")
+            info = reader.readline()
+            if not info.startswith(b"INFO "):
+                return "UNREACHABLE"
+            if parts.username is None or json.loads(info[5:]).get("tls_required"):
+                return "SERVING"
+            connect = {"verbose": False, "pedantic": False, "user": unquote(parts.username),
+                       "pass": unquote(parts.password or ""), "name": "rlvr-status", "protocol": 1}
+            sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+            answer = reader.readline()
+    except (OSError, ValueError):
+        return "UNREACHABLE"
+    return "SERVING" if answer.startswith(b"PONG") else "REFUSED"

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
 from rlvr.rewards.combine import TermError, TermResult, combine, error_text, evaluate, normalize
-from rlvr.rewards.registry import RewardDefinition, Sample, load_registry
+from rlvr.rewards.registry import Registry, RewardDefinition, Sample, load_registry
 from rlvr.rewards.scoring import DEFAULT_FORMAT_WEIGHT, ScoreResult, check_arguments
 
 DEFAULT_TIMEOUT_S = 2.0
@@ -102,7 +102,16 @@ def _unit(definition: RewardDefinition, samples: list[Sample], timeout_s: float)
 
 
 def _worker_main(conn: Connection, state, allowed: Collection[str] | None) -> None:  # state: mp.Array("d", 2)
-    registry = load_registry(allowed)
+    try:
+        _serve(conn, state, load_registry(allowed))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        # The service that started this worker is gone (killed: the pipe's other end closed). Quietly:
+        # a traceback here would be the last lines of the service's log, where its crash report
+        # (`rlvr up`'s) must show the service's own.
+        return
+
+
+def _serve(conn: Connection, state, registry: Registry) -> None:  # state: mp.Array("d", 2)
     while True:
         message = conn.recv()
         if message is None:

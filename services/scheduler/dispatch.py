@@ -272,8 +272,11 @@ class Dispatcher:
 
         async def requeue(current: JobRow) -> Move:
             n = current.resumes + 1
+            # The step it was lost at: the worker's last finished step (its adapter's version) may be
+            # one the store has not got the event of yet.
+            step = max(current.current_step, state.last_adapter.version if reported and state.last_adapter else 0)
             return Move("resume", QUEUED, f"resuming from the last checkpoint after {what} lost at step "
-                        f"{current.current_step} ({why}); resume {n} of {MAX_RESUMES}", worker=row.worker,
+                        f"{step} ({why}); resume {n} of {MAX_RESUMES}", worker=row.worker,
                         again=f"resume-{n}")
 
         outcome = await self.lifecycle.transition(row.id, Move("resume", QUEUED, worker=row.worker), requeue)

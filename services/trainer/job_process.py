@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, NoReturn
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rlvr.common.auth import peer_auth
+from rlvr.common.logs import quiet_optional_kernels
 from rlvr.common.nodes import peer_lost_error
+from rlvr.common.settings import setting_label
 from rlvr.infra import reaper
 from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.distributed import (
@@ -202,7 +204,9 @@ def run(job_dir: Path, group: Group | None = None) -> int:
             from rlvr.services.trainer.publisher import EventPublisher
 
             nats_url, nats_ca = settings.nats_connection()
-            publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca)
+            publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
+                                       outage_s=settings.nats_outage_seconds,
+                                       setting=setting_label(settings, "nats_outage_seconds"))
             publisher.start()
             running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
             resumed = _resume_step(job)
@@ -287,19 +291,20 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         log.error("job %s lost a node (%s): ending without a result, to be resumed", job.job_id, result.error)
         artifacts.write_json_atomic(job_dir / artifacts.PEER_LOST_FILE, {"error": result.error})
         if publisher is not None:
-            publisher.close(flush_timeout_s=settings.publish_flush_seconds)
+            publisher.close()
         return 1
     artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     if publisher is not None:
         adapter = adapter_ref(result.adapter_name, result.adapter_version, result.adapter_path)
         message = result.error or f"{result.status} after {result.steps_done} of {result.total_steps} steps"
-        publisher.publish_status(status_event(result.job_id, STATUS_BY_OUTCOME[result.status], message,
-                                              adapter, result.steps_done))
-        if not publisher.close(flush_timeout_s=settings.publish_flush_seconds):
-            from rlvr.infra.events import redact_url
-
-            log.error("some events of job %s could not be published to %s", result.job_id,
-                      redact_url(publisher.nats_url))
+        if publisher.error is None:  # else NATS has been away past its bound: the job failed on it
+            publisher.publish_status(status_event(result.job_id, STATUS_BY_OUTCOME[result.status], message,
+                                                  adapter, result.steps_done))
+        if not publisher.close():  # an outage past its bound: the stream (and so the store) lacks events
+            result.status = "failed"
+            result.error = str(publisher.error or "some events could not be published to NATS")
+            log.error("job %s: %s", result.job_id, result.error)
+            artifacts.write_json_atomic(job_dir / "result.json", result.to_json())
     log.info("job %s %s: %s", result.job_id, result.status, result.error or f"{result.steps_done} steps")
     # A failed job of several processes: a nonzero exit makes torchrun stop the other ranks.
     return 1 if group.world > 1 and result.status == "failed" else 0
@@ -338,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f" [rank {group.rank}]" if group is not None else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,  # a forked rank: not its launcher's
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
+    quiet_optional_kernels()  # the job imports peft, so bitsandbytes
     if group is not None:
         if _forked_rank():
             _become_forked_rank(args.job_dir, args.rank_of)

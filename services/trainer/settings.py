@@ -15,6 +15,7 @@ from rlvr.common.settings import (
     ServiceSettings,
     port_field,
 )
+from rlvr.infra.events import MAX_OUTAGE_S
 
 
 class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, ServiceSettings):
@@ -38,8 +39,11 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     reward_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
     """A job whose reward service (or a remote reward it forwards to) goes away waits this long for
     it, then fails naming it; while it waits, the job's status message says so."""
-    publish_flush_seconds: float = Field(default=30.0, ge=0.0, le=600.0)
-    """At the end of a job: how long to keep trying to publish unsent events to NATS."""
+    nats_outage_seconds: float = Field(default=300.0, ge=1.0, le=MAX_OUTAGE_S)
+    """A job rides out a NATS outage (a restart, a network cut) this long: its events wait and are
+    published, each once, when NATS is back. NATS taking none of them for longer (or unreachable
+    this long when the job starts) fails the job with a message naming NATS and this setting. At
+    most 600 s: the stream's duplicate window (900 s) must outlast it."""
     torch_threads: int = Field(default=0, ge=0, le=1024)
     """Torch CPU threads of a job process (0 = every core it may run on). Small models step faster
     on 1: measured on 2 shared cores, 8 x 32 tokens from the "test" tiny model took 0.08 s on one

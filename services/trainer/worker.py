@@ -121,11 +121,13 @@ class JobSupervisor:
         _end_orphan(newest)
         step, _ = self._progress(config.job_id)
         adapter = adapter_ref(config.adapter_name, step, str(artifacts.adapter_dir(self.root, config.job_id).resolve()))
-        # Node 0 alone counts a job's steps (progress.json): another node's part knows no step.
+        # Node 0 alone counts a job's steps (progress.json): another node's part knows no step. The
+        # scheduler's resume message names the step (the stored one or this adapter's, once).
         at = f" (at step {step})" if config.node_rank == 0 else f" (its part of node {config.node_rank})"
+        part = "" if config.node_rank == 0 else at
         log.info("job %s was running when this worker stopped%s: reported lost", config.job_id, at)
         return LastJob(config.job_id, common_pb2.JOB_STATUS_FAILED,
-                       f"the trainer service {self.settings.worker_name} was restarted while the job ran{at}",
+                       f"the trainer service {self.settings.worker_name} was restarted while the job ran{part}",
                        adapter, lost=True)
 
     # ------------------------------------------------------------------ start
@@ -376,9 +378,11 @@ class JobSupervisor:
         try:
             if self._bus is None:
                 url, ca_file = self.settings.nats_connection()
-                self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file)
+                self._bus = await EventBus.connect(url, name=f"rlvr-{self.settings.worker_name}", tls_ca_file=ca_file,
+                                                   connect_timeout_s=self.settings.nats_outage_seconds)
             await self._bus.publish(job_status_subject(last.job_id), event.SerializeToString(),
-                                    status_msg_id(last.job_id, job_status_name(last.status)))
+                                    status_msg_id(last.job_id, job_status_name(last.status)),
+                                    within_s=self.settings.nats_outage_seconds)
         except EventBusError as e:
             log.error("could not publish the final status of job %s: %s", last.job_id, e)
 
