@@ -242,8 +242,9 @@ class Stack:
         return False
 
     def prepare_model(self) -> None:
-        """Builds the bundled tiny model here, with progress on the console, rather than silently
-        inside the rollout server's start (the first build takes minutes; later ones are reused)."""
+        """Installs the shipped tiny model (rlvr-tiny-headroom) or builds another here, with progress on
+        the console, rather than silently inside the rollout server's start (a first build takes
+        minutes; later ones are reused); a shipped model whose bits differ stops the start here."""
         from rlvr.models import is_tiny, resolve_model
 
         if is_tiny(self.cfg.model):

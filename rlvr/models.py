@@ -3,9 +3,12 @@
 `rlvr-tiny` (and `rlvr-tiny-test` and `rlvr-tiny-small`, seconds-to-build variants for tests: the
 first earns no reward, the second writes the answer format and gets a few percent right) and
 `rlvr-tiny-headroom` (whole-number tokens, a warm-up built and gated for RL headroom) name the
-bundled tiny models: they are built on first use under $RLVR_HOME/models and reused afterwards. Every service resolves
-names through `resolve_model`, so a job spec, the rollout server and the benchmark agree on what
-"rlvr-tiny" means. A file lock keeps two services starting together from building it twice.
+bundled tiny models. `rlvr-tiny-headroom`, the demo's, ships built with rlvr (rlvr.tiny.shipped: a
+build's bits differ by CPU vendor) and is installed under $RLVR_HOME/models on first use, each file
+checked against the manifest on every use; the others are built there on first use and reused
+afterwards. Every service resolves names through `resolve_model`, so a job spec, the rollout server
+and the benchmark agree on what "rlvr-tiny" means. A file lock keeps two services starting together
+from building or installing one twice.
 """
 
 from __future__ import annotations
@@ -66,15 +69,19 @@ def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_
 
 
 def resolve_model(name: str, progress: Callable[[str], None] | None = None) -> str:
-    """A path or hub id the engines can load. Builds a tiny model the first time it is named."""
+    """A path or hub id the engines can load. Installs a shipped tiny model, or builds another, the
+    first time it is named; ShippedModelError naming the file when a shipped one's bits differ."""
     if not is_tiny(name):
         return str(Path(name).expanduser()) if is_local_path(name) else name
     from filelock import FileLock
 
     from rlvr.tiny import build_tiny_model, default_model_dir
+    from rlvr.tiny.shipped import install_shipped, is_shipped
 
     out = default_model_dir(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
+        if is_shipped(name):
+            return str(install_shipped(name, out, progress=progress))
         report = build_tiny_model(out, size=TINY_MODELS[name], progress=progress)
     return str(report.path)

@@ -83,7 +83,8 @@ def test_the_cli_runs_and_names_the_extra_a_command_needs() -> None:
 
 def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     """An integrator's environment gets `rlvr` and nothing else: services/ and clients/ go into the wheel
-    as rlvr.services and rlvr.clients (with the web console's files), and every console script names them."""
+    as rlvr.services and rlvr.clients (with the web console's files and the models rlvr ships built), and
+    every console script names them."""
     import shutil
     import zipfile
 
@@ -105,6 +106,13 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
                  "rlvr/infra/migrations/env.py", "rlvr/infra/migrations/script.py.mako",
                  "rlvr/infra/migrations/versions/0001_baseline.py"):
         assert path in names, path
+    # the models rlvr ships built, every file the manifest lists (rlvr/tiny/shipped.py)
+    from rlvr.tiny.shipped import MANIFEST_FILE, manifest, shipped_files
+
+    assert f"rlvr/data/models/{MANIFEST_FILE}" in names
+    for name in manifest():
+        for rel in shipped_files(name):
+            assert f"rlvr/data/models/{name}/{rel}" in names, (name, rel)
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "rlvr = rlvr.clients.cli:main" in scripts and "rlvr-trainer = rlvr.services.trainer.main:main" in scripts

@@ -1,5 +1,6 @@
 """``python -m rlvr.tiny``: build the tiny base model, or measure a model's held-out accuracy (and,
-with ``eval --diagnose``, where its errors lie: ``rlvr models inspect``).
+with ``eval --diagnose``, where its errors lie: ``rlvr models inspect``); ``ship`` puts a build
+into the package as the copy rlvr ships (rlvr.tiny.shipped).
 
 The ``rlvr models build-tiny`` CLI command calls :func:`main` with its arguments.
 """
@@ -20,7 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="build (or reuse) the tiny base model and print its report")
     build.add_argument("--size", choices=sorted(SIZES), default="default")
     build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--out", default=None, help="output directory (default: $RLVR_HOME/models/rlvr-tiny)")
+    build.add_argument("--out", default=None, help="output directory (default: $RLVR_HOME/models/rlvr-tiny, "
+                                                   "rlvr-tiny-<size>; rlvr-tiny-headroom.rebuilt for the model rlvr "
+                                                   "ships built, which is then compared with the shipped bits)")
     build.add_argument("--force", action="store_true", help="rebuild even when a build exists")
     build.add_argument("--json", action="store_true", help="print the report as JSON")
     build.add_argument("--eval-n", type=int, default=500, help="held-out problems the report's accuracy is measured on")
@@ -39,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", choices=("heldout", "train"), default="heldout",
                           help="--diagnose: the problems (train: the training distribution, to design on)")
     evaluate.add_argument("--json", action="store_true", help="--diagnose: print the measures as JSON")
+    ship = commands.add_parser("ship", help="copy a build into the package as the model rlvr ships under its name "
+                                            "and record every file's sha256 in rlvr/data/models/manifest.json")
+    ship.add_argument("build", help="a build's folder (with its rlvr_build.json)")
     untrained = commands.add_parser("untrained", help="write a randomly initialised model (no warm-up)")
     untrained.add_argument("out")
     untrained.add_argument("--size", choices=sorted(SIZES), default="test")
@@ -61,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out, size=args.size, seed=args.seed, progress=progress, force=args.force, eval_n=args.eval_n
         )
         print(json.dumps(asdict(report), indent=2) if args.json else report.summary())
+        if not args.json:  # the JSON is the report alone (a pinned build's child hands it back)
+            _compare_with_shipped(report.size, report.path)
+    elif args.command == "ship":
+        _ship(args.build)
     elif args.command == "eval" and args.diagnose:
         from rlvr.tiny.diagnose import diagnose
 
@@ -81,6 +91,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(build_untrained_model(args.out, size=args.size, seed=args.seed))
     return 0
+
+
+def _compare_with_shipped(size: str, folder: str) -> None:
+    from pathlib import Path
+
+    from rlvr.tiny.build import default_model_name
+    from rlvr.tiny.shipped import compare_with_shipped, is_shipped
+
+    name = default_model_name(size)
+    if is_shipped(name):
+        print(compare_with_shipped(name, Path(folder)))
+
+
+def _ship(folder: str) -> None:
+    import platform
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    from rlvr.tiny.build import REPORT_FILE, default_model_name
+    from rlvr.tiny.shipped import SHIPPED_ROOT, ship
+
+    report = json.loads((Path(folder) / REPORT_FILE).read_text())
+    varies = ("path", "build_seconds", "cpu_seconds")  # where and how fast: not the model
+    record = {k: v for k, v in report.items() if k not in varies}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+               platform.processor() or "an unnamed CPU")
+    built_on = f"{cpu} ({platform.machine()}), torch {torch.__version__}, transformers {transformers.__version__}"
+    name = default_model_name(str(report["size"]))
+    files = ship(name, Path(folder), record, built_on, skip={REPORT_FILE})
+    print(f"{name} ships from {SHIPPED_ROOT / name}, built on {built_on}:")
+    for rel, sha in files.items():
+        print(f"  {sha}  {rel}")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ RL needs a policy that is sometimes right: with a random model every reward is z
 signal. The warm-up teaches the answer format and part of the arithmetic on worked training problems
 (``<think>3+4=7 5+6=11 7*11=77</think><answer>77</answer>``), and stops early on purpose, so the
 greedy accuracy on the held-out Math Pairs set is partial and a training run has room to show a
-gain. Offline, CPU only, and the same on every machine where it can be: one thread (see
-:func:`torch_threads`), and the CPU kernels pinned to their AVX2 code on x86-64 (PINNED_KERNELS);
-the bundled model's recipe also names the accuracy band a build must land in, trains on toward it
-from below, and fails loudly outside it (WarmupRecipe.band).
+gain. Offline, CPU only, and repeatable on one machine: one thread (see :func:`torch_threads`), and
+the CPU kernels pinned to their AVX2 code on x86-64 (PINNED_KERNELS); the bundled model's recipe
+also names the accuracy band a build must land in, trains on toward it from below, and fails loudly
+outside it (WarmupRecipe.band). Bits still differ by CPU vendor, so the demo's model ships built
+(rlvr.tiny.shipped) and this recipe rebuilds it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rlvr.tasks import math_pairs as mp
 from rlvr.tasks.render import render_prompt
 from rlvr.tiny.generate import generate_greedy, torch_threads
 from rlvr.tiny.model import count_parameters, init_model, save_model
+from rlvr.tiny.shipped import REBUILT_SUFFIX, is_shipped
 from rlvr.tiny.tokenizer import IM_END, build_tokenizer
 
 REPORT_FILE = "rlvr_build.json"
@@ -151,6 +153,13 @@ def default_model_dir(name: str) -> Path:
 
 def default_model_name(size: str) -> str:
     return "rlvr-tiny" if size == "default" else f"rlvr-tiny-{size}"
+
+
+def default_build_dir(size: str) -> Path:
+    """Where a build of `size` goes by default: its name's folder, or beside it for a shipped model
+    (whose folder holds the shipped copy)."""
+    name = default_model_name(size)
+    return default_model_dir(name + REBUILT_SUFFIX if is_shipped(name) else name)
 
 
 def glance_solution(numbers) -> str:  # noqa: ANN001
@@ -361,14 +370,15 @@ def build_tiny_model(
     """Build (or reuse) the tiny base model and return its report (also saved as rlvr_build.json).
 
     ``out_dir`` defaults to ``default_model_dir("rlvr-tiny")`` (``rlvr-tiny-<size>`` for other
-    sizes). An existing build of the same size, seed and recipe is reused unless ``force``.
+    sizes; ``<name>.rebuilt`` for a model rlvr ships built, whose name means the shipped copy:
+    rlvr.tiny.shipped). An existing build of the same size, seed and recipe is reused unless ``force``.
     """
     if size not in RECIPES:
         raise ValueError(
             f"size {size!r} is not a tiny model size; choose one of {sorted(RECIPES)} "
             f"(bench-large is untrained: use build_untrained_model)"
         )
-    out = (Path(out_dir) if out_dir is not None else default_model_dir(default_model_name(size))).absolute()
+    out = (Path(out_dir) if out_dir is not None else default_build_dir(size)).absolute()
     existing = None if force else _existing_build(out, size, seed)
     if existing is not None:
         if progress:
@@ -427,9 +437,11 @@ def build_tiny_model(
 # The CPU kernels a build runs on. MKL (matrix products) and torch's own kernels pick their code by
 # the CPU's instruction set, and float results differ between those codes: the same recipe and seed
 # built to 12.6% held-out accuracy on this project's AVX2 machines, 5.8% on another kind, and 8.2% here
-# with MKL forced onto its oldest code (MKL_CBWR=COMPATIBLE). Pinned to the AVX2 code, a build gives
-# the same bits on every x86-64 CPU that has AVX2, AVX-512 ones included (here: bit for bit the
-# unpinned build). Both are read when the libraries start, so a build runs in a child process.
+# with MKL forced onto its oldest code (MKL_CBWR=COMPATIBLE). Pinned to the AVX2 code, a build is
+# repeatable on one host and the same across AVX2 and AVX-512 hosts of one CPU vendor (here: bit for
+# bit the unpinned build), but not across vendors: an Intel Xeon built other bits of the headroom
+# model than AMD EPYC hosts, so the demo's model ships built (rlvr.tiny.shipped). Both are read when
+# the libraries start, so a build runs in a child process.
 PINNED_KERNELS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
