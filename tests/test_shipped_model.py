@@ -19,6 +19,7 @@ from rlvr.tiny.shipped import (
     SHIPPED_ROOT,
     ShippedModelError,
     compare_with_shipped,
+    differences,
     file_sha256,
     install_shipped,
     manifest,
@@ -94,18 +95,23 @@ def test_the_shipped_model_loads_as_built(home: Path) -> None:
     assert model_dir_prompt_style(Path(folder)) == COMPACT_STYLE
 
 
-def test_an_installed_file_changed_is_refused_by_name(home: Path) -> None:
+def test_an_installed_folder_that_differs_is_moved_aside_and_the_shipped_one_installed(home: Path) -> None:
+    """A folder under the name that is not the bundled bits (a build from the recipe on another CPU
+    vendor, a changed file) is never trained as the bundled model, and nothing of it is lost."""
     name = demo_model()
     folder = Path(resolve_model(name))
     flip_last_byte(folder / "tokenizer.json")
-    with pytest.raises(ShippedModelError, match=r"tokenizer\.json: sha256 .* where the manifest has") as e:
-        resolve_model(name)
-    assert str(folder) in str(e.value) and "Remove the folder" in str(e.value)
+    changed = (folder / "tokenizer.json").read_bytes()
+    said: list[str] = []
+    assert Path(resolve_model(name, progress=said.append)) == folder
+    assert differences(folder, shipped_files(name)) == []
+    aside = folder.with_name(folder.name + ".local")
+    assert (aside / "tokenizer.json").read_bytes() == changed
+    assert any(f"moved to {aside}" in line and "tokenizer.json: sha256" in line for line in said), said
     (folder / "model.safetensors").unlink()
-    with pytest.raises(ShippedModelError, match=r"model\.safetensors: missing"):
-        resolve_model(name)
-    shutil.rmtree(folder)  # as the message says: the next use installs the shipped copy again
-    assert file_sha256(Path(resolve_model(name)) / "model.safetensors") == shipped_files(name)["model.safetensors"]
+    resolve_model(name)
+    assert folder.with_name(folder.name + ".local-2").is_dir()  # the earlier one is kept too
+    assert file_sha256(folder / "model.safetensors") == shipped_files(name)["model.safetensors"]
 
 
 def test_a_damaged_package_copy_is_refused_by_name(package_copy: Path, tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ docs' figures come from (docs/design.md), and so another demo. So the model ship
 as built there (rlvr/data/models/<name>/, about 10 MB) with the sha256 of every file in one
 manifest (rlvr/data/models/manifest.json), and resolving its name installs that copy under
 $RLVR_HOME/models, where every loader looks for a model folder, checking each file against the
-manifest before and after the copy and on every later use. A folder there whose files differ is
-refused, naming the file, rather than trained as if it were the bundled model.
+manifest before and after the copy and on every later use. A folder there whose files differ (a
+build from the recipe made before the model shipped, or a changed file) is moved aside to
+`<name>.local`, saying which file differs, and the shipped copy installed: it is never trained as if
+it were the bundled model, and nothing of it is lost.
 
 The recipe still builds the model (`rlvr models build-tiny --size headroom`, into `<name>.rebuilt`
 beside the installed copy), and `compare_with_shipped` says whether that build gave the shipped bits.
@@ -81,12 +83,16 @@ def install_shipped(name: str, out: Path, root: Path = SHIPPED_ROOT,
     installed one differs. The caller holds the folder's lock."""
     files = shipped_files(name, root)
     if out.exists():
-        if bad := differences(out, files):
-            raise ShippedModelError(
-                f"{out} is not the bundled {name} rlvr ships ({'; '.join(bad)}): a build from the recipe on "
-                f"this machine or a changed file. Remove the folder and the next use installs the shipped "
-                f"model; to train a model of your own, give its folder another name and name it by its path")
-        return out
+        bad = differences(out, files)
+        if not bad:
+            return out
+        # A build from the recipe on this machine (the name was built before it shipped: on another
+        # CPU vendor, other bits) or a changed file: kept beside, never trained as the bundled model.
+        aside = _free_name(out.with_name(out.name + ".local"))
+        out.rename(aside)
+        if progress:
+            progress(f"{out} was not the bundled {name} ({'; '.join(bad)}): moved to {aside}; name that folder "
+                     f"by its path to train it")
     source = root / name
     if bad := differences(source, files):
         raise ShippedModelError(f"the shipped {name} in {source} is damaged ({'; '.join(bad)}): reinstall rlvr")
@@ -102,6 +108,16 @@ def install_shipped(name: str, out: Path, root: Path = SHIPPED_ROOT,
         progress(f"installed the shipped {name} (model.safetensors sha256 {files['model.safetensors'][:12]}...) "
                  f"into {out}")
     return out
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` ... whichever is not there yet."""
+    k = 1
+    candidate = path
+    while candidate.exists():
+        k += 1
+        candidate = path.with_name(f"{path.name}-{k}")
+    return candidate
 
 
 def compare_with_shipped(name: str, folder: Path, root: Path = SHIPPED_ROOT) -> str:
