@@ -58,22 +58,51 @@ def test_a_changed_metric_adapter_or_score_is_reported() -> None:
     assert failed["R1 score"] == "40.0 / 41.0"
 
 
-def test_the_schedule_fires_in_the_order_a_loop_reaches_its_moments() -> None:
-    """Walk a loop's states in order: each fault becomes due exactly at its moment, in list order."""
+def test_the_logprob_gap_is_compared_within_its_tolerance_every_other_column_exactly() -> None:
+    calm, chaotic = _result(), _result()
+    for point in calm["rounds"][0]["points"] + chaotic["rounds"][0]["points"]:
+        point["logprob_gap"] = 5.4e-7
+    chaotic["rounds"][0]["points"][2]["logprob_gap"] = 5.4e-7 + 2e-9  # the engine's last bits
+    rows = {what: (same, detail) for what, same, detail in chaos.compare(calm, chaotic, steps=3)}
+    assert rows["R1 metric points"] == (True, "equal (logprob gap within 2.0e-09)")
+    chaotic["rounds"][0]["points"][2]["logprob_gap"] = 5.4e-7 + 2e-7
+    assert _failed(chaos.compare(calm, chaotic, steps=3))["R1 metric points"] == "differ at steps [3]"
+
+
+def _walk(rounds: int = 3, steps: int = 8) -> list[chaos.LoopView]:
     walk = [chaos.LoopView(status="BENCHMARKING")]
-    for r in (1, 2, 3):
-        walk += [chaos.LoopView(status="TRAINING", round=r, round_status="TRAINING", step=s) for s in range(0, 9)]
-        walk.append(chaos.LoopView(status="BENCHMARKING", round=r, round_status="BENCHMARKING", step=8))
+    for r in range(1, rounds + 1):
+        walk += [chaos.LoopView(status="TRAINING", round=r, round_status="TRAINING", step=s) for s in range(steps + 1)]
+        walk.append(chaos.LoopView(status="BENCHMARKING", round=r, round_status="BENCHMARKING", step=steps))
+    return walk
+
+
+def _fire(kind: str, walk: list[chaos.LoopView]) -> list[tuple[chaos.Fault, chaos.LoopView]]:
+    pending, fired = chaos.schedule(kind), []
+    for view in walk:
+        if pending and pending[0].due(view):
+            fired.append((pending.pop(0), view))
+    assert not pending, f"{kind}: never due: {[f.name for f in pending]}"
+    return fired
+
+
+def test_each_fault_fires_at_its_moment_in_a_loop_seen_at_every_step() -> None:
     for kind in ("full", "quick"):
-        pending, fired = chaos.schedule(kind), []
-        for view in walk:
-            if pending and pending[0].due(view):
-                fired.append((pending.pop(0).name, str(view)))
-        assert not pending, f"{kind}: never due: {[f.name for f in pending]}"
-        assert len(fired) == len(chaos.schedule(kind))
+        assert [(f.name, view.position()) for f, view in _fire(kind, _walk())] == \
+            [(f.name, f.moment) for f in chaos.schedule(kind)]
     names = [f.name for f in chaos.schedule("full")]
-    for needed in ("kill:nats", "nats-outage", "disk-full", "store-drop", "kill:rollout", "kill:job"):
+    for needed in ("kill:nats", "nats-outage", "disk-full", "store-drop", "kill:rollout", "kill:job", "kill:reward"):
         assert needed in names
+
+
+def test_a_moment_passed_between_two_polls_fires_at_the_next_one() -> None:
+    """A quick round (or a poll lost to a restarting scheduler) skips a step: the fault fires late,
+    not never."""
+    seen_rarely = [v for v in _walk(rounds=2, steps=6) if v.step % 3 == 0 or v.round_status != "TRAINING"]
+    fired = {f.where: str(view) for f, view in _fire("quick", seen_rarely)}
+    assert fired["R1 step 2"] == "R1 training step 3"
+    assert fired["R2 step 2"] == "R2 training step 3"
+    assert fired["R1 evaluation"] == "R1 benchmarking"
 
 
 @pytest.mark.slow
@@ -89,4 +118,5 @@ def test_a_short_chaos_loop_ends_as_the_calm_one(tmp_path: Path) -> None:
     seed = json.loads(out.read_text())["seeds"]["0"]
     assert all(row["same"] for row in seed["compare"]), seed["compare"]
     assert [f["name"] for f in seed["faults"] if f["fired"]] == [f.name for f in chaos.schedule("quick")]
+    assert "kill:nats" in [f["name"] for f in seed["faults"]]
     assert all(f["recovered_s"] is not None for f in seed["faults"]), seed["faults"]
