@@ -38,6 +38,12 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     reward_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
     """A job whose reward service (or a remote reward it forwards to) goes away waits this long for
     it, then fails naming it; while it waits, the job's status message says so."""
+    disk_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """A job whose artifact root fills up (a checkpoint, the step's adapter or progress.json finds
+    no space) waits this long for space, the write taken again whenever the free space grows, then
+    fails with a message naming the disk and its free bytes; while it waits, the job's status
+    message says so. No half-written checkpoint is left, and the step goes on exactly as it would
+    have. A job of several processes: keep it under the process group's timeout (NCCL's 10 min)."""
     publish_flush_seconds: float = Field(default=30.0, ge=0.0, le=600.0)
     """At the end of a job: how long to keep trying to publish unsent events to NATS."""
     torch_threads: int = Field(default=0, ge=0, le=1024)

@@ -1,0 +1,102 @@
+"""A full artifact disk, on a real small filesystem: a tmpfs mounted for each test as the job's
+artifact root (root may mount one; elsewhere the tests skip saying why, and under CI=true, whose
+host is root, they fail instead).
+
+A write that finds the disk full leaves nothing half-written, says so naming the disk and its free
+bytes, and is taken again once space comes back (artifacts.DiskSpace): the job then ends with the
+adapter an undisturbed run gives, byte for byte. A disk that stays full past the wait fails the job
+with the same message, and the job's result.json is still written (artifacts.reserve).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlvr.services.trainer import artifacts
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of its own."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                              capture_output=True, text=True, timeout=30)
+        why = done.stderr.strip() or f"mount exited with {done.returncode}"
+    except OSError as e:
+        done, why = None, str(e)
+    if done is None or done.returncode != 0:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"cannot mount a tmpfs for the full-disk tests ({why}); CI runs as root and must")
+        pytest.skip(f"cannot mount a tmpfs for the full-disk tests ({why}): they need root")
+    try:
+        yield mount
+    finally:
+        # lazily: a failed torch.save may hold its file open until the test's traceback is dropped
+        subprocess.run(["umount", "--lazy", str(mount)], check=True, timeout=30)
+
+
+def fill(disk: Path) -> Path:
+    """Takes every free byte of `disk`; the file that holds them."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            pass
+    assert artifacts.free_bytes(disk) < 4096
+    return filler
+
+
+def test_a_write_into_a_full_disk_leaves_nothing_and_fails_naming_the_disk_after_the_wait(small_disk: Path) -> None:
+    """torch.save's error on a full disk names no cause ("iostream error"): the disk's free bytes
+    tell. The partial folder goes, the wait is bounded, and the error carries the wait's message."""
+    import torch
+
+    root = small_disk / "artifacts"
+    partial = root / "checkpoint-3"
+    partial.mkdir(parents=True)
+    fill(small_disk)
+    notices: list[str] = []
+    space = artifacts.DiskSpace(root, wait_s=0.3, on_wait=notices.append, poll_s=0.05)
+    with pytest.raises(artifacts.DiskFull) as failed:
+        space.write("step 3's checkpoint", lambda: torch.save({"w": torch.zeros(4096)}, partial / "optimizer.pt"),
+                    partial=partial)
+    assert str(failed.value).startswith(f"no space left on {root} (")
+    assert "step 3's checkpoint not written; no space came back within 0.3 s" in str(failed.value)
+    assert [n.split(": ", 1)[1] for n in notices] == ["step 3's checkpoint not written; waiting for space (up to 0.3 s)"]
+    assert not partial.exists()
+
+    # Each writer removes its own temporary file; an error that is not the disk's is not waited on.
+    with pytest.raises(artifacts.DiskFull):
+        artifacts.DiskSpace(root).write("step 3's progress",
+                                        lambda: artifacts.write_json_atomic(root / "progress.json", {"x": "y" * 9000}))
+    assert sorted(p.name for p in root.iterdir()) == []
+    (small_disk / "filler").unlink()
+    with pytest.raises(KeyError):
+        artifacts.DiskSpace(root, wait_s=60).write("step 3's adapter", lambda: {}["a"])
+
+
+def test_a_result_is_written_into_its_reserved_room_on_a_full_disk(small_disk: Path) -> None:
+    """The job process reserves its result.json's room when it starts (job_process.run): a job
+    failed for a full disk still has its result read by the worker, not reported lost."""
+    job_dir = small_disk / "jobs" / "t1"
+    job_dir.mkdir(parents=True)
+    artifacts.reserve(job_dir / "result.json")
+    fill(small_disk)
+    result = {"status": "failed", "error": "no space left on ... " + "x" * 500}
+    artifacts.write_json_atomic(job_dir / "result.json", result)
+    assert artifacts.read_json(job_dir / "result.json") == result
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
