@@ -11,18 +11,24 @@ with the same message, and the job's result.json is still written (artifacts.res
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_trainer_job import _job, _scorer
 
 from rlvr.services.trainer import artifacts
+from rlvr.services.trainer.engine import RESUME_FILE, checkpoints
+from rlvr.services.trainer.runner import JobDeps, run_job
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs of its own."""
+    """A 4 MiB tmpfs of its own (a job of the test model takes about 0.5 MiB)."""
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
@@ -60,6 +66,45 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def test_a_job_whose_disk_fills_waits_for_space_and_ends_with_the_undisturbed_adapter(
+        tmp_path: Path, small_disk: Path, tiny_model: str) -> None:
+    """The disk fills at step 1, just before TRL writes that step's checkpoint: its partial folder is
+    removed, the job says so (the status message job_process publishes), and once the filler is
+    deleted the checkpoint is written whole and the job goes on, to the undisturbed run's bytes."""
+    options = dict(synthetic_prompts=8, batch_size=8, group_size=2, max_steps=2, checkpoint_every=1,
+                   max_completion_tokens=16)
+    whole = run_job(_job(tmp_path / "whole", tiny_model, **options), JobDeps(scorer=_scorer(), publish=lambda e: None))
+    assert whole.status == "completed", whole.error
+
+    root = small_disk / "artifacts"
+    fillers: list[Path] = []
+    notices: list[str] = []
+
+    def on_step(step: int, total: int) -> None:
+        if step == 1:
+            fillers.append(fill(small_disk))
+
+    def on_wait(message: str) -> None:  # the job's status message; seen, space comes back
+        notices.append(message)
+        partial = root / "jobs" / "t1" / "trl" / "checkpoint-1"
+        assert not partial.exists(), "the partial checkpoint is still there while the job waits"
+        fillers.pop().unlink()
+
+    space = artifacts.DiskSpace(root, wait_s=60, on_wait=on_wait, poll_s=0.05)
+    result = run_job(_job(root, tiny_model, **options),
+                     JobDeps(scorer=_scorer(), publish=lambda e: None, on_step=on_step, space=space))
+    assert result.status == "completed", result.error
+    assert len(notices) == 1, notices
+    assert re.fullmatch(rf"no space left on {re.escape(str(root))} \(\d+(\.\d)? (B|KiB|MiB) free\): step 1's "
+                        r"checkpoint not written; waiting for space \(up to 60 s\)", notices[0]), notices[0]
+    job_dir = root / "jobs" / "t1"
+    assert all((path / RESUME_FILE).is_file() for _, path in checkpoints(job_dir))  # every checkpoint whole
+    assert sorted(step for step, _ in checkpoints(job_dir)) == [1, 2]
+    for name in artifacts.ADAPTER_FILES:
+        assert (Path(result.adapter_path) / name).read_bytes() == (Path(whole.adapter_path) / name).read_bytes()
+    assert not [p for p in job_dir.rglob(".*") if p.name.endswith((".tmp", ".staging"))]
+
+
 def test_a_write_into_a_full_disk_leaves_nothing_and_fails_naming_the_disk_after_the_wait(small_disk: Path) -> None:
     """torch.save's error on a full disk names no cause ("iostream error"): the disk's free bytes
     tell. The partial folder goes, the wait is bounded, and the error carries the wait's message."""
@@ -81,7 +126,7 @@ def test_a_write_into_a_full_disk_leaves_nothing_and_fails_naming_the_disk_after
 
     # Each writer removes its own temporary file; an error that is not the disk's is not waited on.
     with pytest.raises(artifacts.DiskFull):
-        artifacts.DiskSpace(root).write("step 3's progress",
+        artifacts.DiskSpace(root).write("step 3's progress.json",
                                         lambda: artifacts.write_json_atomic(root / "progress.json", {"x": "y" * 9000}))
     assert sorted(p.name for p in root.iterdir()) == []
     (small_disk / "filler").unlink()

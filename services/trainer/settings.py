@@ -43,7 +43,9 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     no space) waits this long for space, the write taken again whenever the free space grows, then
     fails with a message naming the disk and its free bytes; while it waits, the job's status
     message says so. No half-written checkpoint is left, and the step goes on exactly as it would
-    have. A job of several processes: keep it under the process group's timeout (NCCL's 10 min)."""
+    have. A job of several processes waits only for its adapter and progress (keep the wait under
+    the process group's timeout, NCCL's 10 min); its TRL checkpoint, which all of its processes
+    write together, fails at once."""
     publish_flush_seconds: float = Field(default=30.0, ge=0.0, le=600.0)
     """At the end of a job: how long to keep trying to publish unsent events to NATS."""
     torch_threads: int = Field(default=0, ge=0, le=1024)
