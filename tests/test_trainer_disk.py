@@ -44,8 +44,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mount
     finally:
-        # lazily: a failed torch.save may hold its file open until the test's traceback is dropped
-        subprocess.run(["umount", "--lazy", str(mount)], check=True, timeout=30)
+        busy = subprocess.run(["umount", str(mount)], capture_output=True, text=True, timeout=30).returncode
+        if busy:  # a file left open on it (its space is not given back either)
+            subprocess.run(["umount", "--lazy", str(mount)], check=True, timeout=30)
+            pytest.fail(f"{mount} was still in use at the end of the test")
 
 
 def fill(disk: Path) -> Path:
@@ -107,29 +109,32 @@ def test_a_job_whose_disk_fills_waits_for_space_and_ends_with_the_undisturbed_ad
 
 def test_a_write_into_a_full_disk_leaves_nothing_and_fails_naming_the_disk_after_the_wait(small_disk: Path) -> None:
     """torch.save's error on a full disk names no cause ("iostream error"): the disk's free bytes
-    tell. The partial folder goes, the wait is bounded, and the error carries the wait's message."""
+    tell. The partial folder goes, and its space with it (the failed writer's file is closed before
+    the wait), the wait is bounded, and the error carries the wait's message."""
     import torch
 
     root = small_disk / "artifacts"
     partial = root / "checkpoint-3"
     partial.mkdir(parents=True)
-    fill(small_disk)
+    filler = fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - 65536)  # 64 KiB free, which the partial file takes
     notices: list[str] = []
     space = artifacts.DiskSpace(root, wait_s=0.3, on_wait=notices.append, poll_s=0.05)
     with pytest.raises(artifacts.DiskFull) as failed:
-        space.write("step 3's checkpoint", lambda: torch.save({"w": torch.zeros(4096)}, partial / "optimizer.pt"),
+        space.write("step 3's checkpoint", lambda: torch.save({"w": torch.zeros(100_000)}, partial / "optimizer.pt"),
                     partial=partial)
+    assert notices == [f"no space left on {root} (64.0 KiB free): step 3's checkpoint not written; "
+                       "waiting for space (up to 0.3 s)"]
     assert str(failed.value).startswith(f"no space left on {root} (")
     assert "step 3's checkpoint not written; no space came back within 0.3 s" in str(failed.value)
-    assert [n.split(": ", 1)[1] for n in notices] == ["step 3's checkpoint not written; waiting for space (up to 0.3 s)"]
     assert not partial.exists()
 
     # Each writer removes its own temporary file; an error that is not the disk's is not waited on.
     with pytest.raises(artifacts.DiskFull):
         artifacts.DiskSpace(root).write("step 3's progress.json",
-                                        lambda: artifacts.write_json_atomic(root / "progress.json", {"x": "y" * 9000}))
+                                        lambda: artifacts.write_json_atomic(root / "progress.json", {"x": "y" * 100_000}))
     assert sorted(p.name for p in root.iterdir()) == []
-    (small_disk / "filler").unlink()
+    filler.unlink()
     with pytest.raises(KeyError):
         artifacts.DiskSpace(root, wait_s=60).write("step 3's adapter", lambda: {}["a"])
 

@@ -253,17 +253,20 @@ class DiskSpace:
             except Exception as e:
                 if not (says_full(e) or free_bytes(self.root) < NEARLY_FULL):
                     raise
-                if partial is not None:
-                    shutil.rmtree(partial, ignore_errors=True)
-                free = free_bytes(self.root)
-                message = f"no space left on {self.root} ({human_bytes(free)} free): {what} not written"
-                since = time.monotonic() if since is None else since
-                deadline = since + self.wait_s
-                if time.monotonic() >= deadline or self.cancel.is_set():
-                    raise DiskFull(f"{message}; no space came back within {self.wait_s:g} s "
-                                   "(the trainer's disk_wait_seconds)") from e
-                log.warning("%s (%s); waiting for space", message, e)
-                self.on_wait(f"{message}; waiting for space (up to {self.wait_s:g} s)")
-                while free_bytes(self.root) <= free and time.monotonic() < deadline:
-                    if self.cancel.wait(self.poll_s):
-                        break
+                cause = f"{type(e).__name__}: {e}"
+            # Out of the except block: the error's traceback is gone, and with it a failed torch.save's
+            # open file, whose space a removed partial file would otherwise keep while the job waits.
+            if partial is not None:
+                shutil.rmtree(partial, ignore_errors=True)
+            free = free_bytes(self.root)
+            message = f"no space left on {self.root} ({human_bytes(free)} free): {what} not written"
+            log.warning("%s (%s)", message, cause)
+            since = time.monotonic() if since is None else since
+            deadline = since + self.wait_s
+            if time.monotonic() >= deadline or self.cancel.is_set():
+                raise DiskFull(f"{message}; no space came back within {self.wait_s:g} s "
+                               "(the trainer's disk_wait_seconds)")
+            self.on_wait(f"{message}; waiting for space (up to {self.wait_s:g} s)")
+            while free_bytes(self.root) <= free and time.monotonic() < deadline:
+                if self.cancel.wait(self.poll_s):
+                    break
