@@ -10,7 +10,8 @@ which reads there in order (generate -> score -> update -> push -> publish):
 - the reward function: `Step.rewards`, the rollout's scores of the rows TRL trains on.
 - a `TrainerCallback`: a new `Step` at on_step_begin; `Step.updated` after the optimizer step;
   `Step.push` at on_step_end (save the adapter, push it as version = step number), then the cancel
-  check; `Step.publish` with TRL's log line for the step (on_log).
+  check; `Step.publish` with TRL's log line for the step (on_log); our resume state beside TRL's
+  checkpoint (on_save), which marks it whole.
 
 TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term,
 entropy, clipping and the optimizer. The KL reference is the policy the job started from. The
@@ -33,10 +34,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlvr.peers.types import AdapterTag, Score
+from rlvr.services.trainer.artifacts import DiskSpace
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.distributed import Group, gather_adapter, merge_records, shareable
 from rlvr.services.trainer.dynamic import PromptDraw
@@ -227,7 +230,9 @@ class _StepCallback:
         a job of several nodes: each writes the checkpoint into its own artifact root)."""
         if not self.engine.group.is_node_main:
             return
-        self.engine.save_resume_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.engine.space.write(f"step {state.global_step}'s checkpoint",
+                                lambda: self.engine.save_resume_state(checkpoint, state.global_step))
 
 
 def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback
@@ -287,7 +292,12 @@ class GrpoEngine:
         # Several nodes, an artifact root each: every node's first process writes the checkpoint
         # (transformers' own rule; its global rank 0 need not be on node 0: distributed.py).
         args.save_on_each_node = job.num_nodes > 1
-        self.trainer = trainer_class(correct_lag=bool(self.corrections))(
+        # A full artifact root: the checkpoint's writes wait for space (artifacts.DiskSpace). TRL's
+        # part of a checkpoint is written by every process of a job of several (FSDP gathers the
+        # optimizer state for it), so one process cannot write it again alone: it fails at once.
+        self.space = hooks.space or DiskSpace(job.artifact_root, cancel=hooks.cancel)
+        trl_space = self.space if self.group.world == 1 else replace(self.space, wait_s=0.0)
+        self.trainer = trainer_class(correct_lag=bool(self.corrections), space=trl_space)(
             model=model,
             reward_funcs=self._reward,
             args=args,

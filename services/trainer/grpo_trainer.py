@@ -7,6 +7,8 @@
   set-up, its ratio taken from the training forward (`lag_ratio`) rather than from TRL's extra
   no-grad pass whenever that is exact (`can_defer_ratio`).
 - A checkpoint's trained adapter loaded exactly, also beside TRL's frozen reference adapter.
+- A checkpoint that finds the artifact root full: its partial folder removed and the checkpoint
+  written again once space is back (artifacts.DiskSpace), so a resume never meets half of one.
 
 engine.py builds the trainer from this and wires the step's seams into it.
 """
@@ -14,7 +16,10 @@ engine.py builds the trainer from this and wires the step's seams into it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlvr.services.trainer.artifacts import DiskSpace
 
 __all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
            "trainer_class"]
@@ -167,8 +172,9 @@ class _NoEngine:
         pass
 
 
-def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
-    """GRPOTrainer with `EpochSampler` around its train sampler; with `correct_lag` (asynchronous
+def trainer_class(correct_lag: bool = False, space: DiskSpace | None = None) -> Any:  # -> type[GRPOTrainer]
+    """GRPOTrainer with `EpochSampler` around its train sampler, its checkpoints written through
+    `space` (the job's artifact root, waiting for space when it is full); with `correct_lag` (asynchronous
     steps, prefetch.py) also with TRL's importance-sampling correction against the rollout's own
     logprobs, which TRL applies only to vLLM rollouts (`use_vllm`): it is turned on after TRL's
     setup, so TRL starts no vLLM engine of its own, and its weight sync is a no-op. The correction's
@@ -244,6 +250,14 @@ def trainer_class(correct_lag: bool = False) -> Any:  # -> type[GRPOTrainer]
             if gap is not None:
                 logprob_gap(self, result[0].detach(), gap)
             return result
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            if space is None:
+                return super()._save_checkpoint(model, trial)
+            step = self.state.global_step
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"  # transformers' name
+            space.write(f"step {step}'s checkpoint", lambda: super(Trainer, self)._save_checkpoint(model, trial),
+                        partial=folder)
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:
             self.epoch_sampler = EpochSampler(super()._get_train_sampler(dataset))

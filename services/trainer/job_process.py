@@ -8,7 +8,8 @@ fails this job only, and all its memory goes back to the system when it exits.
 
 It publishes its own events to NATS (RUNNING, one MetricEvent per step, the final status), keeps
 `progress.json` current after every step (the worker's GetWorkerStatus reads it), and writes
-`result.json` last. A process that dies without writing the result is reported by the worker.
+`result.json` last, into room taken when it started (a job failed for a full artifact root still
+reports so: artifacts.py). A process that dies without writing the result is reported by the worker.
 
 A job of several processes (advanced.num_processes, services/trainer/distributed.py): this process
 execs torchrun over N ranks of this module (`--rank-of`); rank 0 does all of the above, the other
@@ -199,6 +200,8 @@ def run(job_dir: Path, group: Group | None = None) -> int:
 
     publisher = None
     result: JobResult
+    if group.is_node_main:  # the process that writes this node's result.json: its room, before the disk fills
+        artifacts.reserve(job_dir / "result.json")
     try:
         if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
             from rlvr.services.trainer.publisher import EventPublisher
@@ -248,11 +251,15 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         # time (the worker's rlvr_trainer_step_seconds). A step's event comes after its adapter is saved.
         progress: dict[str, float] = {"step": 0, "total_steps": 0, "steps_timed": 0, "step_seconds_sum": 0.0}
 
+        # A full artifact root: the job's writes wait for space, saying so (artifacts.DiskSpace).
+        space = artifacts.DiskSpace(job.artifact_root, settings.disk_wait_seconds, on_wait, cancel)
+
         def publish(event: common_pb2.MetricEvent) -> None:
             progress["steps_timed"] += 1
             progress["step_seconds_sum"] += event.step_seconds
             if group.is_main:
-                artifacts.write_json_atomic(job_dir / "progress.json", progress)
+                space.write(f"step {event.step}'s progress.json",
+                            lambda: artifacts.write_json_atomic(job_dir / "progress.json", progress))
             if publisher:
                 publisher.publish_metric(event)
 
@@ -263,7 +270,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         deps = JobDeps(scorer=scorer, problems=problems, publish=publish,
                        publish_samples=publisher.publish_samples if publisher else (lambda _e: None),
                        cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
-                       colocate_enforce_eager=settings.colocate_enforce_eager, group=group)
+                       colocate_enforce_eager=settings.colocate_enforce_eager, group=group, space=space)
         try:
             result = run_job(job, deps)
         finally:

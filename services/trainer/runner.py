@@ -78,6 +78,9 @@ class JobDeps:
     problems: ProblemSource | None = None
     # A few of each step's completions, for the experiment trackers' completions table (docs/tracking.md).
     publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
+    # The job's writes to its artifact root, which wait for space when it is full (artifacts.py);
+    # None: a full disk fails the job at once, with the message naming it.
+    space: artifacts.DiskSpace | None = None
 
 
 @dataclass
@@ -519,17 +522,23 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
     if job.num_nodes > 1:
         resume = node_resume_point(job, group, resume)
 
+    space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
+
     def save(peft_model: Any, step: int) -> Path:
-        path = artifacts.save_adapter(peft_model, adapter, stack_on=init)  # init + trained, as one
-        if job.checkpoint_every and step % job.checkpoint_every == 0:
-            artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
+        def write() -> Path:
+            path = artifacts.save_adapter(peft_model, adapter, stack_on=init)  # init + trained, as one
+            if job.checkpoint_every and step % job.checkpoint_every == 0:
+                artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
+            if deps.on_step is not None:
+                deps.on_step(step, total)
+            return path
+
+        path = space.write(f"step {step}'s adapter", write)
         result.steps_done = step
-        if deps.on_step is not None:
-            deps.on_step(step, total)
         return path
 
     hooks = StepHooks(save_adapter=save, publish=deps.publish, cancel=deps.cancel,
-                      publish_samples=deps.publish_samples)
+                      publish_samples=deps.publish_samples, space=space)
     log.info("job %s: %d steps of %d completions (%d prompts x %d) on %s, backend %s, %s",
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)
@@ -554,7 +563,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
                 generator.publish_adapter(saved, live)
                 # The job's adapter is the checkpoint's again (the lost run may have left a later
                 # step's): what a run stopped before its next step reports, as version `step`.
-                artifacts.copy_adapter(saved, adapter)
+                space.write(f"step {step}'s adapter", lambda: artifacts.copy_adapter(saved, adapter))
                 if deps.on_step is not None:
                     deps.on_step(step, total)
 

@@ -44,6 +44,14 @@ class TrainerSettings(PeerFields, NatsFields, ArtifactFields, DataRootFields, Se
     published, each once, when NATS is back. NATS taking none of them for longer (or unreachable
     this long when the job starts) fails the job with a message naming NATS and this setting. At
     most 600 s: the stream's duplicate window (900 s) must outlast it."""
+    disk_wait_seconds: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    """A job whose artifact root fills up (a checkpoint, the step's adapter or progress.json finds
+    no space) waits this long for space, the write taken again whenever the free space grows, then
+    fails with a message naming the disk and its free bytes; while it waits, the job's status
+    message says so. No half-written checkpoint is left, and the step goes on exactly as it would
+    have. A job of several processes waits only for its adapter and progress (keep the wait under
+    the process group's timeout, NCCL's 10 min); its TRL checkpoint, which all of its processes
+    write together, fails at once."""
     torch_threads: int = Field(default=0, ge=0, le=1024)
     """Torch CPU threads of a job process (0 = every core it may run on). Small models step faster
     on 1: measured on 2 shared cores, 8 x 32 tokens from the "test" tiny model took 0.08 s on one

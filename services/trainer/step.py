@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
+from rlvr.services.trainer.artifacts import DiskSpace
 from rlvr.services.trainer.config import JobConfig
 from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
 from rlvr.services.trainer.metrics import StepRecord, completion_samples, keep_samples, metric_event
@@ -67,6 +68,8 @@ class StepHooks:
     cancel: threading.Event
     # a few of the step's completions (metrics.completion_samples), published just before its metrics
     publish_samples: Callable[[common_pb2.CompletionSamples], None] = lambda _e: None
+    # the job's writes to its artifact root, which wait for space when it is full (the checkpoints')
+    space: DiskSpace | None = None
 
 
 def step_seed(job_seed: int, step: int) -> int:
