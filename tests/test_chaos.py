@@ -107,12 +107,12 @@ def test_a_moment_passed_between_two_polls_fires_at_the_next_one() -> None:
 
 @pytest.mark.slow
 def test_a_short_chaos_loop_ends_as_the_calm_one(tmp_path: Path) -> None:
-    """Two rounds of six steps, the trainer, the rollout server, the scheduler and NATS each killed
-    once: the same status, scores, stored metrics and adapters as the undisturbed loop."""
+    """Two rounds of twelve steps, the trainer, the rollout server, the scheduler and NATS each
+    killed once: the same status, scores, stored metrics and adapters as the undisturbed loop."""
     out = tmp_path / "chaos.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "chaos.py"), "--seeds", "0", "--faults", "quick", "--rounds", "2",
-         "--steps", "6", "--eval-n", "50", "--no-disk", "--home", str(tmp_path / "stacks"), "--out", str(out)],
+         "--steps", "12", "--eval-n", "50", "--no-disk", "--home", str(tmp_path / "stacks"), "--out", str(out)],
         capture_output=True, text=True, timeout=3000)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     seed = json.loads(out.read_text())["seeds"]["0"]
