@@ -75,6 +75,7 @@ class Fault:
     fired_where: str = ""
     recovered_s: float | None = None
     note: str = ""
+    settled: bool = False  # recovered, given up on, or skipped: the next fault may fire
 
     @property
     def where(self) -> str:
@@ -176,10 +177,13 @@ class UpStack:
         return int(self.state()["pids"][service])
 
     def nats_pid(self) -> int:
-        pids = [p for p in processes() if "nats-server" in p[1] and str(self.home) in p[1]]
-        if not pids:
-            raise RuntimeError(f"no nats-server of {self.home} runs")
-        return pids[0][0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = [p for p in processes() if "nats-server" in p[1] and str(self.home) in p[1]]
+            if pids:
+                return pids[0][0]
+            time.sleep(0.5)
+        raise RuntimeError(f"no nats-server of {self.home} runs")
 
     def nats_port(self) -> int:
         return int(self.state()["nats_url"].rsplit(":", 1)[1])
@@ -294,7 +298,10 @@ def run_loop(stack: UpStack, args: argparse.Namespace, seed: int, faults: list[F
             view = got
             if view.status in ("TARGET_REACHED", "ROUNDS_SPENT", "PLATEAUED", "FAILED", "STOPPED"):
                 break
-            if pending and pending[0].due(view):
+            # One fault at a time: the next only once the last one is recovered from (or skipped),
+            # so each recovery is its own and no fault lands on a part still coming back.
+            last = next((f for f in reversed(faults) if f.fired_at is not None), None)
+            if pending and (last is None or last.settled) and pending[0].due(view):
                 fault = pending.pop(0)
                 fault.fired_where = str(view)
                 print(f"  {time.monotonic() - started:6.0f}s  {fault.name:<15} at {view}", flush=True)
@@ -323,7 +330,7 @@ def fire(stack: UpStack, fault: Fault, view: LoopView, client: Any, loop_id: str
     if kind == "kill" and part == "job":
         pid = job_process_pid(view.job_id)
         if pid is None:
-            fault.note = "no job process found"
+            fault.note, fault.settled = "no job process found", True
             return
         os.kill(pid, signal.SIGKILL)
         back = moved_on
@@ -344,7 +351,7 @@ def fire(stack: UpStack, fault: Fault, view: LoopView, client: Any, loop_id: str
         back = lambda: nats_answers(stack) and moved_on()  # noqa: E731
     elif kind == "disk-full":
         if not stack.mounted:
-            fault.note = "skipped: the artifacts are not on a disk of their own (--no-disk)"
+            fault.note, fault.settled = "skipped: the artifacts are not on a disk of their own (--no-disk)", True
             return
         heard: list[str] = []  # the job's status events (a wait for space is a RUNNING notice)
         threading.Thread(target=listen, args=(stack, view.job_id, heard), daemon=True).start()
@@ -360,7 +367,7 @@ def fire(stack: UpStack, fault: Fault, view: LoopView, client: Any, loop_id: str
         back = moved_on
     elif kind == "store-drop":
         if not stack.database_url.startswith("postgresql"):
-            fault.note = "skipped: SQLite"
+            fault.note, fault.settled = "skipped: SQLite", True
             return
         fault.note = f"{drop_connections(stack.database_url)} connections terminated"
         back = moved_on
@@ -372,8 +379,9 @@ def fire(stack: UpStack, fault: Fault, view: LoopView, client: Any, loop_id: str
         while time.monotonic() < deadline:
             if back():
                 fault.recovered_s = round(time.monotonic() - (fault.fired_at or 0.0), 1)
-                return
+                break
             time.sleep(0.3)
+        fault.settled = True
 
     threading.Thread(target=wait, daemon=True).start()
 
