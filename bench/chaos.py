@@ -521,8 +521,8 @@ def run_seed(args: argparse.Namespace, base: Path, seed: int) -> dict[str, Any]:
         stack = UpStack(base / name, args, url)
         faults = schedule(args.faults) if kind == "chaos" else []
         print(f"seed {seed}, {kind} loop on {stack.home} ({args.database})", flush=True)
-        stack.start()
         try:
+            stack.start()
             run = run_loop(stack, args, seed, faults)
             time.sleep(3)  # the recovery watchers' last polls
             results[kind] = {**stored(stack, run["loop"]), "seconds": run["seconds"], "faults": run["faults"]}
