@@ -396,18 +396,14 @@ def listen(stack: UpStack, job_id: str, heard: list[str]) -> None:
 
 
 def fill_disk(root: Path) -> Path:
-    """A file that takes every free byte of `root`'s filesystem."""
+    """A file that takes every free byte of `root`'s filesystem (written unbuffered: a buffered file
+    would fail again at its close, flushing what the full disk refused)."""
     path = root / ".chaos-filler"
-    with open(path, "wb") as fh:
-        chunk = b"\0" * (1 << 20)
-        with contextlib.suppress(OSError):
-            while True:
-                fh.write(chunk)
-                fh.flush()
-        with contextlib.suppress(OSError):
-            while True:
-                fh.write(b"\0" * 4096)
-                fh.flush()
+    with open(path, "wb", buffering=0) as fh:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while fh.write(b"\0" * size):
+                    pass
     return path
 
 
