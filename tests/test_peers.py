@@ -151,6 +151,22 @@ async def test_an_evaluation_waits_for_a_rollout_service_that_comes_back(reward_
     finally:
         await peers.close()
 
+    # A peer whose health says SERVING while its calls fail UNAVAILABLE (a remote reward down behind
+    # the reward service, say) is asked once more on a fresh connection, then its answer stands.
+    import time
+
+    async def serving(address: str) -> str:
+        return "SERVING"
+
+    up = ServicePeers("127.0.0.1:9", reward_address, rollout_wait_s=60, health=serving)
+    started = time.monotonic()
+    try:
+        with pytest.raises(EvaluationError, match=r"^rollout service at 127.0.0.1:9: Generate failed: UNAVAILABLE"):
+            await up.generate(questions, Sampling(), AdapterTag())
+        assert time.monotonic() - started < 10 and len(up._replaced) == 1  # one fresh connection, no more
+    finally:
+        await up.close()
+
 
 async def test_service_peers_name_an_unreachable_peer(reward_address: str) -> None:
     peers = ServicePeers("127.0.0.1:9", reward_address)

@@ -139,7 +139,8 @@ class ServicePeers:
         self.score_timeout_s = score_timeout_s
         self.upload_timeout_s = upload_timeout_s
         self.auth = auth
-        self._replaced: list[AsyncRolloutClient | AsyncRewardClient] = []  # closed with the others
+        self._replaced: list[AsyncRolloutClient | AsyncRewardClient] = []  # closed later, or with the others
+        self._closing: set[asyncio.Task[None]] = set()
         self.replicas = Replicas([AsyncRolloutClient(a, auth=auth) for a in addresses], fate,
                                  retry_down_s=RETRY_DOWN_S)
         self.reward = AsyncRewardClient(reward_address, auth=auth)
@@ -154,6 +155,8 @@ class ServicePeers:
         await self.reward.close()
         for trainer in self.trainers:
             await trainer.close()
+        for task in list(self._closing):
+            task.cancel()
         for client in self._replaced:
             await client.close()
 
@@ -227,45 +230,68 @@ class ServicePeers:
     async def _waiting(self, call: Callable[[], Awaitable[_R]], service: str, addresses: Sequence[str],
                        wait_s: float) -> _R:
         """`call()`, made again once a peer of `service` at `addresses` serves again when it failed
-        because every one was down; at most `wait_s` seconds of waiting in all."""
+        because every one was down; at most `wait_s` seconds of waiting in all. A peer whose health
+        says SERVING while the call still fails UNAVAILABLE is asked once more on a fresh connection
+        (the old one may be backing off its reconnects), then its failure is the call's: it is up,
+        and what it answers is about something else (a remote reward behind the reward service)."""
         deadline = time.monotonic() + wait_s
+        fresh = False  # the last call went out on a fresh connection to a peer that said SERVING
         while True:
             try:
                 return await call()
             except Exception as e:
                 if not _gone(e):
                     raise
+                if fresh:  # up, and still answering UNAVAILABLE: that answer is the call's failure
+                    raise EvaluationError(_describe(e)) from None
                 cause = e
             where = ", ".join(addresses)
             if time.monotonic() >= deadline:
                 waited = f" and did not come back within {wait_s:.0f} s" if wait_s else ""
                 raise EvaluationError(f"the {service} service at {where} is down{waited}: {_describe(cause)}") from None
-            log.warning("the %s service at %s is down (%s); waiting up to %.0f s for it", service, where,
-                        _describe(cause), deadline - time.monotonic())
-            started = time.monotonic()
+            started, warned = time.monotonic(), False
             while time.monotonic() < deadline:
                 if "SERVING" in [await self.health(a) for a in addresses]:
                     break
+                if not warned:
+                    log.warning("the %s service at %s is down (%s); waiting up to %.0f s for it", service, where,
+                                _describe(cause), deadline - time.monotonic())
+                    warned = True
                 await asyncio.sleep(1.0)
             else:
                 continue  # the deadline passed: the next failure says so
+            fresh = not warned  # it said SERVING at once: one more try, then its answer stands
             self._reconnect(service)
-            log.warning("the %s service at %s serves again after %.0f s; calling it again", service, where,
-                        time.monotonic() - started)
+            if warned:
+                log.warning("the %s service at %s serves again after %.0f s; calling it again", service, where,
+                            time.monotonic() - started)
 
     def _reconnect(self, service: str) -> None:
         """Fresh clients, each with a connection of its own, for a service that came back: the old
         channel may still be backing off its reconnects (gRPC's backoff grows with the outage) and
-        fail every call at once, the server up. The old ones are closed at the end only: another
-        evaluation's call may still be on them."""
+        fail every call at once, the server up. The old ones are closed once no call can still be
+        on them (a call's deadline later), or at `close`."""
+        old: list[AsyncRolloutClient | AsyncRewardClient] = []
         if service == "reward":
-            self._replaced.append(self.reward)
+            old.append(self.reward)
             self.reward = AsyncRewardClient(self.reward_address, auth=self.auth, own_connection=True)
-            return
-        for replica in self.replicas.all:  # back: none is left out for having been down
-            self._replaced.append(replica.handle)
-            replica.handle = AsyncRolloutClient(replica.address, auth=self.auth, own_connection=True)
-            replica.down_until = 0.0
+        else:
+            for replica in self.replicas.all:  # back: none is left out for having been down
+                old.append(replica.handle)
+                replica.handle = AsyncRolloutClient(replica.address, auth=self.auth, own_connection=True)
+                replica.down_until = 0.0
+        self._replaced.extend(old)
+        after_s = max(self.generate_timeout_s, self.score_timeout_s)
+        task = asyncio.get_running_loop().create_task(self._close_later(old, after_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, clients: Sequence[AsyncRolloutClient | AsyncRewardClient], after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        for client in clients:
+            if client in self._replaced:
+                self._replaced.remove(client)
+                await client.close()
 
     async def generate(self, questions: Sequence[Question], sampling: Sampling, adapter: AdapterTag) -> list[Answer]:
         return await self._waiting(lambda: self._generate_all(questions, sampling, adapter), "rollout",
