@@ -463,6 +463,7 @@ class CappedBackend(RefusingBackend):
         self.most = 0
 
     async def add_adapter(self, adapter: AdapterVersion) -> None:
+        await asyncio.sleep(0.05)  # an engine takes a moment to load one: other pushes run meanwhile
         await super().add_adapter(adapter)
         self.most = max(self.most, len(self.loaded))
 
@@ -493,7 +494,7 @@ async def test_the_registry_never_loads_past_the_engines_capacity(model_dir: Pat
     async with registry.lease("a"):  # a3 runs a request past a push and the wait of the next one
         await registry.load("a", 4, upload(loras["v2"]))
         registry.capacity_wait_s = 0.2
-        with pytest.raises(AdapterCapacityError, match=r"holds 2 live, 1 finishing requests; none left within 0 s$"):
+        with pytest.raises(AdapterCapacityError, match=r"holds 2 live, 1 finishing requests; none left within 0.2 s$"):
             await registry.load("a", 5, upload(loras["v1"]))
     assert held(backend) == ["b@v1", "a@v4"] and registry.get("a").version == 4  # type: ignore[union-attr]
 
@@ -502,6 +503,19 @@ async def test_the_registry_never_loads_past_the_engines_capacity(model_dir: Pat
                                                    r"most and holds 3 live, 0 finishing requests$"):
         await registry.load("d", 1, upload(loras["v1"]))
     assert registry.get("d") is None and not list((tmp_path / "adapters").glob("d/v1*")) and backend.most == 3
+
+
+async def test_pushes_of_two_names_at_once_share_the_last_room(model_dir: Path, loras, tmp_path: Path) -> None:
+    """The room a push found is its own while the engine loads it: a second name pushed meanwhile
+    does not pass the same check."""
+    backend = CappedBackend(capacity=1)
+    registry = AdapterRegistry(tmp_path / "adapters", backend, base_linear_shapes(model_dir),  # type: ignore[arg-type]
+                               MAX_LORA_RANK)
+    results = await asyncio.gather(registry.load("a", 1, upload(loras["v1"])),
+                                   registry.load("b", 1, upload(loras["other"])), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, AdapterCapacityError)]
+    assert len(refused) == 1 and ("1 loading" in str(refused[0]) or "1 live" in str(refused[0])), results
+    assert backend.most == 1 and len(backend.loaded) == 1
 
 
 async def test_live_adapters_come_back_after_a_restart(model_dir: Path, loras, tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ class AdapterRegistry:
         # pushes do not wait for each other.
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._dropped = asyncio.Event()  # set whenever a version leaves the backend
+        self._adding = 0  # versions past the capacity check, still loading into the engine
         self.capacity_wait_s = CAPACITY_WAIT_S
         self._staging = self.root / ".staging"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -152,16 +153,19 @@ class AdapterRegistry:
             adapter = AdapterVersion(name=name, version=version, path=stored, uid=uid, rank=rank)
             try:
                 await self._room_for_one(adapter)
-                await self.backend.add_adapter(adapter)
             except AdapterCapacityError:
                 shutil.rmtree(stored, ignore_errors=True)
                 raise
+            try:
+                await self.backend.add_adapter(adapter)
             except Exception as e:
                 shutil.rmtree(stored, ignore_errors=True)
                 logger.warning("backend refused adapter %s: %s", adapter.key, e)
                 raise AdapterRejected(
                     f"adapter {name!r} version {version}: the engine refused it: {e}"
                 ) from e
+            finally:
+                self._adding -= 1  # counted in _live from the swap below, or gone
             previous = self._live.get(name)
             self._live[name] = adapter  # the swap: from here on new requests resolve to this version
             logger.info("adapter %s live (uid %d, rank %d)", adapter.key, adapter.uid, rank)
@@ -176,19 +180,23 @@ class AdapterRegistry:
         held version is live: as many jobs as the engine has room for) or the wait runs out."""
         capacity = getattr(self.backend, "adapter_capacity", None)
         if capacity is None:
+            self._adding += 1
             return
         deadline = asyncio.get_running_loop().time() + self.capacity_wait_s
-        while len(self._live) + len(self._retired) >= capacity:
-            held = f"{len(self._live)} live, {len(self._retired)} finishing requests"
+        # `_adding`: versions of other names past this check and still loading into the engine
+        while len(self._live) + len(self._retired) + self._adding >= capacity:
+            held = f"{len(self._live)} live, {len(self._retired)} finishing requests" + (
+                f", {self._adding} loading" if self._adding else "")
             left = deadline - asyncio.get_running_loop().time()
             if not self._retired or left <= 0:
                 raise AdapterCapacityError(
                     f"adapter {adapter.key}: the engine holds {capacity} adapter versions at most and holds "
-                    f"{held}" + ("" if not self._retired else f"; none left within {self.capacity_wait_s:.0f} s"))
+                    f"{held}" + ("" if not self._retired else f"; none left within {self.capacity_wait_s:g} s"))
             logger.info("adapter %s waits for room in the engine (%s of %d)", adapter.key, held, capacity)
             self._dropped.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dropped.wait(), timeout=left)
+        self._adding += 1  # no await since the check: no other push can pass it on the same room
 
     async def unload(self, name: str) -> AdapterVersion:
         """Stop serving `name`; running requests finish on it. A later push may start again at any version."""
@@ -311,6 +319,10 @@ class AdapterRegistry:
                 continue
             try:
                 adapter = await self._load(folder.name, version, newest)
+            except AdapterCapacityError as e:  # fine, only no room now (a smaller max_loras): kept on disk
+                logger.warning("adapter %s v%d left by a previous server is not restored: %s", folder.name,
+                               version, e)
+                continue
             except (AdapterRejected, FailedPrecondition) as e:
                 logger.warning("adapter %s v%d left by a previous server is not restored: %s", folder.name,
                                version, e)
