@@ -96,6 +96,7 @@ class JobSupervisor:
         self.last: LastJob | None = self._lost_before_restart()
         self._starting: tuple[str, asyncio.Task[None]] | None = None  # the job being started
         self._bus: EventBus | None = None  # connected on first need (a crashed job's final status)
+        self._finals: set[asyncio.Task[None]] = set()  # final statuses still being published
         # Steps run by the jobs that ended here, and their seconds (rlvr_trainer_step_seconds).
         self._ended_steps, self._ended_seconds = 0, 0.0
         # Job processes forked with their libraries imported (forkserver.py): started by `warm` when
@@ -339,12 +340,12 @@ class JobSupervisor:
         adapter = adapter_ref(job.adapter_name, step, str(artifacts.adapter_dir(self.root, job.job_id).resolve()))
         if running.cancel_requested:
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_CANCELLED, "", adapter)
-            await self._publish_final(last, step)
+            self._publish_final_soon(last, step)
             return last
         failed_rank = artifacts.rank_failure(job_dir)
         if failed_rank is not None:  # a job of several processes whose rank other than 0 failed
             last = LastJob(job.job_id, common_pb2.JOB_STATUS_FAILED, failed_rank, adapter)
-            await self._publish_final(last, step)
+            self._publish_final_soon(last, step)
             return last
         # Lost, not failed: no final status is published (a FAILED on the stream would be final in
         # the store). The scheduler reads `lost` in GetWorkerStatus and resumes the job from its
@@ -367,6 +368,13 @@ class JobSupervisor:
             await asyncio.to_thread(self.store.put_folder, folder, store_key(self.root, folder), artifacts.ADAPTER_FILES)
         except (StoreError, OSError, ImportError) as e:
             log.error("could not put the adapter of job %s into %s: %s", last.job_id, self.store.url, e)
+
+    def _publish_final_soon(self, last: LastJob, step: int) -> None:
+        """`_publish_final` in the background: through a NATS outage it may take minutes
+        (nats_outage_seconds), and the worker is free (a cancel answered) once the job has ended."""
+        task = asyncio.get_running_loop().create_task(self._publish_final(last, step))
+        self._finals.add(task)
+        task.add_done_callback(self._finals.discard)
 
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
@@ -444,6 +452,8 @@ class JobSupervisor:
             await self.cancel(self.current.config.job_id)
         if self.forks is not None:
             await self.forks.close()
+        if self._finals:  # a job's final status still on its way (the cancel above): a moment for it
+            await asyncio.wait(set(self._finals), timeout=10)
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
