@@ -264,17 +264,18 @@ class Dispatcher:
         why = why or (state.last_error if reported and state.last_error else
                       f"trainer {row.worker} no longer runs this job (worker restarted?)")
         done = row.resumes
+        # The step it was lost at: the worker's last finished step (its adapter's version) may be one
+        # the store has not got the event of yet.
+        lost_at = max(row.current_step, state.last_adapter.version if reported and state.last_adapter else 0)
         if done >= MAX_RESUMES:
-            message = why if what == "the trainer was" else f"{what} lost at step {row.current_step}: {why}"
+            message = why if what == "the trainer was" else f"{what} lost at step {lost_at}: {why}"
             message = f"{message}; not resumed again after {done} resumes" if done else message
             await self.lifecycle.report(row.id, FAILED, message, state.last_adapter if reported else None, publish=True)
             return False
 
         async def requeue(current: JobRow) -> Move:
             n = current.resumes + 1
-            # The step it was lost at: the worker's last finished step (its adapter's version) may be
-            # one the store has not got the event of yet.
-            step = max(current.current_step, state.last_adapter.version if reported and state.last_adapter else 0)
+            step = max(current.current_step, lost_at)
             return Move("resume", QUEUED, f"resuming from the last checkpoint after {what} lost at step "
                         f"{step} ({why}); resume {n} of {MAX_RESUMES}", worker=row.worker,
                         again=f"resume-{n}")
