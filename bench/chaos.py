@@ -51,6 +51,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from faults import job_spec  # noqa: E402  (bench/faults.py)
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TIMING_COLUMNS = {"generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "created_at"}
@@ -245,18 +248,9 @@ def nats_answers(stack: UpStack) -> bool:
 
 # ------------------------------------------------------------------------------------------- the loop
 def loop_spec(args: argparse.Namespace, seed: int) -> Any:
-    from rlvr.v1 import common_pb2 as C
     from rlvr.v1 import scheduler_pb2 as S
 
-    job = C.JobSpec(base_model=args.model)
-    job.reward.function = C.REWARD_FUNCTION_MATH_PAIRS
-    job.reward.synthetic_prompts = 64
-    g = job.grpo
-    g.group_size, g.batch_size, g.max_completion_tokens = 4, 8, 32
-    g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = 4, 128, 1e-5, args.steps
-    job.advanced.generation_backend = C.GENERATION_BACKEND_VLLM
-    job.advanced.checkpoint_every = 2
-    job.advanced.seed = seed
+    job = job_spec(args, "", seed)  # bench/faults.py's job: the loop names each round's itself
     return S.LoopSpec(name=f"chaos seed {seed}", job=job, benchmark="rlvr-math-pairs-heldout", target=100.0,
                       max_rounds=args.rounds, give_up_after=args.rounds, min_gain=0.0, benchmark_limit=args.eval_n)
 
@@ -491,6 +485,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="rlvr-tiny-small")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=16, help="GRPO steps per round (at least 8 for the full schedule)")
+    p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--eval-n", type=int, default=100, help="benchmark questions per evaluation")
     p.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
     p.add_argument("--postgres", default=POSTGRES, help="a PostgreSQL server's URL; each run gets a database of its own")

@@ -63,7 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def job_spec(args: argparse.Namespace, name: str) -> Any:
+def job_spec(args: argparse.Namespace, name: str, seed: int = 7) -> Any:
+    """The fault benches' job (bench/chaos.py's rounds too): `args.model`, `args.steps` and
+    `args.checkpoint_every`, Math Pairs on the rollout server, seeded."""
     from rlvr.v1 import common_pb2 as C
 
     spec = C.JobSpec(name=name, base_model=args.model)
@@ -74,7 +76,7 @@ def job_spec(args: argparse.Namespace, name: str) -> Any:
     g.lora_rank, g.lora_alpha, g.learning_rate, g.max_steps = 4, 128, 1e-5, args.steps
     spec.advanced.generation_backend = C.GENERATION_BACKEND_VLLM
     spec.advanced.checkpoint_every = args.checkpoint_every
-    spec.advanced.seed = 7
+    spec.advanced.seed = seed
     return spec
 
 
