@@ -17,11 +17,12 @@ beside the installed copy), and `compare_with_shipped` says whether that build g
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+
+from rlvr.transfer import file_sha256
 
 SHIPPED_ROOT = Path(__file__).resolve().parent.parent / "data" / "models"
 MANIFEST_FILE = "manifest.json"
@@ -50,14 +51,6 @@ def shipped_files(name: str, root: Path = SHIPPED_ROOT) -> dict[str, str]:
     files = manifest(root)[name]["files"]
     assert isinstance(files, dict), f"{MANIFEST_FILE}: {name}'s files are not a mapping"
     return {str(rel): str(sha) for rel, sha in files.items()}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def differences(folder: Path, files: Mapping[str, str]) -> list[str]:
