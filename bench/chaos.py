@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -188,9 +187,6 @@ class UpStack:
             time.sleep(0.5)
         raise RuntimeError(f"no nats-server of {self.home} runs")
 
-    def nats_port(self) -> int:
-        return int(self.state()["nats_url"].rsplit(":", 1)[1])
-
     def client(self) -> Any:
         from rlvr.clients.sdk import ClientSettings, connect
 
@@ -238,11 +234,12 @@ def serving(stack: UpStack, service: str) -> bool:
 
 
 def nats_answers(stack: UpStack) -> bool:
-    """A NATS server answers its INFO line at once; a frozen one accepts the connection but is silent."""
-    with contextlib.suppress(OSError, ValueError, KeyError), \
-            socket.create_connection(("127.0.0.1", stack.nats_port()), timeout=1.0) as s:
-        s.settimeout(1.0)
-        return s.recv(4).startswith(b"INFO")
+    """NATS answers a client's handshake (`rlvr status`'s check); a frozen one accepts the
+    connection but is silent."""
+    from rlvr.infra.nats_server import check_nats
+
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        return check_nats(stack.state()["nats_url"], timeout=1.0) == "SERVING"
     return False
 
 
