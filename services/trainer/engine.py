@@ -261,6 +261,7 @@ class GrpoEngine:
         use_cpu: bool,
         group: Group | None = None,  # a job of several processes: this one's rank (distributed.py)
         corrections: Sequence[str] | None = None,  # quantization.sampler_corrections (None: the lag alone)
+        episodes: Any = None,  # an episodes.EpisodeRollout: the job names an environment
     ) -> None:
         from datasets import Dataset
         from transformers import PrinterCallback
@@ -276,6 +277,7 @@ class GrpoEngine:
             job=job, tokenizer=tokenizer, generator=generator, scorer=scorer, hooks=hooks, total_steps=total_steps,
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
             newest=job.max_async_steps > 0, problems={(text, p.ground_truth): p for text, p in problems},
+            episodes=episodes,
         )
         if corrections is None:
             corrections = ("policy_lag",) if job.max_async_steps else ()

@@ -45,6 +45,8 @@ class StepRecord:
     # (prompt, completion, score) of the first completion of each of the first SAMPLES_PER_STEP
     # groups: the experiment trackers' completions table (`completion_samples`).
     samples: list[tuple[str, str, Score]] = field(default_factory=list)
+    # A job with an environment: the step's episode counters (episodes.EpisodeStats), else None.
+    episodes: Any = None
 
     @property
     def train_seconds(self) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -269,9 +269,13 @@ def rendered_problems(job: JobConfig, tokenizer: Any, source: ProblemSource | No
                       ) -> list[tuple[str, Problem]]:
     """(rendered prompt, the problem) of every training problem: the rewards read the problem's
     question and columns beside the completion."""
+    return rendered_with(tokenizer, *training_problems(job, source))
+
+
+def rendered_with(tokenizer: Any, problems: Sequence[Problem], instruction: str | None) -> list[tuple[str, Problem]]:
+    """(rendered prompt, the problem) of each problem, with `instruction` (None: the registry's)."""
     from rlvr.tasks import render_prompt
 
-    problems, instruction = training_problems(job, source)
     return [(render_prompt(tokenizer, p, instruction=instruction), p) for p in problems]
 
 
@@ -487,7 +491,14 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
 
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)
-    rendered = rendered_problems(job, tokenizer, deps.problems)
+    problems, instruction = training_problems(job, deps.problems)
+    episodes = None
+    if job.environment:  # a step's rollout is episodes with the environment (episodes.py)
+        from rlvr.services.trainer.episodes import EpisodeRollout
+
+        episodes = EpisodeRollout(job, tokenizer, instruction)
+        instruction = episodes.instruction
+    rendered = rendered_with(tokenizer, problems, instruction)
     prompts = [(text, p.ground_truth) for text, p in rendered]
     total = job.steps_for(len(prompts))
     result.total_steps = total
@@ -549,7 +560,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
                  "TRL's truncated importance sampling corrects the loss", job.job_id, ", ".join(corrections),
                  ",".join(sorted(set(sampler_dtypes))) or "-", job.precision, job.quantization)
     engine = GrpoEngine(job, model, tokenizer, rendered, generator, deps.scorer, hooks, total, initial,
-                        use_cpu=device == "cpu", group=group, corrections=corrections)
+                        use_cpu=device == "cpu", group=group, corrections=corrections, episodes=episodes)
     checkpoint = None
     if resume is not None:
         checkpoint, state = resume

@@ -111,6 +111,8 @@ class StepContext:
     problems: dict[tuple[str, str], Problem] = field(default_factory=dict)
     # Why the loss is importance-corrected ("" = it is not): MetricEvent.sampler_correction.
     correction: str = ""
+    # The job names an environment: each rollout is episodes (episodes.EpisodeRollout), not answers.
+    episodes: Any = None
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     _errors_seen: set[str] = field(default_factory=set)
 
@@ -175,6 +177,8 @@ class Step:
             raise RuntimeError(f"expected each prompt {g} times in a row from TRL's sampler, got {len(prompts)} rows")
         if hasattr(self.ctx.generator, "step"):
             self.ctx.generator.step = self.number  # for its error messages
+        if self.ctx.episodes is not None:
+            return self._episodes(unique)
         sampling = Sampling(group_size=g, max_tokens=job.max_completion_tokens, temperature=job.temperature,
                             seed=step_seed(job.seed, self.number))
         batch = self._generate([self._ids(p) for p in unique], sampling)
@@ -198,6 +202,42 @@ class Step:
         self.draw_state = self.ctx.draw.state()
         # per row: TRL hands it to the reward function in place of the dataset's column
         return _rows(chosen) | {"ground_truth": [grp.truth for grp in chosen for _ in range(g)]}
+
+    def _episodes(self, prompts: list[str]) -> dict[str, Any]:
+        """Generate and score as episodes with the job's environment (episodes.py): `group_size`
+        episodes of each prompt, one TRL row each, with the mask of the tokens the policy sampled."""
+        from rlvr.services.trainer.episodes import EpisodeStats, GeneratorSampler, transcript
+
+        ctx, job, g, record = self.ctx, self.ctx.job, self.ctx.job.group_size, self.record
+        if ctx.truth is None:
+            raise RuntimeError("environment.key: the training set asks one question with different answers; "
+                               "an environment job needs one answer per question")
+        problems = [ctx.problems[(p, ctx.truth[p])] for p in prompts]
+        sampler = GeneratorSampler(ctx.generator, job.temperature, ctx.live, ctx.newest, workers=len(prompts) * g)
+        record.generate_started_at = time.perf_counter()
+        try:
+            episodes = ctx.episodes.run(problems, step_seed(job.seed, self.number),
+                                        getattr(ctx.generator, "prompt_offset", 0), g, sampler)
+        finally:
+            sampler.close()
+        record.generate_ended_at = time.perf_counter()
+        record.generate_seconds += sampler.generate_seconds
+        started = time.perf_counter()
+        scores = ctx.episodes.score(episodes, problems, prompts, ctx.scorer, g)
+        record.score_seconds += time.perf_counter() - started
+        versions = [self.version(AdapterTag(ctx.job.adapter_name, v)) for e in episodes for v in e.adapter_versions]
+        self._trained_versions(versions or [self.version(ctx.live)])
+        record.completion_lengths = [e.sampled_tokens for e in episodes]
+        record.clipped = [e.truncated for e in episodes]
+        record.scores = scores
+        record.episodes = EpisodeStats()
+        for episode in episodes:
+            record.episodes.add(episode)
+        rows = [p for p in prompts for _ in range(g)]
+        keep_samples(record, rows, [transcript(e) for e in episodes], scores, g)
+        record.scored_at = time.perf_counter()
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        return ctx.episodes.rows(episodes, eos, with_logprobs=sampler.logprobs) | {"score": scores}
 
     def _ids(self, prompt: str) -> list[int]:
         if self.tokenizer is self.ctx.tokenizer:
