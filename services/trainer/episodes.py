@@ -31,8 +31,9 @@ from typing import Any
 
 from rlvr.environments.base import EnvironmentDefinition, EpisodeRow
 from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episodes
+from rlvr.episodes.scoring import EpisodeScores, episode_score_input, transcript
 from rlvr.episodes.types import Episode
-from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
+from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.seeds import prompt_seed
 from rlvr.tasks.base import Problem
 
@@ -117,31 +118,6 @@ class EpisodeStats:
         self.samples_dropped += max(0, len(episode.samples) - 1)
 
 
-def episode_score_input(episode: Episode, problem: Problem | None, truth: str, prompt: str,
-                        definition: EnvironmentDefinition) -> ScoreInput:
-    """What the job's reward reads of an episode: its final answer, the whole conversation (tool
-    calls included, as their text), the row's columns and the environment's column."""
-    messages = tuple((str(m.get("role", "")), _content(m)) for m in episode.messages)
-    columns = dict(problem.columns) if problem is not None else {}
-    columns["environment"] = {"key": definition.key, "version": definition.version,
-                              "state": dict(episode.env_state), "turns": len(episode.turns),
-                              "tool_calls": episode.tool_calls, "tool_errors": episode.tool_errors}
-    question = problem.question if problem is not None else prompt
-    return ScoreInput(episode.final_answer, truth, question, messages, columns)
-
-
-def _content(message: dict[str, Any]) -> str:
-    content = str(message.get("content") or "")
-    calls = message.get("tool_calls") or []
-    if calls:
-        import json
-
-        shown = [{"name": c.get("function", {}).get("name"), "arguments": c.get("function", {}).get("arguments")}
-                 for c in calls]
-        content = f"{content}\n{json.dumps(shown)}".strip()
-    return content
-
-
 class EpisodeRollout:
     """The episodes of a job's steps: made once per job (its environment, chat codecs, limits)."""
 
@@ -200,35 +176,13 @@ class EpisodeRollout:
               scorer: Any, group_size: int) -> list[Score]:
         """Each episode's score: the environment's own, or the job's rewards' (one scorer call for
         those), a failed episode's 0 with its reason."""
-        from rlvr.rewards.combine import normalize
-
-        scores: list[Score | None] = [None] * len(episodes)
-        pending: list[tuple[int, ScoreInput]] = []
-        for k, episode in enumerate(episodes):
-            problem = problems[k // group_size]
-            if episode.error:
-                scores[k] = Score(0.0, 0.0, 0.0, error=episode.error)
-            elif episode.env_reward is not None:
-                try:
-                    out = normalize(episode.env_reward)
-                    bonus = sum(episode.turn_rewards)
-                    scores[k] = Score(min(1.0, out.score + bonus), out.score, 0.0,
-                                      bool(out.strict if out.strict is not None else out.score == 1),
-                                      out.extracted_answer or "", dict(out.components), note=out.note)
-                except (TypeError, ValueError) as exc:
-                    scores[k] = Score(0.0, 0.0, 0.0, error=f"environment reward: {exc}")
-            else:
-                pending.append((k, episode_score_input(episode, problem, problem.ground_truth,
-                                                       prompts[k // group_size], self.definition)))
-        if pending:
-            for (k, _), score in zip(pending, scorer.score([item for _, item in pending]), strict=True):
-                bonus = sum(episodes[k].turn_rewards)
-                scores[k] = score if not bonus else Score(score.reward + bonus, score.accuracy, score.format,
-                                                          score.strict, score.extracted_answer,
-                                                          score.components, score.error, score.note)
+        split = EpisodeScores.split(episodes, lambda k, _: episode_score_input(
+            episodes[k], problems[k // group_size], problems[k // group_size].ground_truth,
+            prompts[k // group_size], self.definition))
+        scores = split.complete(scorer.score(split.inputs()) if split.pending else [])
         if episodes and all(e.error for e in episodes):
             raise EpisodeFailure(f"every episode of the step failed; the first: {episodes[0].error}")
-        return [s for s in scores if s is not None]
+        return scores
 
     def rows(self, episodes: Sequence[Episode], eos_id: int, with_logprobs: bool = True) -> dict[str, Any]:
         """TRL's rollout_func rows, one per episode (its last sample: see the module's doc)."""
@@ -242,18 +196,3 @@ class EpisodeRollout:
             mask.append(list(sample.mask) if sample.completion_ids else [0])
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
                 "logprobs": logprobs if with_logprobs else None, "env_mask": mask}
-
-
-def transcript(episode: Episode) -> str:
-    """An episode turn by turn, as the step's completion samples show it."""
-    lines = []
-    for number, turn in enumerate(episode.turns, 1):
-        lines.append(f"[turn {number}] {turn.assistant}")
-        for call in turn.tool_calls:
-            outcome = f"error: {call['error']}" if call["error"] else call["result"]
-            lines.append(f"[tool {call['name'] or '?'}] {outcome}")
-        if turn.reply is not None:
-            lines.append(f"[environment] {turn.reply}")
-    if episode.error:
-        lines.append(f"[failed] {episode.error}")
-    return "\n".join(lines)
