@@ -23,6 +23,7 @@ sample here (TRL's batch is one row per episode); the earlier ones are counted i
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,20 @@ class EpisodeStats:
         self.truncated += episode.truncated
         self.failed += bool(episode.error)
         self.samples_dropped += max(0, len(episode.samples) - 1)
+
+    def fill(self, event: Any) -> None:
+        """The step's MetricEvent episode fields."""
+        if not self.turns:
+            return
+        event.turns_mean = statistics.fmean(self.turns)
+        event.turns_max = max(self.turns)
+        event.tool_calls = self.tool_calls
+        event.tool_errors = self.tool_errors
+        event.tool_seconds = self.tool_seconds
+        event.observation_tokens_mean = statistics.fmean(self.observation_tokens)
+        event.episode_tokens_mean = statistics.fmean(self.episode_tokens)
+        event.truncated_episodes = self.truncated
+        event.failed_episodes = self.failed
 
 
 class EpisodeRollout:

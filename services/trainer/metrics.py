@@ -144,6 +144,8 @@ def metric_event(
     if gap is not None:
         event.logprob_gap = gap
         event.logprob_gap_max = _finite(logs.get("sampling/sampling_logp_difference/max")) or gap
+    if record.episodes is not None:  # a job with an environment: its episodes' counters
+        record.episodes.fill(event)
     stamp = Timestamp()
     stamp.GetCurrentTime()
     event.time.CopyFrom(stamp)
