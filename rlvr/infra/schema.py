@@ -249,6 +249,9 @@ class QuestionResultRow(SQLModel, table=True):
     format: float = 0.0
     strict: bool = False
     finish_reason: str = ""  # "STOP" or "LENGTH"
+    # An evaluation with an environment: the question's episode turn by turn, as JSON
+    # (rlvr.episodes.scoring.episode_record; `completion` holds its transcript). "" for single answers.
+    episode: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
 
 
 class ArtifactRow(SQLModel, table=True):

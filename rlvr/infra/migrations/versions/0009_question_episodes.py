@@ -1,0 +1,27 @@
+"""question_results.episode.
+
+An evaluation with an environment keeps each question's episode turn by turn (every assistant
+turn, tool call, result and error) as JSON beside its transcript in `completion`.
+
+Stored rows read "" (a single answer, no episode).
+
+Revision ID: 0009_question_episodes
+Revises: 0008_sampler_gap
+Create Date: 2026-12-07
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0009_question_episodes"
+down_revision: str | None = "0008_sampler_gap"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+
+def upgrade() -> None:
+    op.add_column("question_results", sa.Column("episode", sa.Text(), server_default=sa.text("''"), nullable=False))
+
+
+def downgrade() -> None:
+    raise NotImplementedError("not undone: restore the database from a backup instead")
