@@ -156,7 +156,7 @@ class ServiceSettings(BaseSettings):
 
 SHARED_ENV_FIELDS = ("auth_token", "auth_token_file", "auth_tokens_file", "allow_insecure", "tls_cert_file",
                      "tls_key_file", "tls_ca_file", "tls_client_auth", "database_password_file", "nats_url_file",
-                     "nats_ca_file", "metrics_port", "health_port")
+                     "nats_ca_file", "metrics_port", "health_port", "remote_environments")
 """Settings every service also reads from `RLVR_<FIELD>` (after its own `RLVR_<SERVICE>_<FIELD>`), so
 one environment (a compose file's, `rlvr up`'s) secures the whole stack."""
 
