@@ -6,19 +6,22 @@ tool, made by transformers' ``get_json_schema`` from its type hints and Google-s
 ``run_tool(tools, call, timeout)`` runs one call the policy made and never raises: an unknown tool,
 arguments that do not fit its signature, an exception, a time-out or a result that is not JSON
 become ``ToolResult.error`` and an error observation for the model (``"error: ..."``), so a bad call
-is something the policy learns from, not a crashed episode. A sync tool runs in a worker thread, an
-async one is awaited, each under the time limit. A sync tool past its limit cannot be stopped (a
-thread cannot be killed): its thread runs on until it returns and its result is dropped; a tool that
-may hang should be ``async`` or bound its own work (as ``code_run`` does with the sandbox).
+is something the policy learns from, not a crashed episode. A sync tool runs in a daemon thread of
+its own, an async one is awaited, each under the time limit. A sync tool past its limit cannot be
+stopped (a thread cannot be killed): its thread runs on until it returns and its result is dropped
+(nothing waits for it, the process's exit neither); a tool that may hang should be ``async`` or
+bound its own work (as ``code_run`` does with the sandbox).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -77,6 +80,28 @@ def _render(value: Any) -> str:
                         f"({exc})") from None
 
 
+def _in_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """``fn()`` in a daemon thread of its own: a tool that hangs past its limit holds only that thread,
+    not a shared pool's worker, and neither the event loop's shutdown nor the process's exit waits for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not future.done():  # cancelled at the time limit: the result is dropped
+            future.set_exception(error) if error is not None else future.set_result(value)
+
+    def body() -> None:
+        try:
+            value, error = fn(), None
+        except BaseException as exc:  # handed to the awaiting side, as run_in_executor does
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=body, name=f"rlvr-tool-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
 def _failed(error: str, started: float) -> ToolResult:
     return ToolResult(content=f"error: {error}", error=error, seconds=time.monotonic() - started)
 
@@ -102,14 +127,12 @@ async def run_tool(tools: Mapping[str, Callable[..., Any]], call: ToolCall, time
         if inspect.iscoroutinefunction(fn):
             value = await asyncio.wait_for(fn(**arguments), timeout)
         else:
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(None, functools.partial(fn, **arguments))
-            value = await asyncio.wait_for(future, timeout)
+            value = await asyncio.wait_for(_in_thread(functools.partial(fn, **arguments)), timeout)
             if inspect.isawaitable(value):  # a sync callable that returned a coroutine
                 value = await asyncio.wait_for(value, max(0.0, timeout - (time.monotonic() - started)))
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # wait_for's TimeoutError among them
+    except (Exception, SystemExit) as exc:  # wait_for's TimeoutError among them; a tool's sys.exit()
         if isinstance(exc, TimeoutError) and time.monotonic() - started >= timeout:
             return _failed(f"{call.name} took longer than its time limit of {timeout:g} s", started)
         return _failed(f"{call.name} failed: {type(exc).__name__}: {exc}", started)
