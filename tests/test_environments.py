@@ -317,9 +317,9 @@ def test_code_run_runs_the_visible_tests_in_the_sandbox() -> None:
 
 
 def test_list_environments_answers_the_registry() -> None:
-    from rlvr.services.scheduler.environments import list_environments
+    from rlvr.services.scheduler.server import SchedulerServicer
 
-    response = asyncio.run(list_environments())
+    response = asyncio.run(SchedulerServicer().ListEnvironments(scheduler_pb2.ListEnvironmentsRequest(), None))
     by_key = {e.key: e for e in response.environments}
     assert list(by_key) == ["calculator", "code_run", "guess_number"] and not response.unavailable
     calc = by_key["calculator"]
