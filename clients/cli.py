@@ -10,6 +10,7 @@ arguments returning the exit code):
 - `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
   through `rlvr.tiny`'s own CLI.
 - `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
+- `environments`: the environments agent episodes may run in (clients/environments_cmd.py).
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
 `passthrough=True` and receives them unparsed in `args.rest`; every other command rejects
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from rlvr.clients import db_cmd, demo, events_cmd, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import db_cmd, demo, environments_cmd, events_cmd, loops_cmd, rpc_commands, train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -151,6 +152,7 @@ COMMAND_GROUPS: list[Register] = [
     register_web,
     register_models,
     train_cmd.register,
+    environments_cmd.register,
     loops_cmd.register,
     importlib.import_module("rlvr.clients.eval_cmd").register,
     events_cmd.register,

@@ -290,6 +290,7 @@ class SchedulerRpcs:
     watch_loop = ServerStream("WatchLoop", sc.WatchLoopRequest, sc.Loop)
     list_reward_functions = Unary("ListRewardFunctions", rw.ListRewardFunctionsRequest,
                                   rw.ListRewardFunctionsResponse)
+    list_environments = Unary("ListEnvironments", sc.ListEnvironmentsRequest, sc.ListEnvironmentsResponse)
     track_job = Unary("TrackJob", sc.TrackJobRequest, sc.TrackJobResponse)
 
 
@@ -301,6 +302,11 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
     def rewards(self, *, timeout: float | None = None) -> list[rw.RewardFunctionInfo]:
         """The rewards a job may name (RewardConfig.key), as the reward service lists them."""
         return list(self.list_reward_functions(rw.ListRewardFunctionsRequest(), timeout=timeout).functions)
+
+    def environments(self, *, timeout: float | None = None) -> list[sc.EnvironmentInfo]:
+        """The environments an agent job's episodes may run in, as the scheduler lists them (those
+        that failed to load: `list_environments(...).unavailable`)."""
+        return list(self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout).environments)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None
@@ -397,6 +403,11 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         """`SchedulerClient.rewards`."""
         response = await self.list_reward_functions(rw.ListRewardFunctionsRequest(), timeout=timeout)
         return list(response.functions)
+
+    async def environments(self, *, timeout: float | None = None) -> list[sc.EnvironmentInfo]:
+        """`SchedulerClient.environments`."""
+        response = await self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout)
+        return list(response.environments)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None

@@ -337,10 +337,11 @@ async def test_interrupted_evaluations_fail_on_stop_and_on_restart(sqlite_store:
 def test_catalog() -> None:
     infos = {b.name: b for b in EvaluationManager.benchmarks()}
     # every built-in reward makes one (the registry), named by the reward's default_benchmark
-    assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout"}
+    assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout",
+                                                          "guess-number"}
     assert {b.name: b.reward_key for b in infos.values()} == {"rlvr-math-pairs-heldout": "math_pairs",
                                                               "gsm8k": "gsm8k", "boxed": "boxed",
-                                                              "code-heldout": "code"}
+                                                              "code-heldout": "code", "guess-number": "guess_number"}
     assert infos["rlvr-math-pairs-heldout"].size == 500 and infos["rlvr-math-pairs-heldout"].display_name == \
         "RLVR Math Pairs held-out"
     assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000

@@ -21,9 +21,9 @@ def test_the_builtins_come_through_the_entry_point_group_in_the_specs_order() ->
 
     registry = discover()
     ours = [e for e in metadata.entry_points(group="rlvr.rewards") if e.dist.metadata["Name"] == BUILTIN_DISTRIBUTION]
-    assert {e.name for e in ours} == {"math_pairs", "gsm8k", "boxed", "code"}
+    assert {e.name for e in ours} == {"math_pairs", "gsm8k", "boxed", "code", "guess_number"}
     infos = registry.infos()
-    assert [i.key for i in infos] == ["math_pairs", "gsm8k", "boxed", "code"]
+    assert [i.key for i in infos] == ["math_pairs", "gsm8k", "boxed", "code", "guess_number"]
     math_pairs = registry.get("math_pairs")
     assert (math_pairs.display_name, math_pairs.needs_dataset, math_pairs.benchmark, math_pairs.heldout_size) == \
         ("Math Pairs (synthetic)", False, "rlvr-math-pairs-heldout", 500)

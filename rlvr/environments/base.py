@@ -38,7 +38,7 @@ TOOL_TIMEOUT_DEFAULT = 10.0
 
 __all__ = [
     "Environment", "EnvironmentDefinition", "EnvironmentInfo", "EpisodeRow", "KEY_RE", "KEY_RULE", "Reply",
-    "ToolCall", "environment", "tool",
+    "ToolCall", "check_tool", "environment", "tool",
 ]
 
 
@@ -74,9 +74,32 @@ class Reply:
 def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Marks a method (or function) as a tool the policy may call. Its JSON schema comes from its
     type hints and its Google-style docstring (transformers' ``get_json_schema``), and reaches the
-    model through the chat template's ``tools``. It may be ``async def``."""
+    model through the chat template's ``tools``. It may be ``async def``.
+
+    Checked here, at declaration: a docstring, and a type hint and an ``Args:`` line for every
+    parameter (what the schema is made from); ValueError naming what is missing."""
+    check_tool(fn)
     fn.__rlvr_tool__ = True  # type: ignore[attr-defined]
     return fn
+
+
+def check_tool(fn: Callable[..., Any]) -> None:
+    """What a tool's JSON schema needs of its declaration (see `tool`); ValueError naming what is missing."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    doc = inspect.getdoc(fn) or ""
+    if not doc.strip():
+        raise ValueError(f"tool {name}: no docstring; a tool needs one (Google style: a description, then an "
+                         "'Args:' section with one line per parameter), which is what the model reads")
+    problems = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.name in ("self", "cls") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.annotation is inspect.Parameter.empty:
+            problems.append(f"parameter {param.name!r} has no type hint")
+        if not re.search(rf"^\s*{re.escape(param.name)}\s*(\([^)]*\))?\s*:", doc, re.MULTILINE):
+            problems.append(f"parameter {param.name!r} is not described in the docstring's 'Args:' section")
+    if problems:
+        raise ValueError(f"tool {name}: " + "; ".join(problems))
 
 
 class Environment:

@@ -109,8 +109,6 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
                       limits: EpisodeLimits, decode: Callable[[list[int]], str]) -> Episode:
     """Runs one episode to its end; `codec_for(tool schemas)` gives the ChatCodec to render with,
     `decode(ids)` a turn's text (special tokens skipped)."""
-    from rlvr.environments.tools import run_tool
-
     started = time.perf_counter()
     env, messages = task.environment, [dict(m) for m in task.messages]
     episode = Episode(messages=messages, samples=[])
@@ -145,7 +143,7 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
                 episode.truncated, episode.ended_by = True, "length"
                 break
             if calls or malformed:
-                new = await _run_calls(episode, record, codec, tools, calls, malformed, limits, run_tool)
+                new = await _run_calls(episode, record, codec, tools, calls, malformed, limits)
             else:
                 try:
                     reply = await _call(env.step, text)
@@ -195,10 +193,11 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
 
 
 async def _run_calls(episode: Episode, record: TurnRecord, codec: Any, tools: Mapping[str, Callable[..., Any]],
-                     calls: Sequence[Any], malformed: Sequence[str], limits: EpisodeLimits,
-                     run_tool: Callable[..., Any]) -> list[dict[str, Any]]:
+                     calls: Sequence[Any], malformed: Sequence[str], limits: EpisodeLimits) -> list[dict[str, Any]]:
     """The turn's tool calls run (concurrently, results in call order) and malformed ones answered
     with an error; the tool messages to append."""
+    from rlvr.environments.tools import run_tool
+
     results = await asyncio.gather(*(run_tool(tools, call, limits.tool_timeout_seconds) for call in calls))
     new = []
     for call, result in zip(calls, results, strict=True):

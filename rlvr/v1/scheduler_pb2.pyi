@@ -488,3 +488,49 @@ class TrackJobResponse(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     links: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrackingLink]
     def __init__(self, links: _Optional[_Iterable[_Union[_common_pb2.TrackingLink, _Mapping]]] = ...) -> None: ...
+
+class ListEnvironmentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EnvironmentInfo(_message.Message):
+    __slots__ = ("key", "display_name", "description", "version", "source", "tools", "columns", "max_turns", "default_benchmark", "instruction", "tool_timeout_seconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_BENCHMARK_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    display_name: str
+    description: str
+    version: str
+    source: str
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    max_turns: int
+    default_benchmark: str
+    instruction: str
+    tool_timeout_seconds: float
+    def __init__(self, key: _Optional[str] = ..., display_name: _Optional[str] = ..., description: _Optional[str] = ..., version: _Optional[str] = ..., source: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., max_turns: _Optional[int] = ..., default_benchmark: _Optional[str] = ..., instruction: _Optional[str] = ..., tool_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class UnavailableEnvironment(_message.Message):
+    __slots__ = ("key", "error")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    error: str
+    def __init__(self, key: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ListEnvironmentsResponse(_message.Message):
+    __slots__ = ("environments", "unavailable")
+    ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    environments: _containers.RepeatedCompositeFieldContainer[EnvironmentInfo]
+    unavailable: _containers.RepeatedCompositeFieldContainer[UnavailableEnvironment]
+    def __init__(self, environments: _Optional[_Iterable[_Union[EnvironmentInfo, _Mapping]]] = ..., unavailable: _Optional[_Iterable[_Union[UnavailableEnvironment, _Mapping]]] = ...) -> None: ...

@@ -121,6 +121,11 @@ class SchedulerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
                 _registered_method=True)
+        self.ListEnvironments = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/ListEnvironments',
+                request_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.FromString,
+                _registered_method=True)
         self.TrackJob = channel.unary_unary(
                 '/rlvr.v1.SchedulerService/TrackJob',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobRequest.SerializeToString,
@@ -268,6 +273,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEnvironments(self, request, context):
+        """The environments an agent job's episodes may run in (docs/environments.md): the built-ins and
+        the plugins installed where the scheduler runs (entry-point group rlvr.environments), and those
+        that failed to load, with why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TrackJob(self, request, context):
         """Mirrors a job's stored steps (and, while it runs, its next ones) into more trackers, after the
         fact or alongside its spec's (docs/tracking.md). Returns once the stored steps are written,
@@ -364,6 +378,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListRewardFunctions,
                     request_deserializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.SerializeToString,
+            ),
+            'ListEnvironments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEnvironments,
+                    request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.SerializeToString,
             ),
             'TrackJob': grpc.unary_unary_rpc_method_handler(
                     servicer.TrackJob,
@@ -830,6 +849,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/ListRewardFunctions',
             rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsRequest.SerializeToString,
             rlvr_dot_v1_dot_reward__pb2.ListRewardFunctionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEnvironments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/ListEnvironments',
+            rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.SerializeToString,
+            rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,6 +26,7 @@ from rlvr.services.common.metrics import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
+from rlvr.services.scheduler.environments import list_environments
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
 from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
@@ -144,6 +145,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise Unavailable(f"the reward service at {catalog.address} is unreachable ({catalog.why}); only the "
                               f"built-in rewards can be named now: {', '.join(catalog.rewards)}")
         return catalog_proto(catalog)
+
+    async def ListEnvironments(self, request, context):  # noqa: N802
+        return await list_environments()
 
     async def TrackJob(self, request, context):  # noqa: N802
         links = await self._tracking().track(request.job_id, list(request.trackers))
