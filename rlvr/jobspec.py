@@ -16,6 +16,7 @@ gRPC, so the CLI's dry run, the scheduler and the tests share it.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections.abc import Mapping
@@ -638,11 +639,12 @@ class EnvironmentChoices:
 def _environment_catalog() -> EnvironmentCatalog:
     """This process's environments (rlvr/environments/registry.py's `load_registry`), imported when
     first asked; a build without the registry knows none, so any key is refused as unknown."""
-    try:
-        from rlvr.environments.registry import load_registry as load_environments  # type: ignore[import-not-found]
+    try:  # by name: this module type-checks the same before and after the registry exists
+        registry = importlib.import_module("rlvr.environments.registry")
     except ImportError:
         return EnvironmentChoices()
-    return load_environments()  # type: ignore[no-any-return]
+    catalog: EnvironmentCatalog = registry.load_registry()
+    return catalog
 
 
 def environment_info(key: str, catalog: EnvironmentCatalog | None = None) -> EnvironmentInfo | None:
