@@ -271,7 +271,7 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
             "those the reward reads).", "text", applies="dataset", flag="--dataset", default=""),
     _REWARD("environment.key", "Environment",
             "A multi-turn agent job: the environment each prompt's episode runs in (its tools and replies), by "
-            "key (`rlvr environments` lists them). Empty: a single-answer job.", "text", default="",
+            "key (as ListEnvironments lists them). Empty: a single-answer job.", "text", default="",
             allowed_text='an installed environment\'s key, or "" for none (default "")', flag="--environment",
             config="environment", summary=True),
     _REWARD("environment.max_turns", "Max turns", "Assistant turns per episode at most.", "int", default=0,
