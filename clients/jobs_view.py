@@ -62,6 +62,7 @@ CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("loss", "Loss", ("loss",)),
     ("kl_entropy", "KL & entropy", ("kl", "entropy")),
     ("completion_length", "Completion length (tokens)", ("completion_length",)),
+    ("turns_tools", "Turns & tool calls", ("turns", "tool_calls")),  # a job with an environment
 )
 
 
@@ -148,7 +149,8 @@ def num(value: float) -> str:
 
 def series_of(metrics: S.JobMetrics) -> list[Series]:
     """The charted series in display order: reward, accuracy, loss, then KL, entropy and
-    completion length where the run logged them."""
+    completion length where the run logged them, and a job with an environment's turns per episode
+    and tool calls."""
     points = sorted(metrics.series, key=lambda p: p.step)
     steps = [p.step for p in points]
     out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points], "reward"),
@@ -163,6 +165,11 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     if any(p.completion_length for p in points):
         out.append(Series("completion_length", "Completion length (tokens)", steps,
                           [p.completion_length for p in points], "tokens"))
+    if metrics.has_episodes:  # only a job with an environment: its episodes' turns and tool calls
+        turns = [(p.step, p.turns_mean) for p in points if p.HasField("turns_mean")]
+        out.append(Series("turns", "Turns per episode", [s for s, _ in turns], [v for _, v in turns], "turns"))
+        calls = [(p.step, float(p.tool_calls)) for p in points if p.HasField("tool_calls")]
+        out.append(Series("tool_calls", "Tool calls", [s for s, _ in calls], [v for _, v in calls], "tool calls"))
     return [s for s in out if s.values] + component_series(points)
 
 

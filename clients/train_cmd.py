@@ -46,6 +46,12 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
     (row.flag, row.group, row.name, KINDS[row.kind], flag_help(row)) for row in SPEC_FIELDS if row.flag]
 
 
+def flag_dest(group: str, field: str) -> str:
+    """A flag's attribute on the parsed args: the field's name, or group_name where the name alone
+    says little ("environment.key" -> environment_key)."""
+    return f"{group}_{field}" if field == "key" else field
+
+
 def add_spec_arguments(p: argparse.ArgumentParser, *,
                        name_help: str = "job name (default: derived from model and loss)") -> None:
     """The JobSpec's flags (what `spec_from_args` reads): `rlvr train`'s and `rlvr loops start`'s."""
@@ -63,8 +69,11 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
                    help="vllm (the rollout server, default), vllm-colocate (an engine in the job's process) or "
                         "transformers (in-process)")
-    for flag, _, field, kind, text in SPEC_FLAGS:
-        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    for flag, group, field, kind, text in SPEC_FLAGS:
+        p.add_argument(flag, dest=flag_dest(group, field), metavar=field.upper(), type=kind, default=None, help=text)
+    p.add_argument("--environment-setting", action="append", type=environment_setting, default=None,
+                   dest="environment_settings", metavar="KEY=VALUE",
+                   help="with --environment: one of the environment's own settings; repeat for several")
     p.add_argument("--lora-init", choices=LORA_INITS, default=None,
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -100,6 +109,14 @@ def reward_term(text: str) -> C.RewardTerm:
     return term
 
 
+def environment_setting(text: str) -> tuple[str, str]:
+    """`--environment-setting KEY=VALUE` as (key, value); the scheduler checks the key's shape."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
 def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     spec = C.JobSpec(name=args.name, base_model=args.model)
     if getattr(args, "track", None):
@@ -129,9 +146,11 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
     if args.sharding:
         spec.advanced.sharding = args.sharding
     for _, group, field, _, _ in SPEC_FLAGS:
-        value = getattr(args, field)
+        value = getattr(args, flag_dest(group, field))
         if value is not None:
             setattr(getattr(spec, group), field, value)
+    for key, value in getattr(args, "environment_settings", None) or ():
+        spec.environment.settings[key] = value
     return spec
 
 

@@ -16,16 +16,20 @@ gRPC, so the CLI's dry run, the scheduler and the tests share it.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Violations, bounded, out_of_range, shown
+from rlvr.environments.base import KEY_RE as ENVIRONMENT_KEY_RE
+from rlvr.environments.base import KEY_RULE as ENVIRONMENT_KEY_RULE
+from rlvr.environments.base import EnvironmentInfo
 from rlvr.rewards.registry import KEY_RE as REWARD_KEY_RE
 from rlvr.rewards.registry import KEY_RULE as REWARD_KEY_RULE
 from rlvr.rewards.registry import Catalog, RewardInfo, UnavailableReward, UnknownReward, load_registry
@@ -98,6 +102,18 @@ CHECKPOINT_EVERY = IntRange(0, 100_000, 0)
 # Steps of generation run ahead of training (0 = synchronous); a step trains on completions at most
 # this many adapter versions old. The rollout server backend only.
 MAX_ASYNC_STEPS = IntRange(0, 4, 0)
+# environment.max_turns: assistant turns per episode; 0 (unset) = the environment's declared
+# max_turns (EnvironmentInfo.max_turns), which resolve_spec writes into the resolved spec.
+MAX_TURNS = IntRange(1, 64, 0)
+# environment.max_episode_tokens: a whole episode's completion tokens (sampled + observations); 0
+# (unset) = EPISODE_TOKENS_PER_TURN x grpo.max_completion_tokens (the per-turn cap), resolved.
+MAX_EPISODE_TOKENS = IntRange(64, 32_768, 0)
+EPISODE_TOKENS_PER_TURN = 4
+# environment.settings: at most this many, keys a Python keyword's shape (a class declared with
+# @environment takes them as its constructor's keyword arguments), values of bounded size.
+MAX_ENVIRONMENT_SETTINGS = 32
+SETTING_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+MAX_SETTING_CHARS = 1024
 # The loop spec's own ranges (services/scheduler/loopspec.py validates; the console shows them).
 MAX_ROUNDS = IntRange(1, 100, 8)
 GIVE_UP_AFTER = IntRange(1, 100, 2)
@@ -156,13 +172,14 @@ BACKEND_KEYS: dict[int, Backend] = {
 QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZATION_4BIT: "4-bit QLoRA",
                                C.QUANTIZATION_8BIT: "8-bit"}
 
-FieldKind = Literal["int", "float", "bool", "text", "enum", "word"]
+# "map": a map<string, string> field (KEY=VALUE pairs: environment.settings).
+FieldKind = Literal["int", "float", "bool", "text", "enum", "word", "map"]
 # Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
-# dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend.
-Applies = Literal["", "generated", "dataset", "colocate", "vllm"]
+# dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend, jobs with an environment.
+Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment"]
 APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
                                  "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
-                                 "vllm": "vLLM (rollout server) only"}
+                                 "vllm": "vLLM (rollout server) only", "environment": "jobs with an environment only"}
 
 
 @dataclass(frozen=True)
@@ -252,6 +269,25 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
     _REWARD("reward.dataset", "Dataset",
             "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
             "those the reward reads).", "text", applies="dataset", flag="--dataset", default=""),
+    _REWARD("environment.key", "Environment",
+            "A multi-turn agent job: the environment each prompt's episode runs in (its tools and replies), by "
+            "key (as ListEnvironments lists them). Empty: a single-answer job.", "text", default="",
+            allowed_text='an installed environment\'s key, or "" for none (default "")', flag="--environment",
+            config="environment", summary=True),
+    _REWARD("environment.max_turns", "Max turns", "Assistant turns per episode at most.", "int", default=0,
+            allowed_text=f"{MAX_TURNS.text()} (default 0: the environment's declared max_turns)",
+            applies="environment", flag="--max-turns", summary=True),
+    _REWARD("environment.max_episode_tokens", "Max episode tokens",
+            "Cap on a whole episode's completion tokens (sampled plus tool and environment observations); Max "
+            "completion caps each turn.", "int", default=0,
+            allowed_text=f"{MAX_EPISODE_TOKENS.text()} (default 0: {EPISODE_TOKENS_PER_TURN} x Max completion)",
+            applies="environment", flag="--max-episode-tokens"),
+    _REWARD("environment.settings", "Environment settings",
+            "The environment's own settings, KEY=VALUE, passed to each episode's instance (`rlvr train "
+            "--environment-setting KEY=VALUE`, repeated).", "map", default="",
+            allowed_text=f"at most {MAX_ENVIRONMENT_SETTINGS} KEY=VALUE pairs; keys 1-64 letters, digits and _ "
+                         f"starting with a letter, values at most {MAX_SETTING_CHARS} characters",
+            applies="environment", config="environment_settings"),
     _GRPO("grpo.group_size", "Group size", "Rollouts generated per prompt: the group GRPO compares against itself.",
           "int", range=GROUP_SIZE, flag="--group-size", checked=True),
     _GRPO("grpo.max_completion_tokens", "Max completion", "Cap on how long each generated answer can be, in tokens.",
@@ -348,8 +384,10 @@ def value_of(spec: Message, row: SpecField) -> object:
 
 
 def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
-    """TrainingSummary.settings: the summary rows' values, by path."""
-    return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.summary}
+    """TrainingSummary.settings: the summary rows' values, by path (the environment's rows only for a
+    job with an environment)."""
+    return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
+            if row.summary and (row.group != "environment" or spec.environment.key)}
 
 
 def fields_markdown() -> str:
@@ -580,6 +618,112 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
                     "combine it with a reward that reads a dataset holding it"))
 
 
+class EnvironmentCatalog(Protocol):
+    """What a job's environment is checked against: the loaded environments' declarations by key,
+    and why the others did not load (key -> error). rlvr/environments/registry.py's Catalog is one;
+    `EnvironmentChoices` is the plain one (tests, and none at all where no registry is installed)."""
+
+    @property
+    def environments(self) -> Mapping[str, EnvironmentInfo]: ...
+
+    @property
+    def failed(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class EnvironmentChoices:
+    environments: Mapping[str, EnvironmentInfo] = field(default_factory=dict)
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+def _environment_catalog() -> EnvironmentCatalog:
+    """This process's environments (rlvr/environments/registry.py's `load_registry`), imported when
+    first asked; a build without the registry knows none, so any key is refused as unknown."""
+    try:  # by name: this module type-checks the same before and after the registry exists
+        registry = importlib.import_module("rlvr.environments.registry")
+    except ImportError:
+        return EnvironmentChoices()
+    catalog: EnvironmentCatalog = registry.load_registry()
+    return catalog
+
+
+def environment_info(key: str, catalog: EnvironmentCatalog | None = None) -> EnvironmentInfo | None:
+    """The declaration of the environment a (resolved) spec names; None for "" or an unknown key."""
+    if not key:
+        return None
+    return (catalog if catalog is not None else _environment_catalog()).environments.get(key)
+
+
+def _validate_environment(spec: common_pb2.JobSpec, warnings: list[str], catalog: EnvironmentCatalog | None,
+                          rewards: Catalog | None, v: Violations) -> None:
+    """JobSpec.environment: the key against `catalog`, the settings, and max_turns and
+    max_episode_tokens filled from the environment and the per-turn cap. Without a key the other
+    fields are ignored (with a warning) and the whole message is cleared: a single-answer job."""
+    e = spec.environment
+    if v.bad("environment"):  # over its size limit already
+        return
+    e.key = e.key.strip()
+    if not e.key:
+        ignored = [name for name, given in (("environment.settings", bool(e.settings)),
+                                            ("environment.max_turns", bool(e.max_turns)),
+                                            ("environment.max_episode_tokens", bool(e.max_episode_tokens))) if given]
+        if ignored:
+            warnings.append(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored without an "
+                            "environment (environment.key is empty)")
+        spec.ClearField("environment")
+        return
+    info: EnvironmentInfo | None = None
+    if not ENVIRONMENT_KEY_RE.match(e.key):
+        v.add(InvalidArgument(f"environment.key: {shown(e.key)} is not an environment key ({ENVIRONMENT_KEY_RULE})"))
+    else:
+        known = catalog if catalog is not None else _environment_catalog()
+        info = known.environments.get(e.key)
+        if info is None and e.key in known.failed:
+            raise FailedPrecondition(f"environment.key: environment {e.key!r} could not be loaded: "
+                                     f"{known.failed[e.key]}")
+        if info is None:
+            v.add(InvalidArgument(f"environment.key: {e.key!r} is not an environment; known: "
+                                  f"{', '.join(sorted(known.environments)) or 'none'}"))
+    e.version = info.version if info is not None else ""
+    if e.max_turns == 0 and info is not None:
+        e.max_turns = info.max_turns
+    elif e.max_turns and not MAX_TURNS.low <= e.max_turns <= MAX_TURNS.high:
+        v.add(out_of_range("environment.max_turns", e.max_turns, FIELDS_BY_PATH["environment.max_turns"].allowed()))
+    per_turn = spec.grpo.max_completion_tokens
+    if e.max_episode_tokens == 0 and not v.bad("grpo.max_completion_tokens"):
+        e.max_episode_tokens = EPISODE_TOKENS_PER_TURN * per_turn
+    elif e.max_episode_tokens and not MAX_EPISODE_TOKENS.low <= e.max_episode_tokens <= MAX_EPISODE_TOKENS.high:
+        v.add(out_of_range("environment.max_episode_tokens", e.max_episode_tokens,
+                           FIELDS_BY_PATH["environment.max_episode_tokens"].allowed()))
+    elif e.max_episode_tokens < per_turn and not v.bad("grpo.max_completion_tokens"):
+        warnings.append(f"environment.max_episode_tokens {e.max_episode_tokens} is below grpo.max_completion_tokens "
+                        f"{per_turn}: an episode's first answer may be cut at {e.max_episode_tokens} tokens")
+    _validate_settings(e, v)
+    if info is not None and info.columns and not spec.reward.dataset and not v.bad("reward"):
+        # the prompts are the reward's own: they must hold the columns the environment reads
+        reward = (rewards.rewards if rewards is not None else load_registry().rewards).get(spec.reward.key)
+        missing = [c for c in info.columns if reward is None or c not in reward.columns]
+        if reward is not None and missing:
+            v.add(InvalidArgument(
+                f"environment.key: {e.key!r} reads the column {missing[0]!r}, which {reward.display_name}'s own "
+                f"prompts do not have (they have: {', '.join(reward.columns) or 'no other columns'}); give a "
+                "reward.dataset holding it"))
+
+
+def _validate_settings(e: common_pb2.EnvironmentConfig, v: Violations) -> None:
+    if len(e.settings) > MAX_ENVIRONMENT_SETTINGS:
+        v.add(out_of_range("environment.settings", f"{len(e.settings)} settings",
+                           f"at most {MAX_ENVIRONMENT_SETTINGS}"))
+        return
+    for key in sorted(e.settings):
+        if not SETTING_KEY_RE.match(key):
+            v.add(InvalidArgument(f"environment.settings: the key {shown(key)} is not allowed; use 1-64 letters, "
+                                  "digits and _, starting with a letter"))
+        elif len(e.settings[key]) > MAX_SETTING_CHARS:
+            v.add(InvalidArgument(f"environment.settings: the value of {key!r} has {len(e.settings[key])} "
+                                  f"characters, over the limit of {MAX_SETTING_CHARS}"))
+
+
 def _validate_grpo(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     g = spec.grpo
     _checked(spec, "grpo", v)
@@ -787,6 +931,7 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("advanced.sharding", spec.advanced.sharding, MAX_OPTION_CHARS),
         ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
         ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),
+        ("environment.key", spec.environment.key, MAX_NAME_CHARS),
     ):
         with v.check():
             bounded(path, value, limit)
@@ -801,12 +946,13 @@ def default_name(base_model: str, loss: str) -> str:
 
 
 def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
-                 catalog: Catalog | None = None) -> ResolvedJob:
+                 catalog: Catalog | None = None, environments: EnvironmentCatalog | None = None) -> ResolvedJob:
     """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value.
 
     `catalog`: the rewards the reward service has (the scheduler passes its ListRewardFunctions):
     a key it lacks is refused. Without one (the trainer's re-check, a dry run in a client) the
-    rewards this process knows are checked in full and any other key is left to the reward service."""
+    rewards this process knows are checked in full and any other key is left to the reward service.
+    `environments`: the environments a job may name; without it, this process's (the registry's)."""
     v = Violations()  # every bad field, refused at once; a field found bad is not read again
     if len(user_spec.reward.terms) > MAX_REWARD_TERMS:
         v.add(out_of_range("reward.terms", f"{len(user_spec.reward.terms)} rewards", f"at most {MAX_REWARD_TERMS}"))
@@ -818,6 +964,7 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
     _validate_reward(spec, warnings, catalog, v)
     _validate_grpo(spec, warnings, v)
+    _validate_environment(spec, warnings, environments, catalog, v)
     _validate_advanced(spec, warnings, v)
     with v.check():
         validate_tracking(spec)

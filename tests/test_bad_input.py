@@ -96,8 +96,8 @@ def _set_map(msg: Message, path: tuple[FieldDescriptor, ...], value: Any) -> Non
     if leaf.name == "key":
         if entry_value.type == F.TYPE_MESSAGE:
             container[value].SetInParent()
-        else:
-            container[value] = 0.5
+        else:  # a plain value of the map's type (map<string, double>, map<string, string>)
+            container[value] = "v" if entry_value.type == F.TYPE_STRING else 0.5
     else:
         container["k"] = value
 

@@ -130,6 +130,21 @@ def test_max_policy_lag_is_a_tile_of_jobs_with_asynchronous_steps_only() -> None
     assert overlapped.tiles.HasField("max_policy_lag") and overlapped.tiles.max_policy_lag == 1
 
 
+def test_episode_metrics_are_series_of_a_job_with_an_environment_only() -> None:
+    job = _job()
+    points = _points(job, [0.1, 0.2, 0.3])
+    plain = job_metrics(job, points)
+    assert not plain.has_episodes and not any(p.HasField("turns_mean") for p in plain.series)
+    for i, point in enumerate(points[1:]):  # step 1 reported none (a trainer from before episodes)
+        point.turns_mean, point.tool_calls, point.tool_errors = 2.5 + i, 8 * (i + 1), i
+    spec = C.JobSpec()
+    spec.environment.key = "calculator"
+    job.spec_json = json_format.MessageToJson(spec)
+    agent = job_metrics(job, points)
+    assert agent.has_episodes and not agent.series[0].HasField("turns_mean")
+    assert [(p.turns_mean, p.tool_calls, p.tool_errors) for p in agent.series[1:]] == [(2.5, 8, 0), (3.5, 16, 1)]
+
+
 def test_no_steps_yet_says_so() -> None:
     queued = job_metrics(_job("QUEUED"), [])
     assert not queued.has_steps and "queued" in queued.message and queued.status == C.JOB_STATUS_QUEUED
@@ -163,6 +178,15 @@ def test_export_columns_are_the_metric_event_fields() -> None:
     assert lines[0]["kl"] is None and lines[1]["reward_mean"] == 0.2 and lines[1]["time"].endswith("Z")
     with pytest.raises(ValueError, match="format: 7"):
         export_history(job, points, 7)
+
+
+def test_the_export_carries_the_episode_metrics_empty_where_a_step_has_none() -> None:
+    job = _job()
+    points = _points(job, [0.1, 0.2])
+    points[1].turns_mean, points[1].turns_max, points[1].truncated_episodes = 2.25, 4, 1
+    rows = list(csv.DictReader(io.StringIO(export_history(job, points, S.EXPORT_FORMAT_CSV).content.decode())))
+    assert (rows[0]["turns_mean"], rows[0]["failed_episodes"]) == ("", "")
+    assert (float(rows[1]["turns_mean"]), rows[1]["turns_max"], rows[1]["truncated_episodes"]) == (2.25, "4", "1")
 
 
 # ---------------------------------------------------------------- through the real service

@@ -147,6 +147,19 @@ def test_charts_are_paired_as_the_spec_shows_them() -> None:
     assert len(pair) == 1 + 2 * 3 + 1 and pair[-1].strip().startswith("step 1")  # one shared step axis
 
 
+def test_turns_and_tool_calls_are_charted_for_a_job_with_an_environment_only() -> None:
+    plain = make_metrics(RISING)
+    for i, p in enumerate(plain.series):
+        p.turns_mean, p.tool_calls = 1.0 + i / 10, 3 * i  # reported, but the job has no environment
+    assert "turns_tools" not in [c.key for c in jobs_view.charts_of(plain)]
+    plain.has_episodes = True
+    charts = jobs_view.charts_of(plain)
+    assert (charts[-1].key, charts[-1].title, [s.key for s in charts[-1].series]) == (
+        "turns_tools", "Turns & tool calls", ["turns", "tool_calls"])
+    assert charts[-1].series[1].values[-1] == 3 * (len(RISING) - 1)
+    assert "Turns & tool calls" in jobs_view.render(plain)
+
+
 def test_chart_has_y_range_labels_and_handles_one_step() -> None:
     lines = jobs_view.chart_lines(jobs_view.series_of(make_metrics(RISING))[1], width=38)
     assert all(len(line) == 38 for line in lines)

@@ -43,7 +43,11 @@ def _event(step: int) -> C.MetricEvent:
                       adapter_version=step - 1, generate_seconds=1.25, score_seconds=0.01 * step,
                       train_seconds=2.5, sync_seconds=0.3, step_seconds=4.0 + step, policy_lag=step % 2,
                       reward_errors=step // 3, logprob_gap=0.01 * step, logprob_gap_max=0.1 * step,
-                      sampler_correction="precision" if step % 2 else "")
+                      sampler_correction="precision" if step % 2 else "",
+                      # a job with an environment's episode metrics: series like any other number
+                      turns_mean=1.5 + step / 10, turns_max=3, tool_calls=2 * step, tool_errors=step // 4,
+                      tool_seconds=0.05 * step, observation_tokens_mean=12.5, episode_tokens_mean=40.25 + step,
+                      truncated_episodes=step % 2, failed_episodes=step // 5)
     e.reward_components["math_pairs"] = step / 7
     e.reward_components["length.short"] = 1 - step / 9
     if step % 2:

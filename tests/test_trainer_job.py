@@ -29,7 +29,10 @@ from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
-METRIC_FIELDS = {f.name for f in C.MetricEvent.DESCRIPTOR.fields} - {"kl"}  # kl: only when kl_beta > 0
+# MetricEvent's episode metrics: a job with an environment's only (unset at a single-answer step)
+EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
+                   "episode_tokens_mean", "truncated_episodes", "failed_episodes"}
+METRIC_FIELDS = {f.name for f in C.MetricEvent.DESCRIPTOR.fields} - {"kl"} - EPISODE_METRICS  # kl: kl_beta > 0
 
 
 

@@ -19,7 +19,10 @@ from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
 
-METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields]
+# MetricEvent's episode metrics: a job with an environment's only (unset at a single-answer step)
+EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
+                   "episode_tokens_mean", "truncated_episodes", "failed_episodes"}
+METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields if f.name not in EPISODE_METRICS]
 
 
 def _request(**grpo: object) -> trainer_pb2.StartJobRequest:

@@ -376,6 +376,23 @@ def test_conditional_fields_are_sent_only_with_their_choice(client: TestClient, 
     assert resp.status_code == 200 and message_of(resp.text, "reward.dataset").startswith("reward.dataset: required")
 
 
+def test_the_environment_fields_are_on_the_form_and_shown_with_an_environment_only(client: TestClient,
+                                                                                 sdk: FakeSdk) -> None:
+    page = client.get("/train").text
+    assert 'name="environment.key"' in page
+    for path in ("environment.max_turns", "environment.max_episode_tokens", "environment.settings"):
+        assert re.search(rf'data-field="{re.escape(path)}" data-only="environment"', page), path
+    data = default_form(client)
+    data["environment.max_turns"] = "99"  # not sent without an environment, so not refused
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303
+    data["environment.key"] = "chess"  # this scheduler knows no environment: named next to the field
+    resp = client.post("/train", data=data)
+    assert resp.status_code == 200
+    assert message_of(resp.text, "environment.key").startswith("environment.key: 'chess' is not an environment")
+    assert message_of(resp.text, "environment.max_turns").startswith("environment.max_turns: 99 is out of range")
+
+
 def test_the_summary_preview_is_a_dry_run(client: TestClient, sdk: FakeSdk) -> None:
     data = default_form(client)
     data["grpo.group_size"] = "4"

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlvr.clients.web.limits import FormLimits, set_path
+from rlvr.clients.web.limits import FormLimits, get_path, set_path
 from rlvr.jobspec import SPEC_FIELDS, SpecField
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
@@ -28,10 +28,10 @@ from rlvr.v1 import scheduler_pb2 as S
 class Field:
     path: str        # the form name: a JobSpec path, or "loop.<LoopSpec field>"
     label: str       # the spec's label
-    kind: str        # int | float | text | bool | enum | word (a closed list of strings)
+    kind: str        # int | float | text | bool | enum | word (a closed list of strings) | map (KEY=VALUE pairs)
     widget: str      # slider | number | lr | steps | batch | radio | select | checkbox | text | percent
     help: str = ""   # the spec's words for it
-    only: str = ""   # shown and sent only with: generated | dataset | colocate | vllm | dataset_benchmark
+    only: str = ""   # shown and sent only with: generated | dataset | colocate | vllm | environment | dataset_benchmark
     step: str = "1"  # the input's step ("any" for floats)
 
     @property
@@ -46,7 +46,7 @@ WIDGETS = {"reward.key": "radio", "grpo.group_size": "slider", "grpo.max_complet
            "advanced.gpu_selection": "text"}
 STEPS = {"advanced.gpu_memory_fraction": "0.05"}
 _KIND_WIDGETS = {"int": "number", "float": "number", "bool": "checkbox", "enum": "select", "word": "select",
-                 "text": "text"}
+                 "text": "text", "map": "text"}
 _NO_HINT = {"reward.key"}  # each reward choice carries its own note
 
 
@@ -106,6 +106,25 @@ class FormErrors(dict[str, str]):
     """Errors by field path; "" holds an error that belongs to no field (shown above the form)."""
 
 
+def parse_pairs(text: str) -> dict[str, str]:
+    """A map field's text, "KEY=VALUE" pairs separated by commas or new lines (`difficulty=hard,
+    seed=3`), as a dict; ValueError naming the first pair without "=" (the server checks the keys)."""
+    out: dict[str, str] = {}
+    for part in re.split(r"[,\n]", text):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(part.strip())
+        out[key.strip()] = value.strip()
+    return out
+
+
+def pairs_text(pairs: Mapping[str, str]) -> str:
+    """A map field's value as the form shows it: parse_pairs' input."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+
+
 def _number(text: str, kind: str) -> int | float:
     value: int | float = int(text) if kind == "int" else float(text.removesuffix("%"))
     if isinstance(value, float) and not math.isfinite(value):
@@ -127,6 +146,12 @@ def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors
             continue
         if not text:
             continue  # unset: the server's default
+        if f.kind == "map":
+            try:
+                get_path(message, path).update(parse_pairs(text))
+            except ValueError as e:
+                errors[f.path] = f"{str(e)!r} is not KEY=VALUE"
+            continue
         try:
             value: object = (_number(text, f.kind) if f.kind in ("int", "float") else
                              int(text) if f.kind == "enum" else text)
@@ -141,7 +166,8 @@ def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors
 
 
 def active_options(form: Mapping[str, str], limits: FormLimits | None = None) -> set[str]:
-    """Which conditional fields the form's choices show: the reward's, the backend's, the benchmark's."""
+    """Which conditional fields the form's choices show: the reward's, the backend's, the environment's,
+    the benchmark's."""
     active = set()
     key = str(form.get("reward.key", "")).strip()
     reward = limits.reward(key) if limits is not None else None
@@ -154,6 +180,8 @@ def active_options(form: Mapping[str, str], limits: FormLimits | None = None) ->
         active.add("colocate")
     if backend in ("", str(C.GENERATION_BACKEND_VLLM)):
         active.add("vllm")
+    if str(form.get("environment.key", "")).strip():
+        active.add("environment")
     benchmark = str(form.get("loop.benchmark", "")).strip()
     if limits is not None and any(b.name == benchmark and b.needs_dataset for b in limits.benchmarks):
         active.add("dataset_benchmark")

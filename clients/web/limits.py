@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -139,6 +140,8 @@ class FormLimits:
         if limit is not None and limit.default:
             return limit.default
         value = get_path(self.job_defaults, path)
+        if isinstance(value, Mapping):  # a map field (environment.settings): KEY=VALUE pairs
+            return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
         if isinstance(value, bool):
             return "on" if value else ""
         if isinstance(value, float):

@@ -123,6 +123,7 @@ def metrics_view(metrics: S.JobMetrics) -> MetricsView:
         return MetricsView(False, metrics.message or "no training step recorded yet", partial, [], [], [])
     # Only what the charts depend on goes into the cache key (status changes must not re-render).
     key = S.JobMetrics(series=metrics.series, has_kl=metrics.has_kl, has_entropy=metrics.has_entropy,
+                       has_episodes=metrics.has_episodes,
                        accuracy_trend=metrics.accuracy_trend, reward_trend=metrics.reward_trend)
     return MetricsView(
         has_steps=True, message=metrics.message, partial=partial,

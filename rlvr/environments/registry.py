@@ -129,21 +129,49 @@ def discover() -> Registry:
 
 
 _cache: list[Registry] = []
+_remote: dict[str, EnvironmentDefinition] = {}  # remote environments described once
 _cache_lock = threading.Lock()
 
 
+def with_remote(registry: Registry, remote: Mapping[str, object]) -> Registry:
+    """`registry` with the remote environments mapped in settings (key -> RemoteEnvironmentSettings,
+    rlvr/environments/settings.py): each described by its server once; one that cannot be described
+    now (down, garbage) is listed as failed with its one-line error and asked again next time, so a
+    server started later is found without a restart. A key the installed environments have is
+    refused."""
+    from rlvr.environments.remote import remote_definitions
+
+    environments, failed = dict(registry.environments), dict(registry.failed)
+    missing = {key: entry for key, entry in remote.items() if key not in _remote}
+    found, errors = remote_definitions(missing) if missing else ([], {})  # type: ignore[arg-type]
+    _remote.update({d.key: d for d in found})
+    for key in remote:
+        if key in environments:
+            failed[key] = f"remote environment {key!r}: the key is taken by {environments[key].source}"
+        elif key in _remote:
+            environments[key] = _remote[key]
+        else:
+            failed[key] = errors.get(key, f"remote environment {key!r} was not described")
+    return Registry(environments, failed)
+
+
 def load_registry() -> Registry:
-    """The process's registry, loaded once (entry points do not change while a process runs)."""
+    """The process's registry: the installed environments, loaded once (entry points do not change
+    while a process runs), and those mapped to remote servers (RLVR_REMOTE_ENVIRONMENTS)."""
+    from rlvr.environments.settings import EnvironmentSettings
+
     with _cache_lock:
         if not _cache:
             _cache.append(discover())
-        return _cache[0]
+        remote = EnvironmentSettings().remote_environments
+        return with_remote(_cache[0], remote) if remote else _cache[0]
 
 
 def clear_cache() -> None:
     """Forget the loaded registry (a process that installed a plugin while running; tests)."""
     with _cache_lock:
         _cache.clear()
+        _remote.clear()
     metadata_cache = getattr(metadata, "_cache_clear", None)
     if callable(metadata_cache):
         metadata_cache()

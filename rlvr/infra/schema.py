@@ -141,6 +141,16 @@ class MetricPointRow(SQLModel, table=True):
     logprob_gap: float | None = None
     logprob_gap_max: float | None = None
     sampler_correction: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
+    # The episode metrics of a job with an environment (None at a single-answer job's steps).
+    turns_mean: float | None = None
+    turns_max: int | None = None
+    tool_calls: int | None = None
+    tool_errors: int | None = None
+    tool_seconds: float | None = None
+    observation_tokens_mean: float | None = None
+    episode_tokens_mean: float | None = None
+    truncated_episodes: int | None = None
+    failed_episodes: int | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

@@ -180,7 +180,7 @@ class AdvancedOptions(_message.Message):
     def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking")
+    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking", "environment")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class JobSpec(_message.Message):
     ADVANCED_FIELD_NUMBER: _ClassVar[int]
     INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     TRACKING_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_model: str
     reward: RewardConfig
@@ -195,7 +196,29 @@ class JobSpec(_message.Message):
     advanced: AdvancedOptions
     init_adapter: AdapterRef
     tracking: _containers.RepeatedCompositeFieldContainer[TrackerConfig]
-    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., tracking: _Optional[_Iterable[_Union[TrackerConfig, _Mapping]]] = ...) -> None: ...
+    environment: EnvironmentConfig
+    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., tracking: _Optional[_Iterable[_Union[TrackerConfig, _Mapping]]] = ..., environment: _Optional[_Union[EnvironmentConfig, _Mapping]] = ...) -> None: ...
+
+class EnvironmentConfig(_message.Message):
+    __slots__ = ("key", "settings", "max_turns", "max_episode_tokens", "version")
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    settings: _containers.ScalarMap[str, str]
+    max_turns: int
+    max_episode_tokens: int
+    version: str
+    def __init__(self, key: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class TrackerConfig(_message.Message):
     __slots__ = ("kind", "target", "project", "run_name", "online")
@@ -313,7 +336,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ..., tracking: _Optional[_Iterable[_Union[TrackingLink, _Mapping]]] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction", "turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -348,6 +371,15 @@ class MetricEvent(_message.Message):
     LOGPROB_GAP_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_GAP_MAX_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MAX_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_EPISODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -375,7 +407,16 @@ class MetricEvent(_message.Message):
     logprob_gap: float
     logprob_gap_max: float
     sampler_correction: str
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ...) -> None: ...
+    turns_mean: float
+    turns_max: int
+    tool_calls: int
+    tool_errors: int
+    tool_seconds: float
+    observation_tokens_mean: float
+    episode_tokens_mean: float
+    truncated_episodes: int
+    failed_episodes: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ..., turns_mean: _Optional[float] = ..., turns_max: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., episode_tokens_mean: _Optional[float] = ..., truncated_episodes: _Optional[int] = ..., failed_episodes: _Optional[int] = ...) -> None: ...
 
 class CompletionSamples(_message.Message):
     __slots__ = ("job_id", "step", "samples")

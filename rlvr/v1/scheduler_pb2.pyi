@@ -175,7 +175,7 @@ class StatTiles(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,9 @@ class SeriesPoint(_message.Message):
     POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -205,7 +208,10 @@ class SeriesPoint(_message.Message):
     policy_lag: int
     reward_components: _containers.ScalarMap[str, float]
     reward_errors: int
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
+    turns_mean: float
+    tool_calls: int
+    tool_errors: int
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -214,7 +220,7 @@ class GetJobMetricsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobMetrics(_message.Message):
-    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy")
+    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy", "has_episodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HAS_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +231,7 @@ class JobMetrics(_message.Message):
     SERIES_FIELD_NUMBER: _ClassVar[int]
     HAS_KL_FIELD_NUMBER: _ClassVar[int]
     HAS_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    HAS_EPISODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     status: _common_pb2.JobStatus
     has_steps: bool
@@ -235,7 +242,8 @@ class JobMetrics(_message.Message):
     series: _containers.RepeatedCompositeFieldContainer[SeriesPoint]
     has_kl: bool
     has_entropy: bool
-    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ...) -> None: ...
+    has_episodes: bool
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ...) -> None: ...
 
 class DownloadAdapterRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -6,7 +6,8 @@ A dataset that cannot be read would otherwise fail the job 10-35 s later at disp
 INVALID_ARGUMENT naming `reward.dataset` (or `reward.dataset_split`, listing the splits the data has)
 and nothing is created. Local data is checked for real: the path is inside a data root, the split
 exists, and its first row has the prompt and ground_truth columns and every column the job's rewards
-declare they read (only the head is read; a missing one is named with the reward). A hub
+and its environment declare they read (only the head is read; a missing one is named with the reward
+or the environment that reads it). A hub
 name is checked for its shape, and for a hub this scheduler can reach: on a closed machine it is
 refused at once with that reason, instead of a trainer finding out later.
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.environments.base import EnvironmentInfo
 from rlvr.rewards.registry import Catalog
 from rlvr.tasks import TaskError
 from rlvr.tasks.dataset import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
@@ -32,8 +34,10 @@ from rlvr.tasks.sources import (
 from rlvr.v1 import common_pb2
 
 
-def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], catalog: Catalog | None = None) -> None:
-    """Raises InvalidArgument when a resolved spec's dataset or split cannot be trained on."""
+def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], catalog: Catalog | None = None,
+                  environment: EnvironmentInfo | None = None) -> None:
+    """Raises InvalidArgument when a resolved spec's dataset or split cannot be trained on (by its
+    rewards, and by `environment`, the job's environment's declaration, when it has one)."""
     if not reward.dataset:
         return  # the reward makes its prompts; the splits of a reward's own data are checked by resolve_spec
     source, split = reward.dataset, reward.dataset_split
@@ -69,3 +73,8 @@ def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], c
         if info is not None and lacking:
             raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {lacking[0]!r} column, which the "
                                   f"{info.display_name} reward ({term.key}) reads; columns present: {columns}")
+    lacking = [c for c in (environment.columns if environment is not None else ()) if c not in columns]
+    if environment is not None and lacking:
+        raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {lacking[0]!r} column, which the "
+                              f"{environment.display_name} environment ({environment.key}) reads; columns present: "
+                              f"{columns}")

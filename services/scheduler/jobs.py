@@ -26,7 +26,7 @@ from rlvr.common.settings import rlvr_home
 from rlvr.infra.events import DurableSubscription, Event, EventBus, cancel_and_wait
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow
 from rlvr.infra.store import Store
-from rlvr.jobspec import ResolvedJob, job_status_name, resolve_spec
+from rlvr.jobspec import EnvironmentCatalog, ResolvedJob, environment_info, job_status_name, resolve_spec
 from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import TERMINAL, job_to_proto, spec_from_json
@@ -56,9 +56,12 @@ class JobManager:
     def __init__(self, store: Store, bus: EventBus | None, workers: Workers, poll_seconds: float = 1.0,
                  data_roots: Sequence[Path] = (), model_roots: Sequence[Path] | None = None,
                  rewards: RewardCatalogs | None = None, rendezvous_port: int = RENDEZVOUS_PORT,
-                 node_lost_seconds: float = NODE_LOST_SECONDS, node_wait_seconds: float = NODE_WAIT_SECONDS) -> None:
+                 node_lost_seconds: float = NODE_LOST_SECONDS, node_wait_seconds: float = NODE_WAIT_SECONDS,
+                 environments: EnvironmentCatalog | None = None) -> None:
         self.store = store
         self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
+        # what a job's environment is checked against (None: this process's registry, rlvr/jobspec.py)
+        self.environments = environments
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
         # where a local base model may be named from (rlvr.models.check_base_model)
         self.model_roots = tuple(model_roots) if model_roots is not None else (rlvr_home() / "models",)
@@ -106,7 +109,7 @@ class JobManager:
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
         catalog = await self.rewards.catalog()
-        resolved = resolve_spec(spec, catalog=catalog)
+        resolved = resolve_spec(spec, catalog=catalog, environments=self.environments)
         nodes, configured = num_nodes(resolved.spec), len(self.workers.addresses)
         if nodes > configured:
             raise InvalidArgument(f"advanced.num_nodes: {nodes} nodes need {nodes} trainer workers, but this "
@@ -123,12 +126,14 @@ class JobManager:
         """Queues a loop round's job: the job and the round row are stored in one transaction."""
         return await self.lifecycle.create(resolved, round_row)
 
-    async def check_data(self, spec: common_pb2.JobSpec, catalog: Catalog | None = None) -> None:
+    async def check_data(self, spec: common_pb2.JobSpec, catalog: Catalog | None = None,
+                         environments: EnvironmentCatalog | None = None) -> None:
         """INVALID_ARGUMENT now for a base model no worker may load (a malformed hub id, a path outside
         the model roots: rlvr.models.check_base_model), or a dataset the trainer could not read or that
-        lacks a column the job's rewards read (services/scheduler/datasets.py)."""
+        lacks a column the job's rewards or its environment read (services/scheduler/datasets.py)."""
         check_base_model(spec.base_model, self.model_roots)
-        await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog)
+        environment = environment_info(spec.environment.key, environments or self.environments)
+        await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog, environment)
 
     async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:
         """A job's adapter named in a spec (`init_adapter`), with the folder the trainer reads.

@@ -52,6 +52,10 @@ def compute_trend(steps: Sequence[int], values: Sequence[float]) -> scheduler_pb
                                peak=values[peak_index], peak_step=steps[peak_index], window=w)
 
 
+EPISODE_SERIES = ("turns_mean", "tool_calls", "tool_errors")
+"""The episode metrics the RL Metrics card charts (SeriesPoint's fields of the same names)."""
+
+
 def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
     s = scheduler_pb2.SeriesPoint(step=point.step, reward=point.reward_mean, accuracy=point.accuracy,
                                   loss=point.loss, completion_length=point.completion_length_mean,
@@ -61,6 +65,10 @@ def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
         s.kl = point.kl
     if point.entropy is not None:
         s.entropy = point.entropy
+    for name in EPISODE_SERIES:  # a job with an environment's steps only
+        value = getattr(point, name)
+        if value is not None:
+            setattr(s, name, value)
     return s
 
 
@@ -95,8 +103,10 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,
                                                best_reward=max(rewards), best_accuracy=max(accuracies),
                                                final_loss=last.loss))
-    if spec_from_json(job.spec_json).advanced.max_async_steps:
+    spec = spec_from_json(job.spec_json)
+    if spec.advanced.max_async_steps:
         out.tiles.max_policy_lag = max(p.policy_lag for p in points)
+    out.has_episodes = bool(spec.environment.key)
     out.series.extend(series_point(p) for p in points)
     out.has_kl = any(p.kl is not None for p in points)
     out.has_entropy = any(p.entropy is not None for p in points)

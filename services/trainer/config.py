@@ -118,6 +118,16 @@ class JobConfig:
     num_nodes: int = 1
     node_rank: int = 0
     rendezvous_endpoint: str = ""
+    # JobSpec.environment: the environment every prompt's episode runs in ("" = none, a single-answer
+    # job), its settings (each episode's instance is made with them), the turns per episode and the
+    # cap on an episode's completion tokens (sampled + observations; max_completion_tokens caps
+    # each turn), both resolved (0 only without an environment); and the version it declared when
+    # the job was created (environment.version).
+    environment: str = ""
+    environment_settings: dict[str, str] = field(default_factory=dict)
+    max_turns: int = 0
+    max_episode_tokens: int = 0
+    environment_version: str = ""
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -214,6 +224,7 @@ def job_config_from_request(
         stored_steps=max(0, request.stored_steps),
         node_rank=request.node_rank if nodes > 1 else 0,
         rendezvous_endpoint=request.rendezvous_endpoint if nodes > 1 else "",
+        environment_version=spec.environment.version,
     )
 
 
@@ -233,6 +244,8 @@ def spec_fields(spec: common_pb2.JobSpec) -> dict[str, Any]:
         value = value_of(spec, row)
         if row.path in ENUM_KEYS:
             value = ENUM_KEYS[row.path][value]  # type: ignore[index]
+        elif row.kind == "map":
+            value = dict(sorted(value.items()))  # type: ignore[attr-defined]  # a protobuf map
         elif proto_field(row).type == FieldDescriptor.TYPE_FLOAT:
             value = as_typed(value)  # type: ignore[arg-type]
         out[name] = value

@@ -60,6 +60,8 @@ function activeOptions(form) {
   const backend = form.elements["advanced.generation_backend"];
   if (backend && backend.value === "3") active.add("colocate");
   if (!backend || backend.value === "" || backend.value === "1") active.add("vllm");
+  const environment = form.elements["environment.key"];
+  if (environment && environment.value.trim() !== "") active.add("environment");
   const bench = form.elements["loop.benchmark"];
   const option = bench && bench.selectedOptions[0];
   if (option && option.dataset.needsDataset) active.add("dataset_benchmark");
