@@ -5,16 +5,16 @@ turn, tool call, result and error) as JSON beside its transcript in `completion`
 
 Stored rows read "" (a single answer, no episode).
 
-Revision ID: 0009_question_episodes
-Revises: 0008_sampler_gap
+Revision ID: 0010_question_episodes
+Revises: 0009_episode_metrics
 Create Date: 2026-12-07
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009_question_episodes"
-down_revision: str | None = "0008_sampler_gap"
+revision: str = "0010_question_episodes"
+down_revision: str | None = "0009_episode_metrics"
 branch_labels: str | None = None
 depends_on: str | None = None
 
