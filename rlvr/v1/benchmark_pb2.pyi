@@ -73,7 +73,7 @@ class ScoreBreakdown(_message.Message):
     def __init__(self, score: _Optional[float] = ..., accuracy: _Optional[float] = ..., accuracy_strict: _Optional[float] = ..., format: _Optional[float] = ..., answered: _Optional[float] = ..., score_column: _Optional[str] = ...) -> None: ...
 
 class RunEvaluationRequest(_message.Message):
-    __slots__ = ("model", "adapter", "benchmark", "limit", "seed", "sampling", "dataset", "dataset_split", "label", "adapter_path")
+    __slots__ = ("model", "adapter", "benchmark", "limit", "seed", "sampling", "dataset", "dataset_split", "label", "adapter_path", "environment")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class RunEvaluationRequest(_message.Message):
     DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_PATH_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     model: str
     adapter: _common_pb2.AdapterSelector
     benchmark: str
@@ -94,10 +95,27 @@ class RunEvaluationRequest(_message.Message):
     dataset_split: str
     label: str
     adapter_path: str
-    def __init__(self, model: _Optional[str] = ..., adapter: _Optional[_Union[_common_pb2.AdapterSelector, _Mapping]] = ..., benchmark: _Optional[str] = ..., limit: _Optional[int] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., label: _Optional[str] = ..., adapter_path: _Optional[str] = ...) -> None: ...
+    environment: _common_pb2.EnvironmentConfig
+    def __init__(self, model: _Optional[str] = ..., adapter: _Optional[_Union[_common_pb2.AdapterSelector, _Mapping]] = ..., benchmark: _Optional[str] = ..., limit: _Optional[int] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., label: _Optional[str] = ..., adapter_path: _Optional[str] = ..., environment: _Optional[_Union[_common_pb2.EnvironmentConfig, _Mapping]] = ...) -> None: ...
+
+class EpisodeCounters(_message.Message):
+    __slots__ = ("episodes", "turns_mean", "tool_calls", "tool_errors", "failed_episodes", "truncated_episodes")
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    episodes: int
+    turns_mean: float
+    tool_calls: int
+    tool_errors: int
+    failed_episodes: int
+    truncated_episodes: int
+    def __init__(self, episodes: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., failed_episodes: _Optional[int] = ..., truncated_episodes: _Optional[int] = ...) -> None: ...
 
 class Evaluation(_message.Message):
-    __slots__ = ("id", "model", "adapter_name", "adapter_version", "benchmark", "status", "scores", "questions_total", "questions_done", "created_at", "started_at", "finished_at", "error", "seed", "sampling", "label", "generate_seconds", "score_seconds", "question_set", "dataset", "dataset_split")
+    __slots__ = ("id", "model", "adapter_name", "adapter_version", "benchmark", "status", "scores", "questions_total", "questions_done", "created_at", "started_at", "finished_at", "error", "seed", "sampling", "label", "generate_seconds", "score_seconds", "question_set", "dataset", "dataset_split", "environment", "episodes")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +137,8 @@ class Evaluation(_message.Message):
     QUESTION_SET_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     adapter_name: str
@@ -140,7 +160,9 @@ class Evaluation(_message.Message):
     question_set: str
     dataset: str
     dataset_split: str
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., benchmark: _Optional[str] = ..., status: _Optional[_Union[EvaluationStatus, str]] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., questions_total: _Optional[int] = ..., questions_done: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., label: _Optional[str] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., question_set: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ...) -> None: ...
+    environment: _common_pb2.EnvironmentConfig
+    episodes: EpisodeCounters
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., adapter_name: _Optional[str] = ..., adapter_version: _Optional[int] = ..., benchmark: _Optional[str] = ..., status: _Optional[_Union[EvaluationStatus, str]] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., questions_total: _Optional[int] = ..., questions_done: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., label: _Optional[str] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., question_set: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., environment: _Optional[_Union[_common_pb2.EnvironmentConfig, _Mapping]] = ..., episodes: _Optional[_Union[EpisodeCounters, _Mapping]] = ...) -> None: ...
 
 class GetEvaluationRequest(_message.Message):
     __slots__ = ("id",)
@@ -187,7 +209,7 @@ class DeleteEvaluationResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., results_deleted: _Optional[int] = ...) -> None: ...
 
 class QuestionResult(_message.Message):
-    __slots__ = ("index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy", "format", "strict", "finish_reason")
+    __slots__ = ("index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy", "format", "strict", "finish_reason", "episode")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +220,7 @@ class QuestionResult(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     index: int
     prompt: str
     ground_truth: str
@@ -208,7 +231,8 @@ class QuestionResult(_message.Message):
     format: float
     strict: bool
     finish_reason: _common_pb2.FinishReason
-    def __init__(self, index: _Optional[int] = ..., prompt: _Optional[str] = ..., ground_truth: _Optional[str] = ..., completion: _Optional[str] = ..., extracted_answer: _Optional[str] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
+    episode: str
+    def __init__(self, index: _Optional[int] = ..., prompt: _Optional[str] = ..., ground_truth: _Optional[str] = ..., completion: _Optional[str] = ..., extracted_answer: _Optional[str] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., strict: _Optional[bool] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., episode: _Optional[str] = ...) -> None: ...
 
 class GetEvaluationResultsRequest(_message.Message):
     __slots__ = ("id", "only_wrong", "offset", "limit")

@@ -2,7 +2,7 @@
 
 The `evaluations` table (rlvr/infra/schema.py) keeps the score columns, counts and times. What it
 has no column for (the sampling settings, the leaderboard label, the generate/score seconds) is
-(and the question set, and a boxed benchmark's dataset) is
+(and the question set, a boxed benchmark's dataset, the environment and its episodes' counters) is
 kept in `sampling_json` as a partial `Evaluation` message in MessageToJson form, the store's
 convention for JSON columns, and merged back on read. `answered` is stored as a count of finished
 completions; its share is that count over the questions done.
@@ -49,10 +49,11 @@ def timestamp(when: datetime | None) -> Timestamp | None:
 
 def extras_json(sampling: common_pb2.SamplingParams, label: str, generate_seconds: float = 0.0,
                 score_seconds: float = 0.0, *, question_set: str = "", dataset: str = "",
-                dataset_split: str = "") -> str:
+                dataset_split: str = "", environment: common_pb2.EnvironmentConfig | None = None,
+                episodes: benchmark_pb2.EpisodeCounters | None = None) -> str:
     extras = benchmark_pb2.Evaluation(sampling=sampling, label=label, generate_seconds=generate_seconds,
                                       score_seconds=score_seconds, question_set=question_set, dataset=dataset,
-                                      dataset_split=dataset_split)
+                                      dataset_split=dataset_split, environment=environment, episodes=episodes)
     return json_format.MessageToJson(extras, indent=None)
 
 
@@ -108,6 +109,7 @@ def result_of(row: QuestionResultRow) -> benchmark_pb2.QuestionResult:
         index=row.index, prompt=row.prompt, ground_truth=row.ground_truth, completion=row.completion,
         extracted_answer=row.extracted_answer, reward=row.reward, accuracy=row.accuracy, format=row.format,
         strict=row.strict, finish_reason=reason.get(row.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
+        episode=row.episode,
     )
 
 
