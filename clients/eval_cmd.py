@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `rlvr --help` must not pay for
 
 TILES = [(column, TITLES[column]) for column in SCORE_COLUMNS]  # rlvr/scores.py: the one definition
 EXPORT_FIELDS = ["index", "prompt", "ground_truth", "completion", "extracted_answer", "reward", "accuracy",
-                 "format", "strict", "finish_reason"]
+                 "format", "strict", "finish_reason", "episode"]
 BAD_INPUT = ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION")
 FINAL = (B.EVALUATION_STATUS_COMPLETED, B.EVALUATION_STATUS_FAILED, B.EVALUATION_STATUS_CANCELLED)
 
@@ -72,7 +72,26 @@ def run_request(args: argparse.Namespace) -> B.RunEvaluationRequest:
         request.sampling.top_p = args.top_p
     if args.max_tokens is not None:
         request.sampling.max_tokens = args.max_tokens
+    if args.environment:
+        request.environment.key = args.environment
+        request.environment.max_turns = args.max_turns
+        request.environment.max_episode_tokens = args.max_episode_tokens
+        for pair in args.environment_setting:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise SystemExit(f"error: --environment-setting {pair!r}: want KEY=VALUE")
+            request.environment.settings[key] = value
     return request
+
+
+def episodes_line(ev: B.Evaluation) -> str:
+    """An evaluation with an environment: its environment and its episodes' counters, in one line."""
+    if not ev.HasField("environment"):
+        return ""
+    e, n = ev.environment, ev.episodes
+    return (f"environment {e.key} v{e.version} (max {e.max_turns} turns, {e.max_episode_tokens} tokens an episode): "
+            f"{n.episodes} episodes, {n.turns_mean:.2f} turns each, {n.tool_calls} tool calls ({n.tool_errors} "
+            f"errors), {n.failed_episodes} failed, {n.truncated_episodes} cut short")
 
 
 def tiles(scores: B.ScoreBreakdown) -> RenderableType:
@@ -88,8 +107,9 @@ def tiles(scores: B.ScoreBreakdown) -> RenderableType:
 def headline(ev: B.Evaluation) -> str:
     policy = f"{ev.model} + {ev.adapter_name} v{ev.adapter_version}" if ev.adapter_name else ev.model
     label = f"  label {ev.label!r}" if ev.label else ""
+    environment = f"  environment {ev.environment.key} v{ev.environment.version}" if ev.environment.key else ""
     return (f"evaluation {ev.id}  {ev.benchmark}  {policy}  {status_name(ev.status)}  "
-            f"{ev.questions_done}/{ev.questions_total} questions{label}")
+            f"{ev.questions_done}/{ev.questions_total} questions{environment}{label}")
 
 
 def watch(client: BenchmarkClient, evaluation_id: str) -> B.Evaluation:
@@ -130,6 +150,8 @@ def cmd_run(args: argparse.Namespace, client: BenchmarkClient) -> int:
               file=sys.stderr)
         return 1
     console.print(tiles(ev.scores))
+    if ev.HasField("environment"):
+        console.print(episodes_line(ev))
     console.print(f"generate {ev.generate_seconds:.1f} s, score {ev.score_seconds:.1f} s")
     return 0
 
@@ -148,6 +170,8 @@ def cmd_show(args: argparse.Namespace, client: BenchmarkClient) -> int:
     if ev.error:
         console.print(f"error: {ev.error}")
     console.print(tiles(ev.scores))
+    if ev.HasField("environment"):
+        console.print(episodes_line(ev))
     resp = client.get_evaluation_results(B.GetEvaluationResultsRequest(id=args.id, only_wrong=args.wrong,
                                                                        limit=args.rows))
     title = "Detailed Results" + (" (wrong answers)" if args.wrong else "")
@@ -162,6 +186,15 @@ def cmd_show(args: argparse.Namespace, client: BenchmarkClient) -> int:
                       C.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower(),
                       _short(r.completion, 120))
     console.print(table)
+    if args.turns:  # each episode turn by turn: every assistant turn, tool call and reply in full
+        from rich.markup import escape
+
+        for r in resp.results:
+            console.print(f"\n[bold]question {r.index}[/bold] (truth {escape(r.ground_truth)}, answer "
+                          f"{escape(r.extracted_answer) or '-'}, {'right' if r.accuracy >= 1 else 'wrong'})")
+            console.print(escape(r.completion))
+    elif ev.HasField("environment"):
+        console.print("--turns shows each episode turn by turn")
     if resp.total > len(resp.results):
         console.print(f"{resp.total - len(resp.results)} more; --rows 0 shows all, `rlvr eval export` writes them")
     return 0
@@ -330,11 +363,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--split", default="", help="with --dataset: its split (default test)")
     run.add_argument("--label", default="", help="a label shown on the leaderboard")
     run.add_argument("--detach", action="store_true", help="start it and return without watching")
+    run.add_argument("--environment", default="", metavar="KEY", help="run each question as an episode in this "
+                     "environment (its tools and replies; `rlvr environments` lists them); --max-tokens caps each turn")
+    run.add_argument("--environment-setting", action="append", default=[], metavar="KEY=VALUE",
+                     help="with --environment: one of its settings (repeat for more)")
+    run.add_argument("--max-turns", type=int, default=0, help="with --environment: assistant turns per episode, "
+                     "1-64 (default: the environment's own)")
+    run.add_argument("--max-episode-tokens", type=int, default=0, help="with --environment: a whole episode's tokens, "
+                     "64-32768 (default 4 x --max-tokens)")
     run.set_defaults(handler=_handler(cmd_run))
     show = sub.add_parser("show", help="an evaluation's score tiles and per-question results")
     show.add_argument("id")
     show.add_argument("--wrong", action="store_true", help="only the questions answered wrong")
     show.add_argument("--rows", type=int, default=50, help="rows of the results table (0 = all; default 50)")
+    show.add_argument("--turns", action="store_true", help="an evaluation with an environment: each question's "
+                      "episode turn by turn (assistant turns, tool calls and results, the environment's replies)")
     show.set_defaults(handler=_handler(cmd_show))
     export = sub.add_parser("export", help="write the per-question results as CSV or JSONL")
     export.add_argument("id")

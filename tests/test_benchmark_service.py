@@ -191,6 +191,23 @@ def test_breakdown_counts_cut_offs(stack: Stack) -> None:
     assert len(wrong) == sum(r.accuracy < 1 for r in rows)
 
 
+def test_an_environment_evaluation_runs_episodes_through_the_rollout_service(stack: Stack) -> None:
+    """Each question one episode in the built-in calculator: every turn a token-id Generate call to
+    the real rollout service, the chat template the tiny model's own (its folder is readable here),
+    each row the episode turn by turn; greedy, so the same evaluation twice gives the same rows."""
+    asked = dict(limit=4, sampling=greedy(), environment=C.EnvironmentConfig(key="calculator", max_turns=2))
+    first, second = run(stack.client, **asked), run(stack.client, **asked)
+    assert (first.environment.key, first.environment.version, first.environment.max_turns) == ("calculator", "1", 2)
+    assert first.environment.max_episode_tokens == 4 * BUILD_MAX_TOKENS and first.episodes.episodes == 4
+    assert 1 <= first.episodes.turns_mean <= 2 and first.episodes.failed_episodes == 0
+    rows, again = results(stack.client, first.id), results(stack.client, second.id)
+    assert [r.completion for r in rows] == [r.completion for r in again]
+    for row in rows:
+        episode = json.loads(row.episode)
+        assert 1 <= len(episode["turns"]) <= 2 and row.completion.startswith("[turn 1] ")
+        assert row.completion.splitlines()[0] == f"[turn 1] {episode['turns'][0]['assistant']}".splitlines()[0]
+
+
 def test_boxed_dataset(stack: Stack) -> None:
     data = stack.data / "tiny_boxed.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {i}+{i}?", "ground_truth": str(2 * i)}) + "\n"

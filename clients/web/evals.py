@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rlvr.clients.compare import NotComparable, compare_evaluations
+from rlvr.clients.eval_cmd import episodes_line
 from rlvr.clients.web import views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.scores import DEFINITIONS
@@ -83,6 +84,7 @@ def routes(console: Console) -> list[Route]:
             "finish_reason": views.finish_reason, "when": views.when, "reload": 0 if final else 5,
             "definitions": [(title, DEFINITIONS[key]) for key, title in views.EVAL_TILES],
             "paired": paired(ev, request.query_params.get("compare", "")),
+            "episodes_line": episodes_line(ev),  # an evaluation with an environment: its counters
         }, active="evals")
 
     def leaderboard(request: Request) -> Response:

@@ -29,7 +29,7 @@ from rlvr.peers.types import Score, ScoreInput
 from rlvr.tasks.base import Problem
 
 __all__ = ["EpisodeScores", "environment_column", "episode_record", "episode_score_input", "own_score",
-           "transcript", "with_turn_rewards"]
+           "score_input_of", "transcript", "with_turn_rewards"]
 
 
 def environment_column(episode: Episode, definition: EnvironmentInfo) -> dict[str, Any]:
@@ -40,12 +40,18 @@ def environment_column(episode: Episode, definition: EnvironmentInfo) -> dict[st
 
 def episode_score_input(episode: Episode, problem: Problem | None, truth: str, prompt: str,
                         definition: EnvironmentInfo) -> ScoreInput:
+    """What a reward reads of an episode of `problem` (None: of the prompt `prompt`)."""
+    if problem is None:
+        return score_input_of(episode, prompt, truth, {}, definition)
+    return score_input_of(episode, problem.question, truth, problem.columns, definition)
+
+
+def score_input_of(episode: Episode, question: str, truth: str, columns: Mapping[str, Any],
+                   definition: EnvironmentInfo) -> ScoreInput:
     """What a reward reads of an episode: its final answer, the whole conversation (tool calls
     included, as their text), the row's columns and the environment's column."""
     messages = tuple((str(m.get("role", "")), _content(m)) for m in episode.messages)
-    columns = dict(problem.columns) if problem is not None else {}
-    columns["environment"] = environment_column(episode, definition)
-    question = problem.question if problem is not None else prompt
+    columns = {**columns, "environment": environment_column(episode, definition)}
     return ScoreInput(episode.final_answer, truth, question, messages, columns)
 
 

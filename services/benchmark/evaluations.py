@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, check_page, out_of_range
 from rlvr.infra.schema import EvaluationRow
@@ -29,6 +30,7 @@ from rlvr.infra.store import Store
 from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark import records
 from rlvr.services.benchmark.catalog import SCORE_COLUMNS, Benchmark, benchmarks_of, get_benchmark
+from rlvr.services.benchmark.episodes import EpisodeTotals, load_tokenizer, run_episode_questions
 from rlvr.services.benchmark.events import Events, msg_id
 from rlvr.services.benchmark.leaderboard import leaderboard as rank_by_question_set
 from rlvr.services.benchmark.planning import Peers, Plan, prepare
@@ -49,11 +51,20 @@ class _Run:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def _extras(plan: Plan, generate_seconds: float = 0.0, score_seconds: float = 0.0) -> str:
-    """What the row keeps of the plan beyond its columns (records.extras_json)."""
+def _extras(plan: Plan, generate_seconds: float = 0.0, score_seconds: float = 0.0,
+            totals: EpisodeTotals | None = None) -> str:
+    """What the row keeps of the plan beyond its columns (records.extras_json): with an environment,
+    the environment as it ran (its version) and the episodes' counters."""
+    episodes = None
+    if plan.environment is not None:
+        t = totals or EpisodeTotals()
+        episodes = benchmark_pb2.EpisodeCounters(
+            episodes=t.episodes, turns_mean=t.turns_mean, tool_calls=t.tool_calls, tool_errors=t.tool_errors,
+            failed_episodes=t.failed, truncated_episodes=t.truncated)
     return records.extras_json(plan.sampling_proto, plan.label, generate_seconds, score_seconds,
                                question_set=plan.question_set, dataset=plan.dataset,
-                               dataset_split=plan.dataset_split)
+                               dataset_split=plan.dataset_split, environment=plan.environment_proto,
+                               episodes=episodes)
 
 
 def one_line(e: BaseException) -> str:
@@ -73,6 +84,7 @@ class EvaluationManager:
         prompt_style: str = "auto",
         adapter_roots: Sequence[Path] = (),
         poll_seconds: float = 1.0,
+        tokenizer_loader: Callable[[str], Any] = load_tokenizer,
     ) -> None:
         self.store = store
         self.peers = peers
@@ -81,6 +93,7 @@ class EvaluationManager:
         self.prompt_style = prompt_style
         self.adapter_roots = tuple(adapter_roots)
         self.poll_seconds = poll_seconds
+        self.tokenizer_loader = tokenizer_loader  # an environment evaluation's: the rollout model's tokenizer
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runs: dict[str, _Run] = {}  # by id: every evaluation stored QUEUED until its end is stored
@@ -150,8 +163,9 @@ class EvaluationManager:
             task = asyncio.create_task(self._execute(row.id, plan, run), name=f"evaluation-{row.id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        log.info("evaluation %s queued: %s on %s, %d questions", row.id, plan.adapter, plan.benchmark.name,
-                 len(plan.questions))
+        log.info("evaluation %s queued: %s on %s, %d questions%s", row.id, plan.adapter, plan.benchmark.name,
+                 len(plan.questions), f" in the environment {plan.environment.key} v{plan.environment.version}"
+                 if plan.environment else "")
         return row
 
     async def get(self, evaluation_id: str) -> benchmark_pb2.Evaluation:
@@ -279,11 +293,8 @@ class EvaluationManager:
                 if run.cancel.is_set():  # the slot came at the very moment of the cancel
                     raise Cancelled
                 await self._update(evaluation_id, "RUNNING", started_at=datetime.now(UTC))
-                result = await run_questions(
-                    evaluation_id, plan.questions, plan.benchmark.reward_function, plan.sampling, plan.adapter,
-                    self.peers.generator, self.peers.scorer, self.store, self.batch_size,
-                    on_progress=lambda p: self._progress(evaluation_id, plan, p), cancelled=run.cancel,
-                )
+                totals = EpisodeTotals() if plan.environment is not None else None
+                result = await self._run_plan(evaluation_id, plan, run, totals)
             finally:
                 self._slots.release()
         except Cancelled:
@@ -299,15 +310,34 @@ class EvaluationManager:
             log.warning("evaluation %s failed: %s", evaluation_id, one_line(e))
             await self._finish(evaluation_id, "FAILED", error=one_line(e))
         else:
-            await self._finish(evaluation_id, "COMPLETED", plan=plan, result=result)
+            await self._finish(evaluation_id, "COMPLETED", plan=plan, result=result, totals=totals)
         finally:
             self._runs.pop(evaluation_id, None)
             run.ended.set()
 
-    async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress) -> None:
+    async def _run_plan(self, evaluation_id: str, plan: Plan, run: _Run, totals: EpisodeTotals | None) -> RunResult:
+        def progress(p: Progress) -> Awaitable[None]:
+            return self._progress(evaluation_id, plan, p, totals)
+
+        if plan.environment is None:
+            return await run_questions(
+                evaluation_id, plan.questions, plan.benchmark.reward_function, plan.sampling, plan.adapter,
+                self.peers.generator, self.peers.scorer, self.store, self.batch_size,
+                on_progress=progress, cancelled=run.cancel,
+            )
+        # Once per evaluation (cached per path): a model this host cannot read fails it, naming the path.
+        tokenizer = await unless_cancelled(asyncio.to_thread(self.tokenizer_loader, plan.model), run.cancel)
+        return await run_episode_questions(
+            evaluation_id, plan.questions, plan.benchmark.reward_function, plan.sampling, plan.adapter,
+            plan.environment, tokenizer, self.peers.token_generator, self.peers.scorer, self.store,
+            self.batch_size, on_progress=progress, cancelled=run.cancel, totals=totals,
+        )
+
+    async def _progress(self, evaluation_id: str, plan: Plan, progress: Progress,
+                        totals: EpisodeTotals | None = None) -> None:
         fields: dict[str, object] = {
             **records.tally_fields(progress.tally, plan.benchmark.default_score_column),
-            "sampling_json": _extras(plan, progress.generate_seconds, progress.score_seconds),
+            "sampling_json": _extras(plan, progress.generate_seconds, progress.score_seconds, totals),
         }
         row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, **fields)
         await self._publish(row, f"{progress.done}/{progress.total} questions")
@@ -318,11 +348,11 @@ class EvaluationManager:
         return row
 
     async def _finish(self, evaluation_id: str, status: str, *, error: str = "", plan: Plan | None = None,
-                      result: RunResult | None = None) -> None:
+                      result: RunResult | None = None, totals: EpisodeTotals | None = None) -> None:
         fields: dict[str, object] = {"finished_at": datetime.now(UTC), "error": error}
         if plan is not None and result is not None:
             fields.update(records.tally_fields(result.tally, plan.benchmark.default_score_column))
-            fields["sampling_json"] = _extras(plan, result.generate_seconds, result.score_seconds)
+            fields["sampling_json"] = _extras(plan, result.generate_seconds, result.score_seconds, totals)
         try:
             row = await asyncio.to_thread(self.store.update_evaluation, evaluation_id, status=status, **fields)
         except Exception as e:  # noqa: BLE001 (the database itself failed: the log is all that is left)

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -51,9 +52,11 @@ from rlvr.peers.types import (
     generate_request,
     problem_of,
     score_request,
+    token_prompt,
 )
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.services.benchmark.catalog import RewardName
+from rlvr.services.benchmark.episodes import TokenAnswer, TokenGenerator
 from rlvr.services.benchmark.planning import RolloutModel
 from rlvr.services.benchmark.runner import Answer, EvaluationError, FinishReason, Generator, Question, Scorer
 from rlvr.tasks import Problem
@@ -147,6 +150,7 @@ class ServicePeers:
         self.trainers = [AsyncTrainerClient(a, auth=auth) for a in trainer_addresses]
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
+        self.token_generator: TokenGenerator = self
         self._catalog: tuple[float, Catalog] | None = None
 
     async def close(self) -> None:
@@ -334,6 +338,45 @@ class ServicePeers:
                     reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH else "STOP"
                     answers.append(Answer(questions[c.prompt_index].index, c.text, reason, AdapterTag.of(c)))
         return answers
+
+    async def generate_tokens(self, prompt_ids: Sequence[int], sampling: Sampling, adapter: AdapterTag,
+                              request_id: str) -> TokenAnswer:
+        """One turn of an episode: one token-id prompt, n=1, on a replica in turn (concurrent
+        episodes spread over the replicas); waited for as `generate` waits when every one is down."""
+        return await self._waiting(lambda: self._generate_tokens(prompt_ids, sampling, adapter, request_id),
+                                   "rollout", self.rollout_addresses, self.rollout_wait_s)
+
+    async def _generate_tokens(self, prompt_ids: Sequence[int], sampling: Sampling, adapter: AdapterTag,
+                               request_id: str) -> TokenAnswer:
+        request = generate_request([token_prompt(list(prompt_ids))], replace(sampling, group_size=1), adapter,
+                                   request_id=request_id)
+
+        async def part(client: AsyncRolloutClient, _indices: list[int]) -> TokenAnswer:
+            answers: list[TokenAnswer] = []
+            async with client.generate(request, timeout=self.generate_timeout_s) as stream:
+                async for response in stream:
+                    for c in response.completions:
+                        reason: FinishReason = "LENGTH" if c.finish_reason == common_pb2.FINISH_REASON_LENGTH \
+                            else "STOP"
+                        answers.append(TokenAnswer(list(c.token_ids), reason, AdapterTag.of(c),
+                                                   list(c.logprobs) or None))
+            if len(answers) != 1:
+                raise EvaluationError(f"rollout service at {client.address} answered {request_id} with "
+                                      f"{len(answers)} completions, expected 1")
+            return answers[0]
+
+        try:
+            parts = await self.replicas.spread(1, part, f"generating with {adapter}")
+        except NoReplicaLeft as e:
+            if _gone(e):
+                raise  # every replica down: `generate_tokens` waits for one
+            why = "; ".join(error.describe() if isinstance(error, RlvrError) else str(error) for _, error in e.failures)
+            raise EvaluationError(f"no rollout replica could answer {request_id}: {why}") from None
+        except RlvrError as e:
+            if _gone(e):
+                raise
+            raise failure(e, running=True) from None
+        return parts[0][1]
 
     async def score(self, function: RewardName, items: Sequence[ScoreInput]) -> list[Score]:
         async def call() -> reward_pb2.ScoreResponse:

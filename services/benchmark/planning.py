@@ -30,19 +30,26 @@ from rlvr.common.errors import (
     shown,
 )
 from rlvr.jobspec import (
+    EPISODE_TOKENS_PER_TURN,
     MAX_COMPLETION,
     MAX_DATASET_CHARS,
+    MAX_ENVIRONMENT_SETTINGS,
+    MAX_EPISODE_TOKENS,
     MAX_LABEL_CHARS,
     MAX_MODEL_CHARS,
     MAX_NAME_CHARS,
     MAX_PATH_CHARS,
+    MAX_SETTING_CHARS,
     MAX_SPLIT_CHARS,
+    MAX_TURNS,
     SEED_MAX,
+    SETTING_KEY_RE,
 )
 from rlvr.models import is_tiny
 from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark.catalog import Benchmark, RewardName, benchmarks_of, get_benchmark
+from rlvr.services.benchmark.episodes import EnvironmentPlan, TokenGenerator
 from rlvr.services.benchmark.runner import Generator, Question, Scorer
 from rlvr.tasks import (
     COMPACT_STYLE,
@@ -57,6 +64,9 @@ from rlvr.v1 import benchmark_pb2, common_pb2
 
 log = logging.getLogger("rlvr.benchmark")
 
+# RunEvaluationRequest.environment: the ranges of a job's (JobSpec.environment)
+ENVIRONMENT_MAX_TURNS = (MAX_TURNS.low, MAX_TURNS.high)
+ENVIRONMENT_EPISODE_TOKENS = (MAX_EPISODE_TOKENS.low, MAX_EPISODE_TOKENS.high)
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range, the rollout service's
 DEFAULT_MAX_TOKENS = MAX_COMPLETION.default
 
@@ -73,6 +83,8 @@ class Peers(Protocol):
 
     generator: Generator
     scorer: Scorer
+    token_generator: TokenGenerator  # an evaluation with an environment: one turn at a time, token ids in
+
 
     async def rollout_model(self) -> RolloutModel: ...
 
@@ -110,6 +122,16 @@ class Plan:
     question_set: str = ""  # Evaluation.question_set: which questions, as an id (`question_set_id`)
     dataset: str = ""  # the boxed benchmark's dataset and split, as asked
     dataset_split: str = ""
+    environment: EnvironmentPlan | None = None  # the questions run as episodes in it
+
+    @property
+    def environment_proto(self) -> common_pb2.EnvironmentConfig | None:
+        """Evaluation.environment: as it ran (its version, the resolved limits); None without one."""
+        e = self.environment
+        if e is None:
+            return None
+        return common_pb2.EnvironmentConfig(key=e.key, settings=dict(e.settings), max_turns=e.max_turns,
+                                            max_episode_tokens=e.max_episode_tokens, version=e.version)
 
     @property
     def sampling_proto(self) -> common_pb2.SamplingParams:
@@ -177,9 +199,60 @@ def check_static(request: benchmark_pb2.RunEvaluationRequest, benchmarks: Mappin
     if request.adapter_path and not name:
         v.add(InvalidArgument("adapter.name: required with adapter_path (the name to upload the adapter under)"))
     sampling = check_sampling(request, v)
+    check_environment_fields(request.environment, v)
     v.raise_any()
     assert benchmark is not None
     return benchmark, sampling
+
+
+def check_environment_fields(e: common_pb2.EnvironmentConfig, v: Violations) -> None:
+    """RunEvaluationRequest.environment's fields, by the rules of a job's (the key is looked up later)."""
+    from rlvr.environments.base import KEY_RE, KEY_RULE
+
+    if not e.key:
+        for name in ("max_turns", "max_episode_tokens"):
+            if getattr(e, name):
+                v.add(InvalidArgument(f"environment.{name}: set without environment.key"))
+        if e.settings:
+            v.add(InvalidArgument("environment.settings: set without environment.key"))
+        return
+    if not KEY_RE.match(e.key):
+        v.add(InvalidArgument(f"environment.key: {shown(e.key)} is not an environment key ({KEY_RULE})"))
+    low, high = ENVIRONMENT_MAX_TURNS
+    if e.max_turns and not low <= e.max_turns <= high:
+        v.add(out_of_range("environment.max_turns", e.max_turns, f"{low}-{high} (0 = the environment's own)"))
+    low, high = ENVIRONMENT_EPISODE_TOKENS
+    if e.max_episode_tokens and not low <= e.max_episode_tokens <= high:
+        v.add(out_of_range("environment.max_episode_tokens", e.max_episode_tokens,
+                           f"{low}-{high} (0 = {EPISODE_TOKENS_PER_TURN} x sampling.max_tokens)"))
+    if len(e.settings) > MAX_ENVIRONMENT_SETTINGS:
+        v.add(out_of_range("environment.settings", f"{len(e.settings)} settings", f"at most {MAX_ENVIRONMENT_SETTINGS}"))
+    for key, value in sorted(e.settings.items()):
+        if not SETTING_KEY_RE.match(key):
+            v.add(InvalidArgument(f"environment.settings: key {shown(key)} is not allowed (1-64 letters, digits "
+                                  "and _, starting with a letter)"))
+        elif len(value) > MAX_SETTING_CHARS:
+            v.add(InvalidArgument(f"environment.settings[{key}]: {len(value)} characters, over the limit of "
+                                  f"{MAX_SETTING_CHARS}"))
+
+
+def environment_plan(e: common_pb2.EnvironmentConfig, sampling: Sampling) -> EnvironmentPlan | None:
+    """The environment the request names, from this process's registry (its episodes run here), its
+    limits resolved; None without one. InvalidArgument for an unknown key, FailedPrecondition for
+    one that failed to load."""
+    if not e.key:
+        return None
+    from rlvr.environments.registry import UnavailableEnvironment, UnknownEnvironment, get_environment
+
+    try:
+        definition = get_environment(e.key)
+    except UnknownEnvironment as exc:
+        raise InvalidArgument(f"environment.key: {exc}") from None
+    except UnavailableEnvironment as exc:
+        raise FailedPrecondition(f"environment.key: {exc}") from None
+    max_episode_tokens = e.max_episode_tokens or EPISODE_TOKENS_PER_TURN * sampling.max_tokens
+    return EnvironmentPlan(definition, dict(e.settings), e.max_turns or definition.max_turns,
+                           min(max_episode_tokens, ENVIRONMENT_EPISODE_TOKENS[1]))
 
 
 def same_model(requested: str, served: str) -> bool:
@@ -266,6 +339,7 @@ async def _prepare(request: benchmark_pb2.RunEvaluationRequest, peers: Peers, pr
     if rollout.max_model_len and sampling.max_tokens >= rollout.max_model_len:
         raise out_of_range("sampling.max_tokens", sampling.max_tokens,
                            f"below the rollout service's max_model_len {rollout.max_model_len}")
+    environment = environment_plan(request.environment, sampling)
     adapter, upload_version = await _check_adapter(request, peers, folder is not None)
     problems = await peers.problems(benchmark.reward_function, request.limit, request.dataset.strip(),
                                     request.dataset_split)
@@ -274,12 +348,14 @@ async def _prepare(request: benchmark_pb2.RunEvaluationRequest, peers: Peers, pr
     if folder is not None:
         version = await peers.upload_adapter(adapter.name, upload_version, folder)
         adapter = AdapterTag(adapter.name, version)
+    # An environment's instruction (how to call its tools, say) replaces the reward's, as in training.
+    instruction = (environment.definition.instruction if environment else "") or \
+        catalog.get(benchmark.reward_function).instruction
     return Plan(benchmark=benchmark, model=rollout.model, adapter=adapter, sampling=sampling,
                 limit=request.limit, label=request.label,
-                questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style),
-                                        catalog.get(benchmark.reward_function).instruction),
+                questions=questions_for(problems, prompt_style_for(rollout.model, prompt_style), instruction),
                 question_set=question_set_id(benchmark.name, problems), dataset=request.dataset.strip(),
-                dataset_split=request.dataset_split.strip())
+                dataset_split=request.dataset_split.strip(), environment=environment)
 
 
 def question_set_id(benchmark: str, problems: Sequence[Problem]) -> str:
