@@ -248,3 +248,28 @@ def test_tool_calls_run_and_their_results_are_observations() -> None:
     stream = TOKENIZER.decode(sample.prompt_ids + sample.completion_ids)
     assert "<|im_start|>tool\n5<|im_end|>" in stream and "kaput" in stream
     assert stream + "\n" == TOKENIZER.apply_chat_template(episode.messages, tokenize=False)
+
+
+def test_a_sampler_failure_cancels_the_other_episodes_and_is_raised() -> None:
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    class Failing:
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            started.append(seed)
+            if len(started) == 1:
+                await asyncio.sleep(0)
+                raise RuntimeError("rollout service gone")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(seed)
+                raise
+            raise AssertionError("not cancelled")
+
+    tasks = [EpisodeTask(Game(), EpisodeRow("Play.", ground_truth="7"), [{"role": "user", "content": "Play."}], i)
+             for i in range(3)]
+    with pytest.raises(RuntimeError, match="rollout service gone"):
+        asyncio.run(run_episodes(tasks, Failing(), lambda _s: CODEC, LIMITS,
+                                 lambda i: TOKENIZER.decode(i, skip_special_tokens=True)))
+    assert len(started) == 3 and len(cancelled) == 2

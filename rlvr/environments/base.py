@@ -160,6 +160,7 @@ class EnvironmentDefinition(EnvironmentInfo):
     from the job's environment settings (a mapping of strings, possibly empty)."""
 
     factory: Callable[[Mapping[str, str]], Environment] | None = None
+    environment_class: type[Environment] | None = None  # the class `environment` declared, if any
 
     def __post_init__(self) -> None:
         problems = []
@@ -226,7 +227,7 @@ def environment(
             description=description or (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " "),
             version=version, columns=tuple(columns), instruction=instruction,
             default_benchmark=default_benchmark, tools=tools, max_turns=max_turns,
-            tool_timeout_seconds=tool_timeout_seconds, factory=factory,
+            tool_timeout_seconds=tool_timeout_seconds, factory=factory, environment_class=cls,
         )
 
     return make

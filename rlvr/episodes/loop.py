@@ -236,8 +236,14 @@ def _failed(episode: Episode, stage: str, exc: BaseException, started: float) ->
 async def run_episodes(tasks: Sequence[EpisodeTask], sampler: TurnSampler,
                        codec_for: Callable[[list[dict[str, Any]]], Any], limits: EpisodeLimits,
                        decode: Callable[[list[int]], str]) -> list[Episode]:
-    """Every task's episode, run concurrently, in the tasks' order."""
-    return list(await asyncio.gather(*(run_episode(t, sampler, codec_for, limits, decode) for t in tasks)))
+    """Every task's episode, run concurrently, in the tasks' order. A sampler failure (the rollout
+    service gone) cancels the other episodes and is raised: no turn generates for a step that failed."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            running = [group.create_task(run_episode(t, sampler, codec_for, limits, decode)) for t in tasks]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in running]
 
 
 def episode_json(episode: Episode) -> str:

@@ -209,10 +209,7 @@ class Step:
         from rlvr.services.trainer.episodes import EpisodeStats, GeneratorSampler, transcript
 
         ctx, job, g, record = self.ctx, self.ctx.job, self.ctx.job.group_size, self.record
-        if ctx.truth is None:
-            raise RuntimeError("environment.key: the training set asks one question with different answers; "
-                               "an environment job needs one answer per question")
-        problems = [ctx.problems[(p, ctx.truth[p])] for p in prompts]
+        problems = self._episode_problems(prompts)
         sampler = GeneratorSampler(ctx.generator, job.temperature, ctx.live, ctx.newest, workers=len(prompts) * g)
         record.generate_started_at = time.perf_counter()
         try:
@@ -238,6 +235,24 @@ class Step:
         record.scored_at = time.perf_counter()
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
         return ctx.episodes.rows(episodes, eos, with_logprobs=sampler.logprobs) | {"score": scores}
+
+    def _episode_problems(self, prompts: list[str]) -> list[Problem]:
+        """Each prompt's problem (the row its episodes reset on). TRL's rollout sees prompts, not
+        rows: a prompt that several rows share (a game whose prompt hides its secret) takes those
+        rows in turn, by its position in the job's steps, so a step's rows are the same on a resume."""
+        ctx = self.ctx
+        if ctx.truth is not None:
+            return [ctx.problems[(p, ctx.truth[p])] for p in prompts]
+        rows: dict[str, list[Problem]] = {}
+        for (text, _), problem in sorted(ctx.problems.items(), key=lambda item: item[1].id):
+            rows.setdefault(text, []).append(problem)
+        seen: Counter[str] = Counter()
+        chosen = []
+        for prompt in prompts:
+            same = rows[prompt]
+            chosen.append(same[((self.number - 1) * len(prompts) + seen[prompt]) % len(same)])
+            seen[prompt] += 1
+        return chosen
 
     def _ids(self, prompt: str) -> list[int]:
         if self.tokenizer is self.ctx.tokenizer:

@@ -1,0 +1,175 @@
+"""A job with an environment, in-process on the "test"-size tiny model: real GRPO steps over
+episodes through TRL (the transformers backend), and one step's rollout with a scripted policy.
+
+What users rely on: the rows TRL trains on are the episodes' exact ids with the observations masked
+out (env_mask), every step reports its episode metrics, a failing environment fails only its
+episode (and the job only when every episode fails), and a resumed environment job ends bit for bit
+where the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlvr.peers.types import AdapterTag, Sampling
+from rlvr.services.trainer.config import job_config
+from rlvr.services.trainer.rollouts import RolloutBatch
+from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.v1 import common_pb2 as C
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
+
+EPISODE_FIELDS = ("turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds",
+                  "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes")
+
+
+def _job(tmp_path: Path, model: str, **overrides: Any):
+    options: dict[str, Any] = dict(
+        job_id="e1", base_model=model, artifact_root=tmp_path, group_size=2, batch_size=4,
+        max_completion_tokens=32, lora_rank=4, lora_alpha=64, learning_rate=1e-3, max_steps=2,
+        loss_type="dapo", generation_backend="transformers", synthetic_prompts=8,
+        reward_function="guess_number", environment="guess_number", max_turns=3, max_episode_tokens=200,
+    )
+    options.update(overrides)
+    return job_config(**options)
+
+
+def test_an_environment_job_trains_on_episodes_and_reports_their_metrics(tmp_path: Path, tiny_model: str) -> None:
+    events: list[C.MetricEvent] = []
+    samples: list[C.CompletionSamples] = []
+    result = run_job(_job(tmp_path, tiny_model), JobDeps(scorer=LocalScorer(ScoreSettings("guess_number")),
+                                                         publish=events.append, publish_samples=samples.append))
+    assert result.status == "completed", result.error
+    assert [e.step for e in events] == [1, 2]
+    for event in events:
+        assert all(event.HasField(name) for name in EPISODE_FIELDS), event
+        assert 1 <= event.turns_mean <= event.turns_max <= 3
+        # the game answers every wrong guess: observations exist whenever an episode went on
+        assert (event.observation_tokens_mean > 0) == (event.turns_max > 1)
+        assert event.episode_tokens_mean >= event.completion_length_mean  # sampled + observations
+        assert event.tool_calls == 0 and event.failed_episodes == 0
+    assert samples and "[turn 1]" in samples[0].samples[0].completion  # shown turn by turn
+
+
+class Scripted:
+    """A PolicyGenerator that answers an episode's turn t with guess t of its script (the turn read
+    from the prompt: its assistant headers)."""
+
+    def __init__(self, tokenizer: Any, guesses: Sequence[str]) -> None:
+        self.tokenizer, self.guesses, self.calls = tokenizer, list(guesses), []
+        self.lock = threading.Lock()
+
+    def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
+        turn = self.tokenizer.decode(prompts[0]).count("<|im_start|>assistant") - 1
+        with self.lock:
+            self.calls.append((list(prompts[0]), sampling))
+        text = self.guesses[turn % len(self.guesses)]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return RolloutBatch([list(prompts[0])], [ids], [[-0.5] * len(ids)], [False], expected, 0.01)
+
+
+def _step(tmp_path: Path, tiny_model: str, guesses: Sequence[str], environment: str = "guess_number"):
+    from transformers import AutoTokenizer
+
+    from rlvr.services.trainer.episodes import EpisodeRollout
+    from rlvr.services.trainer.runner import rendered_with, training_problems
+    from rlvr.services.trainer.step import Step, StepContext, StepHooks
+
+    job = _job(tmp_path, tiny_model, environment=environment)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    problems, instruction = training_problems(job)
+    episodes = EpisodeRollout(job, tokenizer, instruction)
+    rendered = rendered_with(tokenizer, problems[:2], episodes.instruction)
+    generator = Scripted(tokenizer, guesses)
+    ctx = StepContext(job=job, tokenizer=tokenizer, generator=generator,  # type: ignore[arg-type]
+                      scorer=LocalScorer(ScoreSettings("guess_number")),
+                      hooks=StepHooks(save_adapter=lambda m, s: tmp_path, publish=lambda e: None,
+                                      cancel=threading.Event()),
+                      total_steps=1, truth={t: p.ground_truth for t, p in rendered}, draw=None,
+                      live=AdapterTag("job-e1", 0), problems={(t, p.ground_truth): p for t, p in rendered},
+                      episodes=episodes)
+    step = Step(ctx, 1)
+    prompts = [t for t, _ in rendered for _ in range(job.group_size)]
+    return step, step.rollout(prompts), tokenizer, generator
+
+
+def test_a_steps_rows_are_the_episodes_ids_with_observations_masked(tmp_path: Path, tiny_model: str) -> None:
+    step, rows, tokenizer, generator = _step(tmp_path, tiny_model, ["<answer>50</answer>", "<answer>25</answer>"])
+    assert set(rows) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "score"}
+    assert len(rows["completion_ids"]) == 4  # 2 prompts x group 2: one row per episode
+    for completion, mask, logprobs in zip(rows["completion_ids"], rows["env_mask"], rows["logprobs"], strict=True):
+        sampled = [t for t, m in zip(completion, mask, strict=True) if m]
+        observed = tokenizer.decode([t for t, m in zip(completion, mask, strict=True) if not m])
+        assert tokenizer.decode(sampled, skip_special_tokens=True) in (
+            "<answer>50</answer><answer>25</answer><answer>50</answer>",  # 3 turns, none right
+            "<answer>50</answer>", "<answer>50</answer><answer>25</answer>")
+        assert "higher" in observed.lower() or "lower" in observed.lower() or sum(mask) == len(mask)
+        assert all(lp == -0.5 for lp, m in zip(logprobs, mask, strict=True) if m)
+    # every turn's prompt extends an earlier turn's prompt with what followed it: nothing re-rendered
+    prompts = sorted((p for p, _ in generator.calls), key=len)
+    for later in (p for p in prompts if len(p) > min(map(len, prompts))):
+        assert any(later[: len(earlier)] == earlier for earlier in prompts if len(earlier) < len(later))
+    assert len({s.seed for _, s in generator.calls}) == len(generator.calls)  # a seed per episode turn
+    record = step.record
+    assert record.episodes is not None and len(record.episodes.turns) == 4
+    assert [s.reward for s in rows["score"]] == [s.reward for s in record.scores]
+
+
+def test_a_failing_environment_fails_its_episodes_and_the_step_only_when_all_fail(
+        tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.environments.builtin import guess_number
+    from rlvr.services.trainer.episodes import EpisodeFailure
+
+    game = guess_number.ENVIRONMENT.environment_class
+    original = game.reset
+    calls = {"n": 0}
+
+    def flaky(self, row):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("board missing")
+        return original(self, row)
+
+    monkeypatch.setattr(game, "reset", flaky)
+    step, rows, _, _ = _step(tmp_path, tiny_model, ["<answer>50</answer>"])
+    errors = [s.error for s in rows["score"]]
+    assert sum(bool(e) for e in errors) == 2 and all("board missing" in e for e in errors if e)
+    assert all(s.reward == 0 for s in rows["score"] if s.error)
+    assert step.record.episodes.failed == 2
+
+    def broken(self, row):  # noqa: ANN001, ANN202
+        raise RuntimeError("board missing")
+
+    monkeypatch.setattr(game, "reset", broken)
+    with pytest.raises(EpisodeFailure, match="every episode of the step failed.*board missing"):
+        _step(tmp_path / "all", tiny_model, ["<answer>50</answer>"])
+
+
+def test_a_resumed_environment_job_ends_with_the_uninterrupted_runs_adapter_bit_for_bit(
+        tmp_path: Path, tiny_model: str) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    options: dict[str, Any] = dict(max_steps=3, checkpoint_every=2)
+    scorer = LocalScorer(ScoreSettings("guess_number"))
+    whole = run_job(_job(tmp_path / "whole", tiny_model, **options), JobDeps(scorer=scorer, publish=lambda e: None))
+    assert whole.status == "completed", whole.error
+
+    def lost(step: int, total: int) -> None:
+        if step == 3:
+            raise RuntimeError("the trainer was lost")
+
+    root = tmp_path / "resumed"
+    first = run_job(_job(root, tiny_model, **options), JobDeps(scorer=scorer, publish=lambda e: None, on_step=lost))
+    assert first.status == "failed"
+    resumed = run_job(_job(root, tiny_model, resume=True, **options), JobDeps(scorer=scorer, publish=lambda e: None))
+    assert resumed.status == "completed", resumed.error
+    expected = load_file(str(Path(whole.adapter_path) / "adapter_model.safetensors"))
+    got = load_file(str(Path(resumed.adapter_path) / "adapter_model.safetensors"))
+    assert set(expected) == set(got) and all(torch.equal(expected[k], got[k]) for k in expected)
