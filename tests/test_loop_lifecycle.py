@@ -124,3 +124,16 @@ def test_every_loop_status_write_goes_through_the_transition() -> None:
                     writers["event"].add(f"{path.name}:{fn.name}")
     assert writers == {"status": {"loops.py:_transition"},
                        "event": {"loops.py:_transition", "loops.py:_enqueue", "loop_driver.py:_benchmark"}}
+
+
+def test_a_loop_of_environment_jobs_evaluates_in_the_same_environment() -> None:
+    from rlvr.services.scheduler.loop_driver import LoopDriver
+    from rlvr.v1 import common_pb2, scheduler_pb2
+
+    spec = scheduler_pb2.LoopSpec(benchmark="math_pairs", job=common_pb2.JobSpec(base_model="rlvr-tiny"))
+    assert not LoopDriver._evaluation_request(spec, "baseline").HasField("environment")
+    spec.job.environment.key, spec.job.environment.max_turns, spec.job.environment.version = "calculator", 3, "1"
+    spec.job.environment.settings["digits"] = "2"
+    request = LoopDriver._evaluation_request(spec, "round 1")
+    assert (request.environment.key, request.environment.max_turns) == ("calculator", 3)
+    assert dict(request.environment.settings) == {"digits": "2"} and request.environment.version == ""

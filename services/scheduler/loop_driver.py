@@ -302,6 +302,9 @@ class LoopDriver(abc.ABC):
         request = benchmark_pb2.RunEvaluationRequest(
             model=spec.job.base_model, benchmark=spec.benchmark, limit=spec.benchmark_limit, label=label[:200],
             dataset=spec.benchmark_dataset, dataset_split=spec.benchmark_dataset_split)
+        if spec.job.environment.key:  # the rounds train episodes: the benchmark runs them in the same environment
+            request.environment.CopyFrom(spec.job.environment)
+            request.environment.ClearField("version")
         if job is not None:
             # The round's published adapter (stacked on the best round's), uploaded as the next
             # version of its name: the rollout service holds it whichever backend trained it.
