@@ -42,7 +42,7 @@ from typing import Any
 
 from rlvr.environments.base import ToolCall
 
-__all__ = ["ChatCodec", "TOOL_CALL_FORMATS", "ToolCallFormat", "parse_hermes", "parse_llama3_json", "tool_message"]
+__all__ = ["ChatCodec", "ChatCodecs", "TOOL_CALL_FORMATS", "ToolCallFormat", "parse_hermes", "parse_llama3_json", "tool_message"]
 
 _PROBE_USER = "rlvr-probe-user-7f3a"
 _PROBE_REPLY = "rlvr-probe-reply-7f3a"
@@ -325,3 +325,22 @@ class ChatCodec:
 
     def tool_message(self, call: ToolCall, content: str) -> dict[str, Any]:
         return tool_message(call, content)
+
+
+class ChatCodecs:
+    """A tokenizer's chat codecs, one per set of tool schemas (an environment's tools), each made
+    once: what an episode runner hands `run_episode` as ``codec_for``, with ``decode``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._codecs: dict[str, ChatCodec] = {}
+
+    def __call__(self, schemas: list[dict[str, Any]]) -> ChatCodec:
+        key = json.dumps(schemas, sort_keys=True)
+        if key not in self._codecs:
+            self._codecs[key] = ChatCodec(self.tokenizer, tools=schemas or None)
+        return self._codecs[key]
+
+    def decode(self, ids: list[int]) -> str:
+        """A turn's text, special tokens skipped."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))

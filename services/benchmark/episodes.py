@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr.environments.base import EnvironmentDefinition, EpisodeRow
+from rlvr.episodes.chat import ChatCodecs
 from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode
 from rlvr.episodes.scoring import EpisodeScores, episode_record, score_input_of, transcript
 from rlvr.episodes.types import Episode, EpisodeSample
@@ -224,18 +225,7 @@ class EpisodeRunner:
         self.sampling = sampling
         self.adapter = adapter
         self.limits = plan.limits(sampling.max_tokens)
-        self._codecs: dict[str, Any] = {}
-
-    def codec_for(self, schemas: list[dict[str, Any]]) -> Any:
-        from rlvr.episodes.chat import ChatCodec
-
-        key = json.dumps(schemas, sort_keys=True)
-        if key not in self._codecs:
-            self._codecs[key] = ChatCodec(self.tokenizer, tools=schemas or None)
-        return self._codecs[key]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        self.codecs = ChatCodecs(tokenizer)  # codec_for and decode of run_episode
 
     async def run(self, batch: Sequence[Question]) -> list[Episode]:
         """The batch's episodes in question order; the first sampler failure (the rollout service
@@ -251,7 +241,7 @@ class EpisodeRunner:
                 episodes[k] = _not_made(question, e)
                 continue
             sampler = RolloutSampler(self.generator, self.sampling, self.adapter, question.index)
-            running[k] = asyncio.ensure_future(run_episode(task, sampler, self.codec_for, self.limits, self.decode))
+            running[k] = asyncio.ensure_future(run_episode(task, sampler, self.codecs, self.limits, self.codecs.decode))
         try:
             if running:
                 await asyncio.wait(running.values(), return_when=asyncio.FIRST_EXCEPTION)

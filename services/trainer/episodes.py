@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.environments.base import EnvironmentDefinition, EpisodeRow
+from rlvr.episodes.chat import ChatCodecs
 from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episodes
 from rlvr.episodes.scoring import EpisodeScores, episode_score_input, transcript
 from rlvr.episodes.types import Episode
@@ -152,20 +153,7 @@ class EpisodeRollout:
             max_turns=max_turns, max_tokens_per_turn=job.max_completion_tokens,
             max_episode_tokens=job.max_episode_tokens or 4 * job.max_completion_tokens,
             tool_timeout_seconds=self.definition.tool_timeout_seconds, min_turn_tokens=MIN_TURN_TOKENS)
-        self._codecs: dict[str, Any] = {}
-
-    def codec_for(self, schemas: list[dict[str, Any]]) -> Any:
-        import json
-
-        from rlvr.episodes.chat import ChatCodec
-
-        key = json.dumps(schemas, sort_keys=True)
-        if key not in self._codecs:
-            self._codecs[key] = ChatCodec(self.tokenizer, tools=schemas or None)
-        return self._codecs[key]
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.codecs = ChatCodecs(tokenizer)  # codec_for and decode of run_episode
 
     def messages(self, problem: Problem) -> list[dict[str, Any]]:
         from rlvr.tasks.render import prompt_messages
@@ -185,7 +173,7 @@ class EpisodeRollout:
                 env = self.definition.make(self.job.environment_settings)
                 tasks.append(EpisodeTask(env, EpisodeRow(**{**row.__dict__, "seed": episode_seed}),
                                          self.messages(problem), episode_seed))
-        return asyncio.run(run_episodes(tasks, sampler, self.codec_for, self.limits, self.decode))
+        return asyncio.run(run_episodes(tasks, sampler, self.codecs, self.limits, self.codecs.decode))
 
     def score(self, episodes: Sequence[Episode], problems: Sequence[Problem], prompts: Sequence[str],
               scorer: Any, group_size: int) -> list[Score]:
