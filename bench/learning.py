@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=RECIPE["dynamic_sampling"])
     p.add_argument("--lora-init", choices=("default", "gaussian"), default=RECIPE["lora_init"])
     p.add_argument("--backend", choices=("vllm", "transformers"), default="vllm")
+    p.add_argument("--environment", default="", help="an agent job: episodes with this environment (e.g. calculator)")
+    p.add_argument("--max-turns", type=int, default=0, help="assistant turns per episode (0: the environment's)")
     p.add_argument("--max-async-steps", type=int, default=0,
                    help="advanced.max_async_steps: steps generated ahead of training (vllm backend; 0 = synchronous)")
     p.add_argument("--eval-n", type=int, default=500)
@@ -67,7 +69,8 @@ def spec_from(args: argparse.Namespace) -> common_pb2.JobSpec:
         max_tokens=args.max_tokens, rank=args.rank, alpha=args.alpha, lr=args.lr,
         loss_type=LOSSES[args.loss_type], temperature=args.temperature, prompts=args.prompts,
         backend=args.backend, seed=args.seed, dynamic_sampling=args.dynamic_sampling, lora_init=args.lora_init,
-        max_async_steps=args.max_async_steps, name="bench-learning")
+        max_async_steps=args.max_async_steps, name="bench-learning", environment=args.environment,
+        max_turns=args.max_turns)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +120,8 @@ def run_one(args: argparse.Namespace) -> tuple[int, str]:
     settings = (f"{args.model}, {args.backend}, group {args.group_size}, batch {args.batch_size}, rank {args.rank}, "
                 f"alpha {args.alpha}, lr {args.lr:g}, {args.loss_type}, temperature {args.temperature:g}, "
                 f"{args.prompts} prompts, max tokens {args.max_tokens}, dynamic sampling {args.dynamic_sampling}, "
-                f"LoRA init {args.lora_init}, seed {args.seed}, max async steps {args.max_async_steps}")
+                f"LoRA init {args.lora_init}, seed {args.seed}, max async steps {args.max_async_steps}"
+                + (f", environment {args.environment} (max turns {args.max_turns or 'its own'})" if args.environment else ""))
     print(f"\n{settings}\n")
     width = max(len(k) for k, _ in rows)
     print(f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|")

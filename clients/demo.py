@@ -19,6 +19,8 @@ from rlvr.paired import Comparison
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 BENCHMARK = "rlvr-math-pairs-heldout"
+DEFAULT_MODEL = "rlvr-tiny-headroom"
+TOOLS_MODEL = "rlvr-tiny-tools"  # the calculator environment's base (rlvr/tiny/build.py, recipe "tools")
 DEMO_STEPS = 60  # `rlvr demo`'s default step count (bench/loop.py's rounds use it too)
 
 
@@ -28,9 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("vllm", "transformers"), default="transformers",
                    help="generation backend of the job (default transformers: in-process, faster than vLLM on a "
                         "CPU for a model this small; the rollout server on vLLM still serves the evaluations)")
-    p.add_argument("--model", default="rlvr-tiny-headroom",
+    p.add_argument("--model", default=None,
                    help="base model (default: rlvr-tiny-headroom, the bundled tiny model built and gated for RL "
-                        "headroom: docs/tiny-model.md)")
+                        f"headroom: docs/tiny-model.md; with --environment calculator, {TOOLS_MODEL}, its sibling "
+                        "warmed up to call the calculator now and then)")
+    p.add_argument("--environment", default="",
+                   help="train an agent: each prompt an episode with this environment (e.g. calculator: the model "
+                        "may call a calculator tool; docs/environments.md); the evaluations run the same episodes")
+    p.add_argument("--max-turns", type=int, default=0, help="assistant turns per episode (default: the environment's)")
     p.add_argument("--home", default=None, help="state folder (default $RLVR_HOME/demo)")
 
 
@@ -48,8 +55,11 @@ RECIPE: dict[str, object] = {
 def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max_tokens: int, rank: int, alpha: int,
                 lr: float, loss_type: int, temperature: float, prompts: int, backend: str, seed: int = 0,
                 dynamic_sampling: bool = False, lora_init: str = "default", max_async_steps: int = 0,
-                name: str = "demo-math-pairs") -> common_pb2.JobSpec:
+                name: str = "demo-math-pairs", environment: str = "", max_turns: int = 0) -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name=name, base_model=model)
+    if environment:  # an agent job: episodes with the environment (dynamic sampling does not run with one)
+        spec.environment.key, spec.environment.max_turns = environment, max_turns
+        dynamic_sampling = False
     spec.reward.key = "math_pairs"
     spec.reward.synthetic_prompts = prompts
     g = spec.grpo
@@ -68,19 +78,31 @@ def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max
 def demo_spec(args: argparse.Namespace) -> common_pb2.JobSpec:
     """The measured configuration (`RECIPE`) with the demo's step count and backend."""
     r = RECIPE
-    return recipe_spec(model=args.model, steps=args.steps, group_size=r["group_size"], batch_size=r["batch_size"],
+    return recipe_spec(model=demo_model(args), steps=args.steps, group_size=r["group_size"], batch_size=r["batch_size"],
                        max_tokens=r["max_tokens"], rank=r["rank"], alpha=r["alpha"], lr=r["lr"],
                        loss_type=LOSSES[str(r["loss_type"])],
                        temperature=r["temperature"], prompts=r["prompts"], backend=args.backend,
-                       dynamic_sampling=bool(r["dynamic_sampling"]), lora_init=str(r["lora_init"]))
+                       dynamic_sampling=bool(r["dynamic_sampling"]), lora_init=str(r["lora_init"]),
+                       environment=args.environment, max_turns=args.max_turns)
+
+
+def demo_model(args: argparse.Namespace) -> str:
+    """The model asked for, else the demo's: the tools model for the calculator environment."""
+    if args.model:
+        return str(args.model)
+    return TOOLS_MODEL if args.environment == "calculator" else DEFAULT_MODEL
 
 
 def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None,  # noqa: ANN001
-             upload: bool = False) -> benchmark_pb2.Evaluation:
-    """Runs one evaluation and follows it to the end with a progress bar."""
+             upload: bool = False, environment: common_pb2.EnvironmentConfig | None = None
+             ) -> benchmark_pb2.Evaluation:
+    """Runs one evaluation (its questions as episodes with `environment`, when given) and follows
+    it to the end with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     request = benchmark_pb2.RunEvaluationRequest(benchmark=BENCHMARK, limit=n, label=label)
+    if environment is not None and environment.key:
+        request.environment.CopyFrom(environment)
     if adapter is not None and upload:
         # Trained on the transformers backend: the rollout server has never seen this adapter, so
         # the benchmark service uploads it from the shared artifact root as the name's next version.
@@ -99,8 +121,11 @@ def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None =
 
 def _scores(e: benchmark_pb2.Evaluation) -> str:
     s = e.scores
-    return (f"accuracy {s.accuracy:6.1%}  accuracy_strict {s.accuracy_strict:6.1%}  format {s.format:6.1%}  "
+    line = (f"accuracy {s.accuracy:6.1%}  accuracy_strict {s.accuracy_strict:6.1%}  format {s.format:6.1%}  "
             f"answered {s.answered:6.1%}")
+    if e.HasField("episodes") and e.episodes.episodes:
+        line += f"  tool calls/question {e.episodes.tool_calls / e.episodes.episodes:.2f}"
+    return line
 
 
 @dataclass
@@ -132,10 +157,12 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     try:
         with local_stack(home, spec.base_model) as (_, rlvr):
             say(f"\n1/3 held-out Math Pairs accuracy of the base model ({eval_n} questions, greedy)")
-            before = evaluate(rlvr.benchmark, eval_n, "base")
+            agent = spec.environment if spec.environment.key else None
+            before = evaluate(rlvr.benchmark, eval_n, "base", environment=agent)
             say(f"    base     {_scores(before)}")
 
-            say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs")
+            episodes = f", episodes with the {spec.environment.key} environment" if spec.environment.key else ""
+            say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs{episodes}")
             created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=spec))
             say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
             train_started = time.monotonic()
@@ -149,7 +176,8 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
 
             say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
             on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
-            after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout)
+            after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout,
+                             environment=agent)
             say(f"    trained  {_scores(after)}")
             comparison = None
             if after.status == benchmark_pb2.EVALUATION_STATUS_COMPLETED:

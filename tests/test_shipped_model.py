@@ -35,7 +35,7 @@ def demo_model() -> str:
     """The base model `rlvr demo` trains when given no --model."""
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
-    return str(parser.parse_args([]).model)
+    return demo.demo_model(parser.parse_args([]))
 
 
 @pytest.fixture
@@ -152,3 +152,14 @@ def test_a_rebuild_goes_beside_and_says_whether_it_matches(home: Path, tmp_path:
     said = compare_with_shipped(name, other)
     assert said.startswith(f"the build differs from the shipped {name} (model.safetensors: sha256")
     assert "CPU vendor" in said
+
+
+def test_the_calculator_demo_trains_the_tools_model_as_an_agent() -> None:
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(["--environment", "calculator", "--max-turns", "3"])
+    spec = demo.demo_spec(args)
+    assert spec.base_model == demo.TOOLS_MODEL == demo.demo_model(args)
+    assert (spec.environment.key, spec.environment.max_turns) == ("calculator", 3)
+    assert not spec.advanced.dynamic_sampling  # refused with an environment
+    assert demo.demo_spec(parser.parse_args([])).environment.key == ""
