@@ -1,4 +1,4 @@
-"""`rlvr jobs report|download|merge|export|track` and the RL Metrics part of `rlvr jobs show`: a job's
+"""`rlvr jobs report|download|merge|export|track|samples` and the RL Metrics part of `rlvr jobs show`: a job's
 results, the way the RL Metrics card and its actions offer them (see docs/monitoring.md).
 
 Registered into the `jobs` group by clients/train_cmd.py. Every command prints one
@@ -169,8 +169,45 @@ def cmd_track(args: argparse.Namespace, client) -> int:  # noqa: ANN001
     return 1 if failed else 0
 
 
+def print_samples(resp, out: TextIO, prompts: bool = False) -> None:  # noqa: ANN001 (GetJobSamplesResponse)
+    """Each step's samples, newest step first: reward and accuracy, the prompt's last line (all of
+    it with `prompts`) and the completion; for a job with an environment, its episode turn by turn."""
+    from rlvr.clients.episodes_view import from_transcript, is_transcript, text_lines
+
+    for event in resp.steps:
+        print(f"step {event.step}: {len(event.samples)} sample(s)", file=out)
+        for n, sample in enumerate(event.samples, 1):
+            print(f"  #{n} reward {sample.reward:.3f}, accuracy {sample.accuracy:.3f}", file=out)
+            prompt = sample.prompt.strip()
+            if not prompts:
+                tail = [line for line in prompt.splitlines() if line.strip()][-1:]
+                prompt = ("… " if len(prompt.splitlines()) > 1 else "") + (tail[0] if tail else "")
+            print("    prompt: " + prompt.replace("\n", "\n    "), file=out)
+            if resp.environment and is_transcript(sample.completion):
+                for line in text_lines(from_transcript(sample.completion)):
+                    print("    " + line.replace("\n", "\n    "), file=out)
+            else:
+                print("    completion: " + sample.completion.replace("\n", "\n    "), file=out)
+
+
+def cmd_samples(args: argparse.Namespace, client, out: TextIO | None = None) -> int:  # noqa: ANN001
+    from rlvr.v1 import scheduler_pb2 as S
+
+    out = out or sys.stdout
+    resp = client.get_job_samples(S.GetJobSamplesRequest(job_id=args.id, step=args.step or 0, limit=args.limit))
+    if not resp.steps:
+        which = f"step {args.step}" if args.step else "its stored steps"
+        print(f"no samples of completions for job {args.id} ({which}): none published yet, or the event stream "
+              "no longer keeps them", file=sys.stderr)
+        return 1
+    if resp.environment:
+        print(f"episodes in the {resp.environment} environment, turn by turn", file=out)
+    print_samples(resp, out, prompts=args.prompts)
+    return 0
+
+
 COMMANDS = {"report": cmd_report, "download": cmd_download, "merge": cmd_merge, "export": cmd_export,
-            "track": cmd_track}
+            "track": cmd_track, "samples": cmd_samples}
 
 
 def scheduler_client(args: argparse.Namespace):  # -> SchedulerClient
@@ -201,7 +238,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Adds report, download, merge, export and track to the `jobs` subparsers."""
+    """Adds report, download, merge, export, track and samples to the `jobs` subparsers."""
     report = sub.add_parser("report", help="write a self-contained HTML report (and PNG charts) of the RL Metrics",
                             description="Writes DIR/report.html (no network needed: inline CSS, charts embedded "
                             "as PNG) and the charts as PNG files next to it; prints the report's path.")
@@ -227,7 +264,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     track.add_argument("--to", action="append", type=tracker_arg, required=True, metavar="KIND:TARGET",
                        help="tensorboard:DIR, mlflow[:URI], wandb:DIR, trackio:DIR (options: ,project=NAME "
                             ",run=NAME ,online); repeat for several")
-    for p in (report, download, merge, export, track):
+    samples = sub.add_parser("samples", help="a few completions of each of the latest steps (episodes turn by turn)",
+                             description="The completions the trainer published for each step (at most 4 a step, "
+                             "as the experiment trackers log them), newest step first: reward, accuracy, the "
+                             "prompt and the completion; a job with an environment shows each episode turn by turn "
+                             "(assistant turns, tool results, the environment's replies). Read off the event stream: "
+                             "a step it no longer keeps has none.")
+    samples.add_argument("--step", type=int, default=0, metavar="N", help="this step only (default: the latest steps)")
+    samples.add_argument("--limit", type=int, default=3, metavar="N", help="steps to show (default 3, at most 100)")
+    samples.add_argument("--prompts", action="store_true", help="print whole prompts (default: their last line)")
+    for p in (report, download, merge, export, track, samples):
         p.add_argument("id", help="job id")
         p.add_argument("--address", default=None, help="scheduler HOST:PORT")
         p.set_defaults(handler=cmd_jobs_action)

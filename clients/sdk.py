@@ -279,6 +279,7 @@ class SchedulerRpcs:
     delete_job = Unary("DeleteJob", sc.DeleteJobRequest, sc.DeleteJobResponse)
     watch_job = ServerStream("WatchJob", sc.WatchJobRequest, cm.JobEvent)
     get_job_metrics = Unary("GetJobMetrics", sc.GetJobMetricsRequest, sc.JobMetrics)
+    get_job_samples = Unary("GetJobSamples", sc.GetJobSamplesRequest, sc.GetJobSamplesResponse)
     download_adapter = ServerStream("DownloadAdapter", sc.DownloadAdapterRequest, cm.FileChunk)
     merge_model = ServerStream("MergeModel", sc.MergeModelRequest, sc.MergeModelProgress)
     download_merged_model = ServerStream("DownloadMergedModel", sc.DownloadMergedModelRequest, cm.FileChunk)
@@ -307,6 +308,15 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         """The environments an agent job's episodes may run in, as the scheduler lists them (those
         that failed to load: `list_environments(...).unavailable`)."""
         return list(self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout).environments)
+
+    def samples(
+        self, job_id: str, *, step: int = 0, limit: int = 0, timeout: float | None = None
+    ) -> list[cm.CompletionSamples]:
+        """The job's samples of completions (a few per step, as the trainer published them), newest
+        step first: the latest `limit` stored steps (0: 5), or `step` alone. For a job with an
+        environment each `completion` is the episode's transcript turn by turn."""
+        request = sc.GetJobSamplesRequest(job_id=job_id, step=step, limit=limit)
+        return list(self.get_job_samples(request, timeout=timeout).steps)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None
@@ -408,6 +418,13 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         """`SchedulerClient.environments`."""
         response = await self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout)
         return list(response.environments)
+
+    async def samples(
+        self, job_id: str, *, step: int = 0, limit: int = 0, timeout: float | None = None
+    ) -> list[cm.CompletionSamples]:
+        """`SchedulerClient.samples`."""
+        request = sc.GetJobSamplesRequest(job_id=job_id, step=step, limit=limit)
+        return list((await self.get_job_samples(request, timeout=timeout)).steps)
 
     def watch(
         self, job_id: str, *, from_start: bool = True, timeout: float | None = None

@@ -497,7 +497,8 @@ def test_live_job_page_sends_regions_then_done(client: TestClient) -> None:
     kinds = [k for k, _ in events if k != "ping"]
     assert kinds == ["update", "done"]
     regions = json.loads(events[0][1])
-    assert set(regions) == {"job-status", "rl-metrics", "actions", "job-details"}
+    assert set(regions) == {"job-status", "rl-metrics", "actions", "completions", "job-details"}
+    assert regions["completions"].startswith('<section id="completions"') and "Step 12" in regions["completions"]
     assert regions["rl-metrics"].startswith('<section id="rl-metrics"') and "Best Reward" in regions["rl-metrics"]
     assert client.get("/jobs/nope/events").status_code == 404
 
@@ -588,3 +589,92 @@ def test_the_job_page_says_where_the_job_is_tracked(client: TestClient, sdk: Fak
     assert '<a href="http://mlflow.example:5000/#/experiments/1/runs/abc" rel="noopener noreferrer"' in page
     assert "Tracked in wandb" in page and "(not logging: OSError: disk full)" in page
     assert "Tracked in" not in client.get("/jobs/job0002").text
+
+
+# ---------------------------------------------------------------- completions and episodes
+
+TRANSCRIPT = ("[turn 1] Let me compute.\n<tool_call>{}</tool_call>\n[tool calculate] 77\n"
+              "[tool calculate] error: division by zero\n[environment] Higher: <try> again\n"
+              "[turn 2] <answer>77</answer>\n[failed] the environment died")
+
+
+def episode_entries(page: str) -> list[tuple[str, str]]:
+    """(class, heading) of each episode entry on the page, in order."""
+    return [(m[1].strip(), html.unescape(re.sub(r"<[^>]+>", "", m[2])).strip())
+            for m in re.finditer(r'<li class="ep ([^"]+)">\s*<div class="ep-who">(.*?)</div>', page, re.S)]
+
+
+def test_the_job_page_shows_the_latest_steps_completions(client: TestClient, sdk: FakeSdk) -> None:
+    page = client.get("/jobs/job0001").text
+    card = page[page.index('<section id="completions"'):]
+    card = card[:card.index("</section>")]
+    assert [int(n) for n in re.findall(r"<h3 class=\"sample-step\">Step (\d+)</h3>", card)] == [12, 11, 10]
+    assert card.count('<details class="sample"') == 6 and card.count('<details class="sample" open') == 1
+    assert "reward <b>1.000</b> · accuracy <b>1.00</b>" in card and "Add 12 and 1" in card  # the prompt's tail
+    assert "&lt;think&gt;12+1&lt;/think&gt;&lt;answer&gt;13&lt;/answer&gt;" in card  # escaped, as sampled
+    assert "Reason, then answer." in card  # the whole prompt, folded
+    assert 'class="episode"' not in card  # single answers: no turns
+    queued = client.get("/jobs/job0002").text
+    assert "The trainer's sampled completions appear here after the first step." in queued
+    assert "GetJobSamples" not in " ".join(sdk.scheduler.calls)
+
+
+def test_an_episode_job_shows_each_sample_turn_by_turn(client: TestClient, sdk: FakeSdk) -> None:
+    job = sdk.scheduler.jobs["job0001"]
+    job.spec.environment.key = "calculator"
+    latest = sdk.scheduler.samples[job.id][-1]
+    latest.samples[0].completion = TRANSCRIPT
+    page = client.get("/jobs/job0001").text
+    assert "each is an episode in the <code>calculator</code> environment, turn by turn" in page
+    assert episode_entries(page) == [("ep-assistant", "Assistant · turn 1"), ("ep-tool", "Tool result · calculate"),
+                                     ("ep-tool ep-error", "Tool error · calculate"),
+                                     ("ep-environment", "Environment"), ("ep-assistant", "Assistant · turn 2"),
+                                     ("ep-failed ep-error", "Episode failed")]
+    assert "· 2 turns" in page
+    assert '<pre class="completion">Let me compute.\n&lt;tool_call&gt;{}&lt;/tool_call&gt;</pre>' in page
+    assert '<pre class="completion">Higher: &lt;try&gt; again</pre>' in page  # escaped
+    assert '<pre class="completion">the environment died</pre>' in page
+    # the other sample of the step is a plain answer (no transcript): shown as it is
+    assert "&lt;think&gt;12+1&lt;/think&gt;" in page
+
+
+def test_the_completions_card_says_when_the_samples_cannot_be_read(client: TestClient, sdk: FakeSdk) -> None:
+    def unavailable(*_: object, **__: object) -> None:
+        raise RlvrError(grpc.StatusCode.UNAVAILABLE, "the event stream could not be read",
+                        "rlvr.v1.SchedulerService/GetJobSamples")
+
+    sdk.scheduler.get_job_samples = unavailable  # type: ignore[method-assign]
+    resp = client.get("/jobs/job0001")
+    assert resp.status_code == 200 and "RL Metrics" in resp.text
+    assert "Completions unavailable: UNAVAILABLE: the event stream could not be read" in resp.text
+    sdk.scheduler.samples.clear()
+    del sdk.scheduler.get_job_samples
+    assert "No completions kept for the latest steps" in client.get("/jobs/job0001").text
+
+
+def test_an_evaluation_row_with_an_episode_shows_it_turn_by_turn(client: TestClient, sdk: FakeSdk) -> None:
+    ev = sdk.benchmark.evaluation
+    ev.environment.key, ev.environment.version = "calculator", "1"
+    row = sdk.benchmark.results[0]
+    row.completion = TRANSCRIPT
+    row.episode = json.dumps({"turns": [
+        {"assistant": "Let me compute.", "tool_calls": [{"name": "calculate", "arguments": {"expression": "7*11"},
+                                                         "result": "77", "error": "", "seconds": 0.01}],
+         "reply": "Higher: <try> again", "reward": None, "sampled_tokens": 12, "finish_reason": "stop"},
+        {"assistant": "<answer>77</answer>", "tool_calls": [], "reply": None, "reward": None, "sampled_tokens": 5,
+         "finish_reason": "length"}], "ended_by": "length", "error": "", "truncated": True, "tool_calls": 1,
+        "tool_errors": 0, "state": {}, "seconds": 0.3})
+    sdk.benchmark.results[1].completion = TRANSCRIPT  # no JSON kept: its transcript, turn by turn
+    page = client.get("/evals/ev1").text
+    first = page[page.index('<td class="num">0</td>'):page.index('<td class="num">1</td>')]
+    assert episode_entries(first) == [("ep-assistant", "Assistant · turn 1 12 tokens"),
+                                      ("ep-tool", 'Tool result · calculate {"expression": "7*11"}'),
+                                      ("ep-environment", "Environment"),
+                                      ("ep-assistant", "Assistant · turn 2 5 tokens · cut (length)")]
+    assert "show 2 turns, ended by length, 1 tool call, truncated" in first
+    assert '<pre class="completion">Higher: &lt;try&gt; again</pre>' in first
+    second = page[page.index('<td class="num">1</td>'):page.index('<td class="num">2</td>')]
+    assert [c for c, _ in episode_entries(second)] == ["ep-assistant", "ep-tool", "ep-tool ep-error",
+                                                       "ep-environment", "ep-assistant", "ep-failed ep-error"]
+    third = page[page.index('<td class="num">2</td>'):page.index('<td class="num">3</td>')]
+    assert 'class="episode"' not in third and "<summary>show</summary>" in third  # a single answer, as before

@@ -221,6 +221,9 @@ def test_new_training_form_validation_rounding_and_a_live_job(pages: Pages) -> N
     assert page.evaluate("document.getElementById('chart-reward')") is None
     assert "Accuracy Trend" in page.inner_text("#rl-metrics") and "Reward Trend" in page.inner_text("#rl-metrics")
     assert re.search(r"Batch Size\s+8", page.inner_text("aside")) and "grpo.batch_size 4" in page.inner_text("aside")
+    # the Completions card: the last step's samples (GetJobSamples off the stream), newest first
+    assert page.locator("#completions .sample-step").first.inner_text().strip() == f"Step {STEPS}"
+    assert page.locator("#completions details.sample").count() >= 1
     check_page(page)
     screenshot(page, "job page", "console-job.png")
 

@@ -56,8 +56,16 @@ class FakeScheduler:
         self.loops: dict[str, S.Loop] = {}
         self.calls: list[str] = []
         self.closed = 0
+        self.samples: dict[str, list[C.CompletionSamples]] = {}  # by job, oldest step first
         done = self.add_job("rising", C.JOB_STATUS_COMPLETED, RISING)
         done.adapter.name, done.adapter.version = f"job-{done.id}", 12
+        for step in range(1, len(RISING) + 1):
+            event = C.CompletionSamples(job_id=done.id, step=step)
+            for i in range(2):
+                event.samples.add(prompt=f"<|system|>\nReason, then answer.\n<|user|>\nAdd {step} and {i}",
+                                  completion=f"<think>{step}+{i}</think><answer>{step + i}</answer>",
+                                  reward=1.0 if i else 0.5, accuracy=float(i))
+            self.samples.setdefault(done.id, []).append(event)
         self.add_job("queued", C.JOB_STATUS_QUEUED, [])
         for loop in (make_loop(), running_loop()):
             self.loops[loop.id] = loop
@@ -109,6 +117,14 @@ class FakeScheduler:
     def get_job_metrics(self, request: S.GetJobMetricsRequest, **_: object) -> S.JobMetrics:
         self.get_job(S.GetJobRequest(id=request.job_id))
         return self.metrics[request.job_id]
+
+    def get_job_samples(self, request: S.GetJobSamplesRequest, **_: object) -> S.GetJobSamplesResponse:
+        """As the scheduler answers: one step, or the latest `limit` (0: 5), newest first."""
+        job = self.get_job(S.GetJobRequest(id=request.job_id))
+        kept = self.samples.get(job.id, [])
+        steps = [e for e in kept if e.step == request.step] if request.step else \
+            list(reversed(kept))[:request.limit or 5]
+        return S.GetJobSamplesResponse(job_id=job.id, steps=steps, environment=job.spec.environment.key)
 
     def cancel_job(self, request: S.CancelJobRequest, **_: object) -> C.Job:
         self.calls.append(f"CancelJob {request.id}")

@@ -1,6 +1,6 @@
 """Evaluations: the list, an evaluation's detail page (the overall score and the four tiles:
 accuracy, accuracy strict, format, answered; the per-question Detailed Results, filtered to the
-wrong answers on request, a page at a time; against another evaluation of the same questions, the
+wrong answers on request, a page at a time, an episode's turn by turn; against another evaluation of the same questions, the
 gain with its paired test) and the leaderboard of a benchmark, from the benchmark service; the one
 action is Cancel, on a queued or running evaluation's page. Every page works without JavaScript (a
 running evaluation reloads itself)."""
@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rlvr.clients import episodes_view
 from rlvr.clients.compare import NotComparable, compare_evaluations
 from rlvr.clients.eval_cmd import episodes_line
 from rlvr.clients.web import views
@@ -76,6 +77,8 @@ def routes(console: Console) -> list[Route]:
         infos = {b.name: b for b in benchmark.list_benchmarks().benchmarks}
         info = infos.get(ev.benchmark)
         final = ev.status in views.FINAL_EVAL
+        episodes = ev.HasField("environment")  # each row an episode: shown turn by turn
+        turns_of = [views.completion_turns(r.completion, episodes, r.episode) for r in resp.results]
         return console.page(request, "eval.html", {
             "ev": ev, "status": views.eval_status(ev.status), "policy": views.policy(ev), "final": final,
             "display_name": info.display_name if info else ev.benchmark, "tiles": views.eval_tiles(ev.scores),
@@ -85,6 +88,8 @@ def routes(console: Console) -> list[Route]:
             "definitions": [(title, DEFINITIONS[key]) for key, title in views.EVAL_TILES],
             "paired": paired(ev, request.query_params.get("compare", "")),
             "episodes_line": episodes_line(ev),  # an evaluation with an environment: its counters
+            "turns_of": turns_of, "entry_heading": views.entry_heading,
+            "endings": [episodes_view.ending(r.episode) for r in resp.results],
         }, active="evals")
 
     def leaderboard(request: Request) -> Response:

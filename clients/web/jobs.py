@@ -1,5 +1,6 @@
 """The jobs pages: the list (status, progress, a reward/accuracy sparkline) and an RLVR job's detail
-page (the RL Metrics card above the Actions panel, the Training Summary beside them), live while
+page (the RL Metrics card above the Actions panel and the Completions card, a few sampled
+completions of the latest steps with episodes turn by turn; the Training Summary beside them), live while
 the job runs, with the actions: Download Adapter (a zip), Merge Model (with progress), Export
 History (CSV / JSONL) and Cancel."""
 
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from rlvr.clients.errors import explain
 from rlvr.clients.web import live, views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.clients.web.downloads import zip_stream
@@ -25,7 +27,8 @@ from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
 PAGE_SIZE = 20
-REGIONS = ("job-status", "rl-metrics", "actions", "job-details")
+REGIONS = ("job-status", "rl-metrics", "actions", "completions", "job-details")
+SAMPLE_STEPS = 3  # the Completions card's steps (GetJobSamples' latest)
 
 
 def tracking_rows(job: C.Job) -> list[dict[str, Any]]:
@@ -50,12 +53,25 @@ def routes(console: Console) -> list[Route]:
         return (scheduler.get_job(S.GetJobRequest(id=job_id)),
                 scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id)))
 
+    def samples(job: C.Job, metrics: S.JobMetrics) -> dict[str, Any]:
+        """The Completions card: the latest steps' samples (none asked before a step is stored); a
+        failed read is said in the card, the rest of the page shows as ever."""
+        if not metrics.has_steps:
+            return {"samples": [], "samples_error": "", "environment": job.spec.environment.key}
+        try:
+            resp = scheduler.get_job_samples(S.GetJobSamplesRequest(job_id=job.id, limit=SAMPLE_STEPS))
+        except RlvrError as e:
+            return {"samples": [], "samples_error": explain(e), "environment": job.spec.environment.key}
+        return {"samples": views.samples_view(resp), "samples_error": "",
+                "environment": resp.environment or job.spec.environment.key}
+
     def context(job: C.Job, metrics: S.JobMetrics, csrf_token: str) -> dict[str, Any]:
         current, total = views.progress(job)
         return {"job": job, "status": views.job_status(job.status), "final": views.is_final_job(job),
                 "current": current, "total": total, "metrics": views.metrics_view(metrics),
                 "has_steps": metrics.has_steps, "summary": views.summary(job.summary), "when": views.when,
-                "csrf_token": csrf_token, "tracking": tracking_rows(job)}
+                "csrf_token": csrf_token, "tracking": tracking_rows(job), "entry_heading": views.entry_heading,
+                **samples(job, metrics)}
 
     def regions(job: C.Job, metrics: S.JobMetrics, csrf_token: str) -> dict[str, str]:
         ctx = context(job, metrics, csrf_token)

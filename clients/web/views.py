@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from rlvr.clients import jobs_view, loop_report, loops_view, report
+from rlvr.clients import episodes_view, jobs_view, loop_report, loops_view, report
 from rlvr.clients.eval_cmd import TILES as EVAL_TILES
 from rlvr.clients.jobs_view import human_size as human_size  # re-exported: the job page's sizes
 from rlvr.clients.jobs_view import summary_rows
@@ -160,6 +160,71 @@ def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) 
         f'<polyline fill="none" stroke="{report.COLORS["accuracy"]}" stroke-width="2" stroke-linecap="{marker}" '
         f'points="{line(accuracies)}"/></svg>'
     )
+
+
+# ---------------------------------------------------------------- completions and episodes
+
+ENTRY_WHO = {"assistant": "Assistant", "tool": "Tool result", "environment": "Environment",
+             "failed": "Episode failed", "text": ""}
+
+
+def entry_heading(entry: episodes_view.Entry) -> str:
+    """An episode entry's heading: who speaks, and which turn or tool ("Assistant · turn 2",
+    "Tool error · calculate", "Environment")."""
+    if entry.kind == "assistant":
+        return f"Assistant · {entry.label.lower()}"
+    if entry.kind == "tool":
+        return f"{'Tool error' if entry.error else 'Tool result'} · {entry.label.removeprefix('Tool ')}"
+    return ENTRY_WHO.get(entry.kind, entry.label)
+
+
+def completion_turns(completion: str, episodes: bool, episode_json: str = "") -> list[episodes_view.Entry]:
+    """A completion turn by turn when it is an episode (its JSON when there is one, else its
+    transcript); `[]` for a single answer, shown as it is."""
+    if episode_json:
+        entries = episodes_view.from_episode(episode_json)
+        if entries:
+            return entries
+    if episodes and episodes_view.is_transcript(completion):
+        return episodes_view.from_transcript(completion)
+    return []
+
+
+def prompt_tail(prompt: str, width: int = 100) -> str:
+    """The prompt's last non-empty line (the question, after a chat template's system text), cut."""
+    lines = [line.strip() for line in prompt.splitlines() if line.strip()]
+    tail = lines[-1] if lines else ""
+    return tail if len(tail) <= width else tail[: width - 1] + "…"
+
+
+@dataclass(frozen=True)
+class SampleView:
+    number: int
+    prompt: str
+    prompt_tail: str
+    completion: str
+    reward: str
+    accuracy: str
+    turns: list[episodes_view.Entry]
+
+    @property
+    def turn_count(self) -> int:
+        return sum(e.kind == "assistant" for e in self.turns)
+
+
+@dataclass(frozen=True)
+class StepSamplesView:
+    step: int
+    samples: list[SampleView]
+
+
+def samples_view(resp: S.GetJobSamplesResponse) -> list[StepSamplesView]:
+    """The Completions card: each step's samples, newest step first, episodes turn by turn."""
+    episodes = bool(resp.environment)
+    return [StepSamplesView(event.step, [
+        SampleView(n, s.prompt, prompt_tail(s.prompt), s.completion, f"{s.reward:.3f}", f"{s.accuracy:.2f}",
+                   completion_turns(s.completion, episodes)) for n, s in enumerate(event.samples, 1)])
+        for event in resp.steps]
 
 
 # ---------------------------------------------------------------- loops

@@ -74,6 +74,7 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset(
         "rlvr.v1.SchedulerService/ListJobs",
         "rlvr.v1.SchedulerService/WatchJob",
         "rlvr.v1.SchedulerService/GetJobMetrics",
+        "rlvr.v1.SchedulerService/GetJobSamples",
         "rlvr.v1.SchedulerService/DownloadAdapter",
         "rlvr.v1.SchedulerService/DownloadMergedModel",
         "rlvr.v1.SchedulerService/ExportHistory",

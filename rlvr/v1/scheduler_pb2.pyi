@@ -245,6 +245,26 @@ class JobMetrics(_message.Message):
     has_episodes: bool
     def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ...) -> None: ...
 
+class GetJobSamplesRequest(_message.Message):
+    __slots__ = ("job_id", "step", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetJobSamplesResponse(_message.Message):
+    __slots__ = ("job_id", "steps", "environment")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    steps: _containers.RepeatedCompositeFieldContainer[_common_pb2.CompletionSamples]
+    environment: str
+    def __init__(self, job_id: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[_common_pb2.CompletionSamples, _Mapping]]] = ..., environment: _Optional[str] = ...) -> None: ...
+
 class DownloadAdapterRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

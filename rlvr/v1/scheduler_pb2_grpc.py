@@ -71,6 +71,11 @@ class SchedulerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.JobMetrics.FromString,
                 _registered_method=True)
+        self.GetJobSamples = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/GetJobSamples',
+                request_serializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesResponse.FromString,
+                _registered_method=True)
         self.DownloadAdapter = channel.unary_stream(
                 '/rlvr.v1.SchedulerService/DownloadAdapter',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.DownloadAdapterRequest.SerializeToString,
@@ -188,6 +193,15 @@ class SchedulerServiceServicer:
 
     def GetJobMetrics(self, request, context):
         """The RL Metrics card, computed from the stored metric points.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobSamples(self, request, context):
+        """Each step's sample of completions (CompletionSamples: the few the trainer publishes per
+        step, as the trackers log them), read off the event stream: the latest `limit` stored steps,
+        or one step. A step the stream no longer keeps (or one whose samples never came) is left out.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -328,6 +342,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetJobMetrics,
                     request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_scheduler__pb2.JobMetrics.SerializeToString,
+            ),
+            'GetJobSamples': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobSamples,
+                    request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesResponse.SerializeToString,
             ),
             'DownloadAdapter': grpc.unary_stream_rpc_method_handler(
                     servicer.DownloadAdapter,
@@ -579,6 +598,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/GetJobMetrics',
             rlvr_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.SerializeToString,
             rlvr_dot_v1_dot_scheduler__pb2.JobMetrics.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/GetJobSamples',
+            rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesRequest.SerializeToString,
+            rlvr_dot_v1_dot_scheduler__pb2.GetJobSamplesResponse.FromString,
             options,
             channel_credentials,
             insecure,

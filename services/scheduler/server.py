@@ -30,6 +30,7 @@ from rlvr.services.scheduler.environments import list_environments
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
 from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
+from rlvr.services.scheduler.samples import job_samples
 from rlvr.services.scheduler.settings import SchedulerSettings
 from rlvr.services.scheduler.tracking import TrackingBridge
 from rlvr.services.scheduler.workers import GrpcWorkers
@@ -99,6 +100,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def GetJobMetrics(self, request, context):  # noqa: N802
         return await self._actions().metrics(request.job_id)
+
+    async def GetJobSamples(self, request, context):  # noqa: N802
+        return await job_samples(self._jobs(), request)
 
     async def DownloadAdapter(self, request, context) -> AsyncIterator:  # noqa: N802
         async for chunk in self._actions().adapter_chunks(request.job_id):

@@ -41,7 +41,6 @@ from rlvr.common.errors import InvalidArgument, NotFound, shown
 from rlvr.infra.events import (
     EventBus,
     cancel_and_wait,
-    job_samples_subject,
     job_status_subject,
     status_msg_id,
 )
@@ -50,6 +49,7 @@ from rlvr.jobspec import job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now_ts, spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.metrics import job_metrics
+from rlvr.services.scheduler.samples import sample_rows, samples_by_step
 from rlvr.tracking import config as tc
 from rlvr.tracking.base import Tracker, run_info
 from rlvr.tracking.open import open_tracker
@@ -273,23 +273,10 @@ class TrackingBridge:
             m.caught_up.set()
 
     async def _samples(self, job_id: str, steps: Sequence[int]) -> dict[int, list[dict[str, object]]]:
-        """Each step's sample of completions, off the stream (CompletionSamples; published before
-        the step's metrics, so there once the step is stored); none for a step it no longer keeps."""
-        out: dict[int, list[dict[str, object]]] = {}
-        if self.bus is None:
-            return out
-        for step in steps:
-            try:
-                data = await self.bus.last_message(job_samples_subject(job_id, step))
-                if data is None:
-                    continue
-                event = common_pb2.CompletionSamples.FromString(data)
-            except Exception as e:  # the table is the optional part: the metrics go on without it
-                log.debug("job %s step %d: no completions sample (%s)", job_id, step, e)
-                continue
-            out[step] = [{"step": step, "prompt": s.prompt, "completion": s.completion, "reward": s.reward,
-                          "accuracy": s.accuracy} for s in event.samples]
-        return out
+        """Each step's sample of completions, off the stream (samples.py); none for a step it no
+        longer keeps."""
+        return {step: sample_rows(step, event)
+                for step, event in (await samples_by_step(self.bus, job_id, steps)).items()}
 
     async def _feed(self, row: JobRow, m: Mirror, points: Sequence[MetricPointRow],
                     samples: dict[int, list[dict[str, object]]], tiles: dict[str, float] | None) -> None:
