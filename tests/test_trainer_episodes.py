@@ -173,3 +173,30 @@ def test_a_resumed_environment_job_ends_with_the_uninterrupted_runs_adapter_bit_
     expected = load_file(str(Path(whole.adapter_path) / "adapter_model.safetensors"))
     got = load_file(str(Path(resumed.adapter_path) / "adapter_model.safetensors"))
     assert set(expected) == set(got) and all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_a_turn_samples_the_same_stream_whatever_the_processes_share_of_the_step(offset: int) -> None:
+    """A process whose share of the step starts at prompt `offset` seeds its first prompt as that
+    prompt of the step; the episode's turn seed already says where it is, so the stream the engine
+    samples from (prompt_seed of the request's seed and the prompt's place) is the same."""
+    import asyncio
+
+    from rlvr.seeds import prompt_seed
+    from rlvr.services.trainer.episodes import GeneratorSampler
+
+    seen: list[int] = []
+
+    class Generator:
+        prompt_offset = offset
+
+        def generate(self, prompts, sampling, expected):  # noqa: ANN001, ANN202
+            seen.append(prompt_seed(sampling.from_prompt(self.prompt_offset).seed, 0))  # what the engine draws from
+            return RolloutBatch([prompts[0]], [[1]], [[-0.1]], [False], expected, 0.0)
+
+    sampler = GeneratorSampler(Generator(), 1.0, AdapterTag(), newest=False, workers=1)
+    try:
+        asyncio.run(sampler.sample([5, 6], 32, seed=12345))
+    finally:
+        sampler.close()
+    assert seen == [prompt_seed(12345, 0)]

@@ -36,7 +36,7 @@ from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episo
 from rlvr.episodes.scoring import EpisodeScores, episode_score_input, transcript
 from rlvr.episodes.types import Episode
 from rlvr.peers.types import AdapterTag, Sampling, Score
-from rlvr.seeds import prompt_seed
+from rlvr.seeds import offset_seed, prompt_seed
 from rlvr.tasks.base import Problem
 
 __all__ = ["EpisodeFailure", "EpisodeRollout", "EpisodeStats", "GeneratorSampler", "episode_score_input",
@@ -81,6 +81,10 @@ class GeneratorSampler:
         return self.generator.generate([prompt_ids], sampling, self.expected)
 
     async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+        # The generator seeds its first prompt as prompt `prompt_offset` of the step (rlvr/seeds.py):
+        # a turn's seed already names its episode's place in the whole step, so the offset is taken
+        # back out, and a job split over processes samples the turns one process would.
+        seed = offset_seed(seed, -getattr(self.generator, "prompt_offset", 0))
         sampling = Sampling(temperature=self.temperature, max_tokens=max_tokens, seed=seed, group_size=1)
         batch = await asyncio.get_running_loop().run_in_executor(self._pool, self._one, prompt_ids, sampling)
         self.generate_seconds += batch.seconds
