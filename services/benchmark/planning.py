@@ -10,6 +10,7 @@ the rollout service does not hold; FailedPrecondition for a model it does not se
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import tempfile
@@ -339,7 +340,8 @@ async def _prepare(request: benchmark_pb2.RunEvaluationRequest, peers: Peers, pr
     if rollout.max_model_len and sampling.max_tokens >= rollout.max_model_len:
         raise out_of_range("sampling.max_tokens", sampling.max_tokens,
                            f"below the rollout service's max_model_len {rollout.max_model_len}")
-    environment = environment_plan(request.environment, sampling)
+    # In a thread: the registry waits for a remote environment's server that is down (its wait_seconds).
+    environment = await asyncio.to_thread(environment_plan, request.environment, sampling)
     adapter, upload_version = await _check_adapter(request, peers, folder is not None)
     problems = await peers.problems(benchmark.reward_function, request.limit, request.dataset.strip(),
                                     request.dataset_split)

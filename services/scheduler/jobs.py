@@ -109,12 +109,13 @@ class JobManager:
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
         catalog = await self.rewards.catalog()
-        resolved = resolve_spec(spec, catalog=catalog, environments=self.environments)
+        environments = await self.environments_for(spec)
+        resolved = resolve_spec(spec, catalog=catalog, environments=environments)
         nodes, configured = num_nodes(resolved.spec), len(self.workers.addresses)
         if nodes > configured:
             raise InvalidArgument(f"advanced.num_nodes: {nodes} nodes need {nodes} trainer workers, but this "
                                   f"scheduler has {configured} (trainer_addresses); a job never starts on fewer")
-        await self.check_data(resolved.spec, catalog)
+        await self.check_data(resolved.spec, catalog, environments)
         if resolved.spec.HasField("init_adapter") and (resolved.spec.init_adapter.name or resolved.spec.init_adapter.path):
             resolved.spec.init_adapter.CopyFrom(await self.resolve_adapter(resolved.spec.init_adapter))
         if dry_run:
@@ -132,8 +133,18 @@ class JobManager:
         the model roots: rlvr.models.check_base_model), or a dataset the trainer could not read or that
         lacks a column the job's rewards or its environment read (services/scheduler/datasets.py)."""
         check_base_model(spec.base_model, self.model_roots)
-        environment = environment_info(spec.environment.key, environments or self.environments)
+        environment = environment_info(spec.environment.key, environments or await self.environments_for(spec))
         await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog, environment)
+
+    async def environments_for(self, spec: common_pb2.JobSpec) -> EnvironmentCatalog | None:
+        """What a spec naming an environment is checked against: this process's registry, loaded in a
+        thread, never on the event loop (a remote environment's server that is down is waited for,
+        up to its wait_seconds, at every load); None when the spec names none (nothing to load)."""
+        if self.environments is not None or not spec.environment.key.strip():
+            return self.environments
+        from rlvr.environments.registry import load_registry
+
+        return await asyncio.to_thread(load_registry)
 
     async def resolve_adapter(self, ref: common_pb2.AdapterRef) -> common_pb2.AdapterRef:
         """A job's adapter named in a spec (`init_adapter`), with the folder the trainer reads.

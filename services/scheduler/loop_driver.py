@@ -194,7 +194,7 @@ class LoopDriver(abc.ABC):
             job_spec.init_adapter.CopyFrom(common_pb2.AdapterRef(
                 name=best_job.adapter_name, version=best_job.adapter_version, path=best_job.adapter_path))
             on_top = f"on top of R{best.index} ({best.score:.1f}%)"
-        resolved = resolve_spec(job_spec)
+        resolved = await asyncio.to_thread(resolve_spec, job_spec)  # it may load the environment registry
         round_row = RoundRow(loop_id=loop.id, index=index, status="TRAINING",
                              base_round=best.index if best is not None else 0, started_at=utc_now())
         try:

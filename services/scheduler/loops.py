@@ -115,12 +115,15 @@ class LoopManager(LoopDriver):
         # What needs no peer first: a bad spec is refused at once, not after the benchmark service's
         # retries when that service is down.
         catalog = await self.jobs.rewards.catalog()
-        own = check_own_fields(spec, self.max_lora_rank, catalog)
+        # In threads: resolving the job spec loads the environment registry when it names one, which
+        # waits for a remote environment's server that is down (JobManager.environments_for).
+        own = await asyncio.to_thread(check_own_fields, spec, self.max_lora_rank, catalog)
         try:
             await self.jobs.check_data(own.spec.job, catalog)
         except InvalidArgument as e:
             raise e.prefixed("job.") from None
-        resolved = resolve_loop_spec(spec, await self.benchmarks.list(), self.max_lora_rank, catalog)
+        benchmarks = await self.benchmarks.list()
+        resolved = await asyncio.to_thread(resolve_loop_spec, spec, benchmarks, self.max_lora_rank, catalog)
         if dry_run:
             return resolved, None
         now = utc_now()
