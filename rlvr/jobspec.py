@@ -698,7 +698,10 @@ def _validate_environment(spec: common_pb2.JobSpec, warnings: list[str], catalog
     elif e.max_episode_tokens < per_turn and not v.bad("grpo.max_completion_tokens"):
         warnings.append(f"environment.max_episode_tokens {e.max_episode_tokens} is below grpo.max_completion_tokens "
                         f"{per_turn}: an episode's first answer may be cut at {e.max_episode_tokens} tokens")
-    _validate_settings(e, v)
+    _validate_settings(e, v, info)
+    if spec.advanced.dynamic_sampling:
+        v.add(InvalidArgument("advanced.dynamic_sampling: not available with an environment (environment.key "
+                              f"{e.key!r}); turn it off"))
     if info is not None and info.columns and not spec.reward.dataset and not v.bad("reward"):
         # the prompts are the reward's own: they must hold the columns the environment reads
         reward = (rewards.rewards if rewards is not None else load_registry().rewards).get(spec.reward.key)
@@ -710,11 +713,16 @@ def _validate_environment(spec: common_pb2.JobSpec, warnings: list[str], catalog
                 "reward.dataset holding it"))
 
 
-def _validate_settings(e: common_pb2.EnvironmentConfig, v: Violations) -> None:
+def _validate_settings(e: common_pb2.EnvironmentConfig, v: Violations, info: EnvironmentInfo | None) -> None:
     if len(e.settings) > MAX_ENVIRONMENT_SETTINGS:
         v.add(out_of_range("environment.settings", f"{len(e.settings)} settings",
                            f"at most {MAX_ENVIRONMENT_SETTINGS}"))
         return
+    declared = getattr(info, "settings", None)
+    unknown = sorted(set(e.settings) - set(declared)) if declared is not None else []
+    if unknown:
+        v.add(InvalidArgument(f"environment.settings: {e.key!r} takes no setting {', '.join(map(repr, unknown))}; "
+                              f"it takes: {', '.join(declared) if declared else 'none'}"))
     for key in sorted(e.settings):
         if not SETTING_KEY_RE.match(key):
             v.add(InvalidArgument(f"environment.settings: the key {shown(key)} is not allowed; use 1-64 letters, "

@@ -273,3 +273,102 @@ def test_a_sampler_failure_cancels_the_other_episodes_and_is_raised() -> None:
         asyncio.run(run_episodes(tasks, Failing(), lambda _s: CODEC, LIMITS,
                                  lambda i: TOKENIZER.decode(i, skip_special_tokens=True)))
     assert len(started) == 3 and len(cancelled) == 2
+
+
+def test_a_turn_ended_on_a_token_the_template_never_ends_a_turn_with_ends_the_episode() -> None:
+    class EndOfText(Script):
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            out = await super().sample(prompt_ids, max_tokens, seed)
+            ids = out.token_ids[:-1] + [TOKENIZER.convert_tokens_to_ids("<|endoftext|>")]
+            return TurnOutput(ids, out.logprobs, "stop", out.adapter_name, out.adapter_version)
+
+    episode = play(Game(), EndOfText(["I guess 3", "I guess 7"]))
+    assert episode.ended_by == "other_stop" and len(episode.turns) == 1
+    assert sum(1 - m for m in episode.samples[0].mask) == 0  # nothing appended after it
+
+
+def test_a_later_turn_gets_only_the_room_the_engine_s_context_leaves() -> None:
+    script = Script(["I guess 3", "I guess 7"])
+    first = play(Game(), script)
+    prompt, completion = len(first.samples[0].prompt_ids), len(ids("I guess 3")) + 1
+    context = prompt + completion + first.turns[0].observation_tokens + 40
+    script = Script(["I guess 3", "I guess 7"])
+    episode = play(Game(), script, EpisodeLimits(6, 64, 2000, max_context_tokens=context))
+    assert [c[1] for c in script.calls] == [64, 40]
+    assert episode.ended_by == "done"
+    tight = play(Game(), Script(["I guess 3", "I guess 7"]),
+                 EpisodeLimits(6, 64, 2000, min_turn_tokens=41, max_context_tokens=context))
+    assert tight.ended_by == "token_cap" and tight.truncated  # under the sampler's floor: no turn sampled
+    assert len(tight.turns) == 1
+
+
+def test_a_rolled_back_observation_is_not_in_the_conversation() -> None:
+    class Chatty(Game):
+        def step(self, text: str) -> Reply:
+            return Reply(text="higher " * 40)
+
+    episode = play(Chatty(), Script(["I guess 3"]), EpisodeLimits(6, 64, len(ids("I guess 3")) + 1 + 60))
+    assert episode.observations_cut == 1 and episode.messages[-1]["role"] == "assistant"
+
+
+def test_an_environment_that_cannot_go_on_in_a_tool_ends_the_episode() -> None:
+    from rlvr.environments.base import EnvironmentFailure
+
+    class Gone(Environment):
+        @tool
+        def look(self, where: str) -> str:
+            """Looks somewhere.
+
+            Args:
+                where: a place
+            """
+            raise EnvironmentFailure("the game server at 10.0.0.7:7000 is gone")
+
+    call = '<tool_call>\n{"name": "look", "arguments": {"where": "north"}}\n</tool_call>'
+    episode = play(Gone(), Script([call, "done"]))
+    assert episode.ended_by == "error" and episode.error.startswith("environment tool failed: EnvironmentFailure")
+    assert len(episode.turns) == 1  # the policy never read it as a tool result
+
+
+def test_a_template_that_refuses_what_a_turn_made_ends_that_episode_only() -> None:
+    from test_episode_chat import TOOLS, codec_for
+
+    codec = codec_for("tiny", "llama3.1", tools=TOOLS)
+    tokenizer = codec.tokenizer
+    two = '{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "parameters": {"a": 3, "b": 4}}'
+
+    class Twice:
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            out = tokenizer(two, add_special_tokens=False)["input_ids"] + codec.turn_enders[:1]
+            return TurnOutput(out, None, "stop")
+
+    task = EpisodeTask(Calculator(), EpisodeRow("Add."), [{"role": "user", "content": "Add."}], 1)
+    episode = asyncio.run(run_episode(task, Twice(), lambda _s: codec, LIMITS,
+                                      lambda i: tokenizer.decode(i, skip_special_tokens=True)))
+    assert episode.ended_by == "error" and "environment template failed" in episode.error
+    assert "single tool-calls" in episode.error
+
+
+def test_a_plain_environment_method_that_blocks_holds_up_no_other_episode() -> None:
+    import threading
+
+    released = threading.Event()
+    finished: list[str] = []
+
+    class Fast(Game):
+        def step(self, text: str) -> Reply:
+            finished.append("fast")
+            released.set()
+            return Reply(done=True)
+
+    class Blocking(Game):
+        def step(self, text: str) -> Reply:  # a plain method that waits: run in a thread, not on the loop
+            assert released.wait(timeout=30)
+            finished.append("blocking")
+            return Reply(done=True)
+
+    tasks = [EpisodeTask(env, EpisodeRow("Play.", ground_truth="7"), [{"role": "user", "content": "Play."}], i)
+             for i, env in enumerate([Blocking(), Fast()])]
+    asyncio.run(run_episodes(tasks, Script(["I guess 7"] * 4), lambda _s: CODEC, LIMITS,
+                             lambda i: TOKENIZER.decode(i, skip_special_tokens=True)))
+    assert finished == ["fast", "blocking"]

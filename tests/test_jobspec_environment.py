@@ -217,3 +217,39 @@ async def test_create_job_names_a_dataset_column_the_environment_reads(tmp_path:
     assert created is not None and created.spec.environment.version == "1"
     assert resolved.summary.settings["environment.max_turns"] == "8"
     store.close()
+
+
+def test_a_setting_the_environment_does_not_take_is_refused_naming_those_it_takes() -> None:
+    takes = dataclasses.replace(WORDLE, columns=(), settings=("max_misses", "lang"))
+    catalog = EnvironmentChoices({"calculator": dataclasses.replace(CALCULATOR, settings=()), "wordle": takes})
+    with pytest.raises(InvalidArgument) as e:
+        resolve_spec(job("wordle", settings={"max_misses": "3", "lnag": "en"}), environments=catalog)
+    assert e.value.violations == [("environment.settings", "'wordle' takes no setting 'lnag'; it takes: max_misses, lang")]
+    with pytest.raises(InvalidArgument, match="'calculator' takes no setting 'digits'; it takes: none"):
+        resolve_spec(job("calculator", settings={"digits": "2"}), environments=catalog)
+    resolve_spec(job("wordle", settings={"lang": "en"}), environments=catalog)  # a setting it takes
+    resolve_spec(job("wordle", settings={"anything": "x"}), environments=EnvironmentChoices({"wordle": dataclasses.replace(WORDLE, columns=())}))  # not declared: passed on
+
+
+def test_dynamic_sampling_is_refused_with_an_environment() -> None:
+    spec = job("calculator")
+    spec.advanced.dynamic_sampling = True
+    assert ("advanced.dynamic_sampling", "not available with an environment (environment.key 'calculator'); "
+            "turn it off") in bad_fields(spec)
+
+
+def test_the_environment_decorator_declares_the_settings_its_class_takes() -> None:
+    from rlvr.environments import Environment, environment
+
+    @environment("takes_two")
+    class TakesTwo(Environment):
+        def __init__(self, size: str = "3", mode: str = "easy") -> None:
+            self.size, self.mode = size, mode
+
+    @environment("takes_any")
+    class TakesAny(Environment):
+        def __init__(self, **settings: str) -> None:
+            self.settings = settings
+
+    assert TakesTwo.settings == ("size", "mode") and TakesTwo.info().settings == ("size", "mode")
+    assert TakesAny.settings is None

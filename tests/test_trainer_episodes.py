@@ -141,6 +141,8 @@ def test_a_failing_environment_fails_its_episodes_and_the_step_only_when_all_fai
     errors = [s.error for s in rows["score"]]
     assert sum(bool(e) for e in errors) == 2 and all("board missing" in e for e in errors if e)
     assert all(s.reward == 0 for s in rows["score"] if s.error)
+    for score, mask in zip(rows["score"], rows["env_mask"], strict=True):  # a failed episode is not trained on
+        assert (sum(mask) == 0) == bool(score.error)
     assert step.record.episodes.failed == 2
 
     def broken(self, row):  # noqa: ANN001, ANN202

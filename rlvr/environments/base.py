@@ -37,9 +37,15 @@ MAX_TURNS_DEFAULT = 4
 TOOL_TIMEOUT_DEFAULT = 10.0
 
 __all__ = [
-    "Environment", "EnvironmentDefinition", "EnvironmentInfo", "EpisodeRow", "KEY_RE", "KEY_RULE", "Reply",
+    "Environment", "EnvironmentDefinition", "EnvironmentFailure", "EnvironmentInfo", "EpisodeRow", "KEY_RE", "KEY_RULE", "Reply",
     "ToolCall", "check_tool", "environment", "tool",
 ]
+
+
+class EnvironmentFailure(RuntimeError):
+    """Raised (by a tool or any method) when the environment itself cannot go on, not the policy's
+    call: the episode ends with this reason, scored 0, instead of the policy reading it as a tool's
+    error (a remote environment's server gone is one)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,9 @@ class EnvironmentInfo:
     max_turns: int = MAX_TURNS_DEFAULT  # a job's default when it names this environment
     tool_timeout_seconds: float = TOOL_TIMEOUT_DEFAULT  # each tool call's time limit
     source: str = "built-in"
+    # The settings it takes (its class's keyword arguments): a job naming another is refused. None:
+    # not declared (a remote environment, a factory of its own), any is passed on.
+    settings: tuple[str, ...] | None = None
 
     @property
     def benchmark(self) -> str:
@@ -216,6 +225,8 @@ def environment(
     def make(cls: type[Environment]) -> EnvironmentDefinition:
         params = inspect.signature(cls).parameters
         takes = bool(params)
+        open_ended = any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params.values())
+        settings = None if open_ended else tuple(params)
 
         def factory(settings: Mapping[str, str]) -> Environment:
             return cls(**settings) if takes else cls()
@@ -227,7 +238,7 @@ def environment(
             description=description or (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " "),
             version=version, columns=tuple(columns), instruction=instruction,
             default_benchmark=default_benchmark, tools=tools, max_turns=max_turns,
-            tool_timeout_seconds=tool_timeout_seconds, factory=factory, environment_class=cls,
+            tool_timeout_seconds=tool_timeout_seconds, factory=factory, environment_class=cls, settings=settings,
         )
 
     return make

@@ -48,6 +48,7 @@ from rlvr.environments.base import (
     TOOL_TIMEOUT_DEFAULT,
     Environment,
     EnvironmentDefinition,
+    EnvironmentFailure,
     EpisodeRow,
     Reply,
 )
@@ -80,7 +81,7 @@ __all__ = ["RemoteEnvironment", "RemoteEnvironmentError", "RemoteToolError", "re
            "remote_definition_async", "remote_definitions"]
 
 
-class RemoteEnvironmentError(RuntimeError):
+class RemoteEnvironmentError(EnvironmentFailure):
     """A remote environment's call failed or answered garbage: one line naming the key, the
     address, the call and the status (``code``; None for a garbage answer) or the reason."""
 

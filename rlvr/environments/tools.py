@@ -10,7 +10,9 @@ is something the policy learns from, not a crashed episode. A sync tool runs in 
 its own, an async one is awaited, each under the time limit. A sync tool past its limit cannot be
 stopped (a thread cannot be killed): its thread runs on until it returns and its result is dropped
 (nothing waits for it, the process's exit neither); a tool that may hang should be ``async`` or
-bound its own work (as ``code_run`` does with the sandbox).
+bound its own work (as ``code_run`` does with the sandbox). The one exception it lets through is an
+`EnvironmentFailure`: the environment itself cannot go on (a remote server gone), which ends the
+episode rather than being shown to the policy.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.environments.base import Environment, ToolCall
+from rlvr.environments.base import Environment, EnvironmentFailure, ToolCall
 
 __all__ = ["MAX_RESULT_CHARS", "ToolResult", "run_tool", "tool_map", "tool_schemas"]
 
@@ -130,7 +132,7 @@ async def run_tool(tools: Mapping[str, Callable[..., Any]], call: ToolCall, time
             value = await asyncio.wait_for(_in_thread(functools.partial(fn, **arguments)), timeout)
             if inspect.isawaitable(value):  # a sync callable that returned a coroutine
                 value = await asyncio.wait_for(value, max(0.0, timeout - (time.monotonic() - started)))
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, EnvironmentFailure):  # the environment's own end, not the policy's call
         raise
     except (Exception, SystemExit) as exc:  # wait_for's TimeoutError among them; a tool's sys.exit()
         if isinstance(exc, TimeoutError) and time.monotonic() - started >= timeout:

@@ -260,6 +260,7 @@ class ChatCodec:
         stop_texts = [stop_text] + [t for t in _OTHER_TURN_ENDERS if t in self.template_text and t in self._added]
         self._stop_texts = list(dict.fromkeys(stop_texts))
         ids = [self._added[t] for t in self._stop_texts if t in self._added]
+        self.turn_enders: list[int] = list(dict.fromkeys(ids))  # the turn-end tokens the template renders
         eos = getattr(self.tokenizer, "eos_token_id", None)
         ids += list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
         self.stop_ids: list[int] = list(dict.fromkeys(int(i) for i in ids))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rlvr.environments.base import Environment, EpisodeRow, Reply
+from rlvr.environments.base import Environment, EnvironmentFailure, EpisodeRow, Reply
 from rlvr.episodes.types import Episode, EpisodeSample, TurnRecord
 from rlvr.seeds import prompt_seed
 
@@ -68,6 +68,7 @@ class EpisodeLimits:
     max_episode_tokens: int  # sampled + observation tokens of the whole episode
     tool_timeout_seconds: float = 10.0
     min_turn_tokens: int = 1  # a turn with less room than this is not sampled (the sampler's floor)
+    max_context_tokens: int = 0  # the engine's context (prompt + completion) limit; 0: none
 
 
 @dataclass
@@ -87,7 +88,11 @@ def turn_seed(seed: int, turn: int) -> int:
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    result = fn(*args)
+    """An environment method, awaited when `async def`, else run in a worker thread: a slow plain
+    method holds up its own episode only."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
     return await result if inspect.isawaitable(result) else result
 
 
@@ -121,12 +126,18 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
             codec = codec_for(_schemas(env) if tools else [])
         except Exception as exc:  # noqa: BLE001 - the environment's failure ends this episode only
             return _failed(episode, "reset", exc, started)
-        sample = EpisodeSample(prompt_ids=list(codec.prompt_ids(messages)))
+        try:
+            sample = EpisodeSample(prompt_ids=list(codec.prompt_ids(messages)))
+        except Exception as exc:  # noqa: BLE001 - the chat template refuses the row's conversation
+            return _failed(episode, "template", exc, started)
         episode.samples.append(sample)
         used = 0  # sampled + observation tokens of the episode so far
+        floor = max(1, limits.min_turn_tokens)
         for turn in range(limits.max_turns):
             room = min(limits.max_tokens_per_turn, limits.max_episode_tokens - used)
-            if room < max(1, limits.min_turn_tokens):
+            if limits.max_context_tokens:
+                room = min(room, limits.max_context_tokens - len(sample.prompt_ids) - len(sample.completion_ids))
+            if room < floor:
                 episode.truncated, episode.ended_by = True, "token_cap"
                 break
             out = await sampler.sample(sample.prompt_ids + sample.completion_ids, room, turn_seed(task.seed, turn))
@@ -142,8 +153,16 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
             if out.finish_reason == "length":
                 episode.truncated, episode.ended_by = True, "length"
                 break
+            if out.token_ids and out.token_ids[-1] not in getattr(codec, "turn_enders", [out.token_ids[-1]]):
+                # Stopped on an end-of-text the template never puts after a turn: nothing can be
+                # appended that the template would render, so the episode ends at this answer.
+                episode.ended_by = "other_stop"
+                break
             if calls or malformed:
-                new = await _run_calls(episode, record, codec, tools, calls, malformed, limits)
+                try:
+                    new = await _run_calls(episode, record, codec, tools, calls, malformed, limits)
+                except EnvironmentFailure as exc:
+                    return _failed(episode, "tool", exc, started)
             else:
                 try:
                     reply = await _call(env.step, text)
@@ -162,16 +181,22 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
                 messages.extend(new)  # the conversation shows them; no turn follows to train on
                 episode.ended_by = "max_turns"
                 break
-            ids = codec.after_turn(messages, new)
-            messages.extend(new)
-            if ids is None:  # the template re-renders earlier turns: a new sample, rendered afresh
-                sample = EpisodeSample(prompt_ids=list(codec.prompt_ids(messages)))
-                episode.samples.append(sample)
-                continue
-            if used + len(ids) >= limits.max_episode_tokens:
+            try:
+                ids = codec.after_turn(messages, new)
+                if ids is None:  # the template re-renders earlier turns: a new sample, rendered afresh
+                    messages.extend(new)
+                    sample = EpisodeSample(prompt_ids=list(codec.prompt_ids(messages)))
+                    episode.samples.append(sample)
+                    continue
+            except Exception as exc:  # noqa: BLE001 - the template refuses what the turn made (Llama 3's one call)
+                return _failed(episode, "template", exc, started)
+            if used + len(ids) + floor > limits.max_episode_tokens:
+                # No room left for a turn after it: the observation is rolled back (not appended,
+                # not in the conversation) and the episode ends at the answer before it.
                 episode.observations_cut += 1
                 episode.truncated, episode.ended_by = True, "token_cap"
                 break
+            messages.extend(new)
             sample.append_observation(list(ids))
             used += len(ids)
             record.observation_tokens = len(ids)

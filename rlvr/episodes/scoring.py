@@ -85,8 +85,9 @@ def own_score(episode: Episode) -> Score | None:
         return None
     try:
         out = normalize(episode.env_reward)
-    except (TypeError, ValueError) as exc:
-        return Score(0.0, 0.0, 0.0, error=f"environment reward: {exc}")
+    except (TypeError, ValueError) as exc:  # the environment's fault: a failed episode, counted as one
+        episode.error = f"environment reward: {exc}"
+        return Score(0.0, 0.0, 0.0, error=episode.error)
     bonus = sum(episode.turn_rewards)
     return Score(min(1.0, out.score + bonus), out.score, 0.0,
                  bool(out.strict if out.strict is not None else out.score == 1),

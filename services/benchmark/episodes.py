@@ -88,6 +88,7 @@ class EnvironmentPlan:
     settings: Mapping[str, str] = field(default_factory=dict)
     max_turns: int = 0  # resolved: the request's, else the environment's declared max_turns
     max_episode_tokens: int = 0  # resolved: the request's, else EPISODE_TOKENS_PER_TURN x max_tokens
+    max_context_tokens: int = 0  # the rollout service's max_model_len: a later turn gets the room left
 
     @property
     def key(self) -> str:
@@ -101,7 +102,8 @@ class EnvironmentPlan:
         return EpisodeLimits(max_turns=self.max_turns, max_tokens_per_turn=max_tokens,
                              max_episode_tokens=self.max_episode_tokens,
                              tool_timeout_seconds=self.definition.tool_timeout_seconds,
-                             min_turn_tokens=min(MIN_TURN_TOKENS, max_tokens))
+                             min_turn_tokens=min(MIN_TURN_TOKENS, max_tokens),
+                             max_context_tokens=self.max_context_tokens)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -342,6 +342,8 @@ async def _prepare(request: benchmark_pb2.RunEvaluationRequest, peers: Peers, pr
                            f"below the rollout service's max_model_len {rollout.max_model_len}")
     # In a thread: the registry waits for a remote environment's server that is down (its wait_seconds).
     environment = await asyncio.to_thread(environment_plan, request.environment, sampling)
+    if environment is not None and rollout.max_model_len:
+        environment = replace(environment, max_context_tokens=rollout.max_model_len)
     adapter, upload_version = await _check_adapter(request, peers, folder is not None)
     problems = await peers.problems(benchmark.reward_function, request.limit, request.dataset.strip(),
                                     request.dataset_split)

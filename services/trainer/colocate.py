@@ -145,6 +145,7 @@ class ColocatedGenerator:
         started = time.perf_counter()
         os.environ.update(_INPROC_ENV)
         try:
+            self.max_model_len = max_model_len  # what an episode's turns must fit (episodes.py)
             self.llm: LLM | None = self._build(model, memory_fraction, max_lora_rank, max_model_len, seed, dtype,
                                                enforce_eager, trust_remote_code)
         except BaseException:

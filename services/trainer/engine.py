@@ -88,7 +88,8 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         per_device_train_batch_size=job.batch_size // processes,
         gradient_accumulation_steps=1,
         num_generations=job.group_size,
-        max_completion_length=job.max_completion_tokens,
+        # an episode's row holds all its turns and observations (dr_grpo normalizes by this length)
+        max_completion_length=job.max_episode_tokens if job.environment else job.max_completion_tokens,
         learning_rate=job.learning_rate,
         # The spec's Learning Rate is the rate: held constant rather than decayed to zero.
         lr_scheduler_type="constant",

@@ -23,11 +23,12 @@ sample here (TRL's batch is one row per episode); the earlier ones are counted i
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlvr.environments.base import EnvironmentDefinition, EpisodeRow
@@ -38,6 +39,8 @@ from rlvr.episodes.types import Episode
 from rlvr.peers.types import AdapterTag, Sampling, Score
 from rlvr.seeds import offset_seed, prompt_seed
 from rlvr.tasks.base import Problem
+
+log = logging.getLogger("rlvr.trainer.episodes")
 
 __all__ = ["EpisodeFailure", "EpisodeRollout", "EpisodeStats", "GeneratorSampler", "episode_score_input",
            "transcript"]
@@ -95,7 +98,7 @@ class GeneratorSampler:
                           "length" if batch.clipped[0] else "stop", batch.adapter.name, batch.adapter.version)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -158,11 +161,26 @@ class EpisodeRollout:
             max_episode_tokens=job.max_episode_tokens or 4 * job.max_completion_tokens,
             tool_timeout_seconds=self.definition.tool_timeout_seconds, min_turn_tokens=MIN_TURN_TOKENS)
         self.codecs = ChatCodecs(tokenizer)  # codec_for and decode of run_episode
+        self._context: int | None = None  # the generator's context limit, asked once
 
     def messages(self, problem: Problem) -> list[dict[str, Any]]:
         from rlvr.tasks.render import prompt_messages
 
         return prompt_messages(problem, self.style, self.instruction)
+
+    def context_tokens(self, generator: Any) -> int:
+        """The generator's prompt + completion limit (the rollout service's max_model_len, a
+        colocated engine's), 0 when it has none to say: a later turn gets at most the room left."""
+        if self._context is None:
+            limit = getattr(generator, "max_model_len", 0)
+            info = getattr(generator, "info", None)
+            if not limit and callable(info):
+                try:
+                    limit = int(info().max_model_len)
+                except Exception as e:  # noqa: BLE001 - a server that cannot say: the turns' own limits
+                    log.warning("the rollout service's max_model_len is unknown (%s): episodes are not held to it", e)
+            self._context = int(limit or 0)
+        return self._context
 
     def run(self, problems: Sequence[Problem], seed: int, first_index: int, group_size: int,
             sampler: GeneratorSampler) -> list[Episode]:
@@ -177,7 +195,8 @@ class EpisodeRollout:
                 env = self.definition.make(self.job.environment_settings)
                 tasks.append(EpisodeTask(env, EpisodeRow(**{**row.__dict__, "seed": episode_seed}),
                                          self.messages(problem), episode_seed))
-        return asyncio.run(run_episodes(tasks, sampler, self.codecs, self.limits, self.codecs.decode))
+        limits = replace(self.limits, max_context_tokens=self.context_tokens(sampler.generator))
+        return asyncio.run(run_episodes(tasks, sampler, self.codecs, limits, self.codecs.decode))
 
     def score(self, episodes: Sequence[Episode], problems: Sequence[Problem], prompts: Sequence[str],
               scorer: Any, group_size: int) -> list[Score]:
@@ -200,6 +219,8 @@ class EpisodeRollout:
             prompt_ids.append(list(sample.prompt_ids) or [eos_id])
             completion_ids.append(completion)
             logprobs.append(list(sample.logprobs) if sample.completion_ids else [0.0])
-            mask.append(list(sample.mask) if sample.completion_ids else [0])
+            # A failed episode (its environment's fault, scored 0) is not trained on: no token of it
+            # reaches the loss, so its policy tokens take no blame for the environment's failure.
+            mask.append([0] * len(completion) if episode.error or not sample.completion_ids else list(sample.mask))
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
                 "logprobs": logprobs if with_logprobs else None, "env_mask": mask}

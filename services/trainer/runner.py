@@ -356,9 +356,12 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
         raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
     longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"])
                   for p, _ in training_prompts(job, tokenizer, problems))
-    max_model_len = longest + job.max_completion_tokens
+    # An episode's later turns see the whole episode so far: room for all of it (environment jobs).
+    completion = job.max_episode_tokens if job.environment else job.max_completion_tokens
+    what = "environment.max_episode_tokens" if job.environment else "grpo.max_completion_tokens"
+    max_model_len = longest + completion
     if positions and max_model_len > positions:
-        raise FailedPrecondition(f"grpo.max_completion_tokens: {job.max_completion_tokens} plus the longest prompt "
+        raise FailedPrecondition(f"{what}: {completion} plus the longest prompt "
                                  f"({longest} tokens) exceeds {job.base_model!r}'s {positions} positions")
     # A stacked job publishes init + the fresh adapter as one (stacking.combine): its rank is the
     # init adapter's largest module rank plus lora_rank (the fresh one adapts every linear layer).

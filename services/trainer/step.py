@@ -246,12 +246,12 @@ class Step:
         rows: dict[str, list[Problem]] = {}
         for (text, _), problem in sorted(ctx.problems.items(), key=lambda item: item[1].id):
             rows.setdefault(text, []).append(problem)
-        seen: Counter[str] = Counter()
+        # the prompt's place in the job's whole batch of the step (this process's share starts at the offset)
+        start = (self.number - 1) * ctx.job.prompts_per_step + getattr(ctx.generator, "prompt_offset", 0)
         chosen = []
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             same = rows[prompt]
-            chosen.append(same[((self.number - 1) * len(prompts) + seen[prompt]) % len(same)])
-            seen[prompt] += 1
+            chosen.append(same[(start + index) % len(same)])
         return chosen
 
     def _ids(self, prompt: str) -> list[int]:
