@@ -408,3 +408,33 @@ async def test_a_token_is_sent_and_a_wrong_one_refused(stubs: Path, tmp_path: Pa
         await env.reset(ROW)
         assert (await env.step("7")).done and (await env.reward()).score == 1.0
         await env.close()
+
+
+def test_the_registry_merges_remote_environments_and_remembers_a_down_one_for_a_while(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.environments import registry, remote
+
+    registry.clear_cache()
+    down = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("RLVR_REMOTE_ENVIRONMENTS", json.dumps(
+        {"guess": server.address, "gone": {"address": down, "wait_seconds": 0.2}}))
+    asked: list[str] = []
+    describe = remote.remote_definitions
+
+    def counting(entries):  # noqa: ANN001, ANN202
+        asked.extend(entries)
+        return describe(entries)
+
+    monkeypatch.setattr(remote, "remote_definitions", counting)
+    try:
+        first = registry.load_registry()
+        assert first.get("guess").source == f"remote {server.address}"
+        assert down in first.failed["gone"] and "calculator" in first.environments
+        again = registry.load_registry()  # described once; the down one remembered, not waited for again
+        assert again.get("guess") is first.get("guess") and down in again.failed["gone"]
+        assert sorted(asked) == ["gone", "guess"]
+        monkeypatch.setattr(registry, "REMOTE_RETRY_SECONDS", 0.0)
+        registry.load_registry()
+        assert sorted(asked) == ["gone", "gone", "guess"]  # asked again once the while is over
+    finally:
+        registry.clear_cache()

@@ -14,7 +14,9 @@ another environment has, is logged once and listed in ``failed`` with why; the o
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -130,7 +132,9 @@ def discover() -> Registry:
 
 _cache: list[Registry] = []
 _remote: dict[str, EnvironmentDefinition] = {}  # remote environments described once
+_remote_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why) of its last failed Describe
 _cache_lock = threading.Lock()
+REMOTE_RETRY_SECONDS = 30.0  # a remote environment that could not be described is asked again after this
 
 
 def with_remote(registry: Registry, remote: Mapping[str, object]) -> Registry:
@@ -142,16 +146,25 @@ def with_remote(registry: Registry, remote: Mapping[str, object]) -> Registry:
     from rlvr.environments.remote import remote_definitions
 
     environments, failed = dict(registry.environments), dict(registry.failed)
-    missing = {key: entry for key, entry in remote.items() if key not in _remote}
+    now = time.monotonic()
+    with _cache_lock:
+        missing = {key: entry for key, entry in remote.items() if key not in _remote
+                   and now - _remote_failed.get(key, (-math.inf, ""))[0] >= REMOTE_RETRY_SECONDS}
+    # Described outside the lock: a server that is down is waited for (its wait_seconds) by this
+    # caller only, and remembered as failed for REMOTE_RETRY_SECONDS, so the next callers do not wait.
     found, errors = remote_definitions(missing) if missing else ([], {})  # type: ignore[arg-type]
-    _remote.update({d.key: d for d in found})
-    for key in remote:
-        if key in environments:
-            failed[key] = f"remote environment {key!r}: the key is taken by {environments[key].source}"
-        elif key in _remote:
-            environments[key] = _remote[key]
-        else:
-            failed[key] = errors.get(key, f"remote environment {key!r} was not described")
+    with _cache_lock:
+        _remote.update({d.key: d for d in found})
+        for definition in found:
+            _remote_failed.pop(definition.key, None)
+        _remote_failed.update({key: (now, error) for key, error in errors.items()})
+        for key in remote:
+            if key in environments:
+                failed[key] = f"remote environment {key!r}: the key is taken by {environments[key].source}"
+            elif key in _remote:
+                environments[key] = _remote[key]
+            else:
+                failed[key] = _remote_failed.get(key, (0.0, f"remote environment {key!r} was not described"))[1]
     return Registry(environments, failed)
 
 
@@ -163,8 +176,9 @@ def load_registry() -> Registry:
     with _cache_lock:
         if not _cache:
             _cache.append(discover())
-        remote = EnvironmentSettings().remote_environments
-        return with_remote(_cache[0], remote) if remote else _cache[0]
+        installed = _cache[0]
+    remote = EnvironmentSettings().remote_environments
+    return with_remote(installed, remote) if remote else installed
 
 
 def clear_cache() -> None:
@@ -172,6 +186,7 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
         _remote.clear()
+        _remote_failed.clear()
     metadata_cache = getattr(metadata, "_cache_clear", None)
     if callable(metadata_cache):
         metadata_cache()
