@@ -25,6 +25,15 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 CHAT_SPECIALS: tuple[str, ...] = (IM_START, IM_END)
 FORMAT_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
+# The tool-call tags of Hermes/Qwen tool calls, and the constant pieces of the calculator's call
+# JSON around its expression (rlvr.tiny.tools): with them the whole call is four predictions plus
+# the expression, so a tiny model writes it well-formed and a training row stays short. Only the
+# tools model's tokenizer has them (build_tokenizer(tool_tags=True)).
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+CALCULATE_OPEN = '{"name": "calculate", "arguments": {"expression": "'
+CALCULATE_CLOSE = '"}}'
+TOOL_TAGS: tuple[str, ...] = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, CALCULATE_OPEN, CALCULATE_CLOSE)
 
 # The tiny model declares the compact prompt form (see rlvr.tasks.render): every character costs a
 # token, so it is warmed up on the bare problem instead of the long instruction larger models get.
@@ -65,10 +74,12 @@ def build_vocab() -> dict[str, int]:
     return vocab
 
 
-def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0):  # -> transformers.Qwen2Tokenizer
+def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0,
+                    tool_tags: bool = False):  # -> transformers.Qwen2Tokenizer
     """Build the character tokenizer (not saved; call ``save_pretrained`` on the result), with the
     whole numbers below ``number_tokens`` as single tokens (after the tags, so every other id is
-    the same as without them)."""
+    the same as without them), and with ``tool_tags`` the TOOL_TAGS as ordinary added tokens after
+    those (every earlier id unchanged)."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
@@ -85,13 +96,16 @@ def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0):  # ->
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in FORMAT_TAGS])
     if number_tokens:
         tokenizer.add_tokens([AddedToken(str(i), special=False, normalized=False) for i in range(number_tokens)])
+    if tool_tags:
+        tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"  # decoder-only batched generation pads on the left
     return tokenizer
 
 
-def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096, number_tokens: int = 0) -> int:
+def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096, number_tokens: int = 0,
+                   tool_tags: bool = False) -> int:
     """Write the tokenizer files into ``out_dir``; returns the tokenizer's length (vocab + added)."""
-    tokenizer = build_tokenizer(model_max_length, number_tokens)
+    tokenizer = build_tokenizer(model_max_length, number_tokens, tool_tags)
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)
