@@ -31,6 +31,7 @@ from rlvr.tiny.shipped import REBUILT_SUFFIX, is_shipped
 from rlvr.tiny.tokenizer import IM_END, build_tokenizer
 
 REPORT_FILE = "rlvr_build.json"
+TOOLS_FILE = "rlvr_tools.json"  # a tools model's two-turn measures (greedy and sampled), beside its report
 Progress = Callable[[str], None]
 
 
@@ -66,6 +67,12 @@ class WarmupRecipe:
     # The held-out gate, or None: (least pass@16 - greedy, least maj@16 - greedy), measured by the
     # build on `eval_n` held-out problems at GATE_TEMPERATURE (the demo's); below it the build fails.
     gate: tuple[float, float] | None = None
+    # The share of warm-up examples from step `tool_after` on that are the two-turn calculator
+    # episode (rlvr.tiny.tools: turn 1 calls the tool, turn 2 copies its result), picked by a hash
+    # of (seed, index), so independent of the glances; loss on the assistant's tokens of both turns.
+    # Above 0 the tokenizer has the tool tags and the build's accuracy is the two-turn protocol's.
+    tool_share: float = 0.0
+    tool_after: int = 0
 
 
 GATE_TEMPERATURE = 0.3  # clients/demo.py RECIPE["temperature"]
@@ -74,7 +81,7 @@ GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
 _LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
-                 "gate": None}
+                 "gate": None, "tool_share": 0.0, "tool_after": 0}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -96,6 +103,11 @@ RECIPES: dict[str, WarmupRecipe] = {
     # write the accurate chain: one 60-step GRPO run takes it to about 60%
     "headroom": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
                              direct_share=0.6, direct_after=450, gate=(0.30, 0.05)),
+    # Agents (rlvr-tiny-tools): headroom's warm-up with a minority of two-turn calculator episodes
+    # (rlvr.tiny.tools), so the base knows the tool-call format but seldom calls it; measured with the
+    # two-turn protocol (docs/measurements/tiny-diagnostics.md, "The tools model")
+    "tools": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
+                          direct_share=0.6, direct_after=450, tool_share=0.25, tool_after=450),
 }
 
 
@@ -191,22 +203,42 @@ def shuffled_solution(numbers, seed: int, index: int) -> str:  # noqa: ANN001
     return mp.worked_solution((a, b, c, d))
 
 
+def is_tool(seed: int, index: int, share: float) -> bool:
+    """Whether example `index` of the seed's sequence is a tool episode: `share` of them, by hash."""
+    import hashlib
+
+    digest = hashlib.sha256(f"rlvr.tiny.tool-episode:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64
+
+
 def is_glance(index: int, share: float) -> bool:
     """Whether example `index` of the sequence answers at a glance: spread evenly, `share` of them."""
     return int((index + 1) * share) > int(index * share)
 
 
 def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
-              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0):
+              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0,
+              tool_share: float = 0.0, tool_from: int = 0):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
     on the completion (answer + end of turn); `direct_share` of those from `direct_from` on answered
-    at a glance."""
+    at a glance; `tool_share` of those from `tool_from` on the two-turn tool episode instead (loss on
+    both assistant turns, none on the tool message and the next turn's header)."""
     import torch
 
-    rows: list[tuple[list[int], list[int]]] = []
+    from rlvr.tiny.tools import episode_pieces
+
+    rows: list[tuple[list[int], list[int]]] = []  # (ids, labels) of each example
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
+        if tool_share and index >= tool_from and is_tool(seed, index, tool_share):
+            ids, labels = list(prompt), [-100] * len(prompt)
+            for part, text in enumerate(episode_pieces(numbers)):  # turn 1, observation, turn 2
+                piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+                ids += piece
+                labels += [-100] * len(piece) if part == 1 else piece
+            rows.append((ids, labels))
+            continue
         if index >= direct_from and is_glance(index - direct_from, direct_share):
             solution = glance_solution(numbers)
         elif shuffled_chain:
@@ -215,15 +247,14 @@ def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, la
             solution = mp.worked_solution(numbers)
         answer_text = solution + IM_END
         answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
-        rows.append((prompt, answer))
-    width = max(len(p) + len(a) for p, a in rows)
+        rows.append((prompt + answer, [-100] * len(prompt) + answer))
+    width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((n, width), pad, dtype=torch.long)
     labels = torch.full((n, width), -100, dtype=torch.long)
-    for i, (prompt, answer) in enumerate(rows):  # right padding: training needs no generation
-        ids = prompt + answer
+    for i, (ids, row_labels) in enumerate(rows):  # right padding: training needs no generation
         input_ids[i, : len(ids)] = torch.tensor(ids)
-        labels[i, len(prompt) : len(ids)] = torch.tensor(answer)
+        labels[i, : len(ids)] = torch.tensor(row_labels)
     return input_ids, labels
 
 
@@ -250,7 +281,9 @@ class _Trainer:
         input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch,
                                       direct_share=self.recipe.direct_share,
                                       shuffled_chain=self.recipe.shuffled_chain,
-                                      direct_from=self.recipe.direct_after * batch)
+                                      direct_from=self.recipe.direct_after * batch,
+                                      tool_share=self.recipe.tool_share,
+                                      tool_from=self.recipe.tool_after * batch)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):
@@ -349,6 +382,19 @@ def heldout_accuracy(
     return correct / len(problems), len(problems)
 
 
+def evaluate_tools_build(model, tokenizer, n: int, progress: Progress | None) -> dict[str, object]:  # noqa: ANN001
+    """A tools model's two-turn protocol on `n` held-out problems: greedy, and GATE_GROUP episodes
+    per problem at GATE_TEMPERATURE (the demo's group and temperature)."""
+    from rlvr.tiny.tools import evaluate_tools
+
+    found = {"greedy": evaluate_tools(model, tokenizer, "build", n),
+             "sampled": evaluate_tools(model, tokenizer, "build", n, k=GATE_GROUP, temperature=GATE_TEMPERATURE)}
+    if progress:
+        for measured in found.values():
+            progress("tools: " + measured.line())
+    return {key: measured.as_dict() for key, measured in found.items()}
+
+
 def evaluate_heldout(model_path: str | Path, n: int = 500, seed: int = 0) -> tuple[float, int]:
     """Greedy accuracy of a saved model on ``n`` held-out Math Pairs problems, with transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -394,23 +440,35 @@ def build_tiny_model(
         if progress:
             pinned = " on pinned AVX2 kernels" if _kernels_pinned() else ""
             progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s){pinned} into {out}")
-        tokenizer = build_tokenizer(number_tokens=recipe.number_tokens)
+        tools = recipe.tool_share > 0
+        tokenizer = build_tokenizer(number_tokens=recipe.number_tokens, tool_tags=tools)
         model = init_model(size, seed, len(tokenizer))
-        final_loss, accuracy, n, steps = warm_up_into_band(
-            model, tokenizer, recipe, seed, progress, lambda: heldout_accuracy(model, tokenizer, eval_n))
+        tool_measures: dict[str, object] | None = None
+
+        def evaluate() -> tuple[float, int]:
+            nonlocal tool_measures
+            if not tools:
+                return heldout_accuracy(model, tokenizer, eval_n)
+            tool_measures = evaluate_tools_build(model, tokenizer, eval_n, progress)
+            greedy = tool_measures["greedy"]
+            return float(greedy["accuracy"]), int(greedy["n"])  # type: ignore[index]
+
+        final_loss, accuracy, n, steps = warm_up_into_band(model, tokenizer, recipe, seed, progress, evaluate)
         if recipe.gate is not None:
             try:
                 gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
             except BuildFailedGate as e:  # kept beside, for `rlvr models inspect`, never where a build is looked for
                 failed = out.with_name(out.name + ".failed")
                 shutil.rmtree(failed, ignore_errors=True)
-                save_model(model, failed, number_tokens=recipe.number_tokens)
+                save_model(model, failed, number_tokens=recipe.number_tokens, tool_tags=tools)
                 (failed / "rlvr_gate.json").write_text(json.dumps(e.diagnosis, indent=2) + "\n")
                 raise BuildFailedGate(e.diagnosis, f"{e} (the model is kept at {failed})") from None
         # Save to a sibling and rename, so a crash never leaves a half model that looks built.
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        save_model(model, staging, number_tokens=recipe.number_tokens)
+        save_model(model, staging, number_tokens=recipe.number_tokens, tool_tags=tools)
+        if tool_measures is not None:
+            (staging / TOOLS_FILE).write_text(json.dumps(tool_measures, indent=2) + "\n")
     report = BuildReport(
         path=str(out),
         size=size,
