@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from rlvr.tasks import math_pairs as mp  # noqa: E402
 from rlvr.tasks.render import render_prompt  # noqa: E402
 from rlvr.tiny.build import RECIPES, _examples, default_model_name, recipe_record  # noqa: E402
-from rlvr.tiny.tokenizer import IM_END, TOOL_TAGS, build_tokenizer  # noqa: E402
+from rlvr.tiny.tokenizer import CHAT_TEMPLATE, IM_END, TOOL_TAGS, build_tokenizer  # noqa: E402
 from rlvr.tiny.tools import (  # noqa: E402
     CalculatorError,
     calculate,
@@ -38,7 +38,7 @@ def tok():  # noqa: ANN201
 def test_the_tool_tags_option_leaves_the_other_tokenizers_unchanged() -> None:
     for numbers in (0, 325):
         plain, off, on = build_tokenizer(number_tokens=numbers), *(build_tokenizer(number_tokens=numbers, tool_tags=t) for t in (False, True))
-        assert plain.get_vocab() == off.get_vocab() and plain.chat_template == on.chat_template
+        assert plain.get_vocab() == off.get_vocab() and plain.chat_template == off.chat_template == CHAT_TEMPLATE
         vocab = on.get_vocab()
         assert {k: vocab[k] for k in plain.get_vocab()} == plain.get_vocab()  # every earlier id kept
         assert sorted(vocab[t] for t in TOOL_TAGS) == list(range(len(plain), len(plain) + len(TOOL_TAGS)))
@@ -51,6 +51,26 @@ def test_a_call_is_a_few_tokens_and_round_trips(tok) -> None:  # noqa: ANN001
     ids = tok(call, add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens(ids)[:3] == ["<tool_call>", "Ċ", '{"name": "calculate", "arguments": {"expression": "']
     assert len(ids) == 3 + len("(3+14)*(5+6)") - 1 + 3 and tok.decode(ids) == call  # "14" is one number token
+
+
+def test_the_tools_template_renders_calls_in_the_content_or_in_tool_calls_alike(tok) -> None:  # noqa: ANN001
+    user = {"role": "user", "content": "3 4 5 6"}
+    rest = [{"role": "tool", "content": "77"},
+            {"role": "assistant", "content": "<think>~77</think><answer>77</answer>"}]
+    call = {"name": "calculate", "arguments": {"expression": "(3+4)*(5+6)"}}
+    forms = [{"role": "assistant", "content": call_text("(3+4)*(5+6)")},
+             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+             {"role": "assistant", "tool_calls": [call]},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"type": "function", "function": {**call, "arguments": '{"expression": "(3+4)*(5+6)"}'}}]},
+             {"role": "assistant", "content": call_text("(3+4)*(5+6)"), "tool_calls": [call]}]
+    for form in forms:
+        assert tok.apply_chat_template([user, form, *rest], tokenize=False) == EPISODE, form
+    plain = build_tokenizer(number_tokens=325)
+    for messages in ([user], [user, *rest], [user, forms[0]]):  # no tool_calls: as CHAT_TEMPLATE renders
+        for prompt in (True, False):
+            assert (tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+                    == plain.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt))
 
 
 def test_the_recipe_records_keep_cached_builds_valid() -> None:

@@ -46,6 +46,31 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# The tools model's (build_tokenizer(tool_tags=True)): CHAT_TEMPLATE, except that an assistant
+# message carrying its calls as ``tool_calls`` (OpenAI form, or {"name", "arguments"}) without the
+# call's text in its content renders them in the Hermes/Qwen form, so an episode's conversation
+# reads the same whether the call stays in the content or moves to ``tool_calls``:
+# ``<tool_call>\n{"name": "calculate", "arguments": {...}}\n</tool_call>``, one per call, "\n" apart.
+TOOLS_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set content = message.content if message.content is string else '' %}"
+    "{% if message.role == 'assistant' and message.tool_calls and '<tool_call>' not in content %}"
+    "{{ '<|im_start|>assistant\n' + content }}"
+    "{% for call in message.tool_calls %}"
+    "{% set fn = call.function if call.function is defined else call %}"
+    "{% if content or not loop.first %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    "{% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
@@ -98,7 +123,7 @@ def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0,
         tokenizer.add_tokens([AddedToken(str(i), special=False, normalized=False) for i in range(number_tokens)])
     if tool_tags:
         tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = TOOLS_CHAT_TEMPLATE if tool_tags else CHAT_TEMPLATE
     tokenizer.padding_side = "left"  # decoder-only batched generation pads on the left
     return tokenizer
 
