@@ -115,6 +115,27 @@ def test_a_share_of_tool_episodes_leaves_the_other_examples_as_they_were(tok) ->
             assert torch.equal(mixed[i, :width], plain[i]) and not mixed[i, width:].ne(tok.pad_token_id).any()
 
 
+def test_the_big_sums_take_their_own_share(tok) -> None:  # noqa: ANN001
+    ids, _ = _examples(tok, 100, seed=0, tool_hard=(25, 1.0))
+    open_id = tok.convert_tokens_to_ids("<tool_call>")
+    big = [sum(mp.parse_numbers(p.question)) >= 25 for p in mp.training_problems(100, 0)]
+    assert [bool((row == open_id).any()) for row in ids] == big and any(big)
+
+
+def test_wide_episodes_are_never_math_pairs_problems(tok) -> None:  # noqa: ANN001
+    ids, labels = _examples(tok, 60, seed=0, tool_wide=0.5)
+    wide = 0
+    for row, problem in zip(ids, mp.training_problems(60, 0), strict=True):
+        text = tok.decode(row, skip_special_tokens=True)
+        numbers = tuple(int(x) for x in text.split("user\n")[1].split("assistant")[0].split())
+        if "<tool_call>" in text:
+            wide += 1
+            assert max(numbers) > 9 and f"tool\n{(numbers[0] + numbers[1]) * (numbers[2] + numbers[3])}\n" in text
+        else:
+            assert numbers == mp.parse_numbers(problem.question)
+    assert 20 <= wide <= 40
+
+
 def test_the_calculator_evaluates_arithmetic_and_nothing_else() -> None:
     assert calculate("(3+4)*(5+6)") == "77" and calculate(" 12 // 5 - -3") == "5"
     for bad in ("__import__('os')", "2**100", "1/0", "7/2", "x+1", "(1+", "1.5*2", "9" * 300):

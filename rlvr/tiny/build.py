@@ -73,6 +73,17 @@ class WarmupRecipe:
     # Above 0 the tokenizer has the tool tags and the build's accuracy is the two-turn protocol's.
     tool_share: float = 0.0
     tool_after: int = 0
+    # (least sum, share): the problems whose four numbers sum to at least the first value are tool
+    # episodes at this share instead of tool_share (the big numbers, where a glance is weakest), so
+    # whether the model calls the tool depends on the problem: greedy calls on the big sums and
+    # seldom elsewhere, and the problems near the line sample both, which GRPO can shift.
+    tool_hard: tuple[int, float] | None = None
+    # The share of examples (from tool_after on) that are tool episodes on four numbers from 1 to
+    # WIDE_MAX with one at least 10: no Math Pairs problem, whose result neither the chain nor memory
+    # gives, so the model learns to copy the tool's result. Without them it answers turn 2 from the
+    # question, as a glance: every training problem's answer is learned by heart, so copying earns
+    # no lower loss (turn 2 right on 9-13% of the held-out calls; docs/measurements/tiny-diagnostics.md).
+    tool_wide: float = 0.0
 
 
 GATE_TEMPERATURE = 0.3  # clients/demo.py RECIPE["temperature"]
@@ -81,7 +92,7 @@ GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
 _LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
-                 "gate": None, "tool_share": 0.0, "tool_after": 0}
+                 "gate": None, "tool_share": 0.0, "tool_after": 0, "tool_hard": None, "tool_wide": 0.0}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -107,7 +118,7 @@ RECIPES: dict[str, WarmupRecipe] = {
     # (rlvr.tiny.tools), so the base knows the tool-call format but seldom calls it; measured with the
     # two-turn protocol (docs/measurements/tiny-diagnostics.md, "The tools model")
     "tools": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
-                          direct_share=0.6, direct_after=450, tool_share=0.25, tool_after=450),
+                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.1),
 }
 
 
@@ -203,12 +214,27 @@ def shuffled_solution(numbers, seed: int, index: int) -> str:  # noqa: ANN001
     return mp.worked_solution((a, b, c, d))
 
 
-def is_tool(seed: int, index: int, share: float) -> bool:
+WIDE_MAX = 19
+
+
+def is_tool(seed: int, index: int, share: float, kind: str = "tool-episode") -> bool:
     """Whether example `index` of the seed's sequence is a tool episode: `share` of them, by hash."""
     import hashlib
 
-    digest = hashlib.sha256(f"rlvr.tiny.tool-episode:{seed}:{index}".encode()).digest()
+    digest = hashlib.sha256(f"rlvr.tiny.{kind}:{seed}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") < share * 2**64
+
+
+def wide_numbers(seed: int, index: int) -> tuple[int, int, int, int]:
+    """Four numbers from 1 to WIDE_MAX, at least one above Math Pairs' 9 (a hash of seed, index)."""
+    import hashlib
+
+    for attempt in range(1000):
+        digest = hashlib.sha256(f"rlvr.tiny.wide:{seed}:{index}:{attempt}".encode()).digest()
+        numbers = tuple(1 + int.from_bytes(digest[2 * k:2 * k + 2], "big") % WIDE_MAX for k in range(4))
+        if max(numbers) > mp.MAX_VALUE:
+            return numbers  # type: ignore[return-value]
+    raise AssertionError("unreachable")
 
 
 def is_glance(index: int, share: float) -> bool:
@@ -218,11 +244,14 @@ def is_glance(index: int, share: float) -> bool:
 
 def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
               direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0,
-              tool_share: float = 0.0, tool_from: int = 0):
+              tool_share: float = 0.0, tool_from: int = 0, tool_hard: tuple[int, float] | None = None,
+              tool_wide: float = 0.0):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
     on the completion (answer + end of turn); `direct_share` of those from `direct_from` on answered
     at a glance; `tool_share` of those from `tool_from` on the two-turn tool episode instead (loss on
-    both assistant turns, none on the tool message and the next turn's header)."""
+    both assistant turns, none on the tool message and the next turn's header), `tool_hard[1]` of
+    those whose numbers sum to at least `tool_hard[0]`, and `tool_wide` of them a tool episode on
+    wide_numbers instead of the problem."""
     import torch
 
     from rlvr.tiny.tools import episode_pieces
@@ -231,7 +260,13 @@ def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, la
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
-        if tool_share and index >= tool_from and is_tool(seed, index, tool_share):
+        share = tool_hard[1] if tool_hard and sum(numbers) >= tool_hard[0] else tool_share
+        if tool_wide and index >= tool_from and is_tool(seed, index, tool_wide, "wide-episode"):
+            numbers = wide_numbers(seed, index)
+            prompt = tokenizer(render_prompt(tokenizer, mp.make_problem(numbers, "wide")),
+                               add_special_tokens=False)["input_ids"]
+            share = 1.0
+        if share and index >= tool_from and is_tool(seed, index, share):
             ids, labels = list(prompt), [-100] * len(prompt)
             for part, text in enumerate(episode_pieces(numbers)):  # turn 1, observation, turn 2
                 piece = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -283,7 +318,8 @@ class _Trainer:
                                       shuffled_chain=self.recipe.shuffled_chain,
                                       direct_from=self.recipe.direct_after * batch,
                                       tool_share=self.recipe.tool_share,
-                                      tool_from=self.recipe.tool_after * batch)
+                                      tool_from=self.recipe.tool_after * batch,
+                                      tool_hard=self.recipe.tool_hard, tool_wide=self.recipe.tool_wide)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):
@@ -440,7 +476,7 @@ def build_tiny_model(
         if progress:
             pinned = " on pinned AVX2 kernels" if _kernels_pinned() else ""
             progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s){pinned} into {out}")
-        tools = recipe.tool_share > 0
+        tools = recipe.tool_share > 0 or recipe.tool_hard is not None
         tokenizer = build_tokenizer(number_tokens=recipe.number_tokens, tool_tags=tools)
         model = init_model(size, seed, len(tokenizer))
         tool_measures: dict[str, object] | None = None
