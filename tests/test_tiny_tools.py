@@ -136,6 +136,18 @@ def test_wide_episodes_are_never_math_pairs_problems(tok) -> None:  # noqa: ANN0
     assert 20 <= wide <= 40
 
 
+def test_a_tools_build_outside_its_gate_fails() -> None:
+    from rlvr.tiny.build import BuildFailedGate, check_tool_gate
+
+    def found(use: float, right: float) -> dict[str, object]:
+        return {"greedy": {"tool_use": use, "accuracy_with_tool": right}}
+
+    check_tool_gate(found(0.186, 0.903), (0.10, 0.35, 0.85))
+    for use, right in ((0.05, 0.95), (0.5, 0.95), (0.2, 0.5)):
+        with pytest.raises(BuildFailedGate, match="failed its gate"):
+            check_tool_gate(found(use, right), (0.10, 0.35, 0.85))
+
+
 def test_the_calculator_evaluates_arithmetic_and_nothing_else() -> None:
     assert calculate("(3+4)*(5+6)") == "77" and calculate(" 12 // 5 - -3") == "5"
     for bad in ("__import__('os')", "2**100", "1/0", "7/2", "x+1", "(1+", "1.5*2", "9" * 300):

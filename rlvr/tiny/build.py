@@ -84,6 +84,9 @@ class WarmupRecipe:
     # question, as a glance: every training problem's answer is learned by heart, so copying earns
     # no lower loss (turn 2 right on 9-13% of the held-out calls; docs/measurements/tiny-diagnostics.md).
     tool_wide: float = 0.0
+    # (least, most) greedy tool use and the least greedy accuracy with the tool on the held-out
+    # two-turn protocol, or None; outside it the build fails (BuildFailedGate), kept beside.
+    tool_gate: tuple[float, float, float] | None = None
 
 
 GATE_TEMPERATURE = 0.3  # clients/demo.py RECIPE["temperature"]
@@ -92,7 +95,8 @@ GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
 _LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
-                 "gate": None, "tool_share": 0.0, "tool_after": 0, "tool_hard": None, "tool_wide": 0.0}
+                 "gate": None, "tool_share": 0.0, "tool_after": 0, "tool_hard": None, "tool_wide": 0.0,
+                 "tool_gate": None}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -118,7 +122,8 @@ RECIPES: dict[str, WarmupRecipe] = {
     # (rlvr.tiny.tools), so the base knows the tool-call format but seldom calls it; measured with the
     # two-turn protocol (docs/measurements/tiny-diagnostics.md, "The tools model")
     "tools": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
-                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.1),
+                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.1,
+                          tool_gate=(0.10, 0.35, 0.85)),
 }
 
 
@@ -431,6 +436,17 @@ def evaluate_tools_build(model, tokenizer, n: int, progress: Progress | None) ->
     return {key: measured.as_dict() for key, measured in found.items()}
 
 
+def check_tool_gate(found: dict[str, object], gate: tuple[float, float, float]) -> None:
+    """BuildFailedGate unless greedy tool use is within gate[0]-gate[1] and greedy accuracy with the
+    tool at least gate[2] (`found`: evaluate_tools_build's measures)."""
+    greedy = found["greedy"]
+    use, right = float(greedy["tool_use"]), float(greedy["accuracy_with_tool"])  # type: ignore[index]
+    if not gate[0] <= use <= gate[1] or right < gate[2]:
+        raise BuildFailedGate(found, f"the tools model failed its gate (greedy tool use {100 * gate[0]:.0f}-"
+                              f"{100 * gate[1]:.0f}%, accuracy with the tool at least {100 * gate[2]:.0f}%): "
+                              f"tool use {use:.1%}, accuracy with the tool {right:.1%}")
+
+
 def evaluate_heldout(model_path: str | Path, n: int = 500, seed: int = 0) -> tuple[float, int]:
     """Greedy accuracy of a saved model on ``n`` held-out Math Pairs problems, with transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -490,9 +506,12 @@ def build_tiny_model(
             return float(greedy["accuracy"]), int(greedy["n"])  # type: ignore[index]
 
         final_loss, accuracy, n, steps = warm_up_into_band(model, tokenizer, recipe, seed, progress, evaluate)
-        if recipe.gate is not None:
+        if recipe.gate is not None or (recipe.tool_gate is not None and tool_measures is not None):
             try:
-                gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
+                if recipe.gate is not None:
+                    gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
+                if recipe.tool_gate is not None and tool_measures is not None:
+                    check_tool_gate(tool_measures, recipe.tool_gate)
             except BuildFailedGate as e:  # kept beside, for `rlvr models inspect`, never where a build is looked for
                 failed = out.with_name(out.name + ".failed")
                 shutil.rmtree(failed, ignore_errors=True)
