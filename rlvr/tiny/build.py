@@ -219,29 +219,6 @@ def shuffled_solution(numbers, seed: int, index: int) -> str:  # noqa: ANN001
     return mp.worked_solution((a, b, c, d))
 
 
-WIDE_MAX = 19
-
-
-def is_tool(seed: int, index: int, share: float, kind: str = "tool-episode") -> bool:
-    """Whether example `index` of the seed's sequence is a tool episode: `share` of them, by hash."""
-    import hashlib
-
-    digest = hashlib.sha256(f"rlvr.tiny.{kind}:{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") < share * 2**64
-
-
-def wide_numbers(seed: int, index: int) -> tuple[int, int, int, int]:
-    """Four numbers from 1 to WIDE_MAX, at least one above Math Pairs' 9 (a hash of seed, index)."""
-    import hashlib
-
-    for attempt in range(1000):
-        digest = hashlib.sha256(f"rlvr.tiny.wide:{seed}:{index}:{attempt}".encode()).digest()
-        numbers = tuple(1 + int.from_bytes(digest[2 * k:2 * k + 2], "big") % WIDE_MAX for k in range(4))
-        if max(numbers) > mp.MAX_VALUE:
-            return numbers  # type: ignore[return-value]
-    raise AssertionError("unreachable")
-
-
 def is_glance(index: int, share: float) -> bool:
     """Whether example `index` of the sequence answers at a glance: spread evenly, `share` of them."""
     return int((index + 1) * share) > int(index * share)
@@ -259,25 +236,16 @@ def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, la
     wide_numbers instead of the problem."""
     import torch
 
-    from rlvr.tiny.tools import episode_pieces
+    from rlvr.tiny.tools import tool_episode_numbers, tool_row
 
     rows: list[tuple[list[int], list[int]]] = []  # (ids, labels) of each example
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
-        share = tool_hard[1] if tool_hard and sum(numbers) >= tool_hard[0] else tool_share
-        if tool_wide and index >= tool_from and is_tool(seed, index, tool_wide, "wide-episode"):
-            numbers = wide_numbers(seed, index)
-            prompt = tokenizer(render_prompt(tokenizer, mp.make_problem(numbers, "wide")),
-                               add_special_tokens=False)["input_ids"]
-            share = 1.0
-        if share and index >= tool_from and is_tool(seed, index, share):
-            ids, labels = list(prompt), [-100] * len(prompt)
-            for part, text in enumerate(episode_pieces(numbers)):  # turn 1, observation, turn 2
-                piece = tokenizer(text, add_special_tokens=False)["input_ids"]
-                ids += piece
-                labels += [-100] * len(piece) if part == 1 else piece
-            rows.append((ids, labels))
+        episode = tool_episode_numbers(seed, index, numbers, tool_share, tool_hard, tool_wide) \
+            if index >= tool_from else None
+        if episode is not None:
+            rows.append(tool_row(tokenizer, episode))
             continue
         if index >= direct_from and is_glance(index - direct_from, direct_share):
             solution = glance_solution(numbers)

@@ -19,6 +19,7 @@ ids up to and including its ``<|im_end|>``, then the observation's ids appended 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import operator
 import re
@@ -67,6 +68,52 @@ def episode_pieces(numbers: Sequence[int]) -> tuple[str, str, str]:
     tool episode on a problem; the prompt before them is the usual one (render_prompt)."""
     result = calculate(expression(numbers))
     return call_text(expression(numbers)) + IM_END, observation_text(result), glance_after_tool(result) + IM_END
+
+
+WIDE_MAX = 19
+
+
+def is_tool(seed: int, index: int, share: float, kind: str = "tool-episode") -> bool:
+    """Whether example `index` of the seed's sequence is a tool episode: `share` of them, by hash."""
+    digest = hashlib.sha256(f"rlvr.tiny.{kind}:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64
+
+
+def wide_numbers(seed: int, index: int) -> tuple[int, int, int, int]:
+    """Four numbers from 1 to WIDE_MAX, at least one above Math Pairs' 9 (a hash of seed, index)."""
+    for attempt in range(1000):
+        digest = hashlib.sha256(f"rlvr.tiny.wide:{seed}:{index}:{attempt}".encode()).digest()
+        numbers = tuple(1 + int.from_bytes(digest[2 * k:2 * k + 2], "big") % WIDE_MAX for k in range(4))
+        if max(numbers) > 9:  # Math Pairs' largest
+            return numbers  # type: ignore[return-value]
+    raise AssertionError("unreachable")
+
+
+def tool_episode_numbers(seed: int, index: int, numbers: Sequence[int], share: float,
+                         hard: Sequence[float] | None, wide: float) -> Sequence[int] | None:
+    """The numbers of warm-up example `index`'s tool episode, or None when it is none: `wide` of the
+    examples on wide_numbers, else `share` of them (`hard[1]` where the numbers sum to `hard[0]`)."""
+    if wide and is_tool(seed, index, wide, "wide-episode"):
+        return wide_numbers(seed, index)
+    if hard and sum(numbers) >= hard[0]:
+        share = hard[1]
+    return numbers if share and is_tool(seed, index, share) else None
+
+
+def tool_row(tokenizer, numbers: Sequence[int]) -> tuple[list[int], list[int]]:  # noqa: ANN001
+    """(ids, labels) of the warm-up's tool episode on `numbers`: the prompt, turn 1, the observation
+    and turn 2, with labels on the two assistant turns only (-100 elsewhere)."""
+    from rlvr.tasks.math_pairs import make_problem
+    from rlvr.tasks.render import render_prompt
+
+    prompt = tokenizer(render_prompt(tokenizer, make_problem(tuple(numbers), "tool")),  # type: ignore[arg-type]
+                       add_special_tokens=False)["input_ids"]
+    ids, labels = list(prompt), [-100] * len(prompt)
+    for part, text in enumerate(episode_pieces(numbers)):  # turn 1, observation, turn 2
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += [-100] * len(piece) if part == 1 else piece
+    return ids, labels
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -179,7 +226,7 @@ def measures(label: str, episodes: Sequence[Sequence[ToolEpisode]], temperature:
     called = [e for e in flat if e.called]
     plain = [e for e in flat if not e.called]
 
-    def share(part: Sequence[ToolEpisode], of: int) -> float:
+    def share(part: Sequence[object], of: int) -> float:
         return len(part) / of if of else 0.0
 
     return ToolMeasures(
