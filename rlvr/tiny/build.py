@@ -122,7 +122,7 @@ RECIPES: dict[str, WarmupRecipe] = {
     # (rlvr.tiny.tools), so the base knows the tool-call format but seldom calls it; measured with the
     # two-turn protocol (docs/measurements/tiny-diagnostics.md, "The tools model")
     "tools": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
-                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.1,
+                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.2,
                           tool_gate=(0.10, 0.35, 0.85)),
 }
 
