@@ -1,5 +1,6 @@
 """``python -m rlvr.tiny``: build the tiny base model, or measure a model's held-out accuracy (and,
-with ``eval --diagnose``, where its errors lie: ``rlvr models inspect``); ``ship`` puts a build
+with ``eval --diagnose``, where its errors lie: ``rlvr models inspect``; with ``eval --tools``, the
+two-turn calculator protocol of the tools model, ``build --size tools``); ``ship`` puts a build
 into the package as the copy rlvr ships (rlvr.tiny.shipped).
 
 The ``rlvr models build-tiny`` CLI command calls :func:`main` with its arguments.
@@ -34,14 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--diagnose", action="store_true", help="sample k completions per problem and print "
                                                                   "where the errors lie (rlvr/tiny/diagnose.py)")
-    evaluate.add_argument("-k", type=int, default=16, help="--diagnose: samples per problem (2-64, default 16)")
+    evaluate.add_argument("-k", type=int, default=16, help="--diagnose, --tools: samples per problem (2-64, default 16)")
     evaluate.add_argument("--group", type=int, default=8, help="--diagnose: GRPO group size for the zero-spread "
                                                                "share (2-k, default 8)")
-    evaluate.add_argument("--temperature", type=float, default=0.3, help="--diagnose: sampling temperature "
+    evaluate.add_argument("--temperature", type=float, default=0.3, help="--diagnose, --tools: sampling temperature "
                                                                          "(default 0.3, the demo's)")
     evaluate.add_argument("--split", choices=("heldout", "train"), default="heldout",
                           help="--diagnose: the problems (train: the training distribution, to design on)")
-    evaluate.add_argument("--json", action="store_true", help="--diagnose: print the measures as JSON")
+    evaluate.add_argument("--tools", action="store_true", help="run the two-turn calculator protocol (rlvr/tiny/tools.py): "
+                                                               "accuracy, tool use, accuracy with and without the "
+                                                               "tool, greedy and k sampled episodes per problem")
+    evaluate.add_argument("--json", action="store_true", help="--diagnose, --tools: print the measures as JSON")
     ship = commands.add_parser("ship", help="copy a build into the package as the model rlvr ships under its name "
                                             "and record every file's sha256 in rlvr/data/models/manifest.json")
     ship.add_argument("build", help="a build's folder (with its rlvr_build.json)")
@@ -71,6 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             _compare_with_shipped(report.size, report.path)
     elif args.command == "ship":
         _ship(args.build)
+    elif args.command == "eval" and args.tools:
+        from rlvr.tiny.tools import evaluate_saved
+
+        greedy, sampled = evaluate_saved(args.model, n=args.n, k=args.k, temperature=args.temperature, seed=args.seed)
+        if args.json:
+            print(json.dumps({"greedy": greedy.as_dict(), "sampled": sampled.as_dict()}, indent=2))
+        else:
+            print(f"{args.model}\n{greedy.line()}\n{sampled.line()}")
     elif args.command == "eval" and args.diagnose:
         from rlvr.tiny.diagnose import diagnose
 

@@ -31,6 +31,7 @@ from rlvr.tiny.shipped import REBUILT_SUFFIX, is_shipped
 from rlvr.tiny.tokenizer import IM_END, build_tokenizer
 
 REPORT_FILE = "rlvr_build.json"
+TOOLS_FILE = "rlvr_tools.json"  # a tools model's two-turn measures (greedy and sampled), beside its report
 Progress = Callable[[str], None]
 
 
@@ -66,6 +67,26 @@ class WarmupRecipe:
     # The held-out gate, or None: (least pass@16 - greedy, least maj@16 - greedy), measured by the
     # build on `eval_n` held-out problems at GATE_TEMPERATURE (the demo's); below it the build fails.
     gate: tuple[float, float] | None = None
+    # The share of warm-up examples from step `tool_after` on that are the two-turn calculator
+    # episode (rlvr.tiny.tools: turn 1 calls the tool, turn 2 copies its result), picked by a hash
+    # of (seed, index), so independent of the glances; loss on the assistant's tokens of both turns.
+    # Above 0 the tokenizer has the tool tags and the build's accuracy is the two-turn protocol's.
+    tool_share: float = 0.0
+    tool_after: int = 0
+    # (least sum, share): the problems whose four numbers sum to at least the first value are tool
+    # episodes at this share instead of tool_share (the big numbers, where a glance is weakest), so
+    # whether the model calls the tool depends on the problem: greedy calls on the big sums and
+    # seldom elsewhere, and the problems near the line sample both, which GRPO can shift.
+    tool_hard: tuple[int, float] | None = None
+    # The share of examples (from tool_after on) that are tool episodes on four numbers from 1 to
+    # WIDE_MAX with one at least 10: no Math Pairs problem, whose result neither the chain nor memory
+    # gives, so the model learns to copy the tool's result. Without them it answers turn 2 from the
+    # question, as a glance: every training problem's answer is learned by heart, so copying earns
+    # no lower loss (turn 2 right on 9-13% of the held-out calls; docs/measurements/tiny-diagnostics.md).
+    tool_wide: float = 0.0
+    # (least, most) greedy tool use and the least greedy accuracy with the tool on the held-out
+    # two-turn protocol, or None; outside it the build fails (BuildFailedGate), kept beside.
+    tool_gate: tuple[float, float, float] | None = None
 
 
 GATE_TEMPERATURE = 0.3  # clients/demo.py RECIPE["temperature"]
@@ -74,7 +95,8 @@ GATE_GROUP = 8  # the demo's group size
 # Fields added after builds were cached: left out of a recipe's record while at their defaults, so
 # those builds stay valid.
 _LATER_FIELDS = {"number_tokens": 0, "direct_share": 0.0, "direct_after": 0, "shuffled_chain": False,
-                 "gate": None}
+                 "gate": None, "tool_share": 0.0, "tool_after": 0, "tool_hard": None, "tool_wide": 0.0,
+                 "tool_gate": None}
 
 
 def recipe_record(recipe: WarmupRecipe) -> dict[str, object]:
@@ -96,6 +118,12 @@ RECIPES: dict[str, WarmupRecipe] = {
     # write the accurate chain: one 60-step GRPO run takes it to about 60%
     "headroom": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
                              direct_share=0.6, direct_after=450, gate=(0.30, 0.05)),
+    # Agents (rlvr-tiny-tools): headroom's warm-up with a minority of two-turn calculator episodes
+    # (rlvr.tiny.tools), so the base knows the tool-call format but seldom calls it; measured with the
+    # two-turn protocol (docs/measurements/tiny-diagnostics.md, "The tools model")
+    "tools": WarmupRecipe(steps=700, batch_size=32, learning_rate=3e-3, number_tokens=325,
+                          direct_share=0.6, direct_after=450, tool_share=0.1, tool_hard=(25, 0.8), tool_wide=0.2,
+                          tool_gate=(0.10, 0.35, 0.85)),
 }
 
 
@@ -197,16 +225,28 @@ def is_glance(index: int, share: float) -> bool:
 
 
 def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, labels) LongTensors [n, T]
-              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0):
+              direct_share: float = 0.0, shuffled_chain: bool = False, direct_from: int = 0,
+              tool_share: float = 0.0, tool_from: int = 0, tool_hard: tuple[int, float] | None = None,
+              tool_wide: float = 0.0):
     """Worked training problems `start` to `start + n` of the seed's sequence as token ids, loss only
     on the completion (answer + end of turn); `direct_share` of those from `direct_from` on answered
-    at a glance."""
+    at a glance; `tool_share` of those from `tool_from` on the two-turn tool episode instead (loss on
+    both assistant turns, none on the tool message and the next turn's header), `tool_hard[1]` of
+    those whose numbers sum to at least `tool_hard[0]`, and `tool_wide` of them a tool episode on
+    wide_numbers instead of the problem."""
     import torch
 
-    rows: list[tuple[list[int], list[int]]] = []
+    from rlvr.tiny.tools import tool_episode_numbers, tool_row
+
+    rows: list[tuple[list[int], list[int]]] = []  # (ids, labels) of each example
     for index, problem in enumerate(mp.training_problems(start + n, seed)[start:], start):
         prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
         numbers = mp.parse_numbers(problem.question)
+        episode = tool_episode_numbers(seed, index, numbers, tool_share, tool_hard, tool_wide) \
+            if index >= tool_from else None
+        if episode is not None:
+            rows.append(tool_row(tokenizer, episode))
+            continue
         if index >= direct_from and is_glance(index - direct_from, direct_share):
             solution = glance_solution(numbers)
         elif shuffled_chain:
@@ -215,15 +255,14 @@ def _examples(tokenizer, n: int, seed: int, start: int = 0,  # -> (input_ids, la
             solution = mp.worked_solution(numbers)
         answer_text = solution + IM_END
         answer = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
-        rows.append((prompt, answer))
-    width = max(len(p) + len(a) for p, a in rows)
+        rows.append((prompt + answer, [-100] * len(prompt) + answer))
+    width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((n, width), pad, dtype=torch.long)
     labels = torch.full((n, width), -100, dtype=torch.long)
-    for i, (prompt, answer) in enumerate(rows):  # right padding: training needs no generation
-        ids = prompt + answer
+    for i, (ids, row_labels) in enumerate(rows):  # right padding: training needs no generation
         input_ids[i, : len(ids)] = torch.tensor(ids)
-        labels[i, len(prompt) : len(ids)] = torch.tensor(answer)
+        labels[i, : len(ids)] = torch.tensor(row_labels)
     return input_ids, labels
 
 
@@ -250,7 +289,10 @@ class _Trainer:
         input_ids, labels = _examples(self.tokenizer, steps * batch, self.seed, start=self.steps_done * batch,
                                       direct_share=self.recipe.direct_share,
                                       shuffled_chain=self.recipe.shuffled_chain,
-                                      direct_from=self.recipe.direct_after * batch)
+                                      direct_from=self.recipe.direct_after * batch,
+                                      tool_share=self.recipe.tool_share,
+                                      tool_from=self.recipe.tool_after * batch,
+                                      tool_hard=self.recipe.tool_hard, tool_wide=self.recipe.tool_wide)
         attention = (input_ids != self.tokenizer.pad_token_id).long()
         self.model.train()
         for i in range(steps):
@@ -349,6 +391,30 @@ def heldout_accuracy(
     return correct / len(problems), len(problems)
 
 
+def evaluate_tools_build(model, tokenizer, n: int, progress: Progress | None) -> dict[str, object]:  # noqa: ANN001
+    """A tools model's two-turn protocol on `n` held-out problems: greedy, and GATE_GROUP episodes
+    per problem at GATE_TEMPERATURE (the demo's group and temperature)."""
+    from rlvr.tiny.tools import evaluate_tools
+
+    found = {"greedy": evaluate_tools(model, tokenizer, "build", n),
+             "sampled": evaluate_tools(model, tokenizer, "build", n, k=GATE_GROUP, temperature=GATE_TEMPERATURE)}
+    if progress:
+        for measured in found.values():
+            progress("tools: " + measured.line())
+    return {key: measured.as_dict() for key, measured in found.items()}
+
+
+def check_tool_gate(found: dict[str, object], gate: tuple[float, float, float]) -> None:
+    """BuildFailedGate unless greedy tool use is within gate[0]-gate[1] and greedy accuracy with the
+    tool at least gate[2] (`found`: evaluate_tools_build's measures)."""
+    greedy = found["greedy"]
+    use, right = float(greedy["tool_use"]), float(greedy["accuracy_with_tool"])  # type: ignore[index]
+    if not gate[0] <= use <= gate[1] or right < gate[2]:
+        raise BuildFailedGate(found, f"the tools model failed its gate (greedy tool use {100 * gate[0]:.0f}-"
+                              f"{100 * gate[1]:.0f}%, accuracy with the tool at least {100 * gate[2]:.0f}%): "
+                              f"tool use {use:.1%}, accuracy with the tool {right:.1%}")
+
+
 def evaluate_heldout(model_path: str | Path, n: int = 500, seed: int = 0) -> tuple[float, int]:
     """Greedy accuracy of a saved model on ``n`` held-out Math Pairs problems, with transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -394,23 +460,38 @@ def build_tiny_model(
         if progress:
             pinned = " on pinned AVX2 kernels" if _kernels_pinned() else ""
             progress(f"building tiny model '{size}' (seed {seed}) with {threads} thread(s){pinned} into {out}")
-        tokenizer = build_tokenizer(number_tokens=recipe.number_tokens)
+        tools = recipe.tool_share > 0 or recipe.tool_hard is not None
+        tokenizer = build_tokenizer(number_tokens=recipe.number_tokens, tool_tags=tools)
         model = init_model(size, seed, len(tokenizer))
-        final_loss, accuracy, n, steps = warm_up_into_band(
-            model, tokenizer, recipe, seed, progress, lambda: heldout_accuracy(model, tokenizer, eval_n))
-        if recipe.gate is not None:
+        tool_measures: dict[str, object] | None = None
+
+        def evaluate() -> tuple[float, int]:
+            nonlocal tool_measures
+            if not tools:
+                return heldout_accuracy(model, tokenizer, eval_n)
+            tool_measures = evaluate_tools_build(model, tokenizer, eval_n, progress)
+            greedy = tool_measures["greedy"]
+            return float(greedy["accuracy"]), int(greedy["n"])  # type: ignore[index]
+
+        final_loss, accuracy, n, steps = warm_up_into_band(model, tokenizer, recipe, seed, progress, evaluate)
+        if recipe.gate is not None or (recipe.tool_gate is not None and tool_measures is not None):
             try:
-                gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
+                if recipe.gate is not None:
+                    gate = check_gate(model, tokenizer, recipe.gate, eval_n, progress)
+                if recipe.tool_gate is not None and tool_measures is not None:
+                    check_tool_gate(tool_measures, recipe.tool_gate)
             except BuildFailedGate as e:  # kept beside, for `rlvr models inspect`, never where a build is looked for
                 failed = out.with_name(out.name + ".failed")
                 shutil.rmtree(failed, ignore_errors=True)
-                save_model(model, failed, number_tokens=recipe.number_tokens)
+                save_model(model, failed, number_tokens=recipe.number_tokens, tool_tags=tools)
                 (failed / "rlvr_gate.json").write_text(json.dumps(e.diagnosis, indent=2) + "\n")
                 raise BuildFailedGate(e.diagnosis, f"{e} (the model is kept at {failed})") from None
         # Save to a sibling and rename, so a crash never leaves a half model that looks built.
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        save_model(model, staging, number_tokens=recipe.number_tokens)
+        save_model(model, staging, number_tokens=recipe.number_tokens, tool_tags=tools)
+        if tool_measures is not None:
+            (staging / TOOLS_FILE).write_text(json.dumps(tool_measures, indent=2) + "\n")
     report = BuildReport(
         path=str(out),
         size=size,

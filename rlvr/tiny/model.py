@@ -56,6 +56,8 @@ SIZES: dict[str, ModelSize] = {
     "small": _TEST_SHAPE,
     # the default shape with whole-number tokens and a warm-up built for RL headroom (build.RECIPES)
     "headroom": _DEFAULT_SHAPE,
+    # the headroom model's shape and warm-up plus calculator tool calls on a minority (build.RECIPES)
+    "tools": _DEFAULT_SHAPE,
     # ~2.4M parameters: the size docs/design.md's CPU facts measured GRPO on (0.34 s per step at batch 8 on 2 cores)
     "default": _DEFAULT_SHAPE,
     # ~38M parameters: big enough that generation throughput is compute-bound, still fits 2 cores
@@ -127,13 +129,14 @@ def init_model(size: str, seed: int, tokenizer_len: int):  # -> Qwen2ForCausalLM
     return model
 
 
-def save_model(model, out_dir: str | Path, number_tokens: int = 0) -> Path:
+def save_model(model, out_dir: str | Path, number_tokens: int = 0, tool_tags: bool = False) -> Path:
     """Save model + tokenizer in Hugging Face format (safetensors) and the prompt-style marker
-    (``number_tokens``: the tokenizer's whole-number tokens, as the model was built with)."""
+    (``number_tokens`` and ``tool_tags``: the tokenizer's options, as the model was built with)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(out, model_max_length=model.config.max_position_embeddings, number_tokens=number_tokens)
+    save_tokenizer(out, model_max_length=model.config.max_position_embeddings, number_tokens=number_tokens,
+                   tool_tags=tool_tags)
     # A plain file too, for readers that only have the directory (e.g. a rollout server's config).
     (out / MODEL_MARKER_FILE).write_text(json.dumps({PROMPT_STYLE_KEY: COMPACT_STYLE}, indent=2) + "\n")
     return out

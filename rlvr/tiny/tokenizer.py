@@ -25,6 +25,15 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 CHAT_SPECIALS: tuple[str, ...] = (IM_START, IM_END)
 FORMAT_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
+# The tool-call tags of Hermes/Qwen tool calls, and the constant pieces of the calculator's call
+# JSON around its expression (rlvr.tiny.tools): with them the whole call is four predictions plus
+# the expression, so a tiny model writes it well-formed and a training row stays short. Only the
+# tools model's tokenizer has them (build_tokenizer(tool_tags=True)).
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+CALCULATE_OPEN = '{"name": "calculate", "arguments": {"expression": "'
+CALCULATE_CLOSE = '"}}'
+TOOL_TAGS: tuple[str, ...] = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, CALCULATE_OPEN, CALCULATE_CLOSE)
 
 # The tiny model declares the compact prompt form (see rlvr.tasks.render): every character costs a
 # token, so it is warmed up on the bare problem instead of the long instruction larger models get.
@@ -33,6 +42,31 @@ FORMAT_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# The tools model's (build_tokenizer(tool_tags=True)): CHAT_TEMPLATE, except that an assistant
+# message carrying its calls as ``tool_calls`` (OpenAI form, or {"name", "arguments"}) without the
+# call's text in its content renders them in the Hermes/Qwen form, so an episode's conversation
+# reads the same whether the call stays in the content or moves to ``tool_calls``:
+# ``<tool_call>\n{"name": "calculate", "arguments": {...}}\n</tool_call>``, one per call, "\n" apart.
+TOOLS_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set content = message.content if message.content is string else '' %}"
+    "{% if message.role == 'assistant' and message.tool_calls and '<tool_call>' not in content %}"
+    "{{ '<|im_start|>assistant\n' + content }}"
+    "{% for call in message.tool_calls %}"
+    "{% set fn = call.function if call.function is defined else call %}"
+    "{% if content or not loop.first %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    "{% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -65,10 +99,12 @@ def build_vocab() -> dict[str, int]:
     return vocab
 
 
-def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0):  # -> transformers.Qwen2Tokenizer
+def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0,
+                    tool_tags: bool = False):  # -> transformers.Qwen2Tokenizer
     """Build the character tokenizer (not saved; call ``save_pretrained`` on the result), with the
     whole numbers below ``number_tokens`` as single tokens (after the tags, so every other id is
-    the same as without them)."""
+    the same as without them), and with ``tool_tags`` the TOOL_TAGS as ordinary added tokens after
+    those (every earlier id unchanged)."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
@@ -85,13 +121,16 @@ def build_tokenizer(model_max_length: int = 4096, number_tokens: int = 0):  # ->
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in FORMAT_TAGS])
     if number_tokens:
         tokenizer.add_tokens([AddedToken(str(i), special=False, normalized=False) for i in range(number_tokens)])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if tool_tags:
+        tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
+    tokenizer.chat_template = TOOLS_CHAT_TEMPLATE if tool_tags else CHAT_TEMPLATE
     tokenizer.padding_side = "left"  # decoder-only batched generation pads on the left
     return tokenizer
 
 
-def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096, number_tokens: int = 0) -> int:
+def save_tokenizer(out_dir: str | Path, model_max_length: int = 4096, number_tokens: int = 0,
+                   tool_tags: bool = False) -> int:
     """Write the tokenizer files into ``out_dir``; returns the tokenizer's length (vocab + added)."""
-    tokenizer = build_tokenizer(model_max_length, number_tokens)
+    tokenizer = build_tokenizer(model_max_length, number_tokens, tool_tags)
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)
