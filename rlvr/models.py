@@ -23,7 +23,7 @@ from rlvr.common.errors import InvalidArgument
 log = logging.getLogger(__name__)
 
 TINY_MODELS = {"rlvr-tiny": "default", "rlvr-tiny-test": "test", "rlvr-tiny-small": "small",
-               "rlvr-tiny-headroom": "headroom"}
+               "rlvr-tiny-headroom": "headroom", "rlvr-tiny-tools": "tools"}
 # A Hugging Face hub id: [owner/]name, each part 1-96 letters, digits, "-", "_" or ".", starting and
 # ending with a letter or digit, no "--" or ".." (the hub's own rule).
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
