@@ -11,7 +11,8 @@ Create Date: 2026-12-07
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from rlvr.infra.migrations.helpers import add_column
 
 revision: str = "0009_episode_metrics"
 down_revision: str | None = "0008_sampler_gap"
@@ -25,8 +26,9 @@ COLUMNS = (("turns_mean", sa.Float()), ("turns_max", sa.Integer()), ("tool_calls
 
 
 def upgrade() -> None:
+    # guarded as 0002-0008 are: a database made before migrations got them from create_all already
     for name, kind in COLUMNS:
-        op.add_column("metric_points", sa.Column(name, kind, nullable=True))
+        add_column("metric_points", sa.Column(name, kind, nullable=True))
 
 
 def downgrade() -> None:

@@ -11,7 +11,8 @@ Create Date: 2026-12-07
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from rlvr.infra.migrations.helpers import add_column
 
 revision: str = "0010_question_episodes"
 down_revision: str | None = "0009_episode_metrics"
@@ -20,7 +21,8 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    op.add_column("question_results", sa.Column("episode", sa.Text(), server_default=sa.text("''"), nullable=False))
+    # guarded as 0002-0009 are: a database made before migrations got it from create_all already
+    add_column("question_results", sa.Column("episode", sa.Text(), server_default=sa.text("''"), nullable=False))
 
 
 def downgrade() -> None:
