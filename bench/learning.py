@@ -119,7 +119,8 @@ def run_one(args: argparse.Namespace) -> tuple[int, str]:
     ]
     settings = (f"{args.model}, {args.backend}, group {args.group_size}, batch {args.batch_size}, rank {args.rank}, "
                 f"alpha {args.alpha}, lr {args.lr:g}, {args.loss_type}, temperature {args.temperature:g}, "
-                f"{args.prompts} prompts, max tokens {args.max_tokens}, dynamic sampling {args.dynamic_sampling}, "
+                f"{args.prompts} prompts, max tokens {args.max_tokens}, "
+                f"dynamic sampling {args.dynamic_sampling and not args.environment}, "
                 f"LoRA init {args.lora_init}, seed {args.seed}, max async steps {args.max_async_steps}"
                 + (f", environment {args.environment} (max turns {args.max_turns or 'its own'})" if args.environment else ""))
     print(f"\n{settings}\n")
