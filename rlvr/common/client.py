@@ -135,6 +135,9 @@ METHOD_DEADLINES: dict[str, float] = {
     # Merging a large base model and writing it out takes a while.
     "rlvr.v1.SchedulerService/MergeModel": 3600.0,
     "rlvr.v1.SchedulerService/DownloadMergedModel": 3600.0,
+    # The first job on a worker is answered once its fork server has imported torch, transformers
+    # and TRL (about 31 s on a 2-core host): the scheduler's own StartJob timeout (workers.py) too.
+    "rlvr.v1.TrainerService/StartJob": 60.0,
     "rlvr.v1.TrainerService/MergeAdapter": 3600.0,
     "rlvr.v1.TrainerService/FetchFolder": 3600.0,  # a merged model: gigabytes
     "grpc.health.v1.Health/Check": 5.0,
