@@ -70,7 +70,7 @@ def env_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_the_builtins_are_found_with_their_source() -> None:
     found = registry.discover()
-    assert [i.key for i in found.infos()] == ["calculator", "code_run", "guess_number"]
+    assert [i.key for i in found.infos()] == ["calculator", "calculator_agent", "code_run", "guess_number"]
     assert all(i.source == "built-in" for i in found.infos()) and not found.failed
     calc, guess, code = found.get("calculator"), found.get("guess_number"), found.get("code_run")
     assert (calc.tools, calc.max_turns, calc.benchmark) == (("calculate",), 4, "rlvr-math-pairs-heldout")
@@ -321,7 +321,7 @@ def test_list_environments_answers_the_registry() -> None:
 
     response = asyncio.run(SchedulerServicer().ListEnvironments(scheduler_pb2.ListEnvironmentsRequest(), None))
     by_key = {e.key: e for e in response.environments}
-    assert list(by_key) == ["calculator", "code_run", "guess_number"] and not response.unavailable
+    assert list(by_key) == ["calculator", "calculator_agent", "code_run", "guess_number"] and not response.unavailable
     calc = by_key["calculator"]
     assert (list(calc.tools), calc.max_turns, calc.source, calc.version, calc.default_benchmark) == \
         (["calculate"], 4, "built-in", "1", "rlvr-math-pairs-heldout")
@@ -344,11 +344,11 @@ def test_the_cli_and_the_sdk_list_the_environments(capfd: pytest.CaptureFixture[
         envs = connect(ClientSettings(scheduler_address=address)).scheduler.environments()
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith("calculator    Calculator v1 (built-in; tools: calculate; max_turns 4)")
-    assert any(line.startswith("guess_number  Guess the Number v1 (built-in; tools: no tools; max_turns 8; reads "
+    assert lines[0].startswith("calculator        Calculator v1 (built-in; tools: calculate; max_turns 4)")
+    assert any(line.startswith("guess_number      Guess the Number v1 (built-in; tools: no tools; max_turns 8; reads "
                                "secret)") for line in lines)
-    assert lines[-1] == "broken        not loaded: plugin x 1 (x:ENV): ImportError"
-    assert [e.key for e in envs] == ["calculator", "code_run", "guess_number"]
+    assert lines[-1] == "broken            not loaded: plugin x 1 (x:ENV): ImportError"
+    assert [e.key for e in envs] == ["calculator", "calculator_agent", "code_run", "guess_number"]
     assert isinstance(envs[0], scheduler_pb2.EnvironmentInfo)
 
 

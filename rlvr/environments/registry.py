@@ -37,6 +37,7 @@ BUILTINS = {
     "calculator": "rlvr.environments.builtin.calculator:ENVIRONMENT",
     "code_run": "rlvr.environments.builtin.code_run:ENVIRONMENT",
     "guess_number": "rlvr.environments.builtin.guess_number:ENVIRONMENT",
+    "calculator_agent": "rlvr.agents.builtin.calculator:calculator_agent",
 }
 
 
@@ -113,6 +114,7 @@ def discover() -> Registry:
         source = _source(entry)
         try:
             loaded = entry.load()
+            loaded = getattr(loaded, "__rlvr_environment__", loaded)  # an agent function (rlvr.agents.agent)
             if not isinstance(loaded, EnvironmentDefinition):
                 raise TypeError(f"{entry.value} is a {type(loaded).__name__}, not an EnvironmentDefinition "
                                 "(declare it with rlvr.environments.environment or EnvironmentDefinition)")

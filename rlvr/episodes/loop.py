@@ -114,6 +114,9 @@ async def run_episode(task: EpisodeTask, sampler: TurnSampler, codec_for: Callab
                       limits: EpisodeLimits, decode: Callable[[list[int]], str]) -> Episode:
     """Runs one episode to its end; `codec_for(tool schemas)` gives the ChatCodec to render with,
     `decode(ids)` a turn's text (special tokens skipped)."""
+    own = getattr(task.environment, "run_episode", None)
+    if own is not None:  # an agent program drives its own episode (rlvr/agents)
+        return await own(task, sampler, codec_for, limits, decode)
     started = time.perf_counter()
     env, messages = task.environment, [dict(m) for m in task.messages]
     episode = Episode(messages=messages, samples=[])

@@ -1,0 +1,216 @@
+"""rlvr.agents: an agent program (plain `openai` client code) as the policy, through the real endpoint.
+
+The policy is a script of token ids (no model); the agent's calls go through the real `openai`
+client to the process's real OpenAI-compatible endpoint (rlvr/agents/gateway.py), and the chat
+codec is the real one over the tools model's template and tokenizer. What is checked: the recorded
+ids are what the policy sampled and the mask-1 ids decode to exactly its text; the calculator agent's
+episode is token for token the calculator environment's; a rewritten history splits the episode and
+is counted; an agent that raises, runs too long or returns garbage ends its own episode only; a
+wrong or expired key and a bad request are refused with OpenAI's errors naming every bad field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import openai
+import pytest
+
+from rlvr.agents import AgentResult, AgentRow, agent
+from rlvr.agents.builtin.calculator import TOOLS, calculator_agent
+from rlvr.agents.gateway import Gateway
+from rlvr.agents.recorder import EpisodeRecorder
+from rlvr.environments.base import EpisodeRow
+from rlvr.environments.builtin import calculator
+from rlvr.environments.tools import tool_schemas
+from rlvr.episodes.chat import ChatCodecs
+from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, turn_seed
+from rlvr.tiny.tokenizer import build_tokenizer
+
+TOKENIZER = build_tokenizer(tool_tags=True)
+CODECS = ChatCodecs(TOKENIZER)
+LIMITS = EpisodeLimits(max_turns=4, max_tokens_per_turn=96, max_episode_tokens=2000, min_turn_tokens=1)
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "17 * 23"}}\n</tool_call>'
+PROMPT = [{"role": "user", "content": "What is 17 * 23?\n\n" + calculator.ENVIRONMENT.instruction}]
+
+
+def ids(text: str) -> list[int]:
+    return TOKENIZER(text, add_special_tokens=False)["input_ids"]
+
+
+class Script:
+    """A TurnSampler answering with the next text of its script followed by the stop token (unless
+    it is marked cut), recording the prompts and seeds it was asked with."""
+
+    def __init__(self, texts: Sequence[str], cut: Sequence[int] = ()) -> None:
+        self.texts, self.cut = list(texts), set(cut)
+        self.calls: list[tuple[list[int], int, int]] = []
+        self.sampled: list[list[int]] = []
+
+    async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+        turn = len(self.calls)
+        self.calls.append((list(prompt_ids), max_tokens, seed))
+        stop = CODECS([]).stop_ids[:1]
+        out = ids(self.texts[turn])[:max_tokens] if turn in self.cut else ids(self.texts[turn]) + stop
+        self.sampled.append(out)
+        return TurnOutput(out, [-0.5] * len(out), "length" if turn in self.cut else "stop", "job-a", 2)
+
+
+def run(env, script: Script, limits: EpisodeLimits = LIMITS, seed: int = 5):
+    task = EpisodeTask(env, EpisodeRow("What is 17 * 23?", ground_truth="391", seed=seed), [dict(m) for m in PROMPT],
+                       seed)
+    return asyncio.run(run_episode(task, script, CODECS, limits, CODECS.decode))
+
+
+def agent_env(fn, **declared):
+    return agent("test_agent", **declared)(fn).__rlvr_environment__.make()
+
+
+def sampled_text(sample) -> str:
+    return TOKENIZER.decode([t for t, m in zip(sample.completion_ids, sample.mask, strict=True) if m],
+                            skip_special_tokens=True)
+
+
+def test_the_calculator_agent_records_what_was_sampled_and_renders_as_the_environment_does() -> None:
+    script = Script([CALL, "<answer>391</answer>"])
+    episode = run(calculator_agent.__rlvr_environment__.make(), script)
+    assert episode.error == "" and episode.ended_by == "answer" and len(episode.turns) == 2
+    [sample] = episode.samples  # one sample: the tool result was appended, nothing re-rendered
+    assert [c[0] for c in script.calls] == [sample.prompt_ids, (sample.prompt_ids + sample.completion_ids)[
+        :len(script.calls[1][0])]]
+    assert [c[2] for c in script.calls] == [turn_seed(5, 0), turn_seed(5, 1)]
+    sampled = [t for t, m in zip(sample.completion_ids, sample.mask, strict=True) if m]
+    assert sampled == script.sampled[0] + script.sampled[1]  # the exact ids, in order
+    assert sampled_text(sample) == CALL + "<answer>391</answer>"  # decoding the mask-1 ids gives the text back
+    assert all(lp == -0.5 for lp, m in zip(sample.logprobs, sample.mask, strict=True) if m)
+    assert "<|im_start|>tool\n391<|im_end|>" in TOKENIZER.decode(sample.completion_ids)  # observation, mask 0
+    assert episode.tool_calls == 1 and episode.turns[0].tool_calls[0]["result"] == "391"
+    assert episode.final_answer == "<answer>391</answer>" and episode.env_reward is None  # the job's reward scores
+    # The environment-class version of the same task, with the same script: the same tokens and mask.
+    assert tool_schemas(calculator.ENVIRONMENT.make()) == TOOLS
+    env_episode = run(calculator.ENVIRONMENT.make(), Script([CALL, "<answer>391</answer>"]))
+    [env_sample] = env_episode.samples
+    assert (env_sample.prompt_ids, env_sample.completion_ids, env_sample.mask) == (
+        sample.prompt_ids, sample.completion_ids, sample.mask)
+
+
+def test_an_agent_that_rewrites_its_history_splits_the_episode_and_it_is_counted() -> None:
+    async def summarising(client: openai.AsyncOpenAI, row: AgentRow) -> float:
+        first = await client.chat.completions.create(model="m", messages=row.messages, tools=TOOLS)
+        call = first.choices[0].message.tool_calls[0]
+        # The agent keeps a summary instead of its history: the next prompt does not extend the last.
+        summary = [{"role": "user", "content": f"{row.prompt} A calculator said {json.loads(call.function.arguments)}"
+                                               " is 391. Answer."}]
+        second = await client.chat.completions.create(model="m", messages=summary)
+        return 1.0 if "391" in (second.choices[0].message.content or "") else 0.0
+
+    script = Script([CALL, "<answer>391</answer>"])
+    episode = run(agent_env(summarising), script)
+    assert episode.error == "" and episode.env_reward == 1.0
+    assert len(episode.samples) == 2 and episode.env_state["splits"] == 1 and episode.env_state["history_rewrites"] == 1
+    first, second = episode.samples
+    assert script.calls[1][0] == second.prompt_ids  # the new sample's prompt is the rewritten history, rendered afresh
+    assert TOKENIZER.decode(second.prompt_ids).startswith("<|im_start|>user\nWhat is 17 * 23? A calculator said")
+    assert sampled_text(first) == CALL and sampled_text(second) == "<answer>391</answer>"
+    assert second.mask == [1] * len(second.completion_ids)
+
+
+@pytest.mark.parametrize("failure", ["raises", "timeout", "garbage"])
+def test_an_agent_that_fails_ends_its_own_episode_with_the_reason(failure: str) -> None:
+    async def failing(client: openai.AsyncOpenAI, row: AgentRow):
+        await client.chat.completions.create(model="m", messages=row.messages)
+        if failure == "raises":
+            raise KeyError("no such field")
+        if failure == "timeout":
+            await asyncio.sleep(5)
+        return "391"
+
+    episode = run(agent_env(failing, timeout_seconds=0.5), Script(["<answer>391</answer>"]))
+    assert episode.ended_by == "error"
+    assert {"raises": "the agent raised KeyError: 'no such field'",
+            "timeout": "the agent took longer than its time limit of 0.5 s",
+            "garbage": "the agent's result: the agent returned a str; expected a number"}[failure] in episode.error
+    assert len(episode.turns) == 1  # what it sampled is still recorded (and the trainer masks it out)
+
+
+def test_calls_past_the_turn_limit_are_answered_empty_and_end_the_episode_truncated() -> None:
+    async def looping(client: openai.AsyncOpenAI, row: AgentRow) -> AgentResult:
+        messages, finishes = list(row.messages), []
+        while len(finishes) < 10:
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            finishes.append(reply.choices[0].finish_reason)
+            if finishes[-1] == "length":
+                break
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        return AgentResult(reward=0.5, components={"tries": float(len(finishes))}, answer=" ".join(finishes))
+
+    script = Script(["one", "two", "three"])
+    episode = run(agent_env(looping, max_turns=2), script, EpisodeLimits(2, 96, 2000, min_turn_tokens=1))
+    assert len(script.calls) == 2 and episode.ended_by == "max_turns" and episode.truncated
+    assert episode.final_answer == "stop stop length" and episode.env_state["calls_past_limits"] == 1
+    assert episode.env_reward.score == 0.5 and episode.env_reward.components == {"tries": 3.0}
+    assert len(episode.samples) == 1 and sampled_text(episode.samples[0]) == "onetwo"
+
+
+def test_a_sampler_failure_fails_the_episode_run_not_just_the_agent() -> None:
+    class Down:
+        async def sample(self, prompt_ids, max_tokens, seed):
+            raise ConnectionError("the rollout service is gone")
+
+    with pytest.raises(ConnectionError, match="rollout service is gone"):
+        run(calculator_agent.__rlvr_environment__.make(), Down())
+
+
+def _session(script: Script) -> tuple[Gateway, str, EpisodeRecorder, asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    recorder = EpisodeRecorder(script, CODECS, LIMITS, CODECS.decode, seed=1)
+    gateway = Gateway.shared()
+    return gateway, gateway.open(recorder, loop), recorder, loop
+
+
+def test_a_wrong_or_expired_key_is_refused_and_only_the_episode_key_reaches_its_episode() -> None:
+    script = Script(["<answer>1</answer>", "<answer>2</answer>"])
+    gateway, key, recorder, loop = _session(script)
+
+    async def call(**client_args) -> str:
+        async with openai.AsyncOpenAI(max_retries=0, **client_args) as client:
+            reply = await client.chat.completions.create(model="m", messages=PROMPT)
+            return reply.choices[0].message.content or ""
+
+    root = f"http://{gateway.host}:{gateway.port}/v1"
+    try:
+        assert loop.run_until_complete(call(base_url=gateway.base_url(key), api_key=key)) == "<answer>1</answer>"
+        assert loop.run_until_complete(call(base_url=root, api_key=key)) == "<answer>2</answer>"  # the key alone
+        with pytest.raises(openai.AuthenticationError, match="unknown API key"):
+            loop.run_until_complete(call(base_url=root, api_key="rlvr-ep-guess"))
+        with pytest.raises(openai.AuthenticationError, match="not the key of the base URL"):
+            loop.run_until_complete(call(base_url=gateway.base_url(key), api_key="another"))
+        gateway.close(key)
+        with pytest.raises(openai.AuthenticationError, match="expired"):
+            loop.run_until_complete(call(base_url=gateway.base_url(key), api_key=key))
+    finally:
+        gateway.close(key)
+        loop.close()
+    assert len(script.calls) == 2 and len(recorder.episode.turns) == 2
+
+
+def test_a_bad_request_is_refused_naming_every_bad_field() -> None:
+    gateway, key, _, loop = _session(Script([]))
+
+    async def call() -> None:
+        async with openai.AsyncOpenAI(base_url=gateway.base_url(key), api_key=key, max_retries=0) as client:
+            await client.chat.completions.create(model="m", messages=[{"role": "robot", "content": "hi"}], n=2,
+                                                 temperature=7, max_tokens=0, tool_choice="always")
+
+    try:
+        with pytest.raises(openai.BadRequestError) as caught:
+            loop.run_until_complete(call())
+    finally:
+        gateway.close(key)
+        loop.close()
+    message = str(caught.value)
+    for field in ("messages[0].role: 'robot' is not one of", "tool_choice: 'always'", "max_tokens: 0",
+                  "n: 2", "temperature: 7"):
+        assert field in message
