@@ -115,6 +115,15 @@ def test_an_agent_that_rewrites_its_history_splits_the_episode_and_it_is_counted
     assert TOKENIZER.decode(second.prompt_ids).startswith("<|im_start|>user\nWhat is 17 * 23? A calculator said")
     assert sampled_text(first) == CALL and sampled_text(second) == "<answer>391</answer>"
     assert second.mask == [1] * len(second.completion_ids)
+    # The step's metrics count the split (MetricEvent.episode_splits); the trainer trains the last sample.
+    from rlvr.services.trainer.episodes import EpisodeStats
+    from rlvr.v1 import common_pb2
+
+    stats, event = EpisodeStats(), common_pb2.MetricEvent()
+    stats.add(episode)
+    stats.add(run(calculator_agent.__rlvr_environment__.make(), Script([CALL, "<answer>391</answer>"])))
+    stats.fill(event)
+    assert event.episode_splits == 1 and event.turns_mean == 2.0 and event.tool_calls == 2
 
 
 @pytest.mark.parametrize("failure", ["raises", "timeout", "garbage"])

@@ -26,7 +26,8 @@ from rlvr.v1 import common_pb2 as C
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
 EPISODE_FIELDS = ("turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds",
-                  "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes")
+                  "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes",
+                  "episode_splits")
 
 
 def _job(tmp_path: Path, model: str, **overrides: Any):

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
 # MetricEvent's episode metrics: a job with an environment's only (unset at a single-answer step)
 EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
-                   "episode_tokens_mean", "truncated_episodes", "failed_episodes"}
+                   "episode_tokens_mean", "truncated_episodes", "failed_episodes",
+                   "episode_splits"}
 METRIC_FIELDS = {f.name for f in C.MetricEvent.DESCRIPTOR.fields} - {"kl"} - EPISODE_METRICS  # kl: kl_beta > 0
 
 

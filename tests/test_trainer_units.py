@@ -21,7 +21,8 @@ from rlvr.v1 import trainer_pb2
 
 # MetricEvent's episode metrics: a job with an environment's only (unset at a single-answer step)
 EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
-                   "episode_tokens_mean", "truncated_episodes", "failed_episodes"}
+                   "episode_tokens_mean", "truncated_episodes", "failed_episodes",
+                   "episode_splits"}
 METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields if f.name not in EPISODE_METRICS]
 
 

@@ -151,6 +151,7 @@ class MetricPointRow(SQLModel, table=True):
     episode_tokens_mean: float | None = None
     truncated_episodes: int | None = None
     failed_episodes: int | None = None
+    episode_splits: int | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

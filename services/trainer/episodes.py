@@ -139,6 +139,7 @@ class EpisodeStats:
         event.episode_tokens_mean = statistics.fmean(self.episode_tokens)
         event.truncated_episodes = self.truncated
         event.failed_episodes = self.failed
+        event.episode_splits = self.samples_dropped
 
 
 class EpisodeRollout:
