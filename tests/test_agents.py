@@ -223,3 +223,38 @@ def test_a_bad_request_is_refused_naming_every_bad_field() -> None:
     for field in ("messages[0].role: 'robot' is not one of", "tool_choice: 'always'", "max_tokens: 0",
                   "n: 2", "temperature: 7"):
         assert field in message
+
+
+# ---------------------------------------------------------------- docs/agents.md
+
+def test_the_pages_agent_trains_through_the_endpoint_and_runs_unchanged_with_any_client() -> None:
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "agents.md"
+    source = next(code for lang, code in re.findall(r"```(\w+)\n(.*?)```", page.read_text(), re.DOTALL)
+                  if lang == "python")
+    namespace: dict[str, object] = {}
+    exec(compile(source, str(page), "exec"), namespace)  # noqa: S102 (the page's own code)
+    adder = namespace["adder"]
+    definition = adder.__rlvr_environment__  # type: ignore[attr-defined]
+    assert (definition.key, definition.display_name, definition.max_turns) == ("adder", "Adder", 3)
+    assert definition.description == "Answers with the help of an add tool; scores itself against the row's answer."
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
+    # As a job's episode: through the endpoint, recorded, scored by what the function returned.
+    task = EpisodeTask(definition.make(), EpisodeRow("What is 17 + 25?", ground_truth="42", seed=3),
+                       [{"role": "user", "content": "What is 17 + 25?"}], 3)
+    episode = asyncio.run(run_episode(task, Script([call, "<answer>42</answer>"]), CODECS, LIMITS, CODECS.decode))
+    assert episode.error == "" and episode.env_reward.score == 1.0 and episode.final_answer == "<answer>42</answer>"
+    assert "<|im_start|>tool\n42<|im_end|>" in TOKENIZER.decode(episode.samples[0].completion_ids)
+    # The same function, called directly with a plain client against an OpenAI-compatible server.
+    gateway, key, _, loop = _session(Script([call, "<answer>41</answer>"]))
+    try:
+        client = openai.AsyncOpenAI(base_url=gateway.base_url(key), api_key=key)
+        result = loop.run_until_complete(adder(client, AgentRow("What is 17 + 25?", "42", messages=[
+            {"role": "user", "content": "What is 17 + 25?"}])))
+        loop.run_until_complete(client.close())
+    finally:
+        gateway.close(key)
+        loop.close()
+    assert result == AgentResult(reward=0.0, answer="<answer>41</answer>")
