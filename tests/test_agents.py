@@ -258,3 +258,17 @@ def test_the_pages_agent_trains_through_the_endpoint_and_runs_unchanged_with_any
         gateway.close(key)
         loop.close()
     assert result == AgentResult(reward=0.0, answer="<answer>41</answer>")
+
+
+def test_a_call_with_other_tools_starts_a_new_sample_rendered_with_them() -> None:
+    async def switching(client: openai.AsyncOpenAI, row: AgentRow) -> None:
+        messages = list(row.messages)
+        first = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "now alone"}]
+        await client.chat.completions.create(model="m", messages=messages)  # no tools any more
+
+    episode = run(agent_env(switching), Script(["<answer>1</answer>", "<answer>2</answer>"]))
+    first, second = episode.samples  # (this template does not render tools, but another's prompt would change)
+    assert second.prompt_ids == CODECS([]).prompt_ids(episode.messages[:-1])  # rendered afresh, without tools
+    assert first.mask == [1] * len(first.completion_ids)  # nothing was appended to the first
+    assert episode.env_state["splits"] == 1 and episode.env_state["history_rewrites"] == 0

@@ -19,8 +19,10 @@ episode, and nothing outside the host can reach its sessions.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+import os
 import secrets
 import threading
 from collections import OrderedDict
@@ -49,6 +51,7 @@ class Gateway:
     """The process's endpoint: sessions by key, served by a threading HTTP server."""
 
     _shared: ClassVar[Gateway | None] = None
+    _shared_pid: ClassVar[int] = 0
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0) -> None:
@@ -72,10 +75,11 @@ class Gateway:
 
     @classmethod
     def shared(cls) -> Gateway:
-        """The process's gateway, started on first use."""
+        """The process's gateway, started on first use (again in a forked child: its server thread
+        stayed in the parent)."""
         with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
+            if cls._shared is None or cls._shared_pid != os.getpid():
+                cls._shared, cls._shared_pid = cls(), os.getpid()
             return cls._shared
 
     def base_url(self, key: str) -> str:
@@ -171,6 +175,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, future.result(CALL_TIMEOUT_SECONDS))
         except RequestError as e:
             self._send(e.status, e.body())
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):  # the episode was cancelled
+            self._send(503, RequestError("the episode was cancelled (its step failed or the job was cancelled)",
+                                         status=503, type_="server_error").body())
         except Exception as e:  # noqa: BLE001 - the sampler failed (the rollout service gone): the agent sees a 500
             log.warning("agent call failed: %s: %s", type(e).__name__, e)
             self._send(500, RequestError(f"the policy could not answer: {type(e).__name__}: {e}", status=500,

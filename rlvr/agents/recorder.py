@@ -224,6 +224,7 @@ class EpisodeRecorder:
     used: int = 0  # sampled + observation tokens of the episode so far
     sampler_error: BaseException | None = None
     _last_finish: str = "stop"
+    _tools: str = ""  # the tools the conversation was rendered with (other tools re-render the prompt)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def complete(self, body: Any) -> dict[str, Any]:
@@ -235,7 +236,8 @@ class EpisodeRecorder:
     async def _complete(self, request: ChatRequest) -> dict[str, Any]:
         codec = self.codec_for(request.tools)
         messages = [self._with_names(m) for m in request.messages]
-        sample, observation, split = self._prompt(codec, messages)
+        tools = json.dumps(request.tools, sort_keys=True)
+        sample, observation, split = self._prompt(codec, messages, same_tools=tools == self._tools)
         episode, limits, floor = self.episode, self.limits, max(1, self.limits.min_turn_tokens)
         length = len(sample.prompt_ids) + len(sample.completion_ids) + len(observation)
         room = min(limits.max_tokens_per_turn, limits.max_episode_tokens - self.used - len(observation))
@@ -296,6 +298,7 @@ class EpisodeRecorder:
         episode.turns.append(record)
         episode.final_answer = text
         self.conversation = [*messages, assistant]
+        self._tools = tools
         episode.messages = list(self.conversation)
         # The next call appends to these ids only when the turn ended on its stop token as sampled.
         self._last_finish = "cut" if stopped or cut else finish
@@ -317,15 +320,17 @@ class EpisodeRecorder:
                             "tool_call_id": message["tool_call_id"]}
         return message
 
-    def _prompt(self, codec: Any, messages: list[dict[str, Any]]) -> tuple[EpisodeSample, list[int], str | None]:
+    def _prompt(self, codec: Any, messages: list[dict[str, Any]],
+                same_tools: bool) -> tuple[EpisodeSample, list[int], str | None]:
         """The sample this call continues and the observation ids to append to it, or a new sample
         and why the episode splits there ("rewrite": the agent's messages do not extend the
-        conversation; "template": the template re-renders earlier text or the last turn was cut)."""
+        conversation; "template": the template re-renders earlier text, the last turn was cut, or
+        the call offers other tools, which the template renders into the prompt's start)."""
         history = self.conversation
         current = self.episode.samples[-1] if self.episode.samples else None
         extends = (current is not None and len(messages) > len(history)
                    and all(_same(a, b) for a, b in zip(history, messages, strict=False)))
-        if extends and self._last_finish == "stop":
+        if extends and self._last_finish == "stop" and same_tools:
             ids = codec.after_turn(history, messages[len(history):])
             if ids is not None:
                 return current, list(ids), None  # type: ignore[return-value]
