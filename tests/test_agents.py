@@ -272,3 +272,20 @@ def test_a_call_with_other_tools_starts_a_new_sample_rendered_with_them() -> Non
     assert second.prompt_ids == CODECS([]).prompt_ids(episode.messages[:-1])  # rendered afresh, without tools
     assert first.mask == [1] * len(first.completion_ids)  # nothing was appended to the first
     assert episode.env_state["splits"] == 1 and episode.env_state["history_rewrites"] == 0
+
+
+def test_hundreds_of_episodes_at_once_all_reach_the_endpoint() -> None:
+    """A step or an evaluation batch starts all its episodes together: every agent must connect."""
+    from rlvr.episodes.loop import run_episodes
+
+    class Answers:
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            await asyncio.sleep(0.01)
+            out = ids("<answer>391</answer>") + CODECS([]).stop_ids[:1]
+            return TurnOutput(out, [-0.5] * len(out), "stop", "job-a", 2)
+
+    tasks = [EpisodeTask(calculator_agent.__rlvr_environment__.make(), EpisodeRow("q", "391", seed=i),
+                         [dict(m) for m in PROMPT], i) for i in range(256)]
+    episodes = asyncio.run(run_episodes(tasks, Answers(), CODECS, LIMITS, CODECS.decode))
+    assert [e.error for e in episodes if e.error] == []
+    assert all(e.final_answer == "<answer>391</answer>" for e in episodes)

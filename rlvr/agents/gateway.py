@@ -64,8 +64,7 @@ class Gateway:
             pass
 
         Handler.gateway = gateway
-        self.server = ThreadingHTTPServer((bind, port), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server((bind, port), Handler)
         bound = self.server.server_address
         self.host: str = bound[0].decode() if isinstance(bound[0], bytes | bytearray) else str(bound[0])
         self.port: int = int(bound[1])
@@ -112,6 +111,14 @@ class Gateway:
     def shutdown(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Every episode of a step or an evaluation batch connects at once (hundreds): the listen backlog
+    # must hold them all, or connections beyond socketserver's default of 5 are refused or retried
+    # seconds later, and those agents fail with a connection error.
+    request_queue_size = 4096
 
 
 class _Handler(BaseHTTPRequestHandler):
