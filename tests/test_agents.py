@@ -289,3 +289,18 @@ def test_hundreds_of_episodes_at_once_all_reach_the_endpoint() -> None:
     episodes = asyncio.run(run_episodes(tasks, Answers(), CODECS, LIMITS, CODECS.decode))
     assert [e.error for e in episodes if e.error] == []
     assert all(e.final_answer == "<answer>391</answer>" for e in episodes)
+
+
+def test_the_time_limit_counts_the_agents_own_time_not_its_waits_for_the_policy() -> None:
+    class Busy(Script):
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            await asyncio.sleep(0.4)  # a policy server busy with other episodes
+            return await super().sample(prompt_ids, max_tokens, seed)
+
+    async def patient(client: openai.AsyncOpenAI, row: AgentRow) -> float:
+        for _ in range(3):
+            await client.chat.completions.create(model="m", messages=row.messages)
+        return 1.0
+
+    episode = run(agent_env(patient, timeout_seconds=0.5), Busy(["a", "b", "c"]))
+    assert episode.error == "" and episode.env_reward == 1.0 and episode.seconds > 1.2

@@ -19,7 +19,8 @@ which samples from the job's policy and records the tokens (recorder.py).
 What the agent returns scores the episode: a number (the reward, in [0, 1]), named components, a
 `AgentResult` (the reward with its components and the final answer), or None, when the job's own
 reward scores the last answer (or the `AgentResult`'s ``answer``) as it scores an environment's.
-An agent that raises or runs past ``timeout_seconds`` ends its episode with the reason, scored 0
+An agent that raises or whose own time (its waits for the policy not counted) passes
+``timeout_seconds`` ends its episode with the reason, scored 0
 and not trained on; the job fails only when every episode of a step failed.
 """
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ __all__ = ["AgentEnvironment", "AgentResult", "AgentRow", "agent"]
 
 TIMEOUT_DEFAULT = 300.0
 MAX_TIMEOUT = 3600.0
+CALL_TIMEOUT_SECONDS = 3600.0  # one model call's HTTP time limit (the gateway's own wait)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class AgentResult:
     reward: float | None = None
     components: Mapping[str, float] = field(default_factory=dict)
     answer: str | None = None
+
+
+class AgentTimeout(TimeoutError):
+    """The agent's own time in its episode passed its ``timeout_seconds``."""
 
 
 AgentFunction = Callable[..., Any]  # (openai client, row) -> result, or an awaitable of one
@@ -93,7 +99,7 @@ class AgentEnvironment(Environment):
         gateway = Gateway.shared()
         key = gateway.open(recorder, asyncio.get_running_loop())
         try:
-            result: Any = await self._run(gateway.base_url(key), key, row)
+            result: Any = await self._run(gateway.base_url(key), key, row, recorder.policy_seconds)
         except Exception as exc:  # noqa: BLE001 - the agent's failure ends this episode only
             result = exc
         finally:
@@ -106,9 +112,9 @@ class AgentEnvironment(Environment):
         if not episode.samples:
             episode.samples.append(EpisodeSample(prompt_ids=[]))
         if isinstance(result, BaseException):
-            elapsed = episode.seconds
-            episode.error = (f"the agent took longer than its time limit of {self.timeout_seconds:g} s"
-                             if isinstance(result, TimeoutError) and elapsed >= self.timeout_seconds else
+            episode.error = (f"the agent took longer than its time limit of {self.timeout_seconds:g} s "
+                             "(its own time, waits for the policy not counted)"
+                             if isinstance(result, AgentTimeout) else
                              f"the agent raised {type(result).__name__}: {result}")[:500]
             episode.ended_by = "error"
             return episode
@@ -123,24 +129,43 @@ class AgentEnvironment(Environment):
             episode.ended_by = "length" if last == "length" else ("answer" if episode.turns else "no_calls")
         return episode
 
-    async def _run(self, base_url: str, key: str, row: AgentRow) -> Any:
+    async def _limited(self, work: Awaitable[Any], waiting: Callable[[], float]) -> Any:
+        """``work``'s result, cancelled with TimeoutError once the agent's own time (the episode's
+        time less its waits for the policy, `waiting()`) passes ``timeout_seconds``: a policy
+        server busy with a whole step's episodes does not time the agents out."""
+        task = asyncio.ensure_future(work)
+        started = time.perf_counter()
+        try:
+            while True:
+                left = self.timeout_seconds - (time.perf_counter() - started - waiting())
+                if left <= 0:
+                    raise AgentTimeout(f"the agent's own time passed {self.timeout_seconds:g} s")
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self, base_url: str, key: str, row: AgentRow, waiting: Callable[[], float]) -> Any:
         import openai
 
-        timeout = self.timeout_seconds
+        timeout = CALL_TIMEOUT_SECONDS  # each HTTP call: the policy may be busy with the whole step
         # The endpoint is plain HTTP on the loopback interface: no TLS context is made (loading the
         # system's certificates costs ~0.1 s per client, on the event loop every episode shares).
         if inspect.iscoroutinefunction(self.fn):
             client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
                                         http_client=openai.DefaultAsyncHttpxClient(verify=False))
             try:
-                return await asyncio.wait_for(self.fn(client, row), timeout)
+                return await self._limited(self.fn(client, row), waiting)
             finally:
                 await client.close()
         sync_client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
                                     http_client=openai.DefaultHttpxClient(verify=False))
         try:
             # A plain function runs in a worker thread (a late one's calls are refused once its key expires).
-            value = await asyncio.wait_for(asyncio.to_thread(self.fn, sync_client, row), timeout)
+            value = await self._limited(asyncio.to_thread(self.fn, sync_client, row), waiting)
             return await value if inspect.isawaitable(value) else value
         finally:
             sync_client.close()
@@ -180,7 +205,8 @@ def agent(
 ) -> Callable[[F], F]:
     """Declares an agent function ``(client, row) -> result`` (see the module's doc). ``max_turns``
     caps its model calls per episode (a call past it is answered empty with finish_reason
-    "length"); ``timeout_seconds`` its whole episode. ValueError naming what is wrong.
+    "length"); ``timeout_seconds`` the agent's own time in an episode (its waits for the policy's
+    answers not counted). ValueError naming what is wrong.
 
     The function is returned as it is, still callable with any OpenAI client outside rlvr; its
     declaration (an `EnvironmentDefinition`) is its ``__rlvr_environment__``, which the entry-point

@@ -225,13 +225,30 @@ class EpisodeRecorder:
     sampler_error: BaseException | None = None
     _last_finish: str = "stop"
     _tools: str = ""  # the tools the conversation was rendered with (other tools re-render the prompt)
+    _in_calls: int = 0
+    _waiting_since: float = 0.0
+    _policy_seconds: float = 0.0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def complete(self, body: Any) -> dict[str, Any]:
         """The OpenAI ChatCompletion answering ``body``; RequestError for a request it refuses."""
         request = parse_request(body)
-        async with self._lock:
-            return await self._complete(request)
+        self._in_calls += 1
+        if self._in_calls == 1:
+            self._waiting_since = time.perf_counter()
+        try:
+            async with self._lock:
+                return await self._complete(request)
+        finally:
+            self._in_calls -= 1
+            if self._in_calls == 0:
+                self._policy_seconds += time.perf_counter() - self._waiting_since
+
+    def policy_seconds(self) -> float:
+        """The episode's time so far with a call in the endpoint (waiting for the policy): what the
+        agent's time limit does not count."""
+        now = time.perf_counter()
+        return self._policy_seconds + (now - self._waiting_since if self._in_calls else 0.0)
 
     async def _complete(self, request: ChatRequest) -> dict[str, Any]:
         codec = self.codec_for(request.tools)
