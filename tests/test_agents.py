@@ -214,3 +214,21 @@ def test_a_bad_request_is_refused_naming_every_bad_field() -> None:
     for field in ("messages[0].role: 'robot' is not one of", "tool_choice: 'always'", "max_tokens: 0",
                   "n: 2", "temperature: 7"):
         assert field in message
+
+
+def test_the_agents_client_reaches_the_endpoint_whatever_proxy_the_environment_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint is on loopback in the same process: a proxy set for the host (HTTP_PROXY without
+    127.0.0.1 in NO_PROXY, as on many clusters) must not carry the agent's calls away from it."""
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    def plain(client: openai.OpenAI, row: AgentRow) -> None:
+        client.chat.completions.create(model="m", messages=row.messages)
+
+    for env in (calculator_agent.__rlvr_environment__.make(), agent_env(plain)):
+        episode = run(env, Script(["<answer>391</answer>"]))
+        assert episode.error == "" and episode.ended_by == "answer" and len(episode.turns) == 1
+

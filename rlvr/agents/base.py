@@ -127,13 +127,19 @@ class AgentEnvironment(Environment):
         import openai
 
         timeout = self.timeout_seconds
+        # The endpoint is plain HTTP on this host's loopback: no proxy the environment names may carry
+        # the calls (HTTP_PROXY without 127.0.0.1 in NO_PROXY failed every call), and no TLS, so no
+        # certificate store is loaded (50 ms a client, on the episode's event loop, where every
+        # episode of the step or batch makes its own).
         if inspect.iscoroutinefunction(self.fn):
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
+                                        http_client=openai.DefaultAsyncHttpxClient(trust_env=False, verify=False))
             try:
                 return await asyncio.wait_for(self.fn(client, row), timeout)
             finally:
                 await client.close()
-        sync_client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
+        sync_client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
+                                    http_client=openai.DefaultHttpxClient(trust_env=False, verify=False))
         try:
             # A plain function runs in a worker thread (a late one's calls are refused once its key expires).
             value = await asyncio.wait_for(asyncio.to_thread(self.fn, sync_client, row), timeout)
