@@ -26,7 +26,7 @@ from rlvr.environments.base import EpisodeRow
 from rlvr.environments.builtin import calculator
 from rlvr.environments.tools import tool_schemas
 from rlvr.episodes.chat import ChatCodecs
-from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, turn_seed
+from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, run_episodes, turn_seed
 from rlvr.tiny.tokenizer import build_tokenizer
 
 TOKENIZER = build_tokenizer(tool_tags=True)
@@ -231,4 +231,25 @@ def test_the_agents_client_reaches_the_endpoint_whatever_proxy_the_environment_n
     for env in (calculator_agent.__rlvr_environment__.make(), agent_env(plain)):
         episode = run(env, Script(["<answer>391</answer>"]))
         assert episode.error == "" and episode.ended_by == "answer" and len(episode.turns) == 1
+
+
+def test_plain_agents_of_a_step_all_run_at_once() -> None:
+    """A plain (not async) agent runs in a thread of its own: more of them at once than a default
+    thread pool holds (at most 32 threads) all run together, none waiting for another to end (such
+    a wait counted against its time limit and serialised the step's rollout)."""
+    import threading
+
+    n = 40
+    together = threading.Barrier(n, timeout=20)
+
+    def plain(client: openai.OpenAI, row: AgentRow) -> float:
+        client.chat.completions.create(model="m", messages=row.messages)
+        together.wait()  # passes only once all n agents are running
+        return 1.0
+
+    definition = agent("plain_agent", timeout_seconds=60)(plain).__rlvr_environment__
+    tasks = [EpisodeTask(definition.make(), EpisodeRow("What is 17 * 23?", ground_truth="391", seed=k),
+                         [dict(m) for m in PROMPT], k) for k in range(n)]
+    episodes = asyncio.run(run_episodes(tasks, Script(["<answer>391</answer>"] * n), CODECS, LIMITS, CODECS.decode))
+    assert [e.error for e in episodes] == [""] * n and all(e.env_reward == 1.0 for e in episodes)
 

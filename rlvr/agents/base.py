@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -67,6 +69,18 @@ class AgentResult:
 
 
 AgentFunction = Callable[..., Any]  # (openai client, row) -> result, or an awaitable of one
+MAX_PLAIN_AGENTS = 1024  # plain (not async) agents running at once in a process, a thread each
+_plain_pool: ThreadPoolExecutor | None = None
+_plain_lock = threading.Lock()
+
+
+def _plain_agents() -> ThreadPoolExecutor:
+    """The process's threads for plain agents (started as episodes need them, kept for the next)."""
+    global _plain_pool
+    with _plain_lock:
+        if _plain_pool is None:
+            _plain_pool = ThreadPoolExecutor(MAX_PLAIN_AGENTS, thread_name_prefix="rlvr-agent")
+        return _plain_pool
 F = TypeVar("F", bound=AgentFunction)
 
 
@@ -141,8 +155,11 @@ class AgentEnvironment(Environment):
         sync_client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
                                     http_client=openai.DefaultHttpxClient(trust_env=False, verify=False))
         try:
-            # A plain function runs in a worker thread (a late one's calls are refused once its key expires).
-            value = await asyncio.wait_for(asyncio.to_thread(self.fn, sync_client, row), timeout)
+            # A plain function runs in a thread of its own (a late one's calls are refused once its key
+            # expires): not the loop's default pool, whose few threads (cpu count + 4, at most 32) made
+            # the step's other plain agents wait, their wait counted against their time limit.
+            running = asyncio.get_running_loop().run_in_executor(_plain_agents(), self.fn, sync_client, row)
+            value = await asyncio.wait_for(running, timeout)
             return await value if inspect.isawaitable(value) else value
         finally:
             sync_client.close()
