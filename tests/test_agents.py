@@ -27,6 +27,7 @@ from rlvr.environments.builtin import calculator
 from rlvr.environments.tools import tool_schemas
 from rlvr.episodes.chat import ChatCodecs
 from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, run_episodes, turn_seed
+from rlvr.episodes.scoring import transcript
 from rlvr.tiny.tokenizer import build_tokenizer
 
 TOKENIZER = build_tokenizer(tool_tags=True)
@@ -253,3 +254,13 @@ def test_plain_agents_of_a_step_all_run_at_once() -> None:
     episodes = asyncio.run(run_episodes(tasks, Script(["<answer>391</answer>"] * n), CODECS, LIMITS, CODECS.decode))
     assert [e.error for e in episodes] == [""] * n and all(e.env_reward == 1.0 for e in episodes)
 
+
+def test_the_tool_results_of_the_last_allowed_turn_are_recorded_as_the_environment_records_them() -> None:
+    """At the turn limit the agent's next call (its tool results) is answered empty; the results it
+    brings still go onto the last turn's calls, as the calculator environment records them."""
+    limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=96, max_episode_tokens=2000, min_turn_tokens=1)
+    episode = run(calculator_agent.__rlvr_environment__.make(), Script([CALL, "<answer>391</answer>"]), limits)
+    env_episode = run(calculator.ENVIRONMENT.make(), Script([CALL, "<answer>391</answer>"]), limits)
+    assert episode.ended_by == env_episode.ended_by == "max_turns"
+    assert episode.turns[0].tool_calls[0]["result"] == env_episode.turns[0].tool_calls[0]["result"] == "391"
+    assert transcript(episode) == transcript(env_episode)
