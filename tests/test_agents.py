@@ -264,3 +264,14 @@ def test_the_tool_results_of_the_last_allowed_turn_are_recorded_as_the_environme
     assert episode.ended_by == env_episode.ended_by == "max_turns"
     assert episode.turns[0].tool_calls[0]["result"] == env_episode.turns[0].tool_calls[0]["result"] == "391"
     assert transcript(episode) == transcript(env_episode)
+
+
+def test_the_server_extra_installs_the_openai_client_that_agents_run_with() -> None:
+    """Without openai (it came only with vLLM) a scheduler or benchmark service on `rlvr[server]`
+    could not load calculator_agent (its registry listed it as failed) nor run an agent's episode."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert "openai" in {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["server"]}
