@@ -26,7 +26,8 @@ from rlvr.environments.base import EpisodeRow
 from rlvr.environments.builtin import calculator
 from rlvr.environments.tools import tool_schemas
 from rlvr.episodes.chat import ChatCodecs
-from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, turn_seed
+from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, TurnOutput, run_episode, run_episodes, turn_seed
+from rlvr.episodes.scoring import transcript
 from rlvr.tiny.tokenizer import build_tokenizer
 
 TOKENIZER = build_tokenizer(tool_tags=True)
@@ -304,3 +305,63 @@ def test_the_time_limit_counts_the_agents_own_time_not_its_waits_for_the_policy(
 
     episode = run(agent_env(patient, timeout_seconds=0.5), Busy(["a", "b", "c"]))
     assert episode.error == "" and episode.env_reward == 1.0 and episode.seconds > 1.2
+
+
+def test_the_agents_client_reaches_the_endpoint_whatever_proxy_the_environment_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint is on loopback in the same process: a proxy set for the host (HTTP_PROXY without
+    127.0.0.1 in NO_PROXY, as on many clusters) must not carry the agent's calls away from it."""
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    def plain(client: openai.OpenAI, row: AgentRow) -> None:
+        client.chat.completions.create(model="m", messages=row.messages)
+
+    for env in (calculator_agent.__rlvr_environment__.make(), agent_env(plain)):
+        episode = run(env, Script(["<answer>391</answer>"]))
+        assert episode.error == "" and episode.ended_by == "answer" and len(episode.turns) == 1
+
+
+def test_plain_agents_of_a_step_all_run_at_once() -> None:
+    """A plain (not async) agent runs in a thread of its own: more of them at once than a default
+    thread pool holds (at most 32 threads) all run together, none waiting for another to end (such
+    a wait counted against its time limit and serialised the step's rollout)."""
+    import threading
+
+    n = 40
+    together = threading.Barrier(n, timeout=20)
+
+    def plain(client: openai.OpenAI, row: AgentRow) -> float:
+        client.chat.completions.create(model="m", messages=row.messages)
+        together.wait()  # passes only once all n agents are running
+        return 1.0
+
+    definition = agent("plain_agent", timeout_seconds=60)(plain).__rlvr_environment__
+    tasks = [EpisodeTask(definition.make(), EpisodeRow("What is 17 * 23?", ground_truth="391", seed=k),
+                         [dict(m) for m in PROMPT], k) for k in range(n)]
+    episodes = asyncio.run(run_episodes(tasks, Script(["<answer>391</answer>"] * n), CODECS, LIMITS, CODECS.decode))
+    assert [e.error for e in episodes] == [""] * n and all(e.env_reward == 1.0 for e in episodes)
+
+
+def test_the_tool_results_of_the_last_allowed_turn_are_recorded_as_the_environment_records_them() -> None:
+    """At the turn limit the agent's next call (its tool results) is answered empty; the results it
+    brings still go onto the last turn's calls, as the calculator environment records them."""
+    limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=96, max_episode_tokens=2000, min_turn_tokens=1)
+    episode = run(calculator_agent.__rlvr_environment__.make(), Script([CALL, "<answer>391</answer>"]), limits)
+    env_episode = run(calculator.ENVIRONMENT.make(), Script([CALL, "<answer>391</answer>"]), limits)
+    assert episode.ended_by == env_episode.ended_by == "max_turns"
+    assert episode.turns[0].tool_calls[0]["result"] == env_episode.turns[0].tool_calls[0]["result"] == "391"
+    assert transcript(episode) == transcript(env_episode)
+
+
+def test_the_server_extra_installs_the_openai_client_that_agents_run_with() -> None:
+    """Without openai (it came only with vLLM) a scheduler or benchmark service on `rlvr[server]`
+    could not load calculator_agent (its registry listed it as failed) nor run an agent's episode."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert "openai" in {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["server"]}

@@ -208,6 +208,29 @@ def test_an_environment_evaluation_runs_episodes_through_the_rollout_service(sta
         assert row.completion.splitlines()[0] == f"[turn 1] {episode['turns'][0]['assistant']}".splitlines()[0]
 
 
+def test_an_agent_evaluation_runs_its_episodes_through_the_rollout_service(stack: Stack) -> None:
+    """Each question one episode of the built-in calculator_agent: the agent's own `openai` client
+    calls the benchmark process's endpoint, every call one token-id Generate call to the real
+    rollout service; greedy, so the same evaluation twice gives the same rows, and the agent, which
+    renders as the calculator environment, answers each question as the environment's episode does."""
+    asked = dict(limit=4, sampling=greedy(), environment=C.EnvironmentConfig(key="calculator_agent", max_turns=2))
+    first, second = run(stack.client, **asked), run(stack.client, **asked)
+    assert (first.environment.key, first.environment.version, first.environment.max_turns) == (
+        "calculator_agent", "1", 2)
+    assert first.environment.max_episode_tokens == 4 * BUILD_MAX_TOKENS and first.episodes.episodes == 4
+    assert 1 <= first.episodes.turns_mean <= 2 and first.episodes.failed_episodes == 0
+    rows, again = results(stack.client, first.id), results(stack.client, second.id)
+    assert [r.completion for r in rows] == [r.completion for r in again]
+    for row in rows:
+        episode = json.loads(row.episode)
+        assert 1 <= len(episode["turns"]) <= 2 and not episode["error"] and row.completion.startswith("[turn 1] ")
+        # every turn was a call of the agent's, answered by the policy (the rollout service)
+        assert episode["state"]["model_calls"] == len(episode["turns"]) and episode["state"]["splits"] == 0
+    environment = run(stack.client, **{**asked, "environment": C.EnvironmentConfig(key="calculator", max_turns=2)})
+    assert [(r.completion, r.accuracy) for r in rows] == [
+        (r.completion, r.accuracy) for r in results(stack.client, environment.id)]
+
+
 def test_boxed_dataset(stack: Stack) -> None:
     data = stack.data / "tiny_boxed.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {i}+{i}?", "ground_truth": str(2 * i)}) + "\n"

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 MODEL = "rlvr-tiny-test"
 SERVICES = ("scheduler", "trainer", "reward", "rollout", "benchmark")
 DIST, DIST_VERSION = "rlvr-test-countdown", "0.1"  # write_distribution's version
-BUILTINS = ("calculator", "code_run", "guess_number")
+BUILTINS = ("calculator", "calculator_agent", "code_run", "guess_number")
 DOWN_WAIT_S = 1.0  # how long each look at the down key rides over it being unreachable
 
 COUNTDOWN = '''
@@ -67,12 +67,61 @@ class Countdown(Environment):
 '''
 
 
-def write_plugin(root: Path) -> Path:
-    """The test's own environment plugin: its module and a dist-info declaring `countdown_env` in the
+# The test's own AGENT plugin: a plain (not async) function written against the `openai` client alone
+# (the `agent` declaration aside), so it runs in a worker thread of the service that runs its episode
+# and its calls reach that process's OpenAI-compatible endpoint. It scores its own answer.
+COUNTDOWN_AGENT = '''
+import json
+
+import openai
+
+from rlvr.agents import AgentResult, AgentRow, agent
+
+TOOLS = [{"type": "function", "function": {
+    "name": "subtract", "description": "Subtracts one integer from another.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+
+
+@agent("countdown_agent", display_name="Countdown agent", version="5", max_turns=3, timeout_seconds=120)
+def countdown_agent(client: openai.OpenAI, row: AgentRow) -> AgentResult:
+    """Math pairs with a subtract tool, as an OpenAI client loop that checks its own answer."""
+    messages, text = list(row.messages), ""
+    for _ in range(3):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        choice = reply.choices[0]
+        text = choice.message.content or ""
+        messages.append(choice.message.model_dump(exclude_none=True))
+        if not choice.message.tool_calls or choice.finish_reason == "length":
+            break
+        for call in choice.message.tool_calls:
+            try:
+                args = json.loads(call.function.arguments)
+                result = str(int(args["a"]) - int(args["b"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                result = f"error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    solved = float(f"<answer>{row.ground_truth}</answer>" in text)
+    return AgentResult(reward=solved, components={"solved": solved, "answered": float("<answer>" in text)},
+                       answer=text)
+'''
+AGENT_DIST = "rlvr-test-countdown-agent"
+AGENT_STATE = {"model_calls", "splits", "history_rewrites", "calls_past_limits"}  # what an agent episode keeps
+
+
+def write_entry_point(root: Path, dist: str, module: str, source: str, entry_point: str) -> None:
+    """An installed distribution: its module and a dist-info declaring `entry_point` in the
     `rlvr.environments` group (write_distribution writes the rewards group's entry points)."""
-    write_distribution(root, DIST, {"rlvr_test_countdown": COUNTDOWN}, {})
-    info = root / f"{DIST.replace('-', '_')}-{DIST_VERSION}.dist-info"
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ncountdown_env = rlvr_test_countdown:Countdown\n")
+    write_distribution(root, dist, {module: source}, {})
+    info = root / f"{dist.replace('-', '_')}-{DIST_VERSION}.dist-info"
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{entry_point}\n")
+
+
+def write_plugin(root: Path) -> Path:
+    """The test's own plugins: the environment `countdown_env` and the agent `countdown_agent`."""
+    write_entry_point(root, DIST, "rlvr_test_countdown", COUNTDOWN, "countdown_env = rlvr_test_countdown:Countdown")
+    write_entry_point(root, AGENT_DIST, "rlvr_test_countdown_agent", COUNTDOWN_AGENT,
+                      "countdown_agent = rlvr_test_countdown_agent:countdown_agent")
     return root
 
 
@@ -131,8 +180,8 @@ def job_spec(name: str, reward: C.RewardConfig, environment: str, max_turns: int
     return spec
 
 
-def countdown_job(name: str) -> C.JobSpec:
-    return job_spec(name, C.RewardConfig(key="math_pairs"), "countdown_env")
+def countdown_job(name: str, environment: str = "countdown_env") -> C.JobSpec:
+    return job_spec(name, C.RewardConfig(key="math_pairs"), environment)
 
 
 def guess_job(name: str, data: Path) -> C.JobSpec:
@@ -305,3 +354,54 @@ def test_a_loop_of_environment_jobs_evaluates_its_round_in_the_environment(stack
     assert (evaluation.environment.key, evaluation.environment.version) == ("countdown_env", "3")
     results = client.benchmark.get_evaluation_results(B.GetEvaluationResultsRequest(id=evaluation.id)).results
     assert_episode_rows(list(results), 4, 3, {"subtractions"})
+
+
+def test_the_plugin_agent_is_listed_trains_a_job_and_runs_an_evaluation(stack) -> None:
+    client, _, _ = stack
+    listed = {e.key: e for e in client.scheduler.environments()}["countdown_agent"]
+    assert listed.source == f"plugin {AGENT_DIST} {DIST_VERSION}"
+    assert (listed.display_name, listed.version, list(listed.tools), listed.max_turns) == (
+        "Countdown agent", "5", [], 3)
+
+    job = run_job(client, countdown_job("countdown agent", "countdown_agent"))
+    assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    resolved = job.spec.environment
+    assert (resolved.key, resolved.version, resolved.max_turns) == ("countdown_agent", "5", 3)
+    assert_episode_metrics(client, job)
+    for p in client.scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job.id)).series:
+        # the agent scored its episodes itself (its AgentResult): its components, not math_pairs'
+        assert {"solved", "answered"} <= {k.rsplit(".", 1)[-1] for k in p.reward_components}, p.reward_components
+    export = client.scheduler.export_history(S.ExportHistoryRequest(job_id=job.id, format=S.EXPORT_FORMAT_JSONL))
+    assert [json.loads(line)["failed_episodes"] for line in export.content.decode().splitlines()] == [0, 0]
+
+    done, results = evaluate(client, B.RunEvaluationRequest(
+        benchmark="rlvr-math-pairs-heldout", limit=4, environment=C.EnvironmentConfig(key="countdown_agent")))
+    assert done.status == B.EVALUATION_STATUS_COMPLETED, done.error
+    assert (done.environment.key, done.environment.version, done.environment.max_turns) == ("countdown_agent", "5", 3)
+    assert done.questions_total == 4 and done.episodes.episodes == 4 and done.episodes.failed_episodes == 0
+    assert 1 <= done.episodes.turns_mean <= 3
+    assert_episode_rows(results, 4, 3, AGENT_STATE)  # the plugin's function ran each episode, through the endpoint
+    for row in results:
+        state = json.loads(row.episode)["state"]
+        assert state["model_calls"] == len(json.loads(row.episode)["turns"]), state
+        assert row.accuracy == float(f"<answer>{row.ground_truth}</answer>" in row.completion)  # the agent's own
+
+
+def test_a_loop_of_agent_jobs_evaluates_its_round_in_the_agent(stack) -> None:
+    client, _, _ = stack
+    spec = S.LoopSpec(name="countdown agent loop", target=100.0, max_rounds=1, benchmark_limit=4,
+                      job=countdown_job("", "countdown_agent"))
+    loop = client.scheduler.create_loop(S.CreateLoopRequest(spec=spec)).loop
+    assert loop.spec.benchmark == "rlvr-math-pairs-heldout"  # the rounds' reward's benchmark
+    final = list(client.scheduler.watch_loop(S.WatchLoopRequest(id=loop.id), timeout=600))[-1]
+    assert final.status in (S.LOOP_STATUS_ROUNDS_SPENT, S.LOOP_STATUS_TARGET_REACHED), final.message
+    [round_] = final.rounds
+    assert round_.job_id and round_.HasField("score") and round_.evaluation_id, round_
+    job = client.scheduler.get_job(S.GetJobRequest(id=round_.job_id))
+    assert job.status == C.JOB_STATUS_COMPLETED and job.spec.environment.key == "countdown_agent", job.error
+    evaluation = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=round_.evaluation_id))
+    assert evaluation.status == B.EVALUATION_STATUS_COMPLETED, evaluation.error
+    assert (evaluation.environment.key, evaluation.environment.version) == ("countdown_agent", "5")
+    assert evaluation.episodes.failed_episodes == 0
+    results = client.benchmark.get_evaluation_results(B.GetEvaluationResultsRequest(id=evaluation.id)).results
+    assert_episode_rows(list(results), 4, 3, AGENT_STATE)

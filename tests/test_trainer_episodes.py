@@ -75,21 +75,22 @@ class Scripted:
         return RolloutBatch([list(prompts[0])], [ids], [[-0.5] * len(ids)], [False], expected, 0.01)
 
 
-def _step(tmp_path: Path, tiny_model: str, guesses: Sequence[str], environment: str = "guess_number"):
+def _step(tmp_path: Path, tiny_model: str, guesses: Sequence[str], environment: str = "guess_number",
+          reward: str = "guess_number", **overrides: Any):
     from transformers import AutoTokenizer
 
     from rlvr.services.trainer.episodes import EpisodeRollout
     from rlvr.services.trainer.runner import rendered_with, training_problems
     from rlvr.services.trainer.step import Step, StepContext, StepHooks
 
-    job = _job(tmp_path, tiny_model, environment=environment)
+    job = _job(tmp_path, tiny_model, environment=environment, reward_function=reward, **overrides)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     problems, instruction = training_problems(job)
     episodes = EpisodeRollout(job, tokenizer, instruction)
     rendered = rendered_with(tokenizer, problems[:2], episodes.instruction)
     generator = Scripted(tokenizer, guesses)
     ctx = StepContext(job=job, tokenizer=tokenizer, generator=generator,  # type: ignore[arg-type]
-                      scorer=LocalScorer(ScoreSettings("guess_number")),
+                      scorer=LocalScorer(ScoreSettings(reward)),
                       hooks=StepHooks(save_adapter=lambda m, s: tmp_path, publish=lambda e: None,
                                       cancel=threading.Event()),
                       total_steps=1, truth={t: p.ground_truth for t, p in rendered}, draw=None,
@@ -203,3 +204,97 @@ def test_a_turn_samples_the_same_stream_whatever_the_processes_share_of_the_step
     finally:
         sampler.close()
     assert seen == [prompt_seed(12345, 0)]
+
+
+# An agent program (rlvr/agents) as the job's environment: the built-in calculator_agent, plain
+# `openai` client code whose calls reach the job process's OpenAI-compatible endpoint.
+CALCULATE = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "9 * 11"}}\n</tool_call>'
+TURNS = dict(max_completion_tokens=96, max_episode_tokens=300)  # the tool call is 85 tokens of the test model
+
+
+def test_an_agent_job_trains_on_its_episodes_and_reports_their_metrics(
+        tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.agents.gateway import Gateway
+
+    opened: list[str] = []
+    real_open = Gateway.open
+
+    def open_session(self: Gateway, recorder: Any, loop: Any) -> str:  # the real endpoint, its sessions counted
+        opened.append(real_open(self, recorder, loop))
+        return opened[-1]
+
+    monkeypatch.setattr(Gateway, "open", open_session)
+    events: list[C.MetricEvent] = []
+    samples: list[C.CompletionSamples] = []
+    job = _job(tmp_path, tiny_model, environment="calculator_agent", reward_function="math_pairs", max_turns=2)
+    result = run_job(job, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append,
+                                  publish_samples=samples.append))
+    assert result.status == "completed", result.error
+    assert [e.step for e in events] == [1, 2]
+    for event in events:
+        assert all(event.HasField(name) for name in EPISODE_FIELDS), event
+        assert 1 <= event.turns_mean <= event.turns_max <= 2
+        assert event.failed_episodes == 0  # every agent episode ran to its end
+        assert event.episode_tokens_mean >= event.completion_length_mean
+    assert samples and "[turn 1]" in samples[0].samples[0].completion
+    assert len(set(opened)) == 2 * 4  # 2 steps of 4 episodes, each the agent's own run through the endpoint
+
+
+def test_an_agent_steps_rows_are_its_episodes_exact_ids_with_the_tool_result_masked(
+        tmp_path: Path, tiny_model: str) -> None:
+    script = [CALCULATE, "<answer>99</answer>"]
+    step, rows, tokenizer, generator = _step(tmp_path, tiny_model, script, "calculator_agent", "math_pairs", **TURNS)
+    assert set(rows) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "score"}
+    assert len(rows["completion_ids"]) == 4 and len(generator.calls) == 8  # 4 episodes of 2 model calls
+    said = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in script]
+    turns = {tuple(p): n for p, n in ((p, tokenizer.decode(p).count("<|im_start|>assistant")) for p, _ in generator.calls)}
+    for prompt, completion, mask, logprobs in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"],
+                                                  rows["logprobs"], strict=True):
+        assert turns[tuple(prompt)] == 1  # the episode's first call's prompt, as sampled
+        observation = [t for t, m in zip(completion, mask, strict=True) if not m]
+        # the exact ids: the first turn as sampled, the tool result (mask 0), the second turn as sampled
+        assert completion == said[0] + observation + said[1]
+        assert mask == [1] * len(said[0]) + [0] * len(observation) + [1] * len(said[1])
+        assert tokenizer.decode(observation) == "\n<|im_start|>tool\n99<|im_end|>\n<|im_start|>assistant\n"
+        assert tuple(prompt + completion[:len(said[0]) + len(observation)]) in turns  # the second call's prompt
+        assert all(lp == -0.5 for lp, m in zip(logprobs, mask, strict=True) if m)
+    # the job's reward (math_pairs) scored the agent's last answer
+    assert all(s.extracted_answer == "99" and not s.error for s in rows["score"])
+    record = step.record
+    assert record.episodes is not None and record.episodes.turns == [2, 2, 2, 2]
+    assert record.episodes.tool_calls == 4 and record.episodes.failed == 0
+    # The calculator environment, with the same script: the same rows, token for token.
+    _, env_rows, _, _ = _step(tmp_path / "env", tiny_model, script, "calculator", "math_pairs", **TURNS)
+    for name in ("prompt_ids", "completion_ids", "env_mask", "logprobs"):
+        assert rows[name] == env_rows[name], name
+
+
+def test_a_failing_agent_fails_its_own_episodes_masked_and_scored_0_and_the_step_only_when_all_fail(
+        tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.agents.builtin import calculator
+    from rlvr.services.trainer.episodes import EpisodeFailure
+
+    calls = {"n": 0}
+
+    def flaky(name: str, arguments: str) -> str:  # the agent's own tool code raises, in every other episode
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("calculator offline")
+        return "99"
+
+    monkeypatch.setattr(calculator, "calculate", flaky)
+    script = [CALCULATE, "<answer>99</answer>"]
+    step, rows, _, _ = _step(tmp_path, tiny_model, script, "calculator_agent", "math_pairs", **TURNS)
+    errors = [s.error for s in rows["score"]]
+    assert sum(bool(e) for e in errors) == 2
+    assert all("the agent raised RuntimeError: calculator offline" in e for e in errors if e)
+    for score, mask in zip(rows["score"], rows["env_mask"], strict=True):
+        assert (score.reward == 0 and sum(mask) == 0) if score.error else sum(mask) > 0  # not trained on
+    assert step.record.episodes.failed == 2
+
+    def broken(name: str, arguments: str) -> str:
+        raise RuntimeError("calculator offline")
+
+    monkeypatch.setattr(calculator, "calculate", broken)
+    with pytest.raises(EpisodeFailure, match="every episode of the step failed.*calculator offline"):
+        _step(tmp_path / "all", tiny_model, script, "calculator_agent", "math_pairs", **TURNS)

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -73,6 +75,18 @@ class AgentTimeout(TimeoutError):
 
 
 AgentFunction = Callable[..., Any]  # (openai client, row) -> result, or an awaitable of one
+MAX_PLAIN_AGENTS = 1024  # plain (not async) agents running at once in a process, a thread each
+_plain_pool: ThreadPoolExecutor | None = None
+_plain_lock = threading.Lock()
+
+
+def _plain_agents() -> ThreadPoolExecutor:
+    """The process's threads for plain agents (started as episodes need them, kept for the next)."""
+    global _plain_pool
+    with _plain_lock:
+        if _plain_pool is None:
+            _plain_pool = ThreadPoolExecutor(MAX_PLAIN_AGENTS, thread_name_prefix="rlvr-agent")
+        return _plain_pool
 F = TypeVar("F", bound=AgentFunction)
 
 
@@ -152,20 +166,25 @@ class AgentEnvironment(Environment):
         import openai
 
         timeout = CALL_TIMEOUT_SECONDS  # each HTTP call: the policy may be busy with the whole step
-        # The endpoint is plain HTTP on the loopback interface: no TLS context is made (loading the
-        # system's certificates costs ~0.1 s per client, on the event loop every episode shares).
+        # The endpoint is plain HTTP on this host's loopback: no proxy the environment names may carry
+        # the calls (HTTP_PROXY without 127.0.0.1 in NO_PROXY failed every call), and no TLS, so no
+        # certificate store is loaded (50-120 ms a client, on the episode's event loop, where every
+        # episode of the step or batch makes its own).
         if inspect.iscoroutinefunction(self.fn):
             client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
-                                        http_client=openai.DefaultAsyncHttpxClient(verify=False))
+                                        http_client=openai.DefaultAsyncHttpxClient(trust_env=False, verify=False))
             try:
                 return await self._limited(self.fn(client, row), waiting)
             finally:
                 await client.close()
         sync_client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout,
-                                    http_client=openai.DefaultHttpxClient(verify=False))
+                                    http_client=openai.DefaultHttpxClient(trust_env=False, verify=False))
         try:
-            # A plain function runs in a worker thread (a late one's calls are refused once its key expires).
-            value = await self._limited(asyncio.to_thread(self.fn, sync_client, row), waiting)
+            # A plain function runs in a thread of its own (a late one's calls are refused once its key
+            # expires): not the loop's default pool, whose few threads (cpu count + 4, at most 32) made
+            # the step's other plain agents wait.
+            running = asyncio.get_running_loop().run_in_executor(_plain_agents(), self.fn, sync_client, row)
+            value = await self._limited(running, waiting)
             return await value if inspect.isawaitable(value) else value
         finally:
             sync_client.close()

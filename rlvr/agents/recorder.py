@@ -261,9 +261,13 @@ class EpisodeRecorder:
         if limits.max_context_tokens:
             room = min(room, limits.max_context_tokens - length)
         past_turns = len(episode.turns) >= limits.max_turns
+        # The tool results this call brings go onto the last turn's calls even when nothing more is
+        # sampled, as an environment's episode runs and records its last turn's calls.
+        self._note_tool_results(messages)
         if past_turns or room < floor:
             # Nothing sampled: the call is answered empty and the episode is marked where it stopped.
             self.refused += 1
+            episode.messages = list(messages)  # the conversation shows what the agent last sent
             episode.truncated = True
             episode.ended_by = "max_turns" if past_turns else "token_cap"
             return self._response("", [], "length", 0, length)
@@ -278,7 +282,6 @@ class EpisodeRecorder:
             episode.observation_tokens += len(observation)
             if episode.turns:
                 episode.turns[-1].observation_tokens = len(observation)
-        self._note_tool_results(messages)
         # The engine samples at least `floor` tokens; a request asking fewer gets the first ones (the
         # rest are dropped, as an engine stopping there would not have sampled them).
         want = min(room, request.max_tokens) if request.max_tokens else room
