@@ -38,6 +38,8 @@ from rlvr.models import default_model_roots, is_tiny, local_model_names
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM")
 """Architectures vLLM serves with LoRA and peft trains (the allow-list an import checks)."""
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
+"""The same, as a GGUF's general.architecture names them (a Mistral GGUF says llama)."""
 DTYPES = ("float32", "bfloat16", "float16")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IMPORT_RECORD = "rlvr_import.json"
@@ -149,6 +151,7 @@ def _source_kind(source: Path) -> str:
         with source.open("rb") as f:
             if f.read(4) != b"GGUF":
                 raise ImportRefused(f"SOURCE: {str(source)!r} is not a GGUF file (its first bytes are not 'GGUF')")
+        _check_gguf(source)
         return "gguf"
     if not (source / "config.json").is_file():
         raise ImportRefused(f"SOURCE: {str(source)!r} is not a model: the folder has no config.json")
@@ -164,6 +167,34 @@ def _source_kind(source: Path) -> str:
     for path in weights:
         _check_safetensors(path)
     return "folder"
+
+
+def _check_gguf(path: Path) -> None:
+    """ImportRefused unless the GGUF's header reads and its tensors lie inside the file."""
+    try:
+        from gguf import GGUFReader
+    except ModuleNotFoundError:
+        raise ImportRefused("a GGUF source needs the Python package gguf (in rlvr[cpu] and rlvr[gpu]; "
+                            "pip install gguf)") from None
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 (the reader's own words: a cut file fails to map a tensor)
+        raise ImportRefused(f"SOURCE: {path} is not a whole GGUF file (truncated or damaged: {type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+    needed = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if path.stat().st_size < needed:
+        raise ImportRefused(f"SOURCE: {path} is truncated: {path.stat().st_size} bytes of the {needed} its header "
+                            "describes")
+    field = reader.fields.get("general.architecture")
+    arch = str(field.contents()) if field is not None else "(none)"
+    if arch not in GGUF_ARCHITECTURES:
+        raise ImportRefused(f"SOURCE: {path} is a GGUF of architecture {arch!r}, one rlvr does not serve with LoRA "
+                            f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+    # transformers fills a missing shape from its defaults (a 7B Llama for llama): refuse instead.
+    missing = [key for key in (f"{arch}.block_count", f"{arch}.embedding_length", "tokenizer.ggml.tokens")
+               if key not in reader.fields]
+    if missing:
+        raise ImportRefused(f"SOURCE: {path} is not a whole model: its GGUF metadata lacks {', '.join(missing)}")
 
 
 def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
@@ -199,10 +230,15 @@ def _load(source: Path, kind: str, dtype: str) -> tuple[Any, Any]:
 
     folder, extra = (source.parent, {"gguf_file": source.name}) if kind == "gguf" else (source, {})
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), trust_remote_code=False,
-                                                     **({} if extra else {"use_safetensors": True}), **extra)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), trust_remote_code=False, output_loading_info=True,
+            **({} if extra else {"use_safetensors": True}), **extra)
     except Exception as e:  # noqa: BLE001 (whatever the loader says is the user's answer)
         raise ImportRefused(f"SOURCE: {str(source)!r} does not load: {type(e).__name__}: {str(e)[:400]}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # transformers would start them from random values
+        raise ImportRefused(f"SOURCE: {str(source)!r} lacks {len(missing)} of its model's weights "
+                            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
     if kind == "gguf":
         _check_architecture(source, type(model).__name__)
         # The dequantized weights are plain tensors; the GGUF marker only stops save_pretrained.

@@ -98,6 +98,20 @@ def _edit_config(folder: Path, **changes: object) -> None:
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
 
+def _gguf(path: Path, arch: str = "llama") -> Path:
+    """A small GGUF file: a header and one tensor, no model."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def _bad_sources(tiny: Path, tmp: Path) -> dict[str, tuple[list[str], str]]:
     """Each bad source's arguments and the message it is refused with."""
     (tmp / "no-config").mkdir()
@@ -113,12 +127,28 @@ def _bad_sources(tiny: Path, tmp: Path) -> dict[str, tuple[list[str], str]]:
     tokenizer_config.pop("chat_template", None)
     (untemplated / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (tmp / "junk.gguf").write_bytes(b"not a gguf at all")
+    cut = _gguf(tmp / "cut.gguf")
+    cut.write_bytes(cut.read_bytes()[:-1000])
+    _gguf(tmp / "empty.gguf")
+    _gguf(tmp / "gemma.gguf", "gemma")
+    unweighted = _copy(tiny, tmp / "unweighted")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(unweighted / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, unweighted / "model.safetensors", metadata={"format": "pt"})
     (tmp / "weights.bin").write_bytes(b"\0" * 16)
     return {
         "not a model": ([str(tmp / "no-config"), "m"], "is not a model: the folder has no config.json"),
         "missing": ([str(tmp / "nowhere"), "m"], "does not exist"),
         "a file that is no GGUF": ([str(tmp / "weights.bin"), "m"], "is not a model: a file must be a GGUF"),
         "a .gguf that is not one": ([str(tmp / "junk.gguf"), "m"], "is not a GGUF file"),
+        "a cut GGUF": ([str(cut), "m"], "is not a whole GGUF file (truncated or damaged: "),
+        "a GGUF that is no model": ([str(tmp / "empty.gguf"), "m"], "is not a whole model: its GGUF metadata lacks "
+                                    "llama.block_count, llama.embedding_length, tokenizer.ggml.tokens"),
+        "a GGUF of another architecture": ([str(tmp / "gemma.gguf"), "m"], "is a GGUF of architecture 'gemma', one "
+                                           "rlvr does not serve with LoRA (supported: llama, qwen2"),
+        "weights missing": ([str(unweighted), "m"], "lacks 1 of its model's weights (model.norm.weight)"),
         "unsupported architecture": ([str(gpt2), "m"], "is a GPT2LMHeadModel, an architecture rlvr does not serve "
                                      "with LoRA (supported: LlamaForCausalLM"),
         "truncated weights": ([str(truncated), "m"], f"SOURCE: {truncated / 'model.safetensors'} is truncated: "
