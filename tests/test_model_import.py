@@ -18,7 +18,9 @@ from rlvr.clients.cli import main
 from rlvr.common.errors import InvalidArgument
 from rlvr.infra.store import Store
 from rlvr.models import check_base_model, resolve_model
+from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
+from rlvr.v1 import scheduler_pb2 as S
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +82,25 @@ async def test_import_list_show_and_name_it_in_a_job(tiny: Path, home: Path, tmp
     jobs = JobManager(store, None, FakeWorkers())  # model roots: $RLVR_HOME/models, the default
     resolved, job = await jobs.create(C.JobSpec(base_model="mine"), dry_run=False)
     assert job is not None and resolved.spec.base_model == str(folder)
+    from rlvr.services.scheduler.loops import LoopManager
+
+    loops = LoopManager(store, None, jobs, benchmarks=Benchmarks(), artifact_root=tmp_path)  # type: ignore[arg-type]
+    loop, _ = await loops.create(S.LoopSpec(target=50.0, job=C.JobSpec(base_model="mine")), dry_run=True)
+    assert loop.spec.job.base_model == loop.job.spec.base_model == str(folder)  # every round's job names the folder
     store.close()
 
     # Another dtype is another import.
     code, out, err = rlvr(capsys, "models", "import", str(tiny), "mine-bf16", "--dtype", "bfloat16")
     assert code == 0, err
     assert json.loads((home / "models" / "mine-bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+class Benchmarks:
+    """The benchmark service's list, as CreateLoop asks for it."""
+
+    async def list(self) -> list[B.BenchmarkInfo]:
+        return [B.BenchmarkInfo(name="rlvr-math-pairs-heldout", score_columns=["accuracy"],
+                                default_score_column="accuracy")]
 
 
 def _copy(tiny: Path, to: Path) -> Path:
