@@ -316,7 +316,12 @@ def import_model(source: str | Path, name: str, *, dtype: str = "float32", chat_
         }, indent=2) + "\n")
         for path in partial.iterdir():
             path.chmod(0o644)  # safetensors' 0o600, like mkdtemp's 0o700, would keep other users out
-        os.rename(partial, target)  # refuses (and the partial folder goes) if another import got there first
+        try:
+            os.rename(partial, target)
+        except OSError:
+            if target.exists():  # another import of that name finished first
+                raise ImportRefused(f"NAME: {name!r} is taken: {target} was written meanwhile") from None
+            raise
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
