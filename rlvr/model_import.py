@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.models import default_model_roots, is_tiny, local_model_names
+from rlvr.models import default_model_roots, is_bare_name, is_tiny, local_model_names
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM")
@@ -123,11 +123,11 @@ def model_roots() -> list[Path]:
 
 
 def _target(name: str, root: Path | None, roots: Sequence[Path]) -> Path:
-    if not NAME.match(name) or name in (".", ".."):
-        raise ImportRefused(f"NAME: {name!r} is not a model name (letters, digits, . _ -, starting with a letter "
-                            "or digit, at most 128; a job names the model by it)")
     if is_tiny(name):
         raise ImportRefused(f"NAME: {name!r} is the name of a bundled model; choose another")
+    if not is_bare_name(name) or "--" in name or ".." in name:  # what check_base_model takes as a bare name
+        raise ImportRefused(f"NAME: {name!r} is not a model name (letters, digits, . _ -, starting and ending with a "
+                            "letter or digit, no -- or .., at most 96; a job names the model by it)")
     place = (root or roots[0]).expanduser().resolve()
     if not any(place == Path(r).expanduser().resolve() for r in roots):
         raise ImportRefused(f"--root: {str(root)!r} is outside the model roots ({', '.join(map(str, roots))}; "

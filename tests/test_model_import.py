@@ -171,6 +171,7 @@ def _bad_sources(tiny: Path, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "no chat template": ([str(untemplated), "m"], "has no chat template; name one with --chat-template FILE"),
         "outside the roots": ([str(tiny), "m", "--root", str(tmp / "elsewhere")], "is outside the model roots"),
         "a path for a name": ([str(tiny), "../escape"], "NAME: '../escape' is not a model name"),
+        "a name a job could not use": ([str(tiny), "my--model"], "NAME: 'my--model' is not a model name"),
         "a bundled model's name": ([str(tiny), "rlvr-tiny"], "is the name of a bundled model"),
         "a name taken": ([str(tiny), "taken"], "NAME: 'taken' is taken"),
     }
