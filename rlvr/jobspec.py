@@ -257,7 +257,8 @@ _RUN, _REWARD, _GRPO, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), 
 # The rows in the console's order, card by card. A new field: its proto field, then a row here.
 SPEC_FIELDS: tuple[SpecField, ...] = (
     _RUN("name", "Name", "Labels the run; default: derived from the model and the loss type.", "text", config=None),
-    _RUN("base_model", "Base model", "A Hugging Face hub id, a local path, or a bundled tiny model.", "text",
+    _RUN("base_model", "Base model", "A Hugging Face hub id, a bundled tiny model, or a model folder under the "
+         "model roots by its path or its bare name (`rlvr models import`).", "text",
          default=DEFAULT_BASE_MODEL, config=None),
     _REWARD("reward.key", "Reward", "The reward, by key (`rlvr rewards` lists them).", "word", default=DEFAULT_REWARD,
             config=None),

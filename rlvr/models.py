@@ -9,16 +9,27 @@ checked against the manifest on every use; the others are built there on first u
 afterwards. Every service resolves names through `resolve_model`, so a job spec, the rollout server
 and the benchmark agree on what "rlvr-tiny" means. A file lock keeps two services starting together
 from building or installing one twice.
+
+A bare name (no "/", e.g. `smollm2-135m`) names the folder of that name under the model roots
+($RLVR_HOME/models and the model_roots setting), where `rlvr models import` puts models
+(rlvr.model_import). The scheduler resolves it to that folder at CreateJob; a bare name found there
+nowhere is refused at once unless the hub can supply it (it is reachable and not HF_HUB_OFFLINE):
+a legacy hub id like `gpt2` is a bare name too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rlvr.common.errors import InvalidArgument
+from rlvr.common.settings import rlvr_home
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +50,101 @@ def is_local_path(name: str) -> bool:
     return name.startswith(("~", ".", "/"))
 
 
-def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_model") -> None:
-    """InvalidArgument naming `field` unless `name` is a bundled model, a well-formed hub id or a
-    local path (after ~, symlinks and ".." are resolved) inside one of `model_roots`, as a local
-    dataset must be inside the data roots. The roots are the server's folders: logged, never sent.
+def default_model_roots() -> list[Path]:
+    """Where models live by default: $RLVR_HOME/models (the tiny models are built there too)."""
+    return [rlvr_home() / "models"]
 
-    Whether the folder holds a model is for the worker to say (it may be on another host).
+
+def is_bare_name(name: str) -> bool:
+    """A name with no owner and no path (`smollm2-135m`): a folder under the model roots, else a
+    legacy hub id."""
+    return not is_tiny(name) and not is_local_path(name) and "/" not in name and bool(_HUB_ID.match(name))
+
+
+def find_local_model(name: str, model_roots: Sequence[Path]) -> Path | None:
+    """The model folder (with a config.json) called `name` directly under one of `model_roots`,
+    first root first; None when there is none."""
+    if not is_bare_name(name):
+        return None
+    for root in model_roots:
+        folder = Path(root).expanduser().absolute() / name
+        if (folder / "config.json").is_file():
+            return folder
+    return None
+
+
+def local_model_names(model_roots: Sequence[Path]) -> list[str]:
+    """The names of the model folders directly under `model_roots` (each root once, sorted)."""
+    names: set[str] = set()
+    for root in model_roots:
+        try:
+            names |= {d.name for d in Path(root).expanduser().iterdir()
+                      if not d.name.startswith(".") and (d / "config.json").is_file()}  # .x: an import under way
+        except OSError:
+            continue  # a root that does not exist (yet)
+    return sorted(names)
+
+
+def _in_hub_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import constants
+
+        cache = Path(constants.HF_HUB_CACHE)
+    except Exception:  # noqa: BLE001 (no huggingface_hub where only the scheduler runs)
+        home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+        cache = Path(os.environ.get("HF_HUB_CACHE") or Path(home) / "hub")
+    entry = cache / ("models--" + name.replace("/", "--"))
+    return any((snapshot / "config.json").exists() for snapshot in (entry / "snapshots").glob("*"))
+
+
+_HUB_PROBES: dict[str, tuple[float, str | None]] = {}
+_HUB_PROBE_SECONDS = 60.0  # how long one answer about the hub's reachability is reused
+
+
+def hub_unreachable(timeout: float = 2.0) -> str | None:
+    """Why the Hugging Face hub cannot supply a model from this host (HF_HUB_OFFLINE or
+    TRANSFORMERS_OFFLINE set, or its endpoint refuses a TCP connection within `timeout`); None
+    when it can. An answer is reused for a minute, so a burst of CreateJob calls probes once."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"the hub is off ({variable} is set)"
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    now = time.monotonic()
+    cached = _HUB_PROBES.get(endpoint)
+    if cached is not None and now - cached[0] < _HUB_PROBE_SECONDS:
+        return cached[1]
+    parts = urlsplit(endpoint)
+    reason: str | None = None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        reason = f"the hub ({endpoint}) is not reachable from this host ({e.strerror or e})" \
+            if isinstance(e, OSError) else f"the hub's endpoint {endpoint!r} is not a URL"
+    _HUB_PROBES[endpoint] = (now, reason)
+    return reason
+
+
+def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_model") -> str:
+    """The name a job should carry for base model `name`: a bare name found under `model_roots`
+    becomes that folder's path; anything else that passes comes back unchanged.
+
+    InvalidArgument naming `field` unless `name` is a bundled model, a well-formed hub id, a local
+    path (after ~, symlinks and ".." are resolved) inside one of `model_roots`, as a local dataset
+    must be inside the data roots, or a bare name that is a folder under the roots (else the hub
+    must be able to supply it: `hub_unreachable`). The roots are the server's folders: logged,
+    never sent.
+
+    Whether a named path holds a model is for the worker to say (it may be on another host).
 
     >>> check_base_model("Qwen/Qwen2.5-0.5B-Instruct", []), check_base_model("/srv/models/mine", [Path("/srv/models")])
-    (None, None)
+    ('Qwen/Qwen2.5-0.5B-Instruct', '/srv/models/mine')
     """
     allowed = (f"allowed: a bundled model ({', '.join(TINY_MODELS)}), a Hugging Face hub id (owner/name: letters, "
                "digits, - _ .) or a model folder under the model roots (the scheduler's model_roots setting; "
-               "default $RLVR_HOME/models)")
+               "default $RLVR_HOME/models), by its path or its bare name")
     if is_tiny(name):
-        return
+        return name
     if "\x00" in name or not name.isprintable():
         raise InvalidArgument(f"{field}: {name!r} contains a control character; {allowed}")
     if is_local_path(name):
@@ -63,16 +154,40 @@ def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_
             log.info("base model %r resolves to %s, outside the model roots %s", name[:200], path,
                      ", ".join(map(str, roots)))
             raise InvalidArgument(f"{field}: {name!r} is a local path outside the model roots; {allowed}")
-        return
+        return name
     if not _HUB_ID.match(name) or "--" in name or ".." in name:
         raise InvalidArgument(f"{field}: {name!r} is not a hub id, a bundled model or a local path; {allowed}")
+    if "/" in name:
+        return name
+    found = find_local_model(name, model_roots)
+    if found is not None:
+        return str(found)
+    if _in_hub_cache(name):
+        return name
+    reason = hub_unreachable()
+    if reason is None:
+        return name  # a legacy hub id (gpt2): the worker downloads it
+    log.info("base model %r is no folder under the model roots %s and %s", name, ", ".join(map(str, model_roots)),
+             reason)
+    names = local_model_names(model_roots)
+    there = f"the models there: {', '.join(names[:20])}" if names else "there are none yet"
+    raise InvalidArgument(
+        f"{field}: {name!r} is no model folder under the model roots (the scheduler's model_roots setting, default "
+        f"$RLVR_HOME/models; {there}; `rlvr models import` brings one in) and {reason}, so it cannot be "
+        "downloaded either")
 
 
-def resolve_model(name: str, progress: Callable[[str], None] | None = None) -> str:
+def resolve_model(name: str, progress: Callable[[str], None] | None = None,
+                  model_roots: Sequence[Path] | None = None) -> str:
     """A path or hub id the engines can load. Installs a shipped tiny model, or builds another, the
-    first time it is named; ShippedModelError naming the file when a shipped one's bits differ."""
+    first time it is named; ShippedModelError naming the file when a shipped one's bits differ. A
+    bare name is the folder of that name under `model_roots` (default $RLVR_HOME/models) when there
+    is one, else a hub id."""
     if not is_tiny(name):
-        return str(Path(name).expanduser()) if is_local_path(name) else name
+        if is_local_path(name):
+            return str(Path(name).expanduser())
+        found = find_local_model(name, default_model_roots() if model_roots is None else model_roots)
+        return str(found) if found is not None else name
     from filelock import FileLock
 
     from rlvr.tiny import build_tiny_model, default_model_dir

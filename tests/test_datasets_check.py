@@ -112,8 +112,9 @@ async def test_create_job_refuses_a_base_model_no_worker_may_load_and_creates_no
         assert "allowed: a bundled model (rlvr-tiny" in str(err.value)
         assert str(roots) not in str(err.value).replace(base_model.format(roots=roots), "")
     assert store.count_jobs() == 0
-    for good in ("rlvr-tiny-test", "Qwen/Qwen2.5-0.5B-Instruct", "gpt2", str(roots / "mine"), str(roots / "later")):
+    # (a bare name such as gpt2 is tested in tests/test_model_import.py: it depends on the hub's reach)
+    for good in ("rlvr-tiny-test", "Qwen/Qwen2.5-0.5B-Instruct", str(roots / "mine"), str(roots / "later")):
         resolved, job = await jobs.create(C.JobSpec(base_model=good), dry_run=False)
         assert job is not None and resolved.spec.base_model == good
-    assert store.count_jobs() == 5
+    assert store.count_jobs() == 4
     store.close()

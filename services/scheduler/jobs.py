@@ -130,9 +130,11 @@ class JobManager:
     async def check_data(self, spec: common_pb2.JobSpec, catalog: Catalog | None = None,
                          environments: EnvironmentCatalog | None = None) -> None:
         """INVALID_ARGUMENT now for a base model no worker may load (a malformed hub id, a path outside
-        the model roots: rlvr.models.check_base_model), or a dataset the trainer could not read or that
-        lacks a column the job's rewards or its environment read (services/scheduler/datasets.py)."""
-        check_base_model(spec.base_model, self.model_roots)
+        the model roots, a bare name that is no folder under them while the hub is unreachable:
+        rlvr.models.check_base_model), or a dataset the trainer could not read or that lacks a column
+        the job's rewards or its environment read (services/scheduler/datasets.py). A bare name found
+        under the model roots is replaced in `spec` by that folder's path."""
+        spec.base_model = await asyncio.to_thread(check_base_model, spec.base_model, self.model_roots)
         environment = environment_info(spec.environment.key, environments or await self.environments_for(spec))
         await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog, environment)
 

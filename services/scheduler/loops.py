@@ -124,6 +124,8 @@ class LoopManager(LoopDriver):
             raise e.prefixed("job.") from None
         benchmarks = await self.benchmarks.list()
         resolved = await asyncio.to_thread(resolve_loop_spec, spec, benchmarks, self.max_lora_rank, catalog)
+        # a bare base-model name, resolved by check_data to its folder under the model roots
+        resolved.spec.job.base_model = resolved.job.spec.base_model = own.spec.job.base_model
         if dry_run:
             return resolved, None
         now = utc_now()
