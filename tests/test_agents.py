@@ -134,13 +134,14 @@ def test_an_agent_that_fails_ends_its_own_episode_with_the_reason(failure: str) 
         if failure == "raises":
             raise KeyError("no such field")
         if failure == "timeout":
-            await asyncio.sleep(5)
+            await asyncio.sleep(30)
         return "391"
 
-    episode = run(agent_env(failing, timeout_seconds=0.5), Script(["<answer>391</answer>"]))
+    # 2 s of the agent's own time: room for the client's own work on a loaded host
+    episode = run(agent_env(failing, timeout_seconds=2), Script(["<answer>391</answer>"]))
     assert episode.ended_by == "error"
     assert {"raises": "the agent raised KeyError: 'no such field'",
-            "timeout": "the agent took longer than its time limit of 0.5 s",
+            "timeout": "the agent took longer than its time limit of 2 s",
             "garbage": "the agent's result: the agent returned a str; expected a number"}[failure] in episode.error
     assert len(episode.turns) == 1  # what it sampled is still recorded (and the trainer masks it out)
 
@@ -365,3 +366,69 @@ def test_the_server_extra_installs_the_openai_client_that_agents_run_with() -> N
 
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
     assert "openai" in {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["server"]}
+
+
+def _one_call(**create_args):
+    async def caller(client: openai.AsyncOpenAI, row: AgentRow) -> AgentResult:
+        messages = list(row.messages)
+        first = await client.chat.completions.create(model="m", messages=messages, **create_args)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+        await client.chat.completions.create(model="m", messages=messages)
+        return AgentResult(answer=f"{first.choices[0].finish_reason}|{first.choices[0].message.content}")
+    return caller
+
+
+def test_a_stop_string_ends_the_answer_before_it_and_drops_what_was_sampled_after() -> None:
+    script = Script(["<answer>391</answer> and more", "done"])
+    episode = run(agent_env(_one_call(stop=["</answer>", "more"])), script)
+    assert episode.final_answer == "stop|<answer>391"  # the text stops before the first stop completed
+    first, second = episode.samples  # the cut turn did not end on its stop token: the next call splits
+    assert sampled_text(first) == "<answer>391</answer>"  # ids up to the token that completed it
+    assert first.logprobs == [-0.5] * len(first.completion_ids)
+    assert sampled_text(second) == "done" and episode.env_state["splits"] == 1
+    # the stop completed first wins, as an engine stopping at it would answer
+    recorder = EpisodeRecorder(script, CODECS, LIMITS, CODECS.decode, seed=1)
+    cut = recorder._cut_at_stop(ids("xabcdy"), None, "xabcdy", ["abcd", "bc"])
+    assert (TOKENIZER.decode(cut[0]), cut[2], cut[3]) == ("xabc", "xa", True)
+
+
+def test_max_tokens_cuts_the_answer_and_the_next_call_splits() -> None:
+    episode = run(agent_env(_one_call(max_tokens=3)), Script(["<answer>391</answer>", "done"]))
+    assert episode.final_answer == "length|" + TOKENIZER.decode(ids("<answer>391</answer>")[:3])
+    first, second = episode.samples
+    assert first.completion_ids == ids("<answer>391</answer>")[:3] and first.mask == [1, 1, 1]
+    assert episode.env_state["splits"] == 1 and episode.truncated
+
+
+def test_an_end_of_text_the_template_never_ends_a_turn_with_is_not_appended_to() -> None:
+    class PlainEnd(Script):
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            out = await super().sample(prompt_ids, max_tokens, seed)
+            ender = ids("!")  # stopped on a token the template never closes a turn with
+            return TurnOutput(out.token_ids[:-1] + ender, [-0.5] * len(out.token_ids), "stop", "job-a", 2)
+
+    episode = run(agent_env(_one_call()), PlainEnd(["<answer>391</answer>", "done"]))
+    assert len(episode.samples) == 2 and episode.env_state["splits"] == 1
+
+
+def test_a_call_the_agent_abandons_is_cancelled_and_its_answer_not_recorded() -> None:
+    class Slow(Script):
+        async def sample(self, prompt_ids: list[int], max_tokens: int, seed: int) -> TurnOutput:
+            await asyncio.sleep(0.6)
+            return await super().sample(prompt_ids, max_tokens, seed)
+
+    async def impatient(client: openai.AsyncOpenAI, row: AgentRow) -> float:
+        with pytest.raises(openai.APITimeoutError):
+            await client.with_options(timeout=0.2).chat.completions.create(model="m", messages=row.messages)
+        return 0.25
+
+    async def episode_then_wait():
+        task = EpisodeTask(agent_env(impatient), EpisodeRow("q", seed=1), [dict(m) for m in PROMPT], 1)
+        episode = await run_episode(task, script, CODECS, LIMITS, CODECS.decode)
+        await asyncio.sleep(1.0)  # the abandoned call's sampling would have ended by now
+        return episode
+
+    script = Slow(["<answer>1</answer>"])
+    episode = asyncio.run(episode_then_wait())
+    assert episode.error == "" and episode.env_reward == 0.25
+    assert episode.turns == [] and episode.samples[0].completion_ids == []  # nothing of the late answer

@@ -154,7 +154,8 @@ class AgentEnvironment(Environment):
                 left = self.timeout_seconds - (time.perf_counter() - started - waiting())
                 if left <= 0:
                     raise AgentTimeout(f"the agent's own time passed {self.timeout_seconds:g} s")
-                done, _ = await asyncio.wait({task}, timeout=left)
+                # at least 50 ms a wait: while a call waits for the policy `left` stays put
+                done, _ = await asyncio.wait({task}, timeout=max(left, 0.05))
                 if done:
                     return task.result()
         finally:

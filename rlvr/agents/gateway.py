@@ -26,7 +26,7 @@ import os
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -45,6 +45,7 @@ EXPIRED_KEPT = 4096  # ended episodes' keys remembered, to say "expired" rather 
 class _Session:
     recorder: EpisodeRecorder
     loop: asyncio.AbstractEventLoop
+    calls: set[concurrent.futures.Future[Any]] = field(default_factory=set)  # being answered now
 
 
 class Gateway:
@@ -91,11 +92,18 @@ class Gateway:
         return key
 
     def close(self, key: str) -> None:
+        """Ends the episode's session: its key is refused from now on, and a call still being
+        answered is cancelled (its caller gets a 503) and its answer not recorded."""
         with self._lock:
-            if self._sessions.pop(key, None) is not None:
+            session = self._sessions.pop(key, None)
+            if session is not None:
                 self._expired[key] = None
                 while len(self._expired) > EXPIRED_KEPT:
                     self._expired.popitem(last=False)
+        if session is not None:
+            session.recorder.closed = True
+            for call in list(session.calls):
+                call.cancel()
 
     def session(self, key: str | None) -> _Session:
         with self._lock:
@@ -167,6 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
+                self.close_connection = True  # the body is not read: the connection cannot carry another request
                 raise RequestError(f"the request body has {length} bytes; at most {MAX_BODY_BYTES}", status=413)
             raw = self.rfile.read(length) if length else b""
             key, route = self._key_and_route()
@@ -179,11 +188,16 @@ class _Handler(BaseHTTPRequestHandler):
             except json.JSONDecodeError as e:
                 raise RequestError(f"the request body is not JSON ({e.msg} at character {e.pos})") from None
             future = asyncio.run_coroutine_threadsafe(session.recorder.complete(body), session.loop)
-            self._send(200, future.result(CALL_TIMEOUT_SECONDS))
+            session.calls.add(future)
+            try:
+                answer = future.result(CALL_TIMEOUT_SECONDS)
+            finally:
+                session.calls.discard(future)
+            self._send(200, answer)
         except RequestError as e:
             self._send(e.status, e.body())
         except (asyncio.CancelledError, concurrent.futures.CancelledError):  # the episode was cancelled
-            self._send(503, RequestError("the episode was cancelled (its step failed or the job was cancelled)",
+            self._send(503, RequestError("the episode has ended or was cancelled; this call's answer is not recorded",
                                          status=503, type_="server_error").body())
         except Exception as e:  # noqa: BLE001 - the sampler failed (the rollout service gone): the agent sees a 500
             log.warning("agent call failed: %s: %s", type(e).__name__, e)

@@ -223,6 +223,7 @@ class EpisodeRecorder:
     refused: int = 0  # calls past the episode's limits, answered without sampling
     used: int = 0  # sampled + observation tokens of the episode so far
     sampler_error: BaseException | None = None
+    closed: bool = False  # the episode is over: a late call's result is not recorded
     _last_finish: str = "stop"
     _tools: str = ""  # the tools the conversation was rendered with (other tools re-render the prompt)
     _in_calls: int = 0
@@ -233,6 +234,8 @@ class EpisodeRecorder:
     async def complete(self, body: Any) -> dict[str, Any]:
         """The OpenAI ChatCompletion answering ``body``; RequestError for a request it refuses."""
         request = parse_request(body)
+        if self.closed:
+            raise RequestError("the episode has ended", status=409, code="episode_ended")
         self._in_calls += 1
         if self._in_calls == 1:
             self._waiting_since = time.perf_counter()
@@ -291,6 +294,9 @@ class EpisodeRecorder:
         except Exception as exc:  # the policy's server failed, not the agent: the episode's runner raises it
             self.sampler_error = exc
             raise
+        if self.closed:  # the agent returned (or was stopped) while this turn was sampled
+            raise RequestError("the episode ended while this call was answered; its answer is not recorded",
+                               status=409, code="episode_ended")
         self.calls += 1
         ids, finish = list(out.token_ids), out.finish_reason
         logprobs: Sequence[float] | None = out.logprobs
@@ -320,8 +326,10 @@ class EpisodeRecorder:
         self.conversation = [*messages, assistant]
         self._tools = tools
         episode.messages = list(self.conversation)
-        # The next call appends to these ids only when the turn ended on its stop token as sampled.
-        self._last_finish = "cut" if stopped or cut else finish
+        # The next call appends to these ids only when the turn ended as sampled on a token the
+        # template ends a turn with (a base model's end-of-text is not one: then the next call splits).
+        ender = not ids or ids[-1] in getattr(codec, "turn_enders", ids[-1:])
+        self._last_finish = "cut" if stopped or cut or not ender else finish
         if finish == "length":
             episode.truncated = True
         reason = "tool_calls" if calls else ("length" if finish == "length" else "stop")
@@ -368,16 +376,22 @@ class EpisodeRecorder:
 
     def _cut_at_stop(self, ids: list[int], logprobs: Sequence[float] | None, text: str,
                      stops: Sequence[str]) -> tuple[list[int], Sequence[float] | None, str, bool]:
-        """A stop string's effect: the text up to it; the ids up to the token that completed it (the
-        tokens sampled after it are dropped, as an engine stopping there would not have sampled them)."""
-        hits = [text.find(s) for s in stops if s in text]
+        """A stop string's effect, as an engine stopping there: the text before the stop string that
+        is completed first; the ids up to the token that completed it (those sampled after it are
+        dropped: such an engine would not have sampled them). The token is found by bisection (the
+        decoded prefix only grows), a few decodes whatever the turn's length."""
+        hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s in text]
         if not hits:
             return ids, logprobs, text, False
-        cut = min(hits)
-        for k in range(1, len(ids) + 1):
-            if len(self.decode(ids[:k])) > cut and any(s in self.decode(ids[:k]) for s in stops):
-                return ids[:k], (list(logprobs[:k]) if logprobs is not None else None), text[:cut], True
-        return ids, logprobs, text[:cut], True
+        _, start, stop = min(hits)
+        low, high = 1, len(ids)  # the first prefix whose text holds `stop`
+        while low < high:
+            mid = (low + high) // 2
+            if stop in self.decode(ids[:mid]):
+                high = mid
+            else:
+                low = mid + 1
+        return ids[:low], (list(logprobs[:low]) if logprobs is not None else None), text[:start], True
 
     def _response(self, content: str, calls: Sequence[ToolCall], finish: str, completion_tokens: int,
                   prompt_tokens: int) -> dict[str, Any]:
