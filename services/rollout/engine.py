@@ -23,7 +23,7 @@ from typing import Literal
 
 from rlvr.adapters import base_linear_shapes
 from rlvr.common.errors import FailedPrecondition, shown
-from rlvr.models import default_model_roots, find_local_model, is_bare_name
+from rlvr.models import bare_to_folder
 from rlvr.services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
 from rlvr.services.rollout.backend import (
     AdapterVersion,
@@ -187,16 +187,11 @@ class RolloutCore:
         return self.backend.info()
 
 
-def _bare_to_folder(name: str) -> str:
-    found = find_local_model(name, default_model_roots()) if is_bare_name(name) else None
-    return str(found) if found is not None else name
-
-
 def _same_model(a: str, b: str) -> bool:
     if a == b:
         return True
-    # A bare name (`smollm2-135m`) is the folder of that name under $RLVR_HOME/models (rlvr.models).
-    a, b = _bare_to_folder(a), _bare_to_folder(b)
+    # A bare name (`smollm2-135m`) is the folder of that name under the model roots (rlvr.models).
+    a, b = bare_to_folder(a), bare_to_folder(b)
     # The same local directory under two spellings (relative path, symlink) is the same model.
     try:
         return os.path.isdir(a) and os.path.isdir(b) and Path(a).resolve() == Path(b).resolve()
