@@ -80,7 +80,7 @@ def test_check_repeats_refuses_fewer_than_three_and_non_numbers() -> None:
 BENCHES = {
     "trainer_step": [], "rollout_throughput": [], "sampler_gap": [], "multinode": [], "scale": [], "faults": [],
     "replicas": [], "folder_fetch": [], "step_path": [], "dispatch": [], "eval_throughput": [], "rollout_gap": [],
-    "local_sampling": [], "job_start": [],
+    "local_sampling": [], "job_start": [], "agent_gateway": [],
     "sharded_job": ["--model", "m", "--sharding", "ddp", "--out", "x.json"],
 }
 
@@ -115,3 +115,21 @@ def test_sharded_job_takes_both_shardings_to_compare_but_launches_one_each() -> 
     for bad in (["--sharding", "zero"], ["--sharding", "ddp,ddp"], ["--sharding", "ddp,fsdp", "--rank"]):
         with pytest.raises(SystemExit):
             sharded_job.parse_args([*base, *bad])
+
+
+def test_agent_gateway_reports_the_endpoints_overhead_over_the_direct_turn() -> None:
+    bench = importlib.import_module("agent_gateway")
+    direct = bench.PathRun(seconds=[1.0] * 4, sample_s=[1.0] * 4, tokens=[30] * 4)
+    endpoint = bench.PathRun(seconds=[1.05] * 4, sample_s=[1.0] * 4, tokens=[30] * 4, same_ids=4, episode_s=[4.3])
+    pieces = {"call_s": 0.004, "recorder_s": 0.0002, "prompt_render_s": 0.0001, "after_turn_s": 0.0001,
+              "client_s": 0.03}
+    table = bench.summarise([{"direct": direct, "endpoint": endpoint}] * 3, [pieces] * 3)
+    assert table["endpoint"]["overhead_median"]["median"] == pytest.approx(0.05)
+    assert table["endpoint"]["overhead_total"]["median"] == pytest.approx(4.3 / 4 - 1)  # the set-up counted
+    assert table["endpoint"]["setup_median_s"]["median"] == pytest.approx(0.1)
+    assert bench.meets_target(table)
+    text = "\n".join(bench.report(table, calls=4))
+    assert "| +5.0% [+5.0..+5.0] | +5.0% [+5.0..+5.0] | +7.5% [+7.5..+7.5] | 30.0 [30.0-30.0] | 4/4 |" in text
+    assert "| endpoint | 1000.0 [1000.0-1000.0] | 50.00 [50.00-50.00] | 100.0 [100.0-100.0] |" in text
+    endpoint.seconds = [1.2] * 4
+    assert not bench.meets_target(bench.summarise([{"direct": direct, "endpoint": endpoint}] * 3, [pieces] * 3))
