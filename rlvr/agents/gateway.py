@@ -132,6 +132,11 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     gateway: ClassVar[Gateway]
     protocol_version = "HTTP/1.1"  # keep-alive: the agent's client reuses its connection
+    # TCP_NODELAY: an answer goes out as its headers, then its body; with Nagle's algorithm the body
+    # waits for the client to acknowledge the headers, which it delays (up to 40 ms on Linux) once its
+    # calls come back to back on a kept-alive connection, as an agent's do: 45 ms a call, measured
+    # (bench/agent_gateway.py, docs/measurements/episodes.md).
+    disable_nagle_algorithm = True
     server_version = "rlvr-agent-gateway"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
