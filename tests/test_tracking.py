@@ -47,7 +47,7 @@ def _event(step: int) -> C.MetricEvent:
                       # a job with an environment's episode metrics: series like any other number
                       turns_mean=1.5 + step / 10, turns_max=3, tool_calls=2 * step, tool_errors=step // 4,
                       tool_seconds=0.05 * step, observation_tokens_mean=12.5, episode_tokens_mean=40.25 + step,
-                      truncated_episodes=step % 2, failed_episodes=step // 5)
+                      truncated_episodes=step % 2, failed_episodes=step // 5, episode_splits=step % 3)
     e.reward_components["math_pairs"] = step / 7
     e.reward_components["length.short"] = 1 - step / 9
     if step % 2:
