@@ -121,7 +121,7 @@ class AgentEnvironment(Environment):
         if recorder.sampler_error is not None:  # the policy's server failed: the step fails, as for an environment
             raise recorder.sampler_error
         episode.seconds = time.perf_counter() - started
-        episode.env_state = {"model_calls": recorder.calls, "splits": recorder.splits,
+        episode.env_state = {"model_calls": len(episode.turns), "splits": recorder.splits,
                              "history_rewrites": recorder.rewrites, "calls_past_limits": recorder.refused}
         if not episode.samples:
             episode.samples.append(EpisodeSample(prompt_ids=[]))

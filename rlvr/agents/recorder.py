@@ -217,11 +217,8 @@ class EpisodeRecorder:
     seed: int
     episode: Episode = field(default_factory=lambda: Episode(messages=[], samples=[]))
     conversation: list[dict[str, Any]] = field(default_factory=list)  # what the next call may extend
-    splits: int = 0  # samples started afresh after the first (a rewritten history, a re-rendering template)
     rewrites: int = 0  # of those, the agent's history no longer extending the conversation
-    calls: int = 0
     refused: int = 0  # calls past the episode's limits, answered without sampling
-    used: int = 0  # sampled + observation tokens of the episode so far
     sampler_error: BaseException | None = None
     closed: bool = False  # the episode is over: a late call's result is not recorded
     _last_finish: str = "stop"
@@ -247,6 +244,11 @@ class EpisodeRecorder:
             if self._in_calls == 0:
                 self._policy_seconds += time.perf_counter() - self._waiting_since
 
+    @property
+    def splits(self) -> int:
+        """Samples started afresh after the first (a rewritten history, a re-rendering template)."""
+        return max(0, len(self.episode.samples) - 1)
+
     def policy_seconds(self) -> float:
         """The episode's time so far with a call in the endpoint (waiting for the policy): what the
         agent's time limit does not count."""
@@ -260,7 +262,7 @@ class EpisodeRecorder:
         sample, observation, split = self._prompt(codec, messages, same_tools=tools == self._tools)
         episode, limits, floor = self.episode, self.limits, max(1, self.limits.min_turn_tokens)
         length = len(sample.prompt_ids) + len(sample.completion_ids) + len(observation)
-        room = min(limits.max_tokens_per_turn, limits.max_episode_tokens - self.used - len(observation))
+        room = min(limits.max_tokens_per_turn, limits.max_episode_tokens - episode.episode_tokens - len(observation))
         if limits.max_context_tokens:
             room = min(room, limits.max_context_tokens - length)
         past_turns = len(episode.turns) >= limits.max_turns
@@ -274,14 +276,11 @@ class EpisodeRecorder:
             episode.truncated = True
             episode.ended_by = "max_turns" if past_turns else "token_cap"
             return self._response("", [], "length", 0, length)
-        if split is not None:
-            self.splits += 1
-            self.rewrites += split == "rewrite"
+        self.rewrites += split == "rewrite"
         if sample is not (episode.samples[-1] if episode.samples else None):
             episode.samples.append(sample)
         if observation:
             sample.append_observation(observation)
-            self.used += len(observation)
             episode.observation_tokens += len(observation)
             if episode.turns:
                 episode.turns[-1].observation_tokens = len(observation)
@@ -290,14 +289,13 @@ class EpisodeRecorder:
         want = min(room, request.max_tokens) if request.max_tokens else room
         try:
             out = await self.sampler.sample(sample.prompt_ids + sample.completion_ids, max(want, floor),
-                                            turn_seed(self.seed, self.calls))
+                                            turn_seed(self.seed, len(episode.turns)))
         except Exception as exc:  # the policy's server failed, not the agent: the episode's runner raises it
             self.sampler_error = exc
             raise
         if self.closed:  # the agent returned (or was stopped) while this turn was sampled
             raise RequestError("the episode ended while this call was answered; its answer is not recorded",
                                status=409, code="episode_ended")
-        self.calls += 1
         ids, finish = list(out.token_ids), out.finish_reason
         logprobs: Sequence[float] | None = out.logprobs
         cut = len(ids) > want
@@ -310,9 +308,8 @@ class EpisodeRecorder:
             finish = "stop" if stopped else finish
         sample.append_sampled(ids, list(logprobs) if logprobs is not None else None, out.adapter_name,
                               out.adapter_version)
-        self.used += len(ids)
         calls, malformed = codec.parse_tool_calls(text) if request.tool_choice != "none" else ([], [])
-        calls = [replace(c, id=c.id or f"call_{self.calls}_{k}") for k, c in enumerate(calls)]
+        calls = [replace(c, id=c.id or f"call_{len(episode.turns) + 1}_{k}") for k, c in enumerate(calls)]
         assistant = codec.assistant_message(text, calls)
         record = TurnRecord(assistant=text, adapter_version=out.adapter_version, sampled_tokens=len(ids),
                             finish_reason=finish)

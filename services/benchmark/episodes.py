@@ -43,7 +43,7 @@ from rlvr.episodes.scoring import EpisodeScores, episode_record, score_input_of,
 from rlvr.episodes.types import Episode, EpisodeSample
 from rlvr.infra.schema import QuestionResultRow
 from rlvr.infra.store import Store
-from rlvr.models import bare_to_folder, is_tiny
+from rlvr.models import bare_to_folder, is_local_path, is_tiny
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.seeds import prompt_seed
 from rlvr.services.benchmark.catalog import RewardName
@@ -142,7 +142,7 @@ def model_path(model: str) -> str:
     model roots (rlvr.models.bare_to_folder, as the rollout engine resolves it), a hub id as it is."""
     if is_tiny(model):
         return str(default_model_dir(model))
-    return str(Path(model).expanduser()) if model.startswith(("~", ".", "/")) else bare_to_folder(model)
+    return str(Path(model).expanduser()) if is_local_path(model) else bare_to_folder(model)
 
 
 def load_tokenizer(model: str) -> Any:
