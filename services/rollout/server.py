@@ -118,11 +118,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def start(self) -> None:
         import asyncio
 
-        from rlvr.models import resolve_model
+        from rlvr.common.errors import InvalidArgument
+        from rlvr.models import check_base_model, configured_model_roots, is_bare_name, resolve_model
         from rlvr.services.rollout.engine import CoreConfig, RolloutCore
         from rlvr.services.rollout.parallel import prepare_parallel
 
         s = self.settings
+        if is_bare_name(s.model):  # under the model roots, or the hub has it: else refused now, not in 40 s of retries
+            roots = configured_model_roots()
+            try:
+                await asyncio.to_thread(check_base_model, s.model, roots, setting_label(s, "model"))
+            except InvalidArgument as e:  # the operator's own server: its roots are named
+                raise StartupError(f"{e} (the model roots here: {', '.join(map(str, roots))})") from None
         try:
             self.model_path = await asyncio.to_thread(resolve_model, s.model, lambda m: log.info(m))
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
