@@ -79,6 +79,12 @@ class JobConfig:
     gpu_selection: str
     kl_beta: float
     temperature: float
+    # advanced.top_p, top_k, min_p, repetition_penalty: the sampling controls every generator applies
+    # (rlvr/sampling.py's order); their defaults leave the tempered distribution whole.
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
     dynamic_sampling: bool
     # LoRA A initialisation of a fresh adapter: peft's default (kaiming-uniform) or "gaussian"
     # (the LoRA paper's N(0, 1/r)); advanced.lora_init.
