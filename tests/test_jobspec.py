@@ -264,6 +264,11 @@ def test_the_loop_and_the_evaluation_name_every_bad_field() -> None:
     with pytest.raises(InvalidArgument) as e:
         check_static(request)
     assert [f for f, _ in e.value.violations] == ["limit", "sampling.temperature", "sampling.top_p"]
+    controls = B.RunEvaluationRequest(benchmark="rlvr-math-pairs-heldout",
+                                      sampling=C.SamplingParams(top_k=-1, min_p=2.0, repetition_penalty=3.0))
+    with pytest.raises(InvalidArgument) as e:
+        check_static(controls)
+    assert [f for f, _ in e.value.violations] == ["sampling.top_k", "sampling.min_p", "sampling.repetition_penalty"]
 
 
 def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -> None:
