@@ -102,6 +102,12 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         beta=job.kl_beta,
         epsilon_high=job.epsilon_high,  # DAPO's clip-higher; the lower clip stays TRL's epsilon (0.2)
         temperature=job.temperature,
+        # TRL's own sampler is not used (rollout_func generates), but its config states how the
+        # rollouts were sampled; its loss scores log_softmax(logits / temperature) whatever these are.
+        top_p=job.top_p,
+        top_k=job.top_k,
+        min_p=job.min_p or None,
+        repetition_penalty=job.repetition_penalty,
         num_iterations=1,
         seed=job.seed,
         data_seed=job.seed,
