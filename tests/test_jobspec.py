@@ -365,3 +365,15 @@ def test_reshaped_sampling_on_the_transformers_backend_warns_that_the_loss_is_no
                for w in resolve_spec(job).warnings)
     vllm = resolve_spec(spec(advanced={"top_k": 20}))
     assert not any("importance-corrected" in w for w in vllm.warnings)
+
+
+def test_rlvr_eval_run_sends_the_sampling_controls() -> None:
+    from rlvr.clients import eval_cmd
+    from rlvr.clients.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "run", "--benchmark", "x", "--top-k", "4", "--min-p", "0.1",
+                                      "--repetition-penalty", "1.2"])
+    sp = eval_cmd.run_request(args).sampling
+    assert (sp.top_k, round(sp.min_p, 6), round(sp.repetition_penalty, 6)) == (4, 0.1, 1.2)
+    plain = eval_cmd.run_request(build_parser().parse_args(["eval", "run", "--benchmark", "x"])).sampling
+    assert (plain.top_k, plain.min_p, plain.repetition_penalty) == (0, 0.0, 0.0)  # unset: off, greedy stays greedy

@@ -21,9 +21,10 @@ adapters disabled) is the base model, or base + init_adapter for a stacked job. 
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
 step per generation, so no importance ratio is needed) unless the sampler is not the policy trained
 (quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
-this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, or a
-quantized base sampled unquantized by vLLM. Then TRL's truncated importance sampling against the
-rollout's logprobs corrects the loss (grpo_trainer.py: `trainer_class(correct_lag=True)`, its ratio
+this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, a
+quantized base sampled unquantized by vLLM, or a vLLM sampler reshaped by the job's top_p, top_k,
+min_p or repetition_penalty (the loss scores the whole tempered policy: docs/jobs.md). Then TRL's
+truncated importance sampling against the rollout's logprobs corrects the loss (grpo_trainer.py: `trainer_class(correct_lag=True)`, its ratio
 taken from the training forward rather than from TRL's extra no-grad pass), and each step's
 MetricEvent names the reasons (sampler_correction). Every step measures the sampler/trainer logprob
 gap (MetricEvent.logprob_gap) whether or not it corrects.
