@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlvr.episodes.chat import ChatCodecs
     from rlvr.models import resolve_model
-    from rlvr.peers.types import AdapterTag
+    from rlvr.peers.types import AdapterTag, Sampling
     from rlvr.services.trainer.episodes import GeneratorSampler
     from rlvr.services.trainer.rollouts import ServiceGenerator
 
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-agent-gateway-") as work, \
             rollout_server(model, args.backend, Path(work), {}, server_args) as (client, _started, _log):
         generator = ServiceGenerator(client.address)
-        sampler = GeneratorSampler(generator, args.temperature, AdapterTag(), newest=False, workers=2)
+        sampler = GeneratorSampler(generator, Sampling(temperature=args.temperature), AdapterTag(), newest=False, workers=2)
         try:
             round_args = (args.episode_calls, args.max_tokens, sampler, codecs)
             asyncio.run(run_round(min(args.calls, 4 * args.episode_calls), *round_args, seed=10**6))  # warm-up

@@ -95,7 +95,7 @@ def run_case(name: str, turns: int, args: argparse.Namespace, generator: Any, to
              seed: int) -> CaseRun:
     from rlvr.episodes.chat import ChatCodec
     from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, run_episodes
-    from rlvr.peers.types import AdapterTag
+    from rlvr.peers.types import AdapterTag, Sampling
     from rlvr.services.trainer.episodes import GeneratorSampler
 
     per_turn = args.max_tokens * (turns if name == "single" else 1)
@@ -105,7 +105,7 @@ def run_case(name: str, turns: int, args: argparse.Namespace, generator: Any, to
     slow = [name == "slow" and i % 8 == 0 for i in range(args.episodes)]
     tasks = [EpisodeTask(Turns(turns, 1.0 if slow[i] else 0.0), EpisodeRow(QUESTION),
                          [{"role": "user", "content": QUESTION}], seed + i) for i in range(args.episodes)]
-    sampler = GeneratorSampler(generator, args.temperature, AdapterTag(), newest=False, workers=args.episodes)
+    sampler = GeneratorSampler(generator, Sampling(temperature=args.temperature), AdapterTag(), newest=False, workers=args.episodes)
     started = time.perf_counter()
     try:
         episodes = asyncio.run(run_episodes(tasks, sampler, lambda _schemas: codec, limits,

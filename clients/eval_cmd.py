@@ -70,6 +70,9 @@ def run_request(args: argparse.Namespace) -> B.RunEvaluationRequest:
         request.sampling.temperature = args.temperature
     if args.top_p is not None:
         request.sampling.top_p = args.top_p
+    for control in ("top_k", "min_p", "repetition_penalty"):
+        if getattr(args, control) is not None:
+            setattr(request.sampling, control, getattr(args, control))
     if args.max_tokens is not None:
         request.sampling.max_tokens = args.max_tokens
     if args.environment:
@@ -357,6 +360,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     run.add_argument("--temperature", type=float, default=None, help="0-2 (default 0: greedy)")
     run.add_argument("--top-p", type=float, default=None, help="(0, 1] (default 1)")
+    run.add_argument("--top-k", type=int, default=None, help="0-1000 (default 0: off)")
+    run.add_argument("--min-p", type=float, default=None, help="0-1 (default 0: off)")
+    run.add_argument("--repetition-penalty", type=float, default=None, help="(0, 2] (default 1: off)")
     run.add_argument("--max-tokens", type=int, default=None, help=f"{MAX_COMPLETION.text()} (default {MAX_COMPLETION.default})")
     run.add_argument("--dataset", default="", help="a benchmark that takes a dataset (boxed, a plugin's): hub "
                                                    "dataset or local file (prompt, ground_truth, its columns)")

@@ -93,6 +93,12 @@ EPOCHS = IntRange(1, 100, 1)
 GPU_MEMORY_FRACTION = FloatRange(0.05, 0.95, 0.3)
 KL_BETA = FloatRange(0.0, 1.0, 0.0)
 TEMPERATURE = FloatRange(0.1, 2.0, 1.0)
+# The sampling controls (advanced.top_p, top_k, min_p, repetition_penalty): each default leaves the
+# tempered distribution whole; top_k 0 and min_p 0 are off, as in vLLM and TRL.
+TOP_P = FloatRange(0.01, 1.0, 1.0)
+TOP_K = IntRange(0, 1000, 0)
+MIN_P = FloatRange(0.0, 1.0, 0.0)
+REPETITION_PENALTY = FloatRange(0.5, 2.0, 1.0)
 # Temperatures below this are greedy, as in vLLM's sampler (`_SAMPLING_EPS`): evaluations ask for 0.
 GREEDY_EPS = 1e-5
 LORA_INITS = ("default", "gaussian")
@@ -337,6 +343,18 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               flag="--kl-beta", checked=True),
     _ADVANCED("advanced.temperature", "Temperature", "Sampling temperature of the rollouts.", "float",
               range=TEMPERATURE, flag="--temperature", checked=True),
+    _ADVANCED("advanced.top_p", "Top-p",
+              "Nucleus sampling: keep the most likely tokens whose mass reaches this (1 = off). Like top-k, min-p "
+              "and the repetition penalty, on every backend alike; the loss scores the whole tempered policy "
+              "(docs/jobs.md, Sampling controls).", "float", range=TOP_P, flag="--top-p", checked=True),
+    _ADVANCED("advanced.top_k", "Top-k", "Keep only the k most likely tokens (0 = off).", "int", range=TOP_K,
+              flag="--top-k", checked=True),
+    _ADVANCED("advanced.min_p", "Min-p", "Drop tokens less likely than this times the most likely one (0 = off).",
+              "float", range=MIN_P, flag="--min-p", checked=True),
+    _ADVANCED("advanced.repetition_penalty", "Repetition penalty",
+              "Penalise tokens already in the prompt or the completion: above 1 discourages repeats, below 1 "
+              "encourages them (1 = off).", "float", range=REPETITION_PENALTY, flag="--repetition-penalty",
+              checked=True),
     _ADVANCED("reward.format_bonus_weight", "Format bonus weight", "Size of the format bonus when earned.", "float",
               range=FORMAT_BONUS_WEIGHT, flag="--format-bonus-weight", checked=True),
     _ADVANCED("advanced.seed", "Seed", "Seed for prompts, sampling and initialisation.", "int", range=JOB_SEED,
@@ -359,6 +377,17 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               checked=True, summary=True),
 )
 FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
+# The sampling controls beyond temperature: JobConfig, Sampling, SamplingSpec and AdvancedOptions
+# carry each under this name.
+SAMPLING_CONTROLS = ("top_p", "top_k", "min_p", "repetition_penalty")
+SAMPLING_PATHS = tuple(f"advanced.{name}" for name in SAMPLING_CONTROLS)
+
+
+def reshaped_sampling(values: object) -> list[str]:
+    """The sampling controls `values` (an AdvancedOptions, a JobConfig, a Sampling) sets off their
+    defaults, as "top_p 0.9": a sampler whose distribution is no longer the whole tempered policy."""
+    return [f"{name} {getattr(values, name):.7g}" for name, path in zip(SAMPLING_CONTROLS, SAMPLING_PATHS, strict=True)
+            if getattr(values, name) != FIELDS_BY_PATH[path].default_value]
 
 
 def proto_field(row: SpecField) -> FieldDescriptor:
@@ -773,6 +802,11 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
                            '"auto", "cpu", or a comma list of device indices such as "0,1"'))
     _validate_processes(spec, backend, v)
     _checked(spec, "advanced", v)
+    reshaped = reshaped_sampling(a)
+    if reshaped and backend == C.GENERATION_BACKEND_TRANSFORMERS and not v.bad(*SAMPLING_PATHS):
+        warnings.append(f"advanced.{', '.join(reshaped)}: the Transformers backend reports no sampling logprobs, so "
+                        "the loss, which scores the whole tempered policy, is not importance-corrected for the "
+                        "reshaped distribution (a vLLM backend corrects it)")
     if not a.HasField("seed"):
         a.seed = 0
     with v.check():

@@ -264,6 +264,11 @@ def test_the_loop_and_the_evaluation_name_every_bad_field() -> None:
     with pytest.raises(InvalidArgument) as e:
         check_static(request)
     assert [f for f, _ in e.value.violations] == ["limit", "sampling.temperature", "sampling.top_p"]
+    controls = B.RunEvaluationRequest(benchmark="rlvr-math-pairs-heldout",
+                                      sampling=C.SamplingParams(top_k=-1, min_p=2.0, repetition_penalty=3.0))
+    with pytest.raises(InvalidArgument) as e:
+        check_static(controls)
+    assert [f for f, _ in e.value.violations] == ["sampling.top_k", "sampling.min_p", "sampling.repetition_penalty"]
 
 
 def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -> None:
@@ -335,3 +340,40 @@ def test_every_reward_the_reward_service_lacks_is_named() -> None:
     job = C.JobSpec()
     job.reward.terms.extend([C.RewardTerm(key="no_such_reward"), C.RewardTerm(key="nor_this_one")])
     assert _fields(job, catalog) == ["reward.terms[0].key", "reward.terms[1].key"]
+
+
+def test_the_sampling_controls_default_off_and_name_their_range_when_bad() -> None:
+    a = resolve_spec(C.JobSpec()).spec.advanced
+    assert (a.top_p, a.top_k, a.min_p, a.repetition_penalty) == (1.0, 0, 0.0, 1.0)
+    set_ = resolve_spec(spec(advanced={"top_p": 0.9, "top_k": 50, "min_p": 0.05, "repetition_penalty": 1.1})).spec
+    assert (set_.advanced.top_k, round(set_.advanced.top_p, 6), round(set_.advanced.repetition_penalty, 6)) == \
+        (50, 0.9, 1.1)
+    bad = {"top_p": 0.0, "top_k": 1001, "min_p": 1.5, "repetition_penalty": 0.0}
+    assert _fields(spec(advanced=bad)) == [f"advanced.{name}" for name in bad]
+    allowed = {"top_p": r"0.01 to 1 \(default 1\)", "top_k": r"0-1000 \(default 0\)",
+               "min_p": r"0 to 1 \(default 0\)", "repetition_penalty": r"0.5 to 2 \(default 1\)"}
+    for name, value in {**bad, "top_k": -1, "top_p": 1.01, "repetition_penalty": 2.5}.items():
+        with pytest.raises(InvalidArgument, match=rf"advanced.{name}: .* is out of range; allowed: {allowed[name]}"):
+            resolve_spec(spec(advanced={name: value}))
+
+
+def test_reshaped_sampling_on_the_transformers_backend_warns_that_the_loss_is_not_corrected() -> None:
+    quiet = resolve_spec(spec(advanced={"generation_backend": C.GENERATION_BACKEND_TRANSFORMERS}))
+    assert not any("importance-corrected" in w for w in quiet.warnings)
+    job = spec(advanced={"generation_backend": C.GENERATION_BACKEND_TRANSFORMERS, "top_k": 20})
+    assert any(w.startswith("advanced.top_k 20: ") and "not importance-corrected" in w
+               for w in resolve_spec(job).warnings)
+    vllm = resolve_spec(spec(advanced={"top_k": 20}))
+    assert not any("importance-corrected" in w for w in vllm.warnings)
+
+
+def test_rlvr_eval_run_sends_the_sampling_controls() -> None:
+    from rlvr.clients import eval_cmd
+    from rlvr.clients.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "run", "--benchmark", "x", "--top-k", "4", "--min-p", "0.1",
+                                      "--repetition-penalty", "1.2"])
+    sp = eval_cmd.run_request(args).sampling
+    assert (sp.top_k, round(sp.min_p, 6), round(sp.repetition_penalty, 6)) == (4, 0.1, 1.2)
+    plain = eval_cmd.run_request(build_parser().parse_args(["eval", "run", "--benchmark", "x"])).sampling
+    assert (plain.top_k, plain.min_p, plain.repetition_penalty) == (0, 0.0, 0.0)  # unset: off, greedy stays greedy

@@ -35,13 +35,13 @@ def _prompts(tokenizer: Any) -> list[list[int]]:
 
 
 def _generate(policy: tuple[Any, Any, list[int]], prompts: list[list[int]], seed: int | None,
-              offset: int = 0, temperature: float = 1.0) -> Any:
+              offset: int = 0, temperature: float = 1.0, **controls: Any) -> Any:
     from rlvr.services.trainer.rollouts import LocalGenerator
 
     model, tokenizer, eos = policy
     generator = LocalGenerator(tokenizer, eos, prompt_offset=offset)
     generator.bind(model)
-    sampling = Sampling(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, group_size=GROUP)
+    sampling = Sampling(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, group_size=GROUP, **controls)
     return generator.generate(prompts, sampling, BASE_MODEL)
 
 
@@ -121,7 +121,8 @@ def test_the_sampler_draws_from_softmax_of_logits_over_temperature(temperature: 
 
     logits = torch.tensor([0.0, 1.0, 2.0, 2.5, float("-inf")])
     prompts, group, steps = 40, 6, 200  # one (prompts x group) batch per decoding step
-    sampler = SeededSampler(list(range(prompts)), group, temperature, torch.device("cpu"))
+    sampler = SeededSampler(list(range(prompts)), Sampling(temperature=temperature, group_size=group),
+                            torch.device("cpu"))
     scores = logits.repeat(prompts * group, 1)
     counts = torch.zeros(len(logits))
     for _ in range(steps):
@@ -133,3 +134,59 @@ def test_the_sampler_draws_from_softmax_of_logits_over_temperature(temperature: 
     assert torch.allclose(frequencies, expected, atol=0.01), (frequencies, expected)
     for other in {0.5, 1.0, 1.7} - {temperature}:  # the bound tells the temperatures apart
         assert (torch.softmax(logits / other, dim=-1) - frequencies).abs().max() > 0.08
+
+
+def test_top_k_1_samples_the_greedy_completions(policy: tuple[Any, Any, list[int]]) -> None:
+    prompts = _prompts(policy[1])
+    greedy = _generate(policy, prompts, seed=11, temperature=0.0).completion_ids
+    assert _generate(policy, prompts, seed=11, temperature=1.5, top_k=1).completion_ids == greedy
+    assert _generate(policy, prompts, seed=11, temperature=1.5).completion_ids != greedy
+
+
+def test_the_repetition_penalty_reads_each_rows_own_tokens_as_transformers_and_vllm_do(
+        policy: tuple[Any, Any, list[int]]) -> None:
+    """Greedy with a penalty, the batch left-padded, against transformers' own RepetitionPenalty
+    processor one unpadded prompt at a time (the rule vLLM's is: tests/test_rollout_core.py): the
+    padding is not penalized, and the completions do change."""
+    import torch
+
+    model, tokenizer, eos = policy
+    prompts = _prompts(tokenizer)
+    penalized = _generate(policy, prompts, seed=11, temperature=0.0, repetition_penalty=1.8).completion_ids
+    assert penalized != _generate(policy, prompts, seed=11, temperature=0.0).completion_ids
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 repetition_penalty=1.8, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        reference = out[0, len(prompt):].tolist()
+        stop = next((j for j, t in enumerate(reference) if t in eos), None)
+        assert penalized[i * GROUP] == (reference if stop is None else reference[:stop + 1]), i
+
+
+@pytest.mark.parametrize("controls", [{"top_k": 3}, {"top_p": 0.7}, {"min_p": 0.1}, {"top_k": 3, "top_p": 0.85}])
+def test_the_sampler_draws_only_from_the_kept_tokens_in_their_proportions(controls: dict[str, Any]) -> None:
+    """As above, with the sampling controls: the kept set and its renormalised mass computed here
+    from the tempered probabilities (vLLM's rules: min_p, then top_k, then the top-p nucleus)."""
+    import torch
+
+    from rlvr.services.trainer.rollouts import SeededSampler
+
+    logits = torch.tensor([0.0, 1.0, 2.0, 2.5, float("-inf")])
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    keep = probs >= controls.get("min_p", 0.0) * probs.max()
+    if "top_k" in controls:
+        keep &= probs >= probs.topk(controls["top_k"]).values[-1]
+    kept = probs * keep / (probs * keep).sum()
+    ordered, order = kept.sort(descending=True)
+    keep[order] &= ordered.cumsum(0) - ordered < controls.get("top_p", 1.0)
+    expected = kept * keep / (kept * keep).sum()
+    prompts, group, steps = 40, 6, 100
+    sampler = SeededSampler(list(range(prompts)), Sampling(temperature=0.8, group_size=group, **controls),
+                            torch.device("cpu"))
+    scores = logits.repeat(prompts * group, 1)
+    counts = torch.zeros(len(logits))
+    for _ in range(steps):
+        picked = torch.argmax(sampler(torch.zeros((prompts * group, 1), dtype=torch.long), scores.clone()), dim=-1)
+        counts += torch.bincount(picked, minlength=len(logits)).float()
+    assert bool((counts[~keep] == 0).all()), (counts, keep)
+    assert torch.allclose(counts / counts.sum(), expected, atol=0.015), (counts / counts.sum(), expected)

@@ -103,9 +103,12 @@ async def test_service_peers_over_the_async_clients(rollout: tuple[ScriptedRollo
         assert len(problems) == 3 and all(p.ground_truth for p in problems)
 
         questions = [Question(7, (("user", "q7"),), "77"), Question(8, (("user", "q8"),), "1")]
-        answers = await peers.generate(questions, Sampling(temperature=0.5, top_p=0.9, seed=3), AdapterTag("eval-a", 1))
+        sampling = Sampling(temperature=0.5, top_p=0.9, seed=3, top_k=7, min_p=0.05, repetition_penalty=1.2)
+        answers = await peers.generate(questions, sampling, AdapterTag("eval-a", 1))
         sent = servicer.requests[-1]
         assert (sent.n, sent.sampling.top_p, sent.sampling.seed) == (1, pytest.approx(0.9), 3)
+        assert (sent.sampling.top_k, sent.sampling.min_p, sent.sampling.repetition_penalty) == \
+            (7, pytest.approx(0.05), pytest.approx(1.2))
         assert sent.request_id == "benchmark-q7" and sent.prompts[0].messages.messages[0].content == "q7"
         assert 0 < servicer.deadlines["Generate"] <= 9.05
         assert sorted(a.index for a in answers) == [7, 8] and {a.adapter for a in answers} == {AdapterTag("eval-a", 1)}

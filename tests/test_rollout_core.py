@@ -78,7 +78,7 @@ def loras(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 def reference_greedy(
-    model_dir: Path, adapter_dir: Path | None, prompt: list[int], max_tokens: int
+    model_dir: Path, adapter_dir: Path | None, prompt: list[int], max_tokens: int, repetition_penalty: float = 1.0
 ) -> list[int]:
     """Greedy tokens from transformers (+ PeftModel), the ground truth both backends must reproduce."""
     from peft import PeftModel
@@ -96,6 +96,7 @@ def reference_greedy(
             do_sample=False,
             eos_token_id=stops,
             pad_token_id=0,
+            repetition_penalty=repetition_penalty,
         )
     return out[0, len(prompt) :].tolist()
 
@@ -107,8 +108,13 @@ def reference_logprobs(
     completion: list[int],
     temperature: float,
     top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> list[float]:
-    """Teacher-forced log p(token) under logits / temperature, renormalised over the top-p nucleus."""
+    """Teacher-forced log p(token) as vLLM's sampler shapes the distribution, written out here on its own:
+    the repetition penalty on the raw logits of the tokens seen so far, then logits / temperature, min_p,
+    top_k and the top-p nucleus of what is left, renormalised. Asserts every token lies in the kept set."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -117,14 +123,24 @@ def reference_logprobs(
         model = PeftModel.from_pretrained(model, adapter_dir)
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
-    probs = logits.softmax(-1)
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].clone()
+    for t in range(len(completion)):
+        seen = torch.tensor(sorted(set(prompt + completion[:t])))
+        row = logits[t, seen]
+        logits[t, seen] = torch.where(row > 0, row / repetition_penalty, row * repetition_penalty)
+    probs = (logits / temperature).softmax(-1)
+    keep = probs >= min_p * probs.amax(-1, keepdim=True)
+    if top_k:
+        keep &= probs >= probs.topk(top_k, dim=-1).values[:, -1:]
+    probs = probs * keep
+    probs = probs / probs.sum(-1, keepdim=True)
     # The nucleus: most likely tokens first, up to and including the one whose mass reaches top_p.
     sorted_probs, order = probs.sort(-1, descending=True)
     in_nucleus = torch.zeros_like(probs, dtype=torch.bool)
     in_nucleus.scatter_(-1, order, sorted_probs.cumsum(-1) - sorted_probs < top_p)
+    in_nucleus &= keep
     chosen = torch.tensor(completion)[:, None]
-    assert bool(in_nucleus.gather(-1, chosen).all()), "a token outside the top-p nucleus was sampled"
+    assert bool(in_nucleus.gather(-1, chosen).all()), "a token outside the kept set was sampled"
     nucleus_mass = (probs * in_nucleus).sum(-1)
     return (probs.gather(-1, chosen).squeeze(1) / nucleus_mass).log().tolist()
 
@@ -249,6 +265,38 @@ async def test_sampling_logprobs_match_the_tempered_policy(core: RolloutCore, mo
         for c in group.completions:
             expected = reference_logprobs(model_dir, loras["v1"], prompt, c.token_ids, 0.7, top_p)
             assert c.logprobs == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.parametrize("controls", [{"top_k": 5}, {"min_p": 0.3}, {"top_p": 0.7, "top_k": 8, "min_p": 0.05},
+                                      {"repetition_penalty": 1.6}, {"repetition_penalty": 0.7, "top_k": 20}])
+async def test_the_sampling_controls_shape_the_distribution_as_vllms_sampler(
+    core: RolloutCore, model_dir: Path, controls: dict
+) -> None:
+    prompt = core.render_chat(QUESTION)
+    spec = SamplingSpec(n=2, max_tokens=16, temperature=0.8, seed=11, **controls)
+    (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], spec, None))  # the base model
+    for c in group.completions:
+        expected = reference_logprobs(model_dir, None, prompt, c.token_ids, 0.8, **controls)
+        assert c.logprobs == pytest.approx(expected, abs=2e-3)
+
+
+async def test_top_k_1_samples_the_greedy_completion_and_the_penalty_bends_greedy_as_transformers(
+    core: RolloutCore, model_dir: Path, loras
+) -> None:
+    await core.load_adapter("lp-greedy", 1, upload(loras["v2"]))
+    try:  # the module's engine holds a bounded number of versions: this one leaves with the test
+        prompt = core.render_chat(QUESTION)
+        greedy_ids = (await greedy(core, prompt, "lp-greedy")).completions[0].token_ids
+        spec = SamplingSpec(n=3, max_tokens=24, temperature=1.5, top_k=1, seed=2)
+        (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], spec, "lp-greedy"))
+        assert [c.token_ids for c in group.completions] == [greedy_ids] * 3
+        assert all(lp == pytest.approx([0.0] * len(greedy_ids), abs=1e-5) for lp in (c.logprobs for c in group.completions))
+        penalized = SamplingSpec(n=1, max_tokens=24, temperature=0, repetition_penalty=1.8)
+        (group,) = await collect(core.generate([PromptInput(token_ids=prompt)], penalized, "lp-greedy"))
+        assert group.completions[0].token_ids == reference_greedy(model_dir, loras["v2"], prompt, 24, 1.8)
+        assert group.completions[0].token_ids != greedy_ids  # the penalty did bend it
+    finally:
+        await core.unload_adapter("lp-greedy")
 
 
 # ------------------------------------------------------------------------------------------ adapters

@@ -154,6 +154,12 @@ def test_bad_requests(rollout) -> None:
         (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], n=100), "n"),
         (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], sampling=C.SamplingParams(temperature=3)),
          "sampling.temperature"),
+        (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], sampling=C.SamplingParams(top_k=1001)),
+         "sampling.top_k: 1001 is out of range; allowed: 0-1000 (0 = off)"),
+        (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], sampling=C.SamplingParams(min_p=1.5)),
+         "sampling.min_p: 1.5 is out of range; allowed: [0, 1] (0 = off)"),
+        (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], sampling=C.SamplingParams(repetition_penalty=-1)),
+         "sampling.repetition_penalty: -1.0 is out of range; allowed: (0, 2] (0 = 1.0, off)"),
     ]
     for request, field in bad:
         with pytest.raises(RlvrError) as err:

@@ -53,3 +53,31 @@ def test_the_step_event_carries_trls_gap_metrics() -> None:
     event = metric_event("j", 4, StepRecord(step=1), logs, kl_computed=False)
     assert event.logprob_gap == pytest.approx(0.03) and event.logprob_gap_max == pytest.approx(1.2)
     assert not metric_event("j", 4, StepRecord(step=1), {"loss": 0.5}, kl_computed=False).HasField("logprob_gap")
+
+
+def test_a_reshaped_sampler_is_corrected_on_the_vllm_backends_only() -> None:
+    """top_p, top_k, min_p or a repetition penalty draw from another distribution than the tempered
+    policy TRL's loss scores; vLLM reports the drawn one's logprobs (processed_logprobs), so the vLLM
+    backends correct against them, and the transformers backend, which reports none, cannot."""
+    for backend in ("vllm", "vllm_colocate"):
+        assert sampler_corrections(0, "fp32", "full", backend, ["float32"], reshaped=True) == ("sampling",)
+    assert sampler_corrections(1, "fp32", "full", "vllm", ["bfloat16"], True) == ("policy_lag", "precision", "sampling")
+    assert sampler_corrections(0, "fp32", "full", "transformers", [], reshaped=True) == ()
+
+
+def test_the_jobs_sampling_controls_reach_its_sampling_and_trls_config(tmp_path) -> None:  # noqa: ANN001
+    from rlvr.jobspec import reshaped_sampling
+    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.engine import grpo_args
+
+    plain = job_config("plain", "rlvr-tiny", tmp_path)
+    assert reshaped_sampling(plain) == []
+    assert (plain.top_p, plain.top_k, plain.min_p, plain.repetition_penalty) == (1.0, 0, 0.0, 1.0)
+    job = job_config("shaped", "rlvr-tiny", tmp_path, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1)
+    assert reshaped_sampling(job) == ["top_p 0.9", "top_k 5", "min_p 0.05", "repetition_penalty 1.1"]
+    sampling = job.sampling(max_tokens=64, seed=3, group_size=4)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty,
+            sampling.max_tokens, sampling.seed, sampling.group_size) == (1.0, 0.9, 5, 0.05, 1.1, 64, 3, 4)
+    args = grpo_args(job, 10, tmp_path / "trl", use_cpu=True)
+    assert (args.top_p, args.top_k, args.min_p, args.repetition_penalty) == (0.9, 5, 0.05, 1.1)
+    assert grpo_args(plain, 10, tmp_path / "trl", use_cpu=True).min_p is None  # TRL's own "off"

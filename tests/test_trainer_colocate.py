@@ -306,3 +306,33 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     finally:
         for p in session():  # never leave one behind, whatever failed
             p.kill()
+
+
+@pytest.mark.vllm
+def test_the_colocated_engine_samples_with_the_jobs_sampling_controls(tiny_model: str) -> None:
+    """The job's engine shapes the distribution as the rollout server's does (tests/test_rollout_core.py):
+    top_k 1 at any temperature is the greedy completion, and with every control set each token lies in
+    the kept set and carries its log-probability under it (reference_logprobs, written out on its own)."""
+    from test_rollout_core import reference_logprobs
+
+    from rlvr.peers.types import BASE_MODEL, Sampling
+    from rlvr.services.trainer.colocate import ColocatedGenerator
+
+    generator = ColocatedGenerator(tiny_model, memory_fraction=0.1, max_lora_rank=8, max_model_len=512,
+                                   enforce_eager=True)
+    try:
+        prompts = [[73, 102, 109, 109, 112, 45, 33, 51, 44, 52, 62], [88, 105, 98, 117, 33, 106, 116, 33, 53, 44, 54, 64]]
+        greedy = generator.generate(prompts, Sampling(temperature=0.0, max_tokens=16, group_size=3), BASE_MODEL)
+        top1 = generator.generate(prompts, Sampling(temperature=1.5, top_k=1, max_tokens=16, seed=3, group_size=3),
+                                  BASE_MODEL)
+        assert top1.completion_ids == greedy.completion_ids
+        assert all(lp == pytest.approx([0.0] * len(lp), abs=1e-5) for lp in top1.logprobs or [])
+        controls = {"top_p": 0.8, "top_k": 12, "min_p": 0.05, "repetition_penalty": 1.3}
+        shaped = generator.generate(prompts, Sampling(temperature=0.8, max_tokens=16, seed=5, group_size=2, **controls),
+                                    BASE_MODEL)
+        assert shaped.logprobs is not None
+        for row, completion, logprobs in zip(shaped.prompt_ids, shaped.completion_ids, shaped.logprobs, strict=True):
+            expected = reference_logprobs(Path(tiny_model), None, row, completion, 0.8, **controls)
+            assert logprobs == pytest.approx(expected, abs=2e-3)
+    finally:
+        generator.close()

@@ -198,7 +198,7 @@ def test_a_turn_samples_the_same_stream_whatever_the_processes_share_of_the_step
             seen.append(prompt_seed(sampling.from_prompt(self.prompt_offset).seed, 0))  # what the engine draws from
             return RolloutBatch([prompts[0]], [[1]], [[-0.1]], [False], expected, 0.0)
 
-    sampler = GeneratorSampler(Generator(), 1.0, AdapterTag(), newest=False, workers=1)
+    sampler = GeneratorSampler(Generator(), Sampling(temperature=1.0), AdapterTag(), newest=False, workers=1)
     try:
         asyncio.run(sampler.sample([5, 6], 32, seed=12345))
     finally:

@@ -299,6 +299,17 @@ def test_a_quantized_job_sampled_unquantized_is_corrected(tmp_path: Path, tiny_m
     assert [e.sampler_correction for e in events] == ["quantization"] and events[0].HasField("logprob_gap")
 
 
+def test_a_job_sampling_with_reshaping_controls_is_corrected_and_says_so(tmp_path: Path, tiny_model: str) -> None:
+    """top_k (or top_p, min_p, a repetition penalty) draws from another distribution than the tempered
+    policy the loss scores: with a vLLM backend the job applies TRL's correction and names it."""
+    twin = LogprobTwin(tiny_model, "float32")
+    events: list[C.MetricEvent] = []
+    result = run_job(_job(tmp_path, tiny_model, generation_backend="vllm", top_k=20, max_steps=1),
+                     JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
+    assert result.status == "completed", result.error
+    assert [e.sampler_correction for e in events] == ["sampling"] and events[0].HasField("logprob_gap")
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
 def test_other_losses_with_kl_report_kl(tmp_path: Path, tiny_model: str, loss_type: str) -> None:
     events: list[C.MetricEvent] = []

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format, struct_pb2
 
-from rlvr.common.errors import InvalidArgument, out_of_range
-from rlvr.jobspec import REWARD_FUNCTIONS, RewardName
+from rlvr.common.errors import InvalidArgument, Violations, out_of_range
+from rlvr.jobspec import REPETITION_PENALTY, REWARD_FUNCTIONS, TOP_K, RewardName
 from rlvr.rewards.registry import Catalog, RewardInfo
 from rlvr.seeds import offset_seed
 from rlvr.tasks.base import Message, Problem
@@ -57,14 +57,18 @@ BASE_MODEL = AdapterTag("", 0)
 @dataclass(frozen=True)
 class Sampling:
     """How the rollout service samples (SamplingParams) and how many completions of each prompt it
-    returns (GenerateRequest.n). The trainer sets group_size and leaves top_p at 1 (the tempered
-    distribution its loss evaluates); the benchmark answers once per question, greedy by default."""
+    returns (GenerateRequest.n). The trainer sets group_size and the job's sampling controls (its
+    loss evaluates the whole tempered distribution whatever they are: docs/jobs.md); the benchmark
+    answers once per question, greedy by default."""
 
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     max_tokens: int = 256
     seed: int | None = None  # None: unseeded
     group_size: int = 1  # completions per prompt
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def from_prompt(self, first: int) -> Sampling:
         """This sampling for a part of a request that starts at its prompt `first` (a replica's
@@ -76,7 +80,26 @@ class Sampling:
 
     def to_proto(self) -> common_pb2.SamplingParams:
         return common_pb2.SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                                         max_tokens=self.max_tokens)
+                                         max_tokens=self.max_tokens, top_k=self.top_k, min_p=self.min_p,
+                                         repetition_penalty=self.repetition_penalty)
+
+
+def sampling_controls(sp: common_pb2.SamplingParams, v: Violations | None = None) -> tuple[int, float, float]:
+    """SamplingParams' top_k, min_p and repetition_penalty (0 = 1.0), each checked against the range
+    its proto comment states; every bad one is added to `v`, or without one the first raised. The
+    rollout server and the benchmark read a request's controls through this."""
+    own = Violations() if v is None else v
+    if not 0 <= sp.top_k <= TOP_K.high:
+        own.add(out_of_range("sampling.top_k", sp.top_k, f"0-{TOP_K.high} (0 = off)"))
+    if not 0.0 <= sp.min_p <= 1.0:
+        own.add(out_of_range("sampling.min_p", sp.min_p, "[0, 1] (0 = off)"))
+    penalty = sp.repetition_penalty or 1.0
+    if not 0.0 < penalty <= REPETITION_PENALTY.high:
+        own.add(out_of_range("sampling.repetition_penalty", sp.repetition_penalty,
+                             f"(0, {REPETITION_PENALTY.high:g}] (0 = 1.0, off)"))
+    if v is None:
+        own.raise_any()
+    return sp.top_k, sp.min_p, penalty
 
 
 class _Components(Protocol):

@@ -47,7 +47,7 @@ from rlvr.jobspec import (
     SETTING_KEY_RE,
 )
 from rlvr.models import bare_to_folder, is_tiny
-from rlvr.peers.types import AdapterTag, Sampling
+from rlvr.peers.types import AdapterTag, Sampling, sampling_controls
 from rlvr.rewards.registry import Catalog
 from rlvr.services.benchmark.catalog import Benchmark, RewardName, benchmarks_of, get_benchmark
 from rlvr.services.benchmark.episodes import EnvironmentPlan, TokenGenerator
@@ -149,6 +149,7 @@ def check_sampling(request: benchmark_pb2.RunEvaluationRequest, v: Violations | 
     top_p = sp.top_p or 1.0
     if not 0.0 < top_p <= 1.0:
         v.add(out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)"))
+    top_k, min_p, repetition_penalty = sampling_controls(sp, v)
     max_tokens = sp.max_tokens or DEFAULT_MAX_TOKENS
     if not MAX_TOKENS[0] <= max_tokens <= MAX_TOKENS[1]:
         v.add(out_of_range("sampling.max_tokens", sp.max_tokens, f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]} (0 = 256)"))
@@ -159,7 +160,8 @@ def check_sampling(request: benchmark_pb2.RunEvaluationRequest, v: Violations | 
         v.add(out_of_range(field, seed, f"0-{SEED_MAX} (a signed 64-bit integer, as the evaluation is stored)"))
     if own:
         v.raise_any()
-    return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    return Sampling(temperature=sp.temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, top_k=top_k,
+                    min_p=min_p, repetition_penalty=repetition_penalty)
 
 
 def check_static(request: benchmark_pb2.RunEvaluationRequest, benchmarks: Mapping[str, Benchmark] | None = None

@@ -10,9 +10,11 @@ Semantics both backends keep identical (the trainer relies on them, whichever ba
   chat messages are rendered by the caller through `render_chat` (template + generation prompt);
 - a completion's `token_ids` include the stop token when it stopped on one (the policy must learn to stop),
   its `text` is decoded with special tokens skipped;
+- the sampling controls shape the distribution in vLLM's order (rlvr/sampling.py): repetition penalty on the
+  raw logits, then temperature, min_p, top_k, top_p;
 - `logprobs[i]` is the log-probability of `token_ids[i]` under the distribution it was actually sampled from
-  (after temperature and top-p); for greedy requests (temperature 0) it is the plain log-softmax, as vLLM's
-  `processed_logprobs` mode reports it;
+  (after all of them); for greedy requests (temperature 0) it is the log-softmax of the (penalized) logits,
+  as vLLM's `processed_logprobs` mode reports it;
 - every completion carries the adapter name and version that produced it, taken from the one
   `AdapterVersion` the request was resolved to (never looked up again mid-request).
 """
@@ -43,6 +45,9 @@ class SamplingSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         # Only the invariants a backend cannot work without; the product ranges live in the servicer.
@@ -54,6 +59,12 @@ class SamplingSpec:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

@@ -6,7 +6,7 @@ weights that generate are exactly the ones `peft.PeftModel` would load from the 
 
 Sampling is a hand-written decode loop rather than `model.generate`, because the trainer needs what
 `generate` does not give cleanly: the log-probability of each sampled token under the distribution it was
-actually drawn from (after temperature and top-p, as vLLM's `processed_logprobs`), and reproducibility
+actually drawn from (shaped as vLLM shapes it, rlvr/sampling.py; vLLM's `processed_logprobs`), and reproducibility
 from a per-request seed (a private `torch.Generator`, never the global RNG that other code may touch).
 One request runs at a time, in one worker thread, so the asyncio event loop stays free for gRPC.
 """
@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from rlvr.sampling import seen_tokens, shape_logits
 from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,
@@ -255,12 +256,18 @@ class TransformersBackend(GenerationBackend):
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1, :].repeat_interleave(n, dim=0)
+        # The repetition penalty reads every token of a row's prompt and completion so far (vLLM's).
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            seen = seen_tokens(input_ids, attention.bool(), logits.shape[-1]).repeat_interleave(n, dim=0)
         attention = attention.repeat_interleave(n, dim=0)
         next_position = positions[:, -1].repeat_interleave(n) + 1
         for step in range(sampling.max_tokens):
             if cancelled.is_set():
                 return
-            next_ids, next_logprobs = sample_next(logits.float(), sampling, generator)
+            next_ids, next_logprobs = sample_next(logits.float(), sampling, generator, seen)
+            if seen is not None:
+                seen[torch.arange(len(next_ids)), next_ids] = True
             stopped = torch.isin(next_ids, stop_ids)
             for b, r in enumerate(active.tolist()):
                 tokens[r].append(int(next_ids[b]))
@@ -281,6 +288,7 @@ class TransformersBackend(GenerationBackend):
                 index = keep.nonzero().squeeze(1)
                 cache.batch_select_indices(index)
                 active, attention = active[index], attention[index]
+                seen = None if seen is None else seen[index]
                 next_ids, next_position = next_ids[index], next_position[index]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
             out = model(
@@ -329,27 +337,21 @@ def _peft_name(adapter: AdapterVersion) -> str:
 
 
 def sample_next(
-    logits: torch.Tensor, sampling: SamplingSpec, generator: torch.Generator
+    logits: torch.Tensor, sampling: SamplingSpec, generator: torch.Generator, seen: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token per row and its log-probability under the distribution it was drawn from.
 
-    Mirrors vLLM's sampler: greedy rows report the plain log-softmax; sampled rows divide by the
-    temperature, then keep the smallest set of top tokens whose mass reaches top_p (always at least one).
+    Mirrors vLLM's sampler (rlvr/sampling.py): greedy rows take the argmax of the (penalized) logits and
+    report their log-softmax; sampled rows draw from the shaped distribution and report its log-softmax.
+    `seen`: (rows, vocab) bool, the tokens of each row so far, for the repetition penalty.
     """
     import torch
 
+    shaped = shape_logits(logits, sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p,
+                          sampling.repetition_penalty, seen, greedy=sampling.greedy)
+    processed = shaped.log_softmax(dim=-1)
     if sampling.greedy:
-        chosen = logits.argmax(dim=-1)
-        processed = logits.log_softmax(dim=-1)
+        chosen = shaped.argmax(dim=-1)
     else:
-        scaled = logits / sampling.temperature
-        if sampling.top_p < 1.0:
-            sorted_logits, order = scaled.sort(dim=-1, descending=False)
-            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop = cumulative <= 1 - sampling.top_p
-            drop[:, -1] = False
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            scaled = sorted_logits.scatter(-1, order, sorted_logits)
-        processed = scaled.log_softmax(dim=-1)
         chosen = torch.multinomial(processed.exp(), 1, generator=generator).squeeze(1)
     return chosen, processed.gather(-1, chosen[:, None]).squeeze(1)

@@ -19,6 +19,7 @@ from rlvr.adapters import ADAPTER_NAME_RE, read_adapter_summary
 from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_range, shown
 from rlvr.common.settings import setting_label
 from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
+from rlvr.peers.types import sampling_controls
 from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService, StartupError
 from rlvr.services.rollout.settings import RolloutSettings
@@ -217,8 +218,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         top_p = sp.top_p or 1.0
         if not 0.0 < top_p <= 1.0:
             raise out_of_range("sampling.top_p", sp.top_p, "(0, 1] (0 = 1.0)")
+        top_k, min_p, repetition_penalty = sampling_controls(sp)
         seed = sp.seed if sp.HasField("seed") else None
-        return SamplingSpec(n=n, max_tokens=max_tokens, temperature=sp.temperature, top_p=top_p, seed=seed)
+        return SamplingSpec(n=n, max_tokens=max_tokens, temperature=sp.temperature, top_p=top_p, seed=seed,
+                            top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty)
 
     async def Generate(
         self,

@@ -27,8 +27,10 @@ Facts this module depends on (vLLM 0.32, measured on the CPU build):
   multiplying: at this server's max_lora_rank 64 that copy was most of a training step's generation
   (py-spy, bench/rollout_gap.py). On CPU the engine's worker runs `rlvr/vllm_lora_ops.py`'s grouped
   ops instead (`worker_extension_cls`): one matmul per adapter over its real rank;
-- `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after temperature and
-  top-p, the distribution it was actually drawn from (the raw mode would report the untempered one).
+- `logprobs_mode="processed_logprobs"` reports the sampled token's log-probability after the repetition
+  penalty, temperature, min-p, top-k and top-p (v1/sample/sampler.py `forward` and `sample`,
+  ops/topk_topp_sampler.py `forward_cpu`), the distribution it was actually drawn from (the raw mode would
+  report the untempered one).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def prompt_sampling_params(sampling: SamplingSpec, count: int) -> list[SamplingP
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             seed=None if sampling.seed is None else prompt_seed(sampling.seed, i),
             logprobs=0,  # just the sampled token's log-probability
             output_kind=RequestOutputKind.FINAL_ONLY,

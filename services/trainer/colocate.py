@@ -198,7 +198,7 @@ class ColocatedGenerator:
             # the live version and the one replacing it (+ the zero "base" adapter on CPU)
             max_loras=2 + on_cpu,
             max_cpu_loras=2 + on_cpu,
-            logprobs_mode="processed_logprobs",  # the sampled token's log-probability after temperature
+            logprobs_mode="processed_logprobs",  # the sampled token's log-probability as drawn (after the controls)
             enforce_eager=enforce_eager,
             disable_log_stats=True,
             **optional,
@@ -328,15 +328,18 @@ class ColocatedGenerator:
         lora = self._lora_for(expected)
         greedy = sampling.temperature < GREEDY_EPS
         n = sampling.group_size
-        # As the rollout server samples (vllm_backend.py): the full tempered distribution (top_p 1,
-        # no top-k), each prompt's own seed from the step's (rlvr/seeds.py), the sampled token's
-        # logprob, one final output per prompt.
+        # As the rollout server samples (vllm_backend.py): the job's temperature and sampling controls
+        # (their defaults: the full tempered distribution), each prompt's own seed from the step's
+        # (rlvr/seeds.py), the sampled token's logprob, one final output per prompt.
         params = [
             SamplingParams(
                 n=1 if greedy else n,  # vLLM refuses n > 1 when greedy; the n completions are identical
                 max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
-                top_p=1.0,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
                 seed=None if sampling.seed is None else prompt_seed(sampling.seed, i),
                 logprobs=0,
                 output_kind=RequestOutputKind.FINAL_ONLY,

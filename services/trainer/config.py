@@ -34,6 +34,7 @@ from rlvr.jobspec import (
     resolve_spec,
     value_of,
 )
+from rlvr.peers.types import Sampling
 from rlvr.services.trainer.artifacts import under_root
 from rlvr.v1 import common_pb2, trainer_pb2
 
@@ -79,6 +80,12 @@ class JobConfig:
     gpu_selection: str
     kl_beta: float
     temperature: float
+    # advanced.top_p, top_k, min_p, repetition_penalty: the sampling controls every generator applies
+    # (rlvr/sampling.py's order); their defaults leave the tempered distribution whole.
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
     dynamic_sampling: bool
     # LoRA A initialisation of a fresh adapter: peft's default (kaiming-uniform) or "gaussian"
     # (the LoRA paper's N(0, 1/r)); advanced.lora_init.
@@ -137,6 +144,12 @@ class JobConfig:
                 f"grpo.batch_size: {self.batch_size} is not a multiple of grpo.group_size {self.group_size}; "
                 "the scheduler rounds it up on submit"
             )
+
+    def sampling(self, **fields: Any) -> Sampling:
+        """How the job samples: its temperature and sampling controls, with `fields` (max_tokens,
+        seed, group_size) for the call."""
+        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                        repetition_penalty=self.repetition_penalty, **fields)
 
     @property
     def prompts_per_step(self) -> int:

@@ -21,9 +21,10 @@ adapters disabled) is the base model, or base + init_adapter for a stacked job. 
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
 step per generation, so no importance ratio is needed) unless the sampler is not the policy trained
 (quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
-this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, or a
-quantized base sampled unquantized by vLLM. Then TRL's truncated importance sampling against the
-rollout's logprobs corrects the loss (grpo_trainer.py: `trainer_class(correct_lag=True)`, its ratio
+this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, a
+quantized base sampled unquantized by vLLM, or a vLLM sampler reshaped by the job's top_p, top_k,
+min_p or repetition_penalty (the loss scores the whole tempered policy: docs/jobs.md). Then TRL's
+truncated importance sampling against the rollout's logprobs corrects the loss (grpo_trainer.py: `trainer_class(correct_lag=True)`, its ratio
 taken from the training forward rather than from TRL's extra no-grad pass), and each step's
 MetricEvent names the reasons (sampler_correction). Every step measures the sampler/trainer logprob
 gap (MetricEvent.logprob_gap) whether or not it corrects.
@@ -102,6 +103,12 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         beta=job.kl_beta,
         epsilon_high=job.epsilon_high,  # DAPO's clip-higher; the lower clip stays TRL's epsilon (0.2)
         temperature=job.temperature,
+        # TRL's own sampler is not used (rollout_func generates), but its config states how the
+        # rollouts were sampled; its loss scores log_softmax(logits / temperature) whatever these are.
+        top_p=job.top_p,
+        top_k=job.top_k,
+        min_p=job.min_p or None,
+        repetition_penalty=job.repetition_penalty,
         num_iterations=1,
         seed=job.seed,
         data_seed=job.seed,

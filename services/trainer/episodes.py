@@ -58,12 +58,12 @@ class GeneratorSampler:
     rollout service's client is thread-safe and serves turns concurrently; an in-process generator
     (the job's own model) serves one turn at a time."""
 
-    def __init__(self, generator: Any, temperature: float, expected: AdapterTag, newest: bool,
+    def __init__(self, generator: Any, sampling: Sampling, expected: AdapterTag, newest: bool,
                  workers: int) -> None:
         from rlvr.services.trainer.rollouts import ServiceGenerator
 
         self.generator = generator
-        self.temperature = temperature
+        self.sampling = sampling  # the job's temperature and sampling controls; each turn sets the rest
         self.expected = expected
         self.newest = newest
         concurrent = isinstance(generator, ServiceGenerator) or hasattr(generator, "replicas")
@@ -88,7 +88,7 @@ class GeneratorSampler:
         # a turn's seed already names its episode's place in the whole step, so the offset is taken
         # back out, and a job split over processes samples the turns one process would.
         seed = offset_seed(seed, -getattr(self.generator, "prompt_offset", 0))
-        sampling = Sampling(temperature=self.temperature, max_tokens=max_tokens, seed=seed, group_size=1)
+        sampling = replace(self.sampling, max_tokens=max_tokens, seed=seed, group_size=1)
         batch = await asyncio.get_running_loop().run_in_executor(self._pool, self._one, prompt_ids, sampling)
         self.generate_seconds += batch.seconds
         logprobs = batch.logprobs[0] if batch.logprobs and batch.logprobs[0] else None

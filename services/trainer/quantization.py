@@ -71,16 +71,21 @@ PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def sampler_corrections(max_async_steps: int, precision: str, quantization: str, generation_backend: str,
-                        sampler_dtypes: Iterable[str] = ()) -> tuple[str, ...]:
+                        sampler_dtypes: Iterable[str] = (), reshaped: bool = False) -> tuple[str, ...]:
     """Why a job's rollouts come from another policy than the one it trains, each a reason for TRL's
     truncated importance-sampling correction (MetricEvent.sampler_correction; docs/gpu.md):
     - "policy_lag": asynchronous steps sample with an older adapter (advanced.max_async_steps > 0);
     - "precision": a rollout server whose engine dtype (GetInfo.dtype; "" = an older server, which
       always ran float32) is not advanced.precision's;
     - "quantization": a 4-bit/8-bit base trained while the vLLM engine (the rollout server's or the
-      colocated one) samples the full-precision base plus the adapter.
-    The transformers backend samples from the very policy it trains: only the lag could apply, and it
-    has no asynchronous steps. A colocated engine runs in the job's precision (runner.start_colocated)."""
+      colocated one) samples the full-precision base plus the adapter;
+    - "sampling": `reshaped`, the job's top_p, top_k, min_p or repetition_penalty (jobspec.reshaped_sampling)
+      draw from another distribution than the whole tempered policy TRL's loss scores; vLLM's logprobs
+      are of the distribution drawn from (processed_logprobs), so TRL's ratio weighs each token by
+      p_policy / p_sampler, as TRL does by default (vllm_importance_sampling_correction).
+    The transformers backend samples from the very policy it trains, or reshaped by the controls: it
+    reports no logprobs, so no correction applies (resolve_spec warns), and it has no asynchronous
+    steps. A colocated engine runs in the job's precision (runner.start_colocated)."""
     reasons = ["policy_lag"] if max_async_steps > 0 else []
     if generation_backend == "transformers":
         return tuple(reasons)
@@ -89,6 +94,8 @@ def sampler_corrections(max_async_steps: int, precision: str, quantization: str,
         reasons.append("precision")
     if quantization != "full":
         reasons.append("quantization")
+    if reshaped:
+        reasons.append("sampling")
     return tuple(reasons)
 
 

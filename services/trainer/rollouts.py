@@ -29,6 +29,7 @@ from rlvr.common.auth import ChannelAuth
 from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import RolloutClient
 from rlvr.peers.types import AdapterTag, Sampling, generate_request, token_prompt
+from rlvr.sampling import seen_tokens, shape_logits
 from rlvr.seeds import prompt_seed
 from rlvr.v1 import common_pb2, rollout_pb2
 
@@ -128,34 +129,48 @@ def check_versions(stamps: Sequence[AdapterTag], expected: AdapterTag, step: int
 
 
 class SeededSampler:
-    """A transformers logits processor that samples each row from softmax(scores / temperature) with
-    random numbers of its own prompt's: the Gumbel-max trick, argmax(scores / T + G) with G standard
-    Gumbel noise, is a draw from softmax(scores / T). `generate` runs it with do_sample=False, so its
-    greedy argmax makes that draw and no temperature, top-k or top-p warper touches the scores.
+    """A transformers logits processor that samples each row from softmax(shaped scores) with random
+    numbers of its own prompt's: the Gumbel-max trick, argmax(s + G) with G standard Gumbel noise, is a
+    draw from softmax(s). The scores are shaped by the job's temperature and sampling controls as vLLM
+    shapes them (rlvr/sampling.py; tokens cut by top_k, top_p or min_p are -inf and never drawn).
+    `generate` runs it with do_sample=False, so its greedy argmax makes that draw and no transformers
+    warper touches the scores.
 
     Prompt i's `group_size` rows draw their noise from one torch.Generator seeded with `seeds[i]`,
     one (group_size, vocab) block per decoding step, whether or not a row has finished (transformers
     pads finished rows after the argmax): a row's t-th token depends only on its prompt's seed, its
     row in the group and its own logits, never on which other prompts share the batch."""
 
-    def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, device: torch.device) -> None:
+    def __init__(self, seeds: Sequence[int], sampling: Sampling, device: torch.device,
+                 prompt_starts: torch.Tensor | None = None) -> None:
         import torch
 
         self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-        self.group_size = group_size
-        self.temperature = temperature
+        self.group_size = sampling.group_size
+        self.sampling = sampling
+        # Each row's first prompt position (left padding before it): the repetition penalty reads the
+        # row's tokens from there on, never the padding.
+        self.prompt_starts = prompt_starts
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         import torch
 
-        if self.temperature <= 0:  # greedy: the argmax of the scores themselves
-            return scores
+        s = self.sampling
+        seen = None
+        if s.repetition_penalty != 1.0:
+            starts = self.prompt_starts if self.prompt_starts is not None else torch.zeros(len(input_ids))
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            seen = seen_tokens(input_ids, positions[None, :] >= starts.to(input_ids.device)[:, None], scores.shape[-1])
+        greedy = s.temperature <= 0
+        shaped = shape_logits(scores, s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty, seen, greedy)
+        if greedy:  # the argmax of the (penalized) scores themselves
+            return shaped
         shape = (self.group_size, scores.shape[-1])
         uniform = torch.cat([torch.rand(shape, generator=g, device=scores.device, dtype=torch.float32)
                              for g in self.generators])
         tiny = torch.finfo(torch.float32).tiny  # rand is in [0, 1): keep the logs finite
         gumbel = -torch.log(-torch.log(uniform.clamp_(min=tiny)))
-        return scores.float() / self.temperature + gumbel
+        return shaped + gumbel
 
 
 def sharded(model: torch.nn.Module) -> bool:
@@ -211,8 +226,8 @@ class LocalGenerator:
             attention[i, width - len(row):] = 1
         device = next(self.model.parameters()).device
         # do_sample=False: no temperature, top-k or top-p warper; SeededSampler turns the greedy
-        # argmax into a draw from the full tempered distribution, the one TRL's loss evaluates (it
-        # divides the logits by the same temperature).
+        # argmax into a draw from the distribution the job's temperature and sampling controls shape,
+        # as the vLLM backends do (with the defaults, the full tempered distribution TRL's loss evaluates).
         # Every logits processor a model's own generation_config could switch on (transformers fills in
         # the fields left None from it: a hub model's `repetition_penalty` 1.05, say) is pinned off, so
         # the completions stay draws from the distribution the loss scores, as on the rollout server.
@@ -221,7 +236,8 @@ class LocalGenerator:
             repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
             encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, guidance_scale=1.0,
         )
-        sampler = SeededSampler(seeds, sampling.group_size, sampling.temperature, device)
+        starts = width - torch.tensor([len(r) for r in rows])
+        sampler = SeededSampler(seeds, sampling, device, starts)
         with torch.no_grad():
             out = self.model.generate(  # type: ignore[operator]  # a transformers model; nn.Module says Tensor | Module
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlvr.common.errors import FailedPrecondition
+from rlvr.jobspec import reshaped_sampling
 from rlvr.peers.types import BASE_MODEL, AdapterTag
 from rlvr.services.trainer import artifacts, stacking
 from rlvr.services.trainer.config import JobConfig
@@ -557,7 +558,7 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
              job.job_id, total, job.batch_size, job.prompts_per_step, job.group_size, device,
              job.generation_backend, job.quantization)
     corrections = sampler_corrections(job.max_async_steps, job.precision, job.quantization,
-                                      job.generation_backend, sampler_dtypes)
+                                      job.generation_backend, sampler_dtypes, bool(reshaped_sampling(job)))
     if corrections:
         log.info("job %s: the sampler is not the policy trained (%s; sampler dtype %s, trainer %s, base %s): "
                  "TRL's truncated importance sampling corrects the loss", job.job_id, ", ".join(corrections),

@@ -179,8 +179,7 @@ class Step:
             self.ctx.generator.step = self.number  # for its error messages
         if self.ctx.episodes is not None:
             return self._episodes(unique)
-        sampling = Sampling(group_size=g, max_tokens=job.max_completion_tokens, temperature=job.temperature,
-                            seed=step_seed(job.seed, self.number))
+        sampling = job.sampling(group_size=g, max_tokens=job.max_completion_tokens, seed=step_seed(job.seed, self.number))
         batch = self._generate([self._ids(p) for p in unique], sampling)
         self._trained_versions([self.version(batch.adapter)])
         if self.ctx.truth is None:  # scored in `rewards`, against each row's own answer
@@ -210,7 +209,7 @@ class Step:
 
         ctx, job, g, record = self.ctx, self.ctx.job, self.ctx.job.group_size, self.record
         problems = self._episode_problems(prompts)
-        sampler = GeneratorSampler(ctx.generator, job.temperature, ctx.live, ctx.newest, workers=len(prompts) * g)
+        sampler = GeneratorSampler(ctx.generator, job.sampling(), ctx.live, ctx.newest, workers=len(prompts) * g)
         record.generate_started_at = time.perf_counter()
         try:
             episodes = ctx.episodes.run(problems, step_seed(job.seed, self.number),
