@@ -98,3 +98,23 @@ def test_a_bad_option_names_the_task_and_the_error() -> None:
         ReasoningGymTask("chain_sum?min_terms=9&max_terms=2").prompts(n=8)
     with pytest.raises(TaskError, match="'seed' is set by rlvr"):
         ReasoningGymTask("chain_sum?seed=3")
+
+
+def test_rlvr_rewards_lists_its_tasks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from rlvr.clients import jobs_cmd, train_cmd
+    from rlvr.peers.types import catalog_proto
+
+    response = catalog_proto(registry.load_registry().catalog())
+
+    class Scheduler:
+        def list_reward_functions(self, request: object) -> object:
+            return response
+
+    monkeypatch.setattr(jobs_cmd, "scheduler_client", lambda args: Scheduler())
+    assert train_cmd.cmd_rewards(argparse.Namespace(address=None)) == 0
+    out = capsys.readouterr().out
+    assert f"reasoning_gym  reasoning-gym task (--dataset names one of its {len(TASK_NAMES)} tasks" in out
+    listed = out.split("tasks: ", 1)[1].split()
+    assert "chain_sum," in listed and "zebra_puzzles" in listed
