@@ -365,7 +365,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--repetition-penalty", type=float, default=None, help="(0, 2] (default 1: off)")
     run.add_argument("--max-tokens", type=int, default=None, help=f"{MAX_COMPLETION.text()} (default {MAX_COMPLETION.default})")
     run.add_argument("--dataset", default="", help="a benchmark that takes a dataset (boxed, a plugin's): hub "
-                                                   "dataset or local file (prompt, ground_truth, its columns)")
+                                                   "dataset or local file (prompt, ground_truth, its columns); "
+                                                   "reasoning_gym: a task name")
     run.add_argument("--split", default="", help="with --dataset: its split (default test)")
     run.add_argument("--label", default="", help="a label shown on the leaderboard")
     run.add_argument("--detach", action="store_true", help="start it and return without watching")

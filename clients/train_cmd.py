@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from rlvr.clients import jobs_cmd, jobs_view
 from rlvr.clients.jobs_view import summary_lines
@@ -292,10 +293,16 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     width = max((len(f.key) for f in response.functions), default=3)
     for f in response.functions:
         data = "needs a dataset" if f.needs_dataset else "takes a dataset" if f.accepts_dataset else "own prompts"
+        if f.dataset_names:
+            data = f"--dataset names one of its {len(f.dataset_names)} tasks"
         columns = f"; reads {', '.join(f.columns)}" if f.columns else ""
         print(f"{f.key:<{width}}  {f.display_name} ({data}{columns}; {f.source})")
         if f.description:
             print(f"{'':<{width}}  {f.description}")
+        if f.dataset_names:  # the names the Dataset field takes (reasoning-gym's tasks), wrapped
+            indent = " " * (width + 2)
+            print(textwrap.fill("tasks: " + ", ".join(f.dataset_names), width=100, initial_indent=indent,
+                                subsequent_indent=indent + "  "))
     for u in response.unavailable:
         print(f"{u.key:<{width}}  not loaded: {u.error}")
     return 0

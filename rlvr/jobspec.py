@@ -275,7 +275,7 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
             "whether the answer itself was correct.", "bool", default=True),
     _REWARD("reward.dataset", "Dataset",
             "A Hugging Face dataset or a local JSONL/Parquet/CSV file with prompt and ground_truth columns (and "
-            "those the reward reads).", "text", applies="dataset", flag="--dataset", default=""),
+            "those the reward reads); for reasoning_gym, the name of one of its tasks.", "text", applies="dataset", flag="--dataset", default=""),
     _REWARD("environment.key", "Environment",
             "A multi-turn agent job: the environment each prompt's episode runs in (its tools and replies), by "
             "key (as ListEnvironments lists them). Empty: a single-answer job.", "text", default="",
@@ -565,8 +565,10 @@ def _known(catalog: Catalog | None, key: str, field: str) -> RewardInfo | None:
 
 
 def generates_prompts(info: RewardInfo | None, dataset: str) -> bool:
-    """The reward makes its training prompts itself (Math Pairs; the code reward without a dataset):
-    the Synthetic prompts field sets how many."""
+    """The reward makes its training prompts itself (Math Pairs; the code reward without a dataset; a
+    reasoning-gym task, which its Dataset field names): the Synthetic prompts field sets how many."""
+    if info is not None and info.dataset_names:
+        return True
     return info is not None and not info.needs_dataset and not info.splits and not (info.accepts_dataset and dataset)
 
 
@@ -617,7 +619,11 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
     if not r.HasField("format_bonus"):
         r.format_bonus = True
     if info is None or info.needs_dataset or (info.accepts_dataset and r.dataset):
-        if info is not None and info.needs_dataset and not r.dataset:
+        if info is not None and info.dataset_names:  # the Dataset field names one of the reward's own tasks
+            if r.dataset.partition("?")[0] not in info.dataset_names:
+                what = f"{shown(r.dataset)} is not a task of {name}" if r.dataset else f"required for {name}"
+                v.add(InvalidArgument(f"reward.dataset: {what}; its tasks: {', '.join(info.dataset_names)}"))
+        elif info is not None and info.needs_dataset and not r.dataset:
             v.add(InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
                                   "JSONL/Parquet/CSV file or a folder of split files, with prompt and ground_truth"
                                   + "".join(f", {c}" for c in info.columns) + " columns)"))

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("RLVR_HOME", str(Path(__file__).resolve().parent.parent / ".rlvr" / "test-home"))
 
 from fixtures_infra import *  # noqa: E402,F403
-from fixtures_rewards import faulty_plugins  # noqa: E402,F401
+from fixtures_rewards import checkout_entry_points, faulty_plugins  # noqa: E402,F401
 from fixtures_stack import SHARED_STACK_MODULES, small_stack  # noqa: E402,F401
 from fixtures_trainer import *  # noqa: E402,F403
 

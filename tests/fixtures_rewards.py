@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import tomllib
 from collections.abc import Iterator, Mapping
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,40 @@ def write_distribution(root: Path, name: str, modules: Mapping[str, str], entry_
     lines = "".join(f"{key} = {value}\n" for key, value in entry_points.items())
     (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\n{lines}")
     return root
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def checkout_distribution(root: Path) -> Path:
+    """A dist-info named rlvr in `root` with this checkout's entry points (pyproject.toml's)."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    info = root / "rlvr-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlvr\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()) for group, points in groups.items()))
+    return root
+
+
+@pytest.fixture
+def checkout_entry_points(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """rlvr's own rewards as this checkout declares them, where rlvr's editable install predates its
+    pyproject.toml (a checkout that added a built-in since `make install`): a dist-info named rlvr with
+    this checkout's entry points, first on sys.path (and PYTHONPATH), shadows the stale one as a
+    reinstall would. Nothing where the installed entry points are current."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        registry.ENTRY_POINT_GROUP]
+    if set(declared) <= {e.name for e in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}:
+        yield
+        return
+    root = checkout_distribution(tmp_path_factory.mktemp("checkout-dist"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(root))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        registry.clear_cache()
+        yield
+    registry.clear_cache()
 
 
 @pytest.fixture

@@ -253,7 +253,8 @@ async def test_the_leaderboard_ranks_only_evaluations_over_the_same_questions(sq
     assert legacy.question_sets[0].id == "n10" and "was not recorded" in legacy.question_sets[0].description
 
 
-async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_path: Path) -> None:
+async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_path: Path,
+                                                      checkout_entry_points) -> None:
     (tmp_path / "no_columns.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     outside = tmp_path.parent / "elsewhere"
     peers = LocalPeers(adapters={"job-1": 3}, data_roots=[tmp_path])
@@ -265,7 +266,7 @@ async def test_bad_requests_refused_before_generation(sqlite_store: Store, tmp_p
         (request(sampling=C.SamplingParams(temperature=3)), InvalidArgument, "sampling.temperature"),
         (request(sampling=C.SamplingParams(max_tokens=8)), InvalidArgument, "sampling.max_tokens"),
         (request(sampling=C.SamplingParams(max_tokens=600)), InvalidArgument, "max_model_len 512"),
-        (request(dataset="x.jsonl"), InvalidArgument, "only a benchmark that takes a dataset does (boxed, code-heldout)"),
+        (request(dataset="x.jsonl"), InvalidArgument, "only a benchmark that takes a dataset does (boxed, code-heldout, reasoning_gym)"),
         (request("boxed"), InvalidArgument, "dataset: required"),
         (request("boxed", dataset=str(tmp_path / "no_columns.jsonl")), InvalidArgument, "'prompt'"),
         (request(adapter=C.AdapterSelector(name="nobody")), NotFound, "job-1 v3"),
@@ -334,18 +335,20 @@ async def test_interrupted_evaluations_fail_on_stop_and_on_restart(sqlite_store:
     assert row is not None and row.status == "FAILED" and row.error == INTERRUPTED and row.finished_at
 
 
-def test_catalog() -> None:
+def test_catalog(checkout_entry_points) -> None:
     infos = {b.name: b for b in EvaluationManager.benchmarks()}
     # every built-in reward makes one (the registry), named by the reward's default_benchmark
     assert set(infos) == set(benchmarks_of()) == {"rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout",
-                                                          "guess-number"}
+                                                          "guess-number", "reasoning_gym"}
     assert {b.name: b.reward_key for b in infos.values()} == {"rlvr-math-pairs-heldout": "math_pairs",
                                                               "gsm8k": "gsm8k", "boxed": "boxed",
-                                                              "code-heldout": "code", "guess-number": "guess_number"}
+                                                              "code-heldout": "code", "guess-number": "guess_number",
+                                                              "reasoning_gym": "reasoning_gym"}
     assert infos["rlvr-math-pairs-heldout"].size == 500 and infos["rlvr-math-pairs-heldout"].display_name == \
         "RLVR Math Pairs held-out"
     assert infos["gsm8k"].size == len(get_task("gsm8k").prompts(split="test")) > 1000
     assert infos["boxed"].size == 0 and infos["boxed"].needs_dataset
+    assert infos["reasoning_gym"].size == 200 and infos["reasoning_gym"].needs_dataset  # a task name as dataset
     assert all(list(b.score_columns) == ["accuracy", "accuracy_strict", "format", "answered"] for b in infos.values())
 
 

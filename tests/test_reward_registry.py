@@ -16,14 +16,14 @@ from rlvr.rewards.registry import BUILTIN_DISTRIBUTION, discover, load_registry
 from rlvr.v1 import common_pb2 as C
 
 
-def test_the_builtins_come_through_the_entry_point_group_in_the_specs_order() -> None:
+def test_the_builtins_come_through_the_entry_point_group_in_the_specs_order(checkout_entry_points) -> None:
     from importlib import metadata
 
     registry = discover()
     ours = [e for e in metadata.entry_points(group="rlvr.rewards") if e.dist.metadata["Name"] == BUILTIN_DISTRIBUTION]
-    assert {e.name for e in ours} == {"math_pairs", "gsm8k", "boxed", "code", "guess_number"}
+    assert {e.name for e in ours} == {"math_pairs", "gsm8k", "boxed", "code", "guess_number", "reasoning_gym"}
     infos = registry.infos()
-    assert [i.key for i in infos] == ["math_pairs", "gsm8k", "boxed", "code", "guess_number"]
+    assert [i.key for i in infos] == ["math_pairs", "gsm8k", "boxed", "code", "guess_number", "reasoning_gym"]
     math_pairs = registry.get("math_pairs")
     assert (math_pairs.display_name, math_pairs.needs_dataset, math_pairs.benchmark, math_pairs.heldout_size) == \
         ("Math Pairs (synthetic)", False, "rlvr-math-pairs-heldout", 500)

@@ -225,7 +225,7 @@ def reward_info_proto(info: RewardInfo) -> reward_pb2.RewardFunctionInfo:
         display_name=info.display_name, description=info.description, needs_dataset=info.needs_dataset,
         accepts_dataset=info.accepts_dataset, columns=info.columns, default_benchmark=info.benchmark,
         benchmark_display_name=info.benchmark_title, instruction=info.instruction, source=info.source,
-        splits=info.splits, heldout_size=info.heldout_size)
+        splits=info.splits, heldout_size=info.heldout_size, dataset_names=info.dataset_names)
 
 
 def reward_info_of(message: reward_pb2.RewardFunctionInfo, order: int = 1000) -> RewardInfo:
@@ -234,7 +234,7 @@ def reward_info_of(message: reward_pb2.RewardFunctionInfo, order: int = 1000) ->
         needs_dataset=message.needs_dataset, accepts_dataset=message.accepts_dataset, columns=tuple(message.columns),
         default_benchmark=message.default_benchmark, benchmark_display_name=message.benchmark_display_name,
         instruction=message.instruction, splits=tuple(message.splits), heldout_size=message.heldout_size,
-        source=message.source, order=order)
+        dataset_names=tuple(message.dataset_names), source=message.source, order=order)
 
 
 def catalog_of(response: reward_pb2.ListRewardFunctionsResponse) -> Catalog:

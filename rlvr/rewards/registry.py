@@ -93,6 +93,9 @@ class RewardInfo:
     splits: tuple[str, ...] = ()  # the fixed splits of its own data (GSM8K's); () = generated, or the user's
     data_name: str = ""  # its own data, as messages name it ("the built-in openai/gsm8k"); "" = generated
     heldout_size: int = 0  # questions of its held-out split, 0 = depends on the dataset
+    # The names its Dataset field takes when they name its own tasks rather than data (reasoning-gym's
+    # tasks; options may follow a "?"): a job naming another is refused at validation. () = data.
+    dataset_names: tuple[str, ...] = ()
     source: str = "built-in"
     order: int = 1000  # where lists show it, lowest first (the spec's three: 0, 1, 2); then by key
 
@@ -135,6 +138,8 @@ class RewardDefinition(RewardInfo):
             problems.append("needs_dataset and accepts_dataset exclude each other")
         if not self.needs_dataset and self.problems is None:
             problems.append("a reward that needs no dataset must say where its prompts come from (problems)")
+        if self.dataset_names and (self.problems is None or not self.takes_dataset):
+            problems.append("dataset_names name its own tasks: it needs problems and takes a dataset")
         if self.timeout_seconds is not None and not 0 < self.timeout_seconds <= 60:
             problems.append(f"timeout_seconds {self.timeout_seconds} is out of range (0-60]")
         if problems:

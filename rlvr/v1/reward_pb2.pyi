@@ -123,7 +123,7 @@ class ListRewardFunctionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RewardFunctionInfo(_message.Message):
-    __slots__ = ("function", "display_name", "description", "needs_dataset", "key", "columns", "default_benchmark", "benchmark_display_name", "instruction", "source", "accepts_dataset", "splits", "heldout_size")
+    __slots__ = ("function", "display_name", "description", "needs_dataset", "key", "columns", "default_benchmark", "benchmark_display_name", "instruction", "source", "accepts_dataset", "splits", "heldout_size", "dataset_names")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class RewardFunctionInfo(_message.Message):
     ACCEPTS_DATASET_FIELD_NUMBER: _ClassVar[int]
     SPLITS_FIELD_NUMBER: _ClassVar[int]
     HELDOUT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATASET_NAMES_FIELD_NUMBER: _ClassVar[int]
     function: _common_pb2.RewardFunction
     display_name: str
     description: str
@@ -150,7 +151,8 @@ class RewardFunctionInfo(_message.Message):
     accepts_dataset: bool
     splits: _containers.RepeatedScalarFieldContainer[str]
     heldout_size: int
-    def __init__(self, function: _Optional[_Union[_common_pb2.RewardFunction, str]] = ..., display_name: _Optional[str] = ..., description: _Optional[str] = ..., needs_dataset: _Optional[bool] = ..., key: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., default_benchmark: _Optional[str] = ..., benchmark_display_name: _Optional[str] = ..., instruction: _Optional[str] = ..., source: _Optional[str] = ..., accepts_dataset: _Optional[bool] = ..., splits: _Optional[_Iterable[str]] = ..., heldout_size: _Optional[int] = ...) -> None: ...
+    dataset_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, function: _Optional[_Union[_common_pb2.RewardFunction, str]] = ..., display_name: _Optional[str] = ..., description: _Optional[str] = ..., needs_dataset: _Optional[bool] = ..., key: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., default_benchmark: _Optional[str] = ..., benchmark_display_name: _Optional[str] = ..., instruction: _Optional[str] = ..., source: _Optional[str] = ..., accepts_dataset: _Optional[bool] = ..., splits: _Optional[_Iterable[str]] = ..., heldout_size: _Optional[int] = ..., dataset_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnavailableReward(_message.Message):
     __slots__ = ("key", "error")

@@ -40,6 +40,9 @@ def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], c
     rewards, and by `environment`, the job's environment's declaration, when it has one)."""
     if not reward.dataset:
         return  # the reward makes its prompts; the splits of a reward's own data are checked by resolve_spec
+    info = (catalog.rewards if catalog is not None else {}).get(reward.key)
+    if info is not None and info.dataset_names:
+        return  # the dataset names one of the reward's own tasks, which resolve_spec checked: no data to read
     source, split = reward.dataset, reward.dataset_split
     try:
         if looks_local(source):

@@ -1,0 +1,185 @@
+"""reasoning-gym: 100+ procedural tasks, generated offline from a seed and scored by their own scorers.
+
+The reward ``reasoning_gym`` takes its Dataset field as the name of a reasoning-gym task
+(``chain_sum``, ``basic_arithmetic``, ...; ``reasoning_gym.factory.DATASETS`` is the list), with the
+task's options after a ``?`` when wanted (``chain_sum?min_terms=2&max_terms=3``: each value is read
+as JSON when it parses, else kept as a string, and passed to the task's config). Nothing is
+downloaded: the package generates every problem from its seed.
+
+Prompts and ground truth
+    A problem's question is the task's own question; the reward's instruction asks for the answer
+    inside ``<answer></answer>``, which is where reasoning-gym's scorers expect it
+    (``reasoning_gym.utils.extract_answer``: the last block). The row's ``reasoning_gym`` column
+    holds the task spec and the whole entry (question, answer, metadata) as JSON text, which is all
+    ``score_answer`` reads: the reward service scores from the sample alone.
+Score
+    The task's ``score_answer`` on the extracted answer, a number in [0, 1] (some tasks give partial
+    credit, e.g. 0.05 for a wrong ARC grid); strict when it is 1.
+Held-out, disjoint from training by construction
+    The ``test`` split is a fixed pool: ``HELDOUT_SIZE`` entries of the task (with its options) from
+    ``HELDOUT_SEED``, in that order, repeated questions dropped. A training split (``reward.synthetic_prompts``
+    problems, default 256) is drawn from a seed derived from the job's seed, and every entry whose question text is in the held-out pool
+    is rejected. Different seeds alone would not do: most reasoning-gym tasks seed entry ``i`` of seed ``s``
+    with ``s + i``, so two seeds' streams overlap, and a small task (two one-digit terms) repeats
+    questions anyway. What is compared is the question as the model reads it.
+
+``reasoning_gym`` is imported when this module is (the registry loads it with the other built-ins):
+about 3 s, once per process that loads the reward registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+from urllib.parse import parse_qsl
+
+import reasoning_gym
+from reasoning_gym.factory import DATASETS
+from reasoning_gym.utils import extract_answer
+
+from rlvr.rewards.format import MAX_COMPLETION_CHARS
+from rlvr.rewards.registry import DEFAULT_INSTRUCTION, RewardDefinition, RewardOutput, Sample
+from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, Split, TaskError, check_count
+
+KEY = "reasoning_gym"
+COLUMN = "reasoning_gym"  # the row's task spec and entry, JSON text (a string survives the wire exactly)
+TASK_NAMES: tuple[str, ...] = tuple(sorted(DATASETS))
+HELDOUT_SEED = 20_251_207  # the held-out pool's seed, the same for every job and every model
+HELDOUT_SIZE = 200
+MAX_DRAWS_PER_PROBLEM = 20  # a task whose every question is held out fails instead of looping
+
+
+def parse_spec(spec: str | None) -> tuple[str, dict[str, Any]]:
+    """The task name and its options of a Dataset field value.
+
+    >>> parse_spec("chain_sum?min_terms=2&max_terms=3&name=x")
+    ('chain_sum', {'min_terms': 2, 'max_terms': 3, 'name': 'x'})
+    """
+    text = (spec or "").strip()
+    if not text:
+        raise TaskError(f"the reasoning_gym reward needs a task name in the Dataset field; its tasks: "
+                        f"{', '.join(TASK_NAMES)}")
+    name, _, query = text.partition("?")
+    if name not in DATASETS:
+        raise TaskError(f"{name!r} is not a reasoning-gym task; its tasks: {', '.join(TASK_NAMES)}")
+    options: dict[str, Any] = {}
+    for option, raw in parse_qsl(query, keep_blank_values=True):
+        if option in ("seed", "size"):
+            raise TaskError(f"{text!r}: {option!r} is set by rlvr (the job's seed, the prompts asked for)")
+        try:
+            options[option] = json.loads(raw)
+        except ValueError:
+            options[option] = raw
+    return name, options
+
+
+def _seeded(label: str) -> int:
+    # sha256, not hash(): the same in every process and Python
+    return int.from_bytes(hashlib.sha256(label.encode()).digest()[:4], "big")
+
+
+def _dataset(name: str, options: Mapping[str, Any], seed: int, size: int) -> Any:
+    """reasoning-gym's dataset (entries are made on access, from ``seed`` + index)."""
+    try:
+        return reasoning_gym.create_dataset(name, seed=seed, size=size, **options)
+    except Exception as e:  # a bad option: the config's own TypeError / AssertionError / ValueError
+        raise TaskError(f"reasoning-gym task {name!r} with options {dict(options)}: {type(e).__name__}: {e}") from None
+
+
+@lru_cache(maxsize=32)
+def _heldout(spec: str) -> tuple[dict[str, Any], ...]:
+    name, options = parse_spec(spec)
+    dataset = _dataset(name, options, HELDOUT_SEED, HELDOUT_SIZE)
+    seen: set[str] = set()
+    pool = []
+    for i in range(HELDOUT_SIZE):
+        entry = dataset[i]
+        if entry["question"] not in seen:
+            seen.add(entry["question"])
+            pool.append(entry)
+    return tuple(pool)
+
+
+def _problem(spec: str, entry: Mapping[str, Any], problem_id: str) -> Problem:
+    answer = entry.get("answer")
+    return Problem(id=problem_id, task=KEY, question=str(entry["question"]),
+                   ground_truth="" if answer is None else str(answer),  # None: a task that checks any solution
+                   columns={COLUMN: json.dumps({"spec": spec, "entry": entry}, sort_keys=True)})
+
+
+class ReasoningGymTask:
+    """One reasoning-gym task (with its options): seeded training problems and a fixed held-out pool."""
+
+    reward_function = KEY
+
+    def __init__(self, spec: str | None) -> None:
+        self.name, self.options = parse_spec(spec)
+        self.spec = (spec or "").strip()
+
+    def splits(self) -> tuple[Split, ...]:
+        return ("train", "test")
+
+    def prompts(self, n: int | None = None, seed: int = 0, split: Split = "train",
+                shuffle: bool | None = None) -> list[Problem]:
+        """``n`` training problems of ``seed`` (repeats possible, none held out), or the first ``n`` of
+        the held-out pool (its own order, whatever the seed: every model gets the same questions)."""
+        if split == "test":
+            pool = _heldout(self.spec)
+            n = len(pool) if n is None else check_count(n, "held-out problems", low=1, high=len(pool))
+            return [_problem(self.spec, e, f"{KEY}/{self.spec}/test/{i}") for i, e in enumerate(pool[:n])]
+        if split != "train":
+            raise TaskError(f"reasoning-gym task {self.spec!r} has no {split!r} split; its splits: train, test")
+        n = check_count(DEFAULT_SYNTHETIC_PROMPTS if n is None else n, "synthetic_prompts", low=1)
+        held = {e["question"] for e in _heldout(self.spec)}
+        draws = n * MAX_DRAWS_PER_PROBLEM
+        dataset = _dataset(self.name, self.options, _seeded(f"rlvr.reasoning_gym.train:{seed}"), min(draws, 2**31))
+        problems: list[Problem] = []
+        for i in range(draws):
+            entry = dataset[i]
+            if entry["question"] not in held:
+                problems.append(_problem(self.spec, entry, f"{KEY}/{self.spec}/train/{seed}/{i}"))
+                if len(problems) == n:
+                    return problems
+        raise TaskError(f"reasoning-gym task {self.spec!r}: only {len(problems)} of {n} training problems in "
+                        f"{draws} draws are not held out; widen its options")
+
+
+@lru_cache(maxsize=64)
+def _scorer(spec: str) -> Any:
+    """The task's ``score_answer``, of a dataset made with the options the problem was made with."""
+    name, options = parse_spec(spec)
+    return _dataset(name, options, 0, 1).score_answer
+
+
+def score(sample: Sample) -> RewardOutput:
+    """The task's own score of the last ``<answer>`` block (no block: no answer, which scores 0)."""
+    row = sample.columns.get(COLUMN)
+    if not isinstance(row, str):
+        raise ValueError(f"the sample has no {COLUMN!r} column (the reasoning_gym reward scores its own "
+                         "problems, which carry it)")
+    data = json.loads(row)
+    completion = sample.completion[-MAX_COMPLETION_CHARS:]
+    answer = extract_answer(completion)
+    value = float(_scorer(data["spec"])(answer, data["entry"]))
+    return RewardOutput(score=value, strict=value == 1.0, extracted_answer=answer)
+
+
+REWARD = RewardDefinition(
+    key=KEY,
+    display_name="reasoning-gym task",
+    description=f"{len(TASK_NAMES)} procedural tasks of reasoning-gym, generated offline from the seed: the "
+                "Dataset field names the task (options after ?); each task's own scorer grades the answer.",
+    needs_dataset=True,
+    columns=(COLUMN,),
+    dataset_names=TASK_NAMES,
+    default_benchmark=KEY,
+    benchmark_display_name="reasoning-gym held-out",
+    instruction=DEFAULT_INSTRUCTION,
+    heldout_size=HELDOUT_SIZE,
+    score=score,
+    problems=lambda dataset, data_roots: ReasoningGymTask(dataset),
+    order=5,
+)
