@@ -118,3 +118,18 @@ def test_rlvr_rewards_lists_its_tasks(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert f"reasoning_gym  reasoning-gym task (--dataset names one of its {len(TASK_NAMES)} tasks" in out
     listed = out.split("tasks: ", 1)[1].split()
     assert "chain_sum," in listed and "zebra_puzzles" in listed
+
+
+def test_listing_the_rewards_does_not_import_reasoning_gym() -> None:
+    """Every process that loads the registry (each service, the CLI) lists this reward; reasoning-gym's
+    import (1-3 s: sympy, matplotlib) waits for a task's problems or a score."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlvr.rewards.registry import load_registry; r = load_registry().get('reasoning_gym'); "
+            "assert len(r.dataset_names) >= 100; print(sorted(m for m in sys.modules if m.startswith('reasoning_gym')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    ReasoningGymTask("chain_sum").prompts(2)  # and it is there when used
+    assert "reasoning_gym" in sys.modules

@@ -23,8 +23,11 @@ Held-out, disjoint from training by construction
     with ``s + i``, so two seeds' streams overlap, and a small task (two one-digit terms) repeats
     questions anyway. What is compared is the question as the model reads it.
 
-``reasoning_gym`` is imported when this module is (the registry loads it with the other built-ins):
-about 3 s, once per process that loads the reward registry.
+``reasoning_gym`` is imported on first use (a task's problems, a score), not when the registry loads
+this module with the other built-ins: its import takes 1-3 s (sympy, matplotlib), which every
+process that lists the rewards would pay. So the task names are written here, for the pinned
+reasoning-gym (pyproject.toml); tests/test_reasoning_gym.py checks them against its
+``reasoning_gym.factory.DATASETS``.
 """
 
 from __future__ import annotations
@@ -36,17 +39,35 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl
 
-import reasoning_gym
-from reasoning_gym.factory import DATASETS
-from reasoning_gym.utils import extract_answer
-
 from rlvr.rewards.format import MAX_COMPLETION_CHARS
 from rlvr.rewards.registry import DEFAULT_INSTRUCTION, RewardDefinition, RewardOutput, Sample
 from rlvr.tasks.base import DEFAULT_SYNTHETIC_PROMPTS, Problem, Split, TaskError, check_count
 
 KEY = "reasoning_gym"
 COLUMN = "reasoning_gym"  # the row's task spec and entry, JSON text (a string survives the wire exactly)
-TASK_NAMES: tuple[str, ...] = tuple(sorted(DATASETS))
+# reasoning-gym 0.1.25's tasks (reasoning_gym.factory.DATASETS), sorted
+TASK_NAMES: tuple[str, ...] = (
+    'ab', 'acre', 'advanced_geometry', 'aiw', 'arc_1d', 'arc_agi', 'base_conversion',
+    'basic_arithmetic', 'bf', 'binary_alternation', 'binary_matrix', 'bitwise_arithmetic', 'boxnet',
+    'caesar_cipher', 'calendar_arithmetic', 'chain_sum', 'circuit_logic', 'codeio', 'coin_flip',
+    'color_cube_rotation', 'complex_arithmetic', 'composite', 'count_bits', 'count_primes', 'countdown',
+    'course_schedule', 'cryptarithm', 'decimal_arithmetic', 'decimal_chain_sum', 'dice',
+    'emoji_mystery', 'family_relationships', 'figlet_font', 'fraction_simplification', 'futoshiki',
+    'game_of_life', 'game_of_life_halting', 'gcd', 'graph_color', 'group_anagrams', 'gsm_symbolic',
+    'intermediate_integration', 'isomorphic_strings', 'jugs', 'kakurasu', 'knight_swap',
+    'knights_knaves', 'largest_island', 'lcm', 'leg_counting', 'letter_counting', 'letter_jumble',
+    'list_functions', 'mahjong_puzzle', 'manipulate_matrix', 'maze', 'mini_sudoku', 'modulo_grid',
+    'n_queens', 'needle_haystack', 'number_filtering', 'number_format', 'number_sequence',
+    'number_sorting', 'palindrome_generation', 'palindrome_partitioning', 'path_star',
+    'polynomial_equations', 'polynomial_multiplication', 'pool_matrix', 'power_function',
+    'prime_factorization', 'products', 'propositional_logic', 'puzzle24', 'quantum_lock', 'ransom_note',
+    'rearc', 'rectangle_count', 'rotate_matrix', 'rotten_oranges', 'rubiks_cube', 'rush_hour',
+    'self_reference', 'sentence_reordering', 'shortest_path', 'simple_equations', 'simple_geometry',
+    'simple_integration', 'sokoban', 'spell_backward', 'spiral_matrix', 'string_insertion',
+    'string_manipulation', 'string_splitting', 'string_synthesis', 'sudoku', 'survo', 'syllogism',
+    'time_intervals', 'tower_of_hanoi', 'tsumego', 'word_ladder', 'word_sequence_reversal',
+    'word_sorting', 'zebra_puzzles',
+)
 HELDOUT_SEED = 20_251_207  # the held-out pool's seed, the same for every job and every model
 HELDOUT_SIZE = 200
 MAX_DRAWS_PER_PROBLEM = 20  # a task whose every question is held out fails instead of looping
@@ -63,7 +84,7 @@ def parse_spec(spec: str | None) -> tuple[str, dict[str, Any]]:
         raise TaskError(f"the reasoning_gym reward needs a task name in the Dataset field; its tasks: "
                         f"{', '.join(TASK_NAMES)}")
     name, _, query = text.partition("?")
-    if name not in DATASETS:
+    if name not in TASK_NAMES:
         raise TaskError(f"{name!r} is not a reasoning-gym task; its tasks: {', '.join(TASK_NAMES)}")
     options: dict[str, Any] = {}
     for option, raw in parse_qsl(query, keep_blank_values=True):
@@ -83,6 +104,8 @@ def _seeded(label: str) -> int:
 
 def _dataset(name: str, options: Mapping[str, Any], seed: int, size: int) -> Any:
     """reasoning-gym's dataset (entries are made on access, from ``seed`` + index)."""
+    import reasoning_gym
+
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **options)
     except Exception as e:  # a bad option: the config's own TypeError / AssertionError / ValueError
@@ -160,6 +183,8 @@ def score(sample: Sample) -> RewardOutput:
     if not isinstance(row, str):
         raise ValueError(f"the sample has no {COLUMN!r} column (the reasoning_gym reward scores its own "
                          "problems, which carry it)")
+    from reasoning_gym.utils import extract_answer
+
     data = json.loads(row)
     completion = sample.completion[-MAX_COMPLETION_CHARS:]
     answer = extract_answer(completion)
