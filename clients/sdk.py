@@ -292,6 +292,7 @@ class SchedulerRpcs:
     list_reward_functions = Unary("ListRewardFunctions", rw.ListRewardFunctionsRequest,
                                   rw.ListRewardFunctionsResponse)
     list_environments = Unary("ListEnvironments", sc.ListEnvironmentsRequest, sc.ListEnvironmentsResponse)
+    list_models = Unary("ListModels", sc.ListModelsRequest, sc.ListModelsResponse)
     track_job = Unary("TrackJob", sc.TrackJobRequest, sc.TrackJobResponse)
 
 
@@ -308,6 +309,11 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         """The environments an agent job's episodes may run in, as the scheduler lists them (those
         that failed to load: `list_environments(...).unavailable`)."""
         return list(self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout).environments)
+
+    def models(self, *, timeout: float | None = None) -> list[sc.ModelInfo]:
+        """The base models a job may name by their bare name: the bundled ones and those under the
+        scheduler's model roots (`rlvr models import`)."""
+        return list(self.list_models(sc.ListModelsRequest(), timeout=timeout).models)
 
     def samples(
         self, job_id: str, *, step: int = 0, limit: int = 0, timeout: float | None = None
@@ -418,6 +424,10 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         """`SchedulerClient.environments`."""
         response = await self.list_environments(sc.ListEnvironmentsRequest(), timeout=timeout)
         return list(response.environments)
+
+    async def models(self, *, timeout: float | None = None) -> list[sc.ModelInfo]:
+        """`SchedulerClient.models`."""
+        return list((await self.list_models(sc.ListModelsRequest(), timeout=timeout)).models)
 
     async def samples(
         self, job_id: str, *, step: int = 0, limit: int = 0, timeout: float | None = None

@@ -92,6 +92,25 @@ async def test_import_list_show_and_name_it_in_a_job(tiny: Path, home: Path, tmp
     loops = LoopManager(store, None, jobs, benchmarks=Benchmarks(), artifact_root=tmp_path)  # type: ignore[arg-type]
     loop, _ = await loops.create(S.LoopSpec(target=50.0, job=C.JobSpec(base_model="mine")), dry_run=True)
     assert loop.spec.job.base_model == loop.job.spec.base_model == str(folder)  # every round's job names the folder
+
+    # ListModels (the console's Base model suggestions, the SDK's `models()`): the bundled models,
+    # then the imported ones with their figures; a recipe's import says which; no server path.
+    from rlvr.models import TINY_MODELS
+    from rlvr.services.scheduler.server import SchedulerServicer
+
+    recipe = _copy(folder, home / "models" / "smol")
+    (recipe / "rlvr_import.json").write_text(json.dumps({"recipe": "smollm2-135m", "source": "/srv/x.gguf"}))
+    servicer = SchedulerServicer()
+    servicer.jobs = jobs
+    listed = await servicer.ListModels(S.ListModelsRequest(), None)
+    assert [m.name for m in listed.models] == [*TINY_MODELS, "mine", "smol"]
+    assert {m.source for m in listed.models[:len(TINY_MODELS)]} == {"bundled"}
+    mine, smol = listed.models[-2:]
+    assert (mine.source, mine.architecture, mine.parameters, mine.vocab_size, mine.context_length, mine.dtype,
+            mine.chat_template) == ("imported", "Qwen2ForCausalLM", 103_104, 320, 4096, "float32", True)
+    assert smol.source == "imported: smollm2-135m"
+    assert str(home) not in str(listed) and "/srv/x.gguf" not in str(listed)
+    shutil.rmtree(recipe)
     store.close()
 
     # Another dtype is another import.

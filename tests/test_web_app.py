@@ -343,6 +343,30 @@ def test_epsilon_high_is_a_field_with_its_range_from_the_table(client: TestClien
     assert "Epsilon high" in client.get(resp.headers["location"]).text  # the Training Summary's row
 
 
+def test_the_base_model_field_suggests_the_schedulers_models(client: TestClient, sdk: FakeSdk,
+                                                              tmp_path: Path) -> None:
+    """The Base model field offers what ListModels answers: the bundled models and those imported
+    under the scheduler's model roots, each labelled with what it is."""
+    from rlvr.models import TINY_MODELS
+
+    folder = tmp_path / "roots" / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 49152,
+                                                    "max_position_embeddings": 8192, "dtype": "float32"}))
+    (folder / "rlvr_import.json").write_text(json.dumps({"recipe": "smollm2-135m"}))
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1500, 100)}, str(folder / "model.safetensors"))  # counted from its header
+    sdk.scheduler.model_roots = [tmp_path / "roots"]
+    page = client.get("/train").text
+    assert re.search(r'id="f-base_model"[^>]*list="f-base_model-models"', page)
+    options = re.findall(r'<option value="([^"]+)" label="([^"]*)">', page.split('id="f-base_model-models"')[1]
+                         .split("</datalist>")[0])
+    assert [name for name, _ in options] == [*TINY_MODELS, "smollm2-135m"]
+    assert options[0][1] == "bundled" and options[-1][1] == "0.1M, LlamaForCausalLM, imported: smollm2-135m"
+
+
 def test_a_non_number_is_refused_before_the_server(client: TestClient, sdk: FakeSdk) -> None:
     data = default_form(client)
     data["grpo.group_size"] = "eight"

@@ -57,6 +57,7 @@ class FakeScheduler:
         self.calls: list[str] = []
         self.closed = 0
         self.samples: dict[str, list[C.CompletionSamples]] = {}  # by job, oldest step first
+        self.model_roots: list[Path] = []  # ListModels: the bundled models alone
         done = self.add_job("rising", C.JOB_STATUS_COMPLETED, RISING)
         done.adapter.name, done.adapter.version = f"job-{done.id}", 12
         for step in range(1, len(RISING) + 1):
@@ -88,6 +89,11 @@ class FakeScheduler:
 
     def list_reward_functions(self, request: object = None, **_: object) -> R.ListRewardFunctionsResponse:
         return catalog_proto(load_registry().catalog())  # the scheduler passes the reward service's on
+
+    def list_models(self, request: object = None, **_: object) -> S.ListModelsResponse:
+        from rlvr.services.scheduler.models import models_proto
+
+        return models_proto(self.model_roots)  # the scheduler's own answer, over these roots
 
     def create_job(self, request: S.CreateJobRequest, **_: object) -> S.CreateJobResponse:
         self.calls.append("CreateJob" + (" dry" if request.dry_run else ""))

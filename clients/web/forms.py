@@ -93,6 +93,14 @@ def reward_note(reward: object) -> tuple[str, str]:
     return f"{getattr(reward, 'description', '')}{reads}", needs
 
 
+def model_label(model: object) -> str:
+    """A Base model suggestion's label: "bundled" or what it is ("134.5M, LlamaForCausalLM, imported: smollm2-135m")."""
+    parameters = getattr(model, "parameters", 0)
+    if not parameters:
+        return str(getattr(model, "source", ""))
+    return f"{parameters / 1e6:.1f}M, {getattr(model, 'architecture', '')}, {getattr(model, 'source', '')}"
+
+
 def generates(reward: object) -> bool:
     """The reward makes its own prompts (Math Pairs; the code reward without a dataset): the
     Synthetic prompts field applies."""

@@ -125,6 +125,7 @@ class FormLimits:
     loop_defaults: S.LoopSpec | None = None       # None: the benchmark service did not answer
     benchmarks: list[B.BenchmarkInfo] = field(default_factory=list)
     rewards: list[R.RewardFunctionInfo] = field(default_factory=list)  # the Reward choices (ListRewardFunctions)
+    models: list[S.ModelInfo] = field(default_factory=list)  # the Base model suggestions (ListModels)
     problems: list[str] = field(default_factory=list)  # what could not be asked, for the page
 
     def reward(self, key: str) -> R.RewardFunctionInfo | None:
@@ -183,6 +184,10 @@ def ask(scheduler, benchmark) -> FormLimits:  # noqa: ANN001 (SDK clients, or te
         out.choices["reward.key"] = [(r.key, r.display_name) for r in out.rewards]  # type: ignore[misc]
     except RlvrError as e:
         out.problems.append(f"the rewards could not be listed ({e.code.name}): {e.details}")
+    try:
+        out.models = list(scheduler.list_models(S.ListModelsRequest()).models)
+    except RlvrError as e:
+        out.problems.append(f"the models could not be listed ({e.code.name}): {e.details}")
     try:
         out.benchmarks = list(benchmark.list_benchmarks().benchmarks)
     except RlvrError as e:

@@ -83,6 +83,7 @@ IDEMPOTENT_METHODS: frozenset[str] = frozenset(
         "rlvr.v1.SchedulerService/WatchLoop",
         "rlvr.v1.SchedulerService/ListRewardFunctions",
         "rlvr.v1.SchedulerService/ListEnvironments",
+        "rlvr.v1.SchedulerService/ListModels",
         "rlvr.v1.TrainerService/GetWorkerStatus",
         "rlvr.v1.TrainerService/FetchFolder",
         "rlvr.v1.RewardService/Score",

@@ -131,6 +131,11 @@ class SchedulerServiceStub:
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.SerializeToString,
                 response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/rlvr.v1.SchedulerService/ListModels',
+                request_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
         self.TrackJob = channel.unary_unary(
                 '/rlvr.v1.SchedulerService/TrackJob',
                 request_serializer=rlvr_dot_v1_dot_scheduler__pb2.TrackJobRequest.SerializeToString,
@@ -296,6 +301,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """The base models a job can name by their bare name: the bundled tiny models and the model folders
+        under the scheduler's model roots (`rlvr models import` writes them), read from their files.
+        The roots' paths are the server's and are never sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TrackJob(self, request, context):
         """Mirrors a job's stored steps (and, while it runs, its next ones) into more trackers, after the
         fact or alongside its spec's (docs/tracking.md). Returns once the stored steps are written,
@@ -402,6 +416,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListEnvironments,
                     request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.FromString,
                     response_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=rlvr_dot_v1_dot_scheduler__pb2.ListModelsRequest.FromString,
+                    response_serializer=rlvr_dot_v1_dot_scheduler__pb2.ListModelsResponse.SerializeToString,
             ),
             'TrackJob': grpc.unary_unary_rpc_method_handler(
                     servicer.TrackJob,
@@ -922,6 +941,33 @@ class SchedulerService:
             '/rlvr.v1.SchedulerService/ListEnvironments',
             rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsRequest.SerializeToString,
             rlvr_dot_v1_dot_scheduler__pb2.ListEnvironmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlvr.v1.SchedulerService/ListModels',
+            rlvr_dot_v1_dot_scheduler__pb2.ListModelsRequest.SerializeToString,
+            rlvr_dot_v1_dot_scheduler__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

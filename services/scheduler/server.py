@@ -29,6 +29,7 @@ from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
 from rlvr.services.scheduler.environments import list_environments
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loops import LoopManager
+from rlvr.services.scheduler.models import list_models_rpc
 from rlvr.services.scheduler.rewards import GrpcRewards, Unreached
 from rlvr.services.scheduler.samples import job_samples
 from rlvr.services.scheduler.settings import SchedulerSettings
@@ -152,6 +153,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def ListEnvironments(self, request, context):  # noqa: N802
         return await list_environments()
+
+    async def ListModels(self, request, context):  # noqa: N802
+        return await list_models_rpc(self._jobs().model_roots)  # the roots CreateJob resolves bare names under
 
     async def TrackJob(self, request, context):  # noqa: N802
         links = await self._tracking().track(request.job_id, list(request.trackers))
