@@ -623,6 +623,10 @@ def _validate_reward_data(spec: common_pb2.JobSpec, warnings: list[str], catalog
             if r.dataset.partition("?")[0] not in info.dataset_names:
                 what = f"{shown(r.dataset)} is not a task of {name}" if r.dataset else f"required for {name}"
                 v.add(InvalidArgument(f"reward.dataset: {what}; its tasks: {', '.join(info.dataset_names)}"))
+            split = r.dataset_split.strip()
+            if split and split != DEFAULT_DATASET_SPLIT:  # its "test" split is the held-out pool benchmarks score
+                v.add(InvalidArgument(f"reward.dataset_split: {shown(split)}: {name} trains on its "
+                                      f"{DEFAULT_DATASET_SPLIT!r} split only (its held-out split is for evaluations)"))
         elif info is not None and info.needs_dataset and not r.dataset:
             v.add(InvalidArgument(f"reward.dataset: required for {name} (a Hugging Face dataset name, a local "
                                   "JSONL/Parquet/CSV file or a folder of split files, with prompt and ground_truth"

@@ -155,6 +155,10 @@ def test_the_trainer_s_job_config_carries_the_environment(monkeypatch: pytest.Mo
     assert (config.environment, config.environment_settings, config.max_turns, config.max_episode_tokens,
             config.environment_version) == ("calculator", {"level": "hard"}, 6, 1024, "3")
     assert JobConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    # a config.json written before the sampling controls existed (a job orphaned across an upgrade)
+    older = {k: v for k, v in json.loads(json.dumps(config.to_json())).items()
+             if k not in ("top_p", "top_k", "min_p", "repetition_penalty")}
+    assert JobConfig.from_json(older) == config  # the controls off, as it sampled
     plain = job_config("j2", "rlvr-tiny", tmp_path)
     assert (plain.environment, plain.environment_settings, plain.max_turns, plain.max_episode_tokens) == ("", {}, 0, 0)
     assert {"environment", "environment_settings", "max_turns", "max_episode_tokens"} <= {

@@ -76,6 +76,25 @@ def test_its_own_scorer_grades_the_answer_block_through_the_registry() -> None:
     assert _score(options, f"<answer>{options.ground_truth}</answer>") == 1.0
 
 
+def test_the_reward_services_pool_scores_it_within_the_default_time_limit() -> None:
+    """In the reward service's worker processes (spawned: reasoning-gym not imported yet), each item
+    under the service's default 0.5 s limit: the import (1-3 s) is the reward's warm-up, paid before
+    the first item's clock starts, not a time-out of every first item. No answer block scores 0."""
+    from rlvr.services.reward.pool import ScoringPool
+
+    problems = ReasoningGymTask("chain_sum").prompts(n=4, seed=5)
+    items = [ScoreItem(function="reasoning_gym", completion=f"<answer>{p.ground_truth}</answer>" if i % 2 else
+                       "no block", ground_truth=p.ground_truth, format_bonus=False, prompt=p.question,
+                       columns=p.columns) for i, p in enumerate(problems)]
+    pool = ScoringPool(workers=1)
+    try:
+        results = pool.score_batch(items, timeout_s=0.5)
+    finally:
+        pool.close()
+    assert [(r.error, r.timed_out) for r in results] == [("", False)] * 4
+    assert [r.accuracy for r in results] == [0.0, 1.0, 0.0, 1.0]
+
+
 def test_an_unknown_task_is_refused_naming_it_and_the_tasks() -> None:
     with pytest.raises(TaskError, match=r"'chain_summ' is not a reasoning-gym task; its tasks: .*chain_sum"):
         get_task("reasoning_gym", "chain_summ")
@@ -91,6 +110,10 @@ def test_an_unknown_task_is_refused_naming_it_and_the_tasks() -> None:
     reward = resolved.spec.reward
     assert (reward.dataset, reward.dataset_split, reward.synthetic_prompts) == ("chain_sum?max_terms=3", "train", 256)
     check_dataset(reward, [], catalog)  # a task name is no data to read: nothing more to check, no hub asked
+    spec.reward.dataset_split = "test"  # the held-out pool is not for training
+    with pytest.raises(InvalidArgument, match=r"^reward.dataset_split: 'test': reasoning-gym task trains on its "
+                                              r"'train' split only"):
+        resolve_spec(spec, catalog=catalog)
 
 
 def test_a_bad_option_names_the_task_and_the_error() -> None:

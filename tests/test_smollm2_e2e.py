@@ -206,6 +206,7 @@ def test_the_merged_model_loads_in_vllm_and_answers_as_the_server_with_the_adapt
     smol.client.scheduler.save_merged_model(smol.job.id, merged)
     adapter = tmp_path / "adapter"
     smol.client.scheduler.save_adapter(smol.job.id, adapter)
+    assert _moved(adapter) > 0  # a zero adapter would make base + LoRA the base, and the check moot
     tokens = json.loads((smol.home / "tokens.json").read_text())
     service_token = next(t for t, role in tokens.items() if role == "service")
     with connect(smol.client.settings.model_copy(update={"token": service_token})) as operator:

@@ -119,12 +119,15 @@ class RewardDefinition(RewardInfo):
     own, ``problems`` (dataset, data roots) -> a :class:`rlvr.tasks.base.Task`. Without
     ``problems`` the job's dataset supplies them (``prompt``, ``ground_truth`` and the declared
     ``columns``). ``timeout_seconds`` is the per-completion time limit it needs when the caller's
-    default is too short (a code reward's test run)."""
+    default is too short (a code reward's test run). ``warm_up``, when given, is run once per scoring
+    process before its first completion, outside the per-completion limit: an import too slow to
+    pay inside the first one's time (reasoning-gym's) and too slow to pay where the reward is only listed."""
 
     score: ScoreOne | None = None
     score_batch: ScoreMany | None = None
     problems: TaskFactory | None = None
     timeout_seconds: float | None = None
+    warm_up: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         problems = []

@@ -177,6 +177,12 @@ def _scorer(spec: str) -> Any:
     return _dataset(name, options, 0, 1).score_answer
 
 
+def warm_up() -> None:
+    """reasoning-gym's import (1-3 s), before a scoring process's first completion's time limit starts."""
+    import reasoning_gym  # noqa: F401
+    import reasoning_gym.utils  # noqa: F401
+
+
 def score(sample: Sample) -> RewardOutput:
     """The task's own score of the last ``<answer>`` block (no block: no answer, which scores 0)."""
     row = sample.columns.get(COLUMN)
@@ -188,6 +194,8 @@ def score(sample: Sample) -> RewardOutput:
     data = json.loads(row)
     completion = sample.completion[-MAX_COMPLETION_CHARS:]
     answer = extract_answer(completion)
+    if answer is None:  # no <answer> block: no answer (some scorers do not take None)
+        return RewardOutput(score=0.0, extracted_answer="")
     value = float(_scorer(data["spec"])(answer, data["entry"]))
     return RewardOutput(score=value, strict=value == 1.0, extracted_answer=answer)
 
@@ -205,6 +213,7 @@ REWARD = RewardDefinition(
     instruction=DEFAULT_INSTRUCTION,
     heldout_size=HELDOUT_SIZE,
     score=score,
+    warm_up=warm_up,
     problems=lambda dataset, data_roots: ReasoningGymTask(dataset),
     order=5,
 )

@@ -112,6 +112,7 @@ def _worker_main(conn: Connection, state, allowed: Collection[str] | None) -> No
 
 
 def _serve(conn: Connection, state, registry: Registry) -> None:  # state: mp.Array("d", 2)
+    warm: set[str] = set()
     while True:
         message = conn.recv()
         if message is None:
@@ -120,7 +121,10 @@ def _serve(conn: Connection, state, registry: Registry) -> None:  # state: mp.Ar
         chunk: list[tuple[int, TermResult]] = []
         try:
             definition = registry.get(key)
-        except LookupError as exc:
+            if key not in warm and definition.warm_up is not None:
+                definition.warm_up()  # idle (state[1] == -1): no completion's time limit runs
+            warm.add(key)
+        except Exception as exc:  # noqa: BLE001 (an unknown key, or a warm-up that failed: each item says why)
             conn.send([(i, TermError(f"{key}: {exc}")) for i, _ in entries])
             conn.send("done")
             continue

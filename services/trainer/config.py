@@ -182,6 +182,9 @@ class JobConfig:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobConfig:
         """The JobConfig `to_json` wrote: the job process reads its worker's, already validated."""
+        # A config written before the sampling controls existed (a job orphaned across an upgrade) reads
+        # as the controls off, which is how it sampled.
+        data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **data}
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
                       "data_roots": tuple(Path(p) for p in data["data_roots"]),
                       "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})
