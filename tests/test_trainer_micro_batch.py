@@ -91,29 +91,30 @@ def test_micro_batches_give_the_whole_batch_update(tmp_path: Path, tiny_model: s
 
 def test_micro_batch_rule(tmp_path: Path) -> None:
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=32)
-    # SmolLM2-135M, the issue-43 step (batch 32, ~40 prompt + 32 completion tokens): the loss's forward
+    # SmolLM2-135M, the issue-43 step (batch 32, 74 prompt + 32 completion tokens): the loss's forward
     # of the whole batch peaked near 11 GiB; the rule trains it in micro-batches that fit the budget.
     per_token = token_bytes(SMOLLM2)
-    assert per_token == 4 * (21 * 30 * (576 + 1536) + 49152)  # ~5.3 MiB
-    chosen = micro_batch_size(job, SMOLLM2, row_tokens=72)
-    assert 32 % chosen == 0 and chosen * 72 * per_token <= MICRO_BATCH_BUDGET < 2 * chosen * 72 * per_token
-    assert chosen == 2
+    assert per_token == 4 * (14 * 30 * (576 + 1536) + 49152)  # ~3.6 MiB
+    chosen = micro_batch_size(job, SMOLLM2, row_tokens=106)
+    assert 32 % chosen == 0 and chosen * 106 * per_token <= MICRO_BATCH_BUDGET < 2 * chosen * 106 * per_token
+    assert chosen == 4
     # a longer row: fewer completions per micro-batch, one at least
-    assert micro_batch_size(job, SMOLLM2, row_tokens=168) == 1
+    assert micro_batch_size(job, SMOLLM2, row_tokens=74 + 128) == 2  # the issue's target
     assert micro_batch_size(job, SMOLLM2, row_tokens=100_000) == 1
     # a divisor of the process's share: 32 / 2 processes = 16 each
-    assert micro_batch_size(job, SMOLLM2, row_tokens=72, processes=2) == 2
-    assert micro_batch_size(job, SMOLLM2, row_tokens=72, budget=6 * 72 * per_token) == 4  # 6 does not divide 32
-    assert micro_batch_size(job, SMOLLM2, row_tokens=72, processes=4, budget=16 * 72 * per_token) == 8  # the share
+    assert micro_batch_size(job, SMOLLM2, row_tokens=106, processes=2) == 4
+    assert micro_batch_size(job, SMOLLM2, row_tokens=106, budget=6 * 106 * per_token) == 4  # 6 does not divide 32
+    assert micro_batch_size(job, SMOLLM2, row_tokens=106, processes=4, budget=16 * 106 * per_token) == 8  # the share
     # the bundled tiny models train their batch at once, the trainer's behaviour before micro-batching: the
-    # test model at the spec's default completion cap (256), the default size at the demo recipe's
-    # (batch 32, 64 tokens), each with a prompt of up to 64
-    assert micro_batch_size(job, TINY_TEST, row_tokens=256 + 64) == 32
+    # test model at the longest completions (2,048), the default size at the demo recipe's (64 tokens) and
+    # at an environment job's default episode (4 turns x 64), each with a prompt of up to 64
+    assert micro_batch_size(job, TINY_TEST, row_tokens=2048 + 64) == 32
     assert micro_batch_size(job, TINY_DEFAULT, row_tokens=64 + 64) == 32
+    assert micro_batch_size(job, TINY_DEFAULT, row_tokens=4 * 64 + 64) == 32
     # the job's own setting wins
     from dataclasses import replace
 
-    assert micro_batch_size(replace(job, micro_batch_size=8), SMOLLM2, row_tokens=72) == 8
+    assert micro_batch_size(replace(job, micro_batch_size=8), SMOLLM2, row_tokens=106) == 8
 
 
 def test_grpo_args_accumulate_over_micro_batches(tmp_path: Path) -> None:

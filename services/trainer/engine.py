@@ -19,7 +19,8 @@ adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into 
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed) unless the sampler is not the policy trained
+step per generation, so no importance ratio is needed; the loss may train it in micro-batches whose
+gradients accumulate into that step, `micro_batch_size`) unless the sampler is not the policy trained
 (quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
 this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, or a
 quantized base sampled unquantized by vLLM. Then TRL's truncated importance sampling against the
@@ -148,14 +149,16 @@ def fsdp_args(job: JobConfig) -> dict[str, Any]:
 
 
 # The loss's memory per micro-batch the trainer aims at (`micro_batch_size`), in bytes, on a CPU: with
-# SmolLM2-135M's ~1.6 GiB of weights, optimizer and generation, a job process within 3 GiB (issue 43).
-# On an accelerator, a quarter of the device's memory (`micro_batch_budget`).
-MICRO_BATCH_BUDGET = 1 << 30
+# SmolLM2-135M's ~1.5 GiB of weights, optimizer and generation, a job process within 3 GiB (issue 43);
+# and the bundled tiny models' batches fit, up to 32 rows of 2,048 + 64 tokens for the test size and of
+# 256 + 64 (an environment job's default episode) for the default size. On an accelerator, a quarter
+# of the device's memory (`micro_batch_budget`).
+MICRO_BATCH_BUDGET = 2 << 30
 # The training memory of one token of a micro-batch, in 4-byte words per decoder layer and unit of
 # (hidden_size + intermediate_size): the activations autograd keeps for the backward (LoRA's inputs
-# included) and the backward's own. Measured on SmolLM2-135M in fp32 on a CPU, ~5.1 MiB a token
+# included) and the backward's own. Measured on SmolLM2-135M in fp32 on a CPU, ~3.5 MiB a token
 # (docs/measurements/trainer-memory.md), rounded up.
-ACTIVATION_WORDS = 21
+ACTIVATION_WORDS = 14
 
 
 def token_bytes(config: Any) -> int:
