@@ -99,7 +99,7 @@ def test_micro_batch_rule(tmp_path: Path) -> None:
     assert 32 % chosen == 0 and chosen * 106 * per_token <= MICRO_BATCH_BUDGET < 2 * chosen * 106 * per_token
     assert chosen == 4
     # a longer row: fewer completions per micro-batch, one at least
-    assert micro_batch_size(job, SMOLLM2, row_tokens=74 + 128) == 2  # the issue's target
+    assert micro_batch_size(job, SMOLLM2, row_tokens=74 + 128) == 2  # issue 43's target
     assert micro_batch_size(job, SMOLLM2, row_tokens=100_000) == 1
     # a divisor of the process's share: 32 / 2 processes = 16 each
     assert micro_batch_size(job, SMOLLM2, row_tokens=106, processes=2) == 4
