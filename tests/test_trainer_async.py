@@ -118,6 +118,34 @@ async def test_one_async_step_overlaps_generation_with_the_update_within_the_bou
         assert after.step == version + 1 and after.generate_started_at < start
 
 
+async def test_async_steps_in_micro_batches_take_their_prefetched_prompts(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step trained in micro-batches (engine.py `micro_batch_size`): TRL's sampler yields each step's
+    batch once per micro-batch, and the prefetch still queues the prompts the step will be given (none
+    is dropped and generated again); each step publishes one MetricEvent with its lag ratio."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="rlvr.trainer.prefetch")
+    async with rollout_service(tmp_path, tiny_model, "transformers") as address:
+        runs: dict[int, tuple[list[C.MetricEvent], Recorded]] = {}
+        for k in (0, 1):
+            with monkeypatch.context() as patch:
+                recorded = Recorded(patch)
+                events: list[C.MetricEvent] = []
+                result = await _train(_job(tmp_path, tiny_model, k, micro_batch_size=2), address, events)
+                assert result.status == "completed", result.error
+                runs[k] = (events, recorded)
+    (sync_events, sync), (async_events, overlapped) = runs[0], runs[1]
+    assert [e.step for e in sync_events] == [e.step for e in async_events] == [1, 2, 3, 4]
+    assert overlapped.prompts == sync.prompts
+    # every prefetch taken (a dropped one is generated again, synchronously)
+    assert "dropped the prefetched rollout" not in caplog.text
+    assert [e.policy_lag for e in async_events][:2] == [0, 1]
+    ratio = "sampling/importance_sampling_ratio/mean"
+    assert all(0 < logs[ratio] <= 3.0 for logs in overlapped.logs), overlapped.logs
+
+
 def test_the_bound_refuses_a_prefetch_older_than_max_async_steps(tmp_path: Path) -> None:
     """A prefetched rollout whose completions lag more than the bound is dropped, with the reason."""
     from concurrent.futures import Future

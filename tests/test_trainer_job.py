@@ -577,14 +577,17 @@ def _adapter_tensors(path: Path) -> dict[str, Any]:
     return load_file(str(path / "adapter_model.safetensors"))
 
 
-@pytest.mark.parametrize("extra", [{}, {"kl_beta": 0.05, "dynamic_sampling": True}], ids=["plain", "kl-dynamic"])
+@pytest.mark.parametrize("extra", [{}, {"kl_beta": 0.05, "dynamic_sampling": True},
+                                   {"kl_beta": 0.05, "micro_batch_size": 2}],
+                         ids=["plain", "kl-dynamic", "kl-micro-batches"])
 def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adapter_bit_for_bit(
         tmp_path: Path, tiny_model: str, extra: dict[str, Any]) -> None:
     """Crash recovery (runner.resume_point): a run lost after its checkpoint resumes from it and
     ends where the uninterrupted run with the same seed does, tensor for tensor. 8 prompts, 4 a
     step: 2 steps an epoch, so the resume from step 3 starts inside the second epoch (the sampler's
     second order, a skipped batch, the RNG states restored mid-epoch) and runs into the third. With
-    kl_beta the checkpoint also holds TRL's "ref" adapter; with dynamic sampling, our prompt draw."""
+    kl_beta the checkpoint also holds TRL's "ref" adapter; with dynamic sampling, our prompt draw; in
+    micro-batches (engine.py `micro_batch_size`) TRL's loop skips a step's micro-batches on resume."""
     import torch
 
     options: dict[str, Any] = dict(synthetic_prompts=8, batch_size=8, group_size=2, max_steps=5, checkpoint_every=3,

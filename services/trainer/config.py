@@ -135,6 +135,11 @@ class JobConfig:
     max_turns: int = 0
     max_episode_tokens: int = 0
     environment_version: str = ""
+    # Completions per forward/backward of the loss (each process's share of the batch split into
+    # micro-batches whose gradients accumulate into the one optimizer step): 0 = the trainer's own
+    # choice from the model's size (engine.py, `micro_batch_size`). Not a spec field: benches and tests
+    # force it.
+    micro_batch_size: int = 0
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):

@@ -19,7 +19,8 @@ adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into 
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed) unless the sampler is not the policy trained
+step per generation, so no importance ratio is needed; the loss may train it in micro-batches whose
+gradients accumulate into that step, `micro_batch_size`) unless the sampler is not the policy trained
 (quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
 this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, a
 quantized base sampled unquantized by vLLM, or a vLLM sampler reshaped by the job's top_p, top_k,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 
-__all__ = ["GrpoEngine", "StepHooks", "grpo_args"]
+__all__ = ["GrpoEngine", "StepHooks", "grpo_args", "micro_batch_budget", "micro_batch_size", "token_bytes"]
 
 log = logging.getLogger("rlvr.trainer.engine")
 
@@ -70,24 +71,36 @@ RESUME_FILE = "rlvr-resume.json"
 
 
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
-              processes: int = 1, correct: bool | None = None) -> Any:  # -> GRPOConfig
+              processes: int = 1, correct: bool | None = None, micro_batch: int = 0) -> Any:  # -> GRPOConfig
     """TRL's config for a job. CPU facts (docs/design.md): no gradient checkpointing, and fp32 unless the
     job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
     steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
     share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide).
     `correct`: TRL's truncated importance sampling against the rollout's logprobs (None: with
-    asynchronous steps; the runner passes whether `sampler_corrections` found any reason)."""
+    asynchronous steps; the runner passes whether `sampler_corrections` found any reason).
+
+    `micro_batch`: completions per forward/backward of the loss (`micro_batch_size`; 0 = the process's
+    whole share, one micro-batch). The share is then trained as share / micro_batch micro-batches whose
+    gradients accumulate into the step's one optimizer step: TRL generates once per step
+    (steps_per_generation = gradient_accumulation_steps), and its losses divide each micro-batch so that
+    the accumulated gradient is the whole batch's (see `micro_batch_size`)."""
     from trl import GRPOConfig
 
     if correct is None:
         correct = job.max_async_steps > 0
     lag: dict[str, Any] = LAG_CORRECTION if correct else {}
+    share = job.batch_size // processes
+    micro = micro_batch or share
+    if share % micro:
+        raise ValueError(f"micro-batch of {micro} completions does not divide the process's {share} of the batch")
     return GRPOConfig(
         **lag,
         **(fsdp_args(job) if job.sharding == "fsdp" and processes > 1 else {}),
         output_dir=str(output_dir),
-        per_device_train_batch_size=job.batch_size // processes,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        # One generation per optimizer step, trained in share / micro micro-batches.
+        gradient_accumulation_steps=share // micro,
+        steps_per_generation=share // micro,
         num_generations=job.group_size,
         # an episode's row holds all its turns and observations (dr_grpo normalizes by this length)
         max_completion_length=job.max_episode_tokens if job.environment else job.max_completion_tokens,
@@ -142,6 +155,56 @@ def fsdp_args(job: JobConfig) -> dict[str, Any]:
                             "cpu_ram_efficient_loading": False}}
 
 
+# The loss's memory per micro-batch the trainer aims at (`micro_batch_size`), in bytes, on a CPU: with
+# SmolLM2-135M's ~1.5 GiB of weights, optimizer and generation, a job process within 3 GiB (issue 43);
+# and the bundled tiny models' batches fit, up to 32 rows of 2,048 + 64 tokens for the test size and of
+# 256 + 64 (an environment job's default episode) for the default size. On an accelerator, a quarter
+# of the device's memory (`micro_batch_budget`).
+MICRO_BATCH_BUDGET = 2 << 30
+# The training memory of one token of a micro-batch, in 4-byte words per decoder layer and unit of
+# (hidden_size + intermediate_size): the activations autograd keeps for the backward (LoRA's inputs
+# included) and the backward's own. Measured on SmolLM2-135M in fp32 on a CPU, ~3.5 MiB a token
+# (docs/measurements/trainer-memory.md), rounded up.
+ACTIVATION_WORDS = 14
+
+
+def token_bytes(config: Any) -> int:
+    """The estimated training memory of one token of a micro-batch for a model of `config` (a
+    transformers PretrainedConfig): its activations through every decoder layer
+    (`ACTIVATION_WORDS`), and one fp32 row of the vocabulary's logits (TRL's fused LM head computes
+    them in tiles, so that row is a bound, not what it keeps)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers, hidden = int(text.num_hidden_layers), int(text.hidden_size)
+    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    return 4 * (ACTIVATION_WORDS * layers * (hidden + inner) + int(text.vocab_size))
+
+
+def micro_batch_budget(use_cpu: bool) -> int:
+    """`MICRO_BATCH_BUDGET` on a CPU; on a CUDA device a quarter of its memory, if more."""
+    if use_cpu:
+        return MICRO_BATCH_BUDGET
+    import torch
+
+    if not torch.cuda.is_available():
+        return MICRO_BATCH_BUDGET
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return max(MICRO_BATCH_BUDGET, total // 4)
+
+
+def micro_batch_size(job: JobConfig, config: Any, row_tokens: int, processes: int = 1,
+                     budget: int = MICRO_BATCH_BUDGET) -> int:
+    """Completions per forward/backward of the loss: job.micro_batch_size when set, else the largest
+    divisor of the process's share of the batch (batch_size / processes) whose rows of `row_tokens`
+    tokens (the longest prompt + the completion cap) fit `budget` at `token_bytes` each; one row at
+    least. A share that fits trains at once (one micro-batch), as the trainer did before it split
+    batches; so do the bundled tiny models at the sizes their measurements use."""
+    share = job.batch_size // processes
+    if job.micro_batch_size:
+        return job.micro_batch_size
+    fit = budget // max(1, token_bytes(config) * row_tokens)
+    return max(d for d in range(1, share + 1) if share % d == 0 and d <= max(1, fit))
+
+
 def shard_sizes(model: Any) -> tuple[int, int]:
     """(parameters this process holds, parameters of the model): the two differ once FSDP2 shards it."""
     from torch.distributed.tensor import DTensor
@@ -175,6 +238,12 @@ def resume_checkpoint(job_dir: Path) -> tuple[Path, dict[str, Any]] | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def prompt_tokens(tokenizer: Any, texts: Sequence[str], longest: int = 16) -> int:
+    """The token count of the longest rendered prompt, among the `longest` longest in characters."""
+    picked = sorted(texts, key=len, reverse=True)[:longest]
+    return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in picked), default=0)
 
 
 class _StepCallback:
@@ -297,8 +366,16 @@ class GrpoEngine:
         self.sharded = job.sharding == "fsdp" and self.group.world > 1
         self._texts = [p for p, _ in prompts]
         dataset = Dataset.from_dict({"prompt": self._texts, "ground_truth": [t for _, t in prompts]})
+        row_tokens = prompt_tokens(tokenizer, self._texts) + (
+            job.max_episode_tokens if job.environment else job.max_completion_tokens)
+        self.micro_batch = micro_batch_size(job, model.config, row_tokens, self.group.world,
+                                            budget=micro_batch_budget(use_cpu))
         args = grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world,
-                         correct=bool(self.corrections))
+                         correct=bool(self.corrections), micro_batch=self.micro_batch)
+        share = job.batch_size // self.group.world
+        if self.micro_batch < share:
+            log.info("the loss trains each step's %d completions per process in %d micro-batches of %d "
+                     "(rows of up to %d tokens)", share, share // self.micro_batch, self.micro_batch, row_tokens)
         # Several nodes, an artifact root each: every node's first process writes the checkpoint
         # (transformers' own rule; its global rank 0 need not be on node 0: distributed.py).
         args.save_on_each_node = job.num_nodes > 1
@@ -330,15 +407,18 @@ class GrpoEngine:
     def prompts_for(self, number: int) -> list[str] | None:
         """Step `number`'s prompts as TRL's sampler will give them (each group_size times), or None
         before its sampler exists. Step n is batch (n - 1) % S of epoch (n - 1) // S, S batches per
-        epoch: transformers' loop over the epochs, a resumed one included (it skips batches)."""
+        epoch: transformers' loop over the epochs, a resumed one included (it skips batches). TRL's
+        sampler yields each step's batch steps_per_generation times over (its repeat_count: one
+        dataloader batch per micro-batch of the step, the first of which is generated for)."""
         sampler = getattr(self.trainer, "epoch_sampler", None)
         size = self.ctx.job.batch_size
-        if sampler is None or len(sampler) < size:
+        stride = size * int(getattr(sampler.inner, "repeat_count", 1)) if sampler is not None else size
+        if sampler is None or len(sampler) < stride:
             return None
-        per_epoch = len(sampler) // size
+        per_epoch = len(sampler) // stride
         epoch, batch = divmod(number - 1, per_epoch)
         order = sampler.peek(epoch)
-        return [self._texts[i] for i in order[batch * size:(batch + 1) * size]]
+        return [self._texts[i] for i in order[batch * stride:batch * stride + size]]
 
     @property
     def model(self) -> Any:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rlvr.services.trainer.artifacts import DiskSpace
 
 __all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
-           "trainer_class"]
+           "step_tokens", "trainer_class"]
 
 # The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
 LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
@@ -96,10 +96,26 @@ def trained_at_once(args: Any) -> bool:
     return bool(args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0)
 
 
+def step_tokens(trainer: Any, name: str, values: Any) -> Any:
+    """`values` (this micro-batch's per-token values, 1-D) after those of the step's earlier micro-batches
+    on this process: a step trained in several micro-batches (engine.py `micro_batch_size`) reports its
+    metrics of the whole batch, as a step of one does. A step's first micro-batch finds `name`'s metric
+    not yet written (TRL clears its metrics at each step's log line)."""
+    import torch
+
+    kept: dict[str, Any] = trainer.__dict__.setdefault("_step_tokens", {})
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    if f"sampling/{name}/mean" in metrics and name in kept:
+        values = torch.cat([kept[name], values])
+    kept[name] = values
+    return values
+
+
 def logprob_gap(trainer: Any, logps: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
     """Records TRL's sampler/trainer gap metrics (sampling/sampling_logp_difference/mean and max: the
     mean and largest |logp - sampling logp| over the completion tokens, unscored ones left out) from
-    the policy's per-token logprobs `logps` (B, T); returns (the sampling logprobs, the token mask)."""
+    the policy's per-token logprobs `logps` (B, T); returns (the sampling logprobs, the token mask).
+    Over the step's micro-batches so far (`step_tokens`): the last one leaves the whole batch's."""
     import torch
 
     sampling = inputs["sampling_per_token_logps"]
@@ -108,17 +124,18 @@ def logprob_gap(trainer: Any, logps: Any, inputs: dict[str, Any]) -> tuple[Any, 
     gather = trainer.accelerator.gather
     zero = torch.tensor(0.0, device=logps.device)
     delta = torch.abs(logps - sampling)
-    delta = delta[mask.bool() & ~torch.isnan(delta)]
-    metrics["sampling/sampling_logp_difference/mean"].append(
-        gather(delta.mean() if delta.numel() else zero).mean().item())
-    metrics["sampling/sampling_logp_difference/max"].append(
-        gather(delta.max() if delta.numel() else zero).max().item())
+    delta = step_tokens(trainer, "sampling_logp_difference", delta[mask.bool() & ~torch.isnan(delta)])
+    metrics["sampling/sampling_logp_difference/mean"] = [
+        gather(delta.mean() if delta.numel() else zero).mean().item()]
+    metrics["sampling/sampling_logp_difference/max"] = [
+        gather(delta.max() if delta.numel() else zero).max().item()]
     return sampling, mask
 
 
 def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
     """TRL's token_truncate importance ratio (trl 1.16, GRPOTrainer._generate_and_score_completions)
-    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it."""
+    from the policy's per-token logprobs `logps` (B, T) and the rollout's, with TRL's metrics of it
+    (of the step's micro-batches so far, as `logprob_gap`'s)."""
     import torch
     from trl.trainer.utils import nanmax, nanmin
 
@@ -130,13 +147,13 @@ def lag_ratio(trainer: Any, logps: Any, inputs: dict[str, Any]) -> Any:
     metrics = trainer._metrics["train" if trainer.model.training else "eval"]
     gather = trainer.accelerator.gather
     zero = torch.tensor(0.0, device=logps.device)
-    flat = ratio[mask.bool()]
-    metrics["sampling/importance_sampling_ratio/min"].append(
-        nanmin(gather(flat.min() if flat.numel() else zero)).item())
-    metrics["sampling/importance_sampling_ratio/mean"].append(
-        gather(flat.mean() if flat.numel() else zero).nanmean().item())
-    metrics["sampling/importance_sampling_ratio/max"].append(
-        nanmax(gather(flat.max() if flat.numel() else zero)).item())
+    flat = step_tokens(trainer, "importance_sampling_ratio", ratio[mask.bool()])
+    metrics["sampling/importance_sampling_ratio/min"] = [
+        nanmin(gather(flat.min() if flat.numel() else zero)).item()]
+    metrics["sampling/importance_sampling_ratio/mean"] = [
+        gather(flat.mean() if flat.numel() else zero).nanmean().item()]
+    metrics["sampling/importance_sampling_ratio/max"] = [
+        nanmax(gather(flat.max() if flat.numel() else zero)).item()]
     return ratio
 
 
