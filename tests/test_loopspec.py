@@ -146,5 +146,5 @@ def test_give_up_after_not_below_max_rounds_is_accepted_with_a_warning() -> None
 
 def test_the_catalog_is_what_the_benchmark_service_lists() -> None:
     assert [b.name for b in BENCHMARKS] == ["rlvr-math-pairs-heldout", "gsm8k", "boxed", "code-heldout",
-                                             "guess-number"]
+                                             "guess-number", "reasoning_gym"]
     assert isinstance(BENCHMARKS[0], B.BenchmarkInfo) and BENCHMARKS[0].size == 500
