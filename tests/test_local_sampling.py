@@ -110,6 +110,24 @@ def test_zero_temperature_is_greedy(policy: tuple[Any, Any, list[int]]) -> None:
     assert _generate(policy, prompts, seed=12, temperature=0.0).completion_ids == batch.completion_ids
 
 
+def _draw_counts(logits: Any, temperature: float, steps: int, **controls: Any) -> Any:
+    """How often SeededSampler picks each token of `logits` over `steps` decoding steps, each a batch of
+    40 prompts x a group of 6 rows, fixed seeds (the prompts' indices)."""
+    import torch
+
+    from rlvr.services.trainer.rollouts import SeededSampler
+
+    prompts, group = 40, 6
+    sampler = SeededSampler(list(range(prompts)), Sampling(temperature=temperature, group_size=group, **controls),
+                            torch.device("cpu"))
+    scores = logits.repeat(prompts * group, 1)
+    counts = torch.zeros(len(logits))
+    for _ in range(steps):
+        picked = torch.argmax(sampler(torch.zeros((prompts * group, 1), dtype=torch.long), scores.clone()), dim=-1)
+        counts += torch.bincount(picked, minlength=len(logits)).float()
+    return counts
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
 def test_the_sampler_draws_from_softmax_of_logits_over_temperature(temperature: float) -> None:
     """Token frequencies over 48,000 draws of a fixed 5-token distribution (one token masked to -inf)
@@ -117,17 +135,9 @@ def test_the_sampler_draws_from_softmax_of_logits_over_temperature(temperature: 
     three temperatures' distributions are at least 0.10 apart on some token."""
     import torch
 
-    from rlvr.services.trainer.rollouts import SeededSampler
 
     logits = torch.tensor([0.0, 1.0, 2.0, 2.5, float("-inf")])
-    prompts, group, steps = 40, 6, 200  # one (prompts x group) batch per decoding step
-    sampler = SeededSampler(list(range(prompts)), Sampling(temperature=temperature, group_size=group),
-                            torch.device("cpu"))
-    scores = logits.repeat(prompts * group, 1)
-    counts = torch.zeros(len(logits))
-    for _ in range(steps):
-        picked = torch.argmax(sampler(torch.zeros((prompts * group, 1), dtype=torch.long), scores.clone()), dim=-1)
-        counts += torch.bincount(picked, minlength=len(logits)).float()
+    counts = _draw_counts(logits, temperature, steps=200)
     frequencies = counts / counts.sum()
     expected = torch.softmax(logits / temperature, dim=-1)
     assert counts[-1] == 0  # a masked token is never drawn
@@ -169,7 +179,6 @@ def test_the_sampler_draws_only_from_the_kept_tokens_in_their_proportions(contro
     from the tempered probabilities (vLLM's rules: min_p, then top_k, then the top-p nucleus)."""
     import torch
 
-    from rlvr.services.trainer.rollouts import SeededSampler
 
     logits = torch.tensor([0.0, 1.0, 2.0, 2.5, float("-inf")])
     probs = torch.softmax(logits / 0.8, dim=-1)
@@ -180,13 +189,6 @@ def test_the_sampler_draws_only_from_the_kept_tokens_in_their_proportions(contro
     ordered, order = kept.sort(descending=True)
     keep[order] &= ordered.cumsum(0) - ordered < controls.get("top_p", 1.0)
     expected = kept * keep / (kept * keep).sum()
-    prompts, group, steps = 40, 6, 100
-    sampler = SeededSampler(list(range(prompts)), Sampling(temperature=0.8, group_size=group, **controls),
-                            torch.device("cpu"))
-    scores = logits.repeat(prompts * group, 1)
-    counts = torch.zeros(len(logits))
-    for _ in range(steps):
-        picked = torch.argmax(sampler(torch.zeros((prompts * group, 1), dtype=torch.long), scores.clone()), dim=-1)
-        counts += torch.bincount(picked, minlength=len(logits)).float()
+    counts = _draw_counts(logits, 0.8, steps=100, **controls)
     assert bool((counts[~keep] == 0).all()), (counts, keep)
     assert torch.allclose(counts / counts.sum(), expected, atol=0.015), (counts / counts.sum(), expected)

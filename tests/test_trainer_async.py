@@ -64,6 +64,22 @@ class Recorded:
         monkeypatch.setattr(Step, "push", on_push)
 
 
+async def _sync_then_async(tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch, **fields: Any
+                           ) -> list[tuple[list[C.MetricEvent], Recorded]]:
+    """The job (`_job` with `fields`) trained twice through one rollout server, synchronously
+    (max_async_steps 0) then one step ahead (1): each run's MetricEvents and what it recorded."""
+    runs: list[tuple[list[C.MetricEvent], Recorded]] = []
+    async with rollout_service(tmp_path, tiny_model, "transformers") as address:
+        for k in (0, 1):
+            with monkeypatch.context() as patch:
+                recorded = Recorded(patch)
+                events: list[C.MetricEvent] = []
+                result = await _train(_job(tmp_path, tiny_model, k, **fields), address, events)
+                assert result.status == "completed", result.error
+                runs.append((events, recorded))
+    return runs
+
+
 async def _train(job: Any, address: str, events: list[C.MetricEvent]) -> Any:
     from rlvr.services.trainer.rollouts import ServiceGenerator
     from rlvr.services.trainer.runner import JobDeps, run_job
@@ -80,18 +96,8 @@ async def _train(job: Any, address: str, events: list[C.MetricEvent]) -> Any:
 async def test_one_async_step_overlaps_generation_with_the_update_within_the_bound(
     tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch, dynamic: bool
 ) -> None:
-    async with rollout_service(tmp_path, tiny_model, "transformers") as address:
-        runs: dict[int, tuple[list[C.MetricEvent], Recorded]] = {}
-        for k in (0, 1):
-            with monkeypatch.context() as patch:
-                recorded = Recorded(patch)
-                events: list[C.MetricEvent] = []
-                result = await _train(_job(tmp_path, tiny_model, k, dynamic_sampling=dynamic), address, events)
-                assert result.status == "completed", result.error
-                runs[k] = (events, recorded)
-
-    sync_events, sync = runs[0]
-    async_events, overlapped = runs[1]
+    (sync_events, sync), (async_events, overlapped) = await _sync_then_async(
+        tmp_path, tiny_model, monkeypatch, dynamic_sampling=dynamic)
     # Synchronous: each step generates from the adapter the step before pushed, after that push.
     assert [e.adapter_version for e in sync_events] == [0, 1, 2, 3]
     assert [e.policy_lag for e in sync_events] == [0, 0, 0, 0]
@@ -127,16 +133,8 @@ async def test_async_steps_in_micro_batches_take_their_prefetched_prompts(
     import logging
 
     caplog.set_level(logging.WARNING, logger="rlvr.trainer.prefetch")
-    async with rollout_service(tmp_path, tiny_model, "transformers") as address:
-        runs: dict[int, tuple[list[C.MetricEvent], Recorded]] = {}
-        for k in (0, 1):
-            with monkeypatch.context() as patch:
-                recorded = Recorded(patch)
-                events: list[C.MetricEvent] = []
-                result = await _train(_job(tmp_path, tiny_model, k, micro_batch_size=2), address, events)
-                assert result.status == "completed", result.error
-                runs[k] = (events, recorded)
-    (sync_events, sync), (async_events, overlapped) = runs[0], runs[1]
+    (sync_events, sync), (async_events, overlapped) = await _sync_then_async(
+        tmp_path, tiny_model, monkeypatch, micro_batch_size=2)
     assert [e.step for e in sync_events] == [e.step for e in async_events] == [1, 2, 3, 4]
     assert overlapped.prompts == sync.prompts
     # every prefetch taken (a dropped one is generated again, synchronously)

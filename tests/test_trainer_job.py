@@ -70,15 +70,7 @@ def test_grpo_steps_train_the_adapter_only(tmp_path: Path, tiny_model: str, monk
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    captured: dict[str, Any] = {}
-    load_policy = runner.load_policy
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        model, tokenizer = load_policy(*args, **kwargs)
-        captured["model"], captured["initial_lora"] = model, _lora_state(model)
-        return model, tokenizer
-
-    monkeypatch.setattr(runner, "load_policy", capture)
+    captured = _capture_policy(monkeypatch)
     events: list[C.MetricEvent] = []
     steps: list[tuple[int, int]] = []
     job = _job(tmp_path, tiny_model, checkpoint_every=2)
@@ -323,13 +315,15 @@ def test_other_losses_with_kl_report_kl(tmp_path: Path, tiny_model: str, loss_ty
 
 
 def _capture_policy(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Keeps the model `load_policy` builds: the very policy the job trains."""
+    """Keeps the model `load_policy` builds, the very policy the job trains ("model"), and its LoRA
+    weights before any step ("initial_lora")."""
     captured: dict[str, Any] = {}
     load_policy = runner.load_policy
 
     def capture(*args: Any, **kwargs: Any) -> Any:
-        captured["model"], tokenizer = load_policy(*args, **kwargs)
-        return captured["model"], tokenizer
+        model, tokenizer = load_policy(*args, **kwargs)
+        captured["model"], captured["initial_lora"] = model, _lora_state(model)
+        return model, tokenizer
 
     monkeypatch.setattr(runner, "load_policy", capture)
     return captured

@@ -9,9 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_trainer_job import _job, _lora_state, _scorer
+from test_trainer_job import _capture_policy, _job, _lora_state, _scorer
 
-from rlvr.services.trainer import runner
 from rlvr.services.trainer.config import job_config
 from rlvr.services.trainer.engine import MICRO_BATCH_BUDGET, micro_batch_size, token_bytes
 from rlvr.services.trainer.runner import JobDeps, run_job
@@ -31,15 +30,7 @@ def _step_one(tmp_path: Path, model: str, monkeypatch: pytest.MonkeyPatch, **ove
         dict[str, Any], dict[str, Any], list[C.MetricEvent], list[int]]:
     """(LoRA before, LoRA after step 1, the job's MetricEvents, the micro-batch sizes TRL trained with)
     of a two-step job."""
-    captured: dict[str, Any] = {}
-    load_policy = runner.load_policy
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        policy, tokenizer = load_policy(*args, **kwargs)
-        captured["model"], captured["before"] = policy, _lora_state(policy)
-        return policy, tokenizer
-
-    monkeypatch.setattr(runner, "load_policy", capture)
+    captured = _capture_policy(monkeypatch)
     from trl import GRPOTrainer
 
     micro: list[int] = []
@@ -59,7 +50,7 @@ def _step_one(tmp_path: Path, model: str, monkeypatch: pytest.MonkeyPatch, **ove
     job = _job(tmp_path, model, max_steps=2, **overrides)
     result = run_job(job, JobDeps(scorer=_scorer(), publish=events.append, on_step=on_step))
     assert result.status == "completed", result.error
-    return captured["before"], captured["after"], events, micro
+    return captured["initial_lora"], captured["after"], events, micro
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_trainer_job import _capture_policy
 
 from rlvr.common.errors import FailedPrecondition
-from rlvr.services.trainer import runner
 from rlvr.services.trainer.config import job_config
 from rlvr.services.trainer.quantization import check_precision
 from rlvr.services.trainer.runner import JobDeps, run_job
@@ -37,15 +37,7 @@ def test_a_bf16_job_trains_on_the_cpu(tmp_path: Path, tiny_model: str, monkeypat
     import torch
     from safetensors.torch import load_file
 
-    captured: dict[str, Any] = {}
-    load_policy = runner.load_policy
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        model, tokenizer = load_policy(*args, **kwargs)
-        captured["model"] = model
-        return model, tokenizer
-
-    monkeypatch.setattr(runner, "load_policy", capture)
+    captured = _capture_policy(monkeypatch)
     events: list[Any] = []
     job = job_config("bf16", tiny_model, tmp_path, precision="bf16", generation_backend="transformers",
                      group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, max_steps=2,
