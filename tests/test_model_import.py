@@ -270,7 +270,7 @@ async def test_an_unknown_bare_name_is_refused_at_once(home: Path, tmp_path: Pat
     assert resolve_model("smollm2-135m") == "smollm2-135m"
 
 
-async def test_a_rollout_server_named_an_unknown_bare_name_stops_at_once(home: Path, tmp_path: Path,
+async def test_a_rollout_server_named_an_unknown_bare_name_stops_at_once(home: Path, tmp_path: Path, tiny: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlvr up --model NAME` (the rollout server's model setting) with a name that is under no model
     root and that the hub cannot supply stops the server in seconds with one line naming the setting,
@@ -292,6 +292,15 @@ async def test_a_rollout_server_named_an_unknown_bare_name_stops_at_once(home: P
         "brings one in) and the hub is off (HF_HUB_OFFLINE is set), so it cannot be downloaded either (the model "
         f"roots here: {home / 'models'})"), str(err.value)
     assert servicer.core is None
+    # a name that is a folder under the roots serves that folder
+    folder = _copy(tiny, home / "models" / "mine")
+    servicer = RolloutServicer(RolloutSettings(port=0, model="mine", adapter_root=tmp_path / "adapters",
+                                               backend="transformers"))
+    try:
+        await servicer.start()
+        assert servicer.model_path == str(folder)
+    finally:
+        await servicer.stop()
 
 
 def test_show_eval_is_the_models_greedy_held_out_accuracy(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

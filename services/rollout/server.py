@@ -125,14 +125,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         from rlvr.services.rollout.parallel import prepare_parallel
 
         s = self.settings
-        if is_bare_name(s.model):  # under the model roots, or the hub has it: else refused now, not in 40 s of retries
-            roots = configured_model_roots()
+        model = s.model
+        if is_bare_name(model):  # its folder under the model roots, or a name the hub has: else refused now,
+            roots = configured_model_roots()  # not after 40 s of retries
             try:
-                await asyncio.to_thread(check_base_model, s.model, roots, setting_label(s, "model"))
+                model = await asyncio.to_thread(check_base_model, model, roots, setting_label(s, "model"))
             except InvalidArgument as e:  # the operator's own server: its roots are named
                 raise StartupError(f"{e} (the model roots here: {', '.join(map(str, roots))})") from None
         try:
-            self.model_path = await asyncio.to_thread(resolve_model, s.model, lambda m: log.info(m))
+            self.model_path = await asyncio.to_thread(resolve_model, model, lambda m: log.info(m))
         except Exception as e:  # noqa: BLE001 (a failed build or bad path is one line at start)
             raise StartupError(f"{setting_label(s, 'model')} = {s.model!r}: {e}") from None
         await asyncio.to_thread(prepare_parallel, s, self.model_path)
