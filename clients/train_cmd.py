@@ -84,6 +84,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                         "model sharded across the processes)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
+    p.add_argument("--mask-truncated", action="store_true",
+                   help="DAPO's overlong masking: leave completions cut at --max-completion out of the loss")
     p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
                    help="mirror the job's metrics into an experiment tracker, written by the scheduler: "
                         "tensorboard:DIR, mlflow[:URI], wandb:DIR (offline), trackio:DIR; options after a comma: "
@@ -140,6 +142,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.advanced.generation_backend = BACKENDS[args.backend]
     if args.dynamic_sampling:
         spec.advanced.dynamic_sampling = True
+    if args.mask_truncated:
+        spec.advanced.mask_truncated_completions = True
     if args.lora_init:
         spec.advanced.lora_init = args.lora_init
     if args.precision:

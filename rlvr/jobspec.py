@@ -129,6 +129,11 @@ TARGET_ALLOWED = "a percent in (0, 100], the leaderboard's scale; required"
 MIN_GAIN_ALLOWED = "0-100 points (unset = one standard error of the gain, paired question by question)"
 # DAPO's clip-higher (advanced.epsilon_high): 0.2 = TRL's epsilon, the symmetric clip; DAPO uses 0.28.
 EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
+# Optimizer passes over a step's batch (advanced.num_iterations, DeepSeekMath's mu) and optimizer steps
+# per pass (advanced.mini_batches): above 1 the later updates train on completions of an earlier
+# policy, the importance ratio moves away from 1 and the clip binds (engine.py, `grpo_args`).
+NUM_ITERATIONS = IntRange(1, 8, 1)
+MINI_BATCHES = IntRange(1, 16, 1)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -152,7 +157,7 @@ BACKEND_NAMES: dict[int, str] = {
     C.GENERATION_BACKEND_VLLM_COLOCATE: "vLLM (colocate)",
     C.GENERATION_BACKEND_TRANSFORMERS: "Transformers (in-process)",
 }
-LossType = Literal["grpo", "dapo", "dr_grpo"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo", "sapo"]
 Quantization = Literal["full", "4bit", "8bit"]
 # "vllm": the rollout server; "vllm_colocate": a vLLM engine in the job's process; "transformers": in-process.
 Backend = Literal["vllm", "vllm_colocate", "transformers"]
@@ -167,7 +172,16 @@ REWARD_KEYS: dict[common_pb2.RewardFunction, RewardName] = {
     C.REWARD_FUNCTION_BOXED: "boxed",
 }
 REWARD_FUNCTIONS: dict[str, common_pb2.RewardFunction] = {key: value for value, key in REWARD_KEYS.items()}
-LOSS_NAMES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo"}
+LOSS_NAMES: dict[int, LossType] = {C.LOSS_TYPE_GRPO: "grpo", C.LOSS_TYPE_DAPO: "dapo", C.LOSS_TYPE_DR_GRPO: "dr_grpo",
+                                   C.LOSS_TYPE_GSPO: "gspo", C.LOSS_TYPE_CISPO: "cispo", C.LOSS_TYPE_SAPO: "sapo"}
+# The losses that clip the importance ratio at 1 - 0.2 / 1 + advanced.epsilon_high; the others bound it
+# their own way, written here (the Training Summary and the refusal of an epsilon_high they ignore).
+CLIPPED_LOSSES: tuple[LossType, ...] = ("grpo", "dapo", "dr_grpo")
+OWN_BOUNDS: dict[str, str] = {
+    "gspo": "gspo clips its sequence-level ratio at 1 - 3e-4 / 1 + 4e-4 (the GSPO paper's)",
+    "cispo": "cispo clips its detached importance weight at 5 (ScaleRL's epsilon_max)",
+    "sapo": "sapo gates the ratio smoothly (temperatures 1.0 and 1.05) instead of clipping it",
+}
 QUANT_KEYS: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit",
                                        C.QUANTIZATION_8BIT: "8bit"}
 BACKEND_KEYS: dict[int, Backend] = {
@@ -251,6 +265,8 @@ class SpecField:
         """A value as the Training Summary shows it."""
         if self.names is not None and isinstance(value, int):
             return self.names.get(value, str(value))
+        if isinstance(value, bool):
+            return "on" if value else "off"
         return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -312,8 +328,10 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
           default=BATCH_SIZE_DEFAULT,
           allowed_text=f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})",
           flag="--batch-size"),
-    _ADVANCED("advanced.loss_type", "Loss Type", "The GRPO loss: grpo, dapo or dr_grpo.", "enum", names=LOSS_NAMES,
-              default=C.LOSS_TYPE_GRPO),
+    _ADVANCED("advanced.loss_type", "Loss Type",
+              "The GRPO loss: grpo, dapo or dr_grpo (token ratios clipped at epsilon_high); gspo (a sequence-level "
+              "ratio), cispo (a clipped, detached importance weight) or sapo (a soft gate). The ratio moves only "
+              "with Iterations or Mini-batches above 1.", "enum", names=LOSS_NAMES, default=C.LOSS_TYPE_GRPO),
     _ADVANCED("advanced.epochs", "Epochs", "Passes over the prompts when Max Steps is Full.", "int", range=EPOCHS,
               flag="--epochs", checked=True),
     _ADVANCED("advanced.quantization", "Quantization", "The base model's weights: full, 4-bit or 8-bit.", "enum",
@@ -373,8 +391,21 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               applies="vllm", flag="--max-async-steps"),
     _ADVANCED("advanced.epsilon_high", "Epsilon high",
               "DAPO's clip-higher: the importance ratio's upper clip is 1 + this (the lower stays 1 - 0.2); DAPO "
-              "uses 0.28, 0.2 is the symmetric clip.", "float", range=EPSILON_HIGH, flag="--epsilon-high",
+              "uses 0.28, 0.2 is the symmetric clip. It binds only with Iterations or Mini-batches above 1 (else "
+              "the ratio is 1), and only for the grpo, dapo and dr_grpo losses.", "float", range=EPSILON_HIGH,
+              flag="--epsilon-high", checked=True, summary=True),
+    _ADVANCED("advanced.num_iterations", "Iterations",
+              "Optimizer passes over each step's batch (DeepSeekMath's mu): the passes after the first train on "
+              "completions of an earlier policy, which is what the clip and the loss's ratio act on.", "int",
+              range=NUM_ITERATIONS, flag="--num-iterations", checked=True, summary=True),
+    _ADVANCED("advanced.mini_batches", "Mini-batches",
+              "Optimizer steps per pass over a step's batch, each on its own share of the completions; must "
+              "divide each process's share of Batch Size.", "int", range=MINI_BATCHES, flag="--mini-batches",
               checked=True, summary=True),
+    _ADVANCED("advanced.mask_truncated_completions", "Mask truncated",
+              "DAPO's overlong masking: completions cut at Max completion are left out of the loss "
+              "(`rlvr train --mask-truncated`).", "bool",
+              default=False, summary=True),
 )
 FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
 # The sampling controls beyond temperature: JobConfig, Sampling, SamplingSpec and AdvancedOptions
@@ -415,9 +446,13 @@ def value_of(spec: Message, row: SpecField) -> object:
 
 def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
     """TrainingSummary.settings: the summary rows' values, by path (the environment's rows only for a
-    job with an environment)."""
-    return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
-            if row.summary and (row.group != "environment" or spec.environment.key)}
+    job with an environment); epsilon_high says so where it binds nowhere (`clip_note`)."""
+    out = {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
+           if row.summary and (row.group != "environment" or spec.environment.key)}
+    note = clip_note(spec.advanced)
+    if note and "advanced.epsilon_high" in out:
+        out["advanced.epsilon_high"] += f" (inactive: {note})"
+    return out
 
 
 def fields_markdown() -> str:
@@ -812,6 +847,7 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
                            '"auto", "cpu", or a comma list of device indices such as "0,1"'))
     _validate_processes(spec, backend, v)
     _checked(spec, "advanced", v)
+    _validate_updates(spec, warnings, v)
     reshaped = reshaped_sampling(a)
     if reshaped and backend == C.GENERATION_BACKEND_TRANSFORMERS and not v.bad(*SAMPLING_PATHS):
         warnings.append(f"advanced.{', '.join(reshaped)}: the Transformers backend reports no sampling logprobs, so "
@@ -831,6 +867,58 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
     if a.precision not in PRECISIONS and not v.bad("advanced.precision"):
         v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
                            f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")'))
+
+
+# What each loss does when a step makes one optimizer step over its batch (the ratio is exactly 1).
+ON_POLICY_EQUIVALENT = {"gspo": "grpo", "cispo": "dapo", "sapo": "grpo"}
+
+
+def one_update_per_step(a: common_pb2.AdvancedOptions) -> bool:
+    """Whether a job makes one optimizer step per generated batch (num_iterations 1, mini_batches 1):
+    then the loss's importance ratio is exactly 1 and no clip binds."""
+    return a.num_iterations <= 1 and a.mini_batches <= 1
+
+
+def clip_note(a: common_pb2.AdvancedOptions) -> str:
+    """Why advanced.epsilon_high changes nothing for these options, in the Training Summary's few
+    words ("" where it binds)."""
+    loss = LOSS_NAMES.get(a.loss_type, "")
+    if loss in OWN_BOUNDS:
+        return f"{loss} bounds its own ratio"
+    if one_update_per_step(a):
+        return "one update per batch"
+    return ""
+
+
+def _validate_updates(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
+    """advanced.num_iterations, mini_batches and epsilon_high against the loss and the batch."""
+    a, g = spec.advanced, spec.grpo
+    loss = LOSS_NAMES.get(a.loss_type, "")
+    changed = abs(a.epsilon_high - EPSILON_HIGH.default) > 1e-6
+    if loss in OWN_BOUNDS and changed and not v.bad("advanced.epsilon_high"):
+        v.add(InvalidArgument(f"advanced.epsilon_high: {a.epsilon_high:.7g} applies to the "
+                              f"{', '.join(CLIPPED_LOSSES)} losses only; {OWN_BOUNDS[loss]}: leave it at "
+                              f"{EPSILON_HIGH.default:g} or pick one of those losses"))
+    world = max(a.num_processes, 1) * max(a.num_nodes, 1)
+    if not v.bad("advanced.mini_batches", "grpo.batch_size", "grpo.group_size", "advanced.num_processes",
+                 "advanced.num_nodes") and (g.batch_size // world) % a.mini_batches:
+        share = g.batch_size // world
+        fits = [m for m in range(MINI_BATCHES.low, MINI_BATCHES.high + 1) if share % m == 0]
+        v.add(InvalidArgument(f"advanced.mini_batches: {a.mini_batches} does not divide the {share} completions "
+                              f"each process trains per step (grpo.batch_size {g.batch_size}"
+                              f"{f' over {world} processes' if world > 1 else ''}); allowed here: "
+                              f"{', '.join(map(str, fits))}"))
+    if v.bad("advanced.num_iterations", "advanced.mini_batches", "advanced.loss_type"):
+        return
+    if one_update_per_step(a):
+        if changed and loss not in OWN_BOUNDS and not v.bad("advanced.epsilon_high"):
+            warnings.append(f"advanced.epsilon_high {a.epsilon_high:.7g} changes nothing here: with "
+                            "advanced.num_iterations 1 and advanced.mini_batches 1 each step makes one optimizer "
+                            "step, so the importance ratio is 1 and the clip never binds")
+        if loss in ON_POLICY_EQUIVALENT:
+            warnings.append(f"advanced.loss_type {loss} trains as {ON_POLICY_EQUIVALENT[loss]} with one optimizer "
+                            "step per batch (its ratio is 1); it differs with advanced.num_iterations or "
+                            "advanced.mini_batches above 1")
 
 
 def _validate_memory(a: common_pb2.AdvancedOptions, backend: int) -> None:

@@ -276,9 +276,19 @@ def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -
 
     r = resolve_spec(C.JobSpec())
     assert r.spec.advanced.epsilon_high == pytest.approx(0.2)
-    assert dict(r.summary.settings) == {"advanced.epsilon_high": "0.2"}
-    dapo = resolve_spec(spec(advanced={"epsilon_high": 0.28}))
+    inactive = "(inactive: one update per batch)"
+    assert dict(r.summary.settings) == {"advanced.epsilon_high": f"0.2 {inactive}", "advanced.num_iterations": "1",
+                                        "advanced.mini_batches": "1", "advanced.mask_truncated_completions": "off"}
+    # one optimizer step per batch: clip-higher is shown inactive, and the job is told it changes nothing
+    on_policy = resolve_spec(spec(advanced={"epsilon_high": 0.28}))
+    assert f"  Epsilon high    0.28 {inactive}" in summary_lines(on_policy.summary)
+    assert any(w.startswith("advanced.epsilon_high 0.28 changes nothing here") for w in on_policy.warnings)
+    dapo = resolve_spec(spec(advanced={"epsilon_high": 0.28, "num_iterations": 2}))
     assert "  Epsilon high    0.28" in summary_lines(dapo.summary)
+    assert dapo.summary.settings["advanced.epsilon_high"] == "0.28"
+    assert not [w for w in dapo.warnings if w.startswith("advanced.")]
+    assert resolve_spec(spec(advanced={"epsilon_high": 0.28, "mini_batches": 2})).summary.settings[
+        "advanced.epsilon_high"] == "0.28"
     for bad in (0.1, 1.5):
         with pytest.raises(InvalidArgument, match=r"advanced.epsilon_high: .* is out of range; allowed: 0.2 to 1 "
                                                    r"\(default 0.2\)"):
@@ -377,3 +387,35 @@ def test_rlvr_eval_run_sends_the_sampling_controls() -> None:
     assert (sp.top_k, round(sp.min_p, 6), round(sp.repetition_penalty, 6)) == (4, 0.1, 1.2)
     plain = eval_cmd.run_request(build_parser().parse_args(["eval", "run", "--benchmark", "x"])).sampling
     assert (plain.top_k, plain.min_p, plain.repetition_penalty) == (0, 0.0, 0.0)  # unset: off, greedy stays greedy
+
+
+def test_updates_per_step_and_the_loss_families_are_checked_together() -> None:
+    # each loss family that bounds its ratio its own way refuses a clip-higher it would ignore
+    for loss, words in ((C.LOSS_TYPE_GSPO, "3e-4"), (C.LOSS_TYPE_CISPO, "at 5"), (C.LOSS_TYPE_SAPO, "smoothly")):
+        with pytest.raises(InvalidArgument, match=rf"advanced.epsilon_high: 0.28 applies to the grpo, dapo, dr_grpo "
+                                                  rf"losses only; .*{words}"):
+            resolve_spec(spec(advanced={"loss_type": loss, "epsilon_high": 0.28, "num_iterations": 2}))
+        family = resolve_spec(spec(advanced={"loss_type": loss}))
+        name = C.LossType.Name(loss).removeprefix("LOSS_TYPE_").lower()
+        assert family.summary.loss_type == name
+        assert family.summary.settings["advanced.epsilon_high"] == f"0.2 (inactive: {name} bounds its own ratio)"
+        # at one update a step the ratio is 1: the family trains as its on-policy twin, and says so
+        assert any(w.startswith(f"advanced.loss_type {name} trains as ") for w in family.warnings)
+        assert not [w for w in resolve_spec(spec(advanced={"loss_type": loss, "num_iterations": 2})).warnings
+                    if w.startswith("advanced.")]
+    # mini_batches must divide each process's share of the batch; every bad field in one error
+    assert _fields(spec(grpo={"batch_size": 16, "group_size": 4},
+                        advanced={"mini_batches": 3, "num_iterations": 9, "loss_type": C.LOSS_TYPE_CISPO,
+                                  "epsilon_high": 0.3})) == [
+        "advanced.num_iterations", "advanced.epsilon_high", "advanced.mini_batches"]
+    with pytest.raises(InvalidArgument, match=r"advanced.mini_batches: 8 does not divide the 4 completions each "
+                                              r"process trains per step \(grpo.batch_size 16 over 4 processes\); "
+                                              r"allowed here: 1, 2, 4"):
+        resolve_spec(spec(grpo={"batch_size": 16, "group_size": 4},
+                          advanced={"mini_batches": 8, "num_processes": 4, "gpu_selection": "cpu"}))
+    for field, bad in (("num_iterations", 0), ("mini_batches", 17)):
+        with pytest.raises(InvalidArgument, match=rf"advanced.{field}: {bad} is out of range"):
+            resolve_spec(spec(advanced={field: bad}))
+    masked = resolve_spec(spec(advanced={"mask_truncated_completions": True, "num_iterations": 3}))
+    assert masked.summary.settings["advanced.mask_truncated_completions"] == "on"
+    assert masked.summary.settings["advanced.num_iterations"] == "3"

@@ -37,8 +37,12 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
         assert line in out.stdout, out.stdout
     assert "warning: grpo.batch_size 4 rounded up to 8, a multiple of grpo.group_size 8" in out.stdout
     assert "queued" not in out.stdout
-    dapo = rlvr("train", "--dry-run", "--address", scheduler, "--epsilon-high", "0.28")
-    assert dapo.returncode == 0 and "Epsilon high    0.28" in dapo.stdout, dapo.stderr
+    dapo = rlvr("train", "--dry-run", "--address", scheduler, "--epsilon-high", "0.28", "--num-iterations", "2",
+                "--mini-batches", "2", "--mask-truncated", "--loss-type", "dapo")
+    assert dapo.returncode == 0, dapo.stderr
+    for line in ("Epsilon high    0.28\n", "Iterations      2", "Mini-batches    2", "Mask truncated  on",
+                 "Loss Type       dapo"):
+        assert line in dapo.stdout, dapo.stdout
 
 
 def test_bad_value_names_field_and_range(scheduler: str) -> None:

@@ -101,6 +101,12 @@ class JobConfig:
     max_async_steps: int
     # advanced.epsilon_high: DAPO's clip-higher, TRL's GRPOConfig(epsilon_high).
     epsilon_high: float
+    # advanced.num_iterations (optimizer passes over a step's batch) and advanced.mini_batches (optimizer
+    # steps per pass): a step makes num_iterations x mini_batches optimizer steps (engine.py, `grpo_args`).
+    num_iterations: int
+    mini_batches: int
+    # advanced.mask_truncated_completions: DAPO's overlong masking (TRL's own option).
+    mask_truncated_completions: bool
     # advanced.sharding: how a job of several processes holds the model, "ddp" (a whole copy each)
     # or "fsdp" (sharded across them: engine.py, `fsdp_args`).
     sharding: Sharding
@@ -157,6 +163,11 @@ class JobConfig:
                         repetition_penalty=self.repetition_penalty, **fields)
 
     @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per step (one generated batch): num_iterations x mini_batches."""
+        return self.num_iterations * self.mini_batches
+
+    @property
     def prompts_per_step(self) -> int:
         return self.batch_size // self.group_size
 
@@ -189,7 +200,9 @@ class JobConfig:
         """The JobConfig `to_json` wrote: the job process reads its worker's, already validated."""
         # A config written before the sampling controls existed (a job orphaned across an upgrade) reads
         # as the controls off, which is how it sampled.
-        data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **data}
+        # So does one written before num_iterations, mini_batches and overlong masking: one update a step.
+        data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "num_iterations": 1,
+                "mini_batches": 1, "mask_truncated_completions": False, **data}
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
                       "data_roots": tuple(Path(p) for p in data["data_roots"]),
                       "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})
