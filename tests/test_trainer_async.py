@@ -127,14 +127,16 @@ async def test_one_async_step_overlaps_generation_with_the_update_within_the_bou
 async def test_async_steps_in_micro_batches_take_their_prefetched_prompts(
     tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A step trained in micro-batches (engine.py `micro_batch_size`): TRL's sampler yields each step's
-    batch once per micro-batch, and the prefetch still queues the prompts the step will be given (none
-    is dropped and generated again); each step publishes one MetricEvent with its lag ratio."""
+    """A step trained in micro-batches (engine.py `micro_batch_size`), in two passes of two mini-batches
+    (advanced.num_iterations, mini_batches: four optimizer steps): TRL's sampler yields each step's
+    batch once per micro-batch of every pass, and the prefetch still queues the prompts the step will
+    be given (none is dropped and generated again); each step publishes one MetricEvent with its lag
+    ratio, which TRL's own old-logprob pass then gives (the updates change the policy mid-step)."""
     import logging
 
     caplog.set_level(logging.WARNING, logger="rlvr.trainer.prefetch")
     (sync_events, sync), (async_events, overlapped) = await _sync_then_async(
-        tmp_path, tiny_model, monkeypatch, micro_batch_size=2)
+        tmp_path, tiny_model, monkeypatch, micro_batch_size=2, num_iterations=2, mini_batches=2)
     assert [e.step for e in sync_events] == [e.step for e in async_events] == [1, 2, 3, 4]
     assert overlapped.prompts == sync.prompts
     # every prefetch taken (a dropped one is generated again, synchronously)

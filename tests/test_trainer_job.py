@@ -572,8 +572,8 @@ def _adapter_tensors(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("extra", [{}, {"kl_beta": 0.05, "dynamic_sampling": True},
-                                   {"kl_beta": 0.05, "micro_batch_size": 2}],
-                         ids=["plain", "kl-dynamic", "kl-micro-batches"])
+                                   {"kl_beta": 0.05, "micro_batch_size": 2, "num_iterations": 2, "mini_batches": 2}],
+                         ids=["plain", "kl-dynamic", "kl-micro-batches-4-updates"])
 def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adapter_bit_for_bit(
         tmp_path: Path, tiny_model: str, extra: dict[str, Any]) -> None:
     """Crash recovery (runner.resume_point): a run lost after its checkpoint resumes from it and
@@ -581,7 +581,9 @@ def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adap
     step: 2 steps an epoch, so the resume from step 3 starts inside the second epoch (the sampler's
     second order, a skipped batch, the RNG states restored mid-epoch) and runs into the third. With
     kl_beta the checkpoint also holds TRL's "ref" adapter; with dynamic sampling, our prompt draw; in
-    micro-batches (engine.py `micro_batch_size`) TRL's loop skips a step's micro-batches on resume."""
+    micro-batches (engine.py `micro_batch_size`) TRL's loop skips a step's micro-batches on resume, and
+    with 2 passes of 2 mini-batches (num_iterations, mini_batches) its 4 optimizer steps a step, whose
+    checkpoint TRL names by its own count (checkpoint-12 for step 3)."""
     import torch
 
     options: dict[str, Any] = dict(synthetic_prompts=8, batch_size=8, group_size=2, max_steps=5, checkpoint_every=3,
@@ -599,7 +601,8 @@ def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adap
     first = run_job(_job(root, tiny_model, **options), JobDeps(scorer=_scorer(), publish=lambda e: None, on_step=lost))
     assert first.status == "failed" and "lost" in first.error
     checkpoints = sorted(p.name for p in (root / "jobs" / "t1" / "trl").glob("checkpoint-*"))
-    assert checkpoints == ["checkpoint-3"]
+    updates = extra.get("num_iterations", 1) * extra.get("mini_batches", 1)
+    assert checkpoints == [f"checkpoint-{3 * updates}"]
 
     events: list[C.MetricEvent] = []
     resumed = run_job(_job(root, tiny_model, resume=True, **options), JobDeps(scorer=_scorer(), publish=events.append))

@@ -104,8 +104,12 @@ def test_metric_event_has_every_field() -> None:
     record.scored_at, record.optimizer_done_at = 10.0, 10.25
     record.finish()
     logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01,
-            "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5}
+            "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5,
+            "clip_ratio/region_mean": 0.125}
     event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision")
+    assert event.clip_fraction == 0.125  # TRL's share of tokens its loss clipped; cispo's under its own key
+    assert metric_event("j", 10, record, {"loss": 0.1, "cispo_clip_ratio": 0.5}, False).clip_fraction == 0.5
+    assert not metric_event("j", 10, record, {"loss": 0.1}, False).HasField("clip_fraction")  # sapo: no clip
     assert event.reward_mean == pytest.approx(0.55) and event.reward_std == pytest.approx(0.5024938)
     assert (event.accuracy, event.format, event.clipped_ratio) == (0.5, 0.5, 0.25)
     assert (event.completion_length_mean, event.completion_length_max) == (6.0, 9)

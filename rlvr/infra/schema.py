@@ -152,6 +152,9 @@ class MetricPointRow(SQLModel, table=True):
     truncated_episodes: int | None = None
     failed_episodes: int | None = None
     episode_splits: int | None = None
+    # The share of completion tokens whose importance ratio the loss clipped (None: a loss that does
+    # not clip, or a point stored before it).
+    clip_fraction: float | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

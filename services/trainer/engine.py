@@ -80,27 +80,34 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     asynchronous steps; the runner passes whether `sampler_corrections` found any reason).
 
     `micro_batch`: completions per forward/backward of the loss (`micro_batch_size`; 0 = the process's
-    whole share, one micro-batch). The share is then trained as share / micro_batch micro-batches whose
-    gradients accumulate into the step's one optimizer step: TRL generates once per step
-    (steps_per_generation = gradient_accumulation_steps), and its losses divide each micro-batch so that
-    the accumulated gradient is the whole batch's (see `micro_batch_size`)."""
+    whole share of a mini-batch, one micro-batch). A step generates once (steps_per_generation = the
+    share / micro_batch micro-batches) and makes `JobConfig.updates_per_step` optimizer steps on it:
+    job.mini_batches per pass (gradient_accumulation_steps = the micro-batches of one mini-batch, whose
+    gradients accumulate; TRL's losses divide each micro-batch so that the accumulated gradient is the
+    mini-batch's), job.num_iterations passes. TRL's steps are then optimizer steps: max_steps, the
+    logging and the checkpoints count them `updates_per_step` to a step (`_StepCallback`)."""
     from trl import GRPOConfig
 
     if correct is None:
         correct = job.max_async_steps > 0
     lag: dict[str, Any] = LAG_CORRECTION if correct else {}
     share = job.batch_size // processes
-    micro = micro_batch or share
-    if share % micro:
-        raise ValueError(f"micro-batch of {micro} completions does not divide the process's {share} of the batch")
+    mini = share // job.mini_batches
+    micro = micro_batch or mini
+    if share % job.mini_batches or mini % micro:
+        raise ValueError(f"micro-batch of {micro} completions does not divide the process's mini-batch of {mini} "
+                         f"({share} completions in {job.mini_batches} mini-batches)")
+    updates = job.updates_per_step
     return GRPOConfig(
         **lag,
         **(fsdp_args(job) if job.sharding == "fsdp" and processes > 1 else {}),
         output_dir=str(output_dir),
         per_device_train_batch_size=micro,
-        # One generation per optimizer step, trained in share / micro micro-batches.
-        gradient_accumulation_steps=share // micro,
+        # One generation per step, trained in share / micro micro-batches: mini / micro of them to an
+        # optimizer step, num_iterations passes.
+        gradient_accumulation_steps=mini // micro,
         steps_per_generation=share // micro,
+        num_iterations=job.num_iterations,
         num_generations=job.group_size,
         # an episode's row holds all its turns and observations (dr_grpo normalizes by this length)
         max_completion_length=job.max_episode_tokens if job.environment else job.max_completion_tokens,
@@ -108,13 +115,13 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         # The spec's Learning Rate is the rate: held constant rather than decayed to zero.
         lr_scheduler_type="constant",
         warmup_steps=0,
-        max_steps=total_steps,
+        max_steps=total_steps * updates,
         num_train_epochs=job.epochs,
-        loss_type=job.loss_type,
+        **LOSS_ARGS.get(job.loss_type, {"loss_type": job.loss_type, "epsilon_high": job.epsilon_high}),
         # Dr. GRPO drops the per-group std normalisation (its length/difficulty bias fix).
         scale_rewards="none" if job.loss_type == "dr_grpo" else "group",
+        mask_truncated_completions=job.mask_truncated_completions,
         beta=job.kl_beta,
-        epsilon_high=job.epsilon_high,  # DAPO's clip-higher; the lower clip stays TRL's epsilon (0.2)
         temperature=job.temperature,
         # TRL's own sampler is not used (rollout_func generates), but its config states how the
         # rollouts were sampled; its loss scores log_softmax(logits / temperature) whatever these are.
@@ -122,10 +129,9 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         top_k=job.top_k,
         min_p=job.min_p or None,
         repetition_penalty=job.repetition_penalty,
-        num_iterations=1,
         seed=job.seed,
         data_seed=job.seed,
-        logging_steps=1,
+        logging_steps=updates,  # one log line a step, of its updates (TRL averages them)
         report_to=[],
         bf16=job.precision == "bf16",
         fp16=job.precision == "fp16",
@@ -139,10 +145,22 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         # is `train(resume_from_checkpoint=...)`. Two are kept: the older one is whole while the
         # newer one is being written.
         save_strategy="steps" if job.checkpoint_every > 0 else "no",
-        save_steps=max(job.checkpoint_every, 1),
+        save_steps=max(job.checkpoint_every, 1) * updates,
         save_total_limit=2,
         save_only_model=False,
     )
+
+
+# The loss families that are more than TRL's loss_type and the job's epsilon_high (rlvr/jobspec.py,
+# OWN_BOUNDS, says the same to users). The others pass loss_type as named, with the clip-higher.
+LOSS_ARGS: dict[str, dict[str, Any]] = {
+    # GSPO: GRPO's loss over a sequence-level ratio, clipped at the paper's 3e-4 / 4e-4 (v2, section 5.1;
+    # TRL's paper index gives the same configuration).
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    # CISPO: TRL reads epsilon_high as the weight's upper clip, ScaleRL's epsilon_max (TRL recommends 5.0).
+    "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
+    "sapo": {"loss_type": "sapo"},  # TRL's temperatures (1.0 positive, 1.05 negative advantages)
+}
 
 
 def fsdp_args(job: JobConfig) -> dict[str, Any]:
@@ -194,11 +212,11 @@ def micro_batch_budget(use_cpu: bool) -> int:
 def micro_batch_size(job: JobConfig, config: Any, row_tokens: int, processes: int = 1,
                      budget: int = MICRO_BATCH_BUDGET) -> int:
     """Completions per forward/backward of the loss: job.micro_batch_size when set, else the largest
-    divisor of the process's share of the batch (batch_size / processes) whose rows of `row_tokens`
+    divisor of the process's share of a mini-batch (batch_size / processes / mini_batches) whose rows of `row_tokens`
     tokens (the longest prompt + the completion cap) fit `budget` at `token_bytes` each; one row at
     least. A share that fits trains at once (one micro-batch), as the trainer did before it split
     batches; so do the bundled tiny models at the sizes their measurements use."""
-    share = job.batch_size // processes
+    share = job.batch_size // processes // job.mini_batches  # an optimizer step's completions
     if job.micro_batch_size:
         return job.micro_batch_size
     fit = budget // max(1, token_bytes(config) * row_tokens)
@@ -248,10 +266,17 @@ def prompt_tokens(tokenizer: Any, texts: Sequence[str], longest: int = 16) -> in
 
 class _StepCallback:
     """The step's seams in TRL's loop (a transformers TrainerCallback; built in `make_callback` so
-    that this module imports transformers lazily)."""
+    that this module imports transformers lazily). TRL's global_step counts optimizer steps, `updates`
+    (JobConfig.updates_per_step) to one of our steps: a step begins with the first of its updates and
+    ends (pushed, published, checkpointed) with the last."""
 
     def __init__(self, engine: GrpoEngine) -> None:
         self.engine = engine
+        self.updates = engine.ctx.job.updates_per_step
+
+    def number(self, state: Any) -> int:
+        """Our step of TRL's last finished optimizer step (0 before the first)."""
+        return -(-state.global_step // self.updates)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.engine.sharded:  # the policy is sharded by now (accelerate's prepare, in train())
@@ -260,13 +285,16 @@ class _StepCallback:
                      self.engine.group.world, held, total)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.engine.step = Step(self.engine.ctx, state.global_step + 1)
+        if state.global_step % self.updates == 0:  # the step's first update: TRL generates for it
+            self.engine.step = Step(self.engine.ctx, state.global_step // self.updates + 1)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.engine.current.updated()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         engine, group = self.engine, self.engine.group
+        if state.global_step % self.updates:
+            return  # an update before the step's last
         step = engine.current
         if group.world == 1:
             step.push(engine.model)  # unwrapped: the PeftModel itself
@@ -291,14 +319,14 @@ class _StepCallback:
         if group.any(engine.ctx.hooks.cancel.is_set()):
             control.should_training_stop = True
         every = self.engine.ctx.job.checkpoint_every
-        if control.should_save and (not every or state.global_step % every):
+        if control.should_save and (not every or step.number % every):
             control.should_save = False  # transformers' save at the last step: a finished job resumes nothing
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         step = self.engine.step
         if not self.engine.group.is_main:
             return  # rank 0 publishes the step (with every rank's completions: on_step_end)
-        if not logs or "loss" not in logs or step is None or step.number != state.global_step:
+        if not logs or "loss" not in logs or step is None or step.number * self.updates != state.global_step:
             return  # the end-of-training summary, or a log line of no step of ours
         step.publish(logs)
 
@@ -307,9 +335,10 @@ class _StepCallback:
         a job of several nodes: each writes the checkpoint into its own artifact root)."""
         if not self.engine.group.is_node_main:
             return
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self.engine.space.write(f"step {state.global_step}'s checkpoint",
-                                lambda: self.engine.save_resume_state(checkpoint, state.global_step))
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"  # TRL's folder: its steps
+        number = self.number(state)
+        self.engine.space.write(f"step {number}'s checkpoint",
+                                lambda: self.engine.save_resume_state(checkpoint, number))
 
 
 def make_callback(engine: GrpoEngine) -> Any:  # -> TrainerCallback

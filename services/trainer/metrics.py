@@ -144,6 +144,10 @@ def metric_event(
     if gap is not None:
         event.logprob_gap = gap
         event.logprob_gap_max = _finite(logs.get("sampling/sampling_logp_difference/max")) or gap
+    # TRL's share of tokens whose ratio its loss clipped (the grpo family's, or cispo's weights); none for sapo
+    clipped = _finite(logs.get("clip_ratio/region_mean", logs.get("cispo_clip_ratio")))
+    if clipped is not None:
+        event.clip_fraction = clipped
     if record.episodes is not None:  # a job with an environment: its episodes' counters
         record.episodes.fill(event)
     stamp = Timestamp()
