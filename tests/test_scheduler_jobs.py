@@ -928,3 +928,48 @@ async def test_a_job_waits_with_a_reason_while_no_worker_answers(sqlite_store: S
     workers.down.clear()
     await jobs.dispatch_once()
     assert (sqlite_store.get_job(job_id).status, sqlite_store.get_job(job_id).queue_reason) == ("RUNNING", "")
+
+
+async def test_a_job_whose_groups_never_differ_is_warned_that_it_cannot_learn(nats_server, sqlite_store: Store
+                                                                             ) -> None:
+    """Four steps in a row without a group whose rewards differ (MetricEvent.groups_with_signal 0):
+    the job gets the warning once (Job.warnings, which the job page and `rlvr jobs show` print) and
+    watchers a RUNNING status event saying it; a step with signal in between resets the count."""
+    from rlvr.services.scheduler.ingest import NO_SIGNAL, NO_SIGNAL_STEPS
+
+    workers = FakeWorkers(n=2)
+    async with connected_bus(nats_server.url) as bus:
+        jobs = JobManager(sqlite_store, bus, workers, poll_seconds=0.1)
+        await jobs.start()
+        try:
+            spec = C.JobSpec()
+            spec.grpo.max_steps = 20
+            _, flat = await jobs.create(spec, dry_run=False)
+            _, mixed = await jobs.create(spec, dry_run=False)
+
+            async def running() -> bool:
+                return [(await jobs.get(j.id)).status for j in (flat, mixed)] == [C.JOB_STATUS_RUNNING] * 2
+            await _until(running)
+            signal = {flat.id: [0] * (NO_SIGNAL_STEPS + 2), mixed.id: [0, 0, 0, 1, 0, 0, 0]}
+            for job_id, groups in signal.items():
+                for step, n in enumerate(groups, start=1):
+                    ev = C.MetricEvent(job_id=job_id, step=step, total_steps=20, reward_mean=0.0, loss=0.0,
+                                       groups_with_signal=n)
+                    await bus.publish(job_metrics_subject(job_id), ev.SerializeToString(), metric_msg_id(job_id, step))
+
+            async def stored() -> bool:
+                return all(len(sqlite_store.metric_points(j)) == len(g) for j, g in signal.items())
+            await _until(stored)
+            warned = [w for w in (await jobs.get(flat.id)).warnings if w.startswith(NO_SIGNAL)]
+            assert warned == [f"{NO_SIGNAL} in steps 1-4: every completion of each prompt scored the same (mean "
+                              "reward 0), so GRPO's advantages are zero and the adapter does not move. The task is "
+                              "too hard or too easy for this model at this length; try a model with headroom on it "
+                              "(`rlvr models show NAME --eval`), a larger grpo.max_completion_tokens or "
+                              "grpo.group_size, a higher advanced.temperature, or a reward with partial credit"]
+            assert not [w for w in (await jobs.get(mixed.id)).warnings if w.startswith(NO_SIGNAL)]
+            events = await _statuses(bus, flat.id, 3)
+            assert [e.status for e in events] == [C.JOB_STATUS_QUEUED, C.JOB_STATUS_RUNNING, C.JOB_STATUS_RUNNING]
+            assert events[2].message == f"warning: {warned[0]}"
+            assert (await jobs.get(flat.id)).status == C.JOB_STATUS_RUNNING
+        finally:
+            await jobs.stop()

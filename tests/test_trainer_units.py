@@ -106,7 +106,12 @@ def test_metric_event_has_every_field() -> None:
     logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01,
             "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5,
             "clip_ratio/region_mean": 0.125}
-    event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision")
+    event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision", group_size=2)
+    assert event.groups_with_signal == 2  # rewards 1.1, 0.1 | 0.0, 1.0: both groups differ
+    flat = StepRecord(step=1, scores=[Score(0.5, 0, 0), Score(0.5, 0, 0), Score(0.0, 0, 0), Score(1.0, 1, 0)])
+    assert metric_event("j", 10, flat, {}, False, group_size=2).groups_with_signal == 1
+    assert metric_event("j", 10, flat, {}, False, group_size=4).groups_with_signal == 1
+    assert not metric_event("j", 10, flat, {}, False).HasField("groups_with_signal")
     assert event.clip_fraction == 0.125  # TRL's share of tokens its loss clipped; cispo's under its own key
     assert metric_event("j", 10, record, {"loss": 0.1, "cispo_clip_ratio": 0.5}, False).clip_fraction == 0.5
     assert not metric_event("j", 10, record, {"loss": 0.1}, False).HasField("clip_fraction")  # sapo: no clip

@@ -155,6 +155,8 @@ class MetricPointRow(SQLModel, table=True):
     # The share of completion tokens whose importance ratio the loss clipped (None: a loss that does
     # not clip, or a point stored before it).
     clip_fraction: float | None = None
+    # The step's groups whose rewards differ (None: a point stored before the count).
+    groups_with_signal: int | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

@@ -18,6 +18,7 @@ never overwritten by a late non-terminal one.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +27,7 @@ from google.protobuf.message import DecodeError
 
 from rlvr.common.errors import NotFound
 from rlvr.infra.events import ALL_JOB_EVENTS, DurableSubscription, Event, cancel_and_wait, job_events_subject
-from rlvr.infra.schema import JobRow, metric_point_from_event
+from rlvr.infra.schema import JobRow, MetricPointRow, metric_point_from_event
 from rlvr.jobspec import job_status_name
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row
 from rlvr.services.scheduler.lifecycle import JobLifecycle, status_event
@@ -43,6 +44,24 @@ STREAM_GRACE_S = 5.0
 """How long a watch whose job the store has ended waits for that end to come off the stream."""
 STORE_GRACE_S = 30.0
 """How long a watch that read a job's end off the stream waits for the store to hold it."""
+NO_SIGNAL_STEPS = 4
+"""Steps in a row without a group whose rewards differ, after which a running job is warned that it
+cannot learn (`no_signal_warning`)."""
+NO_SIGNAL = "no group had a reward spread"
+
+
+def no_signal_warning(points: list[MetricPointRow], step: int) -> str | None:
+    """The warning for a job whose steps up to `step` had no group with a reward spread for the last
+    NO_SIGNAL_STEPS steps (`points`: its stored series), else None."""
+    recent = [p for p in points if step - NO_SIGNAL_STEPS < p.step <= step]
+    if len(recent) < NO_SIGNAL_STEPS or any(p.groups_with_signal != 0 for p in recent):
+        return None
+    rewards = sorted({round(p.reward_mean, 4) for p in recent})
+    return (f"{NO_SIGNAL} in steps {step - NO_SIGNAL_STEPS + 1}-{step}: every completion of each prompt scored "
+            f"the same (mean reward {', '.join(f'{r:g}' for r in rewards)}), so GRPO's advantages are zero and the "
+            "adapter does not move. The task is too hard or too easy for this model at this length; try a model "
+            "with headroom on it (`rlvr models show NAME --eval`), a larger grpo.max_completion_tokens or "
+            "grpo.group_size, a higher advanced.temperature, or a reward with partial credit")
 
 
 def events_consumer(store_id: str) -> str:
@@ -101,6 +120,24 @@ class Ingest:
         stored = await asyncio.to_thread(self.store.add_metric_point, metric_point_from_event(metric))
         if stored and metric.step > row.current_step:
             await self.lifecycle.progress(metric.job_id, metric.step)
+        if stored and metric.HasField("groups_with_signal") and metric.groups_with_signal == 0 \
+                and metric.step >= NO_SIGNAL_STEPS:
+            await self._warn_no_signal(row, metric.step)
+
+    async def _warn_no_signal(self, row: JobRow, step: int) -> None:
+        """Once per job: the warning that it cannot learn, on the job (Job.warnings: the job page and
+        `rlvr jobs show`) and as a RUNNING status event with the warning as its message (watchers)."""
+        warnings = json.loads(row.warnings_json or "[]")
+        if row.status != "RUNNING" or any(w.startswith(NO_SIGNAL) for w in warnings):
+            return
+        points = await asyncio.to_thread(self.store.metric_points, row.id, step - NO_SIGNAL_STEPS)
+        warning = no_signal_warning(points, step)
+        if warning is None:
+            return
+        log.warning("job %s: %s", row.id, warning)
+        await asyncio.to_thread(self.store.update_job, row.id, warnings_json=json.dumps([*warnings, warning]))
+        await self.lifecycle.publish_status(row.id, "RUNNING", f"warning: {warning}", again="no-signal")
+        await self.lifecycle.notify()
 
     async def watch(self, job_id: str, from_start: bool) -> AsyncIterator[common_pb2.JobEvent]:
         """Status and metric events until the job ends. A finished job replays from the store.

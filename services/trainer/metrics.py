@@ -98,13 +98,26 @@ def reward_components(scores: Sequence[Score]) -> dict[str, float]:
     return {k: statistics.fmean(s.components.get(k, 0.0) for s in scores) for k in keys}
 
 
+# Rewards closer than this within a group count as equal: GRPO's advantage is (r - mean) / (std + 1e-4)
+# (TRL), so a spread this small moves nothing.
+SIGNAL_SPREAD = 1e-6
+
+
+def groups_with_signal(rewards: Sequence[float], group_size: int) -> int:
+    """How many of the consecutive groups of `group_size` rewards are not all equal (the groups that
+    move the adapter; TRL's rows hold each prompt's completions together, every process's share too)."""
+    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), max(group_size, 1))]
+    return sum(1 for g in groups if g and max(g) - min(g) > SIGNAL_SPREAD)
+
+
 def metric_event(
     job_id: str, total_steps: int, record: StepRecord, logs: Mapping[str, object], kl_computed: bool,
-    correction: str = "",
+    correction: str = "", group_size: int = 0,
 ) -> common_pb2.MetricEvent:
     """The step's MetricEvent. `logs` is TRL's log dict for the step (keys loss, learning_rate,
     entropy, kl, the sampler/trainer logprob gap); `kl` is set only when the KL term is computed (kl_beta > 0);
-    `correction` is why the step's loss is importance-corrected ("" = it is not)."""
+    `correction` is why the step's loss is importance-corrected ("" = it is not); `group_size` (the
+    job's) counts the groups with a reward spread (unset when 0)."""
     scores = record.scores
     rewards = [s.reward for s in scores]
     lengths: Sequence[int] = record.completion_lengths or [0]
@@ -148,6 +161,8 @@ def metric_event(
     clipped = _finite(logs.get("clip_ratio/region_mean", logs.get("cispo_clip_ratio")))
     if clipped is not None:
         event.clip_fraction = clipped
+    if group_size and rewards:
+        event.groups_with_signal = groups_with_signal(rewards, group_size)
     if record.episodes is not None:  # a job with an environment: its episodes' counters
         record.episodes.fill(event)
     stamp = Timestamp()

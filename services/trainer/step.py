@@ -341,7 +341,8 @@ class Step:
     def publish(self, logs: dict[str, Any]) -> None:
         """The step's MetricEvent, from the record and TRL's log line for the step."""
         ctx, record = self.ctx, self.record
-        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0, ctx.correction)
+        event = metric_event(ctx.job.job_id, ctx.total_steps, record, logs, ctx.job.kl_beta > 0, ctx.correction,
+                             group_size=ctx.job.group_size)
         log.info(
             "step %d/%d reward %.3f accuracy %.3f format %.3f loss %.4f length %.1f (%.2f s)%s%s",
             event.step, event.total_steps, event.reward_mean, event.accuracy, event.format, event.loss,
