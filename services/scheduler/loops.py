@@ -136,7 +136,9 @@ class LoopManager(LoopDriver):
         # runs on regardless; a stored loop must get its driver now, not at the next restart.
         row = await asyncio.shield(self._enqueue(row))
         log.info("loop %s created: %s on %s to %g%%", row.id, row.name, resolved.spec.benchmark, resolved.spec.target)
-        return resolved, await self.get(row.id)
+        # The loop as stored (QUEUED): its driver, started already, may have moved it on by now, and
+        # CreateLoop answers what it created (a read here raced the driver's first transition).
+        return resolved, loop_to_proto(row, [], {})
 
     async def _enqueue(self, row: LoopRow) -> LoopRow:
         """Stores the loop QUEUED and starts its driver; both or neither."""
