@@ -446,12 +446,12 @@ def value_of(spec: Message, row: SpecField) -> object:
 
 def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
     """TrainingSummary.settings: the summary rows' values, by path (the environment's rows only for a
-    job with an environment); epsilon_high says so where it binds nowhere (`clip_note`)."""
+    job with an environment); epsilon_high says "(inactive)" where it binds nowhere (`clip_inactive`;
+    docs/jobs.md and the submit's warning or refusal say why)."""
     out = {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
            if row.summary and (row.group != "environment" or spec.environment.key)}
-    note = clip_note(spec.advanced)
-    if note and "advanced.epsilon_high" in out:
-        out["advanced.epsilon_high"] += f" (inactive: {note})"
+    if clip_inactive(spec.advanced) and "advanced.epsilon_high" in out:
+        out["advanced.epsilon_high"] += " (inactive)"
     return out
 
 
@@ -879,15 +879,10 @@ def one_update_per_step(a: common_pb2.AdvancedOptions) -> bool:
     return a.num_iterations <= 1 and a.mini_batches <= 1
 
 
-def clip_note(a: common_pb2.AdvancedOptions) -> str:
-    """Why advanced.epsilon_high changes nothing for these options, in the Training Summary's few
-    words ("" where it binds)."""
-    loss = LOSS_NAMES.get(a.loss_type, "")
-    if loss in OWN_BOUNDS:
-        return f"{loss} bounds its own ratio"
-    if one_update_per_step(a):
-        return "one update per batch"
-    return ""
+def clip_inactive(a: common_pb2.AdvancedOptions) -> bool:
+    """Whether advanced.epsilon_high changes nothing for these options: a loss that bounds its ratio
+    its own way (OWN_BOUNDS), or one optimizer step per batch (the ratio is 1)."""
+    return LOSS_NAMES.get(a.loss_type, "") in OWN_BOUNDS or one_update_per_step(a)
 
 
 def _validate_updates(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
