@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,12 @@ def _capture_colocated(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return captured
 
 
+# The largest mean |log p_trainer - log p_sampler| an fp32 colocated engine may show against the fp32
+# trainer: float32 on both sides, only kernel rounding apart (bench/sampler_gap.py measured a bf16
+# trainer 0.010 and an nf4 one 0.049 away from an fp32 sampler on rlvr-tiny).
+FP32_GAP_BOUND = 2e-3
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("stacked", [False, True], ids=["fresh", "stacked"])
 def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
@@ -154,6 +161,14 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
         first = AdapterTag("job-col-init", 1) if stacked else AdapterTag("", 0)
         assert captured["stamps"] == [[first], [AdapterTag("job-col", 1)], [AdapterTag("job-col", 2)]]
         assert generator.memory.gpu_memory_utilization == pytest.approx(0.1)  # the job's, as the engine holds it
+        if not stacked:
+            # The engine runs in the job's precision (fp32 here), so its sampler is the policy up to
+            # rounding: a gap under FP32_GAP_BOUND at every step, and no correction (a 4-bit job's is
+            # `test_a_quantized_colocate_job_samples_the_unquantized_base_and_says_so`).
+            assert generator.dtype == "float32"
+            assert [e.sampler_correction for e in events] == ["", "", ""]
+            assert all(e.HasField("logprob_gap") for e in events)
+            assert max(e.logprob_gap for e in events) < FP32_GAP_BOUND, [e.logprob_gap for e in events]
 
         # The engine serves the final adapter exactly as peft does on the original base (for a
         # stacked job: base + init + new, written as one adapter); so it does any other version.
@@ -179,20 +194,14 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
         assert os.environ.get(key) == environ.get(key), key  # as before the job, whatever that was
 
 
-# The largest mean |log p_trainer - log p_sampler| an fp32 colocated engine may show against the fp32
-# trainer: float32 on both sides, only kernel rounding apart (bench/sampler_gap.py measured a bf16
-# trainer 0.010 and an nf4 one 0.049 away from an fp32 sampler on rlvr-tiny).
-FP32_GAP_BOUND = 2e-3
-
-
 @pytest.mark.vllm
-@pytest.mark.parametrize("quantization", ["full", "4bit"])
-def test_a_colocate_job_samples_in_its_precision_and_reports_the_gap(
-    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch, quantization: str
+def test_a_quantized_colocate_job_samples_the_unquantized_base_and_says_so(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The colocated engine runs in the job's precision, so a full-precision job's sampler is its
-    policy up to rounding (a gap under FP32_GAP_BOUND, no correction); a 4-bit job's engine samples
-    the unquantized base, and the job applies the correction and names it."""
+    """The colocated engine runs in the job's precision (a full-precision job's gap is checked in
+    `test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter`); a 4-bit job's engine
+    samples the unquantized base, and the job applies the correction and names it."""
+    quantization = "4bit"
     from test_trainer_job import _job, _scorer
 
     from rlvr.services.trainer.runner import JobDeps, run_job
@@ -203,51 +212,16 @@ def test_a_colocate_job_samples_in_its_precision_and_reports_the_gap(
                gpu_memory_fraction=0.1, quantization=quantization, max_steps=2)
     result = run_job(job, JobDeps(scorer=_scorer(), publish=events.append, colocate_enforce_eager=True))
     try:
-        if result.status == "failed" and quantization != "full":  # bitsandbytes cannot run here: said so
+        if result.status == "failed":  # bitsandbytes cannot run here: said so
             assert result.error.startswith("advanced.quantization:"), result.error
             return
         assert result.status == "completed", result.error
         assert captured["generator"].dtype == "float32"  # advanced.precision fp32
         assert all(e.HasField("logprob_gap") for e in events) and len(events) == 2
-        if quantization == "full":
-            assert [e.sampler_correction for e in events] == ["", ""]
-            assert max(e.logprob_gap for e in events) < FP32_GAP_BOUND, [e.logprob_gap for e in events]
-        else:
-            assert [e.sampler_correction for e in events] == ["quantization"] * 2
+        assert [e.sampler_correction for e in events] == ["quantization"] * 2
     finally:
         if "close" in captured:
             captured["close"]()
-
-
-@pytest.mark.vllm
-def test_the_memory_fraction_sizes_the_engines_kv_cache(tiny_model: str) -> None:
-    """Two engines at two fractions: each holds its fraction in its config, and the KV cache it
-    allocated grew by the difference (on CPU the share is of the NUMA node's memory, the KV cache
-    getting what the process does not already use: vllm/v1/worker/cpu_worker.py)."""
-    from transformers import AutoConfig
-    from vllm.platforms import current_platform
-
-    from rlvr.services.trainer.colocate import ColocatedGenerator
-
-    memory = {}
-    for fraction in (0.1, 0.2):
-        generator = ColocatedGenerator(tiny_model, memory_fraction=fraction, max_lora_rank=8, max_model_len=512,
-                                       enforce_eager=True)
-        try:
-            memory[fraction] = generator.memory
-        finally:
-            generator.close()
-    assert [m.gpu_memory_utilization for m in memory.values()] == pytest.approx([0.1, 0.2])
-    assert memory[0.2].kv_cache_tokens > 1.5 * memory[0.1].kv_cache_tokens
-    if current_platform.is_cpu():
-        from vllm.utils.cpu_resource_utils import get_memory_node_info
-
-        config = AutoConfig.from_pretrained(tiny_model)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4  # K, V in float32
-        grown = (memory[0.2].kv_cache_tokens - memory[0.1].kv_cache_tokens) * per_token
-        expected = 0.1 * get_memory_node_info(0).total_memory
-        assert grown == pytest.approx(expected, rel=0.1), (grown, expected)
 
 
 @pytest.mark.vllm
@@ -308,31 +282,73 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
             p.kill()
 
 
+@pytest.fixture(scope="module")
+def engine_at_one_tenth(tiny_model: str) -> Iterator[Any]:
+    """One colocated engine at memory fraction 0.1 for the module's last two tests (the last in the file:
+    no other test starts an engine while it is open). The last of them closes it itself."""
+    from rlvr.services.trainer.colocate import ColocatedGenerator
+
+    generator = ColocatedGenerator(tiny_model, memory_fraction=0.1, max_lora_rank=8, max_model_len=512,
+                                   enforce_eager=True)
+    try:
+        yield generator
+    finally:
+        generator.close()
+
+
 @pytest.mark.vllm
-def test_the_colocated_engine_samples_with_the_jobs_sampling_controls(tiny_model: str) -> None:
+def test_the_colocated_engine_samples_with_the_jobs_sampling_controls(tiny_model: str, engine_at_one_tenth: Any
+                                                                      ) -> None:
     """The job's engine shapes the distribution as the rollout server's does (tests/test_rollout_core.py):
     top_k 1 at any temperature is the greedy completion, and with every control set each token lies in
     the kept set and carries its log-probability under it (reference_logprobs, written out on its own)."""
     from test_rollout_core import reference_logprobs
 
     from rlvr.peers.types import BASE_MODEL, Sampling
+
+    generator = engine_at_one_tenth
+    prompts = [[73, 102, 109, 109, 112, 45, 33, 51, 44, 52, 62], [88, 105, 98, 117, 33, 106, 116, 33, 53, 44, 54, 64]]
+    greedy = generator.generate(prompts, Sampling(temperature=0.0, max_tokens=16, group_size=3), BASE_MODEL)
+    top1 = generator.generate(prompts, Sampling(temperature=1.5, top_k=1, max_tokens=16, seed=3, group_size=3),
+                              BASE_MODEL)
+    assert top1.completion_ids == greedy.completion_ids
+    assert all(lp == pytest.approx([0.0] * len(lp), abs=1e-5) for lp in top1.logprobs or [])
+    controls = {"top_p": 0.8, "top_k": 12, "min_p": 0.05, "repetition_penalty": 1.3}
+    shaped = generator.generate(prompts, Sampling(temperature=0.8, max_tokens=16, seed=5, group_size=2, **controls),
+                                BASE_MODEL)
+    assert shaped.logprobs is not None
+    for row, completion, logprobs in zip(shaped.prompt_ids, shaped.completion_ids, shaped.logprobs, strict=True):
+        expected = reference_logprobs(Path(tiny_model), None, row, completion, 0.8, **controls)
+        assert logprobs == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.vllm
+def test_the_memory_fraction_sizes_the_engines_kv_cache(tiny_model: str, engine_at_one_tenth: Any) -> None:
+    """Two engines at two fractions (0.1 the module's, 0.2 its own, started once the first is closed):
+    each holds its fraction in its config, and the KV cache it allocated grew by the difference (on CPU
+    the share is of the NUMA node's memory, the KV cache getting what the process does not already use:
+    vllm/v1/worker/cpu_worker.py)."""
+    from transformers import AutoConfig
+    from vllm.platforms import current_platform
+
     from rlvr.services.trainer.colocate import ColocatedGenerator
 
-    generator = ColocatedGenerator(tiny_model, memory_fraction=0.1, max_lora_rank=8, max_model_len=512,
+    memory = {0.1: engine_at_one_tenth.memory}
+    engine_at_one_tenth.close()  # its KV cache would be this process's use when the next one sizes its own
+    generator = ColocatedGenerator(tiny_model, memory_fraction=0.2, max_lora_rank=8, max_model_len=512,
                                    enforce_eager=True)
     try:
-        prompts = [[73, 102, 109, 109, 112, 45, 33, 51, 44, 52, 62], [88, 105, 98, 117, 33, 106, 116, 33, 53, 44, 54, 64]]
-        greedy = generator.generate(prompts, Sampling(temperature=0.0, max_tokens=16, group_size=3), BASE_MODEL)
-        top1 = generator.generate(prompts, Sampling(temperature=1.5, top_k=1, max_tokens=16, seed=3, group_size=3),
-                                  BASE_MODEL)
-        assert top1.completion_ids == greedy.completion_ids
-        assert all(lp == pytest.approx([0.0] * len(lp), abs=1e-5) for lp in top1.logprobs or [])
-        controls = {"top_p": 0.8, "top_k": 12, "min_p": 0.05, "repetition_penalty": 1.3}
-        shaped = generator.generate(prompts, Sampling(temperature=0.8, max_tokens=16, seed=5, group_size=2, **controls),
-                                    BASE_MODEL)
-        assert shaped.logprobs is not None
-        for row, completion, logprobs in zip(shaped.prompt_ids, shaped.completion_ids, shaped.logprobs, strict=True):
-            expected = reference_logprobs(Path(tiny_model), None, row, completion, 0.8, **controls)
-            assert logprobs == pytest.approx(expected, abs=2e-3)
+        memory[0.2] = generator.memory
     finally:
         generator.close()
+    assert [m.gpu_memory_utilization for m in memory.values()] == pytest.approx([0.1, 0.2])
+    assert memory[0.2].kv_cache_tokens > 1.5 * memory[0.1].kv_cache_tokens
+    if current_platform.is_cpu():
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
+
+        config = AutoConfig.from_pretrained(tiny_model)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4  # K, V in float32
+        grown = (memory[0.2].kv_cache_tokens - memory[0.1].kv_cache_tokens) * per_token
+        expected = 0.1 * get_memory_node_info(0).total_memory
+        assert grown == pytest.approx(expected, rel=0.1), (grown, expected)
