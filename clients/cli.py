@@ -172,11 +172,15 @@ def _list(args: argparse.Namespace) -> int:
     roots = ", ".join(map(str, module.model_roots()))
     if not summaries:
         print(f"no models under the model roots ({roots}); `rlvr models import` brings one in")
-        return 0
-    print(module.HEADER)
-    for summary in summaries:
-        print(summary.row())
-    print(f"(under {roots})")
+    else:
+        print(module.HEADER)
+        for summary in summaries:
+            print(summary.row())
+        print(f"(under {roots})")
+    from rlvr.recipes import MEASURED_RECIPES
+
+    for recipe in MEASURED_RECIPES.values():
+        print(f"measured recipe of {recipe.model} (`rlvr train --model {recipe.model} --recipe`): {recipe.source}")
     return 0
 
 

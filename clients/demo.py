@@ -16,12 +16,14 @@ from pathlib import Path
 from rlvr.clients.compare import compare_evaluations
 from rlvr.jobspec import LOSS_NAMES
 from rlvr.paired import Comparison
+from rlvr.recipes import TINY_HEADROOM
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 BENCHMARK = "rlvr-math-pairs-heldout"
 DEFAULT_MODEL = "rlvr-tiny-headroom"
 TOOLS_MODEL = "rlvr-tiny-tools"  # the calculator environment's base (rlvr/tiny/build.py, recipe "tools")
-DEMO_STEPS = 60  # `rlvr demo`'s default step count (bench/loop.py's rounds use it too)
+# `rlvr demo`'s default step count, the measured recipe's (bench/loop.py's rounds use it too)
+DEMO_STEPS = int(TINY_HEADROOM.fields["grpo.max_steps"])  # type: ignore[call-overload]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,12 +46,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 
-# The measured configuration of bench/learning.py (docs/measurements/learning.md): every value inside the
-# spec's ranges. `rlvr demo` runs it with fewer steps by default.
+# The measured configuration (rlvr/recipes.py, the bundled headroom model's recipe) by the names of
+# bench/learning.py's flags, which runs it for 300 steps (docs/measurements/learning.md); `rlvr demo`
+# runs the recipe's own step count.
+_R = TINY_HEADROOM.fields
 RECIPE: dict[str, object] = {
-    "steps": 300, "group_size": 8, "batch_size": 32, "max_tokens": 64, "rank": 4, "alpha": 128,
-    "lr": 1e-5, "loss_type": "dapo", "temperature": 0.3, "prompts": 4096, "dynamic_sampling": True,
-    "lora_init": "gaussian",
+    "steps": 300, "group_size": _R["grpo.group_size"], "batch_size": _R["grpo.batch_size"],
+    "max_tokens": _R["grpo.max_completion_tokens"], "rank": _R["grpo.lora_rank"], "alpha": _R["grpo.lora_alpha"],
+    "lr": _R["grpo.learning_rate"], "loss_type": LOSS_NAMES[int(_R["advanced.loss_type"])],  # type: ignore[call-overload]
+    "temperature": _R["advanced.temperature"], "prompts": _R["reward.synthetic_prompts"],
+    "dynamic_sampling": _R["advanced.dynamic_sampling"], "lora_init": _R["advanced.lora_init"],
 }
 
 

@@ -84,6 +84,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                         "model sharded across the processes)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="DAPO's dynamic sampling: replace groups without a reward spread by further prompts' groups")
+    p.add_argument("--recipe", action="store_true",
+                   help="fill every setting not given here from --model's measured recipe (the settings whose "
+                        "learning was measured: rlvr models list says which models have one; docs/jobs.md)")
     p.add_argument("--mask-truncated", action="store_true",
                    help="DAPO's overlong masking: leave completions cut at --max-completion out of the loss")
     p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
@@ -156,7 +159,25 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
             setattr(getattr(spec, group), field, value)
     for key, value in getattr(args, "environment_settings", None) or ():
         spec.environment.settings[key] = value
+    if getattr(args, "recipe", False):
+        use_recipe(spec)
     return spec
+
+
+def use_recipe(spec: C.JobSpec, out=sys.stdout) -> None:  # noqa: ANN001 (a text stream)
+    """`--recipe`: the model's measured recipe under what the flags set, said with its source; exit 2
+    (a usage error) for a model without one."""
+    from rlvr.recipes import MEASURED_RECIPES, apply_recipe, recipe_for
+
+    recipe = recipe_for(spec.base_model)
+    if recipe is None:
+        which = f"--model {spec.base_model!r} has" if spec.base_model else "no --model given:"
+        print(f"error: --recipe: {which} no measured recipe; models with one: {', '.join(sorted(MEASURED_RECIPES))}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    written = apply_recipe(spec, recipe)
+    print(f"measured recipe of {recipe.model} ({recipe.source}): "
+          f"{', '.join(f'{p} {recipe.text(p)}' for p in written) or 'every setting was given'}", file=out)
 
 
 def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN001 (SDK client)
@@ -183,6 +204,8 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
                     if status in (C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED):
                         bar.update(task, stats=name + (f": {event.status.message}" if event.status.message else ""))
                         break
+                    if event.status.message.startswith("warning: "):  # a running job's (it cannot learn)
+                        bar.console.print(event.status.message)
                     bar.update(task, stats=name)
     except KeyboardInterrupt:
         print(f"\ndetached; `rlvr jobs watch {job_id}` re-attaches", file=out)

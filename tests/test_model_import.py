@@ -109,6 +109,12 @@ async def test_import_list_show_and_name_it_in_a_job(tiny: Path, home: Path, tmp
     assert (mine.source, mine.architecture, mine.parameters, mine.vocab_size, mine.context_length, mine.dtype,
             mine.chat_template) == ("imported", "Qwen2ForCausalLM", 103_104, 320, 4096, "float32", True)
     assert smol.source == "imported: smollm2-135m"
+    # the models with a measured recipe carry it (rlvr/recipes.py), the others none
+    with_recipe = {m.name: m for m in listed.models if m.HasField("recipe")}
+    assert list(with_recipe) == ["rlvr-tiny-headroom"]
+    headroom = with_recipe["rlvr-tiny-headroom"]
+    assert headroom.recipe.grpo.learning_rate == 1e-5 and headroom.recipe.base_model == "rlvr-tiny-headroom"
+    assert headroom.recipe_source.startswith("make demo (60 steps")
     assert str(home) not in str(listed) and "/srv/x.gguf" not in str(listed)
     shutil.rmtree(recipe)
     store.close()

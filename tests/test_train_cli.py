@@ -45,6 +45,19 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
         assert line in dapo.stdout, dapo.stdout
 
 
+def test_the_measured_recipe_fills_what_the_flags_leave_unset(scheduler: str) -> None:
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--model", "rlvr-tiny-headroom", "--recipe", "--lr", "5e-6")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("measured recipe of rlvr-tiny-headroom (make demo (60 steps"), out.stdout
+    assert "grpo.learning_rate" not in out.stdout.splitlines()[0]  # given: not the recipe's
+    for line in ("Learn Rate      5e-06", "Batch Size      32", "Loss Type       dapo", "Max Steps       60",
+                 "Model           rlvr-tiny-headroom"):
+        assert line in out.stdout, out.stdout
+    none = rlvr("train", "--dry-run", "--address", scheduler, "--recipe")
+    assert none.returncode == 2 and none.stderr == (
+        "error: --recipe: no --model given: no measured recipe; models with one: rlvr-tiny-headroom\n")
+
+
 def test_bad_value_names_field_and_range(scheduler: str) -> None:
     out = rlvr("train", "--dry-run", "--address", scheduler, "--lr", "0.01")
     assert out.returncode == 2

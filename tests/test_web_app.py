@@ -62,9 +62,9 @@ def input_value(page: str, path: str) -> str:
     return html.unescape(m.group(1))
 
 
-def default_form(client: TestClient) -> dict[str, str]:
+def default_form(client: TestClient, url: str = "/train") -> dict[str, str]:
     """What the New Training form submits as first shown (its inputs' values, checked boxes only)."""
-    page = client.get("/train").text
+    page = client.get(url).text
     data: dict[str, str] = {}
     for path, f in forms.ALL_FIELDS.items():
         if f.widget in ("checkbox",):
@@ -702,3 +702,27 @@ def test_an_evaluation_row_with_an_episode_shows_it_turn_by_turn(client: TestCli
                                                        "ep-environment", "ep-assistant", "ep-failed ep-error"]
     third = page[page.index('<td class="num">2</td>'):page.index('<td class="num">3</td>')]
     assert 'class="episode"' not in third and "<summary>show</summary>" in third  # a single answer, as before
+
+
+def test_the_measured_recipe_fills_the_form_in_one_action_and_says_where_its_figures_come_from(
+        client: TestClient, sdk: FakeSdk) -> None:
+    from rlvr.jobspec import FIELDS_BY_PATH, value_of
+    from rlvr.recipes import recipe_for
+
+    recipe = recipe_for("rlvr-tiny-headroom")
+    assert recipe is not None
+    assert 'href="/train?recipe=rlvr-tiny-headroom"' in client.get("/train").text
+    page = client.get("/train?recipe=rlvr-tiny-headroom").text
+    assert f"Filled with the measured recipe of <b>rlvr-tiny-headroom</b>: {recipe.source}" in html.unescape(page)
+    assert input_value(page, "base_model") == "rlvr-tiny-headroom"
+    assert input_value(page, "grpo.learning_rate") == "1e-05" and input_value(page, "grpo.max_steps") == "60"
+    data = default_form(client, "/train?recipe=rlvr-tiny-headroom")
+    data["reward.key"] = "math_pairs"  # the radio's checked value (default_form reads numeric ones only)
+    resp = client.post("/train", data=data, follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    job = sdk.scheduler.jobs[resp.headers["location"].rsplit("/", 1)[1]]
+    assert job.spec.base_model == "rlvr-tiny-headroom"
+    for path, value in recipe.fields.items():  # every value of the recipe reached the job
+        assert value_of(job.spec, FIELDS_BY_PATH[path]) == pytest.approx(value), path
+    unknown = client.get("/train?recipe=rlvr-tiny").text
+    assert "no measured recipe for &#39;rlvr-tiny&#39;; models with one: rlvr-tiny-headroom" in unknown

@@ -25,6 +25,7 @@ from rlvr.clients.web.console import Console, see_other
 from rlvr.clients.web.limits import FormLimits
 from rlvr.jobspec import APPLIES_NOTES
 from rlvr.peers.base import RlvrError
+from rlvr.recipes import MEASURED_RECIPES, MeasuredRecipe, recipe_for
 from rlvr.v1 import scheduler_pb2 as S
 
 TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholders, sent only when typed
@@ -73,7 +74,7 @@ def routes(console: Console) -> list[Route]:
                 "errors": {}}
 
     def render(request: Request, values: dict[str, str], errors: dict[str, str], *,
-               limits: FormLimits | None = None) -> Response:
+               limits: FormLimits | None = None, recipe: MeasuredRecipe | None = None) -> Response:
         limits = limits or console.limits.get()
         preview = dry_run(values, limits)
         messages = field_messages(preview["warnings"], preview["errors"])
@@ -87,11 +88,21 @@ def routes(console: Console) -> list[Route]:
             "lr_presets": forms.lr_presets(lr.low, lr.high) if lr else [], "benchmarks": limits.benchmarks,
             "columns": list(chosen.score_columns) if chosen else [], "only_notes": ONLY_NOTES,
             "active_options": forms.active_options(values, limits),
+            "recipes": list(MEASURED_RECIPES.values()), "recipe": recipe,
         }, active="train")
 
     def train_page(request: Request) -> Response:
+        """The form at the spec's defaults; `?recipe=MODEL` fills it with that model's measured recipe
+        (rlvr/recipes.py), saying where its figures come from."""
         limits = console.limits.get()
-        return render(request, default_values(limits), {}, limits=limits)
+        values, errors = default_values(limits), {}
+        name = request.query_params.get("recipe", "")
+        recipe = recipe_for(name) if name else None
+        if recipe is not None:
+            values.update({path: recipe.text(path) for path in recipe.fields}, base_model=recipe.model)
+        elif name:
+            errors[""] = (f"no measured recipe for {name!r}; models with one: {', '.join(sorted(MEASURED_RECIPES))}")
+        return render(request, values, errors, limits=limits, recipe=recipe)
 
     def submitted(data: dict[str, str]) -> dict[str, str]:
         # Unchecked boxes send nothing: the submitted form is all there is (no defaults mixed in).

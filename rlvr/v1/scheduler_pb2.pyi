@@ -568,7 +568,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "source", "architecture", "parameters", "vocab_size", "context_length", "dtype", "chat_template")
+    __slots__ = ("name", "source", "architecture", "parameters", "vocab_size", "context_length", "dtype", "chat_template", "recipe", "recipe_source")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -577,6 +577,8 @@ class ModelInfo(_message.Message):
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     source: str
     architecture: str
@@ -585,7 +587,9 @@ class ModelInfo(_message.Message):
     context_length: int
     dtype: str
     chat_template: bool
-    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., chat_template: _Optional[bool] = ...) -> None: ...
+    recipe: _common_pb2.JobSpec
+    recipe_source: str
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., architecture: _Optional[str] = ..., parameters: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., chat_template: _Optional[bool] = ..., recipe: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., recipe_source: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
