@@ -58,7 +58,7 @@ class Chart:
 # the run logged them, you may also see KL & entropy and Completion length charts below."
 COMPONENTS_CHART = "reward_components"
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy")),
+    ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy", "heldout_accuracy")),
     ("loss", "Loss", ("loss",)),
     ("kl_entropy", "KL & entropy", ("kl", "entropy")),
     ("completion_length", "Completion length (tokens)", ("completion_length",)),
@@ -156,6 +156,10 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points], "reward"),
            Series("accuracy", "Accuracy", steps, [p.accuracy for p in points], "accuracy"),
            Series("loss", "Loss", steps, [p.loss for p in points], "loss")]
+    heldout = [(p.step, p.heldout_accuracy) for p in points if p.HasField("heldout_accuracy")]
+    if heldout:  # evaluation while training (advanced.eval_every): the adapter's greedy held-out accuracy
+        out.insert(2, Series("heldout_accuracy", "Held-out accuracy", [s for s, _ in heldout],
+                             [v for _, v in heldout], "held-out"))
     kl = [(p.step, p.kl) for p in points if p.HasField("kl")]
     if metrics.has_kl or kl:
         out.append(Series("kl", "KL divergence", [s for s, _ in kl], [v for _, v in kl], "KL"))
@@ -195,7 +199,8 @@ def charts_of(metrics: S.JobMetrics) -> list[Chart]:
     for key, title, keys in CHARTS:
         series = tuple(by_key[k] for k in keys if k in by_key)
         if series:
-            charts.append(Chart(key, title if len(series) == len(keys) else series[0].title, series))
+            whole = len(series) == len(keys) or (key == "reward_accuracy" and len(series) == 2)
+            charts.append(Chart(key, title if whole else series[0].title, series))
     components = tuple(s for k, s in by_key.items() if k.startswith(COMPONENT_PREFIX))
     if components:  # after the spec's charts: every reward's score and named part, on one 0-1 axis
         charts.append(Chart(COMPONENTS_CHART, "Reward components", components))

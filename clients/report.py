@@ -37,7 +37,8 @@ from rlvr.v1 import scheduler_pb2 as S
 
 REPORT_NAME = "report.html"
 COLORS = {"reward": "#2563eb", "accuracy": "#16a34a", "loss": "#dc2626", "kl": "#9333ea",
-          "entropy": "#ea580c", "completion_length": "#0891b2", "turns": "#4f46e5", "tool_calls": "#ca8a04"}
+          "entropy": "#ea580c", "completion_length": "#0891b2", "turns": "#4f46e5", "tool_calls": "#ca8a04",
+          "heldout_accuracy": "#db2777"}
 ARROWS = {S.TREND_DIRECTION_RISING: "↑", S.TREND_DIRECTION_FALLING: "↓", S.TREND_DIRECTION_FLAT: "→"}
 TREND_COLORS = {S.TREND_DIRECTION_RISING: "#16a34a", S.TREND_DIRECTION_FALLING: "#dc2626",
                 S.TREND_DIRECTION_FLAT: "#64748b"}

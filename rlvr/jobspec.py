@@ -134,6 +134,10 @@ EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
 # policy, the importance ratio moves away from 1 and the clip binds (engine.py, `grpo_args`).
 NUM_ITERATIONS = IntRange(1, 8, 1)
 MINI_BATCHES = IntRange(1, 16, 1)
+# Evaluation while training (advanced.eval_every, eval_size): every N steps, greedy on the reward's
+# held-out problems (services/trainer/heldout.py); 0 = off.
+EVAL_EVERY = IntRange(0, 100_000, 0)
+EVAL_SIZE = IntRange(8, 2000, 64)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -402,6 +406,13 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               "Optimizer steps per pass over a step's batch, each on its own share of the completions; must "
               "divide each process's share of Batch Size.", "int", range=MINI_BATCHES, flag="--mini-batches",
               checked=True, summary=True),
+    _ADVANCED("advanced.eval_every", "Evaluate every",
+              "Every N steps (and at the last), the adapter's greedy accuracy on the reward's held-out problems, "
+              "a line of the RL Metrics chart (0 = off).", "int", range=EVAL_EVERY, flag="--eval-every",
+              checked=True, summary=True),
+    _ADVANCED("advanced.eval_size", "Evaluation size",
+              "Held-out problems each evaluation while training answers (the first of the held-out split).", "int",
+              range=EVAL_SIZE, flag="--eval-size", checked=True),
     _ADVANCED("advanced.mask_truncated_completions", "Mask truncated",
               "DAPO's overlong masking: completions cut at Max completion are left out of the loss "
               "(`rlvr train --mask-truncated`).", "bool",
@@ -903,6 +914,15 @@ def _validate_updates(spec: common_pb2.JobSpec, warnings: list[str], v: Violatio
                               f"each process trains per step (grpo.batch_size {g.batch_size}"
                               f"{f' over {world} processes' if world > 1 else ''}); allowed here: "
                               f"{', '.join(map(str, fits))}"))
+    if a.eval_every and not v.bad("advanced.eval_every"):
+        if spec.environment.key:
+            v.add(InvalidArgument(f"advanced.eval_every: {a.eval_every} evaluates single answers; a job with an "
+                                  f"environment ({spec.environment.key!r}) is evaluated by `rlvr eval run` with "
+                                  "its adapter; set 0"))
+        elif world > 1:
+            v.add(InvalidArgument(f"advanced.eval_every: {a.eval_every} runs in a job of one process; this job "
+                                  f"has {world} (advanced.num_processes x advanced.num_nodes); set 0 and evaluate "
+                                  "its adapters with `rlvr eval run`"))
     if v.bad("advanced.num_iterations", "advanced.mini_batches", "advanced.loss_type"):
         return
     if one_update_per_step(a):

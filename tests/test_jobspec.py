@@ -278,7 +278,8 @@ def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -
     assert r.spec.advanced.epsilon_high == pytest.approx(0.2)
     inactive = "(inactive)"
     assert dict(r.summary.settings) == {"advanced.epsilon_high": f"0.2 {inactive}", "advanced.num_iterations": "1",
-                                        "advanced.mini_batches": "1", "advanced.mask_truncated_completions": "off"}
+                                        "advanced.mini_batches": "1", "advanced.mask_truncated_completions": "off",
+                                        "advanced.eval_every": "0"}
     # one optimizer step per batch: clip-higher is shown inactive, and the job is told it changes nothing
     on_policy = resolve_spec(spec(advanced={"epsilon_high": 0.28}))
     assert f"  Epsilon high    0.28 {inactive}" in summary_lines(on_policy.summary)
@@ -419,3 +420,13 @@ def test_updates_per_step_and_the_loss_families_are_checked_together() -> None:
     masked = resolve_spec(spec(advanced={"mask_truncated_completions": True, "num_iterations": 3}))
     assert masked.summary.settings["advanced.mask_truncated_completions"] == "on"
     assert masked.summary.settings["advanced.num_iterations"] == "3"
+
+
+def test_evaluation_while_training_is_checked_against_the_job() -> None:
+    on = resolve_spec(spec(advanced={"eval_every": 10}))
+    assert (on.spec.advanced.eval_every, on.spec.advanced.eval_size) == (10, 64)
+    assert on.summary.settings["advanced.eval_every"] == "10"
+    assert _fields(spec(advanced={"eval_every": -1, "eval_size": 4})) == ["advanced.eval_every", "advanced.eval_size"]
+    with pytest.raises(InvalidArgument, match=r"advanced.eval_every: 5 runs in a job of one process; this job has 2 "):
+        resolve_spec(spec(grpo={"batch_size": 16}, advanced={"eval_every": 5, "num_processes": 2,
+                                                             "gpu_selection": "cpu"}))

@@ -47,7 +47,10 @@ def _event(step: int) -> C.MetricEvent:
                       # a job with an environment's episode metrics: series like any other number
                       turns_mean=1.5 + step / 10, turns_max=3, tool_calls=2 * step, tool_errors=step // 4,
                       tool_seconds=0.05 * step, observation_tokens_mean=12.5, episode_tokens_mean=40.25 + step,
-                      truncated_episodes=step % 2, failed_episodes=step // 5, episode_splits=step % 3)
+                      truncated_episodes=step % 2, failed_episodes=step // 5, episode_splits=step % 3,
+                      clip_fraction=0.02 * step, groups_with_signal=step % 4)
+    if step % 2 == 0:
+        e.heldout_accuracy = step / 11  # evaluation while training: at the steps it ran
     e.reward_components["math_pairs"] = step / 7
     e.reward_components["length.short"] = 1 - step / 9
     if step % 2:
@@ -174,7 +177,13 @@ def check_all_four(store: Store, job_id: str, run: str, tmp_path: Path, links: l
     assert config is not None and config["rlvr.job_id"] == job_id and config["grpo"]["max_steps"] == spec["grpo"]["max_steps"]
 
 
-async def test_a_finished_job_is_mirrored_into_all_four_trackers_equal_to_the_store(store, tmp_path):
+async def test_a_finished_job_is_mirrored_into_all_four_trackers_equal_to_the_store(store, tmp_path, monkeypatch):
+    from rlvr.services.scheduler import tracking
+
+    # TrackJob answers after CATCH_UP_S whatever its trackers took: on a loaded 2-core host wandb's and
+    # trackio's first import alone has taken longer (a run answered steps_logged 0 for both), and this
+    # test is about what they write, so it waits for all of it.
+    monkeypatch.setattr(tracking, "CATCH_UP_S", 120.0)
     row = _job(store, "COMPLETED")
     bridge = _bridge(store, tmp_path)
     try:

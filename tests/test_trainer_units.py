@@ -106,8 +106,10 @@ def test_metric_event_has_every_field() -> None:
     logs = {"loss": 0.125, "learning_rate": 1e-5, "entropy": 2.5, "kl": 0.01,
             "sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.5,
             "clip_ratio/region_mean": 0.125}
+    record.heldout_accuracy = 0.375
     event = metric_event("job_1", 10, record, logs, kl_computed=True, correction="precision", group_size=2)
     assert event.groups_with_signal == 2  # rewards 1.1, 0.1 | 0.0, 1.0: both groups differ
+    assert event.heldout_accuracy == 0.375
     flat = StepRecord(step=1, scores=[Score(0.5, 0, 0), Score(0.5, 0, 0), Score(0.0, 0, 0), Score(1.0, 1, 0)])
     assert metric_event("j", 10, flat, {}, False, group_size=2).groups_with_signal == 1
     assert metric_event("j", 10, flat, {}, False, group_size=4).groups_with_signal == 1

@@ -127,3 +127,56 @@ def test_grpo_args_count_a_steps_updates_in_trls_steps(tmp_path: Path) -> None:
         "dapo", 0.2, 0.28, 1, 4)
     with pytest.raises(ValueError, match="does not divide"):
         grpo_args(job, total_steps=10, output_dir=tmp_path, use_cpu=True, micro_batch=3)
+
+
+class LengthScorer:
+    """Math Pairs' scores with an accuracy that depends on every character of the completion, so the
+    tiny "test" model (never right at Math Pairs) gives held-out accuracies that tell adapters apart."""
+
+    def __init__(self) -> None:
+        self.inner = _scorer()
+
+    def score(self, items: Any) -> Any:
+        from dataclasses import replace
+
+        return [replace(s, accuracy=(len(i.completion) % 7) / 6) for s, i in zip(self.inner.score(items), items,
+                                                                                  strict=True)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_evaluation_while_training_scores_the_pushed_adapter_on_the_heldout_problems(tmp_path: Path,
+                                                                                     tiny_model: str) -> None:
+    """advanced.eval_every 2 in a 3-step job: the held-out accuracy at steps 2 and 3 (the last), none at
+    step 1; step 3's is what the final adapter, loaded in peft, answers greedily on the reward's first
+    eval_size held-out problems, scored by the job's scorer."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.services.trainer.scorers import LocalProblems
+    from rlvr.tasks import render_prompt
+
+    events: list[C.MetricEvent] = []
+    scorer = LengthScorer()
+    result = run_job(_job(tmp_path, tiny_model, max_steps=3, eval_every=2, eval_size=8),
+                     JobDeps(scorer=scorer, publish=events.append))
+    assert result.status == "completed", result.error
+    assert [e.HasField("heldout_accuracy") for e in events] == [False, True, True]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
+                                      result.adapter_path).eval()
+    problems = LocalProblems().heldout("math_pairs", 8, "")
+    texts = []
+    for problem in problems:
+        ids = tokenizer(render_prompt(tokenizer, problem), return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        texts.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    from rlvr.peers.types import ScoreInput
+
+    expected = sum(s.accuracy for s in scorer.score([ScoreInput.of(t, p) for t, p in zip(texts, problems,
+                                                                                         strict=True)])) / 8
+    assert events[2].heldout_accuracy == pytest.approx(expected)
+    assert 0 < expected < 1  # the accuracy this scorer gives depends on the answers

@@ -157,6 +157,8 @@ class MetricPointRow(SQLModel, table=True):
     clip_fraction: float | None = None
     # The step's groups whose rewards differ (None: a point stored before the count).
     groups_with_signal: int | None = None
+    # Evaluation while training: the step adapter's held-out accuracy (None at the other steps).
+    heldout_accuracy: float | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

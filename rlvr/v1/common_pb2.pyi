@@ -146,7 +146,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding", "num_nodes", "top_p", "top_k", "min_p", "repetition_penalty", "num_iterations", "mini_batches", "mask_truncated_completions")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding", "num_nodes", "top_p", "top_k", "min_p", "repetition_penalty", "num_iterations", "mini_batches", "mask_truncated_completions", "eval_every", "eval_size")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,8 @@ class AdvancedOptions(_message.Message):
     NUM_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     MINI_BATCHES_FIELD_NUMBER: _ClassVar[int]
     MASK_TRUNCATED_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -197,7 +199,9 @@ class AdvancedOptions(_message.Message):
     num_iterations: int
     mini_batches: int
     mask_truncated_completions: bool
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., num_iterations: _Optional[int] = ..., mini_batches: _Optional[int] = ..., mask_truncated_completions: _Optional[bool] = ...) -> None: ...
+    eval_every: int
+    eval_size: int
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., num_iterations: _Optional[int] = ..., mini_batches: _Optional[int] = ..., mask_truncated_completions: _Optional[bool] = ..., eval_every: _Optional[int] = ..., eval_size: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking", "environment")
@@ -356,7 +360,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ..., tracking: _Optional[_Iterable[_Union[TrackingLink, _Mapping]]] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction", "turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes", "episode_splits", "clip_fraction", "groups_with_signal")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction", "turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes", "episode_splits", "clip_fraction", "groups_with_signal", "heldout_accuracy")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +407,7 @@ class MetricEvent(_message.Message):
     EPISODE_SPLITS_FIELD_NUMBER: _ClassVar[int]
     CLIP_FRACTION_FIELD_NUMBER: _ClassVar[int]
     GROUPS_WITH_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    HELDOUT_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -442,7 +447,8 @@ class MetricEvent(_message.Message):
     episode_splits: int
     clip_fraction: float
     groups_with_signal: int
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ..., turns_mean: _Optional[float] = ..., turns_max: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., episode_tokens_mean: _Optional[float] = ..., truncated_episodes: _Optional[int] = ..., failed_episodes: _Optional[int] = ..., episode_splits: _Optional[int] = ..., clip_fraction: _Optional[float] = ..., groups_with_signal: _Optional[int] = ...) -> None: ...
+    heldout_accuracy: float
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ..., turns_mean: _Optional[float] = ..., turns_max: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., episode_tokens_mean: _Optional[float] = ..., truncated_episodes: _Optional[int] = ..., failed_episodes: _Optional[int] = ..., episode_splits: _Optional[int] = ..., clip_fraction: _Optional[float] = ..., groups_with_signal: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ...) -> None: ...
 
 class CompletionSamples(_message.Message):
     __slots__ = ("job_id", "step", "samples")

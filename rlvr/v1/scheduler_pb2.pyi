@@ -175,7 +175,7 @@ class StatTiles(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors", "heldout_accuracy")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class SeriesPoint(_message.Message):
     TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    HELDOUT_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -211,7 +212,8 @@ class SeriesPoint(_message.Message):
     turns_mean: float
     tool_calls: int
     tool_errors: int
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ...) -> None: ...
+    heldout_accuracy: float
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -65,6 +65,8 @@ def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
         s.kl = point.kl
     if point.entropy is not None:
         s.entropy = point.entropy
+    if point.heldout_accuracy is not None:
+        s.heldout_accuracy = point.heldout_accuracy
     for name in EPISODE_SERIES:  # a job with an environment's steps only
         value = getattr(point, name)
         if value is not None:

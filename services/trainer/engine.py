@@ -298,6 +298,9 @@ class _StepCallback:
         step = engine.current
         if group.world == 1:
             step.push(engine.model)  # unwrapped: the PeftModel itself
+            heldout, ctx = engine.ctx.heldout, engine.ctx
+            if heldout is not None and heldout.due(step.number, ctx.total_steps):  # advanced.eval_every
+                step.record.heldout_accuracy = heldout.accuracy(ctx.generator, ctx.tokenizer, ctx.scorer, ctx.live)
         else:
             # Rank 0 publishes the step with every rank's completions, saves and pushes the adapter
             # once; the others wait for the push (and fail with it) before they generate again, and
@@ -368,6 +371,7 @@ class GrpoEngine:
         group: Group | None = None,  # a job of several processes: this one's rank (distributed.py)
         corrections: Sequence[str] | None = None,  # quantization.sampler_corrections (None: the lag alone)
         episodes: Any = None,  # an episodes.EpisodeRollout: the job names an environment
+        heldout: Any = None,  # a heldout.HeldoutEval: the job evaluates while it trains (advanced.eval_every)
     ) -> None:
         from datasets import Dataset
         from transformers import PrinterCallback
@@ -383,7 +387,7 @@ class GrpoEngine:
             job=job, tokenizer=tokenizer, generator=generator, scorer=scorer, hooks=hooks, total_steps=total_steps,
             truth=truth, draw=PromptDraw(prompts, job.seed) if job.dynamic_sampling else None, live=initial,
             newest=job.max_async_steps > 0, problems={(text, p.ground_truth): p for text, p in problems},
-            episodes=episodes,
+            episodes=episodes, heldout=heldout,
         )
         if corrections is None:
             corrections = ("policy_lag",) if job.max_async_steps else ()

@@ -24,6 +24,7 @@ from rlvr.v1 import common_pb2
 @dataclass
 class StepRecord:
     step: int
+    heldout_accuracy: float | None = None  # evaluation while training, at the steps it runs (heldout.py)
     started: float = field(default_factory=time.perf_counter)
     adapter_version: int = 0  # the oldest version among the rows trained on
     policy_lag: int = 0  # step - 1 - adapter_version: versions between the sampler and the policy trained
@@ -163,6 +164,8 @@ def metric_event(
         event.clip_fraction = clipped
     if group_size and rewards:
         event.groups_with_signal = groups_with_signal(rewards, group_size)
+    if record.heldout_accuracy is not None:
+        event.heldout_accuracy = record.heldout_accuracy
     if record.episodes is not None:  # a job with an environment: its episodes' counters
         record.episodes.fill(event)
     stamp = Timestamp()

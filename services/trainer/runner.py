@@ -491,6 +491,7 @@ def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str,
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
     from rlvr.services.trainer.engine import GrpoEngine
+    from rlvr.services.trainer.heldout import HeldoutEval
     from rlvr.services.trainer.step import StepHooks
 
     model, tokenizer = load_policy(job, base_path, device, init)
@@ -563,8 +564,10 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         log.info("job %s: the sampler is not the policy trained (%s; sampler dtype %s, trainer %s, base %s): "
                  "TRL's truncated importance sampling corrects the loss", job.job_id, ", ".join(corrections),
                  ",".join(sorted(set(sampler_dtypes))) or "-", job.precision, job.quantization)
+    heldout = HeldoutEval.for_job(job, deps.problems or LocalProblems(job.data_roots), tokenizer, instruction)
     engine = GrpoEngine(job, model, tokenizer, rendered, generator, deps.scorer, hooks, total, initial,
-                        use_cpu=device == "cpu", group=group, corrections=corrections, episodes=episodes)
+                        use_cpu=device == "cpu", group=group, corrections=corrections, episodes=episodes,
+                        heldout=heldout)
     checkpoint = None
     if resume is not None:
         checkpoint, state = resume

@@ -150,6 +150,11 @@ class ProblemSource(Protocol):
         (None: the registry's for the reward)."""
         ...
 
+    def heldout(self, key: str, count: int, dataset: str) -> list[Problem]:
+        """The first `count` problems of the reward's held-out split (the benchmark's, in the data's
+        own order): evaluation while training (heldout.py)."""
+        ...
+
 
 class LocalProblems:
     """Training problems read in this process (the reward must be in its registry)."""
@@ -163,6 +168,12 @@ class LocalProblems:
 
         task = get_task(key, dataset=dataset or None, data_roots=self.data_roots)  # type: ignore[arg-type]
         return task.prompts(count, seed=seed, split=split, shuffle=True), None
+
+    def heldout(self, key: str, count: int, dataset: str) -> list[Problem]:
+        from rlvr.tasks import get_task, heldout_split
+
+        task = get_task(key, dataset=dataset or None, data_roots=self.data_roots)  # type: ignore[arg-type]
+        return task.prompts(count, seed=0, split=heldout_split(task.splits(), dataset or key), shuffle=False)
 
 
 class ServiceProblems:
@@ -185,3 +196,15 @@ class ServiceProblems:
                     raise ValueError(f"reward.{e.details}") from None
                 raise ScoreError(e.describe()) from None
         return [problem_of(p, key) for p in response.problems], response.instruction
+
+    def heldout(self, key: str, count: int, dataset: str) -> list[Problem]:
+        request = reward_pb2.GetProblemsRequest(key=key, split=reward_pb2.PROBLEM_SPLIT_HELDOUT, limit=count,
+                                                dataset=dataset)
+        with RewardClient(self.address, auth=self._auth) as client:
+            try:
+                response = client.get_problems(request, timeout=self._timeout_s)
+            except RlvrError as e:
+                if e.code == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. more than the held-out pool holds
+                    raise ValueError(f"advanced.eval_size: {count} held-out problems of {key}: {e.details}") from None
+                raise ScoreError(e.describe()) from None
+        return [problem_of(p, key) for p in response.problems]

@@ -113,6 +113,8 @@ class StepContext:
     correction: str = ""
     # The job names an environment: each rollout is episodes (episodes.EpisodeRollout), not answers.
     episodes: Any = None
+    # advanced.eval_every: the held-out problems answered after every N steps' push (heldout.HeldoutEval).
+    heldout: Any = None
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     _errors_seen: set[str] = field(default_factory=set)
 

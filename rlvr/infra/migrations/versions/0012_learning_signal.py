@@ -1,9 +1,10 @@
-"""metric_points.clip_fraction and metric_points.groups_with_signal.
+"""metric_points.clip_fraction, groups_with_signal and heldout_accuracy.
 
 clip_fraction: the share of a step's completion tokens whose importance ratio the loss clipped (above
 0 only when a step makes several optimizer steps on its batch: advanced.num_iterations,
 advanced.mini_batches). groups_with_signal: the step's groups whose rewards differ, the only ones
-that move the adapter; the scheduler warns when several steps in a row have none.
+that move the adapter; the scheduler warns when several steps in a row have none. heldout_accuracy:
+evaluation while training (advanced.eval_every), at the steps it ran.
 
 Stored points read NULL (a loss that does not clip; a step stored before the counts).
 
@@ -26,6 +27,7 @@ def upgrade() -> None:
     # guarded as 0002-0011 are: a database made before migrations got it from create_all already
     add_column("metric_points", sa.Column("clip_fraction", sa.Float(), nullable=True))
     add_column("metric_points", sa.Column("groups_with_signal", sa.Integer(), nullable=True))
+    add_column("metric_points", sa.Column("heldout_accuracy", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
