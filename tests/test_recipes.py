@@ -32,3 +32,18 @@ def test_a_recipe_fills_only_what_is_unset() -> None:
     assert spec.grpo.batch_size == recipe.fields["grpo.batch_size"] and spec.advanced.dynamic_sampling
     assert set(written) == set(recipe.fields) - {"grpo.learning_rate", "advanced.loss_type"}
     assert apply_recipe(spec, recipe) == []  # a second time: everything is set
+
+
+def test_make_demo_trains_exactly_the_measured_recipe() -> None:
+    """The recipe's figures are `make demo`'s: the demo's job is the recipe, field for field."""
+    import argparse
+
+    from rlvr.clients import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    spec = demo.demo_spec(parser.parse_args([]))
+    recipe = recipe_for(spec.base_model)
+    assert recipe is not None and recipe.model == demo.DEFAULT_MODEL
+    for path, value in recipe.fields.items():
+        assert value_of(spec, FIELDS_BY_PATH[path]) == pytest.approx(value), path
