@@ -142,7 +142,8 @@ def test_the_training_summary_shows_the_environment_and_max_turns() -> None:
     rows = dict(summary_rows(summary))
     assert (rows["Environment"], rows["Max turns"]) == ("calculator", "6")
     assert "Environment" not in dict(summary_rows(resolve_spec(C.JobSpec()).summary))
-    assert settings_of(C.JobSpec()) == {"advanced.epsilon_high": "0.2"}
+    plain = settings_of(C.JobSpec())  # a job without an environment: none of its rows
+    assert "advanced.epsilon_high" in plain and not [k for k in plain if k.startswith("environment.")]
 
 
 def test_the_trainer_s_job_config_carries_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
