@@ -646,12 +646,13 @@ def test_overlong_completion_scores_its_tail_without_bonus() -> None:
     assert result.accuracy == 1.0 and result.format == 0.0
 
 
-def test_in_process_throughput() -> None:
+def test_a_large_batch_is_scored_in_process_item_by_item() -> None:
+    """2,000 items in one call, each with its own answer (thousands separators included). The speed
+    is bench/reward_throughput.py's to measure: a timed assertion here failed on a loaded host."""
     items = [ScoreItem("gsm8k", f"<think>{i}+1</think><answer>{i:,}</answer>", str(i)) for i in range(2000)]
-    start = time.perf_counter()
     results = score_many(items)
-    assert all(r.accuracy == 1.0 for r in results)
-    assert len(items) / (time.perf_counter() - start) > 2_000  # typically ~50k/s on one core
+    assert len(results) == 2000 and all(r.accuracy == 1.0 for r in results)
+    assert score_many([ScoreItem("gsm8k", "<think>x</think><answer>1,234</answer>", "1235")])[0].accuracy == 0.0
 
 
 def test_pool_enforces_per_item_time_limit(faulty_plugins) -> None:
