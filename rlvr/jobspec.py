@@ -936,6 +936,22 @@ def _validate_updates(spec: common_pb2.JobSpec, warnings: list[str], v: Violatio
                             "advanced.mini_batches above 1")
 
 
+def _validate_eval_size(spec: common_pb2.JobSpec, catalog: Catalog | None, v: Violations) -> None:
+    """advanced.eval_size against the held-out pool of a reward that makes its own problems (its
+    RewardInfo.heldout_size); a dataset's held-out split is read at the job's start (all of it when
+    it is smaller)."""
+    a = spec.advanced
+    if not a.eval_every or spec.reward.dataset or v.bad("advanced.eval_size", "advanced.eval_every", "reward"):
+        return
+    known = catalog.rewards if catalog is not None else load_registry().rewards
+    info = known.get(spec.reward.key)
+    pool = int(getattr(info, "heldout_size", 0) or 0)
+    if pool and a.eval_size > pool:
+        v.add(out_of_range("advanced.eval_size", a.eval_size,
+                           f"{EVAL_SIZE.low}-{pool}: {getattr(info, 'display_name', spec.reward.key)}'s held-out "
+                           f"split has {pool} problems"))
+
+
 def _validate_memory(a: common_pb2.AdvancedOptions, backend: int) -> None:
     if backend == C.GENERATION_BACKEND_VLLM_COLOCATE:
         _float(a, "gpu_memory_fraction", "advanced.gpu_memory_fraction", GPU_MEMORY_FRACTION)
@@ -1122,6 +1138,7 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     _validate_grpo(spec, warnings, v)
     _validate_environment(spec, warnings, environments, catalog, v)
     _validate_advanced(spec, warnings, v)
+    _validate_eval_size(spec, catalog, v)
     with v.check():
         validate_tracking(spec)
     if not spec.name:

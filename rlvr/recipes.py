@@ -69,16 +69,28 @@ def _is_set(message: Message, name: str) -> bool:
     return message.HasField(name) if field.has_presence else bool(getattr(message, name))
 
 
+def _own_reward(spec: common_pb2.JobSpec, recipe: MeasuredRecipe) -> bool:
+    """Whether `spec` names a reward other than the recipe's (reward.key, function or terms): then none
+    of the recipe's reward fields applies."""
+    r = spec.reward
+    given = r.terms[0].key if r.terms else r.key or (common_pb2.RewardFunction.Name(r.function).removeprefix(
+        "REWARD_FUNCTION_").lower() if r.function else "")
+    return bool(given) and given != recipe.fields.get("reward.key")
+
+
 def apply_recipe(spec: common_pb2.JobSpec, recipe: MeasuredRecipe) -> list[str]:
-    """Sets the recipe's model and every recipe field that `spec` leaves unset (what a user set stays);
-    the paths it set."""
+    """Sets the recipe's model and every recipe field that `spec` leaves unset (what a user set stays:
+    a field with presence that is set, any other field off its zero value); the paths it set. A spec
+    that names another reward (reward.key, function or terms) keeps it, and none of the recipe's
+    reward.* fields is set."""
     written = []
     if not spec.base_model.strip():
         spec.base_model = recipe.model
         written.append("base_model")
+    skip = "reward." if _own_reward(spec, recipe) or spec.reward.terms or spec.reward.function else "\0"
     for path, value in recipe.fields.items():
         message, name = _message(spec, path)
-        if not _is_set(message, name):
+        if not path.startswith(skip) and not _is_set(message, name):
             setattr(message, name, value)
             written.append(path)
     return written

@@ -427,6 +427,11 @@ def test_evaluation_while_training_is_checked_against_the_job() -> None:
     assert (on.spec.advanced.eval_every, on.spec.advanced.eval_size) == (10, 64)
     assert on.summary.settings["advanced.eval_every"] == "10"
     assert _fields(spec(advanced={"eval_every": -1, "eval_size": 4})) == ["advanced.eval_every", "advanced.eval_size"]
+    # more than the reward's held-out pool (Math Pairs makes 500) is refused at submit, not at the job's start
+    with pytest.raises(InvalidArgument, match=r"advanced.eval_size: 600 is out of range; allowed: 8-500: Math Pairs "
+                                              r"\(synthetic\)'s held-out split has 500 problems"):
+        resolve_spec(spec(advanced={"eval_every": 5, "eval_size": 600}))
+    assert resolve_spec(spec(advanced={"eval_size": 600})).spec.advanced.eval_size == 600  # off: not checked
     with pytest.raises(InvalidArgument, match=r"advanced.eval_every: 5 runs in a job of one process; this job has 2 "):
         resolve_spec(spec(grpo={"batch_size": 16}, advanced={"eval_every": 5, "num_processes": 2,
                                                              "gpu_selection": "cpu"}))

@@ -47,3 +47,17 @@ def test_make_demo_trains_exactly_the_measured_recipe() -> None:
     assert recipe is not None and recipe.model == demo.DEFAULT_MODEL
     for path, value in recipe.fields.items():
         assert value_of(spec, FIELDS_BY_PATH[path]) == pytest.approx(value), path
+
+
+def test_a_recipe_leaves_a_spec_of_another_reward_its_reward() -> None:
+    recipe = recipe_for("rlvr-tiny-headroom")
+    assert recipe is not None
+    spec = C.JobSpec(base_model="rlvr-tiny-headroom")
+    spec.reward.terms.add(key="gsm8k", weight=1.0)  # `rlvr train --recipe --reward gsm8k:1`
+    written = apply_recipe(spec, recipe)
+    assert not [p for p in written if p.startswith("reward.")] and not spec.reward.key
+    assert "grpo.batch_size" in written
+    resolve_spec(spec)  # a valid job: the recipe set nothing that clashes with the terms
+    by_function = C.JobSpec(reward=C.RewardConfig(function=C.REWARD_FUNCTION_GSM8K))
+    apply_recipe(by_function, recipe)
+    assert not by_function.reward.key and not by_function.reward.HasField("synthetic_prompts")

@@ -258,17 +258,19 @@ class LogprobTwin(RolloutTwin):
         return replace(batch, logprobs=logprobs)
 
 
-@pytest.mark.parametrize(("dtype", "shift", "correction"), [("float32", 0.0, ""), ("float32", 0.25, ""),
-                                                            ("bfloat16", 0.0, "precision")])
+@pytest.mark.parametrize(("dtype", "shift", "correction", "iterations"), [
+    ("float32", 0.0, "", 1), ("float32", 0.25, "", 1), ("bfloat16", 0.0, "precision", 1), ("float32", 0.25, "", 2)])
 def test_every_step_reports_the_sampler_trainer_logprob_gap_and_any_correction(
-    tmp_path: Path, tiny_model: str, dtype: str, shift: float, correction: str
+    tmp_path: Path, tiny_model: str, dtype: str, shift: float, correction: str, iterations: int
 ) -> None:
     """MetricEvent.logprob_gap is the mean |log p_trainer - log p_sampler| over the trained tokens
     (a sampler off by `shift` on every token shows `shift`); a rollout engine of another dtype than
-    advanced.precision turns TRL's truncated importance sampling on, named in sampler_correction."""
+    advanced.precision turns TRL's truncated importance sampling on, named in sampler_correction.
+    With two passes over each batch (advanced.num_iterations) the gap comes from TRL's old-logprob
+    pass at generation, the generating policy, and reads the same."""
     twin = LogprobTwin(tiny_model, dtype, shift)
     events: list[C.MetricEvent] = []
-    result = run_job(_job(tmp_path, tiny_model, generation_backend="vllm", max_steps=2),
+    result = run_job(_job(tmp_path, tiny_model, generation_backend="vllm", max_steps=2, num_iterations=iterations),
                      JobDeps(scorer=_scorer(), publish=events.append, generator=twin))
     assert result.status == "completed", result.error
     assert [e.sampler_correction for e in events] == [correction] * 2

@@ -4,8 +4,9 @@ leaving a half-written one behind.
     <artifact_root>/jobs/<job_id>/adapter/            the adapter of the last finished step (PEFT; for a
                                                       job with an init_adapter, init + trained as one)
     <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT: the published adapter)
-    <artifact_root>/jobs/<job_id>/trl/checkpoint-N/   TRL's checkpoints at the same steps: what a
-                                                      resume starts from (runner.resume_point)
+    <artifact_root>/jobs/<job_id>/trl/checkpoint-M/   TRL's checkpoints at the same steps, named by TRL's
+                                                      optimizer steps (M = N x num_iterations x mini_batches):
+                                                      what a resume starts from (runner.resume_point)
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
     <artifact_root>/jobs/<job_id>/result-rank<N>.json  a failed rank's result (a job of several processes)
     <artifact_root>/jobs/<job_id>/cancel-requested    the worker's mark that its SIGTERM is a cancel
@@ -13,7 +14,7 @@ leaving a half-written one behind.
                                                       holds it (StartJobRequest.init_adapter_source)
     <artifact_root>/merged/<name>/                    merged models (Hugging Face format)
 
-The adapter is rewritten after every optimizer step (it is also what goes to the rollout service),
+The adapter is rewritten after every step (it is also what goes to the rollout service),
 so a job killed mid-step still leaves the adapter of its last finished step: that is what makes a
 SIGKILL on cancel safe. Each file is replaced atomically (write a temporary file, then rename), and
 a write that fails removes its temporary file: nothing half-written is left, nor its space taken.

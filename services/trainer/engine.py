@@ -18,9 +18,10 @@ entropy, clipping and the optimizer. The KL reference is the policy the job star
 adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into the base weights
 before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
-completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (one optimizer
-step per generation, so no importance ratio is needed; the loss may train it in micro-batches whose
-gradients accumulate into that step, `micro_batch_size`) unless the sampler is not the policy trained
+completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (by default one
+optimizer step per generation, so the importance ratio is 1; the loss may train it in micro-batches
+whose gradients accumulate into that step, `micro_batch_size`; advanced.num_iterations and
+mini_batches make several optimizer steps of one generation, `grpo_args`) unless the sampler is not the policy trained
 (quantization.sampler_corrections): advanced.max_async_steps > 0 (the next steps are generated while
 this one trains, prefetch.py), a rollout engine of another dtype than advanced.precision, a
 quantized base sampled unquantized by vLLM, or a vLLM sampler reshaped by the job's top_p, top_k,
@@ -299,8 +300,9 @@ class _StepCallback:
         if group.world == 1:
             step.push(engine.model)  # unwrapped: the PeftModel itself
             heldout, ctx = engine.ctx.heldout, engine.ctx
-            if heldout is not None and heldout.due(step.number, ctx.total_steps):  # advanced.eval_every
-                step.record.heldout_accuracy = heldout.accuracy(ctx.generator, ctx.tokenizer, ctx.scorer, ctx.live)
+            if heldout is not None and heldout.due(step.number, ctx.total_steps) and not ctx.hooks.cancel.is_set():
+                step.record.heldout_accuracy = heldout.accuracy(ctx.generator, ctx.tokenizer, ctx.scorer, ctx.live,
+                                                                chunk=ctx.job.batch_size)
         else:
             # Rank 0 publishes the step with every rank's completions, saves and pushes the adapter
             # once; the others wait for the push (and fail with it) before they generate again, and
@@ -441,8 +443,9 @@ class GrpoEngine:
         """Step `number`'s prompts as TRL's sampler will give them (each group_size times), or None
         before its sampler exists. Step n is batch (n - 1) % S of epoch (n - 1) // S, S batches per
         epoch: transformers' loop over the epochs, a resumed one included (it skips batches). TRL's
-        sampler yields each step's batch steps_per_generation times over (its repeat_count: one
-        dataloader batch per micro-batch of the step, the first of which is generated for)."""
+        sampler yields each step's batch num_iterations x steps_per_generation times over (its
+        repeat_count: one dataloader batch per micro-batch of every pass, the first of which is
+        generated for)."""
         sampler = getattr(self.trainer, "epoch_sampler", None)
         size = self.ctx.job.batch_size
         stride = size * int(getattr(sampler.inner, "repeat_count", 1)) if sampler is not None else size

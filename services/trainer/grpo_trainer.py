@@ -202,6 +202,7 @@ def trainer_class(correct_lag: bool = False, space: DiskSpace | None = None) -> 
 
     class Trainer(GRPOTrainer):
         deferred_ratio = False  # the lag ratio from the loss's own forward (`_compute_loss`)
+        gap_from_old = False  # the sampler/trainer gap from TRL's old-logprob pass (several updates a step)
         _ratio_inputs: dict[str, Any] | None = None  # the loss's inputs, until its forward
         _gap_inputs: dict[str, Any] | None = None  # uncorrected: the loss's inputs, for `logprob_gap`
 
@@ -211,6 +212,8 @@ def trainer_class(correct_lag: bool = False, space: DiskSpace | None = None) -> 
             # The gap from the loss's forward is the policy's logprob of the rows trained when each
             # generation is trained on within one optimizer step (the same condition as the ratio's).
             self.measure_gap = not correct_lag and trained_at_once(self.args)
+            # Else, uncorrected, TRL's old-logprob pass (it runs when a step makes several updates) gives it.
+            self.gap_from_old = not correct_lag and not trained_at_once(self.args)
             if correct_lag:
                 self.use_vllm = True
                 self.vllm_mode = "server"
@@ -236,7 +239,12 @@ def trainer_class(correct_lag: bool = False, space: DiskSpace | None = None) -> 
 
         def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
             if not self.deferred_ratio:
-                return super()._generate_and_score_completions(inputs)
+                output = super()._generate_and_score_completions(inputs)
+                if self.gap_from_old and output.get("sampling_per_token_logps") is not None \
+                        and output.get("old_per_token_logps") is not None:
+                    # several updates a step: TRL's no-grad pass at generation is the generating policy
+                    logprob_gap(self, output["old_per_token_logps"], output)
+                return output
             self.vllm_importance_sampling_correction = False  # TRL's pass and ratio are skipped
             try:
                 return super()._generate_and_score_completions(inputs)
@@ -273,7 +281,9 @@ def trainer_class(correct_lag: bool = False, space: DiskSpace | None = None) -> 
                 return super()._save_checkpoint(model, trial)
             step = self.state.global_step
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"  # transformers' name
-            space.write(f"step {step}'s checkpoint", lambda: super(Trainer, self)._save_checkpoint(model, trial),
+            ours = step // (self.args.num_iterations * (self.args.steps_per_generation
+                                                        // self.args.gradient_accumulation_steps))
+            space.write(f"step {ours}'s checkpoint", lambda: super(Trainer, self)._save_checkpoint(model, trial),
                         partial=folder)
 
         def _get_train_sampler(self, dataset: Any = None) -> Any:

@@ -59,14 +59,26 @@ class HeldoutEval:
     def due(self, step: int, total: int) -> bool:
         return step % self.every == 0 or step == total
 
-    def accuracy(self, generator: PolicyGenerator, tokenizer: Any, scorer: Scorer, live: AdapterTag) -> float:
-        """The greedy accuracy of `live` (the adapter just pushed) on the held-out problems."""
+    def accuracy(self, generator: PolicyGenerator, tokenizer: Any, scorer: Scorer, live: AdapterTag,
+                 chunk: int) -> float | None:
+        """The greedy accuracy of `live` (the adapter just pushed) on the held-out problems, generated
+        `chunk` prompts a call (the job's batch: what its generator is sized for); None, logged, when
+        the reward failed every answer (a broken reward is not a 0% point on the chart)."""
         started = time.perf_counter()
-        batch = generator.generate(self.prompt_ids, Sampling(temperature=0.0, max_tokens=self.max_tokens,
-                                                             seed=EVAL_SEED, group_size=1), live)
-        texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+        sampling = Sampling(temperature=0.0, max_tokens=self.max_tokens, seed=EVAL_SEED, group_size=1)
+        texts: list[str] = []
+        for first in range(0, len(self.prompt_ids), max(chunk, 1)):
+            batch = generator.generate(self.prompt_ids[first:first + chunk], sampling, live)
+            texts += tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
         scores = scorer.score([ScoreInput.of(text, problem) for text, problem in zip(texts, self.problems,
                                                                                    strict=True)])
+        errors = [s.error for s in scores if s.error]
+        if errors:
+            log.warning("held-out evaluation of %s v%d: the reward failed %d of %d answers (first: %s)%s", live.name,
+                        live.version, len(errors), len(scores), errors[0],
+                        "; no held-out accuracy for this step" if len(errors) == len(scores) else "")
+            if len(errors) == len(scores):
+                return None
         accuracy = statistics.fmean(s.accuracy for s in scores)
         log.info("held-out accuracy of %s v%d: %.3f on %d problems (%.1f s)", live.name, live.version, accuracy,
                  len(self.problems), time.perf_counter() - started)
