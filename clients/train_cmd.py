@@ -17,6 +17,7 @@ from rlvr.clients.jobs_view import summary_lines
 from rlvr.jobspec import (
     APPLIES_NOTES,
     BACKEND_KEYS,
+    CHECKPOINTING_CHOICES,
     LORA_INITS,
     LOSS_NAMES,
     PRECISIONS,
@@ -78,7 +79,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     p.add_argument("--lora-init", choices=LORA_INITS, default=None,
                    help="LoRA A initialisation: peft's kaiming-uniform (default) or gaussian N(0, 1/r)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="training precision: fp32 (default), bf16, or fp16 (CUDA only)")
+                   help="training precision: auto (default: bf16 on a CUDA device that supports it, fp32 "
+                        "elsewhere), fp32, bf16, or fp16 (CUDA only)")
+    p.add_argument("--gradient-checkpointing", choices=CHECKPOINTING_CHOICES, default=None,
+                   help="auto (default: on for a 1B+ model on a CUDA device, off on a CPU), on or off")
     p.add_argument("--sharding", choices=SHARDINGS, default=None,
                    help="with --processes 2 or more: ddp (default, a whole model per process) or fsdp (the "
                         "model sharded across the processes)")
@@ -151,6 +155,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.advanced.lora_init = args.lora_init
     if args.precision:
         spec.advanced.precision = args.precision
+    if args.gradient_checkpointing:
+        spec.advanced.gradient_checkpointing = args.gradient_checkpointing
     if args.sharding:
         spec.advanced.sharding = args.sharding
     for _, group, field, _, _ in SPEC_FLAGS:

@@ -147,9 +147,15 @@ NUM_PROCESSES = IntRange(1, 8, 1)
 NUM_NODES = IntRange(1, 16, 1)
 # Training precision: "fp32" (default), or mixed precision over a base loaded in that dtype (the
 # LoRA weights stay fp32). fp16 needs a CUDA device (torch's CPU autocast has no fp16 training).
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISION_KEYS: dict[str, Precision] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+# "auto": bf16 on a CUDA device that supports it, else fp32 (services/trainer/quantization.py,
+# `effective_precision`, resolves it where the device is known).
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISION_KEYS: dict[str, Precision] = {"auto": "auto", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PRECISIONS = tuple(PRECISION_KEYS)
+# advanced.gradient_checkpointing: "auto" turns it on for a model of this many parameters or more on
+# a CUDA device (services/trainer/engine.py, `checkpointing_on`); on a CPU it only costs time.
+CHECKPOINTING_CHOICES = ("auto", "on", "off")
+CHECKPOINTING_PARAMETERS = 1_000_000_000
 # How a job of several processes holds the model (advanced.sharding): "ddp" a whole copy on each
 # process, gradients averaged; "fsdp" the weights, gradients and optimizer state sharded across the
 # processes (FSDP2 through accelerate: services/trainer/engine.py, `fsdp_args`).
@@ -359,8 +365,13 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
     _ADVANCED("advanced.num_nodes", "Nodes",
               "Trainer workers (hosts) the job spans, Processes on each: reserved all or none.", "int",
               range=NUM_NODES, flag="--nodes"),
-    _ADVANCED("advanced.precision", "Precision", "fp32, or mixed precision (bf16; fp16 needs a CUDA device).",
-              "word", choices=PRECISIONS),
+    _ADVANCED("advanced.precision", "Precision",
+              "auto (bf16 on a CUDA device that supports it, fp32 elsewhere), fp32, or mixed precision (bf16; "
+              "fp16 needs a CUDA device).", "word", choices=PRECISIONS),
+    _ADVANCED("advanced.gradient_checkpointing", "Gradient checkpointing",
+              "Recompute the forward's activations in the backward: less memory, about a third more compute. auto: "
+              "on for a model of 1B parameters or more on a CUDA device, off on a CPU.", "word",
+              choices=CHECKPOINTING_CHOICES),
     _ADVANCED("advanced.kl_beta", "KL beta", "KL coefficient against the base model.", "float", range=KL_BETA,
               flag="--kl-beta", checked=True),
     _ADVANCED("advanced.temperature", "Temperature", "Sampling temperature of the rollouts.", "float",
@@ -876,8 +887,11 @@ def _validate_advanced(spec: common_pb2.JobSpec, warnings: list[str], v: Violati
         _validate_sharding(a, v)
     a.precision = a.precision.strip() or PRECISIONS[0]
     if a.precision not in PRECISIONS and not v.bad("advanced.precision"):
-        v.add(out_of_range("advanced.precision", a.precision, ", ".join(f'"{x}"' for x in PRECISIONS[:-1]) +
-                           f' or "{PRECISIONS[-1]}" (default "{PRECISIONS[0]}")'))
+        v.add(out_of_range("advanced.precision", a.precision, FIELDS_BY_PATH["advanced.precision"].allowed()))
+    a.gradient_checkpointing = a.gradient_checkpointing.strip() or CHECKPOINTING_CHOICES[0]
+    if a.gradient_checkpointing not in CHECKPOINTING_CHOICES and not v.bad("advanced.gradient_checkpointing"):
+        v.add(out_of_range("advanced.gradient_checkpointing", a.gradient_checkpointing,
+                           FIELDS_BY_PATH["advanced.gradient_checkpointing"].allowed()))
 
 
 # What each loss does when a step makes one optimizer step over its batch (the ratio is exactly 1).
@@ -1100,6 +1114,7 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("advanced.gpu_selection", spec.advanced.gpu_selection, MAX_OPTION_CHARS),
         ("advanced.lora_init", spec.advanced.lora_init, MAX_OPTION_CHARS),
         ("advanced.precision", spec.advanced.precision, MAX_OPTION_CHARS),
+        ("advanced.gradient_checkpointing", spec.advanced.gradient_checkpointing, MAX_OPTION_CHARS),
         ("advanced.sharding", spec.advanced.sharding, MAX_OPTION_CHARS),
         ("init_adapter.name", spec.init_adapter.name, MAX_NAME_CHARS),
         ("init_adapter.path", spec.init_adapter.path, MAX_PATH_CHARS),

@@ -106,7 +106,7 @@ def test_enums_and_selection() -> None:
 
 def test_num_processes_agrees_with_the_devices_and_the_batch() -> None:
     a = resolve_spec(C.JobSpec()).spec.advanced
-    assert a.num_processes == 1 and a.precision == "fp32"
+    assert a.num_processes == 1 and a.precision == "auto" and a.gradient_checkpointing == "auto"
     with pytest.raises(InvalidArgument, match=r"advanced.num_processes: 9 is out of range; allowed: 1-8 \(default 1\)"):
         resolve_spec(spec(advanced={"num_processes": 9}))
     # Two devices and one process: refused (transformers would silently wrap the model in DataParallel).
@@ -129,8 +129,8 @@ def test_num_processes_agrees_with_the_devices_and_the_batch() -> None:
 
 def test_precision() -> None:
     assert resolve_spec(spec(advanced={"precision": " bf16 "})).spec.advanced.precision == "bf16"
-    with pytest.raises(InvalidArgument, match='advanced.precision: \'fp8\' is out of range; allowed: "fp32", '
-                                              '"bf16" or "fp16" \\(default "fp32"\\)'):
+    with pytest.raises(InvalidArgument, match='advanced.precision: \'fp8\' is out of range; allowed: "auto", '
+                                              '"fp32", "bf16" or "fp16" \\(default "auto"\\)'):
         resolve_spec(spec(advanced={"precision": "fp8"}))
 
 

@@ -146,7 +146,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, group_size: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AdvancedOptions(_message.Message):
-    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding", "num_nodes", "top_p", "top_k", "min_p", "repetition_penalty", "num_iterations", "mini_batches", "mask_truncated_completions", "eval_every", "eval_size")
+    __slots__ = ("loss_type", "epochs", "quantization", "generation_backend", "gpu_memory_fraction", "gpu_selection", "kl_beta", "temperature", "seed", "checkpoint_every", "dynamic_sampling", "lora_init", "num_processes", "precision", "max_async_steps", "epsilon_high", "sharding", "num_nodes", "top_p", "top_k", "min_p", "repetition_penalty", "num_iterations", "mini_batches", "mask_truncated_completions", "eval_every", "eval_size", "gradient_checkpointing")
     LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class AdvancedOptions(_message.Message):
     MASK_TRUNCATED_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     EVAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     loss_type: LossType
     epochs: int
     quantization: Quantization
@@ -201,7 +202,8 @@ class AdvancedOptions(_message.Message):
     mask_truncated_completions: bool
     eval_every: int
     eval_size: int
-    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., num_iterations: _Optional[int] = ..., mini_batches: _Optional[int] = ..., mask_truncated_completions: _Optional[bool] = ..., eval_every: _Optional[int] = ..., eval_size: _Optional[int] = ...) -> None: ...
+    gradient_checkpointing: str
+    def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., num_iterations: _Optional[int] = ..., mini_batches: _Optional[int] = ..., mask_truncated_completions: _Optional[bool] = ..., eval_every: _Optional[int] = ..., eval_size: _Optional[int] = ..., gradient_checkpointing: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking", "environment")

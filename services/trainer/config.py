@@ -107,6 +107,8 @@ class JobConfig:
     mini_batches: int
     # advanced.mask_truncated_completions: DAPO's overlong masking (TRL's own option).
     mask_truncated_completions: bool
+    # advanced.gradient_checkpointing: "auto", "on" or "off" (engine.py, `checkpointing_on`).
+    gradient_checkpointing: str
     # advanced.eval_every (0 = off) and eval_size: evaluation while training (heldout.py).
     eval_every: int
     eval_size: int
@@ -205,7 +207,8 @@ class JobConfig:
         # as the controls off, which is how it sampled.
         # So does one written before num_iterations, mini_batches and overlong masking: one update a step.
         data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "num_iterations": 1,
-                "mini_batches": 1, "mask_truncated_completions": False, "eval_every": 0, "eval_size": 64, **data}
+                "mini_batches": 1, "mask_truncated_completions": False, "eval_every": 0, "eval_size": 64,
+                "gradient_checkpointing": "off", **data}
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
                       "data_roots": tuple(Path(p) for p in data["data_roots"]),
                       "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})

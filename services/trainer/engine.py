@@ -41,6 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlvr.jobspec import CHECKPOINTING_PARAMETERS
 from rlvr.peers.types import AdapterTag, Score
 from rlvr.services.trainer.artifacts import DiskSpace
 from rlvr.services.trainer.config import JobConfig
@@ -71,14 +72,26 @@ TRL_DIR = "trl"
 RESUME_FILE = "rlvr-resume.json"
 
 
+def checkpointing_on(job: JobConfig, parameters: int, use_cpu: bool) -> bool:
+    """advanced.gradient_checkpointing for this job: "on"/"off" as asked; "auto" on for a model of
+    CHECKPOINTING_PARAMETERS or more on an accelerator, off on a CPU (recomputing the forward costs
+    about a third more compute, and a CPU host's memory holds the activations of the models it trains)."""
+    if job.gradient_checkpointing in ("on", "off"):
+        return job.gradient_checkpointing == "on"
+    return not use_cpu and parameters >= CHECKPOINTING_PARAMETERS
+
+
 def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
-              processes: int = 1, correct: bool | None = None, micro_batch: int = 0) -> Any:  # -> GRPOConfig
+              processes: int = 1, correct: bool | None = None, micro_batch: int = 0,
+              parameters: int = 0) -> Any:  # -> GRPOConfig
     """TRL's config for a job. CPU facts (docs/design.md): no gradient checkpointing, and fp32 unless the
     job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
     steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
     share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide).
     `correct`: TRL's truncated importance sampling against the rollout's logprobs (None: with
     asynchronous steps; the runner passes whether `sampler_corrections` found any reason).
+
+    `parameters`: the policy's, for advanced.gradient_checkpointing "auto" (`checkpointing_on`).
 
     `micro_batch`: completions per forward/backward of the loss (`micro_batch_size`; 0 = the process's
     whole share of a mini-batch, one micro-batch). A step generates once (steps_per_generation = the
@@ -136,7 +149,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         report_to=[],
         bf16=job.precision == "bf16",
         fp16=job.precision == "fp16",
-        gradient_checkpointing=False,
+        gradient_checkpointing=checkpointing_on(job, parameters, use_cpu),
         use_cpu=use_cpu,
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -406,7 +419,10 @@ class GrpoEngine:
         self.micro_batch = micro_batch_size(job, model.config, row_tokens, self.group.world,
                                             budget=micro_batch_budget(use_cpu))
         args = grpo_args(job, total_steps, job.job_dir / TRL_DIR, use_cpu, self.group.world,
-                         correct=bool(self.corrections), micro_batch=self.micro_batch)
+                         correct=bool(self.corrections), micro_batch=self.micro_batch,
+                         parameters=sum(p.numel() for p in model.parameters()))
+        if args.gradient_checkpointing:
+            log.info("gradient checkpointing on (advanced.gradient_checkpointing %s)", job.gradient_checkpointing)
         share = job.batch_size // self.group.world
         if self.micro_batch < share:
             log.info("the loss trains each step's %d completions per process in %d micro-batches of %d "

@@ -33,7 +33,11 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
 
     progress("loading", 0.05)
     base_path = resolve_base_model(base_model)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    # The base's own dtype (its config's; float32 when it names none): the merged model is written as
+    # the base was, a bf16 checkpoint as bf16 (peft merges the float32 LoRA product into it).
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")
+    if model.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # e.g. a dequantized GGUF's
+        model = model.float()
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     progress("loading", 0.3)
     model = PeftModel.from_pretrained(model, str(adapter_path))

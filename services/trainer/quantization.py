@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rlvr.common.errors import FailedPrecondition
+from rlvr.jobspec import Precision
 
 
 def pick_device(gpu_selection: str) -> str:
@@ -37,15 +38,28 @@ def pick_device(gpu_selection: str) -> str:
     )
 
 
+def effective_precision(precision: Precision, device: str) -> Precision:
+    """advanced.precision as the job trains on `device` ("cpu", "cuda", "cuda:N"): "auto" is bf16 on a
+    CUDA device that supports it (what vLLM serves a bf16 checkpoint in, so a default GPU job is not
+    importance-corrected for a precision it did not ask for), fp32 elsewhere; the others as given."""
+    if precision != "auto":
+        return precision
+    if not device.startswith("cuda"):
+        return "fp32"
+    import torch
+
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+
+
 def check_precision(precision: str, gpu_selection: str = "auto") -> None:
     """Raises FailedPrecondition (one line, naming advanced.precision) if the job's device cannot
     train in `precision`: fp16 needs CUDA (torch's CPU autocast has no fp16 training, and the
     GradScaler fp16 needs is CUDA's), bf16 a device that supports it (any CPU; a CUDA device
     from Ampere on)."""
-    if precision == "fp32":
+    if precision in ("fp32", "auto"):  # auto falls back to fp32 where bf16 cannot run
         return
     if precision not in ("bf16", "fp16"):
-        raise ValueError(f"advanced.precision: {precision!r} is not one of fp32, bf16, fp16")
+        raise ValueError(f"advanced.precision: {precision!r} is not one of auto, fp32, bf16, fp16")
     import torch
 
     device = pick_device(gpu_selection)

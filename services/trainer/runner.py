@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,6 +36,7 @@ from rlvr.services.trainer.quantization import (
     bnb_config,
     check_precision,
     check_quantization,
+    effective_precision,
     pick_device,
     quiet_bitsandbytes,
     sampler_corrections,
@@ -405,6 +406,7 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
         raise FailedPrecondition(problem)
     if device == "cuda" and group.world > 1:
         device = f"cuda:{group.local_rank}"  # one device per rank (the job sees exactly num_processes)
+    job = replace(job, precision=effective_precision(job.precision, device))  # "auto" as this device trains
     group.connect(device)
     # Probed by rank 0 alone (its failure is every rank's): the probe saves a model and loads it back,
     # and transformers 5 writes a model only on rank 0 of a torch.distributed group.
