@@ -70,12 +70,11 @@ def _is_set(message: Message, name: str) -> bool:
 
 
 def _own_reward(spec: common_pb2.JobSpec, recipe: MeasuredRecipe) -> bool:
-    """Whether `spec` names a reward other than the recipe's (reward.key, function or terms): then none
-    of the recipe's reward fields applies."""
+    """Whether `spec` names its reward itself (reward.terms or reward.function, which reward.key must
+    then agree with, or a reward.key other than the recipe's): then none of the recipe's reward.* fields
+    applies."""
     r = spec.reward
-    given = r.terms[0].key if r.terms else r.key or (common_pb2.RewardFunction.Name(r.function).removeprefix(
-        "REWARD_FUNCTION_").lower() if r.function else "")
-    return bool(given) and given != recipe.fields.get("reward.key")
+    return bool(r.terms or r.function or (r.key and r.key != recipe.fields.get("reward.key")))
 
 
 def apply_recipe(spec: common_pb2.JobSpec, recipe: MeasuredRecipe) -> list[str]:
@@ -87,10 +86,12 @@ def apply_recipe(spec: common_pb2.JobSpec, recipe: MeasuredRecipe) -> list[str]:
     if not spec.base_model.strip():
         spec.base_model = recipe.model
         written.append("base_model")
-    skip = "reward." if _own_reward(spec, recipe) or spec.reward.terms or spec.reward.function else "\0"
+    own_reward = _own_reward(spec, recipe)
     for path, value in recipe.fields.items():
+        if own_reward and path.startswith("reward."):
+            continue
         message, name = _message(spec, path)
-        if not path.startswith(skip) and not _is_set(message, name):
+        if not _is_set(message, name):
             setattr(message, name, value)
             written.append(path)
     return written
