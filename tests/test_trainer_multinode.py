@@ -119,6 +119,7 @@ async def test_two_nodes_train_what_two_processes_train_each_step_once(nats_serv
         await s.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a chaos run, make test-all (50 s); make test keeps the two nodes' training above
 async def test_a_killed_node_ends_every_part_lost_and_the_job_resumes_from_node_zero(nats_server,
                                                                                     tmp_path: Path) -> None:
     from rlvr.services.trainer.engine import RESUME_FILE, TRL_DIR

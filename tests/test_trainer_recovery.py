@@ -147,6 +147,7 @@ def test_a_killed_trainer_service_resumes_the_job_when_restarted(stack, uninterr
     assert any("was restarted while the job ran" in m for m in messages), messages
 
 
+@pytest.mark.slow  # make test-all (30 s); make test kills the scheduler mid-job in test_loops_e2e's restarts
 def test_a_killed_scheduler_leaves_the_job_running_to_the_same_end(stack, uninterrupted) -> None:  # noqa: ANN001
     """kill -9 of the scheduler mid-job: the job trains on, the restarted scheduler reads the steps
     published meanwhile off the stream (its durable consumer) and stores each once."""
