@@ -4,7 +4,7 @@ the episode recorder against the same turn sampled directly, on one rollout serv
     python bench/agent_gateway.py                       # vLLM, rlvr-tiny-headroom, 200 calls, 3 repeats
     python bench/agent_gateway.py --backend transformers --calls 100
 
-Both paths sample through services/trainer/episodes.py's GeneratorSampler over the trainer's
+Both paths sample through services/trainer/job/episodes.py's GeneratorSampler over the trainer's
 ServiceGenerator (gRPC to the rollout service), as a job's step does. The turn is the calculator
 agent's first call (its prompt and tool, rlvr/agents/builtin/calculator.py; rendered by the model's
 chat template, rlvr/episodes/chat.py), max_tokens M, temperature 1. The calls come in episodes of
@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.episodes.chat import ChatCodecs
     from rlvr.models import resolve_model
     from rlvr.peers.types import AdapterTag, Sampling
-    from rlvr.services.trainer.episodes import GeneratorSampler
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.episodes import GeneratorSampler
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     quiet_transformers()
     model = Path(resolve_model(args.model))

@@ -220,7 +220,7 @@ def processes() -> list[tuple[int, str]]:
 
 def job_process_pid(job_id: str) -> int | None:
     for pid, cmd in processes():
-        if "rlvr.services.trainer.job_process" in cmd and job_id in cmd:
+        if "rlvr.services.trainer.process.job_process" in cmd and job_id in cmd:
             return pid
     return None
 

@@ -83,7 +83,7 @@ def main() -> None:
     args = ts.parse_args(STEP_ARGS.split())
     import torch
 
-    from rlvr.services.trainer.runner import resolve_base_model
+    from rlvr.services.trainer.job.runner import resolve_base_model
 
     torch.set_num_threads(1)
     base = resolve_base_model(args.model)

@@ -4,7 +4,7 @@ of the same sampled token budget, on one rollout server.
     python bench/episodes.py                       # vLLM, rlvr-tiny-headroom, 16 episodes, 3 repeats
     python bench/episodes.py --backend transformers --repeats 3
 
-The episodes run exactly as a job's step runs them (services/trainer/episodes.py's GeneratorSampler
+The episodes run exactly as a job's step runs them (services/trainer/job/episodes.py's GeneratorSampler
 over the trainer's ServiceGenerator, rlvr/episodes/loop.py, the model's chat template through
 rlvr/episodes/chat.py), against an environment of this script: it answers each turn with a short
 user message until the episode has K turns. Each case generates --episodes episodes (one prompt's
@@ -96,7 +96,7 @@ def run_case(name: str, turns: int, args: argparse.Namespace, generator: Any, to
     from rlvr.episodes.chat import ChatCodec
     from rlvr.episodes.loop import EpisodeLimits, EpisodeTask, run_episodes
     from rlvr.peers.types import AdapterTag, Sampling
-    from rlvr.services.trainer.episodes import GeneratorSampler
+    from rlvr.services.trainer.job.episodes import GeneratorSampler
 
     per_turn = args.max_tokens * (turns if name == "single" else 1)
     limits = EpisodeLimits(max_turns=1 if name == "single" else turns, max_tokens_per_turn=per_turn,
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from rlvr.models import resolve_model
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     quiet_transformers()
     model = Path(resolve_model(args.model))

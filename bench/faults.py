@@ -87,7 +87,7 @@ def job_process_pid(job_id: str) -> int | None:
                 cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"rlvr.services.trainer.job_process" in cmdline and any(job_id.encode() in c for c in cmdline):
+            if b"rlvr.services.trainer.process.job_process" in cmdline and any(job_id.encode() in c for c in cmdline):
                 return int(proc.name)
     return None
 

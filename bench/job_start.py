@@ -8,7 +8,7 @@ A trainer worker (`JobSupervisor`, in this process: no NATS, the local scorer, o
 runs `--jobs` one-step jobs on the test-size tiny model (group 4, batch 8, 32 tokens, the
 transformers backend) one after another, with `job_start = "fresh"` (each job process a new
 interpreter that imports torch, transformers, peft and TRL) and `job_start = "fork"` (forked from the
-worker's fork server, services/trainer/forkserver.py). With `--processes N` each job has N ranks:
+worker's fork server, services/trainer/process/forkserver.py). With `--processes N` each job has N ranks:
 "fresh" execs torchrun, whose ranks are new interpreters, and "fork" runs torchrun's agent in the
 forked job process, which forks the ranks (job_process.launch). Rounds alternate the two; each cell is the
 median [lowest-highest] over the jobs of every round. "server start" is the fork server's own
@@ -65,8 +65,8 @@ def _request(job_id: str, model: str, processes: int):  # noqa: ANN202 (rlvr's p
 
 
 async def one_worker(mode: str, model: str, jobs: int, round_no: int, processes: int) -> dict[str, object]:
+    from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
-    from rlvr.services.trainer.worker import JobSupervisor
     from rlvr.v1 import common_pb2 as C
 
     root = Path(tempfile.mkdtemp(prefix=f"job-start-{mode}-"))

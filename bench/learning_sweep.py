@@ -4,7 +4,7 @@
     python bench/learning_sweep.py --warmup-steps 300 --temperature 0.6 --dynamic-sampling
     python bench/learning_sweep.py --model /path/to/model --lr 1e-5 --steps 300 --eval-every 50
 
-Runs `rlvr.services.trainer.runner.run_job` (what a job process runs: TRL's GRPOTrainer with our rollout
+Runs `rlvr.services.trainer.job.runner.run_job` (what a job process runs: TRL's GRPOTrainer with our rollout
 function and scorer) on the transformers backend, without the services, and measures greedy
 held-out Math Pairs accuracy of the adapter every `--eval-every` steps, plus greedy accuracy on
 problems from the run's prompt list and on problems of the training distribution outside it at the
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.rewards.scoring import score
-    from rlvr.services.trainer import artifacts
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job import artifacts
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
     from rlvr.tasks import math_pairs as mp
     from rlvr.tasks import render_prompt
     from rlvr.tiny.build import generate_greedy, heldout_accuracy

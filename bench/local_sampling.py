@@ -46,7 +46,7 @@ def _policy(model_name: str, rank: int, alpha: int) -> tuple[Any, Any, list[int]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.models import resolve_model
-    from rlvr.services.trainer.runner import _eos_ids
+    from rlvr.services.trainer.job.runner import _eos_ids
 
     path = resolve_model(model_name)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import GenerationConfig
 
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from rlvr.services.trainer.rollouts import LocalGenerator
+    from rlvr.services.trainer.job.rollouts import LocalGenerator
 
     torch.set_num_threads(args.threads)
     model, tokenizer, eos = _policy(args.model, args.rank, args.alpha)

@@ -4,7 +4,7 @@
     python bench/replicas.py --model rlvr-tiny --backend vllm --steps 8
 
 Starts two rollout servers (separate processes, `--backend`), then runs the same job (the same
-seed, `rlvr.services.trainer.runner.run_job` as a job process runs it) through the first server
+seed, `rlvr.services.trainer.job.runner.run_job` as a job process runs it) through the first server
 alone and through both, `--repeats` times each (at least 3), taking turns (1, 2, 1, 2, ...). Per run:
 steps/s and the means of the step's generate and whole-step seconds (from its MetricEvents, the
 first `--skip` steps left out) and how many Generate calls each server answered (their GetInfo);
@@ -73,10 +73,10 @@ def served(address: str) -> int:
 
 
 def run(args: argparse.Namespace, model: str, addresses: list[str], root: Path, repeat: int = 1) -> dict[str, Any]:
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.replicas import rollout_generator
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.replicas import rollout_generator
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
     job = job_config(job_id=f"bench-replicas-{len(addresses)}-{repeat}-{os.getpid()}", base_model=model,
                      artifact_root=root / "artifacts", group_size=args.group_size, batch_size=args.batch_size,
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlvr.infra.reaper import stop_process_groups
     from rlvr.models import resolve_model
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     args = parse_args(argv)
     torch.set_num_threads(1)

@@ -6,14 +6,14 @@
 
 Paths, one after the other (never two engines at once), each with the same adapter live (a random
 rank-`--lora-rank` PEFT LoRA on every linear layer, the trainer's shape) and the trainer's prompts
-(`rlvr.services.trainer.runner.training_prompts` of a Math Pairs job, as token ids):
+(`rlvr.services.trainer.job.runner.training_prompts` of a Math Pairs job, as token ids):
 
 - engine: vLLM's own `vllm.LLM.generate` in a child process of this bench, built with the rollout
   server's engine settings (`VLLMBackend.engine_kwargs`: fp32, LoRA on, chunked prefill off on CPU,
   eager on CPU, the zero base LoRA is not needed since every request names the adapter), one call per
   step's batch: the engine's limit on this machine;
 - server: the rollout server (`python -m rlvr.services.rollout.main --backend vllm`) in its own process,
-  called by the trainer's own client (`rlvr.services.trainer.rollouts.ServiceGenerator`, adapter pushed with
+  called by the trainer's own client (`rlvr.services.trainer.job.rollouts.ServiceGenerator`, adapter pushed with
   `publish_adapter`) from this process; each call's split comes from the server's "generate done" log
   line (`rlvr.services.rollout.server.GenerateTiming`) lined up with the client's `CallTiming` on the host's
   monotonic clock: request (client send -> server received), validate, engine, decode, build, send,
@@ -113,8 +113,8 @@ def prompt_ids(model: str, count: int) -> list[list[int]]:
     """The first `count` training prompts of a Math Pairs job on `model`, as the trainer sends them."""
     from transformers import AutoTokenizer
 
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.runner import training_prompts
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.runner import training_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     job = job_config(job_id="gap", base_model=model, artifact_root=Path(tempfile.gettempdir()))
@@ -243,7 +243,7 @@ def server_lines(log: Path) -> dict[str, dict[str, Any]]:
 def run_server(args: argparse.Namespace, path: str, model: str, adapter: Path, prompts: list[list[int]],
                work: Path) -> dict[str, Any]:
     from rlvr.peers.types import AdapterTag, Sampling
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     results: dict[str, Any] = {}
     backend = "transformers" if path == "transformers" else "vllm"

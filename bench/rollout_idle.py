@@ -64,7 +64,7 @@ def measure(args: argparse.Namespace, spin: str) -> dict[str, float]:
     from rlvr.infra.reaper import stop_process_groups
     from rlvr.peers.base import check_health
     from rlvr.peers.types import AdapterTag, Sampling
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     port = free_port()
     home = Path(os.environ.get("RLVR_HOME", ROOT / ".rlvr"))

@@ -109,9 +109,9 @@ def trainer_gap(base: str, name: str, sequences: Any, sampler_logps: Any, prompt
     """The gap of trainer configuration `name` (TRAINERS) on the sampler's tokens."""
     import torch
 
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.quantization import check_precision, check_quantization, quiet_bitsandbytes
-    from rlvr.services.trainer.runner import load_policy
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.quantization import check_precision, check_quantization, quiet_bitsandbytes
+    from rlvr.services.trainer.job.runner import load_policy
 
     precision, quantization = TRAINERS[name]
     gpu = "cpu" if device == "cpu" else "auto"
@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.runner import one_line, resolve_base_model, training_prompts
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.runner import one_line, resolve_base_model, training_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)

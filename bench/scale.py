@@ -1,5 +1,5 @@
 """Steps per second of one job with 1 and 2 training processes (advanced.num_processes), through the
-trainer worker's own launch (services/trainer/worker.py: one job process, or torchrun over N ranks).
+trainer worker's own launch (services/trainer/process/worker.py: one job process, or torchrun over N ranks).
 
     python bench/scale.py                           # rlvr-tiny-small, transformers backend, 1 and 2 processes
     python bench/scale.py --processes 1,2,4 --steps 8 --batch-size 16 --group-size 4
@@ -72,8 +72,8 @@ def request(args: argparse.Namespace, job_id: str, processes: int) -> Any:
 
 
 async def one_run(args: argparse.Namespace, root: Path, processes: int) -> dict[str, Any]:
+    from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
-    from rlvr.services.trainer.worker import JobSupervisor
 
     settings = TrainerSettings(port=0, artifact_root=root, nats_url="", scorer="local", torch_threads=args.threads,
                                worker_name="bench-scale")

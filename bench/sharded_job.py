@@ -5,7 +5,7 @@ job-fsdp part (bench/gpu_check.py) runs it twice and compares the two; it runs o
     python bench/sharded_job.py --model rlvr-tiny-small --sharding ddp,fsdp --gpus cpu --out runs.json
 
 It launches itself under torchrun (`torch.distributed.run --standalone`, as the worker launches a job
-of advanced.num_processes processes: services/trainer/distributed.py); each rank runs the job
+of advanced.num_processes processes: services/trainer/job/distributed.py); each rank runs the job
 (runner.run_job with its rank's Group, the transformers backend, so no rollout server is needed), and
 rank 0 writes its run's file: the steps' losses, rewards and seconds, the adapter's folder, and each
 rank's share of the policy's parameters (`engine.shard_sizes`). `compare` reads two such files.
@@ -90,10 +90,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from rlvr.services.trainer.config import job_config_from_request
-    from rlvr.services.trainer.distributed import Group
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job.config import job_config_from_request
+    from rlvr.services.trainer.job.distributed import Group
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
     from rlvr.v1 import common_pb2 as C
     from rlvr.v1 import trainer_pb2 as T
 

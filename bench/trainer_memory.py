@@ -4,7 +4,7 @@
     python bench/trainer_memory.py --model rlvr-tiny --batch-sizes 16 --micro-batches 0,4
 
 Every configuration (batch size x micro-batch) runs in a child process of its own: what a job process
-runs (`rlvr.services.trainer.runner.run_job`, the transformers generation backend: the policy samples
+runs (`rlvr.services.trainer.job.runner.run_job`, the transformers generation backend: the policy samples
 in-process, so no rollout server is needed) for `--steps` GRPO steps, with a thread sampling the
 process's resident set size (psutil, every 2 ms) and labelling each sample with the phase TRL is in:
 
@@ -104,7 +104,7 @@ def instrument(sampler: Sampler) -> None:
     this child process only)."""
     from trl import GRPOTrainer
 
-    from rlvr.services.trainer.step import Step
+    from rlvr.services.trainer.job.step import Step
 
     def wrap(cls: Any, name: str, before: str, after: str | None) -> None:
         inner = getattr(cls, name)
@@ -130,10 +130,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
 
     if config["threads"]:
         torch.set_num_threads(config["threads"])
-    from rlvr.services.trainer import engine
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job import engine
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
     if config["min_tokens"]:
         from transformers import GenerationConfig

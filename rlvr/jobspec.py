@@ -4,7 +4,7 @@ defaults live (the proto comments state the same numbers; tests/test_spec_docs.p
 `SPEC_FIELDS` declares the spec's user-facing fields once, a row each: path, label, help, range or
 choices, default, and which reward or backend it applies to. Everything else is derived from it:
 the CLI's flags and help (clients/train_cmd.py), the console's form, hints and limits
-(clients/web/forms.py, limits.py), the trainer's JobConfig (services/trainer/config.py, by field
+(clients/web/forms.py, limits.py), the trainer's JobConfig (services/trainer/job/config.py, by field
 name), the Training Summary's extra rows, docs/spec-fields.md and the proto-comment test. A plain
 ranged field (`checked`) is validated from its row alone: adding one is its proto field and a row.
 
@@ -135,7 +135,7 @@ EPSILON_HIGH = FloatRange(0.2, 1.0, 0.2)
 NUM_ITERATIONS = IntRange(1, 8, 1)
 MINI_BATCHES = IntRange(1, 16, 1)
 # Evaluation while training (advanced.eval_every, eval_size): every N steps, greedy on the reward's
-# held-out problems (services/trainer/heldout.py); 0 = off.
+# held-out problems (services/trainer/job/heldout.py); 0 = off.
 EVAL_EVERY = IntRange(0, 100_000, 0)
 EVAL_SIZE = IntRange(8, 2000, 64)
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
@@ -143,22 +143,22 @@ JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transform
 # NCCL on GPUs); one per device listed in gpu_selection.
 NUM_PROCESSES = IntRange(1, 8, 1)
 # Hosts (trainer workers) one job spans, num_processes on each, all in one torchrun rendezvous
-# (services/trainer/distributed.py); the scheduler reserves that many idle workers, all or none.
+# (services/trainer/job/distributed.py); the scheduler reserves that many idle workers, all or none.
 NUM_NODES = IntRange(1, 16, 1)
 # Training precision: "fp32" (default), or mixed precision over a base loaded in that dtype (the
 # LoRA weights stay fp32). fp16 needs a CUDA device (torch's CPU autocast has no fp16 training).
-# "auto": bf16 on a CUDA device that supports it, else fp32 (services/trainer/quantization.py,
+# "auto": bf16 on a CUDA device that supports it, else fp32 (services/trainer/job/quantization.py,
 # `effective_precision`, resolves it where the device is known).
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISION_KEYS: dict[str, Precision] = {"auto": "auto", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PRECISIONS = tuple(PRECISION_KEYS)
 # advanced.gradient_checkpointing: "auto" turns it on for a model of this many parameters or more on
-# a CUDA device (services/trainer/engine.py, `checkpointing_on`); on a CPU it only costs time.
+# a CUDA device (services/trainer/job/engine.py, `checkpointing_on`); on a CPU it only costs time.
 CHECKPOINTING_CHOICES = ("auto", "on", "off")
 CHECKPOINTING_PARAMETERS = 1_000_000_000
 # How a job of several processes holds the model (advanced.sharding): "ddp" a whole copy on each
 # process, gradients averaged; "fsdp" the weights, gradients and optimizer state sharded across the
-# processes (FSDP2 through accelerate: services/trainer/engine.py, `fsdp_args`).
+# processes (FSDP2 through accelerate: services/trainer/job/engine.py, `fsdp_args`).
 Sharding = Literal["ddp", "fsdp"]
 SHARDINGS: tuple[Sharding, ...] = ("ddp", "fsdp")
 

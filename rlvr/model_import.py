@@ -4,7 +4,7 @@ A user's model (a local Hugging Face folder or a GGUF file) becomes a folder und
 that a job names by its bare name (rlvr.models resolves it). Everything a user would otherwise learn
 an hour into a job is checked first: the weights load (only safetensors, no remote code), there is
 a tokenizer and a chat template that renders, the architecture is one that vLLM and peft both serve
-with LoRA, and the linear modules rlvr's LoRA targets ("all-linear", services/trainer/runner.py)
+with LoRA, and the linear modules rlvr's LoRA targets ("all-linear", services/trainer/job/runner.py)
 exist. The folder is written beside its final place under a hidden temporary name and renamed at
 the end, so a failed or interrupted import leaves nothing a job could pick up.
 

@@ -6,7 +6,7 @@ rows divide by the temperature, drop tokens under min_p x the top token's probab
 (`MinPLogitsProcessor`), then keep the top_k (ties kept) and of those the top_p nucleus
 (`apply_top_k_top_p`). Its `processed_logprobs` are the log-softmax of the result. The rollout
 server's transformers backend (services/rollout/hf_backend.py) and the trainer's in-process
-generator (services/trainer/rollouts.py) call `shape_logits` so that every backend samples the same
+generator (services/trainer/job/rollouts.py) call `shape_logits` so that every backend samples the same
 way; the defaults (top_p 1, top_k 0, min_p 0, repetition_penalty 1) leave the tempered logits whole.
 
 The loss does not see any of this: TRL scores a token under log_softmax(logits / temperature), the

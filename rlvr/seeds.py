@@ -3,7 +3,7 @@
 A step (or an evaluation's batch) carries one seed; each of its prompts samples from a random stream of
 its own, seeded with `prompt_seed(seed, index)`. One seed for every prompt would give completion j of
 each prompt the same random numbers, so a step's groups would be sampled alike. The transformers
-sampler (services/trainer/rollouts.py, SeededSampler) and the vLLM rollout server
+sampler (services/trainer/job/rollouts.py, SeededSampler) and the vLLM rollout server
 (services/rollout/vllm_backend.py) both use it, the former with the prompt's index in the step's whole
 batch, the latter with its index in the Generate request.
 

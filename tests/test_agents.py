@@ -117,7 +117,7 @@ def test_an_agent_that_rewrites_its_history_splits_the_episode_and_it_is_counted
     assert sampled_text(first) == CALL and sampled_text(second) == "<answer>391</answer>"
     assert second.mask == [1] * len(second.completion_ids)
     # The step's metrics count the split (MetricEvent.episode_splits); the trainer trains the last sample.
-    from rlvr.services.trainer.episodes import EpisodeStats
+    from rlvr.services.trainer.job.episodes import EpisodeStats
     from rlvr.v1 import common_pb2
 
     stats, event = EpisodeStats(), common_pb2.MetricEvent()

@@ -375,7 +375,7 @@ def test_episodes_are_scored_the_same_by_the_trainer_and_the_benchmark() -> None
     from rlvr.episodes.scoring import EpisodeScores
     from rlvr.episodes.types import Episode
     from rlvr.peers.types import Score
-    from rlvr.services.trainer.episodes import EpisodeRollout
+    from rlvr.services.trainer.job.episodes import EpisodeRollout
     from rlvr.tasks import get_task
 
     def episode(**kw: Any) -> Episode:

@@ -100,7 +100,7 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "wheel").glob("rlvr-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"rlvr"}
-    for path in ("rlvr/services/trainer/step.py", "rlvr/services/rollout/server.py", "rlvr/clients/sdk.py",
+    for path in ("rlvr/services/trainer/job/step.py", "rlvr/services/rollout/server.py", "rlvr/clients/sdk.py",
                  "rlvr/clients/web/templates/base.html", "rlvr/clients/web/static/console.js", "rlvr/v1/common_pb2.py",
                  # the store's migrations, run from the package (docs/migrations.md)
                  "rlvr/infra/migrations/env.py", "rlvr/infra/migrations/script.py.mako",

@@ -76,8 +76,8 @@ def cuda_rollout(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> I
 def _run(tmp_path: Path, model: str, address: str | None = None, **overrides: Any) -> tuple[Any, list[Any]]:
     from test_trainer_job import _job, _scorer
 
-    from rlvr.services.trainer.rollouts import ServiceGenerator
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     events: list[Any] = []
     generator = ServiceGenerator(address) if address else None
@@ -159,7 +159,7 @@ async def test_a_two_process_job_trains_over_nccl(nats_server, tmp_path: Path) -
     from fixtures_trainer import job_events
     from test_trainer_multiproc import MODEL, _idle, _request, _settings
 
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.v1 import common_pb2 as C
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))

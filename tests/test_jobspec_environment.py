@@ -148,7 +148,7 @@ def test_the_training_summary_shows_the_environment_and_max_turns() -> None:
 
 def test_the_trainer_s_job_config_carries_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from rlvr import jobspec
-    from rlvr.services.trainer.config import JobConfig, job_config, job_config_from_request
+    from rlvr.services.trainer.job.config import JobConfig, job_config, job_config_from_request
 
     spec = resolve_spec(job(settings={"level": "hard"}), environments=CATALOG).spec
     monkeypatch.setattr(jobspec, "_environment_catalog", lambda: CATALOG)  # the worker's registry

@@ -36,7 +36,7 @@ def _prompts(tokenizer: Any) -> list[list[int]]:
 
 def _generate(policy: tuple[Any, Any, list[int]], prompts: list[list[int]], seed: int | None,
               offset: int = 0, temperature: float = 1.0, **controls: Any) -> Any:
-    from rlvr.services.trainer.rollouts import LocalGenerator
+    from rlvr.services.trainer.job.rollouts import LocalGenerator
 
     model, tokenizer, eos = policy
     generator = LocalGenerator(tokenizer, eos, prompt_offset=offset)
@@ -115,7 +115,7 @@ def _draw_counts(logits: Any, temperature: float, steps: int, **controls: Any) -
     40 prompts x a group of 6 rows, fixed seeds (the prompts' indices)."""
     import torch
 
-    from rlvr.services.trainer.rollouts import SeededSampler
+    from rlvr.services.trainer.job.rollouts import SeededSampler
 
     prompts, group = 40, 6
     sampler = SeededSampler(list(range(prompts)), Sampling(temperature=temperature, group_size=group, **controls),

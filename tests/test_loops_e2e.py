@@ -222,7 +222,7 @@ def _job_process(job_id: str, missing_ok: bool = False) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"rlvr.services.trainer.job_process" in cmdline and any(job_id.encode() in part for part in cmdline):
+        if b"rlvr.services.trainer.process.job_process" in cmdline and any(job_id.encode() in part for part in cmdline):
             return int(proc.name)
     if missing_ok:
         return None

@@ -529,7 +529,7 @@ async def test_durable_consumer_survives_a_quiet_spell(nats_server) -> None:
 async def test_a_nats_only_client_decodes_metric_events(nats_server: EmbeddedNats) -> None:
     """docs/events.md's recipe: plain nats-py and the generated protos, nothing of
     rlvr's own client code, read what the trainer's publisher puts on the job's subject."""
-    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.services.trainer.process.publisher import EventPublisher
     from rlvr.v1 import common_pb2
 
     job = _job()
@@ -560,7 +560,7 @@ async def test_a_normal_close_is_no_warning(nats_server: EmbeddedNats, caplog: p
     """Every job closes its connection when it ends: that is no "disconnected from nats" warning."""
     import logging
 
-    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.services.trainer.process.publisher import EventPublisher
 
     caplog.set_level(logging.DEBUG, logger="rlvr")
     async with connected_bus(nats_server.url, name="closing"):
@@ -609,7 +609,7 @@ async def test_a_job_rides_out_a_nats_outage_longer_than_the_old_limits(
     import logging
     import threading
 
-    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.services.trainer.process.publisher import EventPublisher
     from rlvr.v1 import common_pb2
 
     caplog.set_level(logging.DEBUG, logger="rlvr")
@@ -670,7 +670,7 @@ async def test_an_outage_past_its_bound_fails_the_job_naming_nats_and_the_settin
     """NATS away for longer than the publisher's bound (the trainer's nats_outage_seconds, 1 s
     here): the next event the job publishes raises one line that names NATS and the setting, as
     does a publisher started while NATS is away."""
-    from rlvr.services.trainer.publisher import EventPublisher
+    from rlvr.services.trainer.process.publisher import EventPublisher
     from rlvr.v1 import common_pb2
 
     job = _job()

@@ -10,7 +10,7 @@ import pytest
 from rlvr.common import paths
 from rlvr.common.errors import InvalidArgument
 from rlvr.services.benchmark.planning import adapter_folder
-from rlvr.services.trainer.artifacts import under_root
+from rlvr.services.trainer.job.artifacts import under_root
 from rlvr.tasks.base import TaskError
 from rlvr.tasks.sources import resolve_local
 

@@ -218,8 +218,8 @@ def test_one_replica_is_one_server_every_failure_its_own() -> None:
 
 def test_the_trainer_and_the_benchmark_sort_failures_as_they_did_and_share_the_rules() -> None:
     from rlvr.services.benchmark import peers
-    from rlvr.services.trainer import replicas
-    from rlvr.services.trainer.rollouts import RolloutError, RolloutGone
+    from rlvr.services.trainer.job import replicas
+    from rlvr.services.trainer.job.rollouts import RolloutError, RolloutGone
 
     def error(code: grpc.StatusCode) -> RlvrError:
         return RlvrError(code, "x", "rlvr.v1.RolloutService/Generate", "h:1")

@@ -106,7 +106,7 @@ def _live(address: str) -> dict[str, int]:
 
 
 def _job(root: Path, model: str, job_id: str, steps: int) -> Any:
-    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.job.config import job_config
 
     # 4 prompts x 4 completions a step: two prompts to each replica.
     return job_config(job_id=job_id, base_model=model, artifact_root=root / "artifacts", group_size=4,
@@ -115,8 +115,8 @@ def _job(root: Path, model: str, job_id: str, steps: int) -> Any:
 
 
 def _train(job: Any, generator: Any, **deps: Any) -> tuple[Any, list[C.MetricEvent]]:
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
     events: list[C.MetricEvent] = []
     try:
@@ -151,8 +151,8 @@ def test_the_settings_take_several_rollout_addresses(monkeypatch: pytest.MonkeyP
 
 def test_a_step_is_split_across_replicas_and_put_back_in_prompt_order(replicas: Replicas) -> None:
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from rlvr.services.trainer.replicas import ReplicatedGenerator
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     sampling = Sampling(temperature=1.0, max_tokens=32, seed=11, group_size=3)
@@ -178,7 +178,7 @@ def test_a_step_is_split_across_replicas_and_put_back_in_prompt_order(replicas: 
 
 
 def test_a_job_spreads_its_rollouts_and_pushes_every_version_to_both(replicas: Replicas) -> None:
-    from rlvr.services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.job.replicas import ReplicatedGenerator
 
     job = _job(replicas.root, replicas.model, "two-replicas", steps=2)
     before = _served(replicas.a), _served(replicas.b)
@@ -193,7 +193,7 @@ def test_a_job_spreads_its_rollouts_and_pushes_every_version_to_both(replicas: R
 
 
 def test_a_job_survives_the_loss_of_a_replica(replicas: Replicas) -> None:
-    from rlvr.services.trainer.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.job.replicas import ReplicatedGenerator
 
     doomed = replicas.servers.rollout(replicas.model, replicas.root, "replica-doomed")
     replicas.servers.ready(doomed)
@@ -220,8 +220,8 @@ def test_a_job_survives_the_loss_of_a_replica(replicas: Replicas) -> None:
 
 def test_no_replica_left_fails_naming_every_address() -> None:
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from rlvr.services.trainer.replicas import ReplicatedGenerator
-    from rlvr.services.trainer.rollouts import RolloutGone
+    from rlvr.services.trainer.job.replicas import ReplicatedGenerator
+    from rlvr.services.trainer.job.rollouts import RolloutGone
 
     gone = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]  # nothing listens there
     notices: list[str] = []

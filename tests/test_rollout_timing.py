@@ -23,7 +23,7 @@ async def test_a_generate_call_is_timed_by_the_server_and_the_client(
     from transformers import AutoTokenizer
 
     from rlvr.peers.types import BASE_MODEL, Sampling
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompts = [tokenizer.encode(q, add_special_tokens=False) for q in ("What is 2+3?", "What is 7+1?", "1+1?")]

@@ -9,8 +9,8 @@ import pytest
 
 from rlvr.services.rollout.server import resolve_dtype
 from rlvr.services.rollout.settings import RolloutSettings
-from rlvr.services.trainer.metrics import StepRecord, metric_event
-from rlvr.services.trainer.quantization import sampler_corrections
+from rlvr.services.trainer.job.metrics import StepRecord, metric_event
+from rlvr.services.trainer.job.quantization import sampler_corrections
 
 
 @pytest.mark.parametrize(("job", "dtypes", "expected"), [
@@ -67,8 +67,8 @@ def test_a_reshaped_sampler_is_corrected_on_the_vllm_backends_only() -> None:
 
 def test_the_jobs_sampling_controls_reach_its_sampling_and_trls_config(tmp_path) -> None:  # noqa: ANN001
     from rlvr.jobspec import reshaped_sampling
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.engine import grpo_args
 
     plain = job_config("plain", "rlvr-tiny", tmp_path)
     assert reshaped_sampling(plain) == []

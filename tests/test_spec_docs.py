@@ -80,7 +80,7 @@ def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> No
 
     from rlvr.clients.train_cmd import SPEC_FLAGS
     from rlvr.clients.web import forms
-    from rlvr.services.trainer.config import JobConfig
+    from rlvr.services.trainer.job.config import JobConfig
 
     config_fields = {f.name for f in dataclasses.fields(JobConfig)}
     flags = {flag: (group, name) for flag, group, name, _, _ in SPEC_FLAGS}

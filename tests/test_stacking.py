@@ -1,4 +1,4 @@
-"""Stacking adapters (services/trainer/stacking.py): base + s1 B1 A1 + s2 B2 A2 written as ONE PEFT adapter.
+"""Stacking adapters (services/trainer/job/stacking.py): base + s1 B1 A1 + s2 B2 A2 written as ONE PEFT adapter.
 
 The pure part is checked on random tensors (the combined update equals the sum of the two, every
 feature that cannot be stacked is refused by name). The rest uses real models: the trainer's own
@@ -23,10 +23,10 @@ from test_rollout_core import core, greedy, make_lora, model_dir, reference_gree
 
 from rlvr.adapters import base_linear_shapes
 from rlvr.services.rollout.adapters import check_adapter_files
-from rlvr.services.trainer import artifacts, stacking
-from rlvr.services.trainer.config import job_config
-from rlvr.services.trainer.runner import load_policy, read_init_adapter
-from rlvr.services.trainer.stacking import Adapter, StackingError
+from rlvr.services.trainer.job import artifacts, stacking
+from rlvr.services.trainer.job.config import job_config
+from rlvr.services.trainer.job.runner import load_policy, read_init_adapter
+from rlvr.services.trainer.job.stacking import Adapter, StackingError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

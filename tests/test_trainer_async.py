@@ -1,4 +1,4 @@
-"""Asynchronous steps (advanced.max_async_steps, services/trainer/prefetch.py) through the real
+"""Asynchronous steps (advanced.max_async_steps, services/trainer/job/prefetch.py) through the real
 rollout service (its transformers backend): the next step's generation starts before the current
 step's update ends, every trained completion is within the bound, the step's policy lag is
 published, and the prompts are the synchronous run's. With 0 nothing changes (the other trainer
@@ -25,7 +25,7 @@ pytestmark = [
 
 
 def _job(tmp_path: Path, model: str, k: int, **fields: Any) -> Any:
-    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.job.config import job_config
 
     values: dict[str, Any] = dict(group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, lora_alpha=64,
                                   learning_rate=1e-3, max_steps=4, loss_type="dapo", generation_backend="vllm",
@@ -38,7 +38,7 @@ class Recorded:
     """Every published step's record and prompts, and every TRL batch's importance-sampling use."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from rlvr.services.trainer.step import Step
+        from rlvr.services.trainer.job.step import Step
 
         self.records: list[Any] = []
         self.prompts: dict[int, list[str]] = {}
@@ -81,8 +81,8 @@ async def _sync_then_async(tmp_path: Path, tiny_model: str, monkeypatch: pytest.
 
 
 async def _train(job: Any, address: str, events: list[C.MetricEvent]) -> Any:
-    from rlvr.services.trainer.rollouts import ServiceGenerator
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     generator = ServiceGenerator(address)
     try:
@@ -152,8 +152,8 @@ def test_the_bound_refuses_a_prefetch_older_than_max_async_steps(tmp_path: Path)
     from types import SimpleNamespace
 
     from rlvr.peers.types import BASE_MODEL
-    from rlvr.services.trainer.prefetch import Prefetcher
-    from rlvr.services.trainer.step import Step, StepContext, StepHooks
+    from rlvr.services.trainer.job.prefetch import Prefetcher
+    from rlvr.services.trainer.job.step import Step, StepContext, StepHooks
 
     job = _job(tmp_path, "rlvr-tiny-test", 1)
     ctx = StepContext(job=job, tokenizer=SimpleNamespace(), generator=SimpleNamespace(),  # type: ignore[arg-type]
@@ -196,7 +196,7 @@ def test_the_sampler_peeks_every_epoch_as_it_will_yield_it() -> None:
     import torch
     from trl.trainer.utils import RepeatSampler
 
-    from rlvr.services.trainer.grpo_trainer import EpochSampler
+    from rlvr.services.trainer.job.grpo_trainer import EpochSampler
 
     def sampler() -> EpochSampler:
         return EpochSampler(RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, seed=7))

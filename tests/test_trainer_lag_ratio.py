@@ -22,10 +22,10 @@ def _trainer(tmp_path: Path, tiny_model: str, loss_type: str) -> Any:
     import torch
     from datasets import Dataset
 
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.engine import grpo_args
-    from rlvr.services.trainer.grpo_trainer import trainer_class
-    from rlvr.services.trainer.runner import load_policy
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.job.engine import grpo_args
+    from rlvr.services.trainer.job.grpo_trainer import trainer_class
+    from rlvr.services.trainer.job.runner import load_policy
 
     job = job_config(job_id="lag", base_model=tiny_model, artifact_root=tmp_path, group_size=4, batch_size=ROWS,
                      max_completion_tokens=12, lora_rank=4, lora_alpha=16, loss_type=loss_type, kl_beta=0.05,
@@ -117,7 +117,7 @@ def test_the_ratio_is_deferred_only_when_exact() -> None:
     trained on over several optimizer steps) or the mode is not token_truncate."""
     from types import SimpleNamespace
 
-    from rlvr.services.trainer.grpo_trainer import can_defer_ratio
+    from rlvr.services.trainer.job.grpo_trainer import can_defer_ratio
 
     def args(**changes: Any) -> Any:
         base = dict(vllm_importance_sampling_mode="token_truncate", num_iterations=1, steps_per_generation=1,

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from test_trainer_job import _capture_policy, _job, _lora_state, _scorer
 
-from rlvr.services.trainer.config import job_config
-from rlvr.services.trainer.engine import MICRO_BATCH_BUDGET, micro_batch_size, token_bytes
-from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.job.config import job_config
+from rlvr.services.trainer.job.engine import MICRO_BATCH_BUDGET, micro_batch_size, token_bytes
+from rlvr.services.trainer.job.runner import JobDeps, run_job
 from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
@@ -109,8 +109,8 @@ def test_micro_batch_rule(tmp_path: Path) -> None:
 
 
 def test_grpo_args_accumulate_over_micro_batches(tmp_path: Path) -> None:
-    from rlvr.services.trainer.engine import grpo_args
-    from rlvr.services.trainer.grpo_trainer import can_defer_ratio, trained_at_once
+    from rlvr.services.trainer.job.engine import grpo_args
+    from rlvr.services.trainer.job.grpo_trainer import can_defer_ratio, trained_at_once
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=8, batch_size=32,
                      max_async_steps=1)

@@ -1,7 +1,7 @@
 """A job across two hosts (advanced.num_nodes = 2), simulated on this machine as two trainer workers
 on two loopback addresses (127.0.0.1 and 127.0.0.2), each with an artifact root of its own (no
 shared disk): each worker's job process execs torchrun into one c10d rendezvous on node 0's host,
-gloo on the CPU (services/trainer/distributed.py).
+gloo on the CPU (services/trainer/job/distributed.py).
 
 Checked: a 2-node x 1-process job trains what a 1-node x 2-process job of the same seed trains
 (the same completions and rewards, losses within LOSS_TOL, the adapter within ADAPTER_TOL: the
@@ -39,7 +39,7 @@ STEPS = 3
 
 
 def _supervisor(root: Path, nats_url: str, ip: str, name: str) -> object:
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     return JobSupervisor(TrainerSettings(port=0, artifact_root=root, nats_url=nats_url, scorer="local",
                                          torch_threads=1, cancel_grace_seconds=20.0, worker_name=name,
@@ -122,7 +122,7 @@ async def test_two_nodes_train_what_two_processes_train_each_step_once(nats_serv
 @pytest.mark.slow  # a chaos run, make test-all (50 s); make test keeps the two nodes' training above
 async def test_a_killed_node_ends_every_part_lost_and_the_job_resumes_from_node_zero(nats_server,
                                                                                     tmp_path: Path) -> None:
-    from rlvr.services.trainer.engine import RESUME_FILE, TRL_DIR
+    from rlvr.services.trainer.job.engine import RESUME_FILE, TRL_DIR
 
     steps = 6
     roots = [tmp_path / "host-a", tmp_path / "host-b", tmp_path / "host-c"]

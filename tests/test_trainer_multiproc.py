@@ -79,10 +79,10 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
         nats_server, tmp_path: Path) -> None:
     import torch
 
-    from rlvr.services.trainer.config import job_config_from_request
-    from rlvr.services.trainer.runner import JobDeps, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.job.config import job_config_from_request
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     job_id = f"mp-{time.monotonic_ns()}"
@@ -136,7 +136,7 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
 
 
 async def test_a_cancel_takes_down_every_rank(nats_server, tmp_path: Path) -> None:
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     job_id = f"mp-cancel-{time.monotonic_ns()}"
@@ -169,7 +169,7 @@ async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_pa
     import os
     import signal
 
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url, job_start))
     job_id = f"mp-kill-{time.monotonic_ns()}"

@@ -1,6 +1,6 @@
 """A job of several processes whose rollout server is restarted without its adapters (issue 16).
 
-Only rank 0 pushes each adapter version (services/trainer/distributed.py); the other ranks adopt
+Only rank 0 pushes each adapter version (services/trainer/job/distributed.py); the other ranks adopt
 it (`ServiceGenerator.adopt_adapter`) and push it again themselves when they find a restarted
 server without it, instead of failing NOT_FOUND ("nothing of ours to bring back") or waiting for
 rank 0, which may have generated its part of the step before the server went away and so never
@@ -71,7 +71,7 @@ async def test_a_rank_that_did_not_push_brings_the_adapter_back_to_a_restarted_s
     from rlvr.clients.stack import free_port
     from rlvr.peers.base import RlvrError
     from rlvr.peers.clients import RolloutClient
-    from rlvr.services.trainer.rollouts import RolloutError, ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import RolloutError, ServiceGenerator
 
     port = free_port()
     folder = make_lora(Path(tiny_model), tmp_path / "adapter", seed=0, targets=["q_proj", "v_proj"])  # the job's adapter folder, shared by the ranks
@@ -162,8 +162,8 @@ async def test_a_job_of_two_processes_survives_its_rollout_server_restarted_empt
         nats_server, tmp_path: Path) -> None:
     from rlvr.clients.stack import free_port
     from rlvr.infra.events import job_metrics_subject
+    from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
-    from rlvr.services.trainer.worker import JobSupervisor
 
     port = free_port()
     log = tmp_path / "rollout.out"

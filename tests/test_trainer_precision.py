@@ -11,10 +11,10 @@ import pytest
 from test_trainer_job import _capture_policy
 
 from rlvr.common.errors import FailedPrecondition
-from rlvr.services.trainer.config import job_config
-from rlvr.services.trainer.quantization import check_precision
-from rlvr.services.trainer.runner import JobDeps, run_job
-from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.config import job_config
+from rlvr.services.trainer.job.quantization import check_precision
+from rlvr.services.trainer.job.runner import JobDeps, run_job
+from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 
@@ -58,7 +58,7 @@ def test_auto_precision_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> N
     job trains in what vLLM serves a bf16 model in; fp32 on a CPU and on an older CUDA device."""
     import torch
 
-    from rlvr.services.trainer.quantization import effective_precision
+    from rlvr.services.trainer.job.quantization import effective_precision
 
     assert effective_precision("auto", "cpu") == "fp32"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -79,7 +79,7 @@ def test_gradient_checkpointing_is_on_in_the_policy_the_job_trains_when_asked(tm
     import torch
     from test_trainer_job import _job, _lora_state, _scorer
 
-    from rlvr.services.trainer.engine import checkpointing_on, grpo_args
+    from rlvr.services.trainer.job.engine import checkpointing_on, grpo_args
 
     for mode in ("off", "on"):
         captured = _capture_policy(monkeypatch)
@@ -108,7 +108,7 @@ def test_a_merge_is_written_in_the_base_models_dtype(tmp_path: Path, tiny_model:
     from test_stacking import random_lora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer.merge import merge_adapter
+    from rlvr.services.trainer.job.merge import merge_adapter
 
     base = tmp_path / "base"
     AutoModelForCausalLM.from_pretrained(tiny_model, dtype=getattr(torch, dtype)).save_pretrained(base)

@@ -6,7 +6,7 @@ A job whose trainer is killed with SIGKILL after a checkpoint, only its job proc
 trainer service (restarted then), is not failed: the scheduler resumes it from the checkpoint
 (services/scheduler/dispatch.py), it ends COMPLETED with every step stored exactly once, and its final
 adapter is bit for bit the adapter of an uninterrupted job with the same spec and seed
-(services/trainer/runner.py, `resume_point`). The job process of a killed trainer service dies with
+(services/trainer/job/runner.py, `resume_point`). The job process of a killed trainer service dies with
 it (PR_SET_PDEATHSIG), so the resumed run never trains beside the lost one.
 """
 
@@ -62,7 +62,7 @@ def _until_step(client, job_id: str, step: int, timeout: float = 120.0) -> None:
 
 
 def _job_process(job_id: str) -> int:
-    """The pid of the job's process (`python -m rlvr.services.trainer.job_process --job-dir .../<job_id>`)."""
+    """The pid of the job's process (`python -m rlvr.services.trainer.process.job_process --job-dir .../<job_id>`)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -70,7 +70,7 @@ def _job_process(job_id: str) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"rlvr.services.trainer.job_process" in argv and any(a.endswith(f"/{job_id}".encode()) for a in argv):
+        if b"rlvr.services.trainer.process.job_process" in argv and any(a.endswith(f"/{job_id}".encode()) for a in argv):
             return int(entry.name)
     raise AssertionError(f"no job process of {job_id}")
 

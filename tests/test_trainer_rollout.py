@@ -35,7 +35,7 @@ class ShapedScorer:
     """Math Pairs scores plus a length term, so that rewards differ within groups of the "test" model."""
 
     def __init__(self) -> None:
-        from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+        from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 
         self.local = LocalScorer(ScoreSettings("math_pairs"))
 
@@ -62,7 +62,7 @@ async def rollout_service(tmp_path: Path, model: str, backend: str) -> AsyncIter
 
 
 def _job(tmp_path: Path, model: str, backend: str, max_steps: int) -> Any:
-    from rlvr.services.trainer.config import job_config
+    from rlvr.services.trainer.job.config import job_config
 
     return job_config(job_id=f"ro-{backend}", base_model=model, artifact_root=tmp_path / "artifacts",
                      group_size=4, batch_size=8, max_completion_tokens=32, lora_rank=4, lora_alpha=64,
@@ -71,8 +71,8 @@ def _job(tmp_path: Path, model: str, backend: str, max_steps: int) -> Any:
 
 
 async def _run(job: Any, address: str, **deps: Any) -> Any:
-    from rlvr.services.trainer.rollouts import ServiceGenerator
-    from rlvr.services.trainer.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
 
     generator = ServiceGenerator(address)
     try:

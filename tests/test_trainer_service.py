@@ -141,7 +141,7 @@ async def test_a_failing_job_fails_alone_with_its_cause_and_a_killed_one_resumes
     import os
     import signal
 
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
     async with connected_bus(nats_server.url) as bus:
@@ -197,8 +197,8 @@ async def _idle(supervisor: object) -> None:
 
 async def test_start_is_idempotent_by_job_id_and_outlives_its_caller(
         nats_server, tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlvr.services.trainer import worker as worker_module
-    from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
+    from rlvr.services.trainer.process import worker as worker_module
+    from rlvr.services.trainer.process.worker import JobSupervisor, WorkerBusy
 
     real_check = worker_module.check_quantization
 
@@ -237,20 +237,20 @@ def test_a_restarted_worker_ends_a_job_process_that_outlived_it(tmp_path: Path) 
     import subprocess
     import sys
 
-    from rlvr.services.trainer.config import job_config
-    from rlvr.services.trainer.worker import JobSupervisor
+    from rlvr.services.trainer.job.config import job_config
+    from rlvr.services.trainer.process.worker import JobSupervisor
 
     settings = TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url="", worker_name="trainer-test")
     job = job_config("orphaned", "rlvr-tiny-test", settings.artifact_root)
     job.job_dir.mkdir(parents=True)
     (job.job_dir / "config.json").write_text(json.dumps(job.to_json()))
     (job.job_dir / "progress.json").write_text(json.dumps({"step": 2, "total_steps": 9}))
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "rlvr.services.trainer.job_process",
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "rlvr.services.trainer.process.job_process",
                                str(job.job_dir)], start_new_session=True)
     try:
         (job.job_dir / "pid").write_text(str(orphan.pid))
         cmdline = Path(f"/proc/{orphan.pid}/cmdline")
-        while b"rlvr.services.trainer.job_process" not in cmdline.read_bytes():  # exec is under way
+        while b"rlvr.services.trainer.process.job_process" not in cmdline.read_bytes():  # exec is under way
             time.sleep(0.01)
         status = JobSupervisor(settings).status()
         assert orphan.wait(timeout=10) == -9

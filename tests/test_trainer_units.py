@@ -12,10 +12,10 @@ import pytest
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score, ScoreInput
-from rlvr.services.trainer.config import job_config, job_config_from_request
-from rlvr.services.trainer.metrics import StepRecord, metric_event
-from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
-from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.config import job_config, job_config_from_request
+from rlvr.services.trainer.job.metrics import StepRecord, metric_event
+from rlvr.services.trainer.job.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
+from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
 
@@ -56,7 +56,7 @@ def test_job_config_rejects_bad_values(tmp_path: Path) -> None:
 
 def test_init_adapter_errors_name_the_adapter_as_the_client_gave_it(tmp_path: Path) -> None:
     """A name resolved by the scheduler to a folder: messages say the name, never the folder."""
-    from rlvr.services.trainer.runner import read_init_adapter
+    from rlvr.services.trainer.job.runner import read_init_adapter
 
     folder = tmp_path / "jobs" / "abc" / "adapter"
     folder.mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_metric_event_has_every_field() -> None:
 
 @pytest.mark.parametrize(("loss_type", "scale"), [("grpo", "group"), ("dapo", "group"), ("dr_grpo", "none")])
 def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) -> None:
-    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.services.trainer.job.engine import grpo_args
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=4, batch_size=8,
                     loss_type=loss_type, kl_beta=0.04, temperature=0.7, learning_rate=5e-6)  # type: ignore[arg-type]
@@ -148,8 +148,8 @@ def test_trl_config_per_loss_type(tmp_path: Path, loss_type: str, scale: str) ->
 
 
 def test_epsilon_high_reaches_trl(tmp_path: Path) -> None:
-    from rlvr.services.trainer.config import job_config_from_request
-    from rlvr.services.trainer.engine import grpo_args
+    from rlvr.services.trainer.job.config import job_config_from_request
+    from rlvr.services.trainer.job.engine import grpo_args
     from rlvr.v1 import trainer_pb2
 
     request = trainer_pb2.StartJobRequest(job_id="x")
@@ -185,7 +185,7 @@ def test_event_ids_match_the_scheduler() -> None:
 def test_dynamic_sampling_round_seeds_meet_no_other_seed() -> None:
     """An extra round's seed must differ from every step's own seed and every other round's, or a
     prompt drawn again later would be sampled with the same random stream."""
-    from rlvr.services.trainer.step import round_seed, step_seed
+    from rlvr.services.trainer.job.step import round_seed, step_seed
 
     for job_seed in (0, 1, 12345):
         own = {step_seed(job_seed, step) for step in range(1, 2001)}
@@ -241,8 +241,8 @@ class _EvenOnly:
 def _step(tmp_path: Path, prompts: list[tuple[str, str]], dynamic: bool) -> tuple[Any, _Generator, _EvenOnly]:
     import threading
 
-    from rlvr.services.trainer.dynamic import PromptDraw
-    from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
+    from rlvr.services.trainer.job.dynamic import PromptDraw
+    from rlvr.services.trainer.job.step import Step, StepContext, StepHooks, answers
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=2, batch_size=4,
                      dynamic_sampling=dynamic)
@@ -276,7 +276,7 @@ def test_a_dynamic_sampling_step_scores_each_completion_once(tmp_path: Path) -> 
 def test_a_step_over_a_question_with_two_answers_scores_in_the_reward_function(tmp_path: Path) -> None:
     """The rollout sees prompts, not rows: with a question asked twice with different answers it
     cannot score, so TRL's rows are scored against their own answers (once) by the reward function."""
-    from rlvr.services.trainer.step import answers
+    from rlvr.services.trainer.job.step import answers
 
     prompts = [("q", "2"), ("q", "3"), ("r", "4")]
     assert answers(prompts) is None and answers(prompts[1:]) == {"q": "3", "r": "4"}
@@ -294,7 +294,7 @@ def test_training_prompts_come_from_the_jobs_dataset_split(tmp_path: Path) -> No
     from transformers import AutoTokenizer
 
     from rlvr.models import resolve_model
-    from rlvr.services.trainer.runner import training_prompts
+    from rlvr.services.trainer.job.runner import training_prompts
     from rlvr.tasks import get_task
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("rlvr-tiny-test"))
@@ -315,7 +315,7 @@ def test_a_rollout_server_that_stays_away_fails_the_step_naming_it() -> None:
     """The bounded wait (RLVR_TRAINER_ROLLOUT_WAIT_SECONDS): told to the job's watchers while it
     lasts, then one error that names the rollout service, the step and the cause."""
     from rlvr.clients.stack import free_port
-    from rlvr.services.trainer.rollouts import ServiceGenerator
+    from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
     told: list[str] = []
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
@@ -369,9 +369,9 @@ def test_capabilities_of_a_gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_rank_0_reports_another_ranks_failure_not_torchruns_sigterm(
     tmp_path: Path, status: str, cancel_marked: bool, world: int, expected: tuple[str, str]
 ) -> None:
-    from rlvr.services.trainer import artifacts
-    from rlvr.services.trainer.job_process import settle_ranks
-    from rlvr.services.trainer.runner import JobResult
+    from rlvr.services.trainer.job import artifacts
+    from rlvr.services.trainer.job.runner import JobResult
+    from rlvr.services.trainer.process.job_process import settle_ranks
 
     artifacts.write_json_atomic(tmp_path / "result-rank1.json", JobResult(
         job_id="x", status="failed", error="NOT_FOUND: adapter job-x v2").to_json())
@@ -401,7 +401,7 @@ def test_a_steps_reward_errors_are_counted_logged_once_and_fail_the_job_only_whe
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import threading
 
-    from rlvr.services.trainer.step import RewardFailure, StepContext, StepHooks
+    from rlvr.services.trainer.job.step import RewardFailure, StepContext, StepHooks
     from rlvr.tasks import Problem
 
     job = job_config(job_id="x", base_model="m", artifact_root=tmp_path, group_size=2, batch_size=4)

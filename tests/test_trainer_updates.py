@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_trainer_job import _job, _scorer
 
-from rlvr.services.trainer.config import job_config
-from rlvr.services.trainer.engine import LOSS_ARGS, grpo_args
-from rlvr.services.trainer.runner import JobDeps, run_job
+from rlvr.services.trainer.job.config import job_config
+from rlvr.services.trainer.job.engine import LOSS_ARGS, grpo_args
+from rlvr.services.trainer.job.runner import JobDeps, run_job
 from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
@@ -155,7 +155,7 @@ def test_evaluation_while_training_scores_the_pushed_adapter_on_the_heldout_prob
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer.scorers import LocalProblems
+    from rlvr.services.trainer.job.scorers import LocalProblems
     from rlvr.tasks import render_prompt
 
     events: list[C.MetricEvent] = []

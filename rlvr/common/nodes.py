@@ -6,7 +6,7 @@ from __future__ import annotations
 
 PEER_LOST = "lost its peer node"
 """How a worker's last_job_error begins when its part ended because a peer's part was gone (its
-collective failed: services/trainer/distributed.py `peer_lost`): a consequence, not a cause."""
+collective failed: services/trainer/job/distributed.py `peer_lost`): a consequence, not a cause."""
 
 
 def peer_lost_error(cause: str) -> str:

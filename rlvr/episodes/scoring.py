@@ -1,6 +1,6 @@
 """How an episode is scored and shown, the same for every service that runs episodes.
 
-The trainer (services/trainer/episodes.py) and the benchmark service (services/benchmark/episodes.py)
+The trainer (services/trainer/job/episodes.py) and the benchmark service (services/benchmark/episodes.py)
 both score an episode this way:
 
 - a failed episode (its environment raised in reset, step, reward or state) scores 0, with its reason;

@@ -1,7 +1,7 @@
 """gRPC glue of the trainer service: requests in, validation, the worker core, responses out.
 
 The servicer holds no training logic: `JobSupervisor` (worker.py) runs each job in its own process,
-and MergeAdapter runs `rlvr.services.trainer.merge` in a child process whose JSON progress lines are
+and MergeAdapter runs `rlvr.services.trainer.job.merge` in a child process whose JSON progress lines are
 streamed back. Errors follow rlvr.common.errors (`@map_errors`): a quantization the host cannot
 run is FAILED_PRECONDITION, an unknown job NOT_FOUND, a bad field INVALID_ARGUMENT. Two answers
 have codes of their own, so that the scheduler reads them by code and never by text: StartJob of
@@ -29,10 +29,10 @@ from rlvr.objectstore import StoreError, store_key
 from rlvr.peers.base import in_thread
 from rlvr.services.common.metrics import Metrics
 from rlvr.services.common.server import GrpcService
-from rlvr.services.trainer import artifacts
 from rlvr.services.trainer.capabilities import worker_capabilities
+from rlvr.services.trainer.job import artifacts
+from rlvr.services.trainer.process.worker import JobSupervisor, WorkerBusy
 from rlvr.services.trainer.settings import TrainerSettings
-from rlvr.services.trainer.worker import JobSupervisor, WorkerBusy
 from rlvr.transfer import folder_chunks, list_files
 from rlvr.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
@@ -163,7 +163,7 @@ def _adapter_base(adapter: Path) -> str:
 
 async def _run_merge(base_model: str, adapter: Path, output: Path) -> AsyncIterator[trainer_pb2.MergeProgress]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlvr.services.trainer.merge", "--base-model", base_model,
+        sys.executable, "-m", "rlvr.services.trainer.job.merge", "--base-model", base_model,
         "--adapter", str(adapter), "--output", str(output),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=None,
     )

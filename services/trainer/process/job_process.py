@@ -1,4 +1,4 @@
-"""The process one job runs in: `python -m rlvr.services.trainer.job_process --job-dir DIR`.
+"""The process one job runs in: `python -m rlvr.services.trainer.process.job_process --job-dir DIR`.
 
 The worker (worker.py) writes `request.pb` (the StartJobRequest, for the record), `config.json` (the
 JobConfig it validated, which this process reads as is) and `settings.json` into the job
@@ -11,7 +11,7 @@ It publishes its own events to NATS (RUNNING, one MetricEvent per step, the fina
 `result.json` last, into room taken when it started (a job failed for a full artifact root still
 reports so: artifacts.py). A process that dies without writing the result is reported by the worker.
 
-A job of several processes (advanced.num_processes, services/trainer/distributed.py): this process
+A job of several processes (advanced.num_processes, services/trainer/job/distributed.py): this process
 execs torchrun over N ranks of this module (`--rank-of`); rank 0 does all of the above, the other
 ranks train their share of each step, and a rank other than 0 that fails writes
 `result-rank<N>.json`, which the worker reports when rank 0 could not write its result.
@@ -44,25 +44,23 @@ from rlvr.common.logs import quiet_optional_kernels
 from rlvr.common.nodes import peer_lost_error
 from rlvr.common.settings import setting_label
 from rlvr.infra import reaper
-from rlvr.services.trainer import artifacts
-from rlvr.services.trainer.distributed import (
+from rlvr.services.trainer.job import artifacts
+from rlvr.services.trainer.job.distributed import NODE_RANK_ENV, Group, peer_lost
+from rlvr.services.trainer.process.forkserver import forks_jobs, set_title
+from rlvr.services.trainer.process.launch import (
     JOB_MODULE,
-    NODE_RANK_ENV,
-    Group,
     Nodes,
     launch_command,
-    peer_lost,
     rank_arguments,
     torchrun_arguments,
     visible_devices,
 )
-from rlvr.services.trainer.forkserver import forks_jobs, set_title
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from rlvr.services.trainer.config import JobConfig
-    from rlvr.services.trainer.runner import JobResult
+    from rlvr.services.trainer.job.config import JobConfig
+    from rlvr.services.trainer.job.runner import JobResult
 
 log = logging.getLogger("rlvr.trainer.job")
 
@@ -111,7 +109,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _read_job(job_dir: Path) -> JobConfig:
-    from rlvr.services.trainer.config import JobConfig
+    from rlvr.services.trainer.job.config import JobConfig
 
     # The worker validated the request and wrote its JobConfig: nothing is resolved twice.
     return JobConfig.from_json(json.loads((job_dir / "config.json").read_text()))
@@ -195,8 +193,8 @@ def run(job_dir: Path, group: Group | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    from rlvr.services.trainer.runner import JobDeps, JobResult, one_line, run_job
-    from rlvr.services.trainer.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
+    from rlvr.services.trainer.job.runner import JobDeps, JobResult, one_line, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
 
     publisher = None
     result: JobResult
@@ -204,7 +202,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         artifacts.reserve(job_dir / "result.json")
     try:
         if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
-            from rlvr.services.trainer.publisher import EventPublisher
+            from rlvr.services.trainer.process.publisher import EventPublisher
 
             nats_url, nats_ca = settings.nats_connection()
             publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
@@ -241,7 +239,7 @@ def run(job_dir: Path, group: Group | None = None) -> int:
                 scorer.check()  # the job's rewards can score now: a remote reward is reachable
         generator = None
         if job.generation_backend == "vllm":
-            from rlvr.services.trainer.replicas import rollout_generator
+            from rlvr.services.trainer.job.replicas import rollout_generator
 
             generator = rollout_generator(settings.rollout_replicas(), wait_s=settings.rollout_wait_seconds,
                                           on_wait=on_wait, auth=peer_auth(settings))
@@ -333,14 +331,14 @@ def _resume_step(job: JobConfig) -> int | None:
     """None for a first run; for a resume the step it goes on from (0: no checkpoint, step 0 again)."""
     if not job.resume:
         return None
-    from rlvr.services.trainer.engine import resume_checkpoint
+    from rlvr.services.trainer.job.engine import resume_checkpoint
 
     found = resume_checkpoint(job.job_dir)
     return int(found[1]["adapter_step"]) if found is not None else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlvr.services.trainer.job_process", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlvr.services.trainer.process.job_process", description=__doc__)
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="the trainer service's pid: this dies with it")
     parser.add_argument("--rank-of", type=int, default=0,

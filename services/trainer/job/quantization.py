@@ -22,7 +22,7 @@ from rlvr.jobspec import Precision
 
 def pick_device(gpu_selection: str) -> str:
     """"cpu" or "cuda" for a job's GPU Selection ("auto", "cpu", or device indices such as "0,1",
-    which the job process has already put in CUDA_VISIBLE_DEVICES: distributed.visible_devices). A job asking for GPUs on a
+    which the job process has already put in CUDA_VISIBLE_DEVICES: process/launch.py visible_devices). A job asking for GPUs on a
     host without CUDA fails rather than running on the CPU."""
     import torch
 

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from rlvr.common.errors import FailedPrecondition
 from rlvr.jobspec import reshaped_sampling
 from rlvr.peers.types import BASE_MODEL, AdapterTag
-from rlvr.services.trainer import artifacts, stacking
-from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.distributed import Group, device_count_problem
-from rlvr.services.trainer.quantization import (
+from rlvr.services.trainer.job import artifacts, stacking
+from rlvr.services.trainer.job.config import JobConfig
+from rlvr.services.trainer.job.distributed import Group, device_count_problem
+from rlvr.services.trainer.job.quantization import (
     PRECISION_DTYPES,
     bnb_config,
     check_precision,
@@ -42,14 +42,14 @@ from rlvr.services.trainer.quantization import (
     sampler_corrections,
     torch_dtype,
 )
-from rlvr.services.trainer.replicas import ReplicatedGenerator
-from rlvr.services.trainer.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
-from rlvr.services.trainer.scorers import LocalProblems, ProblemSource, Scorer
+from rlvr.services.trainer.job.replicas import ReplicatedGenerator
+from rlvr.services.trainer.job.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
+from rlvr.services.trainer.job.scorers import LocalProblems, ProblemSource, Scorer
 from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from rlvr.services.trainer.colocate import ColocatedGenerator
+    from rlvr.services.trainer.job.colocate import ColocatedGenerator
 
 log = logging.getLogger("rlvr.trainer.runner")
 
@@ -61,7 +61,7 @@ class JobDeps:
     """What a job talks to. `generator` is required for the vllm backend (a ServiceGenerator, or a
     ReplicatedGenerator over several rollout servers);
     for the transformers backend the runner makes a LocalGenerator over the policy itself, for
-    vllm_colocate a ColocatedGenerator (services/trainer/colocate.py) with the job's memory
+    vllm_colocate a ColocatedGenerator (services/trainer/job/colocate.py) with the job's memory
     fraction, which it closes when the job ends."""
 
     scorer: Scorer
@@ -343,7 +343,7 @@ def start_colocated(job: JobConfig, base_path: str, init: stacking.Adapter | Non
     from transformers import AutoConfig, AutoTokenizer
     from vllm.platforms import current_platform
 
-    from rlvr.services.trainer.colocate import ColocatedGenerator, vllm_lora_rank
+    from rlvr.services.trainer.job.colocate import ColocatedGenerator, vllm_lora_rank
 
     engine_device = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
     if engine_device != device.split(":")[0]:
@@ -450,7 +450,7 @@ def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
     """
     import shutil
 
-    from rlvr.services.trainer.engine import TRL_DIR, checkpoints, resume_checkpoint
+    from rlvr.services.trainer.job.engine import TRL_DIR, checkpoints, resume_checkpoint
 
     trl = job.job_dir / TRL_DIR
     found = resume_checkpoint(job.job_dir) if job.resume else None
@@ -475,7 +475,7 @@ def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str,
     (another worker than last time) gets node 0's over the process group (`Group.share_folder`)."""
     import shutil
 
-    from rlvr.services.trainer.engine import RESUME_FILE, TRL_DIR, checkpoints
+    from rlvr.services.trainer.job.engine import RESUME_FILE, TRL_DIR, checkpoints
 
     here = job.job_dir / TRL_DIR / found[0].name if found is not None else None
     if group.is_node_main and not group.is_main:
@@ -494,16 +494,16 @@ def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str,
 
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,
            init: stacking.Adapter | None, colocated: PolicyGenerator | None) -> None:
-    from rlvr.services.trainer.engine import GrpoEngine
-    from rlvr.services.trainer.heldout import HeldoutEval
-    from rlvr.services.trainer.step import StepHooks
+    from rlvr.services.trainer.job.engine import GrpoEngine
+    from rlvr.services.trainer.job.heldout import HeldoutEval
+    from rlvr.services.trainer.job.step import StepHooks
 
     model, tokenizer = load_policy(job, base_path, device, init)
     rank = stacked_rank(job, init, model)
     problems, instruction = training_problems(job, deps.problems)
     episodes = None
     if job.environment:  # a step's rollout is episodes with the environment (episodes.py)
-        from rlvr.services.trainer.episodes import EpisodeRollout
+        from rlvr.services.trainer.job.episodes import EpisodeRollout
 
         episodes = EpisodeRollout(job, tokenizer, instruction)
         instruction = episodes.instruction

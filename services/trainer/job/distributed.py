@@ -1,9 +1,10 @@
 """A job across several training processes (advanced.num_processes): who does what, and how the
-processes agree.
+processes agree. How the processes are started (torchrun's arguments) is the process layer's:
+services/trainer/process/launch.py.
 
 The worker starts one job process; for N > 1 it becomes the launcher: it runs torchrun
 (`torch.distributed.run --standalone`), which starts N ranks of the same entry point
-(`rlvr.services.trainer.job_process --rank-of PID`). Where the worker forks its job processes (a
+(`rlvr.services.trainer.process.job_process --rank-of PID`). Where the worker forks its job processes (a
 host without a GPU driver: forkserver.py), the launcher has imported torch, transformers, peft and
 TRL already, runs torchrun's agent itself and forks the ranks from it (`torchrun_arguments(forked=True)`:
 each rank starts training about a second after the launch instead of after its own imports, 10+ s
@@ -39,13 +40,12 @@ worker (the death signal is kept across an exec).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlvr.services.trainer.metrics import StepRecord
+from rlvr.services.trainer.job.metrics import StepRecord
 
 _T = TypeVar("_T")
 
@@ -53,67 +53,6 @@ _T = TypeVar("_T")
 # The environment variable that tells a rank its node in a job of several nodes (the worker's
 # StartJobRequest.node_rank; torchrun's own GROUP_RANK is the rendezvous' numbering).
 NODE_RANK_ENV = "RLVR_NODE_RANK"
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """Where this worker's part of a job of several nodes joins the others (advanced.num_nodes)."""
-
-    count: int  # advanced.num_nodes
-    rank: int  # this worker's node (0: the speaker's)
-    endpoint: str  # HOST:PORT of the rendezvous, on node 0's host
-    run_id: str  # the rendezvous' name: the job id
-    local_addr: str = ""  # the address the other nodes reach this one at ("": its FQDN)
-
-
-# The module every job process and every rank runs (`python -m`; a restarted worker finds its job's
-# processes by it in their command lines).
-JOB_MODULE = "rlvr.services.trainer.job_process"
-
-
-def rank_arguments(job_dir: Path, launcher_pid: int) -> list[str]:
-    """The command-line arguments of a rank of the job in `job_dir`, whose launcher is `launcher_pid`."""
-    return ["--job-dir", str(job_dir), "--rank-of", str(launcher_pid)]
-
-
-def torchrun_arguments(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None,
-                       forked: bool = False) -> list[str]:
-    """torchrun's arguments for `processes` ranks of the job process (`launcher_pid` is the ranks'
-    parent, which they die with); with `nodes`, this node's ranks of a rendezvous of `nodes.count`
-    nodes. `forked`: the launcher runs torchrun's agent itself and the ranks are forked from it
-    (`--run-path` of this package's job_process.py with `--start-method fork`, torchrun's way of
-    starting a function rather than a program), else each rank is `python -m` of it."""
-    if nodes is None or nodes.count == 1:
-        where = ["--standalone", "--nnodes", "1"]
-    else:
-        where = ["--nnodes", str(nodes.count), "--node-rank", str(nodes.rank), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.run_id,
-                 "--rdzv-conf", f"is_host={'true' if nodes.rank == 0 else 'false'}"]
-        if nodes.local_addr:
-            where += ["--local-addr", nodes.local_addr]
-    entry = (["--run-path", "--start-method", "fork", str(Path(__file__).with_name("job_process.py"))] if forked
-             else ["-m", JOB_MODULE])
-    return [*where, "--nproc-per-node", str(processes), "--max-restarts", "0",
-            *entry, *rank_arguments(job_dir, launcher_pid)]
-
-
-def launch_command(job_dir: Path, processes: int, launcher_pid: int, nodes: Nodes | None = None) -> list[str]:
-    """torchrun over `processes` ranks of the job process, as a program (the launcher execs it,
-    keeping its pid): each rank a fresh interpreter."""
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_arguments(job_dir, processes, launcher_pid, nodes)]
-
-
-def visible_devices(gpu_selection: str, processes: int, inherited: str | None) -> str | None:
-    """The CUDA_VISIBLE_DEVICES of a job (None: leave it): the listed devices, none for "cpu", and
-    for "auto" the first `processes` of the devices the worker sees, so that a job never sees more
-    devices than it has processes (transformers' Trainer would wrap the model in DataParallel)."""
-    if gpu_selection == "cpu":
-        return ""
-    if gpu_selection not in ("auto", ""):
-        return gpu_selection
-    if inherited is None:
-        return ",".join(str(i) for i in range(processes))
-    return ",".join([d.strip() for d in inherited.split(",") if d.strip()][:processes])
 
 
 @dataclass

@@ -35,7 +35,7 @@ from rlvr.jobspec import (
     value_of,
 )
 from rlvr.peers.types import Sampling
-from rlvr.services.trainer.artifacts import under_root
+from rlvr.services.trainer.job.artifacts import under_root
 from rlvr.v1 import common_pb2, trainer_pb2
 
 C = common_pb2
@@ -97,7 +97,7 @@ class JobConfig:
     num_processes: int
     precision: Precision
     # advanced.max_async_steps: steps of generation ahead of training (0 = synchronous); the bound
-    # on the policy lag of a step's training data (services/trainer/prefetch.py).
+    # on the policy lag of a step's training data (services/trainer/job/prefetch.py).
     max_async_steps: int
     # advanced.epsilon_high: DAPO's clip-higher, TRL's GRPOConfig(epsilon_high).
     epsilon_high: float
@@ -132,7 +132,7 @@ class JobConfig:
     accuracy_key: str = ""  # reward.accuracy_key ("" = reward_function)
     # advanced.num_nodes: trainer workers the job spans (num_processes on each), and this worker's
     # node in it with the rendezvous every node joins (StartJobRequest.node_rank, rendezvous_endpoint;
-    # services/trainer/distributed.py). Node 0 speaks for the job.
+    # services/trainer/job/distributed.py). Node 0 speaks for the job.
     num_nodes: int = 1
     node_rank: int = 0
     rendezvous_endpoint: str = ""

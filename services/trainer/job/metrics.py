@@ -1,6 +1,6 @@
 """One step's measurements and the `MetricEvent` built from them.
 
-The step (services/trainer/step.py) fills its `StepRecord` as it runs (generation, scoring, the
+The step (services/trainer/job/step.py) fills its `StepRecord` as it runs (generation, scoring, the
 optimizer step, the adapter sync, each timed where it happens) and finishes it with what TRL logged
 for the step (loss, KL, entropy, learning rate). Reward mean/std come from the scores themselves,
 not from TRL's log, whose `reward_std` is the mean of per-group standard deviations.

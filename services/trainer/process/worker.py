@@ -1,7 +1,7 @@
 """The worker: at most one job at a time, each in its own process, and the record of the last one.
 
 `JobSupervisor` is what the gRPC servicer calls; it knows processes and files, not gRPC. It starts
-`rlvr.services.trainer.job_process` in a new process group, follows it through the files that process
+`rlvr.services.trainer.process.job_process` in a new process group, follows it through the files that process
 writes (progress.json after every step, result.json at the end), cancels it (SIGTERM, then SIGKILL
 after `cancel_grace_seconds`), and turns its exit into the last job's outcome. When the process
 died without a result (killed, out of memory, a crash in native code) and not on a cancel, the job
@@ -36,12 +36,12 @@ from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.common.nodes import peer_lost_error
 from rlvr.objectstore import StoreError, object_store, store_key
-from rlvr.services.trainer import artifacts
-from rlvr.services.trainer.config import JobConfig, job_config_from_request
-from rlvr.services.trainer.distributed import JOB_MODULE
-from rlvr.services.trainer.forkserver import ForkServer, ForkServerError, forks_jobs
-from rlvr.services.trainer.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
-from rlvr.services.trainer.quantization import check_precision, check_quantization
+from rlvr.services.trainer.job import artifacts
+from rlvr.services.trainer.job.config import JobConfig, job_config_from_request
+from rlvr.services.trainer.job.quantization import check_precision, check_quantization
+from rlvr.services.trainer.process.forkserver import ForkServer, ForkServerError, forks_jobs
+from rlvr.services.trainer.process.job_process import STATUS_BY_OUTCOME, adapter_ref, status_event
+from rlvr.services.trainer.process.launch import JOB_MODULE
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2, trainer_pb2
 
@@ -186,7 +186,7 @@ class JobSupervisor:
             self._starting = None
 
     async def _job_process(self, job: JobConfig) -> JobProcess:
-        """`python -m rlvr.services.trainer.job_process` for `job`, in a session of its own (a cancel
+        """`python -m rlvr.services.trainer.process.job_process` for `job`, in a session of its own (a cancel
         reaches its children too), writing into its job.log: forked from the fork server where this
         worker has one (forkserver.py), else a fresh interpreter. A job of several processes forked
         so forks its ranks from itself (job_process.launch)."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.peers.types import AdapterTag, Sampling, ScoreInput
-from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.rollouts import PolicyGenerator
-from rlvr.services.trainer.scorers import ProblemSource, Scorer
+from rlvr.services.trainer.job.config import JobConfig
+from rlvr.services.trainer.job.rollouts import PolicyGenerator
+from rlvr.services.trainer.job.scorers import ProblemSource, Scorer
 from rlvr.tasks.base import Problem
 
 log = logging.getLogger("rlvr.trainer.heldout")

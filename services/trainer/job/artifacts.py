@@ -149,7 +149,7 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
     if staging.exists():
         shutil.rmtree(staging)
     # A sharded policy's adapter comes gathered (distributed.Gathered): its whole tensors are written.
-    from rlvr.services.trainer.distributed import Gathered
+    from rlvr.services.trainer.job.distributed import Gathered
 
     state = None
     if isinstance(model, Gathered):
@@ -160,7 +160,7 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
             model.save_pretrained(str(staging), safe_serialization=True, selected_adapters=["default"],
                                   state_dict=state)
         else:
-            from rlvr.services.trainer import stacking
+            from rlvr.services.trainer.job import stacking
 
             trained = stacking.from_peft_model(model, "default", state_dict=state)
             stacking.write_adapter(stacking.combine(stack_on, trained), staging)

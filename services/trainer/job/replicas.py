@@ -36,7 +36,7 @@ from pathlib import Path
 from rlvr.common.auth import ChannelAuth
 from rlvr.peers.replicas import Fate, NoReplicaLeft, Replicas
 from rlvr.peers.types import AdapterTag, Sampling
-from rlvr.services.trainer.rollouts import RolloutBatch, RolloutError, RolloutGone, ServiceGenerator
+from rlvr.services.trainer.job.rollouts import RolloutBatch, RolloutError, RolloutGone, ServiceGenerator
 
 __all__ = ["ReplicatedGenerator", "rollout_generator"]
 

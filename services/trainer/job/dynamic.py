@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.peers.types import Score
-from rlvr.services.trainer.rollouts import RolloutBatch
+from rlvr.services.trainer.job.rollouts import RolloutBatch
 
 MAX_DRAW_FACTOR = 4  # at most 4x the step's prompts are generated for one step
 _SPREAD = 1e-9

@@ -60,7 +60,7 @@ class GeneratorSampler:
 
     def __init__(self, generator: Any, sampling: Sampling, expected: AdapterTag, newest: bool,
                  workers: int) -> None:
-        from rlvr.services.trainer.rollouts import ServiceGenerator
+        from rlvr.services.trainer.job.rollouts import ServiceGenerator
 
         self.generator = generator
         self.sampling = sampling  # the job's temperature and sampling controls; each turn sets the rest

@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
-from rlvr.services.trainer.artifacts import DiskSpace
-from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
-from rlvr.services.trainer.metrics import StepRecord, completion_samples, keep_samples, metric_event
-from rlvr.services.trainer.rollouts import PolicyGenerator, RolloutBatch
-from rlvr.services.trainer.scorers import Scorer
+from rlvr.services.trainer.job.artifacts import DiskSpace
+from rlvr.services.trainer.job.config import JobConfig
+from rlvr.services.trainer.job.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
+from rlvr.services.trainer.job.metrics import StepRecord, completion_samples, keep_samples, metric_event
+from rlvr.services.trainer.job.rollouts import PolicyGenerator, RolloutBatch
+from rlvr.services.trainer.job.scorers import Scorer
 from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 
@@ -207,7 +207,7 @@ class Step:
     def _episodes(self, prompts: list[str]) -> dict[str, Any]:
         """Generate and score as episodes with the job's environment (episodes.py): `group_size`
         episodes of each prompt, one TRL row each, with the mask of the tokens the policy sampled."""
-        from rlvr.services.trainer.episodes import EpisodeStats, GeneratorSampler, transcript
+        from rlvr.services.trainer.job.episodes import EpisodeStats, GeneratorSampler, transcript
 
         ctx, job, g, record = self.ctx, self.ctx.job, self.ctx.job.group_size, self.record
         problems = self._episode_problems(prompts)

@@ -1,7 +1,7 @@
 """Merging an adapter into its base model: a full Hugging Face checkpoint under artifact_root/merged.
 
 `merge_adapter` is the core (peft `merge_and_unload`, then `save_pretrained` with safetensors and
-the tokenizer). The servicer runs it in a child process (`python -m rlvr.services.trainer.merge`, one
+the tokenizer). The servicer runs it in a child process (`python -m rlvr.services.trainer.job.merge`, one
 JSON progress line per stage on stdout) so that the base model's memory is returned afterwards and
 a merge never shares a process with a training job. The checkpoint is written to a staging folder
 and renamed into place, so a half-written merge never looks finished.
@@ -29,7 +29,7 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer.runner import resolve_base_model
+    from rlvr.services.trainer.job.runner import resolve_base_model
 
     progress("loading", 0.05)
     base_path = resolve_base_model(base_model)
@@ -57,7 +57,7 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlvr.services.trainer.merge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlvr.services.trainer.job.merge", description=__doc__)
     parser.add_argument("--base-model", required=True)
     parser.add_argument("--adapter", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)

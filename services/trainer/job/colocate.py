@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 from rlvr.common.errors import FailedPrecondition
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling
 from rlvr.seeds import prompt_seed
-from rlvr.services.trainer.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
+from rlvr.services.trainer.job.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
 
 if TYPE_CHECKING:
     from vllm import LLM

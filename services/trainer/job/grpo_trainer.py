@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlvr.services.trainer.artifacts import DiskSpace
+    from rlvr.services.trainer.job.artifacts import DiskSpace
 
 __all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
            "step_tokens", "trainer_class"]

@@ -1,4 +1,4 @@
-"""TRL's `GRPOTrainer` set up for a job, its seams calling into the step (services/trainer/step.py).
+"""TRL's `GRPOTrainer` set up for a job, its seams calling into the step (services/trainer/job/step.py).
 
 docs/design.md names TRL as the engine, and it gives the per-step control this worker needs through
 documented seams, so nothing of TRL is patched. Each seam is one call into the step's `Step`,
@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.jobspec import CHECKPOINTING_PARAMETERS
 from rlvr.peers.types import AdapterTag, Score
-from rlvr.services.trainer.artifacts import DiskSpace
-from rlvr.services.trainer.config import JobConfig
-from rlvr.services.trainer.distributed import Group, gather_adapter, merge_records, shareable
-from rlvr.services.trainer.dynamic import PromptDraw
-from rlvr.services.trainer.grpo_trainer import LAG_CORRECTION, trainer_class
-from rlvr.services.trainer.prefetch import Prefetcher
-from rlvr.services.trainer.quantization import effective_precision
-from rlvr.services.trainer.rollouts import PolicyGenerator
-from rlvr.services.trainer.scorers import Scorer
-from rlvr.services.trainer.step import Step, StepContext, StepHooks, answers
+from rlvr.services.trainer.job.artifacts import DiskSpace
+from rlvr.services.trainer.job.config import JobConfig
+from rlvr.services.trainer.job.distributed import Group, gather_adapter, merge_records, shareable
+from rlvr.services.trainer.job.dynamic import PromptDraw
+from rlvr.services.trainer.job.grpo_trainer import LAG_CORRECTION, trainer_class
+from rlvr.services.trainer.job.prefetch import Prefetcher
+from rlvr.services.trainer.job.quantization import effective_precision
+from rlvr.services.trainer.job.rollouts import PolicyGenerator
+from rlvr.services.trainer.job.scorers import Scorer
+from rlvr.services.trainer.job.step import Step, StepContext, StepHooks, answers
 from rlvr.tasks.base import Problem
 
 if TYPE_CHECKING:
@@ -503,7 +503,7 @@ class GrpoEngine:
         """Our part of a checkpoint, beside TRL's (which holds the adapter, optimizer, scheduler, RNG
         states and the sampler's position): the policy the next rollouts come from, and dynamic
         sampling's draw."""
-        from rlvr.services.trainer import artifacts
+        from rlvr.services.trainer.job import artifacts
 
         state: dict[str, Any] = {"step": step, "adapter_step": self.ctx.adapter_step}
         if self.ctx.draw is not None:

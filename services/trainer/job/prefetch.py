@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from rlvr.services.trainer.step import Step, StepContext
+from rlvr.services.trainer.job.step import Step, StepContext
 
 log = logging.getLogger("rlvr.trainer.prefetch")
 

@@ -8,7 +8,7 @@ libraries while the worker waits for work, then forks each job process from itse
 a job starts with them in memory (shared copy-on-write). A job that comes before the imports are
 done waits for them, which is no longer than its own import would take.
 
-A forked job process is what a fresh one is: `python -m rlvr.services.trainer.job_process ...`
+A forked job process is what a fresh one is: `python -m rlvr.services.trainer.process.job_process ...`
 run as `__main__` in a session of its own, stdout and stderr into its job.log, the worker's
 environment and working folder as of the request, and the same command line in /proc/PID/cmdline
 (written over this process's own, for which it starts with room to spare), so `ps` and a
@@ -53,8 +53,8 @@ log = logging.getLogger("rlvr.trainer.forkserver")
 # What a job process imports before its first step (job_process.run, runner.run_job, engine.py).
 JOB_LIBRARIES = (
     "torch", "transformers", "peft", "accelerate", "datasets", "trl",
-    "rlvr.services.trainer.runner", "rlvr.services.trainer.engine", "rlvr.services.trainer.scorers",
-    "rlvr.services.trainer.publisher", "rlvr.services.trainer.replicas",
+    "rlvr.services.trainer.job.runner", "rlvr.services.trainer.job.engine", "rlvr.services.trainer.job.scorers",
+    "rlvr.services.trainer.process.publisher", "rlvr.services.trainer.job.replicas",
 )
 # Names inside those libraries that import the rest on first use (transformers' and TRL's lazy modules).
 _LAZY_NAMES = {"transformers": ("AutoModelForCausalLM", "AutoTokenizer", "TrainerCallback"),
@@ -209,7 +209,7 @@ class _Server:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rlvr.services.trainer.forkserver PARENT_PID MODULES ROOM`: MODULES comma-separated,
+    """`python -m rlvr.services.trainer.process.forkserver PARENT_PID MODULES ROOM`: MODULES comma-separated,
     ROOM spaces that only reserve command-line room for the job processes' own."""
     args = sys.argv[1:] if argv is None else argv
     parent_pid, modules = int(args[0]), [m for m in args[1].split(",") if m]
