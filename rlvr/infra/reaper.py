@@ -15,7 +15,8 @@ server then needs. `reap_with_this_process` starts a small watcher that holds th
 pipe whose write end only this process has: when this process is gone, for any reason, the pipe
 closes, and the watcher SIGKILLs the processes it was given and every descendant of theirs, then
 exits. A process that ended by itself meanwhile is recognised by its start time and left alone (its
-pid may belong to another process by then).
+pid may belong to another process by then). Process trees, start times and command lines are
+psutil's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+import psutil
 
 __all__ = ["children", "die_with_parent", "exit_without_teardown", "parent_death_command", "reap_with_this_process",
            "stat_fields", "stop_process_groups"]
@@ -100,29 +103,29 @@ def exit_without_teardown(code: int) -> NoReturn:
 
 def stat_fields(pid: int | str = "self") -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (field 3, the state, first: stat(5)'s
-    field N is at index N - 3); None for a process that is gone (or no /proc)."""
+    field N is at index N - 3); None for a process that is gone (or no /proc). For what psutil does
+    not tell: where a process's command line lies in its memory (forkserver.set_title)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
 
 
-def _stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time in clock ticks) of a live process, from /proc."""
-    fields = stat_fields(pid)
-    return None if fields is None else (int(fields[1]), fields[19])
+def _started(pid: int) -> float | None:
+    """When a live process started (psutil's create_time: with its pid, which process it is); None
+    for one that is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def children(pid: int | None = None) -> list[int]:
-    """The direct children of `pid` (default: this process), from /proc."""
-    pid = os.getpid() if pid is None else pid
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = _stat(int(entry.name))
-            if st is not None and st[0] == pid:
-                found.append(int(entry.name))
-    return sorted(found)
+    """The direct children of `pid` (default: this process)."""
+    try:
+        return sorted(child.pid for child in psutil.Process(pid).children())
+    except psutil.Error:
+        return []
 
 
 def is_resource_tracker(pid: int) -> bool:
@@ -130,26 +133,28 @@ def is_resource_tracker(pid: int) -> bool:
     spawn of a process starts as a direct child. It exits by itself when this process does, after
     freeing the semaphores and shared memory left behind; SIGKILL would skip that."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return any("multiprocessing.resource_tracker" in arg for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
-    return b"multiprocessing.resource_tracker" in cmdline
 
 
 def _watch(targets: list[str]) -> None:
     """The watcher's body (`python -m rlvr.infra.reaper PID:START ...`): wait for EOF on stdin, then
     SIGKILL the targets still alive (same start time) and all their descendants."""
-    wanted = {int(p): s for p, s in (a.split(":") for a in targets)}
+    wanted = {int(p): float(s) for p, s in (a.split(":", 1) for a in targets)}
     sys.stdin.buffer.read()  # until the process that started us is gone: EOF
-    alive = {p for p, s in wanted.items() if (st := _stat(p)) is not None and st[1] == s}
-    table = {int(e.name): _stat(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
-    frontier = set(alive)
-    while frontier:
-        frontier = {p for p, st in table.items() if st and st[0] in frontier} - alive
-        alive |= frontier
-    for pid in alive:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    doomed: dict[int, psutil.Process] = {}
+    for pid, started in wanted.items():
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() != started:
+                continue  # ended by itself; the pid is another process's now
+            doomed.update({p.pid: p for p in (process, *process.children(recursive=True))})
+        except psutil.Error:
+            continue
+    for process in doomed.values():
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil checks that the pid is still the process it found
 
 
 def stop_process_groups(procs: Iterable[subprocess.Popen[Any]], grace: float = 20.0) -> None:
@@ -173,7 +178,7 @@ def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | Non
     """Starts the watcher for `pids` (see the module docstring); None where there is no /proc or
     nothing to watch. Keep the returned handle referenced for as long as this process lives: its
     stdin is the pipe."""
-    targets = [f"{pid}:{st[1]}" for pid in pids if (st := _stat(pid)) is not None]
+    targets = [f"{pid}:{started!r}" for pid in pids if (started := _started(pid)) is not None]
     if not targets or not Path("/proc/self/stat").exists():
         return None
     return subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", *targets], stdin=subprocess.PIPE,

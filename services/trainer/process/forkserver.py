@@ -45,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from rlvr.infra import reaper
 from rlvr.services.trainer.capabilities import GPU_DRIVER_FILES
 
@@ -368,12 +370,20 @@ class ForkServer:
             await asyncio.gather(self._reader, return_exceptions=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is still running (neither gone nor a zombie)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 async def _gone_pid(pid: int) -> None:
     """Waits until `pid` (no child of this process) has ended."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        while (fields := reaper.stat_fields(pid)) is not None and fields[0] != "Z":
+        while _running(pid):
             await asyncio.sleep(0.1)
         return
     loop = asyncio.get_running_loop()

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import psutil
+
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, NotFound, shown
 from rlvr.common.nodes import peer_lost_error
@@ -471,10 +473,10 @@ def _end_orphan(job_dir: Path) -> None:
     must still never have two jobs training."""
     try:
         pid = int((job_dir / "pid").read_text())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return  # no such process (or no /proc to tell): nothing to end
-    if JOB_MODULE.encode() in argv and str(job_dir).encode() in argv:
+        argv = psutil.Process(pid).cmdline()
+    except (OSError, ValueError, psutil.Error):
+        return  # no such process: nothing to end
+    if JOB_MODULE in argv and str(job_dir) in argv:
         log.warning("job process %d of %s outlived its worker: killing it", pid, job_dir.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
