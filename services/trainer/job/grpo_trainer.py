@@ -21,8 +21,32 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlvr.services.trainer.job.artifacts import DiskSpace
 
-__all__ = ["LAG_CORRECTION", "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
+__all__ = ["CHECKED_AGAINST", "LAG_CORRECTION", "TRL_BATCH_KEYS", "TRL_PRIVATE_ATTRIBUTES", "TRL_PRIVATE_METHODS",
+           "EpochSampler", "can_defer_ratio", "fsdp_on_cpu", "lag_ratio", "logprob_gap",
            "step_tokens", "trainer_class"]
+
+# What of TRL's (and transformers') private side this module relies on, in one place: the methods
+# `trainer_class` overrides or calls, with the parameters they had in the versions checked, the
+# attributes it reads or sets, and the keys of TRL's batch dict it reads. TRL offers no public seam for
+# these (its callbacks see no batch and no loss inputs; `rollout_func` is used for generation,
+# engine.py). tests/test_trl_seams.py fails, naming the seam and this table, when an installed TRL
+# or transformers changes one: re-check the override against the new source, then the versions here
+# and the pin in pyproject.toml (trl 1.16.0 was the newest on PyPI when last checked).
+CHECKED_AGAINST = {"trl": "1.16.0", "transformers": "5.19.0"}
+TRL_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {  # name: its first parameters
+    "_generate_and_score_completions": ("self", "inputs"),  # the lag ratio deferred; the gap from the old pass
+    "_compute_loss": ("self", "model", "inputs"),  # the loss's inputs kept for its own forward
+    "_get_per_token_logps_and_entropies": ("self", "model", "input_ids", "attention_mask", "logits_to_keep"),
+    "_save_checkpoint": ("self", "model", "trial"),  # written through the job's DiskSpace
+    "_get_train_sampler": ("self", "dataset"),  # EpochSampler around TRL's RepeatSampler
+    "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),  # transformers': the trained adapter
+    "_get_output_dir": ("self", "trial"),  # transformers': a checkpoint's folder
+}
+TRL_PRIVATE_ATTRIBUTES = ("_metrics", "_last_loaded_step", "vllm_generation", "use_vllm", "vllm_mode",
+                          "vllm_importance_sampling_correction", "vllm_importance_sampling_clip_min",
+                          "vllm_importance_sampling_clip_max")
+TRL_BATCH_KEYS = ("sampling_per_token_logps", "old_per_token_logps", "importance_sampling_ratio", "completion_mask",
+                  "tool_mask")
 
 # The policy-lag correction of asynchronous steps (prefetch.py): TRL's truncated importance sampling.
 LAG_CORRECTION = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
