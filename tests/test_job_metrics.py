@@ -1,6 +1,6 @@
 """The RL Metrics card (GetJobMetrics) and the history export from known metric points.
 
-The pure functions of services/scheduler/metrics.py against hand-computed trends and tiles
+The pure functions of services/scheduler/metrics_card.py against hand-computed trends and tiles
 (rising, falling, flat, a 1-step and a 5-step run, KL and entropy present or not, no step yet),
 then once through a real scheduler over gRPC with real NATS and SQLite: the points arrive as
 metric events on the bus, exactly as a trainer publishes them.
@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import json_format
 
 from rlvr.infra.schema import JobRow, MetricPointRow
-from rlvr.services.scheduler.metrics import (
+from rlvr.services.scheduler.metrics_card import (
     EXPORT_COLUMNS,
     FLAT_THRESHOLD,
     compute_trend,

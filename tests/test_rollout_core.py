@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rlvr.adapters import base_linear_shapes
-from rlvr.services.rollout.adapters import (
+from rlvr.services.rollout.adapter_registry import (
     AdapterCapacityError,
     AdapterRegistry,
     AdapterRejected,

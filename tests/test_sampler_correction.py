@@ -9,8 +9,8 @@ import pytest
 
 from rlvr.services.rollout.server import resolve_dtype
 from rlvr.services.rollout.settings import RolloutSettings
-from rlvr.services.trainer.job.metrics import StepRecord, metric_event
 from rlvr.services.trainer.job.quantization import sampler_corrections
+from rlvr.services.trainer.job.step_record import StepRecord, metric_event
 
 
 @pytest.mark.parametrize(("job", "dtypes", "expected"), [

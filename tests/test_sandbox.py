@@ -116,12 +116,12 @@ def test_the_private_file_system_holds_with_the_sandbox_under_tmp(monkeypatch: p
     /tmp covers: they are loaded before it, so the private file system is in force all the same."""
     import tempfile
 
-    from rlvr.rewards import sandbox
+    from rlvr.rewards.sandbox import runner as sandbox
 
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="rlvr-checkout-") as folder:
-        for name in ("sandbox_zygote.py", "sandbox_setup.py", "sandbox_harness.py"):
+        for name in ("zygote.py", "setup.py", "harness.py"):
             (Path(folder) / name).write_bytes(sandbox.ZYGOTE.with_name(name).read_bytes())
-        monkeypatch.setattr(sandbox, "ZYGOTE", Path(folder) / "sandbox_zygote.py")
+        monkeypatch.setattr(sandbox, "ZYGOTE", Path(folder) / "zygote.py")
         with Sandbox(LIMITS) as sb:
             iso = sb.isolation()
             if not iso["network"].startswith("namespace") or iso["pid"] != "namespace":

@@ -22,7 +22,7 @@ import torch
 from test_rollout_core import core, greedy, make_lora, model_dir, reference_greedy, upload  # noqa: F401
 
 from rlvr.adapters import base_linear_shapes
-from rlvr.services.rollout.adapters import check_adapter_files
+from rlvr.services.rollout.adapter_registry import check_adapter_files
 from rlvr.services.trainer.job import artifacts, stacking
 from rlvr.services.trainer.job.config import job_config
 from rlvr.services.trainer.job.runner import load_policy, read_init_adapter

@@ -13,9 +13,9 @@ import pytest
 from rlvr.common.errors import FailedPrecondition, InvalidArgument
 from rlvr.peers.types import BASE_MODEL, AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.job.config import job_config, job_config_from_request
-from rlvr.services.trainer.job.metrics import StepRecord, metric_event
 from rlvr.services.trainer.job.rollouts import AdapterVersionMismatch, RolloutBatch, check_versions
 from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.step_record import StepRecord, metric_event
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2
 

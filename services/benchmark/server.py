@@ -18,7 +18,7 @@ from rlvr.common.auth import peer_auth
 from rlvr.common.errors import Unavailable, map_errors
 from rlvr.services.benchmark.evaluations import EvaluationManager
 from rlvr.services.benchmark.settings import BenchmarkSettings
-from rlvr.services.common.metrics import Metrics, status_gauge
+from rlvr.services.common.prometheus import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.v1 import benchmark_pb2, benchmark_pb2_grpc
 

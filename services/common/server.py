@@ -41,7 +41,7 @@ from rlvr.common.auth import (
 from rlvr.common.errors import InvalidArgument, abort_with
 from rlvr.common.logs import configure_logging
 from rlvr.common.settings import ServiceSettings, SettingsError, load_settings, setting_label
-from rlvr.services.common.metrics import Metrics, MetricsInterceptor
+from rlvr.services.common.prometheus import Metrics, MetricsInterceptor
 
 log = logging.getLogger("rlvr.server")
 

@@ -5,7 +5,7 @@ time-limited scoring pool (pool.py) and the tasks (rlvr/tasks).
 Validation happens here, before any work; scoring runs in the pool's worker processes so a
 pathological completion or a faulty plugin costs at most its time limit and never blocks the event
 loop or brings the service down. A reward's faults score the completions 0 with a reason
-(RewardComponents.error), logged once per distinct error (errors.py), never an error of the call.
+(RewardComponents.error), logged once per distinct error (error_log.py), never an error of the call.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from rlvr.jobspec import (
 )
 from rlvr.peers.types import catalog_proto, columns_of, problem_proto
 from rlvr.rewards.registry import Catalog, RewardInfo, Sample, UnavailableReward, UnknownReward, load_registry
-from rlvr.services.common.metrics import Metrics
+from rlvr.services.common.prometheus import Metrics
 from rlvr.services.common.server import GrpcService
-from rlvr.services.reward.errors import ErrorLog
+from rlvr.services.reward.error_log import ErrorLog
 from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 

@@ -24,7 +24,7 @@ from typing import Literal
 from rlvr.adapters import base_linear_shapes
 from rlvr.common.errors import FailedPrecondition, shown
 from rlvr.models import bare_to_folder
-from rlvr.services.rollout.adapters import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
+from rlvr.services.rollout.adapter_registry import DEFAULT_MAX_ADAPTER_BYTES, AdapterRegistry
 from rlvr.services.rollout.backend import (
     AdapterVersion,
     BackendInfo,

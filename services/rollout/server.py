@@ -20,7 +20,7 @@ from rlvr.common.errors import InvalidArgument, bounded, map_errors, out_of_rang
 from rlvr.common.settings import setting_label
 from rlvr.jobspec import MAX_COMPLETION, MAX_MODEL_CHARS, MAX_NAME_CHARS
 from rlvr.peers.types import sampling_controls
-from rlvr.services.common.metrics import Metrics
+from rlvr.services.common.prometheus import Metrics
 from rlvr.services.common.server import GrpcService, StartupError
 from rlvr.services.rollout.settings import RolloutSettings
 from rlvr.transfer import AdapterUpload

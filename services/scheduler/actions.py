@@ -35,7 +35,7 @@ from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.dispatch import holder_of
 from rlvr.services.scheduler.jobs import JobManager
-from rlvr.services.scheduler.metrics import export_history, job_metrics
+from rlvr.services.scheduler.metrics_card import export_history, job_metrics
 from rlvr.services.scheduler.reclaim import delete_job_files
 from rlvr.services.scheduler.workers import (
     FolderNotOnWorker,

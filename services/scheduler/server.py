@@ -22,7 +22,7 @@ from rlvr.infra.events import EventBus
 from rlvr.infra.store import Store
 from rlvr.objectstore import object_store
 from rlvr.peers.types import catalog_proto
-from rlvr.services.common.metrics import Metrics, status_gauge
+from rlvr.services.common.prometheus import Metrics, status_gauge
 from rlvr.services.common.server import GrpcService
 from rlvr.services.scheduler.actions import JobActions
 from rlvr.services.scheduler.benchmarks import GrpcBenchmarks

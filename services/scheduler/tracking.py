@@ -48,7 +48,7 @@ from rlvr.infra.schema import JobRow, MetricPointRow
 from rlvr.jobspec import job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now_ts, spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
-from rlvr.services.scheduler.metrics import job_metrics
+from rlvr.services.scheduler.metrics_card import job_metrics
 from rlvr.services.scheduler.samples import sample_rows, samples_by_step
 from rlvr.tracking import config as tc
 from rlvr.tracking.base import Tracker, run_info

@@ -27,7 +27,7 @@ from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, boun
 from rlvr.jobspec import MAX_PATH_CHARS
 from rlvr.objectstore import StoreError, store_key
 from rlvr.peers.base import in_thread
-from rlvr.services.common.metrics import Metrics
+from rlvr.services.common.prometheus import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.trainer.capabilities import worker_capabilities
 from rlvr.services.trainer.job import artifacts

@@ -1,5 +1,5 @@
 """``code_run``: for the code task (rlvr/tasks/code.py). A tool, ``run_tests``, runs candidate code
-against the row's *visible* tests in rlvr's sandbox (rlvr/rewards/sandbox.py, with its limits) and
+against the row's *visible* tests in rlvr's sandbox (rlvr/rewards/sandbox/, with its limits) and
 returns the pass/fail report; the policy may try, read the report and try again, then answers. The
 job's reward (``code``) scores the final answer on all the row's tests, most of which the policy
 never saw run.

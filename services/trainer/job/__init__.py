@@ -3,7 +3,7 @@
 Read it top to bottom from `runner.run_job` (a job from its start to its result), which builds TRL's
 `GRPOTrainer` through `engine.py`, whose seams call the step in `step.py` (one GRPO step: generate,
 score, update, push, publish). The loss is TRL's, chosen in `engine.LOSS_ARGS`; what a step measures
-is `metrics.StepRecord`. The rest serves those three: where completions come from (`rollouts`,
+is `step_record.StepRecord`. The rest serves those three: where completions come from (`rollouts`,
 `colocate`, `replicas`, `episodes`, `dynamic`, `prefetch`), how they are scored (`scorers`,
 `heldout`), the job's files (`artifacts`, `stacking`, `merge`), its configuration (`config`,
 `quantization`) and its ranks in a job of several processes (`distributed`).

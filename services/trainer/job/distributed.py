@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlvr.services.trainer.job.metrics import StepRecord
+from rlvr.services.trainer.job.step_record import StepRecord
 
 _T = TypeVar("_T")
 

@@ -14,7 +14,7 @@ A module that only one adapter touches gets only that adapter's block (the other
 nothing, which is exact), and every module is zero-padded to the largest combined rank R (zero
 rows of A, zero columns of B add nothing): the result has one rank r = lora_alpha = R and no
 rank/alpha patterns, which is what the rollout server's vLLM engine serves as one LoRA module
-(`services/rollout/adapters.py::check_adapter_files`). Modules of different shapes, and anything
+(`services/rollout/adapter_registry.py::check_adapter_files`). Modules of different shapes, and anything
 that is not a plain LoRA (DoRA, biases, modules_to_save, trainable tokens, weights relative to a
 modified base such as PiSSA/LoftQ, ...), cannot be stacked and raise `StackingError` naming the
 feature.

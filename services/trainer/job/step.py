@@ -46,9 +46,9 @@ from rlvr.peers.types import AdapterTag, Sampling, Score, ScoreInput
 from rlvr.services.trainer.job.artifacts import DiskSpace
 from rlvr.services.trainer.job.config import JobConfig
 from rlvr.services.trainer.job.dynamic import MAX_DRAW_FACTOR, Group, PromptDraw, select_groups, split_groups
-from rlvr.services.trainer.job.metrics import StepRecord, completion_samples, keep_samples, metric_event
 from rlvr.services.trainer.job.rollouts import PolicyGenerator, RolloutBatch
 from rlvr.services.trainer.job.scorers import Scorer
+from rlvr.services.trainer.job.step_record import StepRecord, completion_samples, keep_samples, metric_event
 from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 

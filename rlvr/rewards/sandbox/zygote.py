@@ -1,7 +1,7 @@
 """The code sandbox's zygote: a pre-started interpreter that forks one locked-down child per run.
 
-Standalone, standard library only, never imported by rlvr: :class:`rlvr.rewards.sandbox.Sandbox`
-starts it as ``python -I -S -B sandbox_zygote.py CONFIG`` with an empty environment, stdin and
+Standalone, standard library only, never imported by rlvr: :class:`rlvr.rewards.sandbox.Sandbox` (runner.py)
+starts it as ``python -I -S -B zygote.py CONFIG`` with an empty environment, stdin and
 stdout as pipes (frames of a 4-byte big-endian length and a JSON object; see ``Zygote``) and the
 configuration as a JSON argument. docs/code-reward.md describes the layers; in order:
 
@@ -14,7 +14,7 @@ configuration as a JSON argument. docs/code-reward.md describes the layers; in o
 4. each run is a fork: its own session and process group, a fresh directory, stdout/stderr into a
    file there (so the file-size limit caps them), setrlimit (CPU, address space, file size,
    processes, open files, no core), uid ``nobody`` (or no capabilities in a user namespace),
-   ``no_new_privs`` (set once in the zygote, inherited); then (``sandbox_harness``) an audit hook and an import allowlist;
+   ``no_new_privs`` (set once in the zygote, inherited); then (``harness``) an audit hook and an import allowlist;
 5. a wall-time deadline kills the run's process group; every child of the zygote that is not a live
    run is killed after each run, so nothing outlives it.
 """
@@ -51,10 +51,9 @@ def _load(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
-    from rlvr.rewards import sandbox_harness as harness
-    from rlvr.rewards import sandbox_setup as setup
+    from rlvr.rewards.sandbox import harness, setup
 else:
-    setup, harness = _load("sandbox_setup"), _load("sandbox_harness")
+    setup, harness = _load("setup"), _load("harness")
 
 MAX_RESULT_BYTES = 1 << 20  # a child's report; more is treated as the output limit
 FD_RESULT = 3  # the child's end of its report pipe

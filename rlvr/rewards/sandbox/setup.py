@@ -1,6 +1,6 @@
 """The host side of the code sandbox: namespaces, mounts, capabilities and prctl, through libc.
 
-Standalone, standard library only: ``sandbox_zygote.py`` loads it by path (rlvr never imports it
+Standalone, standard library only: ``zygote.py`` loads it by path (rlvr never imports it
 at run time). Every step the host refuses is reported in the isolation dictionary and falls back
 (docs/code-reward.md).
 """

@@ -1,7 +1,7 @@
 """What a sandbox child runs once the zygote has locked it down: the Python guards, the code, the
 tests and the one report it writes.
 
-Standalone, standard library only: ``sandbox_zygote.py`` loads it by path (rlvr never imports it).
+Standalone, standard library only: ``zygote.py`` loads it by path (rlvr never imports it).
 
 The guards are the innermost layer, not the boundary (the kernel layers of the zygote are): code can
 reach any loaded module through ``sys.modules``, so the import allowlist stops the honest mistake,

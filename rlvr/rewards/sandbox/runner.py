@@ -1,6 +1,7 @@
-"""Run untrusted Python against tests in a sandboxed child process: the code reward's engine.
+"""Run untrusted Python against tests in a sandboxed child process: the code reward's engine (the
+host side; rlvr.rewards.sandbox re-exports it).
 
-A :class:`Sandbox` starts one *zygote* (``sandbox_zygote.py``, a pre-started interpreter with an
+A :class:`Sandbox` starts one *zygote* (``zygote.py`` beside this file, a pre-started interpreter with an
 empty environment) and sends it each run; the zygote forks a child per run, locks it down and
 reports back. docs/code-reward.md lists the layers, their fallbacks and the limits.
 
@@ -39,7 +40,7 @@ __all__ = ["DEFAULT_ALLOWED_IMPORTS", "Sandbox", "SandboxError", "SandboxLimits"
 MiB = 1 << 20
 MAX_CODE_CHARS = 100_000
 START_TIMEOUT_S = 30.0
-ZYGOTE = Path(__file__).with_name("sandbox_zygote.py")
+ZYGOTE = Path(__file__).with_name("zygote.py")
 
 # What code may import: pure computation from the standard library (the zygote preloads these).
 DEFAULT_ALLOWED_IMPORTS = frozenset({
