@@ -73,7 +73,7 @@ def request(args: argparse.Namespace, job_id: str, nodes: int, processes: int, r
 
 
 async def one_run(args: argparse.Namespace, root: Path, layout: str) -> dict[str, Any]:
-    from rlvr.clients.stack_ports import free_port
+    from rlvr.clients.stack.ports import free_port
     from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
 

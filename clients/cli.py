@@ -4,14 +4,14 @@ Commands come in groups; each group is a `register(subparsers)` function listed 
 COMMAND_GROUPS that adds its parsers and sets `handler=` on them (a function of the parsed
 arguments returning the exit code):
 
-- `call`: every RPC of every service, generated from the descriptors (clients/rpc_commands.py);
+- `call`: every RPC of every service, generated from the descriptors (clients/commands/rpc.py);
 - `up`, `status`: the local stack, from `rlvr.clients.stack`, imported only when one of them runs;
 - `web`: the web console, from `rlvr.clients.web.server`, imported only when it runs;
 - `models build-tiny`, `models inspect`: build the bundled tiny base model, or diagnose a model,
   through `rlvr.tiny`'s own CLI; `models import`, `models list`, `models show`: bring a model in
   under the model roots and read what is there (rlvr.model_import).
-- `db upgrade|current|check`: the store's schema (clients/db_cmd.py).
-- `environments`: the environments agent episodes may run in (clients/environments_cmd.py).
+- `db upgrade|current|check`: the store's schema (clients/commands/db.py).
+- `environments`: the environments agent episodes may run in (clients/commands/environments.py).
 
 A command that hands its arguments to another parser (as `up` and `models build-tiny` do) sets
 `passthrough=True` and receives them unparsed in `args.rest`; every other command rejects
@@ -29,7 +29,13 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from rlvr.clients import db_cmd, demo, environments_cmd, events_cmd, loops_cmd, rpc_commands, train_cmd
+from rlvr.clients import demo
+from rlvr.clients.commands import db as db_cmd
+from rlvr.clients.commands import environments as environments_cmd
+from rlvr.clients.commands import events as events_cmd
+from rlvr.clients.commands import loops as loops_cmd
+from rlvr.clients.commands import rpc as rpc_commands
+from rlvr.clients.commands import train as train_cmd
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -285,7 +291,7 @@ COMMAND_GROUPS: list[Register] = [
     train_cmd.register,
     environments_cmd.register,
     loops_cmd.register,
-    importlib.import_module("rlvr.clients.eval_cmd").register,
+    importlib.import_module("rlvr.clients.commands.eval").register,
     events_cmd.register,
     db_cmd.register,
     demo.register,

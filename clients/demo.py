@@ -156,9 +156,9 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     """The whole stack on this machine: held-out accuracy of the base model, one RLVR job with
     `spec` through the services (live progress bar), held-out accuracy of its adapter. Stops the
     stack however it ends; raises RlvrError for an RPC that fails."""
-    from rlvr.clients.jobs_view import summary_lines
+    from rlvr.clients.commands.train import watch_job
     from rlvr.clients.stack import local_stack
-    from rlvr.clients.train_cmd import watch_job
+    from rlvr.clients.views.jobs import summary_lines
 
     started = time.monotonic()
     try:

@@ -3,7 +3,7 @@
 `write_loop_report(loop, out_dir)` writes `report.html` and the bar chart `scores.png` next to it.
 Like the job report (clients/report.py, whose page frame, base CSS and chart helpers it shares) the
 page needs no network and runs no script: inline CSS, the chart embedded as a base64 PNG data URI
-(the same bytes as the PNG file). The content is the terminal view's (clients/loops_view.py): the
+(the same bytes as the PNG file). The content is the terminal view's (clients/views/loops.py): the
 header stats (best score and its gain over round 1, target, rounds run of the max, elapsed time
 with its training / benchmarking split, the baseline), the score per round as bars (the BEST
 round highlighted, the baseline dashed, the target a line), the rounds with their training job ids,
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlvr.clients import loops_view as V
 from rlvr.clients.report import (
     BASE_CSS,
     esc,
@@ -27,6 +26,7 @@ from rlvr.clients.report import (
     style_axes,
     table_rows,
 )
+from rlvr.clients.views import loops as V
 from rlvr.v1 import scheduler_pb2 as S
 
 REPORT_NAME = "report.html"
@@ -145,7 +145,7 @@ def _rounds_table(loop: S.Loop) -> str:
 
 
 def _settings(loop: S.Loop) -> str:
-    from rlvr.clients.jobs_view import summary_rows
+    from rlvr.clients.views.jobs import summary_rows
 
     parts = ['<div class="settings"><div class="card"><h3>Loop settings</h3><table class="summary">',
              table_rows([("Name", loop.spec.name or "-"), *V.settings_rows(loop.spec)])]

@@ -3,7 +3,7 @@
 `write_report(metrics, job, out_dir)` writes `report.html` plus one PNG per chart next to it. The
 page needs no network and runs no script: the CSS is inline and every chart is embedded as a
 base64 PNG data URI (the same bytes as the PNG file beside it), so the file can be mailed or opened
-offline. The content is the terminal view's (clients/jobs_view.py): the Accuracy and Reward trends,
+offline. The content is the terminal view's (clients/views/jobs.py): the Accuracy and Reward trends,
 the stat tiles, the charts of the series, and, when a Job is given, its name, status and the
 Training Summary. Charts are drawn with matplotlib's Agg canvas (no display, no pyplot state).
 
@@ -21,7 +21,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.clients.jobs_view import (
+from rlvr.clients.views.jobs import (
     COMPONENTS_CHART,
     DIRECTION_WORDS,
     Chart,
@@ -231,7 +231,7 @@ def _trend_card(label: str, trend: S.Trend) -> str:
 
 
 def _summary_rows(job: C.Job) -> list[tuple[str, str]]:
-    from rlvr.clients.jobs_view import summary_rows
+    from rlvr.clients.views.jobs import summary_rows
 
     rows = [("Job", job.id), ("Name", job.spec.name or "-"), ("Base model", job.spec.base_model or "-")]
     if job.HasField("summary"):

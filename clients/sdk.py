@@ -385,9 +385,9 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
     def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> Iterator[sc.Loop]:
         """The loop now, then again at every change (status, a round's progress or score); the
         iterator ends after the first Loop with a final status (Target reached, Rounds spent,
-        Plateaued, Failed, Stopped: `rlvr.clients.loops_view.is_final`). Breaking out early frees the
+        Plateaued, Failed, Stopped: `rlvr.clients.views.loops.is_final`). Breaking out early frees the
         server's stream."""
-        from rlvr.clients.loops_view import is_final
+        from rlvr.clients.views.loops import is_final
 
         for loop in self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout):
             yield loop
@@ -403,7 +403,7 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         timeout: float | None = None,
     ) -> Path:
         """The loop's rounds to a file, one row per round (the columns are
-        `rlvr.clients.loops_view.EXPORT_COLUMNS`, documented there): `fmt` "csv" (a header line) or
+        `rlvr.clients.views.loops.EXPORT_COLUMNS`, documented there): `fmt` "csv" (a header line) or
         "jsonl" (one object per line), or an ExportFormat value; `path` a file, or a folder to write
         `loop-<id>-rounds.<csv|jsonl>` into (default: the current folder). Written here from
         GetLoop; returns the file written."""
@@ -489,7 +489,7 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
 
     async def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> AsyncIterator[sc.Loop]:
         """`SchedulerClient.watch_loop_updates`: ends after the first Loop with a final status."""
-        from rlvr.clients.loops_view import is_final
+        from rlvr.clients.views.loops import is_final
 
         async with self.watch_loop(sc.WatchLoopRequest(id=loop_id), timeout=timeout) as stream:
             async for loop in stream:
@@ -532,7 +532,7 @@ def _write(path: str | os.PathLike[str] | None, name: str, content: bytes | str)
 
 
 def _write_loop(loop: sc.Loop, loop_id: str, fmt: str | int, path: str | os.PathLike[str] | None) -> Path:
-    from rlvr.clients.loops_view import export_text
+    from rlvr.clients.views.loops import export_text
 
     ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
     return _write(path, f"loop-{loop.id or loop_id}-rounds.{ext}", export_text(loop, ext))

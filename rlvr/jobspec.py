@@ -3,7 +3,7 @@ defaults live (the proto comments state the same numbers; tests/test_spec_docs.p
 
 `SPEC_FIELDS` declares the spec's user-facing fields once, a row each: path, label, help, range or
 choices, default, and which reward or backend it applies to. Everything else is derived from it:
-the CLI's flags and help (clients/train_cmd.py), the console's form, hints and limits
+the CLI's flags and help (clients/commands/train.py), the console's form, hints and limits
 (clients/web/forms.py, limits.py), the trainer's JobConfig (services/trainer/job/config.py, by field
 name), the Training Summary's extra rows, docs/spec-fields.md and the proto-comment test. A plain
 ranged field (`checked`) is validated from its row alone: adding one is its proto field and a row.

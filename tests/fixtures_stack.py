@@ -48,7 +48,7 @@ class SharedStack:
     def _start(self) -> RunningStack:
         from rlvr.clients.sdk import connect
         from rlvr.clients.stack import Stack, StackConfig, free_port
-        from rlvr.clients.stack_config import SERVICES
+        from rlvr.clients.stack.config import SERVICES
 
         home = self._tmp.mktemp("small-stack")
         cfg = StackConfig(home=home, model=SMALL_MODEL, ports={name: free_port() for name in SERVICES},

@@ -338,8 +338,8 @@ async def test_the_built_in_calculator_runs_as_the_registry_has_it(sqlite_store:
 
 async def test_the_cli_asks_for_an_environment_and_shows_every_turn(sqlite_store: Store,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from rlvr.clients import eval_cmd
     from rlvr.clients.cli import build_parser
+    from rlvr.clients.commands import eval as eval_cmd
 
     args = build_parser().parse_args(["eval", "run", "--benchmark", "rlvr-math-pairs-heldout", "--environment",
                                       "calculator", "--environment-setting", "a=1", "--max-turns", "3"])

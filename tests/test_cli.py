@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from rlvr.clients import cli
-from rlvr.clients.rpc_commands import services
+from rlvr.clients.commands.rpc import services
 from rlvr.common.client import deadline_for
 from rlvr.v1 import (
     common_pb2,

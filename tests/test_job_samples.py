@@ -1,7 +1,7 @@
 """A job's samples of completions over the public API: GetJobSamples through a real scheduler over
 gRPC with real NATS and SQLite (the samples and the steps' metrics published on the bus as a
 trainer publishes them), the SDK's `samples`, `rlvr jobs samples`, and the episode view the
-console and the CLI share (clients/episodes_view.py) on transcripts and episode JSON.
+console and the CLI share (clients/views/episodes.py) on transcripts and episode JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.clients.episodes_view import Entry, ending, from_episode, from_transcript, is_transcript, text_lines
+from rlvr.clients.views.episodes import (
+    Entry,
+    ending,
+    from_episode,
+    from_transcript,
+    is_transcript,
+    text_lines,
+)
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -172,7 +179,7 @@ async def test_get_job_samples_over_grpc_sdk_and_cli(nats_server, tmp_path: Path
 
 
 def test_the_cli_shows_an_episode_turn_by_turn() -> None:
-    from rlvr.clients.jobs_cmd import print_samples
+    from rlvr.clients.commands.jobs import print_samples
 
     resp = S.GetJobSamplesResponse(job_id="j1", environment="calculator", steps=[_samples("j1", 4, transcript=True)])
     out = io.StringIO()

@@ -1,4 +1,4 @@
-"""The RL Metrics card in the terminal (clients/jobs_view.py) as pure functions of a JobMetrics, and
+"""The RL Metrics card in the terminal (clients/views/jobs.py) as pure functions of a JobMetrics, and
 the `rlvr jobs show|report|download|merge|export` commands against a fake scheduler on loopback."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import grpc
 import pytest
 from cli_fakes import run, serving
 
-from rlvr.clients import cli, jobs_view, train_cmd
+from rlvr.clients import cli
+from rlvr.clients.commands import train as train_cmd
+from rlvr.clients.views import jobs as jobs_view
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 from rlvr.v1 import scheduler_pb2_grpc

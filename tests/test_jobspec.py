@@ -272,7 +272,7 @@ def test_the_loop_and_the_evaluation_name_every_bad_field() -> None:
 
 
 def test_epsilon_high_defaults_to_the_symmetric_clip_and_reaches_the_summary() -> None:
-    from rlvr.clients.jobs_view import summary_lines
+    from rlvr.clients.views.jobs import summary_lines
 
     r = resolve_spec(C.JobSpec())
     assert r.spec.advanced.epsilon_high == pytest.approx(0.2)
@@ -379,8 +379,8 @@ def test_reshaped_sampling_on_the_transformers_backend_warns_that_the_loss_is_no
 
 
 def test_rlvr_eval_run_sends_the_sampling_controls() -> None:
-    from rlvr.clients import eval_cmd
     from rlvr.clients.cli import build_parser
+    from rlvr.clients.commands import eval as eval_cmd
 
     args = build_parser().parse_args(["eval", "run", "--benchmark", "x", "--top-k", "4", "--min-p", "0.1",
                                       "--repetition-penalty", "1.2"])

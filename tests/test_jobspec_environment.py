@@ -137,7 +137,7 @@ def test_an_environment_reading_a_column_the_reward_s_own_prompts_lack_is_refuse
 def test_the_training_summary_shows_the_environment_and_max_turns() -> None:
     summary = resolve_spec(job(), environments=CATALOG).summary
     assert summary.settings["environment.key"] == "calculator" and summary.settings["environment.max_turns"] == "6"
-    from rlvr.clients.jobs_view import summary_rows
+    from rlvr.clients.views.jobs import summary_rows
 
     rows = dict(summary_rows(summary))
     assert (rows["Environment"], rows["Max turns"]) == ("calculator", "6")
@@ -167,7 +167,7 @@ def test_the_trainer_s_job_config_carries_the_environment(monkeypatch: pytest.Mo
 
 
 def test_the_cli_flags_set_the_spec() -> None:
-    from rlvr.clients.train_cmd import add_train_arguments, spec_from_args
+    from rlvr.clients.commands.train import add_train_arguments, spec_from_args
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

@@ -46,7 +46,7 @@ PLANTED = [
     ("services/trainer/job/config.py", "import rlvr.services.scheduler.loopspec", "independent of each other",
      "rlvr.services.trainer.job.config -> rlvr.services.scheduler.loopspec"),
     ("rlvr/common/settings.py", "import rlvr.jobspec", "layers: clients", "rlvr.common.settings -> rlvr.jobspec"),
-    ("clients/jobs_view.py", "import rlvr.clients.train_cmd", "no import cycles", "clients"),
+    ("clients/views/jobs.py", "import rlvr.clients.commands.train", "no import cycles", "clients"),
     ("clients/cli.py", "import rlvr.services.scheduler.server", "over gRPC only", "rlvr.clients.cli -> rlvr.services.scheduler.server"),
 ]
 

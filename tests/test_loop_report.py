@@ -22,7 +22,7 @@ from test_report import PROBE, _chromium, _run_chromium
 
 from rlvr.clients import loop_report
 from rlvr.clients.loop_report import write_loop_report
-from rlvr.clients.loops_view import duration
+from rlvr.clients.views.loops import duration
 from rlvr.v1 import scheduler_pb2 as S
 
 

@@ -1,4 +1,4 @@
-"""`rlvr loops ...` (clients/loops_cmd.py) and the SDK's loop conveniences against a fake in-process
+"""`rlvr loops ...` (clients/commands/loops.py) and the SDK's loop conveniences against a fake in-process
 SchedulerService on loopback: parsing (rlvr train's flags plus the loop's, unset flags left unset),
 the dry run, start, watch and its exit codes, list, show, stop, report, export, and the server's
 errors as one line."""
@@ -17,9 +17,10 @@ import pytest
 from cli_fakes import run, serving
 from test_loops_view import make_loop, running_loop
 
-from rlvr.clients import cli, loops_cmd
-from rlvr.clients import loops_view as V
+from rlvr.clients import cli
+from rlvr.clients.commands import loops as loops_cmd
 from rlvr.clients.sdk import RlvrError, SchedulerClient
+from rlvr.clients.views import loops as V
 from rlvr.common.errors import InvalidArgument
 from rlvr.services.benchmark.evaluations import EvaluationManager
 from rlvr.services.scheduler.loopspec import resolve_loop_spec

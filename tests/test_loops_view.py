@@ -1,4 +1,4 @@
-"""A training loop in the terminal (clients/loops_view.py) as pure functions of hand-built `Loop`
+"""A training loop in the terminal (clients/views/loops.py) as pure functions of hand-built `Loop`
 messages: the header, the score bars and the round rows within 80 columns, the ASCII fallback, the
 BEST badge and the delta arrows exactly as the message says, running / failed / stopped loops, the
 dry run's settings beside the Training Summary, and the export rows (CSV and JSONL round trips)."""
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rlvr.clients import loops_view as V
+from rlvr.clients.views import loops as V
 from rlvr.v1 import scheduler_pb2 as S
 
 # ---------------------------------------------------------------- hand-built loops
@@ -283,7 +283,7 @@ def test_list_line_fits_under_its_header() -> None:
 
 
 def test_summary_rows_come_from_the_training_summary() -> None:
-    from rlvr.clients.jobs_view import summary_rows
+    from rlvr.clients.views.jobs import summary_rows
 
     loop = make_loop()
     text = "\n".join(V.settings_lines(loop.spec, loop.summary))

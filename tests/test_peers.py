@@ -133,7 +133,7 @@ async def test_an_evaluation_waits_for_a_rollout_service_that_comes_back(reward_
     batch generated again once it serves; one that stays away fails the batch naming it."""
     import asyncio
 
-    from rlvr.clients.stack_ports import free_port
+    from rlvr.clients.stack.ports import free_port
 
     port = free_port()
     address = f"127.0.0.1:{port}"

@@ -126,7 +126,8 @@ def test_a_bad_option_names_the_task_and_the_error() -> None:
 def test_rlvr_rewards_lists_its_tasks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from rlvr.clients import jobs_cmd, train_cmd
+    from rlvr.clients.commands import jobs as jobs_cmd
+    from rlvr.clients.commands import train as train_cmd
     from rlvr.peers.types import catalog_proto
 
     response = catalog_proto(registry.load_registry().catalog())

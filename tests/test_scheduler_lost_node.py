@@ -22,7 +22,7 @@ import pytest
 from test_trainer_multiproc import MODEL, _request
 
 from rlvr.clients.sdk import SchedulerClient
-from rlvr.clients.stack_ports import free_port
+from rlvr.clients.stack.ports import free_port
 from rlvr.infra.store import Store
 from rlvr.services.common.server import ServiceRunner
 from rlvr.v1 import common_pb2 as C

@@ -67,7 +67,7 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Smol]:
     services inherit), the stack started on it by its bare name, one job trained."""
     from rlvr.clients.sdk import connect
     from rlvr.clients.stack import Stack, StackConfig, free_port
-    from rlvr.clients.stack_config import SERVICES
+    from rlvr.clients.stack.config import SERVICES
     from rlvr.infra.store import Store
     from rlvr.model_import import import_recipe
 

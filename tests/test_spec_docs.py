@@ -78,7 +78,7 @@ def test_the_field_reference_is_written_from_the_table() -> None:
 def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> None:
     import dataclasses
 
-    from rlvr.clients.train_cmd import SPEC_FLAGS
+    from rlvr.clients.commands.train import SPEC_FLAGS
     from rlvr.clients.web import forms
     from rlvr.services.trainer.job.config import JobConfig
 

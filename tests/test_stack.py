@@ -119,7 +119,7 @@ def test_free_ports_stay_free_while_the_machine_opens_connections(monkeypatch: p
     below that range, and no outgoing connection takes one."""
     import socket
 
-    from rlvr.clients import stack_ports as stack
+    from rlvr.clients.stack import ports as stack
 
     low, _ = stack._ephemeral_range()
     picked = [stack.free_port() for _ in range(60)]
@@ -153,11 +153,11 @@ def test_two_processes_picking_at_once_never_pick_the_same_port(tmp_path: Path,
     from about 15,000 ports would share about ten by chance alone."""
     import os as _os
 
-    from rlvr.clients import stack_ports as stack
+    from rlvr.clients.stack import ports as stack
 
     claims = tmp_path / "claims"
     monkeypatch.setattr(stack, "CLAIMS", claims)
-    code = ("import sys; from pathlib import Path; from rlvr.clients import stack_ports as s; "
+    code = ("import sys; from pathlib import Path; from rlvr.clients.stack import ports as s; "
             "s.CLAIMS = Path(sys.argv[1]); print(*(s.free_port() for _ in range(400)))")
     other = subprocess.Popen([sys.executable, "-c", code, str(claims)], stdout=subprocess.PIPE, text=True)
     mine = [stack.free_port() for _ in range(400)]
@@ -292,7 +292,7 @@ def test_a_database_password_stays_off_command_lines_and_out_of_stack_json(tmp_p
     """`rlvr up --database-url postgresql://USER:PASSWORD@...`: the URL reaches the scheduler and the
     benchmark service in their environment (ps shows command lines to every user) and stack.json,
     which any user may read, holds it redacted."""
-    from rlvr.clients import stack_supervisor as stack_module
+    from rlvr.clients.stack import supervisor as stack_module
 
     url = "postgresql+psycopg://rlvr:s3cret-pw@db.internal:5432/rlvr"
     cfg = StackConfig(home=tmp_path, database_url=url)
@@ -328,7 +328,7 @@ def _free_base_port(count: int = 5) -> int:
     """A port with the next `count - 1` free as well, below the ephemeral range (as `--base-port`)."""
     import random
 
-    from rlvr.clients import stack_ports as stack
+    from rlvr.clients.stack import ports as stack
 
     rng = random.Random()
     for _ in range(500):

@@ -334,7 +334,7 @@ def test_each_tracker_writes_a_step_s_completions_as_a_table(tmp_path: Path) -> 
 def test_rlvr_train_track_flags_fill_the_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from rlvr.clients.train_cmd import add_train_arguments, spec_from_args
+    from rlvr.clients.commands.train import add_train_arguments, spec_from_args
 
     monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser()

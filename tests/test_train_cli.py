@@ -115,7 +115,7 @@ def test_a_lost_watch_is_one_line_naming_the_queued_job(capfd: pytest.CaptureFix
 def test_sharding_flag_sets_the_field() -> None:
     import argparse
 
-    from rlvr.clients.train_cmd import add_train_arguments, spec_from_args
+    from rlvr.clients.commands.train import add_train_arguments, spec_from_args
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

@@ -27,7 +27,7 @@ from fixtures_infra import connected_bus
 from fixtures_trainer import job_events
 from test_trainer_multiproc import ADAPTER_TOL, LOSS_TOL, MODEL, _adapter, _ranks, _request
 
-from rlvr.clients.stack_ports import free_port
+from rlvr.clients.stack.ports import free_port
 from rlvr.infra.events import job_metrics_subject
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C

@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rlvr.clients import episodes_view
+from rlvr.clients.commands.eval import episodes_line
 from rlvr.clients.compare import NotComparable, compare_evaluations
-from rlvr.clients.eval_cmd import episodes_line
+from rlvr.clients.views import episodes as episodes_view
 from rlvr.clients.web import views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.scores import DEFINITIONS

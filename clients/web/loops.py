@@ -3,7 +3,7 @@ best score with its gain over round 1, target, rounds run of the max, elapsed; a
 round; one row per round with its job link, duration, score, the delta arrow against the previous
 scored round and the BEST badge), live while the loop runs, with Stop and the rounds' export; once
 it ends, the best round against the baseline question by question (the paired test).
-Every figure is the scheduler's, shown through clients/loops_view.py and clients/loop_report.py.
+Every figure is the scheduler's, shown through clients/views/loops.py and clients/loop_report.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rlvr.clients import loops_view
 from rlvr.clients.compare import NotComparable, compare_evaluations
+from rlvr.clients.views import loops as loops_view
 from rlvr.clients.web import live, views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.peers.base import RlvrError

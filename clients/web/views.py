@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from rlvr.clients import episodes_view, jobs_view, loop_report, loops_view, report
-from rlvr.clients.eval_cmd import TILES as EVAL_TILES
-from rlvr.clients.jobs_view import human_size as human_size  # re-exported: the job page's sizes
-from rlvr.clients.jobs_view import summary_rows
+from rlvr.clients import loop_report, report
+from rlvr.clients.commands.eval import TILES as EVAL_TILES
+from rlvr.clients.views import episodes as episodes_view
+from rlvr.clients.views import jobs as jobs_view
+from rlvr.clients.views import loops as loops_view
+from rlvr.clients.views.jobs import human_size as human_size  # re-exported: the job page's sizes
+from rlvr.clients.views.jobs import summary_rows
 from rlvr.v1 import benchmark_pb2 as B
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S

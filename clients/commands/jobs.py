@@ -1,7 +1,7 @@
 """`rlvr jobs report|download|merge|export|track|samples` and the RL Metrics part of `rlvr jobs show`: a job's
 results, the way the RL Metrics card and its actions offer them (see docs/monitoring.md).
 
-Registered into the `jobs` group by clients/train_cmd.py. Every command prints one
+Registered into the `jobs` group by clients/commands/train.py. Every command prints one
 `error: CODE: details` line on a failed call (an unknown job, a job without an adapter yet) and
 exits 1; a file that cannot be written is the same kind of one-line error.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from rlvr.clients.jobs_view import human_size
+from rlvr.clients.views.jobs import human_size
 
 if TYPE_CHECKING:
     from rlvr.v1 import common_pb2
@@ -37,8 +37,8 @@ def terminal_width(out: TextIO) -> int:
 def print_metrics(client, job_id: str, out: TextIO | None = None) -> bool:  # noqa: ANN001 (SDK client)
     """Prints the job's RL Metrics card; on a failed GetJobMetrics, one warning line on stderr
     (the job itself was shown already). Returns whether the card was printed."""
-    from rlvr.clients import jobs_view
     from rlvr.clients.errors import explain
+    from rlvr.clients.views import jobs as jobs_view
     from rlvr.peers.base import RlvrError
     from rlvr.v1 import scheduler_pb2 as S
 
@@ -172,7 +172,7 @@ def cmd_track(args: argparse.Namespace, client) -> int:  # noqa: ANN001
 def print_samples(resp, out: TextIO, prompts: bool = False) -> None:  # noqa: ANN001 (GetJobSamplesResponse)
     """Each step's samples, newest step first: reward and accuracy, the prompt's last line (all of
     it with `prompts`) and the completion; for a job with an environment, its episode turn by turn."""
-    from rlvr.clients.episodes_view import from_transcript, is_transcript, text_lines
+    from rlvr.clients.views.episodes import from_transcript, is_transcript, text_lines
 
     for event in resp.steps:
         print(f"step {event.step}: {len(event.samples)} sample(s)", file=out)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from rlvr.clients.jobs_view import wrap
+from rlvr.clients.views.jobs import wrap
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
 
@@ -208,7 +208,7 @@ def settings_rows(spec: S.LoopSpec) -> list[tuple[str, str]]:
 def settings_lines(spec: S.LoopSpec, summary: C.TrainingSummary, *, width: int = 80) -> list[str]:
     """The Training Summary every round trains with beside the Loop Settings (one under the other
     when the two do not fit in `width`)."""
-    from rlvr.clients.jobs_view import summary_rows
+    from rlvr.clients.views.jobs import summary_rows
 
     left = _label_lines("Training Summary (each round)", summary_rows(summary))
     right = _label_lines("Loop Settings", settings_rows(spec))
@@ -281,7 +281,7 @@ def header_lines(loop: S.Loop, *, width: int = 80, unicode: bool = True) -> list
     rows = [("Elapsed", elapsed), ("Benchmark", bench)]
     reclaimed = sum(r.reclaimed_bytes for r in loop.rounds)
     if reclaimed:
-        from rlvr.clients.jobs_view import human_size
+        from rlvr.clients.views.jobs import human_size
 
         rows.append(("Reclaimed", f"{human_size(reclaimed)} of storage between rounds"))
     for k, v in rows:

@@ -2,8 +2,8 @@
 processes on one machine, and the web console (`rlvr web`) beside them on its own port; `rlvr status`
 prints each service's health and NATS's; `local_stack` is the same stack inside a `with` block.
 
-The parts: ports (rlvr.clients.stack_ports), what runs where (rlvr.clients.stack_config), the process
-supervisor (rlvr.clients.stack_supervisor). Their public names are re-exported here.
+The parts: ports (rlvr.clients.stack.ports), what runs where (rlvr.clients.stack.config), the process
+supervisor (rlvr.clients.stack.supervisor). Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlvr.clients.stack_config import (
+from rlvr.clients.stack.config import (
     DEFAULT_WEB_PORT,
     GRPC_NAMES,
     NATS,
@@ -33,8 +33,8 @@ from rlvr.clients.stack_config import (
     service_of,
     web_command,
 )
-from rlvr.clients.stack_ports import free_port
-from rlvr.clients.stack_supervisor import Stack, StackBusy, check_web, group_alive, supervise
+from rlvr.clients.stack.ports import free_port
+from rlvr.clients.stack.supervisor import Stack, StackBusy, check_web, group_alive, supervise
 from rlvr.common.settings import DEFAULT_PORTS
 from rlvr.peers.base import check_health
 

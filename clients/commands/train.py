@@ -1,6 +1,6 @@
 """`rlvr train` and `rlvr jobs ...`: start an RLVR job with the spec's options as flags, watch it
 live, and list, show (with the RL Metrics card) or cancel jobs. Talks to the scheduler through the
-SDK. `rlvr jobs report|download|merge|export` live in clients/jobs_cmd.py and are registered here.
+SDK. `rlvr jobs report|download|merge|export` live in clients/commands/jobs.py and are registered here.
 
 Flags left out are left unset in the JobSpec, so the scheduler applies the spec's defaults in one
 place (rlvr/jobspec.py) and says what it rounded or ignored in its warnings.
@@ -12,8 +12,9 @@ import argparse
 import sys
 import textwrap
 
-from rlvr.clients import jobs_cmd, jobs_view
-from rlvr.clients.jobs_view import summary_lines
+from rlvr.clients.commands import jobs as jobs_cmd
+from rlvr.clients.views import jobs as jobs_view
+from rlvr.clients.views.jobs import summary_lines
 from rlvr.jobspec import (
     APPLIES_NOTES,
     BACKEND_KEYS,

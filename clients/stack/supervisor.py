@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlvr.clients.stack_config import (
+from rlvr.clients.stack.config import (
     NATS,
     NATS_SERVICES,
     NATS_USER,

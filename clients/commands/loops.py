@@ -20,7 +20,9 @@ import argparse
 import sys
 from typing import TextIO
 
-from rlvr.clients import jobs_cmd, loops_view, train_cmd
+from rlvr.clients.commands import jobs as jobs_cmd
+from rlvr.clients.commands import train as train_cmd
+from rlvr.clients.views import loops as loops_view
 from rlvr.v1 import scheduler_pb2 as S
 
 # The benchmark each reward function's prompts are drawn beside (the default --benchmark).
@@ -109,8 +111,8 @@ def watch_loop(client, loop_id: str, out: TextIO | None = None) -> S.Loop | None
     """Follows the loop until it ends and returns the last Loop seen (None if none came). On a
     terminal the whole view redraws in place at every change; on a pipe one progress line per
     change, then the final view. KeyboardInterrupt propagates (the caller detaches)."""
-    from rlvr.clients.jobs_cmd import terminal_width
-    from rlvr.clients.jobs_view import supports_unicode
+    from rlvr.clients.commands.jobs import terminal_width
+    from rlvr.clients.views.jobs import supports_unicode
 
     out = out or sys.stdout
     width, unicode = terminal_width(out), supports_unicode(out)
@@ -158,8 +160,8 @@ def _watch(client, loop_id: str) -> int:  # noqa: ANN001 (SDK client)
 
 
 def _width_unicode() -> tuple[int, bool]:
-    from rlvr.clients.jobs_cmd import terminal_width
-    from rlvr.clients.jobs_view import supports_unicode
+    from rlvr.clients.commands.jobs import terminal_width
+    from rlvr.clients.views.jobs import supports_unicode
 
     return terminal_width(sys.stdout), supports_unicode(sys.stdout)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlvr.clients import jobs_cmd
+from rlvr.clients.commands import jobs as jobs_cmd
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
