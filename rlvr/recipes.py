@@ -4,7 +4,7 @@ New Training page ("Use the measured recipe"), `rlvr train --recipe` and the SDK
 (`rlvr.recipes.apply_recipe`, `ListModels`' ModelInfo.recipe) fill in, in one action, so that a
 newcomer's first run on the model learns as the measurement did.
 
-A recipe names each value by its JobSpec path (rlvr/jobspec.py's rows), inside the spec's ranges
+A recipe names each value by its JobSpec path (rlvr/jobspec/fields.py's rows), inside the spec's ranges
 (tests/test_recipes.py resolves every recipe). `clients/demo.py` and the benches run the same values.
 """
 

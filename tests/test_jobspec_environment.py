@@ -147,11 +147,11 @@ def test_the_training_summary_shows_the_environment_and_max_turns() -> None:
 
 
 def test_the_trainer_s_job_config_carries_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from rlvr import jobspec
+    from rlvr.jobspec import environment as jobspec_environment
     from rlvr.services.trainer.job.config import JobConfig, job_config, job_config_from_request
 
     spec = resolve_spec(job(settings={"level": "hard"}), environments=CATALOG).spec
-    monkeypatch.setattr(jobspec, "_environment_catalog", lambda: CATALOG)  # the worker's registry
+    monkeypatch.setattr(jobspec_environment, "_environment_catalog", lambda: CATALOG)  # the worker's registry
     config = job_config_from_request(T.StartJobRequest(job_id="j1", spec=spec), tmp_path)
     assert (config.environment, config.environment_settings, config.max_turns, config.max_episode_tokens,
             config.environment_version) == ("calculator", {"level": "hard"}, 6, 1024, "3")

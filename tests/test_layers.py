@@ -40,7 +40,7 @@ def copy_of_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 PLANTED = [
     # (file, planted import, the contract that must break, the line lint-imports must print)
-    ("rlvr/jobspec.py", "import rlvr.clients.sdk", "layers: clients", "rlvr.jobspec -> rlvr.clients.sdk"),
+    ("rlvr/jobspec/fields.py", "import rlvr.clients.sdk", "layers: clients", "rlvr.jobspec.fields -> rlvr.clients.sdk"),
     ("rlvr/rewards/scoring.py", "import rlvr.services.reward.pool", "layers: clients",
      "rlvr.rewards.scoring -> rlvr.services.reward.pool"),
     ("services/trainer/job/config.py", "import rlvr.services.scheduler.loopspec", "independent of each other",

@@ -1,5 +1,5 @@
 """The JobSpec's proto comments (what users read in the contract, and the generated CLI shows) state
-the same ranges and defaults as rlvr/jobspec.py, the one place the code takes them from."""
+the same ranges and defaults as rlvr/jobspec/, the one place the code takes them from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rlvr import jobspec
 
 PROTO = Path(__file__).resolve().parent.parent / "protos" / "rlvr" / "v1" / "common.proto"
 
-# field -> its range and default: every row of rlvr/jobspec.py's table that has a range
+# field -> its range and default: every row of rlvr/jobspec/fields.py's table that has a range
 RANGED = {row.name: row.range for row in jobspec.SPEC_FIELDS if row.range is not None and row.name != "seed"}
 DOC = PROTO.parents[3] / "docs" / "spec-fields.md"
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"

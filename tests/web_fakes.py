@@ -2,7 +2,7 @@
 tests/test_web_app.py (and `python tests/web_fakes.py PORT`, the console over these fakes for a
 look in a browser).
 
-The fake scheduler validates with the scheduler's own rules (rlvr/jobspec.py and
+The fake scheduler validates with the scheduler's own rules (rlvr/jobspec/ and
 loopspec.py) and answers their errors as the real one does (INVALID_ARGUMENT with the message), so
 the console's range probing and error placement are tested against the real validation.
 """

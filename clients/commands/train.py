@@ -3,7 +3,7 @@ live, and list, show (with the RL Metrics card) or cancel jobs. Talks to the sch
 SDK. `rlvr jobs report|download|merge|export` live in clients/commands/jobs.py and are registered here.
 
 Flags left out are left unset in the JobSpec, so the scheduler applies the spec's defaults in one
-place (rlvr/jobspec.py) and says what it rounded or ignored in its warnings.
+place (rlvr/jobspec/) and says what it rounded or ignored in its warnings.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ KINDS: dict[str, type] = {"int": int, "float": float, "text": str}
 
 
 def flag_help(row: SpecField) -> str:
-    """A flag's help: the field's own words, its allowed values and where it applies (rlvr/jobspec.py)."""
+    """A flag's help: the field's own words, its allowed values and where it applies (rlvr/jobspec/)."""
     allowed, only = row.allowed(), APPLIES_NOTES.get(row.applies)
     text = f"{row.help}{f' Allowed: {allowed}.' if allowed else ''}{f' ({only})' if only else ''}"
     return text.replace("%", "%%")
 
 
-# flag -> (message path, field, type, help): the rows of rlvr/jobspec.py's table that have a flag
+# flag -> (message path, field, type, help): the rows of rlvr/jobspec/fields.py's table that have a flag
 SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
     (row.flag, row.group, row.name, KINDS[row.kind], flag_help(row)) for row in SPEC_FIELDS if row.flag]
 

@@ -5,7 +5,7 @@ server's INVALID_ARGUMENT error goes back on the page.
 Field names are the contract's field paths (`grpo.lora_rank`; `loop.target` for the LoopSpec's own
 fields), so the field named at the start of an error message (`grpo.lora_rank: 99 is out of
 range; ...`, or `job.grpo.lora_rank: ...` from CreateLoop) is the input the error belongs next
-to. The job fields are the rows of rlvr/jobspec.py's table (label, help, where they apply); only
+to. The job fields are the rows of rlvr/jobspec/fields.py's table (label, help, where they apply); only
 the widget is the console's own. Nothing here knows a range (clients/web/limits.py takes them from
 the same table), and a field left empty stays unset in the spec, so the scheduler fills in its default.
 """
@@ -51,7 +51,7 @@ _NO_HINT = {"reward.key"}  # each reward choice carries its own note
 
 
 def _field(row: SpecField) -> Field:
-    """A job field of the form, from its row in rlvr/jobspec.py's table."""
+    """A job field of the form, from its row in rlvr/jobspec/fields.py's table."""
     return Field(row.path, row.label, row.kind, WIDGETS.get(row.path, _KIND_WIDGETS[row.kind]),
                  "" if row.path in _NO_HINT else row.help, only=row.applies,
                  step=STEPS.get(row.path, "any" if row.kind == "float" else "1"))

@@ -1,6 +1,6 @@
 """The New Training form's ranges, defaults and choices.
 
-The job spec's fields are declared once, in rlvr/jobspec.py's table (`SPEC_FIELDS`), which the
+The job spec's fields are declared once, in rlvr/jobspec/fields.py's table (`SPEC_FIELDS`), which the
 console imports (it is the shared domain, not service code): each field's allowed values in the
 words its INVALID_ARGUMENT uses ("4-64 (default 8)") become its hint, its numbers the inputs'
 min/max, its choices the selects' options. The scheduler is asked only what the table cannot
@@ -151,7 +151,7 @@ class FormLimits:
 
 
 def limit_of(row: SpecField) -> Limit | None:
-    """A job field's Limit, from its row in rlvr/jobspec.py's table (None: nothing to check or say)."""
+    """A job field's Limit, from its row in rlvr/jobspec/fields.py's table (None: nothing to check or say)."""
     allowed = row.allowed()
     if row.names or not allowed:
         return None

@@ -2,7 +2,7 @@
 the Training Summary sidebar with Start Training) and, further down the same form, "Start an
 automated loop" (the rounds train with the settings above).
 
-Every number's range, default and the choice labels come from rlvr/jobspec.py's table (clients/web/limits.py).
+Every number's range, default and the choice labels come from rlvr/jobspec/fields.py's table (clients/web/limits.py).
 The server validates every submit: its INVALID_ARGUMENT error goes next to the field it names,
 with the values entered kept (answered 200, as form frameworks do: browsers log a 4xx document as a
 console error, and the page itself says what is wrong). The Training Summary is a CreateJob dry run of what the form holds

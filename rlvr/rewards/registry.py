@@ -202,7 +202,7 @@ class UnavailableReward(LookupError):
 class Catalog:
     """What is known of the rewards a reward service can score with: the declarations of those that
     loaded (by key), and why the others did not (key -> error). ListRewardFunctions answers one; a
-    job's spec is checked against one (rlvr/jobspec.py)."""
+    job's spec is checked against one (rlvr/jobspec/)."""
 
     rewards: Mapping[str, RewardInfo]
     failed: Mapping[str, str] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """The `tracking` field of a JobSpec (and of TrackJobRequest): which trackers, each one's settings.
 
-`validate_tracking` is what rlvr/jobspec.py's validation calls: it checks the trackers only as
+`validate_tracking` is what rlvr/jobspec/'s validation calls: it checks the trackers only as
 values (kinds, names, URIs); the scheduler checks that a local target lies under its
 `tracking_roots` (services/scheduler/tracking.py), since only it knows them.
 """
@@ -101,7 +101,7 @@ def validate_trackers(configs: Sequence[common_pb2.TrackerConfig], field: str = 
 
 
 def validate_tracking(spec: common_pb2.JobSpec) -> None:
-    """The JobSpec's `tracking` (rlvr/jobspec.py's validation calls this)."""
+    """The JobSpec's `tracking` (rlvr/jobspec/'s validation calls this)."""
     validate_trackers(spec.tracking)
 
 

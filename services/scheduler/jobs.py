@@ -60,7 +60,7 @@ class JobManager:
                  environments: EnvironmentCatalog | None = None) -> None:
         self.store = store
         self.rewards = rewards or LocalRewards()  # what a job's reward is checked against (rewards.py)
-        # what a job's environment is checked against (None: this process's registry, rlvr/jobspec.py)
+        # what a job's environment is checked against (None: this process's registry, rlvr/jobspec/)
         self.environments = environments
         self.data_roots = tuple(data_roots)  # where a Boxed-answer job's local data may be read at submit
         # where a local base model may be named from (rlvr.models.check_base_model)

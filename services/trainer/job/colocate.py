@@ -271,7 +271,7 @@ class ColocatedGenerator:
     # ------------------------------------------------------------------------------------- adapters
     def adopt_adapter(self, directory: Path, tag: AdapterTag) -> None:
         raise RuntimeError(f"{tag}: the colocated vLLM engine is one process's own; another process cannot push "
-                           "to it (a job of several processes cannot use it: rlvr/jobspec.py refuses that)")
+                           "to it (a job of several processes cannot use it: rlvr/jobspec/ refuses that)")
 
     def publish_adapter(self, directory: Path, tag: AdapterTag) -> None:
         """Loads the PEFT adapter in `directory` as version `tag` under a new LoRA id (vLLM caches

@@ -49,7 +49,7 @@ ADAPTER_NAME_MAX = 128
 @dataclass(frozen=True)
 class JobConfig:
     """One job, every option resolved. Field names follow the spec's cards; no field restates a spec
-    default (rlvr/jobspec.py holds them): build one from a request (`job_config_from_request`) or
+    default (rlvr/jobspec/ holds them): build one from a request (`job_config_from_request`) or
     with the spec's defaults (`job_config`)."""
 
     job_id: str
@@ -274,7 +274,7 @@ ENUM_KEYS: dict[str, Mapping[int, str]] = {"advanced.loss_type": LOSS_NAMES, "ad
 
 
 def spec_fields(spec: common_pb2.JobSpec) -> dict[str, Any]:
-    """JobConfig's fields that rlvr/jobspec.py's table declares, by name, from a resolved spec: an
+    """JobConfig's fields that rlvr/jobspec/fields.py's table declares, by name, from a resolved spec: an
     enum as its key, a 32-bit float as the decimal typed (`as_typed`), an unset field as the row says."""
     out: dict[str, Any] = {}
     for row in SPEC_FIELDS:

@@ -88,7 +88,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     """TRL's config for a job. CPU facts (docs/design.md): no gradient checkpointing, and fp32 unless the
     job asks for mixed precision (advanced.precision); TRL's defaults (bf16, checkpointing on) make
     steps 8-13x slower here. With `processes` > 1 (advanced.num_processes) each process takes its
-    share of the step's batch, whole groups each (rlvr/jobspec.py checks that they divide).
+    share of the step's batch, whole groups each (rlvr/jobspec/ checks that they divide).
     `correct`: TRL's truncated importance sampling against the rollout's logprobs (None: with
     asynchronous steps; the runner passes whether `sampler_corrections` found any reason).
 
@@ -167,7 +167,7 @@ def grpo_args(job: JobConfig, total_steps: int, output_dir: Path, use_cpu: bool,
     )
 
 
-# The loss families that are more than TRL's loss_type and the job's epsilon_high (rlvr/jobspec.py,
+# The loss families that are more than TRL's loss_type and the job's epsilon_high (rlvr/jobspec/,
 # OWN_BOUNDS, says the same to users). The others pass loss_type as named, with the clip-higher.
 LOSS_ARGS: dict[str, dict[str, Any]] = {
     # GSPO: GRPO's loss over a sequence-level ratio, clipped at the paper's 3e-4 / 4e-4 (v2, section 5.1;

@@ -465,7 +465,7 @@ class ServiceGenerator:
         a later call finds the server without it. The folder then still holds `tag`'s weights: the
         ranks go in lock-step, and rank 0 saves the next version into it only after the optimizer
         step, which waits for every rank's rollout of the step (asynchronous steps, which generate
-        beside the optimizer step, do not run across processes: rlvr/jobspec.py)."""
+        beside the optimizer step, do not run across processes: rlvr/jobspec/)."""
         self._pushed = (directory, tag)
 
     def _load(self, directory: Path, tag: AdapterTag) -> None:
