@@ -2,7 +2,7 @@
 
 The pure part is checked on random tensors (the combined update equals the sum of the two, every
 feature that cannot be stacked is refused by name). The rest uses real models: the trainer's own
-policy for a stacked job (`runner.load_policy`: the init adapter merged into the base, a fresh peft
+policy for a stacked job (`policy.load_policy`: the init adapter merged into the base, a fresh peft
 adapter on top, both with random non-zero B) against `PeftModel.from_pretrained(base, combined)`
 written by the trainer's save path; and the combined adapter served by the rollout core (the
 transformers fallback, and the real vLLM engine) against peft, reusing test_rollout_core's fixtures.
@@ -25,7 +25,7 @@ from rlvr.adapters import base_linear_shapes
 from rlvr.services.rollout.adapter_registry import check_adapter_files
 from rlvr.services.trainer.job import artifacts, stacking
 from rlvr.services.trainer.job.config import job_config
-from rlvr.services.trainer.job.runner import load_policy, read_init_adapter
+from rlvr.services.trainer.job.policy import load_policy, read_init_adapter
 from rlvr.services.trainer.job.stacking import Adapter, StackingError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py

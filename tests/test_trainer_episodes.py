@@ -80,7 +80,7 @@ def _step(tmp_path: Path, tiny_model: str, guesses: Sequence[str], environment: 
     from transformers import AutoTokenizer
 
     from rlvr.services.trainer.job.episodes import EpisodeRollout
-    from rlvr.services.trainer.job.runner import rendered_with, training_problems
+    from rlvr.services.trainer.job.prompts import rendered_with, training_problems
     from rlvr.services.trainer.job.step import Step, StepContext, StepHooks
 
     job = _job(tmp_path, tiny_model, environment=environment, reward_function=reward, **overrides)

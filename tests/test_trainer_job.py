@@ -532,11 +532,17 @@ def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_o
 
     monkeypatch.setattr(GrpoEngine, "_reward", spy)
     monkeypatch.setattr(LocalGenerator, "generate", counted)
+    ambiguous: list[int] = []  # rows made to repeat the row before's question (the patch below took effect)
     if mode == "ambiguous":  # every odd row asks the question of the row before with another answer
-        rendered_problems = runner.rendered_problems
-        monkeypatch.setattr(runner, "rendered_problems", lambda job, tokenizer, source=None: [
-            (rows[i - 1][0], replace(rows[i - 1][1], ground_truth=str(int(rows[i - 1][1].ground_truth) + 1)))
-            if i % 2 else row for rows in [rendered_problems(job, tokenizer, source)] for i, row in enumerate(rows)])
+        rendered_with = runner.rendered_with
+
+        def twice(tokenizer: Any, problems: Any, instruction: str | None) -> list[tuple[str, Any]]:
+            rows = rendered_with(tokenizer, problems, instruction)
+            ambiguous.append(len(rows) // 2)
+            return [(rows[i - 1][0], replace(rows[i - 1][1], ground_truth=str(int(rows[i - 1][1].ground_truth) + 1)))
+                    if i % 2 else row for i, row in enumerate(rows)]
+
+        monkeypatch.setattr(runner, "rendered_with", twice)  # what run_job renders its training problems with
     scorer = EvenTruthsOnly()
     events: list[C.MetricEvent] = []
     job = _job(tmp_path, tiny_model, max_steps=4, synthetic_prompts=64, dynamic_sampling=mode == "on")
@@ -553,6 +559,7 @@ def test_dynamic_sampling_trains_on_groups_with_signal_scoring_each_completion_o
         assert sum(odd) > 0, trained  # the control: without it, some steps train on signal-less groups
         assert generated == [job.batch_size] * 4
     assert [e.step for e in events] == [1, 2, 3, 4]
+    assert (mode == "ambiguous") == bool(ambiguous and ambiguous[0] > 0)
 
 
 def test_lora_init_gaussian_draws_a_from_n_0_1_over_r(tmp_path: Path, tiny_model: str) -> None:

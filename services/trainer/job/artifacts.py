@@ -6,7 +6,7 @@ leaving a half-written one behind.
     <artifact_root>/jobs/<job_id>/checkpoints/step-N/ periodic checkpoints (PEFT: the published adapter)
     <artifact_root>/jobs/<job_id>/trl/checkpoint-M/   TRL's checkpoints at the same steps, named by TRL's
                                                       optimizer steps (M = N x num_iterations x mini_batches):
-                                                      what a resume starts from (runner.resume_point)
+                                                      what a resume starts from (resume.resume_point)
     <artifact_root>/jobs/<job_id>/{request.pb,progress.json,result.json,job.log}  the worker's files
     <artifact_root>/jobs/<job_id>/result-rank<N>.json  a failed rank's result (a job of several processes)
     <artifact_root>/jobs/<job_id>/cancel-requested    the worker's mark that its SIGTERM is a cancel

@@ -17,7 +17,7 @@ read in trl 1.16 (`trl/generation/vllm_generation.py`, `grpo_trainer.py`):
   version the step expects (`check_versions`, as for the rollout server).
 - Merging moves the trainer's own base weights: merge + unmerge is exact only up to rounding, and
   in bf16 it drifts further with every step (huggingface/trl#6688 measured it growing over 1000
-  cycles); on a 4-bit base it requantizes (lossy, see `runner.load_policy`) and TRL refuses an
+  cycles); on a 4-bit base it requantizes (lossy, see `policy.load_policy`) and TRL refuses an
   8-bit base outright ("vLLM does not support in-flight 8-bit quantization"). Loading the adapter
   never touches the policy's weights, and moves a few MB instead of the whole model. TRL's own
   maintainers and peers are moving the same way (huggingface/trl#5975 and #6007: adapter-only

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from rlvr.common.errors import InvalidArgument
+from rlvr.common.errors import FailedPrecondition, InvalidArgument
 from rlvr.infra.events import SUBJECT_TOKEN_RE
 from rlvr.jobspec import (
     BACKEND_KEYS,
@@ -299,3 +299,10 @@ def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any)
                             dataset_split=fields.pop("dataset_split", ""))  # resolved as a spec's: its rules apply
     request = trainer_pb2.StartJobRequest(job_id=job_id, spec=C.JobSpec(base_model=base_model, reward=reward))
     return replace(job_config_from_request(request, artifact_root), **fields)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one readable line a failed job reports."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    own = isinstance(exc, (FailedPrecondition, ValueError)) or type(exc).__module__.startswith("rlvr.services.")
+    return (text if own else f"{type(exc).__name__}: {text}")[:500]

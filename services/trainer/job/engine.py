@@ -16,7 +16,7 @@ which reads there in order (generate -> score -> update -> push -> publish):
 TRL keeps what it does well: the grpo/dapo/dr_grpo losses, group-relative advantages, the KL term,
 entropy, clipping and the optimizer. The KL reference is the policy the job started from. The
 adapter TRL trains is always fresh (B = 0): a job's init_adapter is merged into the base weights
-before (`runner.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
+before (`policy.load_policy`), so the reference (TRL's frozen copy of the fresh adapter, or the
 adapters disabled) is the base model, or base + init_adapter for a stacked job. One step = `batch_size`
 completions = `batch_size / group_size` prompts x `group_size` samples, on-policy (by default one
 optimizer step per generation, so the importance ratio is 1; the loss may train it in micro-batches

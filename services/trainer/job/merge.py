@@ -29,7 +29,7 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.services.trainer.job.runner import resolve_base_model
+    from rlvr.services.trainer.job.policy import resolve_base_model
 
     progress("loading", 0.05)
     base_path = resolve_base_model(base_model)

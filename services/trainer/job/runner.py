@@ -13,6 +13,10 @@ policy is base + init (frozen) + a fresh adapter, and every saved version of the
 the two written as ONE PEFT adapter on the original base (`stacking.combine`: rank r_init +
 lora_rank, scaling 1), so it loads with `PeftModel.from_pretrained(base, dir)` and serves on the
 rollout server without swapping its base model.
+
+What it calls on the way: policy.py (the model: base, init_adapter, fresh adapter), prompts.py (the
+training problems, rendered), resume.py (the checkpoint a re-dispatched job goes on from), then
+engine.py (TRL's trainer around the step, step.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,23 +33,29 @@ from rlvr.common.errors import FailedPrecondition
 from rlvr.jobspec import reshaped_sampling
 from rlvr.peers.types import BASE_MODEL, AdapterTag
 from rlvr.services.trainer.job import artifacts, stacking
-from rlvr.services.trainer.job.config import JobConfig
+from rlvr.services.trainer.job.config import JobConfig, one_line
 from rlvr.services.trainer.job.distributed import Group, device_count_problem
+from rlvr.services.trainer.job.policy import (
+    load_policy,
+    read_init_adapter,
+    resolve_base_model,
+    same_model,
+    stacked_rank,
+)
+from rlvr.services.trainer.job.prompts import rendered_with, training_problems, training_prompts
 from rlvr.services.trainer.job.quantization import (
     PRECISION_DTYPES,
-    bnb_config,
     check_precision,
     check_quantization,
     effective_precision,
     pick_device,
     quiet_bitsandbytes,
     sampler_corrections,
-    torch_dtype,
 )
 from rlvr.services.trainer.job.replicas import ReplicatedGenerator
+from rlvr.services.trainer.job.resume import node_resume_point, resume_point
 from rlvr.services.trainer.job.rollouts import LocalGenerator, PolicyGenerator, ServiceGenerator
 from rlvr.services.trainer.job.scorers import LocalProblems, ProblemSource, Scorer
-from rlvr.tasks.base import Problem
 from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -101,187 +111,6 @@ class JobResult:
         return asdict(self)
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as the one readable line a failed job reports."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    own = isinstance(exc, (FailedPrecondition, ValueError)) or type(exc).__module__.startswith("rlvr.services.")
-    return (text if own else f"{type(exc).__name__}: {text}")[:500]
-
-
-def resolve_base_model(name: str) -> str:
-    """A path or hub id the loaders accept: `rlvr.models.resolve_model`, the resolver every service
-    shares (rlvr-tiny[-test] is built on first use), after checking that a path names a folder."""
-    from rlvr.models import is_tiny, resolve_model
-
-    if not is_tiny(name) and name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
-        raise FailedPrecondition(f"base_model: {name!r} is not a model folder on this worker")
-    return resolve_model(name)
-
-
-def _same_model(a: str, b: str) -> bool:
-    def canonical(name: str) -> str:
-        try:
-            path = Path(resolve_base_model(name)).expanduser()
-        except FailedPrecondition:  # a path of another host: compare the names as given
-            return name
-        return str(path.resolve()) if path.exists() else name
-
-    return canonical(a) == canonical(b)
-
-
-def read_init_adapter(job: JobConfig) -> stacking.Adapter | None:
-    """The job's init_adapter (None without one), checked to be a plain LoRA that can be stacked on;
-    FailedPrecondition naming init_adapter otherwise, before any model is loaded."""
-    if not job.init_adapter_path:
-        return None
-    try:
-        init = stacking.read_adapter(job.init_adapter_path)
-        stacking.check_stackable(init.config, "it")
-        stacking.lora_modules(init, "it")
-    except stacking.StackingError as e:
-        raise FailedPrecondition(f"init_adapter: {job.init_adapter_label!r} cannot be stacked on: {e}") from e
-    return init
-
-
-def load_policy(job: JobConfig, base_path: str, device: str,
-                init: stacking.Adapter | None = None) -> tuple[Any, Any]:
-    """(peft model, tokenizer): the base (quantized when asked) under a fresh trainable LoRA adapter.
-
-    With an init_adapter (`init`, read from job.init_adapter_path when not given) the frozen part
-    is base + init, and training moves the fresh adapter only. As the fresh adapter starts at B = 0,
-    the job starts from exactly base + init, which is also TRL's KL reference with kl_beta > 0
-    (its "ref" copy of the fresh adapter, or adapters disabled: both leave base + init).
-
-    A full-precision base takes the init adapter merged into its in-memory weights (peft's
-    `merge_and_unload`: W + s B A in float32, exact up to rounding). A quantized base does not:
-    peft merges into a bitsandbytes layer by dequantizing, adding and quantizing again. Measured on
-    rlvr-tiny-test with random rank-8 adapters (3 prompts, 24 greedy tokens each), that changes the
-    init adapter's update by 9-30% of its size under nf4 and 1-2% under int8, moving the logits
-    0.08-1.2 (nf4) and 0.006-0.06 (int8) away from Q(W) + init, where quantizing the base at all
-    moves W + init by 0.03-0.15 and 0.006-0.016; with a strong adapter it changed 69% (nf4) and
-    31% (int8) of the greedy tokens. So on a quantized base the init adapter's update is added
-    beside each layer it targets instead (`add_frozen_update`): the frozen part is exactly
-    Q(W) + init (the same logits as peft's Q(W) + init adapter, measured 0 difference), for one
-    extra low-rank product per layer.
-    """
-    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-
-    set_seed(job.seed)  # the LoRA A matrices are random: the seed makes the run reproducible
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(base_path)
-    except OSError as e:  # not a model folder, or a hub id this host cannot reach
-        raise FailedPrecondition(f"base_model: cannot load {job.base_model!r}: {one_line(e)}") from e
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    quant = bnb_config(job.quantization, sharded=job.sharding == "fsdp" and job.num_processes > 1)
-    # advanced.precision: the frozen base in that dtype; peft keeps the LoRA weights in float32
-    # (get_peft_model's autocast_adapter_dtype), and TRL trains under autocast (engine.grpo_args).
-    model = AutoModelForCausalLM.from_pretrained(
-        base_path, dtype=torch_dtype(effective_precision(job.precision, device)), quantization_config=quant,
-        device_map=device if quant else None
-    )
-    if quant is None:
-        model.to(device)
-    else:
-        # Freezes the quantized base; checkpointing stays off (8-13x slower on CPU, docs/design.md).
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if job.init_adapter_path:
-        if quant is None:
-            try:
-                model = PeftModel.from_pretrained(model, job.init_adapter_path).merge_and_unload()
-            except Exception as e:  # e.g. it targets modules this base model does not have
-                raise FailedPrecondition(
-                    f"init_adapter: cannot load {job.init_adapter_label!r} on {job.base_model!r}: "
-                    f"{one_line(e).replace(job.init_adapter_path, '<init_adapter>')}"
-                ) from e
-        else:
-            add_frozen_update(model, init if init is not None else read_init_adapter(job), job)
-        set_seed(job.seed)  # the fresh adapter's A is drawn as a fresh job of this seed draws it
-    lora = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, lora_dropout=0.0,
-                      target_modules="all-linear", task_type="CAUSAL_LM",
-                      init_lora_weights=True if job.lora_init == "default" else job.lora_init)
-    model = get_peft_model(model, lora)
-    return model, tokenizer
-
-
-def add_frozen_update(model: Any, init: stacking.Adapter | None, job: JobConfig) -> None:
-    """Adds `init`'s update s B A x to the output of every layer it targets, through forward hooks
-    on those (quantized) layers: frozen (plain tensors, no parameters, not saved), and kept when
-    peft wraps the layer later (the hook stays on the wrapped base layer), so adapters disabled
-    still means base + init."""
-    import torch
-
-    assert init is not None
-    for name, (a, b, scaling) in stacking.lora_modules(init, "it").items():
-        try:
-            layer = model.get_submodule(name)
-        except AttributeError:
-            layer = None
-        shape = (getattr(layer, "in_features", None), getattr(layer, "out_features", None))
-        if shape != (a.shape[1], b.shape[0]):
-            what = "has no such layer" if layer is None else f"has a {shape[0]}->{shape[1]} layer there"
-            raise FailedPrecondition(
-                f"init_adapter: {job.init_adapter_label!r} adapts {name!r} as a {a.shape[1]}->{b.shape[0]} layer, but "
-                f"{job.base_model!r} {what} (an adapter of another model?)"
-            )
-        device = next(layer.parameters()).device
-        down = a.to(device=device, dtype=torch.float32)
-        up = (b.to(torch.float64) * scaling).to(device=device, dtype=torch.float32)
-
-        def hook(module: Any, args: tuple[Any, ...], out: Any, down: Any = down, up: Any = up) -> Any:
-            x = args[0]
-            return out + torch.nn.functional.linear(torch.nn.functional.linear(x.to(down.dtype), down), up).to(out.dtype)
-
-        layer.register_forward_hook(hook)
-    log.info("job %s: init_adapter added beside the %s base's layers (not merged: see load_policy)",
-             job.job_id, job.quantization)
-
-
-def stacked_rank(job: JobConfig, init: stacking.Adapter | None, model: Any) -> int:
-    """The rank of the adapter the job publishes: lora_rank, or for a stacked job that of
-    init + the fresh adapter, combined once here so that an adapter pair that cannot be written
-    as one fails before training (FailedPrecondition naming init_adapter)."""
-    if init is None:
-        return job.lora_rank
-    try:
-        return stacking.combine(init, stacking.from_peft_model(model, "default")).rank
-    except stacking.StackingError as e:
-        raise FailedPrecondition(f"init_adapter: {job.init_adapter_label!r} cannot be stacked on: {e}") from e
-
-
-def training_problems(job: JobConfig, source: ProblemSource | None = None) -> tuple[list[Problem], str | None]:
-    """Every training problem of the job (a seeded order, whichever split it trains on) and the
-    instruction to render them with (None: the registry's), from `source` (default: this process's
-    registry, LocalProblems). A reward that generates its prompts makes `synthetic_prompts` of them."""
-    source = source or LocalProblems(job.data_roots)
-    split = job.dataset_split if (job.dataset or not job.synthetic_prompts) else "train"
-    problems, instruction = source.training(job.reward_function, job.synthetic_prompts or None, job.seed,
-                                            job.dataset, split)
-    if not problems:
-        raise ValueError(f"reward.dataset: {job.dataset!r} has no training problems")
-    return problems, instruction
-
-
-def training_prompts(job: JobConfig, tokenizer: Any, source: ProblemSource | None = None) -> list[tuple[str, str]]:
-    """(rendered prompt, ground truth) of every training problem, rendered for this model."""
-    return [(text, p.ground_truth) for text, p in rendered_problems(job, tokenizer, source)]
-
-
-def rendered_problems(job: JobConfig, tokenizer: Any, source: ProblemSource | None = None
-                      ) -> list[tuple[str, Problem]]:
-    """(rendered prompt, the problem) of every training problem: the rewards read the problem's
-    question and columns beside the completion."""
-    return rendered_with(tokenizer, *training_problems(job, source))
-
-
-def rendered_with(tokenizer: Any, problems: Sequence[Problem], instruction: str | None) -> list[tuple[str, Problem]]:
-    """(rendered prompt, the problem) of each problem, with `instruction` (None: the registry's)."""
-    from rlvr.tasks import render_prompt
-
-    return [(render_prompt(tokenizer, p, instruction=instruction), p) for p in problems]
-
-
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     eos = model.generation_config.eos_token_id
     ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -302,7 +131,7 @@ def _prepare_rollout(job: JobConfig, generator: ServiceGenerator | ReplicatedGen
         info = server.info()
         dtypes.append(str(getattr(info, "dtype", "") or ""))
         served = info.model
-        if not _same_model(served, job.base_model) and not _same_model(served, base_path):
+        if not same_model(served, job.base_model) and not same_model(served, base_path):
             raise FailedPrecondition(
                 f"the rollout service at {server.address} serves {served!r}, but this job trains {job.base_model!r}"
             )
@@ -427,69 +256,6 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     finally:
         if owned is not None:
             owned.close()
-
-
-def resume_point(job: JobConfig) -> tuple[Path, dict[str, Any]] | None:
-    """Resume: where a re-dispatched job (`job.resume`) goes on from, None for step 0.
-
-    The job's last whole TRL checkpoint (engine.py, `resume_checkpoint`): TRL/transformers restore
-    the adapter, the optimizer, the LR scheduler, the python/numpy/torch RNG states and the sampler's
-    position (accelerate's skip_first_batches), and the engine our state saved beside it, so the run
-    goes on as the uninterrupted one would have, bit for bit on the CPU (tests/test_trainer_job.py).
-    Later checkpoints that were not whole are removed. A job with no whole checkpoint (none taken:
-    checkpoint_every 0, or none reached) starts again from step 0, in a clean TRL folder: with
-    the same seed that is the same run again.
-
-    Steps after the checkpoint run again. Their metrics are stored once, the first run's: steps
-    up to `job.stored_steps` (stored by the scheduler already) are not published again, and a step
-    published but not yet stored when the trainer was lost is published again under the same
-    Nats-Msg-Id ("<job>:<step>"), which the stream drops within its duplicate window and the store
-    refuses after it ((job_id, step) is its key). The first run's point is the one kept because it
-    is the one watchers and loop rules may have seen already; the re-run's is the same up to its
-    timings, the run being exact.
-    """
-    import shutil
-
-    from rlvr.services.trainer.job.engine import TRL_DIR, checkpoints, resume_checkpoint
-
-    trl = job.job_dir / TRL_DIR
-    found = resume_checkpoint(job.job_dir) if job.resume else None
-    if found is None:
-        if job.resume:
-            log.info("job %s: no whole checkpoint to resume from; starting again from step 0", job.job_id)
-        shutil.rmtree(trl, ignore_errors=True)
-        return None
-    checkpoint, _ = found
-    steps = {path: step for step, path in checkpoints(job.job_dir)}
-    for other, step in steps.items():
-        if step > steps[checkpoint]:
-            shutil.rmtree(other, ignore_errors=True)
-    return found
-
-
-def node_resume_point(job: JobConfig, group: Group, found: tuple[Path, dict[str, Any]] | None
-                      ) -> tuple[Path, dict[str, Any]] | None:
-    """A job of several nodes: node 0's resume point (`resume_point`, its checkpoint's path under
-    node 0's root) as this node's, the same checkpoint under its own artifact root. Each other
-    node tidies its own checkpoints as node 0 did, and one whose root lacks the whole checkpoint
-    (another worker than last time) gets node 0's over the process group (`Group.share_folder`)."""
-    import shutil
-
-    from rlvr.services.trainer.job.engine import RESUME_FILE, TRL_DIR, checkpoints
-
-    here = job.job_dir / TRL_DIR / found[0].name if found is not None else None
-    if group.is_node_main and not group.is_main:
-        step = int(here.name.removeprefix("checkpoint-")) if here is not None else -1
-        for number, path in checkpoints(job.job_dir):
-            if number > step:
-                shutil.rmtree(path, ignore_errors=True)
-    if here is None or found is None:
-        return None
-    missing = not (here / RESUME_FILE).is_file()
-    group.share_folder(here, wanted=missing)
-    if missing and group.is_node_main:
-        log.info("job %s: node %d had no whole %s: node 0's copy received", job.job_id, group.node, here.name)
-    return here, found[1]
 
 
 def _train(job: JobConfig, deps: JobDeps, result: JobResult, device: str, base_path: str,

@@ -288,7 +288,7 @@ class JobSupervisor:
     def _resumed_job_dir(job_dir: Path) -> None:
         """A resume (StartJobRequest.resume) keeps the checkpoints, the adapter of the last finished
         step and progress.json (the step that adapter is of, until the resumed run finishes one);
-        only a stale result goes. The job process picks the checkpoint (runner.resume_point)."""
+        only a stale result goes. The job process picks the checkpoint (resume.resume_point)."""
         for name in ("result.json", artifacts.CANCEL_FILE, artifacts.PEER_LOST_FILE):
             (job_dir / name).unlink(missing_ok=True)
         artifacts.unlink_rank_results(job_dir)
