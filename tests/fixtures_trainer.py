@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlvr.infra.events import EventBus, job_events_subject
+from rlvr.infra.events import EventBus
+from rlvr.infra.subjects import job_events_subject
 from rlvr.v1 import common_pb2 as C
 
 TERMINAL = {C.JOB_STATUS_COMPLETED, C.JOB_STATUS_FAILED, C.JOB_STATUS_CANCELLED}

@@ -265,7 +265,7 @@ def test_bad_input_is_refused_before_any_generation(stack: Stack) -> None:
 async def test_progress_events_on_nats(stack: Stack, nats_server) -> None:
     from fixtures_infra import connected_bus
 
-    from rlvr.infra.events import eval_status_subject
+    from rlvr.infra.subjects import eval_status_subject
 
     ev = run(stack.client, limit=EVAL_N, sampling=greedy())
     seen: list[B.EvaluationEvent] = []
@@ -375,7 +375,7 @@ async def test_cancel_evaluation(stack: Stack, nats_server, capsys: pytest.Captu
     id is NOT_FOUND; the loop manager's wait ends on it; a cancelled evaluation deletes."""
     from fixtures_infra import connected_bus
 
-    from rlvr.infra.events import eval_status_subject
+    from rlvr.infra.subjects import eval_status_subject
     from rlvr.services.scheduler.benchmarks import GrpcBenchmarks
     from rlvr.services.scheduler.loop_driver import not_completed
 

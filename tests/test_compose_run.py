@@ -168,7 +168,8 @@ def test_the_compose_commands_serve_a_job_and_an_evaluation(compose_stack) -> No
     # The job's events went through the compose file's NATS (its password, over TLS).
     import asyncio
 
-    from rlvr.infra.events import EventBus, job_events_subject
+    from rlvr.infra.events import EventBus
+    from rlvr.infra.subjects import job_events_subject
 
     async def job_events() -> int:
         bus = await EventBus.connect(nats_url, name="test-compose-nats", tls_ca_file=nats_ca)

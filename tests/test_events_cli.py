@@ -19,8 +19,8 @@ import pytest
 from fixtures_infra import connected_bus
 
 from rlvr.clients import cli
-from rlvr.infra.events import job_metrics_subject, job_status_subject, loop_status_subject, metric_msg_id
 from rlvr.infra.nats_server import EmbeddedNats
+from rlvr.infra.subjects import job_metrics_subject, job_status_subject, loop_status_subject, metric_msg_id
 from rlvr.v1 import common_pb2, scheduler_pb2
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -196,7 +196,7 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
     from fixtures_infra import connected_bus
 
     from rlvr.clients.sdk import RlvrError, SchedulerClient
-    from rlvr.infra.events import job_metrics_subject, metric_msg_id
+    from rlvr.infra.subjects import job_metrics_subject, metric_msg_id
     from rlvr.services.common.server import ServiceRunner
     from rlvr.services.scheduler.server import build_service
     from rlvr.services.scheduler.settings import SchedulerSettings

@@ -96,7 +96,7 @@ async def test_get_job_samples_over_grpc_sdk_and_cli(nats_server, tmp_path: Path
 
     from rlvr.clients import cli
     from rlvr.clients.sdk import RlvrError, SchedulerClient
-    from rlvr.infra.events import job_metrics_subject, job_samples_subject, metric_msg_id, samples_msg_id
+    from rlvr.infra.subjects import job_metrics_subject, job_samples_subject, metric_msg_id, samples_msg_id
     from rlvr.services.common.server import ServiceRunner
     from rlvr.services.scheduler.samples import sample_rows, samples_by_step
     from rlvr.services.scheduler.server import build_service

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rlvr.infra.events import status_msg_id
 from rlvr.infra.schema import JobRow
 from rlvr.infra.store import Store
+from rlvr.infra.subjects import status_msg_id
 from rlvr.jobspec import job_status_name
 from rlvr.services.scheduler import lifecycle as L
 from rlvr.services.scheduler.lifecycle import Edge, JobLifecycle, Move, edge, fields_of, state_of

@@ -86,7 +86,8 @@ def loop_events(client_home: Path, loop_id: str) -> list[S.LoopStatusEvent]:
     """Every LoopStatusEvent the stream holds for the loop, in order (a NATS-only reader)."""
     import asyncio
 
-    from rlvr.infra.events import EventBus, loop_status_subject
+    from rlvr.infra.events import EventBus
+    from rlvr.infra.subjects import loop_status_subject
 
     state = json.loads((client_home / "stack.json").read_text())
     nats_url = json.loads(Path(state["nats_file"]).read_text())["url"]  # with the stack's NATS password

@@ -24,7 +24,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 
 from rlvr.infra.events import (
     ACK_WAIT_S,
-    ALL_JOB_METRICS,
     DUPLICATE_WINDOW_S,
     MAX_OUTAGE_S,
     STREAM_NAME,
@@ -32,15 +31,18 @@ from rlvr.infra.events import (
     EventBus,
     EventBusError,
     ensure_stream,
+    publish,
+)
+from rlvr.infra.nats_server import EmbeddedNats, NatsStartError, find_nats_binary
+from rlvr.infra.subjects import (
+    ALL_JOB_METRICS,
     eval_status_subject,
     job_events_subject,
     job_metrics_subject,
     job_status_subject,
     loop_status_subject,
     metric_msg_id,
-    publish,
 )
-from rlvr.infra.nats_server import EmbeddedNats, NatsStartError, find_nats_binary
 
 NATS_TAP = Path(__file__).resolve().parent / "tools" / "nats_tap.py"  # knows nothing of rlvr
 

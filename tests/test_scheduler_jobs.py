@@ -17,8 +17,9 @@ import pytest
 from fixtures_infra import connected_bus
 
 from rlvr.common.errors import FailedPrecondition, NotFound, Unavailable
-from rlvr.infra.events import Event, job_metrics_subject, job_status_subject, metric_msg_id
+from rlvr.infra.events import Event
 from rlvr.infra.store import Store
+from rlvr.infra.subjects import job_metrics_subject, job_status_subject, metric_msg_id
 from rlvr.services.scheduler import dispatch as dispatch_module
 from rlvr.services.scheduler import jobs as jobs_module
 from rlvr.services.scheduler.jobs import MAX_RESUMES, JobManager

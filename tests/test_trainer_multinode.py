@@ -28,7 +28,7 @@ from fixtures_trainer import job_events
 from test_trainer_multiproc import ADAPTER_TOL, LOSS_TOL, MODEL, _adapter, _ranks, _request
 
 from rlvr.clients.stack.ports import free_port
-from rlvr.infra.events import job_metrics_subject
+from rlvr.infra.subjects import job_metrics_subject
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
@@ -175,7 +175,7 @@ async def _events_so_far(bus: object, job_id: str) -> tuple[list[C.MetricEvent],
     statuses: list[C.JobStatusEvent] = []
 
     async def collect() -> None:
-        from rlvr.infra.events import job_events_subject
+        from rlvr.infra.subjects import job_events_subject
 
         async for event in bus.watch(job_events_subject(job_id)):  # type: ignore[attr-defined]
             if event.subject.endswith(".metrics"):

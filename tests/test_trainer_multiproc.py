@@ -21,7 +21,7 @@ import pytest
 from fixtures_infra import connected_bus
 from fixtures_trainer import job_events
 
-from rlvr.infra.events import job_metrics_subject
+from rlvr.infra.subjects import job_metrics_subject
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T

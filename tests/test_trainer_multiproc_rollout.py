@@ -161,7 +161,7 @@ def _killed_at_the_end(servers: list[subprocess.Popen[bytes]]) -> Iterator[None]
 async def test_a_job_of_two_processes_survives_its_rollout_server_restarted_empty(
         nats_server, tmp_path: Path) -> None:
     from rlvr.clients.stack import free_port
-    from rlvr.infra.events import job_metrics_subject
+    from rlvr.infra.subjects import job_metrics_subject
     from rlvr.services.trainer.process.worker import JobSupervisor
     from rlvr.services.trainer.settings import TrainerSettings
 

@@ -20,7 +20,7 @@ from fixtures_infra import connected_bus
 from fixtures_trainer import build_trainer_test_model, job_events
 
 from rlvr.common.client import make_channel
-from rlvr.infra.events import job_metrics_subject, metric_msg_id
+from rlvr.infra.subjects import job_metrics_subject, metric_msg_id
 from rlvr.services.common.server import ServiceRunner
 from rlvr.services.trainer.server import build_service
 from rlvr.services.trainer.settings import TrainerSettings

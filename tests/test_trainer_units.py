@@ -170,7 +170,7 @@ def test_local_scorer_keeps_components_apart() -> None:
 
 
 def test_event_ids_match_the_scheduler() -> None:
-    from rlvr.infra.events import metric_msg_id, status_msg_id
+    from rlvr.infra.subjects import metric_msg_id, status_msg_id
     from rlvr.jobspec import job_status_name, job_status_value
 
     assert metric_msg_id("j1", 7) == "j1:7"

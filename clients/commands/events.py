@@ -66,7 +66,7 @@ def nats_url(args: argparse.Namespace) -> str:
 def subject_of(args: argparse.Namespace) -> str:
     for kind, value in (("jobs", args.job), ("loops", args.loop), ("evals", args.eval)):
         if value:
-            from rlvr.infra.events import SUBJECT_TOKEN_RE
+            from rlvr.infra.subjects import SUBJECT_TOKEN_RE
 
             if not SUBJECT_TOKEN_RE.match(value):
                 raise EventsError(f"--{kind.rstrip('s')}: {value!r} is not an id (letters, digits, _ and -)")

@@ -13,7 +13,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from rlvr.infra.events import EventBus, eval_status_subject
+from rlvr.infra.events import EventBus
+from rlvr.infra.subjects import eval_status_subject
 from rlvr.v1 import benchmark_pb2
 
 log = logging.getLogger("rlvr.benchmark")

@@ -9,7 +9,7 @@ status that ends the job, so when a row reads COMPLETED every step is already st
 sharing one NATS each read every event (skipping the other's jobs) instead of splitting them.
 
 Status event ids are `<job>:status:<STATUS>` (the store's spelling, QUEUED, RUNNING, ...:
-`rlvr.infra.events.status_msg_id`, which the trainer uses too), so the scheduler's and the
+`rlvr.infra.subjects.status_msg_id`, which the trainer uses too), so the scheduler's and the
 trainer's publishes of the same transition are deduplicated by the stream; a status read here
 moves the job only along the lifecycle's `report` edges (lifecycle.py), so a terminal status is
 never overwritten by a late non-terminal one.
@@ -26,8 +26,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from rlvr.common.errors import NotFound
-from rlvr.infra.events import ALL_JOB_EVENTS, DurableSubscription, Event, cancel_and_wait, job_events_subject
+from rlvr.infra.events import DurableSubscription, Event, cancel_and_wait
 from rlvr.infra.schema import JobRow, MetricPointRow, metric_point_from_event
+from rlvr.infra.subjects import ALL_JOB_EVENTS, job_events_subject
 from rlvr.jobspec import job_status_name
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row
 from rlvr.services.scheduler.lifecycle import JobLifecycle, status_event

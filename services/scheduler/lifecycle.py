@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from rlvr.common.errors import NotFound
-from rlvr.infra.events import EventBus, job_status_subject, status_msg_id
+from rlvr.infra.events import EventBus
 from rlvr.infra.schema import JobRow, RoundRow
 from rlvr.infra.store import Store
+from rlvr.infra.subjects import job_status_subject, status_msg_id
 from rlvr.jobspec import ResolvedJob, job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, now_ts, spec_to_json
 from rlvr.v1 import common_pb2

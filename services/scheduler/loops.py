@@ -38,9 +38,10 @@ from rlvr.common.errors import (
     Unavailable,
     check_page,
 )
-from rlvr.infra.events import EventBus, cancel_and_wait, loop_status_subject
+from rlvr.infra.events import EventBus, cancel_and_wait
 from rlvr.infra.schema import JobRow, LoopRow, RoundRow
 from rlvr.infra.store import Store, StoreError
+from rlvr.infra.subjects import loop_status_subject
 from rlvr.services.scheduler import loop_lifecycle
 from rlvr.services.scheduler.benchmarks import Benchmarks
 from rlvr.services.scheduler.convert import (

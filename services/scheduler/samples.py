@@ -13,7 +13,8 @@ import logging
 from collections.abc import Sequence
 
 from rlvr.common.errors import InvalidArgument, Unavailable
-from rlvr.infra.events import EventBus, job_samples_subject
+from rlvr.infra.events import EventBus
+from rlvr.infra.subjects import job_samples_subject
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.v1 import common_pb2, scheduler_pb2

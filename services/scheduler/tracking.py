@@ -38,13 +38,9 @@ from google.protobuf.json_format import MessageToDict
 
 from rlvr.common import paths
 from rlvr.common.errors import InvalidArgument, NotFound, shown
-from rlvr.infra.events import (
-    EventBus,
-    cancel_and_wait,
-    job_status_subject,
-    status_msg_id,
-)
+from rlvr.infra.events import EventBus, cancel_and_wait
 from rlvr.infra.schema import JobRow, MetricPointRow
+from rlvr.infra.subjects import job_status_subject, status_msg_id
 from rlvr.jobspec import job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, metric_event_from_row, now_ts, spec_from_json
 from rlvr.services.scheduler.jobs import JobManager

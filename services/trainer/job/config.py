@@ -17,7 +17,7 @@ from typing import Any, Literal
 from google.protobuf.descriptor import FieldDescriptor
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument
-from rlvr.infra.events import SUBJECT_TOKEN_RE
+from rlvr.infra.subjects import SUBJECT_TOKEN_RE
 from rlvr.jobspec import (
     BACKEND_KEYS,
     DEFAULT_DATASET_SPLIT,

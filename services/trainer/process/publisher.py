@@ -22,14 +22,12 @@ import time
 from collections import deque
 from pathlib import Path
 
-from rlvr.infra.events import (
-    EventBus,
-    EventBusError,
+from rlvr.infra.events import EventBus, EventBusError, redact_url
+from rlvr.infra.subjects import (
     job_metrics_subject,
     job_samples_subject,
     job_status_subject,
     metric_msg_id,
-    redact_url,
     samples_msg_id,
     status_msg_id,
 )

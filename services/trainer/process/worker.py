@@ -381,7 +381,8 @@ class JobSupervisor:
     async def _publish_final(self, last: LastJob, step: int) -> None:
         if not self.settings.nats_url and self.settings.nats_url_file is None:
             return
-        from rlvr.infra.events import EventBus, EventBusError, job_status_subject, status_msg_id
+        from rlvr.infra.events import EventBus, EventBusError
+        from rlvr.infra.subjects import job_status_subject, status_msg_id
         from rlvr.jobspec import job_status_name
 
         event = status_event(last.job_id, last.status, last.error or "cancelled", last.adapter, step)
