@@ -36,7 +36,7 @@ def _cause(details: str) -> str:
 def origin_of(service: str, address: str) -> str:
     """Where a CLI's `address` for `service` came from, judged as ClientSettings chose it:
     "env", "stack", "default" or "given" (an option)."""
-    from rlvr.clients.sdk import read_stack_file, stack_addresses
+    from rlvr.clients.connection import read_stack_file, stack_addresses
     from rlvr.common.client import DEFAULT_ADDRESSES
 
     if os.environ.get(f"RLVR_{service.upper()}_ADDRESS", "").strip() == address:
@@ -50,7 +50,7 @@ def origin_of(service: str, address: str) -> str:
 
 def unreachable(service: str, address: str, details: str = "", origin: str | None = None) -> str:
     """The message for a service that did not answer at `address`."""
-    from rlvr.clients.sdk import stack_home
+    from rlvr.clients.connection import stack_home
 
     origin = origin or origin_of(service, address)
     variable = f"RLVR_{service.upper()}_ADDRESS"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def _url(args: argparse.Namespace) -> str:
-    from rlvr.clients.sdk import stack_home
+    from rlvr.clients.connection import stack_home
 
     url = args.database_url or os.environ.get("RLVR_DATABASE_URL") or f"sqlite:///{stack_home() / 'rlvr.db'}"
     password_file = args.database_password_file or os.environ.get("RLVR_DATABASE_PASSWORD_FILE")

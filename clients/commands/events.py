@@ -44,7 +44,7 @@ class EventsError(RuntimeError):
 
 def nats_url(args: argparse.Namespace) -> str:
     """The URL to connect to, with its credentials (see the module's doc)."""
-    from rlvr.clients.sdk import read_stack_file, stack_home
+    from rlvr.clients.connection import read_stack_file, stack_home
 
     if args.nats_url:
         return str(args.nats_url)
