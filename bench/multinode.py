@@ -1,6 +1,6 @@
 """Step time of one job across two nodes (advanced.num_nodes 2 x num_processes 1) against one node
 with the same world (1 x 2 processes) and one process (1 x 1), through the trainer workers' own
-launch (services/trainer/process/worker.py, distributed.py): two JobSupervisors on two loopback addresses
+launch (services/trainer/process/worker.py, launch.py): two JobSupervisors on two loopback addresses
 (127.0.0.1 and 127.0.0.2, an artifact root each), torchrun's c10d rendezvous on node 0's host, gloo.
 
     python bench/multinode.py                      # rlvr-tiny-small, 3 repeats of each layout

@@ -55,16 +55,16 @@ def test_what_a_killed_process_started_dies_with_it() -> None:
 def test_a_pid_that_is_another_process_now_is_left_alone() -> None:
     """The watcher kills a target only if it is still the process it was given (its start time): a
     target that ended and whose pid another process took is not killed, nor its children."""
-    import psutil
+    from rlvr.infra.reaper import stat_fields
 
     other = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    started = psutil.Process(other.pid).create_time()
-    watcher = subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", f"{other.pid}:{started - 5.0!r}"],
+    started = int(stat_fields(other.pid)[19])  # type: ignore[index]  # clock ticks since boot
+    watcher = subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", f"{other.pid}:{started - 500}"],
                                stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
     try:
         watcher.stdin.close()  # type: ignore[union-attr]  # as when the process that started it dies
         assert watcher.wait(30) == 0
-        assert _alive(other.pid)  # started 5 s after the process the watcher was given: another one
+        assert _alive(other.pid)  # started 500 ticks after the process the watcher was given: another one
         watched = subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", f"{other.pid}:{started!r}"],
                                    stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
         watched.stdin.close()  # type: ignore[union-attr]

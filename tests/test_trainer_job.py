@@ -587,7 +587,7 @@ def _adapter_tensors(path: Path) -> dict[str, Any]:
                          ids=["plain", "kl-dynamic", "kl-micro-batches-4-updates"])
 def test_a_job_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_adapter_bit_for_bit(
         tmp_path: Path, tiny_model: str, extra: dict[str, Any]) -> None:
-    """Crash recovery (runner.resume_point): a run lost after its checkpoint resumes from it and
+    """Crash recovery (resume.resume_point): a run lost after its checkpoint resumes from it and
     ends where the uninterrupted run with the same seed does, tensor for tensor. 8 prompts, 4 a
     step: 2 steps an epoch, so the resume from step 3 starts inside the second epoch (the sampler's
     second order, a skipped batch, the RNG states restored mid-epoch) and runs into the third. With

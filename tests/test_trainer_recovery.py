@@ -6,7 +6,7 @@ A job whose trainer is killed with SIGKILL after a checkpoint, only its job proc
 trainer service (restarted then), is not failed: the scheduler resumes it from the checkpoint
 (services/scheduler/dispatch.py), it ends COMPLETED with every step stored exactly once, and its final
 adapter is bit for bit the adapter of an uninterrupted job with the same spec and seed
-(services/trainer/job/runner.py, `resume_point`). The job process of a killed trainer service dies with
+(services/trainer/job/resume.py, `resume_point`). The job process of a killed trainer service dies with
 it (PR_SET_PDEATHSIG), so the resumed run never trains beside the lost one.
 """
 

@@ -15,8 +15,7 @@ server then needs. `reap_with_this_process` starts a small watcher that holds th
 pipe whose write end only this process has: when this process is gone, for any reason, the pipe
 closes, and the watcher SIGKILLs the processes it was given and every descendant of theirs, then
 exits. A process that ended by itself meanwhile is recognised by its start time and left alone (its
-pid may belong to another process by then). Process trees, start times and command lines are
-psutil's.
+pid may belong to another process by then). Process trees and command lines are psutil's.
 """
 
 from __future__ import annotations
@@ -111,13 +110,13 @@ def stat_fields(pid: int | str = "self") -> list[str] | None:
         return None
 
 
-def _started(pid: int) -> float | None:
-    """When a live process started (psutil's create_time: with its pid, which process it is); None
-    for one that is gone."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+def _started(pid: int) -> str | None:
+    """When a live process started, in clock ticks since boot (/proc/PID/stat's field 22): with its
+    pid, which process it is. Not psutil's create_time, which adds the boot time as the wall clock
+    has it now: a clock stepped between two readings would make the same process look like another.
+    None for a process that is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else fields[19]
 
 
 def children(pid: int | None = None) -> list[int]:
@@ -141,13 +140,13 @@ def is_resource_tracker(pid: int) -> bool:
 def _watch(targets: list[str]) -> None:
     """The watcher's body (`python -m rlvr.infra.reaper PID:START ...`): wait for EOF on stdin, then
     SIGKILL the targets still alive (same start time) and all their descendants."""
-    wanted = {int(p): float(s) for p, s in (a.split(":", 1) for a in targets)}
+    wanted = {int(p): s for p, s in (a.split(":", 1) for a in targets)}
     sys.stdin.buffer.read()  # until the process that started us is gone: EOF
     doomed: dict[int, psutil.Process] = {}
     for pid, started in wanted.items():
         try:
             process = psutil.Process(pid)
-            if process.create_time() != started:
+            if _started(pid) != started:
                 continue  # ended by itself; the pid is another process's now
             doomed.update({p.pid: p for p in (process, *process.children(recursive=True))})
         except psutil.Error:
@@ -178,7 +177,7 @@ def reap_with_this_process(pids: Iterable[int]) -> subprocess.Popen[bytes] | Non
     """Starts the watcher for `pids` (see the module docstring); None where there is no /proc or
     nothing to watch. Keep the returned handle referenced for as long as this process lives: its
     stdin is the pipe."""
-    targets = [f"{pid}:{started!r}" for pid in pids if (started := _started(pid)) is not None]
+    targets = [f"{pid}:{started}" for pid in pids if (started := _started(pid)) is not None]
     if not targets or not Path("/proc/self/stat").exists():
         return None
     return subprocess.Popen([sys.executable, "-m", "rlvr.infra.reaper", *targets], stdin=subprocess.PIPE,

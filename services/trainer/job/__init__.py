@@ -1,4 +1,5 @@
-"""A training job, knowing nothing of gRPC, NATS or processes: today GRPO on a LoRA adapter.
+"""A training job, knowing nothing of gRPC servers, NATS or processes (it reaches the reward and rollout
+services through rlvr.peers' clients): today GRPO on a LoRA adapter.
 
 Read it top to bottom from `runner.run_job` (a job from its start to its result), which builds TRL's
 `GRPOTrainer` through `engine.py`, whose seams call the step in `step.py` (one GRPO step: generate,

@@ -6,7 +6,7 @@ The worker starts one job process; for N > 1 it becomes the launcher: it runs to
 (`torch.distributed.run --standalone`), which starts N ranks of the same entry point
 (`rlvr.services.trainer.process.job_process --rank-of PID`). Where the worker forks its job processes (a
 host without a GPU driver: forkserver.py), the launcher has imported torch, transformers, peft and
-TRL already, runs torchrun's agent itself and forks the ranks from it (`torchrun_arguments(forked=True)`:
+TRL already, runs torchrun's agent itself and forks the ranks from it (launch.py `torchrun_arguments(forked=True)`:
 each rank starts training about a second after the launch instead of after its own imports, 10+ s
 of CPU each); elsewhere it execs torchrun (`launch_command`), whose ranks are fresh interpreters. Each rank trains on batch_size / N completions of
 the step (TRL's GRPOTrainer under DDP: gloo on a CPU, NCCL on GPUs; one optimizer step across all

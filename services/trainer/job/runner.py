@@ -1,4 +1,4 @@
-"""`run_job`: one GRPO job from start to its result, knowing nothing of gRPC, NATS or processes.
+"""`run_job`: one GRPO job from start to its result, knowing nothing of gRPC servers, NATS or processes.
 
 The job process (`job_process.py`) calls it with real dependencies (the reward and rollout
 services, a NATS publisher, a SIGTERM-driven cancel flag); tests call it directly with in-process
