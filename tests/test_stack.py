@@ -3,6 +3,7 @@ check SERVING, an outside reflection client sees every service, and Ctrl-C leave
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -506,3 +507,26 @@ def test_nats_killed_is_named_by_status_and_started_again_with_its_stream(
             watcher.join(timeout=10)
         stack.stop()
         services.stop(0)  # type: ignore[attr-defined]
+
+
+def test_group_alive_sees_a_group_until_its_last_process_ends() -> None:
+    """`rlvr up`'s stop waits on it: a group whose leader is gone but whose child runs is alive; a
+    group whose processes are all reaped is not."""
+    from rlvr.clients.stack import group_alive
+
+    leader = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    child = int(leader.stdout.readline())  # type: ignore[union-attr]
+    try:
+        assert group_alive(leader.pid)
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(10)
+        assert group_alive(leader.pid)  # the sleep, in the same group, still runs
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while group_alive(leader.pid):  # init reaps the orphaned sleep
+            assert time.monotonic() < deadline, "the group still looks alive after its processes ended"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)

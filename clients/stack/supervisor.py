@@ -71,16 +71,15 @@ def _write_private(path: Path, text: str) -> None:
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of process group `pgid` still runs (zombies, which only wait to be
-    reaped, do not count). Reads /proc; False where there is none."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    reaped, do not count)."""
+    import psutil
+
+    for process in psutil.process_iter():
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp, ...
-            return True
     return False
 
 
