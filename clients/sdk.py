@@ -174,27 +174,30 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         self,
         job_id: str,
         *,
+        dtype: str = "",
         on_progress: Callable[[sc.MergeModelProgress], None] | None = None,
         timeout: float | None = None,
     ) -> sc.MergeModelProgress:
         """Merges the job's adapter into its base model (a full Hugging Face checkpoint on the
         server, see `save_merged_model`) and waits for it; `on_progress` sees every progress
         message. Returns the last one (`done`, with the server-side `path` and `size_bytes`); a job
-        merged before answers at once."""
+        merged before in the same `dtype` answers at once. `dtype`: "" or "auto" (the base model's),
+        "fp32", "bf16" or "fp16"."""
         last: sc.MergeModelProgress | None = None
-        for progress in self.merge_model(sc.MergeModelRequest(job_id=job_id), timeout=timeout):
+        for progress in self.merge_model(sc.MergeModelRequest(job_id=job_id, dtype=dtype), timeout=timeout):
             if on_progress is not None:
                 on_progress(progress)
             last = progress
         return _merged(last, job_id, self._method("MergeModel"), self.address)
 
     def save_merged_model(
-        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+        self, job_id: str, directory: str | os.PathLike[str], *, dtype: str = "", timeout: float | None = None
     ) -> list[Path]:
         """Downloads the job's merged model (run `merge` first) into `directory`, a Hugging Face
-        checkpoint that `AutoModelForCausalLM.from_pretrained` loads; returns the files written."""
+        checkpoint that `AutoModelForCausalLM.from_pretrained` loads; returns the files written.
+        `dtype` "": the newest merge; else the current adapter's merge in that dtype."""
         return save_file_chunks(
-            self.download_merged_model(sc.DownloadMergedModelRequest(job_id=job_id), timeout=timeout),
+            self.download_merged_model(sc.DownloadMergedModelRequest(job_id=job_id, dtype=dtype), timeout=timeout),
             directory,
         )
 
@@ -284,12 +287,13 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         self,
         job_id: str,
         *,
+        dtype: str = "",
         on_progress: Callable[[sc.MergeModelProgress], Awaitable[None] | None] | None = None,
         timeout: float | None = None,
     ) -> sc.MergeModelProgress:
         """`SchedulerClient.merge`; `on_progress` may be a coroutine function."""
         last: sc.MergeModelProgress | None = None
-        async with self.merge_model(sc.MergeModelRequest(job_id=job_id), timeout=timeout) as stream:
+        async with self.merge_model(sc.MergeModelRequest(job_id=job_id, dtype=dtype), timeout=timeout) as stream:
             async for progress in stream:
                 if on_progress is not None:
                     seen = on_progress(progress)
@@ -299,10 +303,10 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         return _merged(last, job_id, self._method("MergeModel"), self.address)
 
     async def save_merged_model(
-        self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
+        self, job_id: str, directory: str | os.PathLike[str], *, dtype: str = "", timeout: float | None = None
     ) -> list[Path]:
         """`SchedulerClient.save_merged_model`."""
-        request = sc.DownloadMergedModelRequest(job_id=job_id)
+        request = sc.DownloadMergedModelRequest(job_id=job_id, dtype=dtype)
         return await _save_chunks(self.download_merged_model(request, timeout=timeout), directory)
 
     async def export(

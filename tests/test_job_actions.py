@@ -148,6 +148,34 @@ async def test_merge_download_and_compare_with_base_plus_adapter(stack: Stack, t
     await asyncio.to_thread(_compare_greedy, stack.base_path, out, perturbed, True)
 
 
+async def test_a_merge_in_another_dtype_is_a_checkpoint_of_its_own(stack: Stack, tmp_path: Path) -> None:
+    """MergeModel's dtype: bf16 writes a bf16 checkpoint beside the base-dtype one (its own folder and
+    record), a download names the dtype it wants, and a dtype not offered is refused naming those that are."""
+    import json
+
+    from safetensors import safe_open
+
+    job_id = stack.job.id
+    merged = await asyncio.to_thread(stack.client.merge, job_id, dtype="bf16")
+    assert Path(merged.path).name == f"job-{job_id}-v2-bf16"
+    again = await asyncio.to_thread(lambda: list(stack.client.merge_model(S.MergeModelRequest(job_id=job_id,
+                                                                                               dtype="bf16"))))
+    assert len(again) == 1 and again[0].path == merged.path  # answered from its record
+    paths = {Path(a.path).name for a in stack.store.artifacts(job_id, "merged")}
+    assert {f"job-{job_id}-v2", f"job-{job_id}-v2-bf16"} <= paths
+    for dtype, want in (("bf16", "bfloat16"), ("auto", "float32")):  # the tiny test model is float32
+        out = tmp_path / dtype
+        await asyncio.to_thread(lambda d=dtype, o=out: stack.client.save_merged_model(job_id, o, dtype=d))
+        config = json.loads((out / "config.json").read_text())
+        assert config.get("dtype", config.get("torch_dtype")) == want, config
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16" if dtype == "bf16" else "F32"}  # noqa: SIM118
+    with pytest.raises(RlvrError) as bad:
+        await asyncio.to_thread(stack.client.merge, job_id, dtype="int8")
+    assert _code(bad) == "INVALID_ARGUMENT"
+    assert bad.value.details.startswith("dtype: 'int8' is not a dtype to merge in; use 'auto', 'fp32', 'bf16', 'fp16'")
+
+
 def _perturb_adapter(src: Path, dest: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from rlvr.clients.views.jobs import human_size
+from rlvr.jobspec import MERGE_DTYPES
 
 if TYPE_CHECKING:
     from rlvr.v1 import common_pb2
@@ -86,7 +87,8 @@ def cmd_merge(args: argparse.Namespace, client, out: TextIO | None = None) -> in
     live = out.isatty()
     final = None
     last_stage = None
-    for progress in client.merge_model(S.MergeModelRequest(job_id=args.id)):
+    dtype = getattr(args, "dtype", "") or ""
+    for progress in client.merge_model(S.MergeModelRequest(job_id=args.id, dtype=dtype)):
         line = f"merging: {progress.stage or '...':<28} {progress.fraction:>4.0%}"
         if live:
             print("\r" + line, end="", file=out, flush=True)
@@ -103,7 +105,7 @@ def cmd_merge(args: argparse.Namespace, client, out: TextIO | None = None) -> in
     size = f" ({human_size(final.size_bytes)})" if final.size_bytes else ""
     print(f"merged model of job {args.id} at {final.path or '?'} on the server{size}", file=out)
     if args.output:
-        files = client.save_merged_model(args.id, args.output)
+        files = client.save_merged_model(args.id, args.output, dtype=dtype or "auto")
         total = sum(f.stat().st_size for f in files)
         print(f"downloaded {len(files)} file(s), {human_size(total)}, to {Path(args.output)}", file=out)
     return 0
@@ -253,6 +255,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "Hugging Face checkpoint under the artifact root), showing progress; with -o, "
                            "downloads the merged model into DIR.")
     merge.add_argument("-o", "--output", metavar="DIR", default=None, help="download the merged model into DIR")
+    merge.add_argument("--dtype", choices=MERGE_DTYPES, default="auto",
+                       help="the merged checkpoint's dtype: auto (default: the base model's), fp32, bf16 or fp16")
     export = sub.add_parser("export", help="export the per-step metrics as CSV or JSONL",
                             description="One row per step, columns named as in the metric event.")
     export.add_argument("--format", choices=EXPORT_FORMATS, default="csv", help="csv (default) or jsonl")

@@ -84,6 +84,7 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     MAX_STEPS_DEFAULT,
     MAX_STEPS_HIGH,
     MAX_TURNS,
+    MERGE_DTYPES,
     MIN_GAIN,
     MIN_GAIN_ALLOWED,
     MIN_P,
@@ -122,6 +123,7 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     RewardName,
     Sharding,
     clip_inactive,
+    merge_dtype,
     one_update_per_step,
 )
 from rlvr.jobspec.resolve import (  # noqa: F401

@@ -194,3 +194,18 @@ def clip_inactive(a: common_pb2.AdvancedOptions) -> bool:
     """Whether advanced.epsilon_high changes nothing for these options: a loss that bounds its ratio
     its own way (OWN_BOUNDS), or one optimizer step per batch (the ratio is 1)."""
     return LOSS_NAMES.get(a.loss_type, "") in OWN_BOUNDS or one_update_per_step(a)
+
+
+MERGE_DTYPES = PRECISIONS  # a merged checkpoint's dtype: "auto" (the base model's) or one of the precisions
+
+
+def merge_dtype(value: str, field: str = "dtype") -> str:
+    """A merge's dtype ("" is "auto"), or InvalidArgument naming the allowed values."""
+    from rlvr.common.errors import InvalidArgument
+
+    key = value or "auto"
+    if key not in MERGE_DTYPES:
+        raise InvalidArgument(f"{field}: {value!r} is not a dtype to merge in; use "
+                              f"{', '.join(repr(d) for d in MERGE_DTYPES)} (\"auto\", the default, keeps the "
+                              "base model's)")
+    return key

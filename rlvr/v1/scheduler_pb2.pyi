@@ -274,10 +274,12 @@ class DownloadAdapterRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class MergeModelRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "dtype")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    dtype: str
+    def __init__(self, job_id: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class MergeModelProgress(_message.Message):
     __slots__ = ("stage", "fraction", "done", "path", "size_bytes")
@@ -294,10 +296,12 @@ class MergeModelProgress(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., fraction: _Optional[float] = ..., done: _Optional[bool] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class DownloadMergedModelRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "dtype")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    dtype: str
+    def __init__(self, job_id: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class ExportHistoryRequest(_message.Message):
     __slots__ = ("job_id", "format")

@@ -120,14 +120,16 @@ class WorkerCapabilities(_message.Message):
     def __init__(self, device_kind: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., cpu_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., precisions: _Optional[_Iterable[str]] = ..., quantizations: _Optional[_Iterable[str]] = ..., vllm_colocate: _Optional[bool] = ..., max_num_processes: _Optional[int] = ..., cached_models: _Optional[_Iterable[str]] = ..., model_roots: _Optional[_Iterable[str]] = ..., hub_offline: _Optional[bool] = ...) -> None: ...
 
 class MergeAdapterRequest(_message.Message):
-    __slots__ = ("base_model", "adapter_path", "output_name")
+    __slots__ = ("base_model", "adapter_path", "output_name", "dtype")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_PATH_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     adapter_path: str
     output_name: str
-    def __init__(self, base_model: _Optional[str] = ..., adapter_path: _Optional[str] = ..., output_name: _Optional[str] = ...) -> None: ...
+    dtype: str
+    def __init__(self, base_model: _Optional[str] = ..., adapter_path: _Optional[str] = ..., output_name: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class MergeProgress(_message.Message):
     __slots__ = ("stage", "fraction", "done", "path", "size_bytes")

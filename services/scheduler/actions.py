@@ -31,6 +31,7 @@ from rlvr.adapters import ADAPTER_FILES
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
+from rlvr.jobspec import merge_dtype
 from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.dispatch import holder_of
@@ -74,9 +75,10 @@ class MergeWorkers(Protocol):
         ...
 
 
-def merged_name(row: JobRow) -> str:
-    """The merged checkpoint's folder name (a valid artifact name: ids are hex)."""
-    return f"job-{row.id}-v{row.adapter_version}"
+def merged_name(row: JobRow, dtype: str = "auto") -> str:
+    """The merged checkpoint's folder name (a valid artifact name: ids are hex), one per dtype asked
+    ("auto", the base model's own, has no suffix)."""
+    return f"job-{row.id}-v{row.adapter_version}" + ("" if dtype == "auto" else f"-{dtype}")
 
 
 async def _in_thread(chunks: Iterator[T]) -> AsyncIterator[T]:
@@ -220,12 +222,13 @@ class JobActions:
 
     # ------------------------------------------------------------------ Merge Model
 
-    async def merge(self, job_id: str) -> AsyncIterator[scheduler_pb2.MergeModelProgress]:
+    async def merge(self, job_id: str, dtype: str = "") -> AsyncIterator[scheduler_pb2.MergeModelProgress]:
+        dtype = merge_dtype(dtype)
         row = await self._row(job_id)
         folder = self._adapter_folder(row)
         lock = self._merge_locks.setdefault(job_id, asyncio.Lock())
         async with lock:
-            existing = await self._current_merge(row)
+            existing = await self._current_merge(row, dtype=dtype)
             if existing is not None:
                 yield _done(existing)
                 return
@@ -233,7 +236,8 @@ class JobActions:
             address = await self._pick_worker() if self._local(folder) else await self._holding_worker(row)
             yield scheduler_pb2.MergeModelProgress(stage="starting", fraction=0.0)
             request = trainer_pb2.MergeAdapterRequest(base_model=spec_from_json(row.spec_json).base_model,
-                                                      adapter_path=str(folder), output_name=merged_name(row))
+                                                      adapter_path=str(folder), output_name=merged_name(row, dtype),
+                                                      dtype=dtype)
             log.info("merging job %s on trainer %s as %s", job_id, address, request.output_name)
             try:
                 # Closed however this ends (done, or our client went away): the trainer stops its merge.
@@ -245,7 +249,7 @@ class JobActions:
                             return
                         yield scheduler_pb2.MergeModelProgress(stage=p.stage, fraction=p.fraction)
             except MergeOutputExists as e:
-                adopted = await self._adopt_existing(row)
+                adopted = await self._adopt_existing(row, dtype)
                 if adopted is None:
                     raise FailedPrecondition(f"trainer {address} refused the merge: {e}") from None
                 yield _done(adopted)
@@ -258,11 +262,15 @@ class JobActions:
                 raise RuntimeError(f"merge on trainer {address} failed: {e}") from None
             raise RuntimeError(f"trainer {address} ended the merge of job {job_id} without a result")
 
-    async def merged_chunks(self, job_id: str) -> AsyncIterator[common_pb2.FileChunk]:
+    async def merged_chunks(self, job_id: str, dtype: str = "") -> AsyncIterator[common_pb2.FileChunk]:
+        """The job's newest merge ("" dtype), or its current adapter's merge in `dtype`."""
+        asked = merge_dtype(dtype) if dtype else None
         row = await self._row(job_id)
-        artifact = await self._current_merge(row, any_version=True)
+        artifact = await self._current_merge(row, any_version=asked is None, dtype=asked or "auto")
         if artifact is None:
-            raise FailedPrecondition(f"job {job_id} has no merged model yet; run MergeModel first")
+            what = f"no merged model in {asked}" if asked else "no merged model"
+            raise FailedPrecondition(f"job {job_id} has {what} yet; run MergeModel first"
+                                     + (f" with dtype {asked!r}" if asked else ""))
         if not self._local(Path(artifact.path)):  # merged on the worker that holds the job's folders
             async for chunk in self._remote(row, artifact.path, 2, None, "merged model"):
                 yield chunk
@@ -297,15 +305,16 @@ class JobActions:
                               f"{row.id}, cannot be reached to run the merge")
         return address
 
-    async def _current_merge(self, row: JobRow, any_version: bool = False) -> ArtifactRow | None:
-        """The newest recorded merge of the job's current adapter (of any adapter when
-        `any_version`) whose folder still exists: on this disk, or (not here) on the worker that
+    async def _current_merge(self, row: JobRow, any_version: bool = False, dtype: str = "auto"
+                             ) -> ArtifactRow | None:
+        """The newest recorded merge of the job's current adapter in `dtype` (of any adapter and
+        dtype when `any_version`) whose folder still exists: on this disk, or (not here) on the worker that
         holds the job's folders, whose record is taken as it is (DownloadMergedModel says when that
         worker no longer has it)."""
         rows = await asyncio.to_thread(self.jobs.store.artifacts, row.id, "merged")
         for artifact in reversed(rows):
             path = Path(artifact.path)
-            if (any_version or path.name == merged_name(row)) and (
+            if (any_version or path.name == merged_name(row, dtype)) and (
                     self._local(path) or self._holder(row) is not None or self.store is not None):
                 return artifact
         return None
@@ -314,11 +323,11 @@ class JobActions:
         artifact = ArtifactRow(job_id=row.id, kind="merged", path=path, size_bytes=size_bytes)
         return await asyncio.to_thread(self.jobs.store.add_artifact, artifact)
 
-    async def _adopt_existing(self, row: JobRow) -> ArtifactRow | None:
+    async def _adopt_existing(self, row: JobRow, dtype: str = "auto") -> ArtifactRow | None:
         """The trainer refuses to overwrite a merged folder; one left by a merge whose end the
         scheduler never recorded (a restart) is complete (the trainer renames it into place) and
         is recorded now."""
-        folder = self.root / "merged" / merged_name(row)
+        folder = self.root / "merged" / merged_name(row, dtype)
         if not (folder / "config.json").is_file():
             return None
         size = await asyncio.to_thread(directory_size, folder)

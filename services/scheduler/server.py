@@ -110,11 +110,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             yield chunk
 
     async def MergeModel(self, request, context) -> AsyncIterator:  # noqa: N802
-        async for progress in self._actions().merge(request.job_id):
+        async for progress in self._actions().merge(request.job_id, request.dtype):
             yield progress
 
     async def DownloadMergedModel(self, request, context) -> AsyncIterator:  # noqa: N802
-        async for chunk in self._actions().merged_chunks(request.job_id):
+        async for chunk in self._actions().merged_chunks(request.job_id, request.dtype):
             yield chunk
 
     async def ExportHistory(self, request, context):  # noqa: N802

@@ -24,7 +24,7 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from rlvr.common.errors import InvalidArgument, NotFound, RlvrServiceError, bounded, map_errors, shown
-from rlvr.jobspec import MAX_PATH_CHARS
+from rlvr.jobspec import MAX_PATH_CHARS, merge_dtype
 from rlvr.objectstore import StoreError, store_key
 from rlvr.peers.base import in_thread
 from rlvr.services.common.prometheus import Metrics
@@ -93,11 +93,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise InvalidArgument(f"adapter_path: {shown(_relative(adapter, root))} is not a PEFT adapter folder "
                                   f"(missing {', '.join(missing)})")
         base_model = request.base_model or _adapter_base(adapter)
+        dtype = merge_dtype(request.dtype)
         output = root / "merged" / name
         if output.exists():
             raise AlreadyExists(f"output_name: {name!r} already exists among the merged models; pick another")
         output.parent.mkdir(parents=True, exist_ok=True)
-        async for progress in _run_merge(base_model, adapter, output):
+        async for progress in _run_merge(base_model, adapter, output, dtype):
             store = self.supervisor.store
             if progress.done and store is not None:  # in the store before it is announced
                 try:
@@ -161,10 +162,11 @@ def _adapter_base(adapter: Path) -> str:
     return str(base)
 
 
-async def _run_merge(base_model: str, adapter: Path, output: Path) -> AsyncIterator[trainer_pb2.MergeProgress]:
+async def _run_merge(base_model: str, adapter: Path, output: Path, dtype: str = "auto"
+                     ) -> AsyncIterator[trainer_pb2.MergeProgress]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rlvr.services.trainer.job.merge", "--base-model", base_model,
-        "--adapter", str(adapter), "--output", str(output),
+        "--adapter", str(adapter), "--output", str(output), "--dtype", dtype,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=None,
     )
     assert process.stdout is not None

@@ -16,26 +16,34 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from rlvr.jobspec import MERGE_DTYPES
+
 Progress = Callable[[str, float], None]
+
 
 
 def folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: Progress) -> int:
-    """Writes base + adapter merged to `output` (which must not exist); returns its size in bytes."""
+def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: Progress, dtype: str = "auto") -> int:
+    """Writes base + adapter merged to `output` (which must not exist), in `dtype` ("auto": the base
+    model's; "fp32", "bf16", "fp16": the base loaded in it, merged and written in it); returns its size
+    in bytes."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.services.trainer.job.policy import resolve_base_model
+    from rlvr.services.trainer.job.quantization import PRECISION_DTYPES
 
     progress("loading", 0.05)
     base_path = resolve_base_model(base_model)
     # The base's own dtype (its config's; float32 when it names none): the merged model is written as
     # the base was, a bf16 checkpoint as bf16 (peft merges the float32 LoRA product into it).
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")
+    # Asked for another: the base loaded in it, so the merge itself runs in the dtype written.
+    asked = getattr(torch, PRECISION_DTYPES[dtype]) if dtype != "auto" else "auto"
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=asked)
     if model.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # e.g. a dequantized GGUF's
         model = model.float()
     tokenizer = AutoTokenizer.from_pretrained(base_path)
@@ -61,13 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-model", required=True)
     parser.add_argument("--adapter", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--dtype", choices=MERGE_DTYPES, default="auto")
     args = parser.parse_args(argv)
 
     def progress(stage: str, fraction: float) -> None:
         print(json.dumps({"stage": stage, "fraction": fraction}), flush=True)
 
     try:
-        size = merge_adapter(args.base_model, args.adapter, args.output, progress)
+        size = merge_adapter(args.base_model, args.adapter, args.output, progress, args.dtype)
     except Exception as e:  # one line for the servicer; the trace to stderr (the worker's log)
         import traceback
 
