@@ -25,6 +25,7 @@ adapter is node 0's), so that its worker reports the part as ended rather than l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -34,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -60,7 +62,8 @@ from rlvr.v1 import common_pb2
 
 if TYPE_CHECKING:
     from rlvr.services.trainer.job.config import JobConfig
-    from rlvr.services.trainer.job.runner import JobResult
+    from rlvr.services.trainer.job.runner import JobDeps, JobResult
+    from rlvr.services.trainer.process.publisher import EventPublisher
 
 log = logging.getLogger("rlvr.trainer.job")
 
@@ -177,67 +180,99 @@ def _become_forked_rank(job_dir: Path, launcher_pid: int) -> None:
 
 
 def run(job_dir: Path, group: Group | None = None) -> int:
-    """Runs the job in this process: the whole job, or rank `group.rank` of it."""
+    """Runs the job in this process: the whole job, or rank `group.rank` of it. In order: a SIGTERM
+    cancels (`_cancel_on_signals`); the job's events go to NATS (`_start_publisher`, the job's speaker
+    only); its scorer, generator and progress files are set up (`_job_deps`) and the job runs
+    (runner.run_job); then the result is written and announced (`_finish_rank`, `_finish`)."""
+    from rlvr.services.trainer.job.runner import JobResult, one_line, run_job
+
     group = group or Group()
     settings = TrainerSettings.model_validate_json((job_dir / "settings.json").read_text())
     job = _read_job(job_dir)
-
-    cancel = threading.Event()
-
-    def stop(signum: int, _frame: object) -> None:
-        STOP_SIGNALS.append(signum)
-        cancel.set()
-
-    # SIGTERM = cancel: finish the step in flight, save, report CANCELLED (the worker SIGKILLs
-    # after its grace period if the step takes longer; the last step's adapter is on disk already).
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-
-    from rlvr.services.trainer.job.runner import JobDeps, JobResult, one_line, run_job
-    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
-
+    cancel = _cancel_on_signals()
     publisher = None
     result: JobResult
     if group.is_node_main:  # the process that writes this node's result.json: its room, before the disk fills
         artifacts.reserve(job_dir / "result.json")
     try:
         if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
-            from rlvr.services.trainer.process.publisher import EventPublisher
-
-            nats_url, nats_ca = settings.nats_connection()
-            publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
-                                       outage_s=settings.nats_outage_seconds,
-                                       setting=setting_label(settings, "nats_outage_seconds"))
-            publisher.start()
-            running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
-            resumed = _resume_step(job)
-            if resumed is None:
-                publisher.publish_status(running)
-            else:  # a status of its own (not the first run's RUNNING, which the stream would drop)
-                running.message = (f"resuming from step {resumed} on {settings.worker_name}" if resumed
-                                   else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
-                running.current_step = resumed
-                publisher.publish_again(running, f"resume-{time.time_ns()}")
+            publisher = _start_publisher(job, settings)
         _set_threads(settings.torch_threads, group.world)
-        notices = itertools.count(1)
+        with _job_deps(job, job_dir, settings, group, cancel, publisher) as deps:
+            result = run_job(job, deps)
+    except Exception as e:  # set-up failed before the job could run (bad request, NATS down)
+        log.exception("job set-up failed")
+        result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
+    if not group.is_main:
+        return _finish_rank(result, job, job_dir, group)
+    return _finish(result, job, job_dir, group, publisher)
 
-        def on_wait(message: str) -> None:  # a peer the job waits for: the job's status says so
-            if publisher is not None:
-                publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
-                                        f"notice:{next(notices)}")
 
-        score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight,
-                                       job.reward_terms, job.accuracy_key)
-        problems = None
-        if settings.scorer == "local":
-            scorer: LocalScorer | ServiceScorer = LocalScorer(score_settings)
-        else:
-            scorer = ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings),
-                                   wait_s=settings.reward_wait_seconds, on_wait=on_wait)
-            problems = ServiceProblems(settings.reward_address, auth=peer_auth(settings))
-            if group.is_main:
-                scorer.check()  # the job's rewards can score now: a remote reward is reachable
-        generator = None
+def _cancel_on_signals() -> threading.Event:
+    """SIGTERM (and SIGINT) = cancel: finish the step in flight, save, report CANCELLED (the worker
+    SIGKILLs after its grace period if the step takes longer; the last step's adapter is on disk)."""
+    cancel = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        STOP_SIGNALS.append(signum)
+        cancel.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return cancel
+
+
+def _start_publisher(job: JobConfig, settings: TrainerSettings) -> EventPublisher:
+    """The job's events to NATS, started with its RUNNING status (a resume's a status of its own:
+    not the first run's RUNNING, which the stream would drop as a duplicate)."""
+    from rlvr.services.trainer.process.publisher import EventPublisher
+
+    nats_url, nats_ca = settings.nats_connection()
+    publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
+                               outage_s=settings.nats_outage_seconds,
+                               setting=setting_label(settings, "nats_outage_seconds"))
+    publisher.start()
+    running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
+    resumed = _resume_step(job)
+    if resumed is None:
+        publisher.publish_status(running)
+    else:
+        running.message = (f"resuming from step {resumed} on {settings.worker_name}" if resumed
+                           else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
+        running.current_step = resumed
+        publisher.publish_again(running, f"resume-{time.time_ns()}")
+    return publisher
+
+
+@contextlib.contextmanager
+def _job_deps(job: JobConfig, job_dir: Path, settings: TrainerSettings, group: Group, cancel: threading.Event,
+              publisher: EventPublisher | None) -> Iterator[JobDeps]:
+    """What run_job is given in a job process: the reward service's scorer (or this process's), the
+    rollout service's generator, the progress file and the metric events; the scorer and the
+    generator are closed when the job ends."""
+    from rlvr.services.trainer.job.runner import JobDeps
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings, ServiceProblems, ServiceScorer
+
+    notices = itertools.count(1)
+
+    def on_wait(message: str) -> None:  # a peer the job waits for: the job's status says so
+        if publisher is not None:
+            publisher.publish_again(status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, message),
+                                    f"notice:{next(notices)}")
+
+    score_settings = ScoreSettings(job.reward_function, job.format_bonus, job.format_bonus_weight,
+                                   job.reward_terms, job.accuracy_key)
+    problems = None
+    if settings.scorer == "local":
+        scorer: LocalScorer | ServiceScorer = LocalScorer(score_settings)
+    else:
+        scorer = ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings),
+                               wait_s=settings.reward_wait_seconds, on_wait=on_wait)
+        problems = ServiceProblems(settings.reward_address, auth=peer_auth(settings))
+        if group.is_main:
+            scorer.check()  # the job's rewards can score now: a remote reward is reachable
+    generator = None
+    try:
         if job.generation_backend == "vllm":
             from rlvr.services.trainer.job.replicas import rollout_generator
 
@@ -265,30 +300,32 @@ def run(job_dir: Path, group: Group | None = None) -> int:
             progress.update(step=step, total_steps=total)
             artifacts.write_json_atomic(job_dir / "progress.json", progress)
 
-        deps = JobDeps(scorer=scorer, problems=problems, publish=publish,
-                       publish_samples=publisher.publish_samples if publisher else (lambda _e: None),
-                       cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
-                       colocate_enforce_eager=settings.colocate_enforce_eager, group=group, space=space)
-        try:
-            result = run_job(job, deps)
-        finally:
-            scorer.close()
-            if generator is not None:
-                generator.close()
-    except Exception as e:  # set-up failed before the job could run (bad request, NATS down)
-        log.exception("job set-up failed")
-        result = JobResult(job_id=job.job_id, status="failed", error=one_line(e))
-    if not group.is_main:
-        log.info("job %s, rank %d: %s %s", result.job_id, group.rank, result.status, result.error)
-        if job.num_nodes > 1 and result.status == "failed" and peer_lost(result.error):
-            result.error = peer_lost_error(result.error)  # a consequence: the scheduler names the lost node
-        if group.node > 0 and group.is_node_main:  # this node's part: its worker's record (no adapter)
-            part = {**result.to_json(), "adapter_version": 0, "adapter_path": ""}
-            artifacts.write_json_atomic(job_dir / "result.json", part)
-        if result.status != "failed":
-            return 0
-        artifacts.write_json_atomic(job_dir / f"result-rank{group.rank}.json", result.to_json())
-        return 1  # torchrun then stops the other ranks rather than leaving them waiting for this one
+        yield JobDeps(scorer=scorer, problems=problems, publish=publish,
+                      publish_samples=publisher.publish_samples if publisher else (lambda _e: None),
+                      cancel=cancel, generator=generator, on_step=on_step if group.is_main else None,
+                      colocate_enforce_eager=settings.colocate_enforce_eager, group=group, space=space)
+    finally:
+        scorer.close()
+        if generator is not None:
+            generator.close()
+
+
+def _finish_rank(result: JobResult, job: JobConfig, job_dir: Path, group: Group) -> int:
+    """A rank other than the job's speaker: its part's record, and a failure's exit code."""
+    log.info("job %s, rank %d: %s %s", result.job_id, group.rank, result.status, result.error)
+    if job.num_nodes > 1 and result.status == "failed" and peer_lost(result.error):
+        result.error = peer_lost_error(result.error)  # a consequence: the scheduler names the lost node
+    if group.node > 0 and group.is_node_main:  # this node's part: its worker's record (no adapter)
+        part = {**result.to_json(), "adapter_version": 0, "adapter_path": ""}
+        artifacts.write_json_atomic(job_dir / "result.json", part)
+    if result.status != "failed":
+        return 0
+    artifacts.write_json_atomic(job_dir / f"result-rank{group.rank}.json", result.to_json())
+    return 1  # torchrun then stops the other ranks rather than leaving them waiting for this one
+
+
+def _finish(result: JobResult, job: JobConfig, job_dir: Path, group: Group, publisher: EventPublisher | None) -> int:
+    """The job's speaker: the job's result.json and its final status event."""
     settle_ranks(result, job_dir, group.world)
     if job.num_nodes > 1 and result.status == "failed" and peer_lost(result.error):
         # Another node's part is gone: not this job's failure. No result and no final status, so
