@@ -31,8 +31,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import grpc
-
 from rlvr.clients.connection import (
     ClientSettings,
     dialable,
@@ -41,6 +39,7 @@ from rlvr.clients.connection import (
     stack_home,
     stack_user_token,
 )
+from rlvr.clients.sdk_files import export_format, merged_result, save_chunks, write_file, write_loop
 from rlvr.peers.base import (
     AsyncServiceClient,
     AsyncStream,
@@ -188,7 +187,7 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
             if on_progress is not None:
                 on_progress(progress)
             last = progress
-        return _merged(last, job_id, self._method("MergeModel"), self.address)
+        return merged_result(last, job_id, self._method("MergeModel"), self.address)
 
     def save_merged_model(
         self, job_id: str, directory: str | os.PathLike[str], *, dtype: str = "", timeout: float | None = None
@@ -214,7 +213,7 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         Returns the file written."""
         request = sc.ExportHistoryRequest(job_id=job_id, format=export_format(fmt))
         response = self.export_history(request, timeout=timeout)
-        return _write(path, response.filename, response.content)
+        return write_file(path, response.filename, response.content)
 
     def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> Iterator[sc.Loop]:
         """The loop now, then again at every change (status, a round's progress or score); the
@@ -242,7 +241,7 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
         `loop-<id>-rounds.<csv|jsonl>` into (default: the current folder). Written here from
         GetLoop; returns the file written."""
         loop = self.get_loop(sc.GetLoopRequest(id=loop_id), timeout=timeout)
-        return _write_loop(loop, loop_id, fmt, path)
+        return write_loop(loop, loop_id, fmt, path)
 
 
 class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
@@ -280,7 +279,7 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         self, job_id: str, directory: str | os.PathLike[str], *, timeout: float | None = None
     ) -> list[Path]:
         """`SchedulerClient.save_adapter`."""
-        return await _save_chunks(self.download_adapter(sc.DownloadAdapterRequest(job_id=job_id), timeout=timeout),
+        return await save_chunks(self.download_adapter(sc.DownloadAdapterRequest(job_id=job_id), timeout=timeout),
                                   directory)
 
     async def merge(
@@ -300,14 +299,14 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
                     if seen is not None:
                         await seen
                 last = progress
-        return _merged(last, job_id, self._method("MergeModel"), self.address)
+        return merged_result(last, job_id, self._method("MergeModel"), self.address)
 
     async def save_merged_model(
         self, job_id: str, directory: str | os.PathLike[str], *, dtype: str = "", timeout: float | None = None
     ) -> list[Path]:
         """`SchedulerClient.save_merged_model`."""
         request = sc.DownloadMergedModelRequest(job_id=job_id, dtype=dtype)
-        return await _save_chunks(self.download_merged_model(request, timeout=timeout), directory)
+        return await save_chunks(self.download_merged_model(request, timeout=timeout), directory)
 
     async def export(
         self,
@@ -320,7 +319,7 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
         """`SchedulerClient.export`."""
         request = sc.ExportHistoryRequest(job_id=job_id, format=export_format(fmt))
         response = await self.export_history(request, timeout=timeout)
-        return await asyncio.to_thread(_write, path, response.filename, response.content)
+        return await asyncio.to_thread(write_file, path, response.filename, response.content)
 
     async def watch_loop_updates(self, loop_id: str, *, timeout: float | None = None) -> AsyncIterator[sc.Loop]:
         """`SchedulerClient.watch_loop_updates`: ends after the first Loop with a final status."""
@@ -342,69 +341,7 @@ class AsyncSchedulerClient(SchedulerRpcs, AsyncServiceClient):
     ) -> Path:
         """`SchedulerClient.export_loop`."""
         loop = await self.get_loop(sc.GetLoopRequest(id=loop_id), timeout=timeout)
-        return await asyncio.to_thread(_write_loop, loop, loop_id, fmt, path)
-
-
-def _merged(last: sc.MergeModelProgress | None, job_id: str, method: str, address: str) -> sc.MergeModelProgress:
-    if last is None or not last.done:
-        raise RlvrError(grpc.StatusCode.INTERNAL, f"the merge of job {job_id} ended without a result", method,
-                        address)
-    return last
-
-
-def _write(path: str | os.PathLike[str] | None, name: str, content: bytes | str) -> Path:
-    """Writes `content` to `path`, or into it as `name` when it is a folder (default: the current
-    folder); returns the file written."""
-    target = Path(path) if path is not None else Path.cwd()
-    if target.is_dir():
-        target = target / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, str):
-        target.write_text(content, encoding="utf-8")
-    else:
-        target.write_bytes(content)
-    return target
-
-
-def _write_loop(loop: sc.Loop, loop_id: str, fmt: str | int, path: str | os.PathLike[str] | None) -> Path:
-    from rlvr.clients.views.loops import export_text
-
-    ext = "jsonl" if export_format(fmt) == sc.EXPORT_FORMAT_JSONL else "csv"
-    return _write(path, f"loop-{loop.id or loop_id}-rounds.{ext}", export_text(loop, ext))
-
-
-async def _save_chunks(stream: AsyncStream[cm.FileChunk], directory: str | os.PathLike[str]) -> list[Path]:
-    """`save_file_chunks` over an async stream: a worker thread writes the files, pulling each
-    chunk from the event loop as it needs it (no chunk waits in memory, no write blocks the loop)."""
-    loop = asyncio.get_running_loop()
-    done = cm.FileChunk()
-
-    async def pull() -> cm.FileChunk:
-        try:
-            return await stream.__anext__()
-        except StopAsyncIteration:
-            return done
-
-    def chunks() -> Iterator[cm.FileChunk]:
-        while (chunk := asyncio.run_coroutine_threadsafe(pull(), loop).result()) is not done:
-            yield chunk
-
-    try:
-        return await asyncio.to_thread(save_file_chunks, chunks(), directory)
-    finally:
-        stream.cancel()
-
-
-def export_format(fmt: str | int) -> int:
-    """An ExportFormat value from "csv" / "jsonl" (any case) or the value itself."""
-    if isinstance(fmt, int):
-        if fmt not in sc.ExportFormat.values():
-            raise ValueError(f"fmt: {fmt!r} is not an ExportFormat; allowed: {list(sc.ExportFormat.values())}")
-        return fmt
-    name = f"EXPORT_FORMAT_{fmt.strip().upper().removeprefix('EXPORT_FORMAT_')}"
-    if name not in sc.ExportFormat.DESCRIPTOR.values_by_name or name == "EXPORT_FORMAT_UNSPECIFIED":
-        raise ValueError(f"fmt: {fmt!r} is not an export format; allowed: csv, jsonl")
-    return sc.ExportFormat.Value(name)
+        return await asyncio.to_thread(write_loop, loop, loop_id, fmt, path)
 
 
 CLIENT_CLASSES: dict[str, type[ServiceClient]] = {
