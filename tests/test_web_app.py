@@ -494,6 +494,17 @@ def test_merge_model_streams_its_progress(client: TestClient, sdk: FakeSdk) -> N
     assert progress[-1]["path"] == "/srv/merged/x" and progress[-1]["size"] == "2.0 KiB"
     page = client.post("/jobs/job0001/merge", data={"csrf_token": t})  # without JavaScript: waits, then says
     assert page.status_code == 200 and "/srv/merged/x" in page.text and "/jobs/job0001/merged.zip" in page.text
+    # The dtype chosen in the form reaches MergeModel, both ways, and the download asks for that merge.
+    assert 'name="dtype"' in client.get("/jobs/job0001").text
+    with client.stream("POST", "/jobs/job0001/merge", data={"csrf_token": t, "dtype": "bf16"},
+                       headers={"accept": "text/event-stream"}) as resp:
+        sse(resp)
+    page = client.post("/jobs/job0001/merge", data={"csrf_token": t, "dtype": "fp16"})
+    assert "/jobs/job0001/merged.zip?dtype=fp16" in page.text
+    assert client.get("/jobs/job0001/merged.zip?dtype=fp16").status_code == 200
+    calls = sdk.scheduler.calls
+    assert "MergeModel job0001 bf16" in calls and "MergeModel job0001 fp16" in calls
+    assert "DownloadMergedModel job0001 fp16" in calls
 
 
 def test_a_finished_job_has_a_delete_button_that_needs_its_box_ticked(client: TestClient, sdk: FakeSdk) -> None:

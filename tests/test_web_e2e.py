@@ -249,10 +249,12 @@ def test_job_actions_download_export_merge(pages: Pages, tmp_path: Path) -> None
         page.click("a[href$='/history.jsonl']")
     lines = Path(download.value.path()).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+    page.select_option("form[data-merge] select[name=dtype]", "bf16")
     page.click("form[data-merge] button")
     page.wait_for_selector(".merge-progress[data-done='true']", timeout=180_000)
-    assert page.inner_text(".merge-progress [role=status]").startswith("merged: ")
-    assert page.is_visible(f"a[href='/jobs/{job_id}/merged.zip']")
+    status = page.inner_text(".merge-progress [role=status]")
+    assert status.startswith("merged: ") and status.split(" (")[0].endswith("-bf16"), status
+    assert page.is_visible(f"a[href='/jobs/{job_id}/merged.zip?dtype=bf16']")
 
 
 def test_start_an_automated_loop_and_read_its_page(pages: Pages) -> None:

@@ -157,16 +157,17 @@ class FakeScheduler:
         yield C.FileChunk(path="adapter_model.safetensors", offset=1000, data=b"y" * 1000, file_size=2000, last=True)
 
     def download_merged_model(self, request: S.DownloadMergedModelRequest, **_: object) -> Iterator[C.FileChunk]:
+        self.calls.append(f"DownloadMergedModel {request.job_id}" + (f" {request.dtype}" if request.dtype else ""))
         yield C.FileChunk(path="config.json", data=b"{}", file_size=2, last=True)
 
     def merge_model(self, request: S.MergeModelRequest, **_: object) -> Iterator[S.MergeModelProgress]:
-        self.calls.append(f"MergeModel {request.job_id}")
+        self.calls.append(f"MergeModel {request.job_id}" + (f" {request.dtype}" if request.dtype else ""))
         yield S.MergeModelProgress(stage="loading", fraction=0.2)
         yield S.MergeModelProgress(stage="merging", fraction=0.6)
         yield S.MergeModelProgress(stage="done", fraction=1.0, done=True, path="/srv/merged/x", size_bytes=2048)
 
-    def merge(self, job_id: str, **_: object) -> S.MergeModelProgress:
-        return list(self.merge_model(S.MergeModelRequest(job_id=job_id)))[-1]
+    def merge(self, job_id: str, dtype: str = "", **_: object) -> S.MergeModelProgress:
+        return list(self.merge_model(S.MergeModelRequest(job_id=job_id, dtype=dtype)))[-1]
 
     def export_history(self, request: S.ExportHistoryRequest, **_: object) -> S.ExportHistoryResponse:
         self.get_job(S.GetJobRequest(id=request.job_id))

@@ -137,8 +137,9 @@ def routes(console: Console) -> list[Route]:
                     "adapter")
 
     def merged_zip(request: Request) -> Response:
+        dtype = request.query_params.get("dtype", "")  # "": the job's newest merge
         return _zip(request, lambda job_id: scheduler.download_merged_model(
-            S.DownloadMergedModelRequest(job_id=job_id)), "merged")
+            S.DownloadMergedModelRequest(job_id=job_id, dtype=dtype)), "merged")
 
     def export(request: Request) -> Response:
         job_id, fmt = request.path_params["job_id"], request.path_params["fmt"]
@@ -151,17 +152,17 @@ def routes(console: Console) -> list[Route]:
                         headers={"content-disposition": f'attachment; filename="{name}"'})
 
     async def merge(request: Request) -> Response:
-        await console.form(request)
+        dtype = (await console.form(request)).get("dtype", "")  # "" or "auto": the base model's
         job_id = request.path_params["job_id"]
         if "text/event-stream" in request.headers.get("accept", ""):
-            return EventSourceResponse(_merge_events(job_id))
-        last = await run_in_threadpool(scheduler.merge, job_id)
-        return console.page(request, "merged.html", {"job_id": job_id, "progress": last,
+            return EventSourceResponse(_merge_events(job_id, dtype))
+        last = await run_in_threadpool(lambda: scheduler.merge(job_id, dtype=dtype))
+        return console.page(request, "merged.html", {"job_id": job_id, "progress": last, "dtype": dtype or "auto",
                                                      "size": views.human_size(last.size_bytes)}, active="jobs")
 
-    async def _merge_events(job_id: str) -> AsyncIterator[dict[str, str]]:
+    async def _merge_events(job_id: str, dtype: str) -> AsyncIterator[dict[str, str]]:
         stream = live.StreamThread(console.stream_client(),
-                                   lambda c: c.merge_model(S.MergeModelRequest(job_id=job_id)))
+                                   lambda c: c.merge_model(S.MergeModelRequest(job_id=job_id, dtype=dtype)))
         try:
             while True:
                 items, ended = await stream.next_batch(None)

@@ -183,7 +183,8 @@ async function merge(form) {
         status.textContent = p.done ? `merged: ${p.path}${p.size ? " (" + p.size + ")" : ""}` : `${p.stage || "merging"} ${Math.round(p.fraction * 100)}%`;
         if (p.done) {
           const link = document.createElement("a");
-          link.href = new URL(form.action).pathname.replace(/\/merge$/, "/merged.zip");
+          const dtype = (form.querySelector("select[name=dtype]") || {}).value || "auto";
+          link.href = new URL(form.action).pathname.replace(/\/merge$/, "/merged.zip") + "?dtype=" + encodeURIComponent(dtype);
           link.className = "button";
           link.textContent = "Download merged model";
           link.setAttribute("download", "");
