@@ -111,7 +111,7 @@ class Event(NamedTuple):
 Handler = Callable[[Event], Awaitable[None]]
 
 
-# ---------------------------------------------------------------------- subjects
+# ---------------------------------------------------------------------- tasks and messages
 
 
 async def cancel_and_wait(task: asyncio.Task[object], poll_s: float = 1.0) -> None:
