@@ -194,7 +194,8 @@ class SchedulerClient(SchedulerRpcs, ServiceClient):
     ) -> list[Path]:
         """Downloads the job's merged model (run `merge` first) into `directory`, a Hugging Face
         checkpoint that `AutoModelForCausalLM.from_pretrained` loads; returns the files written.
-        `dtype` "": the newest merge; else the current adapter's merge in that dtype."""
+        `dtype` "": the merge in the base model's dtype (else the newest); else the current adapter's
+        merge in that dtype."""
         return save_file_chunks(
             self.download_merged_model(sc.DownloadMergedModelRequest(job_id=job_id, dtype=dtype), timeout=timeout),
             directory,

@@ -163,8 +163,9 @@ async def test_a_merge_in_another_dtype_is_a_checkpoint_of_its_own(stack: Stack,
     assert len(again) == 1 and again[0].path == merged.path  # answered from its record
     paths = {Path(a.path).name for a in stack.store.artifacts(job_id, "merged")}
     assert {f"job-{job_id}-v2", f"job-{job_id}-v2-bf16"} <= paths
-    for dtype, want in (("bf16", "bfloat16"), ("auto", "float32")):  # the tiny test model is float32
-        out = tmp_path / dtype
+    # "" (what a client that names no dtype sends): the base-dtype merge, though the bf16 one is newer.
+    for dtype, want in (("bf16", "bfloat16"), ("auto", "float32"), ("", "float32")):  # the test model is float32
+        out = tmp_path / (dtype or "unnamed")
         await asyncio.to_thread(lambda d=dtype, o=out: stack.client.save_merged_model(job_id, o, dtype=d))
         config = json.loads((out / "config.json").read_text())
         assert config.get("dtype", config.get("torch_dtype")) == want, config

@@ -31,7 +31,7 @@ from rlvr.adapters import ADAPTER_FILES
 from rlvr.common import paths
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rlvr.infra.schema import ArtifactRow, JobRow
-from rlvr.jobspec import merge_dtype
+from rlvr.jobspec import MERGE_DTYPES, merge_dtype
 from rlvr.objectstore import ObjectStore, StoreError
 from rlvr.services.scheduler.convert import spec_from_json
 from rlvr.services.scheduler.dispatch import holder_of
@@ -263,7 +263,8 @@ class JobActions:
             raise RuntimeError(f"trainer {address} ended the merge of job {job_id} without a result")
 
     async def merged_chunks(self, job_id: str, dtype: str = "") -> AsyncIterator[common_pb2.FileChunk]:
-        """The job's newest merge ("" dtype), or its current adapter's merge in `dtype`."""
+        """The job's newest merge in its base model's dtype, else its newest in any ("" dtype), or its
+        current adapter's merge in `dtype`."""
         asked = merge_dtype(dtype) if dtype else None
         row = await self._row(job_id)
         artifact = await self._current_merge(row, any_version=asked is None, dtype=asked or "auto")
@@ -312,12 +313,12 @@ class JobActions:
         holds the job's folders, whose record is taken as it is (DownloadMergedModel says when that
         worker no longer has it)."""
         rows = await asyncio.to_thread(self.jobs.store.artifacts, row.id, "merged")
-        for artifact in reversed(rows):
-            path = Path(artifact.path)
-            if (any_version or path.name == merged_name(row, dtype)) and (
-                    self._local(path) or self._holder(row) is not None or self.store is not None):
-                return artifact
-        return None
+        usable = [a for a in reversed(rows) if self._local(Path(a.path)) or self._holder(row) is not None
+                  or self.store is not None]
+        if any_version:  # the base model's dtype first (what a merge without a dtype makes), else any
+            own = [a for a in usable if not Path(a.path).name.endswith(tuple(f"-{d}" for d in MERGE_DTYPES))]
+            return (own or usable or [None])[0]
+        return next((a for a in usable if Path(a.path).name == merged_name(row, dtype)), None)
 
     async def _record(self, row: JobRow, path: str, size_bytes: int) -> ArtifactRow:
         artifact = ArtifactRow(job_id=row.id, kind="merged", path=path, size_bytes=size_bytes)

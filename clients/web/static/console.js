@@ -154,6 +154,7 @@ async function merge(form) {
   const box = form.parentElement.querySelector(".merge-progress");
   const bar = box.querySelector("progress"), status = box.querySelector("[role=status]");
   const button = form.querySelector("button");
+  const dtype = (form.querySelector("select[name=dtype]") || {}).value || "auto";  // as sent, whatever changes after
   box.hidden = false;
   button.disabled = true;
   status.textContent = "starting…";
@@ -183,7 +184,6 @@ async function merge(form) {
         status.textContent = p.done ? `merged: ${p.path}${p.size ? " (" + p.size + ")" : ""}` : `${p.stage || "merging"} ${Math.round(p.fraction * 100)}%`;
         if (p.done) {
           const link = document.createElement("a");
-          const dtype = (form.querySelector("select[name=dtype]") || {}).value || "auto";
           link.href = new URL(form.action).pathname.replace(/\/merge$/, "/merged.zip") + "?dtype=" + encodeURIComponent(dtype);
           link.className = "button";
           link.textContent = "Download merged model";

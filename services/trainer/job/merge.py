@@ -21,7 +21,6 @@ from rlvr.jobspec import MERGE_DTYPES
 Progress = Callable[[str, float], None]
 
 
-
 def folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 

@@ -181,8 +181,8 @@ def _become_forked_rank(job_dir: Path, launcher_pid: int) -> None:
 
 def run(job_dir: Path, group: Group | None = None) -> int:
     """Runs the job in this process: the whole job, or rank `group.rank` of it. In order: a SIGTERM
-    cancels (`_cancel_on_signals`); the job's events go to NATS (`_start_publisher`, the job's speaker
-    only); its scorer, generator and progress files are set up (`_job_deps`) and the job runs
+    cancels (`_cancel_on_signals`); the job's events go to NATS (`_publisher`, `_announce_start`: the
+    job's speaker only); its scorer, generator and progress files are set up (`_job_deps`) and the job runs
     (runner.run_job); then the result is written and announced (`_finish_rank`, `_finish`)."""
     from rlvr.services.trainer.job.runner import JobResult, one_line, run_job
 
@@ -196,7 +196,9 @@ def run(job_dir: Path, group: Group | None = None) -> int:
         artifacts.reserve(job_dir / "result.json")
     try:
         if group.is_main and (settings.nats_url or settings.nats_url_file is not None):
-            publisher = _start_publisher(job, settings)
+            publisher = _publisher(job, settings)  # before it starts: a failure from here on is reported on it
+            publisher.start()
+            _announce_start(publisher, job, settings)
         _set_threads(settings.torch_threads, group.world)
         with _job_deps(job, job_dir, settings, group, cancel, publisher) as deps:
             result = run_job(job, deps)
@@ -222,16 +224,18 @@ def _cancel_on_signals() -> threading.Event:
     return cancel
 
 
-def _start_publisher(job: JobConfig, settings: TrainerSettings) -> EventPublisher:
-    """The job's events to NATS, started with its RUNNING status (a resume's a status of its own:
-    not the first run's RUNNING, which the stream would drop as a duplicate)."""
+def _publisher(job: JobConfig, settings: TrainerSettings) -> EventPublisher:
+    """The job's events to NATS (not started)."""
     from rlvr.services.trainer.process.publisher import EventPublisher
 
     nats_url, nats_ca = settings.nats_connection()
-    publisher = EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
-                               outage_s=settings.nats_outage_seconds,
-                               setting=setting_label(settings, "nats_outage_seconds"))
-    publisher.start()
+    return EventPublisher(nats_url, name=f"rlvr-trainer-{job.job_id}", ca_file=nats_ca,
+                          outage_s=settings.nats_outage_seconds, setting=setting_label(settings, "nats_outage_seconds"))
+
+
+def _announce_start(publisher: EventPublisher, job: JobConfig, settings: TrainerSettings) -> None:
+    """The job's RUNNING status (a resume's is a status of its own: not the first run's RUNNING,
+    which the stream would drop as a duplicate)."""
     running = status_event(job.job_id, common_pb2.JOB_STATUS_RUNNING, f"running on {settings.worker_name}")
     resumed = _resume_step(job)
     if resumed is None:
@@ -241,7 +245,6 @@ def _start_publisher(job: JobConfig, settings: TrainerSettings) -> EventPublishe
                            else f"starting again from step 0 on {settings.worker_name} (no checkpoint)")
         running.current_step = resumed
         publisher.publish_again(running, f"resume-{time.time_ns()}")
-    return publisher
 
 
 @contextlib.contextmanager
@@ -269,10 +272,10 @@ def _job_deps(job: JobConfig, job_dir: Path, settings: TrainerSettings, group: G
         scorer = ServiceScorer(settings.reward_address, score_settings, auth=peer_auth(settings),
                                wait_s=settings.reward_wait_seconds, on_wait=on_wait)
         problems = ServiceProblems(settings.reward_address, auth=peer_auth(settings))
-        if group.is_main:
-            scorer.check()  # the job's rewards can score now: a remote reward is reachable
     generator = None
     try:
+        if group.is_main and isinstance(scorer, ServiceScorer):
+            scorer.check()  # the job's rewards can score now: a remote reward is reachable
         if job.generation_backend == "vllm":
             from rlvr.services.trainer.job.replicas import rollout_generator
 
