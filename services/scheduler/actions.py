@@ -317,7 +317,7 @@ class JobActions:
                   or self.store is not None]
         if any_version:  # the base model's dtype first (what a merge without a dtype makes), else any
             own = [a for a in usable if not Path(a.path).name.endswith(tuple(f"-{d}" for d in MERGE_DTYPES))]
-            return (own or usable or [None])[0]
+            return own[0] if own else usable[0] if usable else None
         return next((a for a in usable if Path(a.path).name == merged_name(row, dtype)), None)
 
     async def _record(self, row: JobRow, path: str, size_bytes: int) -> ArtifactRow:
