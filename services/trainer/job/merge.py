@@ -34,14 +34,14 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.services.trainer.job.policy import resolve_base_model
-    from rlvr.services.trainer.job.quantization import PRECISION_DTYPES
+    from rlvr.services.trainer.job.quantization import torch_dtype
 
     progress("loading", 0.05)
     base_path = resolve_base_model(base_model)
     # The base's own dtype (its config's; float32 when it names none): the merged model is written as
     # the base was, a bf16 checkpoint as bf16 (peft merges the float32 LoRA product into it).
     # Asked for another: the base loaded in it, so the merge itself runs in the dtype written.
-    asked = getattr(torch, PRECISION_DTYPES[dtype]) if dtype != "auto" else "auto"
+    asked = torch_dtype(dtype) if dtype != "auto" else "auto"
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=asked)
     if model.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # e.g. a dequantized GGUF's
         model = model.float()
