@@ -12,15 +12,16 @@ from rlvr import jobspec
 
 PROTO = Path(__file__).resolve().parent.parent / "protos" / "rlvr" / "v1" / "common.proto"
 
-# field -> its range and default: every row of rlvr/jobspec/fields.py's table that has a range
-RANGED = {row.name: row.range for row in jobspec.SPEC_FIELDS if row.range is not None and row.name != "seed"}
+# path -> its range and default: every row of rlvr/jobspec/fields.py's table that has a range
+RANGED = {row.path: row.range for row in jobspec.SPEC_FIELDS if row.range is not None and row.name != "seed"}
 DOC = PROTO.parents[3] / "docs" / "spec-fields.md"
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
-SPEC_MESSAGES = ("RewardConfig", "GrpoConfig", "AdvancedOptions")
+# The spec's cards' messages -> the JobSpec path of their fields
+SPEC_MESSAGES = {"RewardConfig": "reward", "GrpoConfig": "grpo", "SftConfig": "sft", "AdvancedOptions": "advanced"}
 
 
 def field_comments() -> dict[str, str]:
-    """Each field of the spec's three cards -> the comment lines right above it, joined."""
+    """Each field of the spec's cards, by path ("grpo.batch_size") -> the comment lines right above it, joined."""
     comments: dict[str, str] = {}
     pending: list[str] = []
     message = ""
@@ -35,7 +36,7 @@ def field_comments() -> dict[str, str]:
             continue
         match = re.match(r"(?:optional )?\w+ (\w+) = \d+;", stripped)
         if match:
-            comments[match.group(1)] = " ".join(pending)
+            comments[f"{SPEC_MESSAGES[message]}.{match.group(1)}"] = " ".join(pending)
         pending = []
     return comments
 
@@ -53,14 +54,18 @@ def test_range_and_default_in_the_proto_match_the_spec_module(field: str) -> Non
 
 def test_the_other_stated_defaults_match() -> None:
     comments = field_comments()
-    assert f"Default {jobspec.MAX_STEPS_DEFAULT}." in comments["max_steps"]
+    assert f"Default {jobspec.MAX_STEPS_DEFAULT}." in comments["grpo.max_steps"]
     sizes = ", ".join(map(str, jobspec.BATCH_SIZES))
-    assert f"One of {sizes}; default {jobspec.BATCH_SIZE_DEFAULT}." in comments["batch_size"]
-    assert f'Default "{jobspec.DEFAULT_DATASET_SPLIT}"' in comments["dataset_split"]
+    assert f"One of {sizes}; default {jobspec.BATCH_SIZE_DEFAULT}." in comments["grpo.batch_size"]
+    assert f'Default "{jobspec.DEFAULT_DATASET_SPLIT}"' in comments["reward.dataset_split"]
     for init in jobspec.LORA_INITS:
-        assert f'"{init}"' in comments["lora_init"]
+        assert f'"{init}"' in comments["advanced.lora_init"]
     for precision in jobspec.PRECISIONS:
-        assert f'"{precision}"' in comments["precision"]
+        assert f'"{precision}"' in comments["advanced.precision"]
+    assert f'Default "{jobspec.SFT_DEFAULT_SPLIT}"' in comments["sft.dataset_split"]
+    assert "Default -1." in comments["sft.max_steps"] and jobspec.FIELDS_BY_PATH["sft.max_steps"].default == -1
+    assert '"all-linear" (default' in comments["sft.target_modules"]
+    assert "Default true" in comments["sft.completion_only_loss"]
 
 
 def test_the_field_reference_is_written_from_the_table() -> None:
@@ -80,9 +85,11 @@ def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> No
 
     from rlvr.clients.commands.train import SPEC_FLAGS
     from rlvr.clients.web import forms
-    from rlvr.services.trainer.job.config import JobConfig
+    from rlvr.services.trainer.job.config import JobConfig, SftSettings
 
     config_fields = {f.name for f in dataclasses.fields(JobConfig)}
+    sft_fields = {f.name for f in dataclasses.fields(SftSettings)}
+    assert sft_fields == {row.name for row in jobspec.SPEC_FIELDS if row.card == "sft"}  # the SFT card, whole
     flags = {flag: (group, name) for flag, group, name, _, _ in SPEC_FLAGS}
     for row in jobspec.SPEC_FIELDS:
         jobspec.proto_field(row)  # KeyError if the table names a field the proto lacks

@@ -14,7 +14,7 @@ range raise one InvalidArgument naming every bad field, its value and its range 
 gRPC, so the CLI's dry run, the scheduler and the tests share it.
 
 The package's modules, each importing only those above it: ranges.py (the numbers and enum keys),
-fields.py (the rows), reward.py, environment.py and training.py (the checks of each part of a spec),
+fields.py (the rows), reward.py, environment.py, training.py and sft.py (the checks of each part of a spec),
 resolve.py (`resolve_spec` and the Training Summary). Every public name is imported from here.
 """
 
@@ -85,6 +85,8 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     MAX_STEPS_HIGH,
     MAX_TURNS,
     MERGE_DTYPES,
+    METHOD_KEYS,
+    METHOD_NAMES,
     MIN_GAIN,
     MIN_GAIN_ALLOWED,
     MIN_P,
@@ -104,6 +106,7 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     REWARD_WEIGHT,
     SEED_MAX,
     SETTING_KEY_RE,
+    SFT_COLUMN_SETS,
     SHARDINGS,
     SYNTHETIC_PROMPTS,
     TARGET,
@@ -118,6 +121,7 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     FloatRange,
     IntRange,
     LossType,
+    Method,
     Precision,
     Quantization,
     RewardName,
@@ -139,6 +143,11 @@ from rlvr.jobspec.resolve import (  # noqa: F401
 from rlvr.jobspec.reward import (  # noqa: F401
     generates_prompts,
     reward_terms,
+)
+from rlvr.jobspec.sft import (  # noqa: F401
+    SFT_DEFAULT_SPLIT,
+    is_sft,
+    sft_total_steps,
 )
 from rlvr.jobspec.training import (  # noqa: F401
     ON_POLICY_EQUIVALENT,

@@ -32,6 +32,7 @@ from rlvr.jobspec.ranges import (
     KL_BETA,
     LEARNING_RATE,
     LORA_ALPHA,
+    LORA_DROPOUT,
     LORA_INITS,
     LORA_RANK,
     LOSS_NAMES,
@@ -43,6 +44,7 @@ from rlvr.jobspec.ranges import (
     MAX_STEPS_DEFAULT,
     MAX_STEPS_HIGH,
     MAX_TURNS,
+    METHOD_NAMES,
     MIN_P,
     MINI_BATCHES,
     NUM_ITERATIONS,
@@ -51,6 +53,10 @@ from rlvr.jobspec.ranges import (
     PRECISIONS,
     QUANT_NAMES,
     REPETITION_PENALTY,
+    SFT_BATCH_SIZE,
+    SFT_LEARNING_RATE,
+    SFT_MAX_SEQ_LENGTH,
+    SFT_MAX_STEPS_DEFAULT,
     SHARDINGS,
     SYNTHETIC_PROMPTS,
     TEMPERATURE,
@@ -65,6 +71,8 @@ from rlvr.jobspec.ranges import (
 )
 from rlvr.v1 import common_pb2
 
+Card = Literal["run", "reward", "grpo", "sft", "advanced"]
+
 
 @dataclass(frozen=True)
 class SpecField:
@@ -74,7 +82,7 @@ class SpecField:
     label: str                               # the console's label and the Training Summary's
     help: str                                # the one wording: CLI --help, the console's hint, the docs
     kind: FieldKind
-    card: Literal["run", "reward", "grpo", "advanced"]  # where the console shows it
+    card: Card  # where the console shows it
     range: IntRange | FloatRange | None = None
     choices: tuple[str, ...] = ()            # a word field's closed list (the first is the default)
     names: Mapping[int, str] | None = None   # an enum field's value -> display name
@@ -134,15 +142,21 @@ class SpecField:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _card(card: Literal["run", "reward", "grpo", "advanced"]) -> Any:
+def _card(card: Card) -> Any:
     return lambda *args, **kw: SpecField(*args, card=card, **kw)  # type: ignore[misc]
 
 
-_RUN, _REWARD, _GRPO, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), _card("advanced")
+_RUN, _REWARD, _GRPO, _SFT, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), _card("sft"), _card("advanced")
+# Supervised (SFT)'s card: JobConfig carries it as `sft` (SftSettings, services/trainer/job/config.py).
+_SFT_ONLY = {"applies": "sft", "config": None}
 
 # The rows in the console's order, card by card. A new field: its proto field, then a row here.
 SPEC_FIELDS: tuple[SpecField, ...] = (
     _RUN("name", "Name", "Labels the run; default: derived from the model and the loss type.", "text", config=None),
+    _RUN("method", "Training Method",
+         "Reinforcement (RLVR): the model answers the reward's prompts and learns from their scores. Supervised "
+         "(SFT): the adapter learns a labeled dataset's completions (the SFT card).", "enum", names=METHOD_NAMES,
+         default=C.TRAINING_METHOD_RLVR, config=None),
     _RUN("base_model", "Base model", "A Hugging Face hub id, a bundled tiny model, or a model folder under the "
          "model roots by its path or its bare name (`rlvr models import`).", "text",
          default=DEFAULT_BASE_MODEL, config=None),
@@ -192,6 +206,41 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
           default=BATCH_SIZE_DEFAULT,
           allowed_text=f"one of {', '.join(map(str, BATCH_SIZES))} (default {BATCH_SIZE_DEFAULT})",
           flag="--batch-size"),
+    _SFT("sft.dataset", "Dataset",
+         "The labeled data: a local JSONL/Parquet/CSV file (or a folder of split files) under the data roots, or a "
+         "Hugging Face dataset, with prompt and completion columns or a chat messages column.", "text", default="",
+         allowed_text="a dataset with prompt and completion columns, or a messages column; required",
+         flag="--sft-dataset", **_SFT_ONLY),
+    _SFT("sft.dataset_split", "Split", "The split trained on.", "text", default="train", flag="--sft-split",
+         **_SFT_ONLY),
+    _SFT("sft.learning_rate", "Learning Rate",
+         "TRL's LoRA recipe's default: about 10x a full fine-tune's, and above RLVR's range.", "float",
+         range=SFT_LEARNING_RATE, flag="--sft-lr", checked=True, **_SFT_ONLY),
+    _SFT("sft.epochs", "Epochs", "Passes over the dataset when Max Steps is Full.", "int", range=EPOCHS,
+         flag="--sft-epochs", checked=True, **_SFT_ONLY),
+    _SFT("sft.max_steps", "Max Steps", "Full (-1) trains every example for the chosen epochs.", "int",
+         default=SFT_MAX_STEPS_DEFAULT, allowed_text=f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)",
+         flag="--sft-max-steps", **_SFT_ONLY),
+    _SFT("sft.batch_size", "Batch Size", "Examples per optimizer step.", "int", range=SFT_BATCH_SIZE,
+         flag="--sft-batch-size", checked=True, **_SFT_ONLY),
+    _SFT("sft.max_seq_length", "Max sequence length",
+         "Tokens per example, prompt and completion together (cut at the end); with packing, per packed sequence.",
+         "int", range=SFT_MAX_SEQ_LENGTH, flag="--max-seq-length", checked=True, **_SFT_ONLY),
+    _SFT("sft.lora_rank", "Rank (r)", "LoRA adapter capacity.", "int", range=LORA_RANK, flag="--sft-rank",
+         checked=True, **_SFT_ONLY),
+    _SFT("sft.lora_alpha", "Alpha", "LoRA scaling factor.", "int", range=LORA_ALPHA, flag="--sft-alpha",
+         checked=True, **_SFT_ONLY),
+    _SFT("sft.lora_dropout", "Dropout", "LoRA dropout on the adapter's input.", "float", range=LORA_DROPOUT,
+         flag="--lora-dropout", checked=True, **_SFT_ONLY),
+    _SFT("sft.target_modules", "Target modules",
+         'The modules the adapter wraps: "all-linear" or a comma list such as "q_proj,v_proj".', "text",
+         default="all-linear", allowed_text='"all-linear" (default) or a comma list of module names',
+         flag="--target-modules", **_SFT_ONLY),
+    _SFT("sft.completion_only_loss", "Completion-only loss",
+         "Loss on the completion (a chat's assistant messages) only; off trains on the prompt too.", "bool",
+         default=True, **_SFT_ONLY),
+    _SFT("sft.packing", "Packing", "Pack several examples into each sequence (TRL's best-fit packing).", "bool",
+         default=False, **_SFT_ONLY),
     _ADVANCED("advanced.loss_type", "Loss Type",
               "The GRPO loss: grpo, dapo or dr_grpo (token ratios clipped at epsilon_high); gspo (a sequence-level "
               "ratio), cispo (a clipped, detached importance weight) or sapo (a soft gate). The ratio moves only "
@@ -323,7 +372,10 @@ def value_of(spec: Message, row: SpecField) -> object:
 def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
     """TrainingSummary.settings: the summary rows' values, by path (the environment's rows only for a
     job with an environment); epsilon_high says "(inactive)" where it binds nowhere (`clip_inactive`;
-    docs/jobs.md and the submit's warning or refusal say why)."""
+    docs/jobs.md and the submit's warning or refusal say why). A Supervised (SFT) job's: its card's
+    rows, every one."""
+    if spec.method == C.TRAINING_METHOD_SFT:
+        return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.card == "sft"}
     out = {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
            if row.summary and (row.group != "environment" or spec.environment.key)}
     if clip_inactive(spec.advanced) and "advanced.epsilon_high" in out:
@@ -340,7 +392,7 @@ def fields_markdown() -> str:
              "`.venv/bin/python -c 'from rlvr.jobspec import fields_markdown as f; print(f(), end=\"\")' > "
              "docs/spec-fields.md`.", ""]
     for card, title in (("run", "Run"), ("reward", "Reward Function"), ("grpo", "GRPO Configuration"),
-                        ("advanced", "Advanced Options")):
+                        ("sft", "Supervised (SFT)"), ("advanced", "Advanced Options")):
         lines += [f"## {title}", "", "| Field | Label | Allowed | CLI | Applies to | Description |",
                   "|---|---|---|---|---|---|"]
         for row in SPEC_FIELDS:

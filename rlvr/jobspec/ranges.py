@@ -110,6 +110,17 @@ MINI_BATCHES = IntRange(1, 16, 1)
 # held-out problems (services/trainer/job/heldout.py); 0 = off.
 EVAL_EVERY = IntRange(0, 100_000, 0)
 EVAL_SIZE = IntRange(8, 2000, 64)
+# Supervised (SFT)'s card (JobSpec.sft). The learning rate is TRL's LoRA recipe's (SFTConfig
+# learning_rate 2.0e-4, "about 10x the full fine-tuning rate for LoRA": TRL's PEFT integration docs;
+# Thinking Machines' "LoRA Without Regret" finds the same factor), and so is the dropout (0.05).
+SFT_LEARNING_RATE = FloatRange(1e-6, 1e-3, 2e-4)
+SFT_BATCH_SIZE = IntRange(1, 256, 8)
+SFT_MAX_SEQ_LENGTH = IntRange(32, 32_768, 1024)
+LORA_DROPOUT = FloatRange(0.0, 0.5, 0.05)
+SFT_MAX_STEPS_DEFAULT = -1  # Full: every example for the chosen epochs
+TARGET_MODULES_RE = re.compile(r"^(all-linear|[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*)$")
+# The columns an SFT dataset holds: prompt and completion (text, or chat messages each), or messages.
+SFT_COLUMN_SETS: tuple[tuple[str, ...], ...] = (("prompt", "completion"), ("messages",))
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -164,6 +175,9 @@ OWN_BOUNDS: dict[str, str] = {
     "cispo": "cispo clips its detached importance weight at 5 (ScaleRL's epsilon_max)",
     "sapo": "sapo gates the ratio smoothly (temperatures 1.0 and 1.05) instead of clipping it",
 }
+Method = Literal["rlvr", "sft"]
+METHOD_KEYS: dict[int, Method] = {C.TRAINING_METHOD_RLVR: "rlvr", C.TRAINING_METHOD_SFT: "sft"}
+METHOD_NAMES: dict[int, str] = {C.TRAINING_METHOD_RLVR: "RLVR (GRPO)", C.TRAINING_METHOD_SFT: "Supervised (SFT)"}
 QUANT_KEYS: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit",
                                        C.QUANTIZATION_8BIT: "8bit"}
 BACKEND_KEYS: dict[int, Backend] = {
@@ -178,10 +192,11 @@ QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZA
 FieldKind = Literal["int", "float", "bool", "text", "enum", "word", "map"]
 # Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
 # dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend, jobs with an environment.
-Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment"]
+Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment", "sft"]
 APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
                                  "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
-                                 "vllm": "vLLM (rollout server) only", "environment": "jobs with an environment only"}
+                                 "vllm": "vLLM (rollout server) only", "environment": "jobs with an environment only",
+                                 "sft": "Supervised (SFT) jobs only"}
 
 
 def one_update_per_step(a: common_pb2.AdvancedOptions) -> bool:

@@ -21,11 +21,13 @@ from rlvr.jobspec.ranges import (
     MAX_PATH_CHARS,
     MAX_REWARD_TERMS,
     MAX_SPLIT_CHARS,
+    METHOD_NAMES,
     NAME_RE,
     QUANT_NAMES,
     C,
 )
 from rlvr.jobspec.reward import _validate_reward
+from rlvr.jobspec.sft import _validate_method, is_sft, sft_total_steps
 from rlvr.jobspec.training import _validate_advanced, _validate_eval_size, _validate_grpo, total_steps
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.tracking.config import validate_tracking
@@ -70,6 +72,13 @@ def reward_title(reward: common_pb2.RewardConfig, catalog: Catalog | None = None
 
 def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None) -> common_pb2.TrainingSummary:
     g, a = spec.grpo, spec.advanced
+    if is_sft(spec):  # no reward, group, completion cap or generation backend: the SFT card's rows instead
+        s = spec.sft
+        return common_pb2.TrainingSummary(
+            method=METHOD_NAMES[spec.method], model=spec.base_model, gpu_selection=a.gpu_selection,
+            lora_rank=s.lora_rank, learn_rate=s.learning_rate, max_steps=s.max_steps, batch_size=s.batch_size,
+            lora_alpha=s.lora_alpha, quantization=QUANT_NAMES[a.quantization], total_steps=steps,
+            settings=settings_of(spec))
     return common_pb2.TrainingSummary(
         method="RLVR (GRPO)", model=spec.base_model, reward=reward_title(spec.reward, catalog),
         group_size=g.group_size, max_completion=g.max_completion_tokens, gpu_selection=a.gpu_selection,
@@ -89,6 +98,9 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("base_model", spec.base_model, MAX_MODEL_CHARS),
         ("reward.dataset", spec.reward.dataset, MAX_DATASET_CHARS),
         ("reward.dataset_split", spec.reward.dataset_split, MAX_SPLIT_CHARS),
+        ("sft.dataset", spec.sft.dataset, MAX_DATASET_CHARS),
+        ("sft.dataset_split", spec.sft.dataset_split, MAX_SPLIT_CHARS),
+        ("sft.target_modules", spec.sft.target_modules, MAX_PATH_CHARS),
         ("reward.key", spec.reward.key, MAX_NAME_CHARS),
         ("reward.accuracy_key", spec.reward.accuracy_key, MAX_NAME_CHARS),
         *((f"reward.terms[{i}].key", t.key, MAX_NAME_CHARS)
@@ -131,15 +143,21 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
-    _validate_reward(spec, warnings, catalog, v)
-    _validate_grpo(spec, warnings, v)
-    _validate_environment(spec, warnings, environments, catalog, v)
-    _validate_advanced(spec, warnings, v)
-    _validate_eval_size(spec, catalog, v)
+    # An SFT job reads no reward, GRPO card, environment or sampler: what their checks warn of is not its concern.
+    rlvr_warnings: list[str] = []
+    _validate_reward(spec, rlvr_warnings, catalog, v)
+    _validate_grpo(spec, rlvr_warnings, v)
+    _validate_environment(spec, rlvr_warnings, environments, catalog, v)
+    _validate_advanced(spec, rlvr_warnings, v)  # its warnings are of GRPO's and the sampler's options
+    _validate_method(spec, warnings, v)
+    if not is_sft(spec):
+        warnings[:0] = rlvr_warnings
+        _validate_eval_size(spec, catalog, v)
     with v.check():
         validate_tracking(spec)
     if not spec.name:
-        spec.name = default_name(spec.base_model, LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
+        spec.name = default_name(spec.base_model,
+                                 "sft" if is_sft(spec) else LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
     if not v.bad("name") and not NAME_RE.match(spec.name):
         v.add(InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
                               "and . _ - %, starting with a letter or digit"))
@@ -148,5 +166,5 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
         v.add(out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)"))
     v.raise_any()
-    steps = total_steps(spec, n_prompts)
+    steps = sft_total_steps(spec, n_prompts) if is_sft(spec) else total_steps(spec, n_prompts)
     return ResolvedJob(spec=spec, summary=summary(spec, steps, catalog), warnings=warnings, total_steps=steps)

@@ -175,7 +175,7 @@ class StatTiles(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors", "heldout_accuracy")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors", "heldout_accuracy", "token_accuracy", "heldout_loss")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,8 @@ class SeriesPoint(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     HELDOUT_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    HELDOUT_LOSS_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -213,7 +215,9 @@ class SeriesPoint(_message.Message):
     tool_calls: int
     tool_errors: int
     heldout_accuracy: float
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ...) -> None: ...
+    token_accuracy: float
+    heldout_loss: float
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ..., token_accuracy: _Optional[float] = ..., heldout_loss: _Optional[float] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)

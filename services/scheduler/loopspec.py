@@ -30,7 +30,7 @@ from rlvr.jobspec import (
     resolve_spec,
 )
 from rlvr.rewards.registry import Catalog, load_registry
-from rlvr.v1 import benchmark_pb2, scheduler_pb2
+from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 DEFAULT_BENCHMARK_SPLIT = "test"
 
@@ -46,6 +46,9 @@ def _job_spec(spec: scheduler_pb2.LoopSpec, catalog: Catalog | None) -> Resolved
     if spec.job.HasField("init_adapter") and (spec.job.init_adapter.name or spec.job.init_adapter.path):
         raise InvalidArgument("job.init_adapter: must be unset; a loop chooses each round's starting adapter "
                               "itself (round 1 the base model, then the best round so far)")
+    if spec.job.method == common_pb2.TRAINING_METHOD_SFT:
+        raise InvalidArgument("job.method: SFT is not allowed in a loop: its rounds are RLVR jobs, each benchmarked "
+                              "and retrained; train an SFT job alone (rlvr train --method sft)")
     try:
         return resolve_spec(spec.job, catalog=catalog)
     except InvalidArgument as e:

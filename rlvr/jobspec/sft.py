@@ -1,0 +1,73 @@
+"""The Training Method and Supervised (SFT)'s card checked: what an SFT job reads, and what it refuses."""
+
+from __future__ import annotations
+
+from rlvr.common.errors import InvalidArgument, Violations, out_of_range
+from rlvr.jobspec.fields import _checked, _enum
+from rlvr.jobspec.ranges import (
+    MAX_STEPS_HIGH,
+    METHOD_NAMES,
+    SFT_MAX_STEPS_DEFAULT,
+    TARGET_MODULES_RE,
+    C,
+)
+from rlvr.v1 import common_pb2
+
+SFT_DEFAULT_SPLIT = "train"
+
+
+def is_sft(spec: common_pb2.JobSpec) -> bool:
+    return spec.method == C.TRAINING_METHOD_SFT
+
+
+def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
+    """`method` (unset: RLVR) and, for a Supervised (SFT) job, its card: every field in range, a
+    dataset given, and none of what only RLVR does (an environment, a stacked init_adapter, several
+    processes or nodes: refused with the reason). An RLVR job with an sft card set is warned."""
+    with v.check():
+        _enum(spec, "method", "method", METHOD_NAMES, C.TRAINING_METHOD_RLVR)
+    if v.bad("method"):
+        return
+    if not is_sft(spec):
+        if spec.HasField("sft") and spec.sft.ByteSize():
+            warnings.append("sft: ignored: it is Supervised (SFT)'s card and this job's method is RLVR")
+        return
+    s = spec.sft
+    _checked(spec, "sft", v)
+    if not s.dataset.strip():
+        v.add(InvalidArgument("sft.dataset: required for a Supervised (SFT) job; give a dataset with prompt and "
+                              "completion columns, or a messages column"))
+    s.dataset = s.dataset.strip()
+    s.dataset_split = s.dataset_split.strip() or SFT_DEFAULT_SPLIT
+    if not s.HasField("max_steps"):
+        s.max_steps = SFT_MAX_STEPS_DEFAULT
+    elif s.max_steps != -1 and not 1 <= s.max_steps <= MAX_STEPS_HIGH:
+        v.add(out_of_range("sft.max_steps", s.max_steps, f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)"))
+    s.target_modules = s.target_modules.replace(" ", "") or "all-linear"
+    if not TARGET_MODULES_RE.match(s.target_modules):
+        v.add(out_of_range("sft.target_modules", s.target_modules,
+                           '"all-linear" (default) or a comma list of module names'))
+    if not s.HasField("completion_only_loss"):
+        s.completion_only_loss = True
+    only_rlvr = {
+        "environment.key": (spec.environment.key.strip(), "an environment's episodes are generated and scored, "
+                            "which is RLVR's"),
+        "init_adapter": (spec.init_adapter.name or spec.init_adapter.path,
+                         "a Supervised (SFT) job trains a fresh adapter; stacking on another job's is RLVR's"),
+        "advanced.num_processes": (spec.advanced.num_processes > 1, "a Supervised (SFT) job runs as one process"),
+        "advanced.num_nodes": (spec.advanced.num_nodes > 1, "a Supervised (SFT) job runs on one trainer worker"),
+    }
+    for path, (value, why) in only_rlvr.items():
+        if value and not v.bad(path):
+            v.add(InvalidArgument(f"{path}: not allowed with method SFT: {why}"))
+
+
+def sft_total_steps(spec: common_pb2.JobSpec, n_examples: int | None) -> int:
+    """sft.max_steps, or for Full (-1) ceil(examples x epochs / batch size); -1 while the example
+    count is unknown (the trainer knows it once the dataset is loaded)."""
+    s = spec.sft
+    if s.max_steps != -1:
+        return s.max_steps
+    if n_examples is None:
+        return -1
+    return max(1, -(-n_examples * s.epochs // s.batch_size))
