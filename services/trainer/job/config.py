@@ -22,14 +22,17 @@ from rlvr.jobspec import (
     BACKEND_KEYS,
     DEFAULT_DATASET_SPLIT,
     LOSS_NAMES,
+    METHOD_KEYS,
     QUANT_KEYS,
     SPEC_FIELDS,
     Backend,
     LossType,
+    Method,
     Precision,
     Quantization,
     RewardName,
     Sharding,
+    is_sft,
     proto_field,
     resolve_spec,
     value_of,
@@ -44,6 +47,26 @@ C = common_pb2
 # A job id becomes a NATS subject token and a folder name: no dots, slashes or wildcards.
 JOB_ID_RE = SUBJECT_TOKEN_RE
 ADAPTER_NAME_MAX = 128
+
+
+@dataclass(frozen=True)
+class SftSettings:
+    """A Supervised (SFT) job's card (JobSpec.sft), resolved: the names are the card's
+    (rlvr/jobspec/fields.py's "sft" rows)."""
+
+    dataset: str
+    dataset_split: str
+    learning_rate: float
+    epochs: int
+    max_steps: int  # -1 = Full
+    batch_size: int
+    max_seq_length: int
+    lora_rank: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: str  # "all-linear" or a comma list
+    completion_only_loss: bool
+    packing: bool
 
 
 @dataclass(frozen=True)
@@ -151,6 +174,10 @@ class JobConfig:
     # choice from the model's size (engine.py, `micro_batch_size`). Not a spec field: benches and tests
     # force it.
     micro_batch_size: int = 0
+    # JobSpec.method ("rlvr" or "sft") and, for a Supervised (SFT) job, its card (services/trainer/job/sft.py
+    # trains it; the GRPO fields above are then not read).
+    method: Method = "rlvr"
+    sft: SftSettings | None = None
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -209,7 +236,9 @@ class JobConfig:
         data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "num_iterations": 1,
                 "mini_batches": 1, "mask_truncated_completions": False, "eval_every": 0, "eval_size": 64,
                 "gradient_checkpointing": "off", **data}
+        sft = data.get("sft")
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
+                      "sft": SftSettings(**sft) if sft else None,
                       "data_roots": tuple(Path(p) for p in data["data_roots"]),
                       "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})
 
@@ -265,6 +294,8 @@ def job_config_from_request(
         node_rank=request.node_rank if nodes > 1 else 0,
         rendezvous_endpoint=request.rendezvous_endpoint if nodes > 1 else "",
         environment_version=spec.environment.version,
+        method=METHOD_KEYS[spec.method],
+        sft=sft_settings(spec) if is_sft(spec) else None,
     )
 
 
@@ -290,6 +321,16 @@ def spec_fields(spec: common_pb2.JobSpec) -> dict[str, Any]:
             value = as_typed(value)  # type: ignore[arg-type]
         out[name] = value
     return out
+
+
+def sft_settings(spec: common_pb2.JobSpec) -> SftSettings:
+    """A resolved SFT spec's card, by the rows' names (a 32-bit float as the decimal typed)."""
+    values: dict[str, Any] = {}
+    for row in SPEC_FIELDS:
+        if row.card == "sft":
+            value = value_of(spec, row)
+            values[row.name] = as_typed(value) if proto_field(row).type == FieldDescriptor.TYPE_FLOAT else value  # type: ignore[arg-type]
+    return SftSettings(**values)
 
 
 def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any) -> JobConfig:

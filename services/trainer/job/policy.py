@@ -113,11 +113,19 @@ def load_policy(job: JobConfig, base_path: str, device: str,
         else:
             add_frozen_update(model, init if init is not None else read_init_adapter(job), job)
         set_seed(job.seed)  # the fresh adapter's A is drawn as a fresh job of this seed draws it
-    lora = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, lora_dropout=0.0,
-                      target_modules="all-linear", task_type="CAUSAL_LM",
-                      init_lora_weights=True if job.lora_init == "default" else job.lora_init)
-    model = get_peft_model(model, lora)
-    return model, tokenizer
+    init_weights = True if job.lora_init == "default" else job.lora_init
+    if job.sft is None:
+        lora = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, lora_dropout=0.0,
+                          target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=init_weights)
+        return get_peft_model(model, lora), tokenizer
+    s = job.sft  # a Supervised (SFT) job's own LoRA card
+    targets = s.target_modules if s.target_modules == "all-linear" else s.target_modules.split(",")
+    lora = LoraConfig(r=s.lora_rank, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets,
+                      task_type="CAUSAL_LM", init_lora_weights=init_weights)
+    try:
+        return get_peft_model(model, lora), tokenizer
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise FailedPrecondition(f"sft.target_modules: {s.target_modules!r} on {job.base_model!r}: {one_line(e)}") from e
 
 
 def add_frozen_update(model: Any, init: stacking.Adapter | None, job: JobConfig) -> None:

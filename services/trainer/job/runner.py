@@ -244,6 +244,11 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
     group.on_main(lambda: check_quantization(job.quantization, job.gpu_selection))
     check_precision(job.precision, job.gpu_selection)
     quiet_bitsandbytes()
+    if job.method == "sft":  # Supervised (SFT): no generator, no reward (sft.py)
+        from rlvr.services.trainer.job.sft import run_sft
+
+        run_sft(job, deps, result, device, resolve_base_model(job.base_model))
+        return
     if job.generation_backend == "vllm" and deps.generator is None:
         raise FailedPrecondition("generation backend vllm needs the rollout service; none was configured")
     base_path = resolve_base_model(job.base_model)

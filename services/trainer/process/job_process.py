@@ -274,9 +274,10 @@ def _job_deps(job: JobConfig, job_dir: Path, settings: TrainerSettings, group: G
         problems = ServiceProblems(settings.reward_address, auth=peer_auth(settings))
     generator = None
     try:
-        if group.is_main and isinstance(scorer, ServiceScorer):
+        rlvr = job.method == "rlvr"  # a Supervised (SFT) job neither scores nor generates
+        if rlvr and group.is_main and isinstance(scorer, ServiceScorer):
             scorer.check()  # the job's rewards can score now: a remote reward is reachable
-        if job.generation_backend == "vllm":
+        if rlvr and job.generation_backend == "vllm":
             from rlvr.services.trainer.job.replicas import rollout_generator
 
             generator = rollout_generator(settings.rollout_replicas(), wait_s=settings.rollout_wait_seconds,

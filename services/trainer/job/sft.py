@@ -1,0 +1,240 @@
+"""A Supervised (SFT) job: a fresh LoRA adapter trained on a labeled dataset with TRL's SFTTrainer.
+
+`run_sft` is what run_job (runner.py) calls for a job whose method is SFT, once the device and the
+base model are known. It shares the RLVR job's lifecycle: the same adapter folder rewritten after
+every step (what Download Adapter and Merge Model read, and what a killed job leaves), the same
+periodic checkpoints (`advanced.checkpoint_every`: the adapter under checkpoints/step-N and TRL's
+whole state under trl/checkpoint-N, which a re-dispatched job resumes from exactly), the same
+cancel flag, progress and MetricEvents (loss, learning rate, token accuracy, tokens per second and,
+at the `advanced.eval_every` steps and the last, the held-out loss).
+
+The data (JobSpec.sft.dataset): `prompt` and `completion` columns (text, or chat messages each), or
+one `messages` column (a chat), which is trained as its prompt (every message but the last) and its
+completion (the last, an assistant message): so the loss falls on the completion's tokens only
+(`completion_only_loss`, the default), as TRL does for prompt/completion data. The held-out split is
+the dataset's `test` split when it has one, else 5% of the training split (at least one example)
+held back, seeded; it is read only when `advanced.eval_every` is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlvr.common.errors import FailedPrecondition
+from rlvr.jobspec import SFT_COLUMN_SETS
+from rlvr.services.trainer.job import artifacts
+from rlvr.services.trainer.job.config import JobConfig, SftSettings
+from rlvr.services.trainer.job.policy import load_policy
+from rlvr.tasks.base import TaskError
+from rlvr.tasks.sources import Rows, dataset_splits, load_rows
+from rlvr.v1 import common_pb2
+
+
+class SftDeps(Protocol):
+    """What run_sft reads of run_job's JobDeps (runner.py)."""
+
+    @property
+    def publish(self) -> Callable[[common_pb2.MetricEvent], None]: ...
+    @property
+    def cancel(self) -> threading.Event: ...
+    @property
+    def on_step(self) -> Callable[[int, int], None] | None: ...
+    @property
+    def space(self) -> artifacts.DiskSpace | None: ...
+
+
+class SftProgress(Protocol):
+    """What run_sft writes of run_job's JobResult: the steps done (whose adapter is saved) and the total."""
+
+    steps_done: int
+    total_steps: int
+
+log = logging.getLogger("rlvr.trainer.sft")
+
+TRL_DIR = "trl"  # as resume.py names TRL's checkpoints' folder
+HELDOUT_SPLIT = "test"
+HELDOUT_SHARE = 0.05
+
+
+def sft_rows(rows: Rows, source: str, split: str) -> Rows:
+    """The rows as SFTTrainer's prompt/completion examples; FailedPrecondition naming the columns
+    an SFT dataset needs when it has neither set (CreateJob refuses a local file so already)."""
+    if not rows:
+        raise FailedPrecondition(f"sft.dataset: {source!r} ({split}) is empty")
+    columns = list(rows[0])
+    if all(c in columns for c in ("prompt", "completion")):
+        return [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
+    if "messages" in columns:
+        out = []
+        for i, r in enumerate(rows):
+            chat = r["messages"]
+            if not isinstance(chat, list) or len(chat) < 2 or not isinstance(chat[-1], dict) \
+                    or chat[-1].get("role") != "assistant":
+                raise FailedPrecondition(f"sft.dataset: {source!r} ({split}) row {i}: messages must be a chat of at "
+                                         "least two messages ending with an assistant message")
+            out.append({"prompt": chat[:-1], "completion": chat[-1:]})
+        return out
+    need = " or ".join(" and ".join(repr(c) for c in s) for s in SFT_COLUMN_SETS)
+    raise FailedPrecondition(f"sft.dataset: {source!r} ({split}) has no {need} column, which method SFT trains on; "
+                             f"columns present: {columns}")
+
+
+def sft_data(job: JobConfig) -> tuple[Rows, Rows]:
+    """(train, held-out) examples; held-out is empty unless advanced.eval_every is on."""
+    sft = _card(job)
+    try:
+        train = sft_rows(load_rows(sft.dataset, sft.dataset_split, job.data_roots), sft.dataset, sft.dataset_split)
+        if not job.eval_every:
+            return train, []
+        if sft.dataset_split != HELDOUT_SPLIT and HELDOUT_SPLIT in dataset_splits(sft.dataset, job.data_roots):
+            return train, sft_rows(load_rows(sft.dataset, HELDOUT_SPLIT, job.data_roots), sft.dataset, HELDOUT_SPLIT)
+    except TaskError as e:
+        raise FailedPrecondition(f"sft.dataset: {e}") from e
+    if len(train) < 2:
+        raise FailedPrecondition(f"advanced.eval_every: {sft.dataset!r} has {len(train)} example and no "
+                                 f"{HELDOUT_SPLIT!r} split: nothing to hold out")
+    order = list(range(len(train)))
+    random.Random(job.seed).shuffle(order)
+    held = set(order[:max(1, round(len(train) * HELDOUT_SHARE))])
+    return [r for i, r in enumerate(train) if i not in held], [r for i, r in enumerate(train) if i in held]
+
+
+def _card(job: JobConfig) -> SftSettings:
+    if job.sft is None:
+        raise FailedPrecondition("method SFT: the job has no sft card")
+    return job.sft
+
+
+def sft_args(job: JobConfig, device: str, output_dir: Path) -> Any:
+    """TRL's SFTConfig for the job."""
+    from trl import SFTConfig
+
+    sft = _card(job)
+    micro = job.micro_batch_size or sft.batch_size
+    if sft.batch_size % micro:
+        micro = 1
+    checkpoints = {"save_strategy": "steps", "save_steps": job.checkpoint_every} if job.checkpoint_every \
+        else {"save_strategy": "no"}
+    evaluation = {"eval_strategy": "steps", "eval_steps": job.eval_every, "per_device_eval_batch_size": micro} \
+        if job.eval_every else {"eval_strategy": "no"}
+    return SFTConfig(
+        output_dir=str(output_dir), learning_rate=sft.learning_rate, num_train_epochs=sft.epochs,
+        max_steps=sft.max_steps, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=sft.batch_size // micro, max_length=sft.max_seq_length, packing=sft.packing,
+        completion_only_loss=sft.completion_only_loss, logging_steps=1, report_to=[], disable_tqdm=True,
+        seed=job.seed, data_seed=job.seed, use_cpu=device == "cpu", bf16=job.precision == "bf16",
+        fp16=job.precision == "fp16", gradient_checkpointing=job.gradient_checkpointing == "on",
+        dataloader_num_workers=0, save_only_model=False, **checkpoints, **evaluation,
+    )
+
+
+def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, base_path: str) -> None:
+    """Trains the job's adapter to its last step, a cancel, or a failure (raised); `result` says the
+    steps done and total as they happen."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTTrainer
+
+    train_rows, heldout_rows = sft_data(job)
+    model, tokenizer = load_policy(job, base_path, device)
+    if isinstance(train_rows[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
+        raise FailedPrecondition(f"sft.dataset: its rows are chats, and {job.base_model!r} has no chat template "
+                                 "to render them with; give prompt and completion text columns instead")
+    adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
+    trl_dir = job.job_dir / TRL_DIR
+    space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
+    resume_from = get_last_checkpoint(str(trl_dir)) if job.resume and trl_dir.is_dir() else None
+
+    class Progress(TrainerCallback):
+        """Each step: the adapter saved (then its progress and its MetricEvent), the cancel honoured."""
+
+        def __init__(self) -> None:
+            self.tokens = 0.0
+            self.step_started = time.perf_counter()
+            self.pending: common_pb2.MetricEvent | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            result.total_steps = int(state.max_steps)
+            self.tokens = float(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.step_started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            step, total = int(state.global_step), int(state.max_steps)
+            trained = kw["model"]
+
+            def write() -> Path:
+                path = artifacts.save_adapter(trained, adapter)
+                if job.checkpoint_every and step % job.checkpoint_every == 0:
+                    artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
+                return path
+
+            space.write(f"step {step}'s adapter", write)
+            result.steps_done = step
+            if deps.on_step is not None:
+                deps.on_step(step, total)
+            if job.eval_every and step == total and step % job.eval_every:
+                control.should_evaluate = True  # the last step is always evaluated
+            if deps.cancel.is_set():
+                control.should_training_stop = True
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
+                   **kw: Any) -> None:
+            logs = logs or {}
+            step, total = int(state.global_step), int(state.max_steps)
+            if "eval_loss" in logs and self.pending is not None:
+                self.pending.heldout_loss = float(logs["eval_loss"])
+                self._publish()
+                return
+            if "loss" not in logs:
+                return
+            self._publish()
+            seconds = time.perf_counter() - self.step_started
+            event = common_pb2.MetricEvent(job_id=job.job_id, step=step, total_steps=total,
+                                           loss=float(logs["loss"]), learning_rate=float(logs.get("learning_rate", 0)),
+                                           train_seconds=seconds, step_seconds=seconds, adapter_version=step - 1)
+            event.time.GetCurrentTime()
+            if "mean_token_accuracy" in logs:
+                event.token_accuracy = float(logs["mean_token_accuracy"])
+            if "entropy" in logs:
+                event.entropy = float(logs["entropy"])
+            if "num_tokens" in logs:
+                tokens = float(logs["num_tokens"])
+                event.tokens_per_second = (tokens - self.tokens) / max(seconds, 1e-9)
+                self.tokens = tokens
+            self.pending = event
+            if not (job.eval_every and (step % job.eval_every == 0 or step == total)):
+                self._publish()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._publish()
+
+        def _publish(self) -> None:
+            if self.pending is not None and self.pending.step > job.stored_steps:
+                deps.publish(self.pending)
+            self.pending = None
+
+    train = Dataset.from_list(train_rows)
+    heldout = Dataset.from_list(heldout_rows) if heldout_rows else None
+    trainer = SFTTrainer(model=model, args=sft_args(job, device, trl_dir), train_dataset=train,
+                         eval_dataset=heldout, processing_class=tokenizer, callbacks=[Progress()])
+    trainer.remove_callback(PrinterCallback)  # the MetricEvents carry the logs
+    log.info("job %s: SFT on %d examples (%d held out) of %s, %s", job.job_id, len(train_rows), len(heldout_rows),
+             _card(job).dataset, f"resuming from {Path(resume_from).name}" if resume_from else "from step 0")
+    if resume_from is not None:
+        step = int(Path(resume_from).name.rpartition("-")[2])
+        saved = artifacts.checkpoint_dir(job.artifact_root, job.job_id, step)
+        if saved.is_dir():  # the job's adapter is the checkpoint's again (the lost run may have left a later one)
+            space.write(f"step {step}'s adapter", lambda: artifacts.copy_adapter(saved, adapter))
+            result.steps_done = step
+    if deps.cancel.is_set():
+        return
+    trainer.train(resume_from_checkpoint=resume_from)
