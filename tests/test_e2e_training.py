@@ -41,8 +41,8 @@ def _spec(backend: int, steps: int) -> C.JobSpec:
     return spec
 
 
-def _train(client, backend: int, steps: int) -> C.Job:  # noqa: ANN001 (the SDK facade)
-    created = client.scheduler.create_job(S.CreateJobRequest(spec=_spec(backend, steps)))
+def _train(client, backend: int, steps: int, spec: C.JobSpec | None = None) -> C.Job:  # noqa: ANN001 (the SDK facade)
+    created = client.scheduler.create_job(S.CreateJobRequest(spec=spec or _spec(backend, steps)))
     job_id = created.job.id
     seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
     # The watch ends once the store holds the job's end, and (one ordered consumer) every step before it.
@@ -164,3 +164,54 @@ def test_a_job_survives_its_rollout_server_killed(stack) -> None:
     _check_points(home, job, steps)
     # Seen by anyone who watches the job: the wait for the server, then its return.
     assert any("is back after" in m and "rollout service" in m for m in messages), messages
+
+
+SFT_DATA = "examples/sft/math-pairs"  # under the stack's data roots (its services' folder: the repository)
+
+
+def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
+    """Supervised (SFT) on the bundled chats through the SDK: every step stored once with its token
+    accuracy, the held-out loss at the eval steps, the adapter downloaded and loading in peft, the
+    history exported with the SFT columns; then an RLVR job starts from that adapter (the two-step
+    recipe of docs/sft.md), and a dataset without the columns SFT reads is refused at CreateJob."""
+    import csv
+
+    client, home, _ = stack
+    spec = C.JobSpec(name="e2e-sft", base_model=MODEL, method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(
+        dataset=SFT_DATA, max_steps=6, batch_size=8, max_seq_length=128, learning_rate=1e-3, lora_rank=4,
+        lora_alpha=128))
+    spec.advanced.eval_every = 3
+    created = client.scheduler.create_job(S.CreateJobRequest(spec=spec))
+    assert created.summary.method == "Supervised (SFT)" and created.summary.total_steps == 6
+    job_id = created.job.id
+    seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
+    job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
+    assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    assert sorted(set(seen)) == list(range(1, 7)) and job.adapter.version == 6
+    points = _stored_points(home, job_id)
+    assert [p.step for p in points] == list(range(1, 7))
+    assert all(p.token_accuracy is not None and p.tokens_per_second and p.loss > 0 for p in points)
+    assert [p.step for p in points if p.heldout_loss is not None] == [3, 6]
+    metrics = client.scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id))
+    assert [p.HasField("token_accuracy") for p in metrics.series] == [True] * 6
+    assert metrics.tiles.best_accuracy == max(p.token_accuracy for p in points)
+
+    files = client.scheduler.save_adapter(job_id, tmp_path / "adapter")
+    assert {f.name for f in files} >= {"adapter_config.json", "adapter_model.safetensors"}
+    _loads_in_peft(tmp_path / "adapter")
+    exported = client.scheduler.export(job_id, "csv", tmp_path)
+    rows = list(csv.DictReader(exported.open()))
+    assert [r["step"] for r in rows] == [str(s) for s in range(1, 7)] and all(r["token_accuracy"] for r in rows)
+    assert [r["step"] for r in rows if r["heldout_loss"]] == ["3", "6"]
+
+    rlvr = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
+    rlvr.name = "e2e-after-sft"
+    rlvr.init_adapter.name = f"job-{job_id}"
+    after = _train(client, C.GENERATION_BACKEND_TRANSFORMERS, 2, rlvr)
+    assert after.spec.init_adapter.path == job.adapter.path
+
+    bad = C.JobSpec(method=C.TRAINING_METHOD_SFT, base_model=MODEL,
+                    sft=C.SftConfig(dataset="rlvr/data/gsm8k/test.jsonl"))
+    with pytest.raises(Exception) as refused:
+        client.scheduler.create_job(S.CreateJobRequest(spec=bad, dry_run=True))
+    assert "which method SFT trains on" in str(refused.value)

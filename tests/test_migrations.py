@@ -46,7 +46,8 @@ ADDED_DEFAULTS = {"policy_lag": 0, "queue_reason": "", "resumes": 0, "reward_com
                   **dict.fromkeys(("turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds",
                                    "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes",
                                    "failed_episodes", "episode_splits", "clip_fraction",
-                                   "groups_with_signal", "heldout_accuracy"))}
+                                   "groups_with_signal", "heldout_accuracy", "token_accuracy",
+                                   "tokens_per_second", "heldout_loss"))}
 
 
 def _run_ddl(store: Store, commit: str) -> None:

@@ -159,6 +159,11 @@ class MetricPointRow(SQLModel, table=True):
     groups_with_signal: int | None = None
     # Evaluation while training: the step adapter's held-out accuracy (None at the other steps).
     heldout_accuracy: float | None = None
+    # A Supervised (SFT) job's steps: token accuracy and tokens per second; its held-out loss at the
+    # steps it evaluated (None at an RLVR job's steps).
+    token_accuracy: float | None = None
+    tokens_per_second: float | None = None
+    heldout_loss: float | None = None
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""

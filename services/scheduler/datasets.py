@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.environments.base import EnvironmentInfo
+from rlvr.jobspec import SFT_COLUMN_SETS
 from rlvr.rewards.registry import Catalog
 from rlvr.tasks import TaskError
 from rlvr.tasks.dataset import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
@@ -44,28 +45,9 @@ def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], c
     if info is not None and info.dataset_names:
         return  # the dataset names one of the reward's own tasks, which resolve_spec checked: no data to read
     source, split = reward.dataset, reward.dataset_split
-    try:
-        if looks_local(source):
-            splits = list(local_splits(resolve_local(source, data_roots)))
-        else:
-            check_hub_name(source)
-            if not hub_reachable():
-                raise InvalidArgument(
-                    f"reward.dataset: {source!r} names a Hugging Face hub dataset, and the hub is not reachable "
-                    "from the scheduler; give a local JSONL/Parquet/CSV file or a folder of split files under "
-                    "the data roots instead")
-            splits = dataset_splits(source, data_roots)
-    except TaskError as e:
-        raise InvalidArgument(f"reward.dataset: {e}") from None
-    if split not in splits:
-        raise InvalidArgument(f"reward.dataset_split: {split!r} is not a split of {source!r}; it has: "
-                              f"{', '.join(splits)}")
-    if not looks_local(source):
+    columns = _columns(source, split, data_roots, "reward")
+    if columns is None:
         return  # a hub dataset's columns are checked when the trainer loads it
-    try:
-        columns = peek_columns(source, split, data_roots)
-    except TaskError as e:
-        raise InvalidArgument(f"reward.dataset: {e}") from None
     missing = [c for c in (PROMPT_COLUMN, GROUND_TRUTH_COLUMN) if c not in columns]
     if missing:
         raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {' and no '.join(map(repr, missing))} "
@@ -81,3 +63,41 @@ def check_dataset(reward: common_pb2.RewardConfig, data_roots: Sequence[Path], c
         raise InvalidArgument(f"reward.dataset: {source!r} ({split}) has no {lacking[0]!r} column, which the "
                               f"{environment.display_name} environment ({environment.key}) reads; columns present: "
                               f"{columns}")
+
+
+def check_sft_dataset(sft: common_pb2.SftConfig, data_roots: Sequence[Path]) -> None:
+    """A Supervised (SFT) job's dataset (sft.dataset) as `check_dataset` checks a reward's: readable,
+    with its split, and (local data) the prompt and completion columns or a messages column."""
+    columns = _columns(sft.dataset, sft.dataset_split, data_roots, "sft")
+    if columns is None or any(all(c in columns for c in need) for need in SFT_COLUMN_SETS):
+        return
+    need = " or ".join(" and ".join(repr(c) for c in s) for s in SFT_COLUMN_SETS)
+    raise InvalidArgument(f"sft.dataset: {sft.dataset!r} ({sft.dataset_split}) has no {need} column, which method "
+                          f"SFT trains on; columns present: {columns}")
+
+
+def _columns(source: str, split: str, data_roots: Sequence[Path], card: str) -> list[str] | None:
+    """The columns of a local dataset's split (None for a hub dataset, whose columns the trainer
+    checks), or InvalidArgument naming `<card>.dataset` or `<card>.dataset_split`."""
+    try:
+        if looks_local(source):
+            splits = list(local_splits(resolve_local(source, data_roots)))
+        else:
+            check_hub_name(source)
+            if not hub_reachable():
+                raise InvalidArgument(
+                    f"{card}.dataset: {source!r} names a Hugging Face hub dataset, and the hub is not reachable "
+                    "from the scheduler; give a local JSONL/Parquet/CSV file or a folder of split files under "
+                    "the data roots instead")
+            splits = dataset_splits(source, data_roots)
+    except TaskError as e:
+        raise InvalidArgument(f"{card}.dataset: {e}") from None
+    if split not in splits:
+        raise InvalidArgument(f"{card}.dataset_split: {split!r} is not a split of {source!r}; it has: "
+                              f"{', '.join(splits)}")
+    if not looks_local(source):
+        return None
+    try:
+        return peek_columns(source, split, data_roots)
+    except TaskError as e:
+        raise InvalidArgument(f"{card}.dataset: {e}") from None

@@ -26,11 +26,18 @@ from rlvr.common.settings import rlvr_home
 from rlvr.infra.events import DurableSubscription, Event, EventBus, cancel_and_wait
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow
 from rlvr.infra.store import Store
-from rlvr.jobspec import EnvironmentCatalog, ResolvedJob, environment_info, job_status_name, resolve_spec
+from rlvr.jobspec import (
+    EnvironmentCatalog,
+    ResolvedJob,
+    environment_info,
+    is_sft,
+    job_status_name,
+    resolve_spec,
+)
 from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import TERMINAL, job_to_proto, spec_from_json
-from rlvr.services.scheduler.datasets import check_dataset
+from rlvr.services.scheduler.datasets import check_dataset, check_sft_dataset
 from rlvr.services.scheduler.dispatch import (
     MAX_RESUMES,
     NODE_LOST_SECONDS,
@@ -135,6 +142,9 @@ class JobManager:
         the job's rewards or its environment read (services/scheduler/datasets.py). A bare name found
         under the model roots is replaced in `spec` by that folder's path."""
         spec.base_model = await asyncio.to_thread(check_base_model, spec.base_model, self.model_roots)
+        if is_sft(spec):  # no reward's data, no environment: the labeled dataset
+            await asyncio.to_thread(check_sft_dataset, spec.sft, self.data_roots)
+            return
         environment = environment_info(spec.environment.key, environments or await self.environments_for(spec))
         await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog, environment)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 from rlvr.infra.schema import JobRow, MetricPointRow
-from rlvr.jobspec import job_status_value
+from rlvr.jobspec import is_sft, job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, spec_from_json
 from rlvr.v1 import common_pb2, scheduler_pb2
 
@@ -65,8 +65,10 @@ def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
         s.kl = point.kl
     if point.entropy is not None:
         s.entropy = point.entropy
-    if point.heldout_accuracy is not None:
-        s.heldout_accuracy = point.heldout_accuracy
+    for name in ("heldout_accuracy", "token_accuracy", "heldout_loss"):  # at the steps that logged them
+        value = getattr(point, name)
+        if value is not None:
+            setattr(s, name, value)
     for name in EPISODE_SERIES:  # a job with an environment's steps only
         value = getattr(point, name)
         if value is not None:
@@ -94,7 +96,9 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
         return out
     steps = [p.step for p in points]
     rewards = [p.reward_mean for p in points]
-    accuracies = [p.accuracy for p in points]
+    spec = spec_from_json(job.spec_json)
+    # A Supervised (SFT) job has no reward: its accuracy is the token accuracy.
+    accuracies = [p.token_accuracy or 0.0 for p in points] if is_sft(spec) else [p.accuracy for p in points]
     out.has_steps = True
     last = points[-1]
     running = job.status not in TERMINAL
@@ -105,7 +109,6 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,
                                                best_reward=max(rewards), best_accuracy=max(accuracies),
                                                final_loss=last.loss))
-    spec = spec_from_json(job.spec_json)
     if spec.advanced.max_async_steps:
         out.tiles.max_policy_lag = max(p.policy_lag for p in points)
     out.has_episodes = bool(spec.environment.key)

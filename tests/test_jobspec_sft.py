@@ -1,0 +1,120 @@
+"""The Training Method and Supervised (SFT)'s card: defaults, the Training Summary, every bad field
+at once, what an SFT job refuses, and CreateJob's check of its dataset (services/scheduler/datasets.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlvr.common.errors import InvalidArgument
+from rlvr.jobspec import resolve_spec
+from rlvr.services.scheduler.datasets import check_sft_dataset
+from rlvr.v1 import common_pb2 as C
+
+
+def sft(**card: object) -> C.JobSpec:
+    return C.JobSpec(method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(**{"dataset": "data/train.jsonl", **card}))
+
+
+def _refused(spec: C.JobSpec) -> list[str]:
+    with pytest.raises(InvalidArgument) as refused:
+        resolve_spec(spec)
+    return str(refused.value).splitlines()
+
+
+def test_sft_defaults_and_summary() -> None:
+    r = resolve_spec(sft())
+    s = r.spec.sft
+    assert (s.dataset_split, s.epochs, s.max_steps, s.batch_size, s.max_seq_length) == ("train", 1, -1, 8, 1024)
+    assert (s.lora_rank, s.lora_alpha, s.target_modules, s.completion_only_loss, s.packing) == (8, 16, "all-linear",
+                                                                                                True, False)
+    assert s.learning_rate == pytest.approx(2e-4) and s.lora_dropout == pytest.approx(0.05)
+    assert r.spec.name == "rlvr-tiny-sft"
+    assert r.warnings == []  # nothing of the reward's or GRPO's: an SFT job reads neither
+    assert r.total_steps == -1  # Full: known once the trainer has read the dataset
+    summary = r.summary
+    assert (summary.method, summary.reward, summary.backend, summary.group_size) == ("Supervised (SFT)", "", "", 0)
+    assert (summary.lora_rank, summary.lora_alpha, summary.batch_size, summary.max_steps) == (8, 16, 8, -1)
+    assert summary.settings["sft.dataset"] == "data/train.jsonl" and summary.settings["sft.packing"] == "off"
+    assert not any(path.startswith(("grpo.", "advanced.", "reward.")) for path in summary.settings)
+    assert resolve_spec(sft(max_steps=30, batch_size=4)).total_steps == 30
+
+
+def test_the_sft_summary_reads_as_its_card() -> None:
+    from rlvr.clients.views.jobs import summary_rows
+
+    rows = dict(summary_rows(resolve_spec(sft()).summary))
+    assert rows["Method"] == "Supervised (SFT)" and rows["Max Steps"] == "Full" and rows["Dataset"] == "data/train.jsonl"
+    assert "Group Size" not in rows and "Reward" not in rows and "Backend" not in rows
+    assert dict(summary_rows(resolve_spec(C.JobSpec()).summary))["Method"] == "RLVR (GRPO)"
+
+
+def test_every_bad_sft_field_is_named_at_once() -> None:
+    spec = C.JobSpec(method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(
+        learning_rate=0.5, lora_dropout=0.9, batch_size=0, max_seq_length=8, lora_rank=2, epochs=0, max_steps=0,
+        target_modules="q_proj;drop"))
+    spec.advanced.num_processes = 2
+    spec.init_adapter.name = "job-abc"
+    lines = _refused(spec)
+    fields = [line.split(":", 1)[0] for line in lines]
+    assert sorted(fields) == sorted([
+        "sft.learning_rate", "sft.lora_dropout", "sft.batch_size", "sft.max_seq_length", "sft.lora_rank",
+        "sft.epochs", "sft.max_steps", "sft.target_modules", "sft.dataset", "advanced.num_processes",
+        "init_adapter"]), lines
+    text = "\n".join(lines)
+    assert "sft.learning_rate: 0.5 is out of range; allowed: 1e-06 to 0.001 (default 0.0002)" in text
+    assert "sft.dataset: required for a Supervised (SFT) job" in text
+    assert "sft.max_steps: 0 is out of range; allowed: -1 (Full) or 1-1000000 (default Full)" in text
+    assert "init_adapter: not allowed with method SFT" in text
+
+
+def test_an_sft_job_has_no_environment() -> None:
+    spec = sft()
+    spec.environment.key = "calculator"
+    assert any(line.startswith("environment.key: not allowed with method SFT") for line in _refused(spec))
+
+
+def test_the_method_is_checked_and_an_ignored_card_is_said() -> None:
+    assert _refused(C.JobSpec(method=7)) == ["method: 7 is out of range; allowed: 1 (RLVR (GRPO)), 2 (Supervised (SFT))"]
+    r = resolve_spec(C.JobSpec(sft=C.SftConfig(dataset="x.jsonl")))
+    assert r.spec.method == C.TRAINING_METHOD_RLVR
+    assert "sft: ignored: it is Supervised (SFT)'s card and this job's method is RLVR" in r.warnings
+
+
+def test_a_loop_takes_no_sft_job() -> None:
+    from rlvr.services.scheduler.loopspec import _job_spec
+    from rlvr.v1 import scheduler_pb2 as S
+
+    with pytest.raises(InvalidArgument, match="job.method: SFT is not allowed in a loop"):
+        _job_spec(S.LoopSpec(job=sft()), None)
+
+
+@pytest.mark.parametrize(("rows", "error"), [
+    ([{"prompt": "a", "completion": "b"}], None),
+    ([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], None),
+    ([{"prompt": "a", "ground_truth": "b"}],
+     "sft.dataset: 'data/train.jsonl' (train) has no 'prompt' and 'completion' or 'messages' column, which method SFT "
+     "trains on; columns present: ['prompt', 'ground_truth']"),
+])
+def test_create_job_checks_the_sft_datasets_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    rows: list[dict[str, object]], error: str | None) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = resolve_spec(sft()).spec.sft
+    if error is None:
+        check_sft_dataset(card, [tmp_path])
+        return
+    with pytest.raises(InvalidArgument) as refused:
+        check_sft_dataset(card, [tmp_path])
+    assert str(refused.value) == error
+    card.dataset_split = "validation"
+    with pytest.raises(InvalidArgument, match="sft.dataset_split: 'validation' is not a split of 'data/train.jsonl'; "
+                                              "it has: train"):
+        check_sft_dataset(card, [tmp_path])
+    card.dataset = "/elsewhere/train.jsonl"
+    with pytest.raises(InvalidArgument, match="sft.dataset: dataset path '/elsewhere/train.jsonl' is outside the "
+                                              "allowed data roots"):
+        check_sft_dataset(card, [tmp_path])
