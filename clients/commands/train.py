@@ -21,6 +21,7 @@ from rlvr.jobspec import (
     CHECKPOINTING_CHOICES,
     LORA_INITS,
     LOSS_NAMES,
+    METHOD_KEYS,
     PRECISIONS,
     QUANT_KEYS,
     SHARDINGS,
@@ -32,6 +33,7 @@ from rlvr.v1 import common_pb2 as C
 
 # The choices of the enum flags: the spec's keys, with "-" for "_" where a flag reads better.
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
+METHODS = {key: value for value, key in METHOD_KEYS.items()}
 QUANTS = {key: value for value, key in QUANT_KEYS.items()}
 BACKENDS = {key.replace("_", "-"): value for value, key in BACKEND_KEYS.items()}
 KINDS: dict[str, type] = {"int": int, "float": float, "text": str}
@@ -59,6 +61,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
                        name_help: str = "job name (default: derived from model and loss)") -> None:
     """The JobSpec's flags (what `spec_from_args` reads): `rlvr train`'s and `rlvr loops start`'s."""
     p.add_argument("--name", default="", help=name_help)
+    p.add_argument("--method", choices=list(METHODS), default=None,
+                   help="rlvr (default: the model answers the reward's prompts and learns from their scores) or sft "
+                        "(Supervised: the adapter learns --sft-dataset's completions; the --sft-* flags)")
     p.add_argument("--model", default="", help="base model: hub id, local path or rlvr-tiny (default)")
     p.add_argument("--reward", action="append", type=reward_term, default=None, metavar="KEY[:WEIGHT]",
                    help="the reward, by key (default math_pairs; `rlvr rewards` lists them); give it several times "
@@ -92,6 +97,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     p.add_argument("--recipe", action="store_true",
                    help="fill every setting not given here from --model's measured recipe (the settings whose "
                         "learning was measured: rlvr models list says which models have one; docs/jobs.md)")
+    p.add_argument("--no-completion-only-loss", action="store_true",
+                   help="with --method sft: train on the whole text, prompt included (default: the completion only)")
+    p.add_argument("--packing", action="store_true",
+                   help="with --method sft: pack several examples into each --max-seq-length sequence")
     p.add_argument("--mask-truncated", action="store_true",
                    help="DAPO's overlong masking: leave completions cut at --max-completion out of the loss")
     p.add_argument("--track", action="append", type=jobs_cmd.tracker_arg, default=None, metavar="KIND:TARGET",
@@ -142,6 +151,12 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.reward.accuracy_key = args.accuracy_key
     if args.no_format_bonus:
         spec.reward.format_bonus = False
+    if getattr(args, "method", None):
+        spec.method = METHODS[args.method]
+    if getattr(args, "no_completion_only_loss", False):
+        spec.sft.completion_only_loss = False
+    if getattr(args, "packing", False):
+        spec.sft.packing = True
     if args.loss_type:
         spec.advanced.loss_type = LOSSES[args.loss_type]
     if args.quantization:

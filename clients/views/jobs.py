@@ -59,7 +59,8 @@ class Chart:
 COMPONENTS_CHART = "reward_components"
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy", "heldout_accuracy")),
-    ("loss", "Loss", ("loss",)),
+    ("token_accuracy", "Token accuracy", ("token_accuracy",)),  # a Supervised (SFT) job
+    ("loss", "Loss", ("loss", "heldout_loss")),
     ("kl_entropy", "KL & entropy", ("kl", "entropy")),
     ("completion_length", "Completion length (tokens)", ("completion_length",)),
     ("turns_tools", "Turns & tool calls", ("turns", "tool_calls")),  # a job with an environment
@@ -153,6 +154,8 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     and tool calls."""
     points = sorted(metrics.series, key=lambda p: p.step)
     steps = [p.step for p in points]
+    if any(p.HasField("token_accuracy") for p in points):
+        return sft_series(points)
     out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points], "reward"),
            Series("accuracy", "Accuracy", steps, [p.accuracy for p in points], "accuracy"),
            Series("loss", "Loss", steps, [p.loss for p in points], "loss")]
@@ -175,6 +178,18 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
         calls = [(p.step, float(p.tool_calls)) for p in points if p.HasField("tool_calls")]
         out.append(Series("tool_calls", "Tool calls", [s for s, _ in calls], [v for _, v in calls], "tool calls"))
     return [s for s in out if s.values] + component_series(points)
+
+
+def sft_series(points: Sequence[S.SeriesPoint]) -> list[Series]:
+    """A Supervised (SFT) job's series: token accuracy, the loss, the held-out loss where it was
+    evaluated, and the entropy."""
+    out = []
+    for key, label, unit in (("token_accuracy", "Token accuracy", "accuracy"), ("loss", "Loss", "loss"),
+                             ("heldout_loss", "Held-out loss", "held-out"), ("entropy", "Entropy", "entropy")):
+        pairs = [(p.step, getattr(p, key)) for p in points if key == "loss" or p.HasField(key)]
+        if pairs:
+            out.append(Series(key, label, [s for s, _ in pairs], [v for _, v in pairs], unit))
+    return out
 
 
 COMPONENT_PREFIX = "component:"
@@ -481,13 +496,17 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
 def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
     """The Training Summary's label/value rows (the CLI's and the HTML report's)."""
     steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
+    settings = [(row.label, summary.settings[row.path]) for row in SPEC_FIELDS if row.path in summary.settings]
+    if "sft.dataset" in summary.settings:  # a Supervised (SFT) job: no reward, group or backend; its card's rows
+        return [("Method", summary.method), ("Model", summary.model), ("GPU Selection", summary.gpu_selection),
+                ("Quantization", summary.quantization)] + [
+            (label, "Full" if label == "Max Steps" and value == "-1" else value) for label, value in settings]
     return [("Method", summary.method), ("Model", summary.model), ("Reward", summary.reward),
             ("Group Size", summary.group_size), ("Max Completion", summary.max_completion),
             ("GPU Selection", summary.gpu_selection), ("LoRA Rank", summary.lora_rank),
             ("Learn Rate", f"{summary.learn_rate:g}"), ("Max Steps", steps), ("Backend", summary.backend),
             ("Batch Size", summary.batch_size), ("LoRA Alpha", summary.lora_alpha), ("Loss Type", summary.loss_type),
-            ("Quantization", summary.quantization)] + [
-        (row.label, summary.settings[row.path]) for row in SPEC_FIELDS if row.path in summary.settings]
+            ("Quantization", summary.quantization)] + settings
 
 
 def summary_lines(summary: C.TrainingSummary, warnings: list[str] | None = None, width: int = 80,

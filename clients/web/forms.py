@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlvr.clients.web.limits import FormLimits, get_path, set_path
-from rlvr.jobspec import SPEC_FIELDS, SpecField
+from rlvr.jobspec import FIELDS_BY_PATH, SPEC_FIELDS, SpecField
 from rlvr.peers.base import RlvrError
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import scheduler_pb2 as S
@@ -31,7 +31,8 @@ class Field:
     kind: str        # int | float | text | bool | enum | word (a closed list of strings) | map (KEY=VALUE pairs)
     widget: str      # slider | number | lr | steps | batch | radio | select | checkbox | text | percent
     help: str = ""   # the spec's words for it
-    only: str = ""   # shown and sent only with: generated | dataset | colocate | vllm | environment | dataset_benchmark
+    only: str = ""   # shown and sent only with: generated | dataset | colocate | vllm | environment | sft |
+    #                  dataset_benchmark
     step: str = "1"  # the input's step ("any" for floats)
 
     @property
@@ -42,7 +43,8 @@ class Field:
 # The console's widget of a field where it is not the kind's default (number, checkbox, select, text).
 WIDGETS = {"reward.key": "radio", "grpo.group_size": "slider", "grpo.max_completion_tokens": "slider",
            "grpo.lora_rank": "slider", "grpo.lora_alpha": "slider", "grpo.learning_rate": "lr",
-           "grpo.max_steps": "steps", "grpo.batch_size": "batch", "advanced.gpu_memory_fraction": "slider",
+           "grpo.max_steps": "steps", "grpo.batch_size": "batch", "sft.max_steps": "steps",
+           "advanced.gpu_memory_fraction": "slider",
            "advanced.gpu_selection": "text"}
 STEPS = {"advanced.gpu_memory_fraction": "0.05"}
 _KIND_WIDGETS = {"int": "number", "float": "number", "bool": "checkbox", "enum": "select", "word": "select",
@@ -57,8 +59,15 @@ def _field(row: SpecField) -> Field:
                  step=STEPS.get(row.path, "any" if row.kind == "float" else "1"))
 
 
-RUN, REWARD, GRPO, ADVANCED = ([_field(r) for r in SPEC_FIELDS if r.card == card]
-                               for card in ("run", "reward", "grpo", "advanced"))
+RUN, REWARD, GRPO, SFT, ADVANCED = ([_field(r) for r in SPEC_FIELDS if r.card == card and r.path != "method"]
+                                    for card in ("run", "reward", "grpo", "sft", "advanced"))
+# The Training Method selector: its own radio group in the Run card (train.html), values the enum's.
+METHOD = _field(FIELDS_BY_PATH["method"])
+METHOD_CHOICES = ((C.TRAINING_METHOD_SFT, "Supervised (SFT)", "A LoRA adapter learns a labeled dataset's completions "
+                   "(prompt and completion columns, or chat messages): TRL's SFTTrainer."),
+                  (C.TRAINING_METHOD_RLVR, "Reinforcement (RLVR)", "GRPO on a LoRA adapter: the model generates its "
+                   "own answers and a reward function scores them."))
+RLVR_ONLY = {f.path for f in REWARD + GRPO}  # the cards an SFT job does not read (hidden, not sent)
 LOOP = [
     Field("loop.name", "Name", "text", "text", "Labels the loop, for example “math-pairs to 35%”."),
     Field("loop.benchmark", "Benchmark", "word", "select", "Which environment scores each round."),
@@ -78,7 +87,7 @@ LOOP = [
     Field("loop.benchmark_dataset", "Benchmark dataset", "text", "text",
           "Boxed benchmark only: the dataset to score on (default: the job's dataset).", only="dataset_benchmark"),
 ]
-JOB_FIELDS = RUN + REWARD + GRPO + ADVANCED
+JOB_FIELDS = RUN + [METHOD] + REWARD + GRPO + SFT + ADVANCED
 ALL_FIELDS = {f.path: f for f in JOB_FIELDS + LOOP}
 
 
@@ -177,6 +186,8 @@ def active_options(form: Mapping[str, str], limits: FormLimits | None = None) ->
     """Which conditional fields the form's choices show: the reward's, the backend's, the environment's,
     the benchmark's."""
     active = set()
+    sft = str(form.get("method", "")).strip() == str(C.TRAINING_METHOD_SFT)
+    active.add("sft" if sft else "rlvr")
     key = str(form.get("reward.key", "")).strip()
     reward = limits.reward(key) if limits is not None else None
     if reward is not None and generates(reward) or reward is None and key in ("", "math_pairs"):
@@ -199,7 +210,9 @@ def active_options(form: Mapping[str, str], limits: FormLimits | None = None) ->
 def job_spec(form: Mapping[str, str], limits: FormLimits | None = None) -> tuple[C.JobSpec, FormErrors]:
     """The JobSpec of a submitted New Training form, and the values that are not numbers at all."""
     spec, errors = C.JobSpec(), FormErrors()
-    _parse(JOB_FIELDS, form, spec, errors, active_options(form, limits))
+    active = active_options(form, limits)
+    fields = [f for f in JOB_FIELDS if "rlvr" in active or f.path not in RLVR_ONLY]
+    _parse(fields, form, spec, errors, active)
     return spec, errors
 
 

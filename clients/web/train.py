@@ -23,7 +23,7 @@ from starlette.routing import Route
 from rlvr.clients.web import forms, views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.clients.web.limits import FormLimits
-from rlvr.jobspec import APPLIES_NOTES
+from rlvr.jobspec import APPLIES_NOTES, FIELDS_BY_PATH
 from rlvr.peers.base import RlvrError
 from rlvr.recipes import MEASURED_RECIPES, MeasuredRecipe, recipe_for
 from rlvr.v1 import scheduler_pb2 as S
@@ -32,9 +32,16 @@ TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholder
 ONLY_NOTES = {**APPLIES_NOTES, "dataset_benchmark": "benchmarks that take a dataset only"}
 
 
+def sft_default(path: str) -> str:
+    value = FIELDS_BY_PATH[path].default_value
+    return ("on" if value else "") if isinstance(value, bool) else "" if path == "sft.dataset" else str(value)
+
+
 def default_values(limits: FormLimits) -> dict[str, str]:
     """The form as it first shows: every job field at the server's default; the loop's too."""
     values = {f.path: ("" if f.path in TEXT_DEFAULTS else limits.default_text(f.path)) for f in forms.JOB_FIELDS}
+    # The SFT card's unranged fields: the table's defaults (an RLVR spec, the resolved defaults, leaves it unset).
+    values.update({f.path: sft_default(f.path) for f in forms.SFT if f.path not in limits.limits})
     loop = limits.loop_defaults
     values.update({"loop.name": "", "loop.target": "", "loop.min_gain": "", "loop.benchmark_dataset": "",
                    "loop.benchmark": loop.benchmark if loop else "",

@@ -52,6 +52,9 @@ function checkRange(input) {
 
 function activeOptions(form) {
   const active = new Set();
+  // the Training Method: Supervised (SFT) shows its card, Reinforcement (RLVR) the Reward and GRPO cards
+  const method = form.querySelector('input[name="method"]:checked');
+  active.add(method && method.value === "2" ? "sft" : "rlvr");
   // each Reward choice says whether it generates its prompts and whether it reads a dataset
   const reward = form.querySelector('input[name="reward.key"]:checked')
     || form.querySelector('input[name="reward.key"]');
