@@ -26,6 +26,8 @@ from rlvr.clients.views.jobs import (
     DIRECTION_WORDS,
     Chart,
     Series,
+    card_title,
+    card_trends,
     chart_caption,
     charts_of,
     num,
@@ -250,8 +252,8 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Cha
     name = job.spec.name if job is not None and job.spec.name else f"job {metrics.job_id}"
     progress = f" · step {job.current_step}/{job.total_steps}" if job is not None and job.total_steps else ""
     parts = [
-        *page_head(f"RL Metrics — {name}", CSS),
-        f'<h1>RL Metrics — {esc(name)} <span class="badge {esc(status)}">{esc(status.lower())}</span></h1>',
+        *page_head(f"{card_title(metrics)} — {name}", CSS),
+        f'<h1>{card_title(metrics)} — {esc(name)} <span class="badge {esc(status)}">{esc(status.lower())}</span></h1>',
         f'<p class="sub">job {esc(metrics.job_id)}{esc(progress)}</p>',
     ]
     if job is not None and job.error:
@@ -260,11 +262,10 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Cha
         parts.append(f'<div class="card message">{esc(metrics.message or "no training step recorded yet")}</div>')
     else:
         parts.append('<h2>Trends</h2><div class="trends">')
-        parts.append(_trend_card("Accuracy Trend", metrics.accuracy_trend))
-        parts.append(_trend_card("Reward Trend", metrics.reward_trend))
+        parts += [_trend_card(label, trend) for label, trend in card_trends(metrics)]
         parts.append('</div><h2>Stats</h2><div class="tiles">')
         parts += [f'<div class="card tile"><div class="label">{esc(label)}</div>'
-                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles)]
+                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles, metrics.supervised)]
         parts.append("</div>")
         if metrics.message:
             parts.append(f'<p class="message">{esc(metrics.message)}</p>')

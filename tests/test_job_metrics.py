@@ -241,3 +241,32 @@ async def test_get_job_metrics_over_grpc(nats_server, tmp_path: Path) -> None:
             await asyncio.to_thread(client.get_job_metrics, S.GetJobMetricsRequest(job_id="nosuchjob"))
         assert missing.value.code.name == "NOT_FOUND" and "nosuchjob" in missing.value.details
         client.close()
+
+
+def test_an_sft_jobs_card_is_its_own() -> None:
+    """A Supervised (SFT) job: the accuracy is the token accuracy, the card is SFT Metrics (one trend,
+    three tiles, the token accuracy and loss charts with the held-out loss), in the terminal as on the page."""
+    from rlvr.clients.views import jobs as view
+    from rlvr.jobspec import resolve_spec
+    from rlvr.services.scheduler.convert import spec_to_json
+
+    job = _job()
+    job.spec_json = spec_to_json(resolve_spec(C.JobSpec(method=C.TRAINING_METHOD_SFT,
+                                                        sft=C.SftConfig(dataset="d.jsonl"))).spec)
+    points = [MetricPointRow(job_id=job.id, step=i + 1, total_steps=4, loss=2.0 - 0.4 * i, token_accuracy=0.2 * (i + 1),
+                             tokens_per_second=100.0, heldout_loss=1.9 - 0.4 * i if i % 2 else None) for i in range(4)]
+    card = job_metrics(job, points)
+    assert card.supervised and card.tiles.best_accuracy == pytest.approx(0.8)
+    assert (card.accuracy_trend.early, card.accuracy_trend.late, card.accuracy_trend.direction) == (
+        pytest.approx(0.2), pytest.approx(0.8), RISING)
+    assert [p.heldout_loss for p in card.series if p.HasField("heldout_loss")] == [pytest.approx(1.5),
+                                                                                  pytest.approx(0.7)]
+    assert [(c.key, [s.key for s in c.series]) for c in view.charts_of(card)] == [
+        ("token_accuracy", ["token_accuracy"]), ("loss", ["loss", "heldout_loss"])]
+    text = view.render(card, unicode=False)
+    assert text.startswith(f"SFT Metrics - job {job.id} (completed)")
+    assert "Token Accuracy Trend" in text and "Reward Trend" not in text and "Best Reward" not in text
+    assert [label for label, _ in view.tile_values(card.tiles, card.supervised)] == ["Steps", "Best Accuracy",
+                                                                                     "Final Loss"]
+    rl = job_metrics(_job(), _points(_job(), [0.1, 0.2]))
+    assert not rl.supervised and view.render(rl, unicode=False).startswith("RL Metrics")

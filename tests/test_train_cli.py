@@ -45,6 +45,28 @@ def test_dry_run_prints_the_training_summary(scheduler: str) -> None:
         assert line in dapo.stdout, dapo.stdout
 
 
+def test_an_sft_dry_run_prints_its_summary_and_refuses_what_sft_cannot_read(scheduler: str) -> None:
+    """The scheduler's data roots are its folder, the repository: the bundled chats are under them."""
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--method", "sft", "--sft-dataset",
+               "examples/sft/math-pairs", "--sft-lr", "1e-4", "--sft-max-steps", "40", "--max-seq-length", "256",
+               "--target-modules", "q_proj,v_proj", "--packing", "--no-completion-only-loss")
+    assert out.returncode == 0, out.stderr
+    for line in ("Method          Supervised (SFT)", "Dataset         examples/sft/math-pairs", "Learning Rate   0.0001",
+                 "Max Steps       40", "Max sequence length 256", "Target modules  q_proj,v_proj", "Packing         on",
+                 "Completion-only loss off"):
+        assert line in out.stdout, out.stdout
+    assert "Group Size" not in out.stdout and "warning" not in out.stdout
+    bad = rlvr("train", "--dry-run", "--address", scheduler, "--method", "sft", "--sft-dataset",
+               "rlvr/data/gsm8k/test.jsonl", "--sft-lr", "0.5")
+    assert bad.returncode != 0
+    assert "sft.learning_rate: 0.5 is out of range; allowed: 1e-06 to 0.001 (default 0.0002)" in bad.stderr, bad.stderr
+    none = rlvr("train", "--dry-run", "--address", scheduler, "--method", "sft")
+    assert "sft.dataset: required for a Supervised (SFT) job" in none.stderr, none.stderr
+    columns = rlvr("train", "--dry-run", "--address", scheduler, "--method", "sft", "--sft-dataset",
+                   "rlvr/data/gsm8k/test.jsonl")
+    assert "has no 'prompt' and 'completion' or 'messages' column, which method SFT trains on" in columns.stderr
+
+
 def test_the_measured_recipe_fills_what_the_flags_leave_unset(scheduler: str) -> None:
     out = rlvr("train", "--dry-run", "--address", scheduler, "--model", "rlvr-tiny-headroom", "--recipe", "--lr", "5e-6")
     assert out.returncode == 0, out.stderr

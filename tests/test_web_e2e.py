@@ -228,6 +228,38 @@ def test_new_training_form_validation_rounding_and_a_live_job(pages: Pages) -> N
     screenshot(page, "job page", "console-job.png")
 
 
+def test_an_sft_job_from_the_training_method_selector(pages: Pages) -> None:
+    """Supervised (SFT) chosen on the New Training form: its card shows and the Reward and GRPO cards
+    hide, the sidebar is SFT's Training Summary, and the job's page is its SFT Metrics card."""
+    page = pages.new()
+    page.goto("/train")
+    assert page.is_visible("#f-reward-synthetic_prompts") and not page.is_visible("#sft-card")
+    page.check("#method-2")
+    assert page.is_visible("#sft-card") and not page.is_visible("#grpo-h") and not page.is_visible("#reward-h")
+    assert page.input_value("#f-sft-learning_rate") == "0.0002" and page.is_checked("#f-sft-completion_only_loss")
+    page.fill("#f-name", "web sft job")
+    page.fill("#f-base_model", MODEL)
+    page.fill("#f-sft-dataset", "examples/sft/math-pairs")
+    page.fill("#f-sft-max_steps", "4")
+    page.fill("#f-sft-max_seq_length", "128")
+    page.dispatch_event("#f-sft-max_seq_length", "change")
+    page.wait_for_function("document.getElementById('train-summary').innerText.includes('Supervised (SFT)')")
+    summary = page.inner_text("#train-summary")
+    assert "examples/sft/math-pairs" in summary and "Group Size" not in summary and "Reward" not in summary
+    check_page(page)
+    page.click("#start-training")
+    page.wait_for_url(re.compile(r"/jobs/[^/]+$"))
+    page.wait_for_function("document.body.dataset.live === 'done'", timeout=240_000)
+    assert page.inner_text("#job-status .badge") == "completed"
+    assert page.text_content("#rl-h").strip().startswith("SFT Metrics")
+    assert page.inner_text("[data-tile='Steps']") == "4" and page.locator("[data-tile='Best Reward']").count() == 0
+    assert page.locator("[data-trend='Token Accuracy Trend']").count() == 1
+    for key in ("token_accuracy", "loss"):
+        assert page.evaluate(f"document.getElementById('chart-{key}').naturalWidth") > 0
+    assert "Supervised (SFT)" in page.inner_text("aside")
+    check_page(page)
+
+
 def test_job_actions_download_export_merge(pages: Pages, tmp_path: Path) -> None:
     job_id = STATE.get("job") or pytest.skip("no job from the form test")
     page = pages.new()

@@ -300,17 +300,34 @@ TILE_FIELDS: list[tuple[str, Callable[[S.StatTiles], str]]] = [
 ]
 
 
-def tile_values(tiles: S.StatTiles) -> list[tuple[str, str]]:
-    """The five tiles, and a job with asynchronous steps' largest policy lag (in adapter versions)."""
+SFT_TILES = ("Steps", "Best Accuracy", "Final Loss")  # a Supervised (SFT) job has no reward (its accuracy: tokens)
+
+
+def card_title(metrics: S.JobMetrics) -> str:
+    return "SFT Metrics" if metrics.supervised else "RL Metrics"
+
+
+def card_trends(metrics: S.JobMetrics) -> list[tuple[str, S.Trend]]:
+    """The card's trends: accuracy and reward; a Supervised (SFT) job's token accuracy alone."""
+    if metrics.supervised:
+        return [("Token Accuracy Trend", metrics.accuracy_trend)]
+    return [("Accuracy Trend", metrics.accuracy_trend), ("Reward Trend", metrics.reward_trend)]
+
+
+def tile_values(tiles: S.StatTiles, supervised: bool = False) -> list[tuple[str, str]]:
+    """The five tiles, and a job with asynchronous steps' largest policy lag (in adapter versions);
+    a Supervised (SFT) job's three (`SFT_TILES`)."""
+    if supervised:
+        return [(label, value(tiles)) for label, value in TILE_FIELDS if label in SFT_TILES]
     values = [(label, value(tiles)) for label, value in TILE_FIELDS]
     if tiles.HasField("max_policy_lag"):
         values.append(("Max Policy Lag", str(tiles.max_policy_lag)))
     return values
 
 
-def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80) -> list[str]:
+def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80, supervised: bool = False) -> list[str]:
     """The tiles as boxes side by side (two rows of boxes when `width` is narrow)."""
-    items = tile_values(tiles)
+    items = tile_values(tiles, supervised)
     cell = 15
     per_row = max(1, min(len(items), (width + 1) // (cell + 1)))
     tl, tr, bl, br, h, v = ("┌", "┐", "└", "┘", "─", "│") if unicode else ("+", "+", "+", "+", "-", "|")
@@ -466,7 +483,7 @@ def header_line(metrics: S.JobMetrics, *, unicode: bool = True) -> str:
     status = status_name(metrics.status)
     partial = ", partial" if metrics.status in (C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED) else ""
     dash = "—" if unicode else "-"
-    return f"RL Metrics {dash} job {metrics.job_id} ({status.lower()}{partial})"
+    return f"{card_title(metrics)} {dash} job {metrics.job_id} ({status.lower()}{partial})"
 
 
 def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> str:
@@ -476,7 +493,7 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
         lines.append(f"  {metrics.message or 'no training step recorded yet'}")
         return "\n".join(lines)
     lines.append("")
-    for label, trend in (("Accuracy Trend", metrics.accuracy_trend), ("Reward Trend", metrics.reward_trend)):
+    for label, trend in card_trends(metrics):
         line = trend_line(label, trend, unicode=unicode)
         if len(line) > width:  # narrow: the peak on a line of its own
             head, _, peak = line.partition("  peak ")
@@ -484,7 +501,7 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
         lines.append(line)
     window = window_line(metrics)
     lines += [window if len(window) <= width else window.strip(), ""]
-    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width)
+    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width, supervised=metrics.supervised)
     if metrics.message:
         lines += ["", metrics.message]
     charts = charts_of(metrics)

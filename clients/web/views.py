@@ -101,6 +101,7 @@ class MetricsView:
     trends: list[TrendView]
     tiles: list[tuple[str, str]]
     charts: list[ChartView]
+    title: str = "RL Metrics"  # "SFT Metrics" for a Supervised (SFT) job
 
 
 def _trend(label: str, trend: S.Trend) -> TrendView:
@@ -123,15 +124,16 @@ def metrics_view(metrics: S.JobMetrics) -> MetricsView:
     """The RL Metrics card: trends, tiles and charts as `rlvr jobs show` has them."""
     partial = metrics.status in (C.JOB_STATUS_RUNNING, C.JOB_STATUS_QUEUED)
     if not metrics.has_steps:
-        return MetricsView(False, metrics.message or "no training step recorded yet", partial, [], [], [])
+        return MetricsView(False, metrics.message or "no training step recorded yet", partial, [], [], [],
+                           jobs_view.card_title(metrics))
     # Only what the charts depend on goes into the cache key (status changes must not re-render).
     key = S.JobMetrics(series=metrics.series, has_kl=metrics.has_kl, has_entropy=metrics.has_entropy,
                        has_episodes=metrics.has_episodes,
                        accuracy_trend=metrics.accuracy_trend, reward_trend=metrics.reward_trend)
     return MetricsView(
         has_steps=True, message=metrics.message, partial=partial,
-        trends=[_trend("Accuracy Trend", metrics.accuracy_trend), _trend("Reward Trend", metrics.reward_trend)],
-        tiles=jobs_view.tile_values(metrics.tiles),
+        trends=[_trend(label, trend) for label, trend in jobs_view.card_trends(metrics)],
+        tiles=jobs_view.tile_values(metrics.tiles, metrics.supervised), title=jobs_view.card_title(metrics),
         charts=list(_charts(key.SerializeToString(deterministic=True))),
     )
 

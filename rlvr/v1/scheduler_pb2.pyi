@@ -226,7 +226,7 @@ class GetJobMetricsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobMetrics(_message.Message):
-    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy", "has_episodes")
+    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy", "has_episodes", "supervised")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HAS_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class JobMetrics(_message.Message):
     HAS_KL_FIELD_NUMBER: _ClassVar[int]
     HAS_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     HAS_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    SUPERVISED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     status: _common_pb2.JobStatus
     has_steps: bool
@@ -249,7 +250,8 @@ class JobMetrics(_message.Message):
     has_kl: bool
     has_entropy: bool
     has_episodes: bool
-    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ...) -> None: ...
+    supervised: bool
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ..., supervised: _Optional[bool] = ...) -> None: ...
 
 class GetJobSamplesRequest(_message.Message):
     __slots__ = ("job_id", "step", "limit")

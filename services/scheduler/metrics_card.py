@@ -112,6 +112,7 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     if spec.advanced.max_async_steps:
         out.tiles.max_policy_lag = max(p.policy_lag for p in points)
     out.has_episodes = bool(spec.environment.key)
+    out.supervised = is_sft(spec)
     out.series.extend(series_point(p) for p in points)
     out.has_kl = any(p.kl is not None for p in points)
     out.has_entropy = any(p.entropy is not None for p in points)
