@@ -91,8 +91,15 @@ def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> No
     sft_fields = {f.name for f in dataclasses.fields(SftSettings)}
     assert sft_fields == {row.name for row in jobspec.SPEC_FIELDS if row.card == "sft"}  # the SFT card, whole
     flags = {flag: (group, name) for flag, group, name, _, _ in SPEC_FLAGS}
-    dests = [flag_dest(group, name) for _, group, name, _, _ in SPEC_FLAGS]
-    assert len(dests) == len(set(dests)), "two flags would write one attribute (--lr and --sft-lr)"
+    import argparse
+
+    from rlvr.clients.commands.train import add_train_arguments
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    dests = [a.dest for a in parser._actions]
+    assert len(dests) == len(set(dests)), "two flags would write one attribute (--lr and --sft-lr, --name)"
+    assert {flag_dest(group, name) for _, group, name, _, _ in SPEC_FLAGS} <= set(dests)
     for row in jobspec.SPEC_FIELDS:
         jobspec.proto_field(row)  # KeyError if the table names a field the proto lacks
         assert row.path in forms.ALL_FIELDS and forms.ALL_FIELDS[row.path].label == row.label

@@ -65,6 +65,9 @@ def test_an_sft_dry_run_prints_its_summary_and_refuses_what_sft_cannot_read(sche
     columns = rlvr("train", "--dry-run", "--address", scheduler, "--method", "sft", "--sft-dataset",
                    "rlvr/data/gsm8k/test.jsonl")
     assert "has no 'prompt' and 'completion' or 'messages' column, which method SFT trains on" in columns.stderr
+    stacked = rlvr("train", "--dry-run", "--address", scheduler, "--name", "after sft", "--init-adapter", "job-nosuch")
+    assert stacked.returncode != 0
+    assert "init_adapter.name: 'job-nosuch' is not the adapter of a job" in stacked.stderr, stacked.stderr
 
 
 def test_the_measured_recipe_fills_what_the_flags_leave_unset(scheduler: str) -> None:

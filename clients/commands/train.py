@@ -53,9 +53,9 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
 
 def flag_dest(group: str, field: str) -> str:
     """A flag's attribute on the parsed args: the field's name, or group_name where the name alone
-    says little ("environment.key" -> environment_key) or another card has it too ("sft.learning_rate"
-    -> sft_learning_rate, beside grpo's learning_rate)."""
-    return f"{group}_{field}" if field == "key" or group == "sft" else field
+    says little or is taken ("environment.key" -> environment_key, "init_adapter.name" -> init_adapter_name
+    beside --name's) or another card has it too ("sft.learning_rate" -> sft_learning_rate, beside grpo's)."""
+    return f"{group}_{field}" if group and (field in ("key", "name") or group == "sft") else field
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, *,

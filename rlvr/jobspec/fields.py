@@ -160,6 +160,11 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
     _RUN("base_model", "Base model", "A Hugging Face hub id, a bundled tiny model, or a model folder under the "
          "model roots by its path or its bare name (`rlvr models import`).", "text",
          default=DEFAULT_BASE_MODEL, config=None),
+    _RUN("init_adapter.name", "Start from adapter",
+         "An RLVR job may start from another job's adapter, kept frozen under the fresh one (an SFT job's, "
+         "for SFT then RLVR): its name, job-<id>, as `rlvr jobs show` prints it. Empty: the base model.", "text",
+         default="", allowed_text="a job's adapter name, job-<id>, or empty", applies="rlvr", flag="--init-adapter",
+         config=None),
     _REWARD("reward.key", "Reward", "The reward, by key (`rlvr rewards` lists them).", "word", default=DEFAULT_REWARD,
             config=None),
     _REWARD("reward.synthetic_prompts", "Synthetic prompts", "How many problems to generate on the fly.", "int",

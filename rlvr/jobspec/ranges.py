@@ -192,11 +192,11 @@ QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZA
 FieldKind = Literal["int", "float", "bool", "text", "enum", "word", "map"]
 # Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
 # dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend, jobs with an environment.
-Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment", "sft"]
+Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment", "sft", "rlvr"]
 APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
                                  "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
                                  "vllm": "vLLM (rollout server) only", "environment": "jobs with an environment only",
-                                 "sft": "Supervised (SFT) jobs only"}
+                                 "sft": "Supervised (SFT) jobs only", "rlvr": "Reinforcement (RLVR) jobs only"}
 
 
 def one_update_per_step(a: common_pb2.AdvancedOptions) -> bool:
