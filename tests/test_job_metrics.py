@@ -270,3 +270,15 @@ def test_an_sft_jobs_card_is_its_own() -> None:
                                                                                      "Final Loss"]
     rl = job_metrics(_job(), _points(_job(), [0.1, 0.2]))
     assert not rl.supervised and view.render(rl, unicode=False).startswith("RL Metrics")
+    # the jobs list's sparkline: the token accuracy alone (no reward line)
+    from rlvr.clients.web.views import sparkline
+
+    svg = str(sparkline(card))
+    assert svg.count("<polyline") == 1 and "token accuracy 0.200 to 0.800 over 4 steps" in svg
+    assert str(sparkline(rl)).count("<polyline") == 2
+    # `rlvr events`: an SFT step in its own words
+    from rlvr.clients.commands.events import line_of
+
+    event = C.MetricEvent(job_id=job.id, step=2, total_steps=4, loss=1.25, token_accuracy=0.5, heldout_loss=1.5)
+    assert line_of("rlvr.jobs.x.metrics", 7, event, b"") == (
+        f"#7 job {job.id} step 2/4: loss 1.25 token accuracy 0.500 heldout_loss 1.5")

@@ -70,6 +70,22 @@ def test_every_bad_sft_field_is_named_at_once() -> None:
     assert "init_adapter: not allowed with method SFT" in text
 
 
+def test_what_only_rlvr_reads_is_dropped_with_a_warning() -> None:
+    """`rlvr train --method sft --lr 1e-4 --epochs 3`: RLVR's fields, even out of their range, are not an
+    SFT job's: dropped from the resolved spec (their defaults) and named once; what SFT reads stays."""
+    spec = sft()
+    spec.grpo.learning_rate, spec.grpo.group_size, spec.reward.key = 1e-4, 99, "gsm8k"
+    spec.advanced.temperature, spec.advanced.epochs, spec.advanced.generation_backend = 9.0, 3, 2
+    spec.advanced.seed, spec.advanced.checkpoint_every, spec.advanced.precision = 5, 4, "fp32"
+    r = resolve_spec(spec)
+    assert r.warnings == ["reward.key, grpo.group_size, grpo.learning_rate, advanced.epochs, "
+                          "advanced.generation_backend, advanced.temperature: ignored: Reinforcement (RLVR)'s, and "
+                          "this job's method is SFT (its own card: sft.*)"]
+    assert (r.spec.grpo.group_size, r.spec.reward.key, r.spec.advanced.epochs) == (8, "math_pairs", 1)
+    assert (r.spec.advanced.seed, r.spec.advanced.checkpoint_every, r.spec.advanced.precision) == (5, 4, "fp32")
+    assert resolve_spec(sft()).warnings == []  # an SFT job of defaults: nothing to say
+
+
 def test_an_sft_job_has_no_environment() -> None:
     spec = sft()
     spec.environment.key = "calculator"

@@ -127,11 +127,19 @@ def test_the_options_reach_trl(tmp_path: Path, tiny_model: str) -> None:
 
 
 def test_chats_train_on_the_last_assistant_message(tmp_path: Path, tiny_model: str) -> None:
-    events: list[C.MetricEvent] = []
-    result = run_job(_job(tmp_path, tiny_model, EXAMPLE, sft={"max_steps": 2, "max_seq_length": 128}),
-                     _deps(events))
-    assert result.status == "completed", result.error
-    assert len(events) == 2
+    """The bundled chats: prompt = every message but the last, rendered with the chat template; the
+    loss on the answer alone is far below the loss on the whole text (the prompt's four digits are
+    unpredictable, the worked answer follows from them)."""
+    losses = {}
+    for only in (True, False):
+        events: list[C.MetricEvent] = []
+        result = run_job(_job(tmp_path / str(only), tiny_model, EXAMPLE,
+                              sft={"max_steps": 1, "max_seq_length": 128, "completion_only_loss": only}), _deps(events))
+        assert result.status == "completed", result.error
+        losses[only] = events[0].loss
+    assert losses[True] < losses[False]
+    train, _ = sft_data(_job(tmp_path, tiny_model, EXAMPLE))
+    assert [m["role"] for m in train[0]["prompt"]] == ["user"] and train[0]["completion"][0]["role"] == "assistant"
 
 
 @pytest.mark.parametrize(("rows", "expected"), [
@@ -165,6 +173,30 @@ def test_a_cancel_keeps_the_last_steps_adapter(tmp_path: Path, tiny_model: str) 
     assert Path(result.adapter_path, "adapter_model.safetensors").is_file()
 
 
+def test_a_cancel_while_loading_is_a_cancelled_job(tmp_path: Path, tiny_model: str) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 6}), _deps([], cancel=cancel))
+    assert (result.status, result.steps_done, result.total_steps, result.adapter_path) == ("cancelled", 0, 6, "")
+
+
+def test_the_micro_batch_fits_the_memory_budget(tmp_path: Path, tiny_model: str) -> None:
+    from transformers import AutoConfig
+
+    from rlvr.services.trainer.job.engine import token_bytes
+    from rlvr.services.trainer.job.sft import sft_micro_batch
+
+    config = AutoConfig.from_pretrained(tiny_model)
+    job = _job(tmp_path, tiny_model, _pairs(tmp_path), sft={"batch_size": 12, "max_seq_length": 100})
+    row = token_bytes(config) * 100
+    assert sft_micro_batch(job, config) == 12  # the tiny model's whole batch fits 2 GiB
+    assert sft_micro_batch(job, config, budget=5 * row) == 4  # the largest divisor of 12 that fits
+    assert sft_micro_batch(job, config, budget=row // 2) == 1
+    from dataclasses import replace
+
+    assert sft_micro_batch(replace(job, micro_batch_size=3), config) == 3
+
+
 def test_a_resumed_job_ends_exactly_as_an_undisturbed_one(tmp_path: Path, tiny_model: str) -> None:
     """Lost after step 3 (its last checkpoint at step 2), re-dispatched with resume: it goes on from
     TRL's checkpoint (optimizer, scheduler, data order and random state) and publishes only the steps
@@ -184,7 +216,43 @@ def test_a_resumed_job_ends_exactly_as_an_undisturbed_one(tmp_path: Path, tiny_m
     again = JobConfig.from_json({**lost.to_json(), "resume": True, "stored_steps": 3})
     resumed = run_job(again, _deps(events, on_step=lambda s, t: steps.append(s)))
     assert resumed.status == "completed", resumed.error
-    assert steps == [3, 4, 5]  # on from the checkpoint at step 2 (its adapter restored first)
+    assert steps == [2, 3, 4, 5]  # the checkpoint's step 2 (its adapter restored first), then on
     assert [e.step for e in events] == [4, 5]  # step 3 is stored already
     expected, got = _adapter(whole), _adapter(resumed)
     assert set(expected) == set(got) and all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_checkpoint_cut_short_is_not_resumed_from(tmp_path: Path, tiny_model: str) -> None:
+    """The lost run's newest checkpoint lacks its trainer_state.json (the kill came mid-save): the job
+    resumes from the whole one before it, and the cut one is removed."""
+    import shutil
+
+    data = _pairs(tmp_path)
+    lost = _job(tmp_path, tiny_model, data, sft={"max_steps": 6}, checkpoint_every=2)
+    cancel = threading.Event()
+    run_job(lost, _deps([], cancel=cancel, on_step=lambda s, t: cancel.set() if s == 4 else None))
+    trl = lost.job_dir / "trl"
+    assert sorted(p.name for p in trl.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    (trl / "checkpoint-4" / "trainer_state.json").unlink()
+    steps: list[int] = []
+    again = JobConfig.from_json({**lost.to_json(), "resume": True, "stored_steps": 4})
+    resumed = run_job(again, _deps([], on_step=lambda s, t: steps.append(s)))
+    assert resumed.status == "completed" and steps == [2, 3, 4, 5, 6], (resumed.error, steps)
+    assert not (trl / "checkpoint-4").exists() or (trl / "checkpoint-4" / "trainer_state.json").is_file()
+    shutil.rmtree(trl)
+
+
+def test_a_job_lost_after_its_last_checkpoint_completes_with_that_adapter(tmp_path: Path, tiny_model: str) -> None:
+    """Lost once its final checkpoint was written (TRL saves one at the last step): the re-dispatched
+    job trains nothing and reports the checkpoint's adapter, version and all."""
+    import torch
+
+    job = _job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 3}, checkpoint_every=2)
+    first = run_job(job, _deps([]))
+    assert first.status == "completed" and (job.job_dir / "trl" / "checkpoint-3").is_dir()
+    events: list[C.MetricEvent] = []
+    again = run_job(JobConfig.from_json({**job.to_json(), "resume": True, "stored_steps": 3}), _deps(events))
+    assert (again.status, again.steps_done, again.total_steps, again.adapter_version) == ("completed", 3, 3, 3)
+    assert events == []
+    expected, got = _adapter(first), _adapter(again)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

@@ -23,7 +23,9 @@ from rlvr.v1 import trainer_pb2
 EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
                    "episode_tokens_mean", "truncated_episodes", "failed_episodes",
                    "episode_splits"}
-METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields if f.name not in EPISODE_METRICS]
+# and a Supervised (SFT) job's (unset at an RLVR step)
+SFT_METRICS = {"token_accuracy", "tokens_per_second", "heldout_loss"}
+METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields if f.name not in EPISODE_METRICS | SFT_METRICS]
 
 
 def _request(**grpo: object) -> trainer_pb2.StartJobRequest:

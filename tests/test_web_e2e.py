@@ -257,6 +257,7 @@ def test_an_sft_job_from_the_training_method_selector(pages: Pages) -> None:
     for key in ("token_accuracy", "loss"):
         assert page.evaluate(f"document.getElementById('chart-{key}').naturalWidth") > 0
     assert "Supervised (SFT)" in page.inner_text("aside")
+    assert "samples nothing" in page.inner_text("#completions")
     check_page(page)
 
 

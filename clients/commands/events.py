@@ -98,7 +98,10 @@ def line_of(subject: str, seq: int, message: Message | None, data: bytes) -> str
     """One event in words: what happened, to which job, loop or evaluation."""
     if isinstance(message, common_pb2.MetricEvent):
         m = message
-        extras = "".join(f" {k} {getattr(m, k):.4g}" for k in ("kl", "entropy") if m.HasField(k))
+        extras = "".join(f" {k} {getattr(m, k):.4g}" for k in ("kl", "entropy", "heldout_loss") if m.HasField(k))
+        if m.HasField("token_accuracy"):  # a Supervised (SFT) job's step: no reward
+            return (f"#{seq} job {m.job_id} step {m.step}/{m.total_steps or '?'}: loss {m.loss:.4g} token accuracy "
+                    f"{m.token_accuracy:.3f}{extras}")
         return (f"#{seq} job {m.job_id} step {m.step}/{m.total_steps or '?'}: reward {m.reward_mean:.3f} accuracy "
                 f"{m.accuracy:.3f} format {m.format:.3f} loss {m.loss:.4g}{extras} (adapter v{m.adapter_version})")
     if isinstance(message, common_pb2.JobStatusEvent):

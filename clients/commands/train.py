@@ -219,8 +219,9 @@ def watch_job(client, job_id: str, out=sys.stdout) -> C.JobStatus:  # noqa: ANN0
                 if event.HasField("metric"):
                     m = event.metric
                     lag = f" lag {m.policy_lag}" if m.policy_lag else ""  # asynchronous steps' stale data
-                    bar.update(task, completed=m.step, total=m.total_steps or None,
-                               stats=f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}{lag}")
+                    stats = (f"loss {m.loss:.4f} token acc {m.token_accuracy:.3f}" if m.HasField("token_accuracy")
+                             else f"reward {m.reward_mean:.3f} acc {m.accuracy:.3f} loss {m.loss:.4f}{lag}")
+                    bar.update(task, completed=m.step, total=m.total_steps or None, stats=stats)
                 else:
                     status = event.status.status
                     name = job_status_name(status).lower()

@@ -185,9 +185,9 @@ def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors
 def active_options(form: Mapping[str, str], limits: FormLimits | None = None) -> set[str]:
     """Which conditional fields the form's choices show: the reward's, the backend's, the environment's,
     the benchmark's."""
-    active = set()
-    sft = str(form.get("method", "")).strip() == str(C.TRAINING_METHOD_SFT)
-    active.add("sft" if sft else "rlvr")
+    if str(form.get("method", "")).strip() == str(C.TRAINING_METHOD_SFT):
+        return {"sft"}  # its own card: none of RLVR's conditional fields applies
+    active = {"rlvr"}
     key = str(form.get("reward.key", "")).strip()
     reward = limits.reward(key) if limits is not None else None
     if reward is not None and generates(reward) or reward is None and key in ("", "math_pairs"):

@@ -56,7 +56,7 @@ def routes(console: Console) -> list[Route]:
     def samples(job: C.Job, metrics: S.JobMetrics) -> dict[str, Any]:
         """The Completions card: the latest steps' samples (none asked before a step is stored); a
         failed read is said in the card, the rest of the page shows as ever."""
-        if not metrics.has_steps:
+        if not metrics.has_steps or metrics.supervised:  # an SFT job samples no completions
             return {"samples": [], "samples_error": "", "environment": job.spec.environment.key}
         try:
             resp = scheduler.get_job_samples(S.GetJobSamplesRequest(job_id=job.id, limit=SAMPLE_STEPS))

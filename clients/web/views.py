@@ -143,8 +143,12 @@ def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) 
     if metrics is None or not metrics.has_steps or not metrics.series:
         return Markup('<span class="muted">no steps yet</span>')
     points = sorted(metrics.series, key=lambda p: p.step)
-    rewards = [p.reward for p in points]
-    accuracies = [p.accuracy for p in points]
+    if metrics.supervised:  # a Supervised (SFT) job: its token accuracy, and no reward
+        accuracies = [p.token_accuracy for p in points]
+        rewards = []
+    else:
+        rewards = [p.reward for p in points]
+        accuracies = [p.accuracy for p in points]
     lo, hi = min(rewards + accuracies), max(rewards + accuracies)
     span = (hi - lo) or 1.0
 
@@ -154,14 +158,15 @@ def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) 
         return " ".join(f"{x:.1f},{height - 3 - (v - lo) / span * (height - 6):.1f}" for x, v in zip(xs, values,
                                                                                                       strict=True))
 
-    label = (f"reward {jobs_view.num(rewards[0])} to {jobs_view.num(rewards[-1])}, accuracy "
-             f"{jobs_view.num(accuracies[0])} to {jobs_view.num(accuracies[-1])} over {len(points)} steps")
+    reward = f"reward {jobs_view.num(rewards[0])} to {jobs_view.num(rewards[-1])}, " if rewards else ""
+    label = (f"{reward}{'token ' if metrics.supervised else ''}accuracy {jobs_view.num(accuracies[0])} to "
+             f"{jobs_view.num(accuracies[-1])} over {len(points)} steps")
     marker = "round" if len(points) > 1 else "square"
+    reward_line = (f'<polyline fill="none" stroke="{report.COLORS["reward"]}" stroke-width="2" '
+                   f'stroke-linecap="{marker}" points="{line(rewards)}"/>') if rewards else ""
     return Markup(
         f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(label)}"><title>{escape(label)}</title>'
-        f'<polyline fill="none" stroke="{report.COLORS["reward"]}" stroke-width="2" stroke-linecap="{marker}" '
-        f'points="{line(rewards)}"/>'
+        f'aria-label="{escape(label)}"><title>{escape(label)}</title>{reward_line}'
         f'<polyline fill="none" stroke="{report.COLORS["accuracy"]}" stroke-width="2" stroke-linecap="{marker}" '
         f'points="{line(accuracies)}"/></svg>'
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -57,6 +57,7 @@ from rlvr.jobspec.ranges import (
     SFT_LEARNING_RATE,
     SFT_MAX_SEQ_LENGTH,
     SFT_MAX_STEPS_DEFAULT,
+    SFT_READS_ADVANCED,
     SHARDINGS,
     SYNTHETIC_PROMPTS,
     TEMPERATURE,
@@ -242,7 +243,7 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
          default="all-linear", allowed_text='"all-linear" (default) or a comma list of module names',
          flag="--target-modules", **_SFT_ONLY),
     _SFT("sft.completion_only_loss", "Completion-only loss",
-         "Loss on the completion (a chat's assistant messages) only; off trains on the prompt too.", "bool",
+         "Loss on the completion (a chat's last assistant message) only; off trains on the prompt too.", "bool",
          default=True, **_SFT_ONLY),
     _SFT("sft.packing", "Packing", "Pack several examples into each sequence (TRL's best-fit packing).", "bool",
          default=False, **_SFT_ONLY),
@@ -337,6 +338,10 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
               "(`rlvr train --mask-truncated`).", "bool",
               default=False, summary=True),
 )
+# The Advanced Options only RLVR reads, and that no backend or reward narrows already, apply to RLVR jobs.
+SPEC_FIELDS = tuple(
+    replace(row, applies="rlvr") if row.card == "advanced" and not row.applies and row.group == "advanced"
+    and row.name not in SFT_READS_ADVANCED else row for row in SPEC_FIELDS)
 FIELDS_BY_PATH: dict[str, SpecField] = {f.path: f for f in SPEC_FIELDS}
 # The sampling controls beyond temperature: JobConfig, Sampling, SamplingSpec and AdvancedOptions
 # carry each under this name.

@@ -119,6 +119,12 @@ SFT_MAX_SEQ_LENGTH = IntRange(32, 32_768, 1024)
 LORA_DROPOUT = FloatRange(0.0, 0.5, 0.05)
 SFT_MAX_STEPS_DEFAULT = -1  # Full: every example for the chosen epochs
 TARGET_MODULES_RE = re.compile(r"^(all-linear|[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*)$")
+# The Advanced Options an SFT job reads (docs/sft.md); the others, the reward and the GRPO card are
+# Reinforcement (RLVR)'s: set on an SFT job they are dropped, with a warning (sft.py, `drop_rlvr_fields`),
+# and their rows apply to RLVR jobs only (fields.py).
+SFT_READS_ADVANCED = frozenset({"seed", "gpu_selection", "precision", "quantization", "gradient_checkpointing",
+                                "checkpoint_every", "eval_every", "lora_init", "num_processes", "num_nodes",
+                                "sharding"})
 # The columns an SFT dataset holds: prompt and completion (text, or chat messages each), or messages.
 SFT_COLUMN_SETS: tuple[tuple[str, ...], ...] = (("prompt", "completion"), ("messages",))
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit

@@ -27,7 +27,7 @@ from rlvr.jobspec.ranges import (
     C,
 )
 from rlvr.jobspec.reward import _validate_reward
-from rlvr.jobspec.sft import _validate_method, is_sft, sft_total_steps
+from rlvr.jobspec.sft import _validate_method, drop_rlvr_fields, is_sft, sft_total_steps
 from rlvr.jobspec.training import _validate_advanced, _validate_eval_size, _validate_grpo, total_steps
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.tracking.config import validate_tracking
@@ -143,6 +143,11 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
+    if spec.method == C.TRAINING_METHOD_SFT:  # what only RLVR reads is not an SFT job's: dropped, said once
+        dropped = drop_rlvr_fields(spec)
+        if dropped:
+            warnings.append(f"{', '.join(dropped)}: ignored: Reinforcement (RLVR)'s, and this job's method is SFT "
+                            "(its own card: sft.*)")
     # An SFT job reads no reward, GRPO card, environment or sampler: what their checks warn of is not its concern.
     rlvr_warnings: list[str] = []
     _validate_reward(spec, rlvr_warnings, catalog, v)

@@ -2,18 +2,52 @@
 
 from __future__ import annotations
 
+from google.protobuf.message import Message
+
 from rlvr.common.errors import InvalidArgument, Violations, out_of_range
 from rlvr.jobspec.fields import _checked, _enum
 from rlvr.jobspec.ranges import (
     MAX_STEPS_HIGH,
     METHOD_NAMES,
     SFT_MAX_STEPS_DEFAULT,
+    SFT_READS_ADVANCED,
     TARGET_MODULES_RE,
     C,
 )
 from rlvr.v1 import common_pb2
 
 SFT_DEFAULT_SPLIT = "train"
+
+
+def _set_fields(msg: Message, group: str) -> list[str]:
+    """The paths of the fields of `msg` set to something (a field with presence: set; else not its default)."""
+    out = []
+    for field in msg.DESCRIPTOR.fields:
+        if field.has_presence:
+            if msg.HasField(field.name):
+                out.append(f"{group}.{field.name}")
+        elif field.is_repeated:
+            if len(getattr(msg, field.name)):
+                out.append(f"{group}.{field.name}")
+        elif getattr(msg, field.name) != field.default_value:
+            out.append(f"{group}.{field.name}")
+    return out
+
+
+def drop_rlvr_fields(spec: common_pb2.JobSpec) -> list[str]:
+    """An SFT spec without what only RLVR reads (the reward, the GRPO card and the Advanced Options
+    outside `SFT_READS_ADVANCED`), so that the resolved spec holds their defaults and nothing of them
+    is refused; returns the paths that were set (the warning names them)."""
+    dropped = _set_fields(spec.reward, "reward") + _set_fields(spec.grpo, "grpo")
+    spec.ClearField("reward")
+    spec.ClearField("grpo")
+    a = spec.advanced
+    for path in _set_fields(a, "advanced"):
+        name = path.removeprefix("advanced.")
+        if name not in SFT_READS_ADVANCED:
+            dropped.append(path)
+            a.ClearField(name)
+    return dropped
 
 
 def is_sft(spec: common_pb2.JobSpec) -> bool:

@@ -54,7 +54,8 @@ function activeOptions(form) {
   const active = new Set();
   // the Training Method: Supervised (SFT) shows its card, Reinforcement (RLVR) the Reward and GRPO cards
   const method = form.querySelector('input[name="method"]:checked');
-  active.add(method && method.value === "2" ? "sft" : "rlvr");
+  if (method && method.value === "2") return new Set(["sft"]);  // none of RLVR's conditional fields applies
+  active.add("rlvr");
   // each Reward choice says whether it generates its prompts and whether it reads a dataset
   const reward = form.querySelector('input[name="reward.key"]:checked')
     || form.querySelector('input[name="reward.key"]');

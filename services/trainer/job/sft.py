@@ -18,8 +18,10 @@ held back, seeded; it is read only when `advanced.eval_every` is on.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from rlvr.common.errors import FailedPrecondition
 from rlvr.jobspec import SFT_COLUMN_SETS
 from rlvr.services.trainer.job import artifacts
 from rlvr.services.trainer.job.config import JobConfig, SftSettings
+from rlvr.services.trainer.job.engine import MICRO_BATCH_BUDGET, TRL_DIR, checkpointing_on, token_bytes
 from rlvr.services.trainer.job.policy import load_policy
 from rlvr.tasks.base import TaskError
 from rlvr.tasks.sources import Rows, dataset_splits, load_rows
@@ -57,7 +60,6 @@ class SftProgress(Protocol):
 
 log = logging.getLogger("rlvr.trainer.sft")
 
-TRL_DIR = "trl"  # as resume.py names TRL's checkpoints' folder
 HELDOUT_SPLIT = "test"
 HELDOUT_SHARE = 0.05
 
@@ -111,16 +113,28 @@ def _card(job: JobConfig) -> SftSettings:
     return job.sft
 
 
-def sft_args(job: JobConfig, device: str, output_dir: Path) -> Any:
-    """TRL's SFTConfig for the job."""
+def sft_micro_batch(job: JobConfig, config: Any, budget: int = MICRO_BATCH_BUDGET) -> int:
+    """Examples per forward/backward (their gradients accumulate into the step): job.micro_batch_size
+    when set, else the largest divisor of sft.batch_size whose rows of sft.max_seq_length tokens fit
+    `budget` (engine.py's estimate of a token's training memory, as an RLVR job splits its batch)."""
+    sft = _card(job)
+    if job.micro_batch_size and sft.batch_size % job.micro_batch_size == 0:
+        return job.micro_batch_size
+    fit = budget // max(1, token_bytes(config) * sft.max_seq_length)
+    return max(d for d in range(1, sft.batch_size + 1) if sft.batch_size % d == 0 and d <= max(1, fit))
+
+
+def sft_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
+    """TRL's SFTConfig for the job and its model (the micro-batch and "auto" gradient checkpointing
+    depend on its size)."""
     from trl import SFTConfig
 
     sft = _card(job)
-    micro = job.micro_batch_size or sft.batch_size
-    if sft.batch_size % micro:
-        micro = 1
-    checkpoints = {"save_strategy": "steps", "save_steps": job.checkpoint_every} if job.checkpoint_every \
-        else {"save_strategy": "no"}
+    micro = sft_micro_batch(job, model.config)
+    parameters = sum(p.numel() for p in model.parameters())
+    # at most two checkpoints kept (as an RLVR job keeps): the newest whole one is what a resume needs
+    checkpoints = {"save_strategy": "steps", "save_steps": job.checkpoint_every, "save_total_limit": 2} \
+        if job.checkpoint_every else {"save_strategy": "no"}
     evaluation = {"eval_strategy": "steps", "eval_steps": job.eval_every, "per_device_eval_batch_size": micro} \
         if job.eval_every else {"eval_strategy": "no"}
     return SFTConfig(
@@ -129,9 +143,42 @@ def sft_args(job: JobConfig, device: str, output_dir: Path) -> Any:
         gradient_accumulation_steps=sft.batch_size // micro, max_length=sft.max_seq_length, packing=sft.packing,
         completion_only_loss=sft.completion_only_loss, logging_steps=1, report_to=[], disable_tqdm=True,
         seed=job.seed, data_seed=job.seed, use_cpu=device == "cpu", bf16=job.precision == "bf16",
-        fp16=job.precision == "fp16", gradient_checkpointing=job.gradient_checkpointing == "on",
+        fp16=job.precision == "fp16", gradient_checkpointing=checkpointing_on(job, parameters, device == "cpu"),
         dataloader_num_workers=0, save_only_model=False, **checkpoints, **evaluation,
     )
+
+
+CHECKPOINT_FILES = ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt")
+
+
+def _whole(checkpoint: Path) -> tuple[int, int] | None:
+    """The step and the run's step count of a whole TRL checkpoint (its trainer_state.json, written
+    last, reads back and names the step; the adapter, optimizer and scheduler are there), None for
+    one cut short."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        step, total = int(state["global_step"]), int(state["max_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    whole = all((checkpoint / name).is_file() for name in CHECKPOINT_FILES)
+    return (step, total) if whole and checkpoint.name == f"checkpoint-{step}" else None
+
+
+def sft_resume_point(job: JobConfig) -> tuple[Path, int, int] | None:
+    """Where a re-dispatched SFT job (`job.resume`) goes on from: its newest whole TRL checkpoint, its
+    step and the run's step count; checkpoints after it that were cut short are removed. None (a
+    clean TRL folder) for a first run, or a job with no whole checkpoint: it starts again from step
+    0, with the same seed the same run."""
+    trl = job.job_dir / TRL_DIR
+    found = sorted((p for p in trl.glob("checkpoint-*") if p.name.rpartition("-")[2].isdigit()),
+                   key=lambda p: int(p.name.rpartition("-")[2]), reverse=True) if job.resume else []
+    for checkpoint in found:
+        whole = _whole(checkpoint)
+        if whole is not None:
+            return checkpoint, *whole
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    shutil.rmtree(trl, ignore_errors=True)
+    return None
 
 
 def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, base_path: str) -> None:
@@ -139,7 +186,6 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
     steps done and total as they happen."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     train_rows, heldout_rows = sft_data(job)
@@ -147,10 +193,13 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
     if isinstance(train_rows[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
         raise FailedPrecondition(f"sft.dataset: its rows are chats, and {job.base_model!r} has no chat template "
                                  "to render them with; give prompt and completion text columns instead")
+    sft = _card(job)
+    # the step count before TRL knows it (a cancel while loading is a cancelled job); TRL's own at its start
+    result.total_steps = sft.max_steps if sft.max_steps > 0 else sft.epochs * -(-len(train_rows) // sft.batch_size)
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     trl_dir = job.job_dir / TRL_DIR
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
-    resume_from = get_last_checkpoint(str(trl_dir)) if job.resume and trl_dir.is_dir() else None
+    resume = sft_resume_point(job)
 
     class Progress(TrainerCallback):
         """Each step: the adapter saved (then its progress and its MetricEvent), the cancel honoured."""
@@ -181,8 +230,6 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
             result.steps_done = step
             if deps.on_step is not None:
                 deps.on_step(step, total)
-            if job.eval_every and step == total and step % job.eval_every:
-                control.should_evaluate = True  # the last step is always evaluated
             if deps.cancel.is_set():
                 control.should_training_stop = True
 
@@ -224,17 +271,21 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
 
     train = Dataset.from_list(train_rows)
     heldout = Dataset.from_list(heldout_rows) if heldout_rows else None
-    trainer = SFTTrainer(model=model, args=sft_args(job, device, trl_dir), train_dataset=train,
+    trainer = SFTTrainer(model=model, args=sft_args(job, device, trl_dir, model), train_dataset=train,
                          eval_dataset=heldout, processing_class=tokenizer, callbacks=[Progress()])
     trainer.remove_callback(PrinterCallback)  # the MetricEvents carry the logs
     log.info("job %s: SFT on %d examples (%d held out) of %s, %s", job.job_id, len(train_rows), len(heldout_rows),
-             _card(job).dataset, f"resuming from {Path(resume_from).name}" if resume_from else "from step 0")
-    if resume_from is not None:
-        step = int(Path(resume_from).name.rpartition("-")[2])
-        saved = artifacts.checkpoint_dir(job.artifact_root, job.job_id, step)
-        if saved.is_dir():  # the job's adapter is the checkpoint's again (the lost run may have left a later one)
-            space.write(f"step {step}'s adapter", lambda: artifacts.copy_adapter(saved, adapter))
-            result.steps_done = step
+             sft.dataset, f"resuming from step {resume[1]}" if resume else "from step 0")
+    if resume is not None:
+        checkpoint, step, total = resume
+        # The job's adapter is the checkpoint's again (the lost run may have left a later step's): TRL's
+        # checkpoint holds it, as peft saved it.
+        space.write(f"step {step}'s adapter", lambda: artifacts.copy_adapter(checkpoint, adapter))
+        result.steps_done, result.total_steps = step, total
+        if deps.on_step is not None:
+            deps.on_step(step, total)
+        if step >= total:  # lost after its last step: done (transformers would train one step more)
+            return
     if deps.cancel.is_set():
         return
-    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.train(resume_from_checkpoint=str(resume[0]) if resume else None)
