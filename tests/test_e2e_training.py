@@ -203,6 +203,8 @@ def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
     rows = list(csv.DictReader(exported.open()))
     assert [r["step"] for r in rows] == [str(s) for s in range(1, 7)] and all(r["token_accuracy"] for r in rows)
     assert [r["step"] for r in rows if r["heldout_loss"]] == ["3", "6"]
+    merged = client.scheduler.merge(job_id)  # Merge Model as for an RLVR job: base + the SFT adapter
+    assert merged.done and merged.size_bytes > 0
 
     rlvr = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
     rlvr.name = "e2e-after-sft"

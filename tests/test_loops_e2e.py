@@ -255,6 +255,8 @@ def test_a_failing_round_fails_the_loop_with_its_cause(stack) -> None:
     assert ended.rounds[0].error == ended.error and ended.baseline_score >= 0  # what ran before is kept
 
 
+@pytest.mark.slow  # a chaos run, make test-all (45 s); make test keeps the scheduler's restart in-process
+# (test_scheduler_jobs.py: a JobManager restarted on its store and stream picks up its jobs where they stood)
 def test_a_loop_survives_scheduler_restarts_and_spends_its_rounds(stack) -> None:
     client, running_stack, home = stack
     spec = loop_spec("restarted", column="accuracy", target=100.0, steps=6, limit=500, max_rounds=2,

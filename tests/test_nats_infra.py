@@ -600,6 +600,7 @@ async def _stored(url: str, subject: str) -> list[tuple[str, bytes]]:
         await nc.close()
 
 
+@pytest.mark.slow  # a chaos run, make test-all (12 s); make test keeps an outage past its bound failing the job
 async def test_a_job_rides_out_a_nats_outage_longer_than_the_old_limits(
         private_nats: EmbeddedNats, caplog: pytest.LogCaptureFixture) -> None:
     """NATS killed (-9) for 11 s, past the 10 s in which a job's publisher had to connect at its

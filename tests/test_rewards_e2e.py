@@ -272,6 +272,7 @@ def test_a_remote_reward_down_at_job_start_fails_the_job_naming_it(stack) -> Non
     assert time.monotonic() - started < REWARD_WAIT_S + 60
 
 
+@pytest.mark.slow  # a chaos run, make test-all (10 s); make test keeps a remote reward down at a job's start
 def test_a_remote_reward_that_dies_mid_job_is_waited_for_then_the_job_goes_on(stack) -> None:
     client, _, data, remotes = stack
     flaky = remotes["remote_flaky"]

@@ -192,6 +192,7 @@ def test_a_job_spreads_its_rollouts_and_pushes_every_version_to_both(replicas: R
     assert _live(replicas.a)[job.adapter_name] == _live(replicas.b)[job.adapter_name] == 2
 
 
+@pytest.mark.slow  # a chaos run, make test-all (8 s); make test keeps a step split across both replicas
 def test_a_job_survives_the_loss_of_a_replica(replicas: Replicas) -> None:
     from rlvr.services.trainer.job.replicas import ReplicatedGenerator
 

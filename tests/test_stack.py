@@ -366,6 +366,8 @@ def _read_until(proc: subprocess.Popen[str], lines: list[str], done: str, timeou
     return False
 
 
+@pytest.mark.slow  # make test-all (32 s: a second `rlvr up`); make test keeps the CLI finding a running stack's
+# addresses in its stack.json (test_cli_addresses.py) and its NATS (test_events_cli.py), and `rlvr up` above
 def test_after_up_with_a_base_port_the_cli_needs_no_address(tmp_path: Path) -> None:
     """`rlvr up --base-port N`, then `rlvr train`, `rlvr jobs list` and `rlvr events tail` with no
     address option and no RLVR_*_ADDRESS or RLVR_NATS_URL: they find that stack's addresses, token

@@ -120,6 +120,8 @@ def _check_resumed(client, home: Path, job_id: str, expected: dict[str, object])
     return statuses
 
 
+@pytest.mark.slow  # a chaos run, make test-all (28 s); make test keeps test_trainer_service's killed job resuming from
+# its checkpoint and test_trainer_job's bit-exact resume
 def test_a_killed_job_process_resumes_from_its_checkpoint(stack, uninterrupted) -> None:  # noqa: ANN001
     client, _, home = stack
     job_id = _create(client, "job-process-killed")
@@ -132,6 +134,7 @@ def test_a_killed_job_process_resumes_from_its_checkpoint(stack, uninterrupted) 
     assert any(m.startswith("resuming from step ") for m in messages), messages
 
 
+@pytest.mark.slow  # a chaos run, make test-all (15 s); make test keeps test_trainer_service's killed job resuming
 def test_a_killed_trainer_service_resumes_the_job_when_restarted(stack, uninterrupted) -> None:  # noqa: ANN001
     client, running, home = stack
     job_id = _create(client, "trainer-killed")
@@ -147,7 +150,7 @@ def test_a_killed_trainer_service_resumes_the_job_when_restarted(stack, uninterr
     assert any("was restarted while the job ran" in m for m in messages), messages
 
 
-@pytest.mark.slow  # make test-all (30 s); make test kills the scheduler mid-job in test_loops_e2e's restarts
+@pytest.mark.slow  # make test-all (30 s), as test_loops_e2e's scheduler restarts; make test restarts a scheduler in-process
 def test_a_killed_scheduler_leaves_the_job_running_to_the_same_end(stack, uninterrupted) -> None:  # noqa: ANN001
     """kill -9 of the scheduler mid-job: the job trains on, the restarted scheduler reads the steps
     published meanwhile off the stream (its durable consumer) and stores each once."""
