@@ -22,6 +22,7 @@ import ast
 import json
 import re
 import textwrap
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -52,11 +53,30 @@ def extract_code(completion: str) -> str | None:
     return code
 
 
+# CPython 3.11 builds every AST with one interpreter-wide recursion counter (gh-106905): two threads
+# parsing at once (a test prepared in the caller's thread while the sandbox's reader thread judges a
+# reported value with literal_eval) can make either raise SystemError "AST constructor recursion depth
+# mismatch", seen in `make test`. Every parse here takes this lock.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(text: str) -> ast.Module:
+    with _AST_LOCK:
+        return ast.parse(text)
+
+
+def _literal_text(text: str) -> Any:
+    """ast.literal_eval of a string, its parse under the lock."""
+    with _AST_LOCK:
+        tree = ast.parse(text.lstrip(" \t"), mode="eval")  # as literal_eval parses a string
+    return ast.literal_eval(tree)
+
+
 def _check_source(source: str, where: str) -> None:
     if len(source) > MAX_TEST_CHARS:
         raise ValueError(f"{where}: {len(source)} characters, at most {MAX_TEST_CHARS}")
     try:
-        ast.parse(source)
+        _parse(source)
     except SyntaxError as exc:
         raise ValueError(f"{where}: not valid Python: {exc.msg} (line {exc.lineno}): {source[:80]!r}") from None
 
@@ -65,7 +85,7 @@ def _split_source(text: str) -> list[str]:
     """One string of tests: each top-level ``assert`` and ``def test_*`` is a test; the other
     top-level statements (imports, helpers, assignments) are a prelude each test starts with."""
     try:
-        tree = ast.parse(text)
+        tree = _parse(text)
     except SyntaxError as exc:
         raise ValueError(f"tests: not valid Python: {exc.msg} (line {exc.lineno})") from None
     prelude: list[str] = []
@@ -150,7 +170,7 @@ def _literal(node: ast.expr) -> tuple[bool, Any]:
 def prepare_test(test: str) -> PreparedTest:
     """Classify one test string (see the module docstring)."""
     try:
-        tree = ast.parse(test)
+        tree = _parse(test)
     except SyntaxError:
         return PreparedTest("a", test)  # reported as a failure (SyntaxError) by the run
     if len(tree.body) == 1 and isinstance(stmt := tree.body[0], ast.Assert):
@@ -184,7 +204,7 @@ def judge(test: PreparedTest, outcome: Any) -> tuple[bool, str]:
         value = _FLOATS[text]
     else:
         try:
-            value = ast.literal_eval(text)
+            value = _literal_text(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return False, f"fail: got {text[:80]} (not a literal)"
     try:
