@@ -4,7 +4,7 @@ RLVR job stacked on that adapter (JobSpec.init_adapter) with the demo's measured
 `--compare`, also the same RLVR job from the base model alone.
 
     python bench/sft_then_rlvr.py                    # the measured configuration (docs/measurements/sft.md)
-    python bench/sft_then_rlvr.py --sft-epochs 1 --rlvr-steps 30 --compare
+    python bench/sft_then_rlvr.py --sft-epochs 1 --rlvr-steps 30 --compare --seed 1
 
 The evaluations are the benchmark service's (greedy, `--eval-n` held-out problems never seen in
 training, `rlvr demo`'s); the gains are paired question by question (rlvr/paired.py). Prints a table.
@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-batch-size", type=int, default=8)
     p.add_argument("--rlvr-steps", type=int, default=60)
     p.add_argument("--eval-n", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0, help="advanced.seed of every job (SFT's data order and LoRA init, RLVR's sampling)")
     p.add_argument("--compare", action="store_true", help="also RLVR from the base model alone")
     p.add_argument("--home", type=Path, default=None)
     return p.parse_args(argv)
@@ -65,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
                      max_tokens=r["max_tokens"], rank=r["rank"], alpha=r["alpha"], lr=r["lr"],
                      loss_type=LOSSES[str(r["loss_type"])], temperature=r["temperature"], prompts=r["prompts"],
                      backend="vllm", dynamic_sampling=bool(r["dynamic_sampling"]), lora_init=str(r["lora_init"]),
-                     name="bench-rlvr-after-sft")  # type: ignore[arg-type]
+                     name="bench-rlvr-after-sft", seed=args.seed)  # type: ignore[arg-type]
     sft = common_pb2.JobSpec(name="bench-sft", base_model=args.model, method=common_pb2.TRAINING_METHOD_SFT,
                              sft=common_pb2.SftConfig(dataset=DATA, epochs=args.sft_epochs, learning_rate=args.sft_lr,
                                                       batch_size=args.sft_batch_size, max_seq_length=256))
     sft.advanced.eval_every = 32
+    sft.advanced.seed = args.seed
     rows: list[tuple[str, str]] = []
     with local_stack(home, args.model) as (_, rlvr):
         base = evaluate(rlvr.benchmark, args.eval_n, "base")
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             vs = compare_evaluations(rlvr.benchmark, after_alone.id, after_both.id)[2]
             rows += [("RLVR alone (same recipe)", f"{after_alone.scores.accuracy:.1%}"),
                      ("SFT then RLVR vs RLVR alone", vs.verdict())]
-    print(f"\n{args.model}, {args.eval_n} held-out questions (greedy)\n")
+    print(f"\n{args.model}, {args.eval_n} held-out questions (greedy), seed {args.seed}\n")
     width = max(len(k) for k, _ in rows)
     print(f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
     for key, value in rows:
