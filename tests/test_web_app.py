@@ -159,6 +159,7 @@ def test_form_fields_map_to_the_contract_and_errors_to_fields() -> None:
     assert forms.error_field("max_rounds: 9 rounds of job.grpo.lora_rank 8 ...", loop=True) == "loop.max_rounds"
     assert forms.error_field("init_adapter.version: -1 is out of range") == ""
     assert forms.lr_presets(5e-7, 1e-5) == ["5e-7", "1e-6", "2e-6", "5e-6", "1e-5"]
+    assert forms.lr_presets(1e-6, 1e-3)[-4:] == ["1e-4", "2e-4", "5e-4", "1e-3"]  # SFT's range
 
 
 # ---------------------------------------------------------------- the pages
@@ -328,6 +329,18 @@ def test_every_invalid_value_is_answered_next_to_its_own_field(client: TestClien
     answer = client.post("/train/summary", data=data).json()
     assert {p for p, m in answer["messages"].items() if m["kind"] == "error"} == {"grpo.lora_rank",
                                                                                  "grpo.learning_rate"}
+
+
+def test_each_learning_rate_field_offers_the_presets_of_its_own_range(client: TestClient) -> None:
+    """RLVR's 5e-7 to 1e-5 and SFT's 1e-6 to 1e-3 (the SFT card's field, hidden until SFT is chosen)."""
+    page = client.get("/train").text
+
+    def chips(field: str) -> list[str]:
+        return re.findall(rf'data-set="f-{field}" data-value="([^"]+)"', page)
+
+    assert chips("grpo-learning_rate") == ["5e-7", "1e-6", "2e-6", "5e-6", "1e-5"]
+    assert chips("sft-learning_rate")[0] == "1e-6" and chips("sft-learning_rate")[-3:] == ["2e-4", "5e-4", "1e-3"]
+    assert input_value(page, "sft.learning_rate") == "0.0002"
 
 
 def test_epsilon_high_is_a_field_with_its_range_from_the_table(client: TestClient, sdk: FakeSdk) -> None:

@@ -173,7 +173,7 @@ def fill_job(page, steps: int, rank: str = "4") -> None:  # noqa: ANN001
     page.fill("#f-grpo-max_completion_tokens", "64")
     page.fill("#f-grpo-lora_rank", rank)
     page.fill("#f-grpo-lora_alpha", "128")
-    page.click("button.chip[data-value='1e-5']")
+    page.click("button.chip[data-set='f-grpo-learning_rate'][data-value='1e-5']")
     page.fill("#f-grpo-max_steps", str(steps))
     page.click("#advanced > summary")
     page.select_option("#f-advanced-generation_backend", label="Transformers (in-process)")
@@ -240,6 +240,8 @@ def test_an_sft_job_from_the_training_method_selector(pages: Pages) -> None:
     page.fill("#f-name", "web sft job")
     page.fill("#f-base_model", MODEL)
     page.fill("#f-sft-dataset", "examples/sft/math-pairs")
+    page.click("button.chip[data-set='f-sft-learning_rate'][data-value='5e-4']")  # the SFT range's presets
+    assert page.input_value("#f-sft-learning_rate") == "5e-4"
     page.fill("#f-sft-max_steps", "4")
     page.fill("#f-sft-max_seq_length", "128")
     page.dispatch_event("#f-sft-max_seq_length", "change")

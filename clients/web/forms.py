@@ -43,7 +43,7 @@ class Field:
 # The console's widget of a field where it is not the kind's default (number, checkbox, select, text).
 WIDGETS = {"reward.key": "radio", "grpo.group_size": "slider", "grpo.max_completion_tokens": "slider",
            "grpo.lora_rank": "slider", "grpo.lora_alpha": "slider", "grpo.learning_rate": "lr",
-           "grpo.max_steps": "steps", "grpo.batch_size": "batch", "sft.max_steps": "steps",
+           "grpo.max_steps": "steps", "grpo.batch_size": "batch", "sft.max_steps": "steps", "sft.learning_rate": "lr",
            "advanced.gpu_memory_fraction": "slider",
            "advanced.gpu_selection": "text"}
 STEPS = {"advanced.gpu_memory_fraction": "0.05"}
@@ -252,7 +252,7 @@ def field_errors(error: RlvrError, *, loop: bool = False) -> FormErrors:
 
 
 def lr_presets(low: float | None, high: float | None) -> list[str]:
-    """The Learning Rate buttons: the 1-2-5 values inside the server's range."""
+    """A Learning Rate field's buttons (RLVR's, SFT's): the 1-2-5 values inside the server's range."""
     if low is None or high is None or low <= 0:
         return []
     values = [m * 10.0 ** e for e in range(-9, 0) for m in (1, 2, 5)]

@@ -86,13 +86,12 @@ def routes(console: Console) -> list[Route]:
         preview = dry_run(values, limits)
         messages = field_messages(preview["warnings"], preview["errors"])
         messages.update({path: {"kind": "error", "text": text} for path, text in errors.items() if path})
-        lr = limits.limits.get("grpo.learning_rate")
         benchmarks = {b.name: b for b in limits.benchmarks}
         chosen = benchmarks.get(values.get("loop.benchmark", ""))
         return console.page(request, "train.html", {
             "limits": limits, "values": values, "messages": messages, "general": errors.get("", ""),
             "errors": {p: t for p, t in errors.items() if p}, "preview": preview, "forms": forms,
-            "lr_presets": forms.lr_presets(lr.low, lr.high) if lr else [], "benchmarks": limits.benchmarks,
+            "benchmarks": limits.benchmarks,
             "columns": list(chosen.score_columns) if chosen else [], "only_notes": ONLY_NOTES,
             "active_options": forms.active_options(values, limits),
             "recipes": list(MEASURED_RECIPES.values()), "recipe": recipe,
