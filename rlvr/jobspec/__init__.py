@@ -147,6 +147,8 @@ from rlvr.jobspec.reward import (  # noqa: F401
 from rlvr.jobspec.sft import (  # noqa: F401
     SFT_DEFAULT_SPLIT,
     is_sft,
+    sft_columns_problem,
+    sft_steps,
     sft_total_steps,
 )
 from rlvr.jobspec.training import (  # noqa: F401

@@ -9,6 +9,7 @@ from rlvr.jobspec.fields import _checked, _enum
 from rlvr.jobspec.ranges import (
     MAX_STEPS_HIGH,
     METHOD_NAMES,
+    SFT_COLUMN_SETS,
     SFT_MAX_STEPS_DEFAULT,
     SFT_READS_ADVANCED,
     TARGET_MODULES_RE,
@@ -20,18 +21,9 @@ SFT_DEFAULT_SPLIT = "train"
 
 
 def _set_fields(msg: Message, group: str) -> list[str]:
-    """The paths of the fields of `msg` set to something (a field with presence: set; else not its default)."""
-    out = []
-    for field in msg.DESCRIPTOR.fields:
-        if field.has_presence:
-            if msg.HasField(field.name):
-                out.append(f"{group}.{field.name}")
-        elif field.is_repeated:
-            if len(getattr(msg, field.name)):
-                out.append(f"{group}.{field.name}")
-        elif getattr(msg, field.name) != field.default_value:
-            out.append(f"{group}.{field.name}")
-    return out
+    """The paths of the fields of `msg` set to something (protobuf's ListFields: a field with presence
+    set, a repeated one not empty, another not its default), in field-number order."""
+    return [f"{group}.{field.name}" for field, _ in msg.ListFields()]
 
 
 def drop_rlvr_fields(spec: common_pb2.JobSpec) -> list[str]:
@@ -96,12 +88,26 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
             v.add(InvalidArgument(f"{path}: not allowed with method SFT: {why}"))
 
 
-def sft_total_steps(spec: common_pb2.JobSpec, n_examples: int | None) -> int:
-    """sft.max_steps, or for Full (-1) ceil(examples x epochs / batch size); -1 while the example
-    count is unknown (the trainer knows it once the dataset is loaded)."""
-    s = spec.sft
-    if s.max_steps != -1:
-        return s.max_steps
+def sft_steps(max_steps: int, epochs: int, batch_size: int, n_examples: int | None) -> int:
+    """An SFT job's step count: max_steps, or for Full (-1) epochs x ceil(examples / batch size), as
+    transformers counts an epoch's steps; -1 while the example count is unknown (the trainer knows it
+    once the dataset is loaded)."""
+    if max_steps != -1:
+        return max_steps
     if n_examples is None:
         return -1
-    return max(1, -(-n_examples * s.epochs // s.batch_size))
+    return max(1, epochs * -(-n_examples // batch_size))
+
+
+def sft_total_steps(spec: common_pb2.JobSpec, n_examples: int | None) -> int:
+    s = spec.sft
+    return sft_steps(s.max_steps, s.epochs, s.batch_size, n_examples)
+
+
+def sft_columns_problem(columns: list[str]) -> str:
+    """What `columns` lack for SFT (SFT_COLUMN_SETS), in the words the scheduler's check and the
+    trainer's both say; empty when they hold a set SFT trains on."""
+    if any(all(c in columns for c in need) for need in SFT_COLUMN_SETS):
+        return ""
+    need = " or ".join(" and ".join(repr(c) for c in s) for s in SFT_COLUMN_SETS)
+    return f"has no {need} column, which method SFT trains on; columns present: {columns}"

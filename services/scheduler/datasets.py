@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.environments.base import EnvironmentInfo
-from rlvr.jobspec import SFT_COLUMN_SETS
+from rlvr.jobspec import sft_columns_problem
 from rlvr.rewards.registry import Catalog
 from rlvr.tasks import TaskError
 from rlvr.tasks.dataset import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
@@ -69,11 +69,9 @@ def check_sft_dataset(sft: common_pb2.SftConfig, data_roots: Sequence[Path]) -> 
     """A Supervised (SFT) job's dataset (sft.dataset) as `check_dataset` checks a reward's: readable,
     with its split, and (local data) the prompt and completion columns or a messages column."""
     columns = _columns(sft.dataset, sft.dataset_split, data_roots, "sft")
-    if columns is None or any(all(c in columns for c in need) for need in SFT_COLUMN_SETS):
-        return
-    need = " or ".join(" and ".join(repr(c) for c in s) for s in SFT_COLUMN_SETS)
-    raise InvalidArgument(f"sft.dataset: {sft.dataset!r} ({sft.dataset_split}) has no {need} column, which method "
-                          f"SFT trains on; columns present: {columns}")
+    problem = sft_columns_problem(columns) if columns is not None else ""
+    if problem:
+        raise InvalidArgument(f"sft.dataset: {sft.dataset!r} ({sft.dataset_split}) {problem}")
 
 
 def _columns(source: str, split: str, data_roots: Sequence[Path], card: str) -> list[str] | None:

@@ -61,15 +61,9 @@ def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
                                   loss=point.loss, completion_length=point.completion_length_mean,
                                   format=point.format, policy_lag=point.policy_lag,
                                   reward_components=point.components(), reward_errors=point.reward_errors)
-    if point.kl is not None:
-        s.kl = point.kl
-    if point.entropy is not None:
-        s.entropy = point.entropy
-    for name in ("heldout_accuracy", "token_accuracy", "heldout_loss"):  # at the steps that logged them
-        value = getattr(point, name)
-        if value is not None:
-            setattr(s, name, value)
-    for name in EPISODE_SERIES:  # a job with an environment's steps only
+    # The series only some steps log (kl with kl_beta, evaluation steps, an SFT job's, a job with an
+    # environment's episodes): unset where a step has none.
+    for name in ("kl", "entropy", "heldout_accuracy", "token_accuracy", "heldout_loss", *EPISODE_SERIES):
         value = getattr(point, name)
         if value is not None:
             setattr(s, name, value)

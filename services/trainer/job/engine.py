@@ -235,8 +235,14 @@ def micro_batch_size(job: JobConfig, config: Any, row_tokens: int, processes: in
     share = job.batch_size // processes // job.mini_batches  # an optimizer step's completions
     if job.micro_batch_size:
         return job.micro_batch_size
-    fit = budget // max(1, token_bytes(config) * row_tokens)
-    return max(d for d in range(1, share + 1) if share % d == 0 and d <= max(1, fit))
+    return fitting_divisor(share, token_bytes(config) * row_tokens, budget)
+
+
+def fitting_divisor(total: int, row_bytes: int, budget: int) -> int:
+    """The largest divisor of `total` rows whose rows of `row_bytes` each fit `budget`; one at least
+    (an RLVR step's micro-batch, an SFT step's: sft.py)."""
+    fit = max(1, budget // max(1, row_bytes))
+    return max(d for d in range(1, total + 1) if total % d == 0 and d <= fit)
 
 
 def shard_sizes(model: Any) -> tuple[int, int]:

@@ -29,10 +29,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr.common.errors import FailedPrecondition
-from rlvr.jobspec import SFT_COLUMN_SETS
+from rlvr.jobspec import sft_columns_problem, sft_steps
 from rlvr.services.trainer.job import artifacts
 from rlvr.services.trainer.job.config import JobConfig, SftSettings
-from rlvr.services.trainer.job.engine import MICRO_BATCH_BUDGET, TRL_DIR, checkpointing_on, token_bytes
+from rlvr.services.trainer.job.engine import (
+    MICRO_BATCH_BUDGET,
+    TRL_DIR,
+    checkpointing_on,
+    fitting_divisor,
+    token_bytes,
+)
 from rlvr.services.trainer.job.policy import load_policy
 from rlvr.tasks.base import TaskError
 from rlvr.tasks.sources import Rows, dataset_splits, load_rows
@@ -82,9 +88,7 @@ def sft_rows(rows: Rows, source: str, split: str) -> Rows:
                                          "least two messages ending with an assistant message")
             out.append({"prompt": chat[:-1], "completion": chat[-1:]})
         return out
-    need = " or ".join(" and ".join(repr(c) for c in s) for s in SFT_COLUMN_SETS)
-    raise FailedPrecondition(f"sft.dataset: {source!r} ({split}) has no {need} column, which method SFT trains on; "
-                             f"columns present: {columns}")
+    raise FailedPrecondition(f"sft.dataset: {source!r} ({split}) {sft_columns_problem(columns)}")
 
 
 def sft_data(job: JobConfig) -> tuple[Rows, Rows]:
@@ -120,8 +124,7 @@ def sft_micro_batch(job: JobConfig, config: Any, budget: int = MICRO_BATCH_BUDGE
     sft = _card(job)
     if job.micro_batch_size and sft.batch_size % job.micro_batch_size == 0:
         return job.micro_batch_size
-    fit = budget // max(1, token_bytes(config) * sft.max_seq_length)
-    return max(d for d in range(1, sft.batch_size + 1) if sft.batch_size % d == 0 and d <= max(1, fit))
+    return fitting_divisor(sft.batch_size, token_bytes(config) * sft.max_seq_length, budget)
 
 
 def sft_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
@@ -195,7 +198,7 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
                                  "to render them with; give prompt and completion text columns instead")
     sft = _card(job)
     # the step count before TRL knows it (a cancel while loading is a cancelled job); TRL's own at its start
-    result.total_steps = sft.max_steps if sft.max_steps > 0 else sft.epochs * -(-len(train_rows) // sft.batch_size)
+    result.total_steps = sft_steps(sft.max_steps, sft.epochs, sft.batch_size, len(train_rows))
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     trl_dir = job.job_dir / TRL_DIR
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
