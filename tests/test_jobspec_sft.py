@@ -93,7 +93,8 @@ def test_an_sft_job_has_no_environment() -> None:
 
 
 def test_the_method_is_checked_and_an_ignored_card_is_said() -> None:
-    assert _refused(C.JobSpec(method=7)) == ["method: 7 is out of range; allowed: 1 (RLVR (GRPO)), 2 (Supervised (SFT))"]
+    assert _refused(C.JobSpec(method=7)) == ["method: 7 is out of range; allowed: 1 (RLVR (GRPO)), 2 (Supervised (SFT)), "
+                                                 "3 (Head)"]
     r = resolve_spec(C.JobSpec(sft=C.SftConfig(dataset="x.jsonl")))
     assert r.spec.method == C.TRAINING_METHOD_RLVR
     assert "sft: ignored: it is Supervised (SFT)'s card and this job's method is RLVR" in r.warnings

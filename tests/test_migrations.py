@@ -42,12 +42,13 @@ COMMITS = ("33bc860", "532ba1a", "9a60920")
 ROWS = 6  # per table
 # The columns that revisions after the baseline add, and what a stored row reads in each.
 ADDED_DEFAULTS = {"policy_lag": 0, "queue_reason": "", "resumes": 0, "reward_components": "{}", "reward_errors": 0,
+                  "class_f1": "{}",
                   "logprob_gap": None, "logprob_gap_max": None, "sampler_correction": "", "episode": "",
                   **dict.fromkeys(("turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds",
                                    "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes",
                                    "failed_episodes", "episode_splits", "clip_fraction",
                                    "groups_with_signal", "heldout_accuracy", "token_accuracy",
-                                   "tokens_per_second", "heldout_loss"))}
+                                   "tokens_per_second", "heldout_loss", "heldout_f1"))}
 
 
 def _run_ddl(store: Store, commit: str) -> None:

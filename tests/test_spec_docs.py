@@ -17,7 +17,8 @@ RANGED = {row.path: row.range for row in jobspec.SPEC_FIELDS if row.range is not
 DOC = PROTO.parents[3] / "docs" / "spec-fields.md"
 NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)"
 # The spec's cards' messages -> the JobSpec path of their fields
-SPEC_MESSAGES = {"RewardConfig": "reward", "GrpoConfig": "grpo", "SftConfig": "sft", "AdvancedOptions": "advanced"}
+SPEC_MESSAGES = {"RewardConfig": "reward", "GrpoConfig": "grpo", "SftConfig": "sft", "HeadConfig": "head",
+                 "AdvancedOptions": "advanced"}
 
 
 def field_comments() -> dict[str, str]:
@@ -66,6 +67,11 @@ def test_the_other_stated_defaults_match() -> None:
     assert "Default -1." in comments["sft.max_steps"] and jobspec.FIELDS_BY_PATH["sft.max_steps"].default == -1
     assert '"all-linear" (default' in comments["sft.target_modules"]
     assert "Default true" in comments["sft.completion_only_loss"]
+    assert f'Default "{jobspec.SFT_DEFAULT_SPLIT}"' in comments["head.dataset_split"]
+    assert "Default -1." in comments["head.max_steps"] and jobspec.FIELDS_BY_PATH["head.max_steps"].default == -1
+    assert '"all-linear" (default' in comments["head.target_modules"]
+    for column in ("text_column", "label_column"):
+        assert f'Default "{jobspec.FIELDS_BY_PATH[f"head.{column}"].default}"' in comments[f"head.{column}"]
 
 
 def test_the_field_reference_is_written_from_the_table() -> None:
@@ -85,11 +91,11 @@ def test_every_row_is_a_proto_field_and_reaches_the_cli_form_and_trainer() -> No
 
     from rlvr.clients.commands.train import SPEC_FLAGS, flag_dest
     from rlvr.clients.web import forms
-    from rlvr.services.trainer.job.config import JobConfig, SftSettings
+    from rlvr.services.trainer.job.config import HeadSettings, JobConfig, SftSettings
 
     config_fields = {f.name for f in dataclasses.fields(JobConfig)}
-    sft_fields = {f.name for f in dataclasses.fields(SftSettings)}
-    assert sft_fields == {row.name for row in jobspec.SPEC_FIELDS if row.card == "sft"}  # the SFT card, whole
+    for card, settings in (("sft", SftSettings), ("head", HeadSettings)):  # each card, whole
+        assert {f.name for f in dataclasses.fields(settings)} == {r.name for r in jobspec.SPEC_FIELDS if r.card == card}
     flags = {flag: (group, name) for flag, group, name, _, _ in SPEC_FLAGS}
     import argparse
 

@@ -19,6 +19,7 @@ from rlvr.jobspec import (
     APPLIES_NOTES,
     BACKEND_KEYS,
     CHECKPOINTING_CHOICES,
+    HEAD_TASK_NAMES,
     LORA_INITS,
     LOSS_NAMES,
     METHOD_KEYS,
@@ -34,6 +35,7 @@ from rlvr.v1 import common_pb2 as C
 # The choices of the enum flags: the spec's keys, with "-" for "_" where a flag reads better.
 LOSSES = {key: value for value, key in LOSS_NAMES.items()}
 METHODS = {key: value for value, key in METHOD_KEYS.items()}
+HEAD_TASKS = {name: value for value, name in HEAD_TASK_NAMES.items()}
 QUANTS = {key: value for value, key in QUANT_KEYS.items()}
 BACKENDS = {key.replace("_", "-"): value for value, key in BACKEND_KEYS.items()}
 KINDS: dict[str, type] = {"int": int, "float": float, "text": str}
@@ -54,8 +56,9 @@ SPEC_FLAGS: list[tuple[str, str, str, type, str]] = [
 def flag_dest(group: str, field: str) -> str:
     """A flag's attribute on the parsed args: the field's name, or group_name where the name alone
     says little or is taken ("environment.key" -> environment_key, "init_adapter.name" -> init_adapter_name
-    beside --name's) or another card has it too ("sft.learning_rate" -> sft_learning_rate, beside grpo's)."""
-    return f"{group}_{field}" if group and (field in ("key", "name") or group == "sft") else field
+    beside --name's) or another card has it too ("sft.learning_rate" -> sft_learning_rate, beside grpo's;
+    "head.learning_rate" -> head_learning_rate)."""
+    return f"{group}_{field}" if group and (field in ("key", "name") or group in ("sft", "head")) else field
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, *,
@@ -63,8 +66,12 @@ def add_spec_arguments(p: argparse.ArgumentParser, *,
     """The JobSpec's flags (what `spec_from_args` reads): `rlvr train`'s and `rlvr loops start`'s."""
     p.add_argument("--name", default="", help=name_help)
     p.add_argument("--method", choices=list(METHODS), default=None,
-                   help="rlvr (default: the model answers the reward's prompts and learns from their scores) or sft "
-                        "(Supervised: the adapter learns --sft-dataset's completions; the --sft-* flags)")
+                   help="rlvr (default: the model answers the reward's prompts and learns from their scores), sft "
+                        "(Supervised: the adapter learns --sft-dataset's completions; the --sft-* flags) or head (a "
+                        "classification or regression head learns --head-dataset's labels; the --head-* flags)")
+    p.add_argument("--head-task", choices=list(HEAD_TASKS), default=None,
+                   help="with --method head: classification (default: the label column's classes) or regression "
+                        "(a number)")
     p.add_argument("--model", default="", help="base model: hub id, local path or rlvr-tiny (default)")
     p.add_argument("--reward", action="append", type=reward_term, default=None, metavar="KEY[:WEIGHT]",
                    help="the reward, by key (default math_pairs; `rlvr rewards` lists them); give it several times "
@@ -158,6 +165,8 @@ def spec_from_args(args: argparse.Namespace) -> C.JobSpec:
         spec.sft.completion_only_loss = False
     if getattr(args, "packing", False):
         spec.sft.packing = True
+    if getattr(args, "head_task", None):
+        spec.head.task = HEAD_TASKS[args.head_task]
     if args.loss_type:
         spec.advanced.loss_type = LOSSES[args.loss_type]
     if args.quantization:

@@ -100,6 +100,8 @@ def service_command(name: str, cfg: StackConfig) -> list[str]:
            "--log-format", cfg.log_format]
     if name in ("scheduler", "trainer"):
         cmd += ["--artifact-root", artifacts]
+    if name == "reward":  # the Head jobs' adapters it scores with as rewards (head_<job id>)
+        cmd += ["--head-roots", artifacts]
     if name in ("trainer", "benchmark"):
         cmd += ["--rollout-address", a["rollout"], "--reward-address", a["reward"]]
         if cfg.rollout_replicas > 1:

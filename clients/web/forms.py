@@ -59,15 +59,19 @@ def _field(row: SpecField) -> Field:
                  step=STEPS.get(row.path, "any" if row.kind == "float" else "1"))
 
 
-RUN, REWARD, GRPO, SFT, ADVANCED = ([_field(r) for r in SPEC_FIELDS if r.card == card and r.path != "method"]
-                                    for card in ("run", "reward", "grpo", "sft", "advanced"))
+RUN, REWARD, GRPO, SFT, HEAD, ADVANCED = ([_field(r) for r in SPEC_FIELDS if r.card == card and r.path != "method"]
+                                          for card in ("run", "reward", "grpo", "sft", "head", "advanced"))
 # The Training Method selector: its own radio group in the Run card (train.html), values the enum's.
 METHOD = _field(FIELDS_BY_PATH["method"])
+# (value, label, note, the card it shows: its `data-card`, which console.js reads; "rlvr" = Reward and GRPO)
 METHOD_CHOICES = ((C.TRAINING_METHOD_SFT, "Supervised (SFT)", "A LoRA adapter learns a labeled dataset's completions "
-                   "(prompt and completion columns, or chat messages): TRL's SFTTrainer."),
+                   "(prompt and completion columns, or chat messages): TRL's SFTTrainer.", "sft"),
                   (C.TRAINING_METHOD_RLVR, "Reinforcement (RLVR)", "GRPO on a LoRA adapter: the model generates its "
-                   "own answers and a reward function scores them."))
-RLVR_ONLY = {f.path for f in REWARD + GRPO}  # the cards an SFT job does not read (hidden, not sent)
+                   "own answers and a reward function scores them.", "rlvr"),
+                  (C.TRAINING_METHOD_HEAD, "Head", "A classification or regression head on the base model learns a "
+                   "dataset's text -> label; it can then score completions as a reward (head_<job id>).", "head"))
+METHOD_CARDS = {str(value): card for value, _, _, card in METHOD_CHOICES}
+RLVR_ONLY = {f.path for f in REWARD + GRPO}  # the cards an SFT or Head job does not read (hidden, not sent)
 LOOP = [
     Field("loop.name", "Name", "text", "text", "Labels the loop, for example “math-pairs to 35%”."),
     Field("loop.benchmark", "Benchmark", "word", "select", "Which environment scores each round."),
@@ -87,7 +91,7 @@ LOOP = [
     Field("loop.benchmark_dataset", "Benchmark dataset", "text", "text",
           "Boxed benchmark only: the dataset to score on (default: the job's dataset).", only="dataset_benchmark"),
 ]
-JOB_FIELDS = RUN + [METHOD] + REWARD + GRPO + SFT + ADVANCED
+JOB_FIELDS = RUN + [METHOD] + REWARD + GRPO + SFT + HEAD + ADVANCED
 ALL_FIELDS = {f.path: f for f in JOB_FIELDS + LOOP}
 
 
@@ -185,8 +189,9 @@ def _parse(fields: list[Field], form: Mapping[str, str], message: object, errors
 def active_options(form: Mapping[str, str], limits: FormLimits | None = None) -> set[str]:
     """Which conditional fields the form's choices show: the reward's, the backend's, the environment's,
     the benchmark's."""
-    if str(form.get("method", "")).strip() == str(C.TRAINING_METHOD_SFT):
-        return {"sft"}  # its own card: none of RLVR's conditional fields applies
+    card = METHOD_CARDS.get(str(form.get("method", "")).strip(), "rlvr")
+    if card != "rlvr":
+        return {card}  # SFT's or Head's own card: none of RLVR's conditional fields applies
     active = {"rlvr"}
     key = str(form.get("reward.key", "")).strip()
     reward = limits.reward(key) if limits is not None else None

@@ -32,16 +32,18 @@ TEXT_DEFAULTS = ("name", "base_model", "reward.dataset")  # shown as placeholder
 ONLY_NOTES = {**APPLIES_NOTES, "dataset_benchmark": "benchmarks that take a dataset only"}
 
 
-def sft_default(path: str) -> str:
+def card_default(path: str) -> str:
+    """An SFT or Head field's default as the form shows it (a dataset: empty, to be given)."""
     value = FIELDS_BY_PATH[path].default_value
-    return ("on" if value else "") if isinstance(value, bool) else "" if path == "sft.dataset" else str(value)
+    return ("on" if value else "") if isinstance(value, bool) else "" if path.endswith(".dataset") else str(value)
 
 
 def default_values(limits: FormLimits) -> dict[str, str]:
     """The form as it first shows: every job field at the server's default; the loop's too."""
     values = {f.path: ("" if f.path in TEXT_DEFAULTS else limits.default_text(f.path)) for f in forms.JOB_FIELDS}
-    # The SFT card's unranged fields: the table's defaults (an RLVR spec, the resolved defaults, leaves it unset).
-    values.update({f.path: sft_default(f.path) for f in forms.SFT if f.path not in limits.limits})
+    # The SFT and Head cards' unranged fields: the table's defaults (an RLVR spec, the resolved defaults,
+    # leaves them unset).
+    values.update({f.path: card_default(f.path) for f in forms.SFT + forms.HEAD if f.path not in limits.limits})
     loop = limits.loop_defaults
     values.update({"loop.name": "", "loop.target": "", "loop.min_gain": "", "loop.benchmark_dataset": "",
                    "loop.benchmark": loop.benchmark if loop else "",

@@ -164,10 +164,18 @@ class MetricPointRow(SQLModel, table=True):
     token_accuracy: float | None = None
     tokens_per_second: float | None = None
     heldout_loss: float | None = None
+    # A Head job's evaluations (classification): the held-out macro F1 (None elsewhere) and each
+    # class's F1 as a JSON object {"<class>": f1, ...} (MetricEvent.class_f1).
+    heldout_f1: float | None = None
+    class_f1: str = Field(default="{}", sa_type=Text, sa_column_kwargs={"server_default": text("'{}'")})
 
     def components(self) -> dict[str, float]:
         """reward_components as a mapping."""
         return {str(k): float(v) for k, v in json.loads(self.reward_components or "{}").items()}
+
+    def class_scores(self) -> dict[str, float]:
+        """class_f1 as a mapping."""
+        return {str(k): float(v) for k, v in json.loads(self.class_f1 or "{}").items()}
 
 
 class LoopRow(SQLModel, table=True):

@@ -60,6 +60,7 @@ from rlvr.jobspec.ranges import (  # noqa: F401
     GREEDY_EPS,
     GROUP_SIZE,
     GSM8K_SPLITS,
+    HEAD_TASK_NAMES,
     JOB_SEED,
     KL_BETA,
     LEARNING_RATE,
@@ -146,7 +147,9 @@ from rlvr.jobspec.reward import (  # noqa: F401
 )
 from rlvr.jobspec.sft import (  # noqa: F401
     SFT_DEFAULT_SPLIT,
+    is_head,
     is_sft,
+    is_supervised,
     sft_columns_problem,
     sft_steps,
     sft_total_steps,

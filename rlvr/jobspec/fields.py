@@ -28,6 +28,12 @@ from rlvr.jobspec.ranges import (
     FORMAT_BONUS_WEIGHT,
     GPU_MEMORY_FRACTION,
     GROUP_SIZE,
+    HEAD_LABEL_COLUMN,
+    HEAD_LEARNING_RATE,
+    HEAD_LORA_RANK,
+    HEAD_MAX_SEQ_LENGTH,
+    HEAD_TASK_NAMES,
+    HEAD_TEXT_COLUMN,
     JOB_SEED,
     KL_BETA,
     LEARNING_RATE,
@@ -72,7 +78,7 @@ from rlvr.jobspec.ranges import (
 )
 from rlvr.v1 import common_pb2
 
-Card = Literal["run", "reward", "grpo", "sft", "advanced"]
+Card = Literal["run", "reward", "grpo", "sft", "head", "advanced"]
 
 
 @dataclass(frozen=True)
@@ -148,15 +154,47 @@ def _card(card: Card) -> Any:
 
 
 _RUN, _REWARD, _GRPO, _SFT, _ADVANCED = _card("run"), _card("reward"), _card("grpo"), _card("sft"), _card("advanced")
-# Supervised (SFT)'s card: JobConfig carries it as `sft` (SftSettings, services/trainer/job/config.py).
-_SFT_ONLY = {"applies": "sft", "config": None}
+_HEAD = _card("head")
+# Supervised (SFT)'s and Head's cards: JobConfig carries each as its own settings (`sft`, `head`:
+# services/trainer/job/config.py).
+_SFT_ONLY: dict[str, Any] = {"applies": "sft", "config": None}
+_HEAD_ONLY: dict[str, Any] = {"applies": "head", "config": None}
+
+
+def _trained(card: Card, lr_help: str, lr: FloatRange, seq_help: str, seq: IntRange, rank: IntRange,
+             rank_help: str, flags: tuple[str, ...]) -> tuple[SpecField, ...]:
+    """The rows a supervised card shares (SFT's and Head's): learning rate, epochs, max steps, batch
+    size, sequence length and the LoRA's rank, alpha, dropout and target modules, with the card's
+    own ranges and flags (in that order)."""
+    only = {"applies": card, "config": None}
+    make = _card(card)
+    rows = (
+        make(f"{card}.learning_rate", "Learning Rate", lr_help, "float", range=lr, checked=True),
+        make(f"{card}.epochs", "Epochs", "Passes over the dataset when Max Steps is Full.", "int", range=EPOCHS,
+             checked=True),
+        make(f"{card}.max_steps", "Max Steps", "Full (-1) trains every example for the chosen epochs.", "int",
+             default=SFT_MAX_STEPS_DEFAULT, allowed_text=f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)"),
+        make(f"{card}.batch_size", "Batch Size", "Examples per optimizer step.", "int", range=SFT_BATCH_SIZE,
+             checked=True),
+        make(f"{card}.max_seq_length", "Max sequence length", seq_help, "int", range=seq, checked=True),
+        make(f"{card}.lora_rank", "Rank (r)", rank_help, "int", range=rank, checked=True),
+        make(f"{card}.lora_alpha", "Alpha", "LoRA scaling factor.", "int", range=LORA_ALPHA, checked=True),
+        make(f"{card}.lora_dropout", "Dropout", "LoRA dropout on the adapter's input.", "float", range=LORA_DROPOUT,
+             checked=True),
+        make(f"{card}.target_modules", "Target modules",
+             'The modules the adapter wraps: "all-linear" or a comma list such as "q_proj,v_proj".', "text",
+             default="all-linear", allowed_text='"all-linear" (default) or a comma list of module names'),
+    )
+    return tuple(replace(row, flag=flag, **only) for row, flag in zip(rows, flags, strict=True))
 
 # The rows in the console's order, card by card. A new field: its proto field, then a row here.
 SPEC_FIELDS: tuple[SpecField, ...] = (
     _RUN("name", "Name", "Labels the run; default: derived from the model and the loss type.", "text", config=None),
     _RUN("method", "Training Method",
          "Reinforcement (RLVR): the model answers the reward's prompts and learns from their scores. Supervised "
-         "(SFT): the adapter learns a labeled dataset's completions (the SFT card).", "enum", names=METHOD_NAMES,
+         "(SFT): the adapter learns a labeled dataset's completions (the SFT card). Head: a classification or "
+         "regression head learns a dataset's text -> label (the Head card), and can then score as a reward.", "enum",
+         names=METHOD_NAMES,
          default=C.TRAINING_METHOD_RLVR, config=None),
     _RUN("base_model", "Base model", "A Hugging Face hub id, a bundled tiny model, or a model folder under the "
          "model roots by its path or its bare name (`rlvr models import`).", "text",
@@ -219,34 +257,37 @@ SPEC_FIELDS: tuple[SpecField, ...] = (
          flag="--sft-dataset", **_SFT_ONLY),
     _SFT("sft.dataset_split", "Split", "The split trained on.", "text", default="train", flag="--sft-split",
          **_SFT_ONLY),
-    _SFT("sft.learning_rate", "Learning Rate",
-         "TRL's LoRA recipe's default: about 10x a full fine-tune's, and above RLVR's range.", "float",
-         range=SFT_LEARNING_RATE, flag="--sft-lr", checked=True, **_SFT_ONLY),
-    _SFT("sft.epochs", "Epochs", "Passes over the dataset when Max Steps is Full.", "int", range=EPOCHS,
-         flag="--sft-epochs", checked=True, **_SFT_ONLY),
-    _SFT("sft.max_steps", "Max Steps", "Full (-1) trains every example for the chosen epochs.", "int",
-         default=SFT_MAX_STEPS_DEFAULT, allowed_text=f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)",
-         flag="--sft-max-steps", **_SFT_ONLY),
-    _SFT("sft.batch_size", "Batch Size", "Examples per optimizer step.", "int", range=SFT_BATCH_SIZE,
-         flag="--sft-batch-size", checked=True, **_SFT_ONLY),
-    _SFT("sft.max_seq_length", "Max sequence length",
-         "Tokens per example, prompt and completion together (cut at the end); with packing, per packed sequence.",
-         "int", range=SFT_MAX_SEQ_LENGTH, flag="--max-seq-length", checked=True, **_SFT_ONLY),
-    _SFT("sft.lora_rank", "Rank (r)", "LoRA adapter capacity.", "int", range=LORA_RANK, flag="--sft-rank",
-         checked=True, **_SFT_ONLY),
-    _SFT("sft.lora_alpha", "Alpha", "LoRA scaling factor.", "int", range=LORA_ALPHA, flag="--sft-alpha",
-         checked=True, **_SFT_ONLY),
-    _SFT("sft.lora_dropout", "Dropout", "LoRA dropout on the adapter's input.", "float", range=LORA_DROPOUT,
-         flag="--lora-dropout", checked=True, **_SFT_ONLY),
-    _SFT("sft.target_modules", "Target modules",
-         'The modules the adapter wraps: "all-linear" or a comma list such as "q_proj,v_proj".', "text",
-         default="all-linear", allowed_text='"all-linear" (default) or a comma list of module names',
-         flag="--target-modules", **_SFT_ONLY),
+    *_trained("sft", "TRL's LoRA recipe's default: about 10x a full fine-tune's, and above RLVR's range.",
+              SFT_LEARNING_RATE, "Tokens per example, prompt and completion together (cut at the end); with "
+              "packing, per packed sequence.", SFT_MAX_SEQ_LENGTH, LORA_RANK, "LoRA adapter capacity.",
+              ("--sft-lr", "--sft-epochs", "--sft-max-steps", "--sft-batch-size", "--max-seq-length", "--sft-rank",
+               "--sft-alpha", "--lora-dropout", "--target-modules")),
     _SFT("sft.completion_only_loss", "Completion-only loss",
          "Loss on the completion (a chat's last assistant message) only; off trains on the prompt too.", "bool",
          default=True, **_SFT_ONLY),
     _SFT("sft.packing", "Packing", "Pack several examples into each sequence (TRL's best-fit packing).", "bool",
          default=False, **_SFT_ONLY),
+    _HEAD("head.dataset", "Dataset",
+          "The labeled data: a local JSONL/Parquet/CSV file (or a folder of split files) under the data roots, or a "
+          "Hugging Face dataset, with a text column and a label column.", "text", default="",
+          allowed_text="a dataset with the text and label columns; required", flag="--head-dataset", **_HEAD_ONLY),
+    _HEAD("head.dataset_split", "Split", "The split trained on (held out: its test split, else 10% of this one).",
+          "text", default="train", flag="--head-split", **_HEAD_ONLY),
+    _HEAD("head.text_column", "Text column", "The column the head reads.", "text", default=HEAD_TEXT_COLUMN,
+          flag="--text-column", **_HEAD_ONLY),
+    _HEAD("head.label_column", "Label column", "The column it learns: classes, or numbers for regression.", "text",
+          default=HEAD_LABEL_COLUMN, flag="--label-column", **_HEAD_ONLY),
+    _HEAD("head.task", "Task", "Classification (one of the label column's classes) or regression (a number).",
+          "enum", names=HEAD_TASK_NAMES, default=C.HEAD_TASK_CLASSIFICATION, **_HEAD_ONLY),
+    *_trained("head", "TRL's LoRA reward-model recipe's default (1e-4); a frozen base's head alone may take more.",
+              HEAD_LEARNING_RATE, "Tokens of each text (cut at the end).", HEAD_MAX_SEQ_LENGTH, HEAD_LORA_RANK,
+              "LoRA capacity under the head; 0 trains the head alone on the frozen base.",
+              ("--head-lr", "--head-epochs", "--head-max-steps", "--head-batch-size", "--head-max-seq-length",
+               "--head-rank", "--head-alpha", "--head-lora-dropout", "--head-target-modules")),
+    _HEAD("head.reward_label", "Reward class",
+          "Used as a reward: the class whose probability is the score (regression: the number, clipped to 0-1).",
+          "text", default="", allowed_text="one of the dataset's classes, or empty: the class named 1, true, yes, "
+          "correct or positive, else the last in sorted order", flag="--reward-label", **_HEAD_ONLY),
     _ADVANCED("advanced.loss_type", "Loss Type",
               "The GRPO loss: grpo, dapo or dr_grpo (token ratios clipped at epsilon_high); gspo (a sequence-level "
               "ratio), cispo (a clipped, detached importance weight) or sapo (a soft gate). The ratio moves only "
@@ -383,9 +424,10 @@ def settings_of(spec: common_pb2.JobSpec) -> dict[str, str]:
     """TrainingSummary.settings: the summary rows' values, by path (the environment's rows only for a
     job with an environment); epsilon_high says "(inactive)" where it binds nowhere (`clip_inactive`;
     docs/jobs.md and the submit's warning or refusal say why). A Supervised (SFT) job's: its card's
-    rows, every one."""
-    if spec.method == C.TRAINING_METHOD_SFT:
-        return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.card == "sft"}
+    rows, every one, and a Head job's its card's."""
+    card = {C.TRAINING_METHOD_SFT: "sft", C.TRAINING_METHOD_HEAD: "head"}.get(spec.method)
+    if card is not None:
+        return {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS if row.card == card}
     out = {row.path: row.shown(value_of(spec, row)) for row in SPEC_FIELDS
            if row.summary and (row.group != "environment" or spec.environment.key)}
     if clip_inactive(spec.advanced) and "advanced.epsilon_high" in out:
@@ -402,7 +444,7 @@ def fields_markdown() -> str:
              "`.venv/bin/python -c 'from rlvr.jobspec import fields_markdown as f; print(f(), end=\"\")' > "
              "docs/spec-fields.md`.", ""]
     for card, title in (("run", "Run"), ("reward", "Reward Function"), ("grpo", "GRPO Configuration"),
-                        ("sft", "Supervised (SFT)"), ("advanced", "Advanced Options")):
+                        ("sft", "Supervised (SFT)"), ("head", "Head"), ("advanced", "Advanced Options")):
         lines += [f"## {title}", "", "| Field | Label | Allowed | CLI | Applies to | Description |",
                   "|---|---|---|---|---|---|"]
         for row in SPEC_FIELDS:

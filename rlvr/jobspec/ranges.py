@@ -119,14 +119,24 @@ SFT_MAX_SEQ_LENGTH = IntRange(32, 32_768, 1024)
 LORA_DROPOUT = FloatRange(0.0, 0.5, 0.05)
 SFT_MAX_STEPS_DEFAULT = -1  # Full: every example for the chosen epochs
 TARGET_MODULES_RE = re.compile(r"^(all-linear|[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*)$")
-# The Advanced Options an SFT job reads (docs/sft.md); the others, the reward and the GRPO card are
-# Reinforcement (RLVR)'s: set on an SFT job they are dropped, with a warning (sft.py, `drop_rlvr_fields`),
-# and their rows apply to RLVR jobs only (fields.py).
+# The Advanced Options an SFT or Head job reads (docs/sft.md, docs/head.md); the others, the reward and
+# the GRPO card are Reinforcement (RLVR)'s: set on such a job they are dropped, with a warning (sft.py,
+# `drop_rlvr_fields`), and their rows apply to RLVR jobs only (fields.py).
 SFT_READS_ADVANCED = frozenset({"seed", "gpu_selection", "precision", "quantization", "gradient_checkpointing",
                                 "checkpoint_every", "eval_every", "lora_init", "num_processes", "num_nodes",
                                 "sharding"})
 # The columns an SFT dataset holds: prompt and completion (text, or chat messages each), or messages.
 SFT_COLUMN_SETS: tuple[tuple[str, ...], ...] = (("prompt", "completion"), ("messages",))
+# Head's card (JobSpec.head). The learning rate is TRL's LoRA reward-model recipe's
+# (examples/scripts/reward_modeling.py: --learning_rate 1.0e-4 with --use_peft, a sequence-classification
+# head under a LoRA); rank 0 trains the head alone on the frozen base.
+HEAD_LEARNING_RATE = FloatRange(1e-6, 1e-2, 1e-4)
+HEAD_MAX_SEQ_LENGTH = IntRange(32, 32_768, 512)
+HEAD_LORA_RANK = IntRange(0, 64, 8)
+HEAD_TASK_NAMES: dict[int, str] = {C.HEAD_TASK_CLASSIFICATION: "classification", C.HEAD_TASK_REGRESSION: "regression"}
+HEAD_TEXT_COLUMN, HEAD_LABEL_COLUMN = "text", "label"
+# The classes a head used as a reward scores by default (HeadConfig.reward_label unset), lower-cased.
+HEAD_POSITIVE_LABELS = ("1", "true", "yes", "correct", "positive")
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.
@@ -181,9 +191,11 @@ OWN_BOUNDS: dict[str, str] = {
     "cispo": "cispo clips its detached importance weight at 5 (ScaleRL's epsilon_max)",
     "sapo": "sapo gates the ratio smoothly (temperatures 1.0 and 1.05) instead of clipping it",
 }
-Method = Literal["rlvr", "sft"]
-METHOD_KEYS: dict[int, Method] = {C.TRAINING_METHOD_RLVR: "rlvr", C.TRAINING_METHOD_SFT: "sft"}
-METHOD_NAMES: dict[int, str] = {C.TRAINING_METHOD_RLVR: "RLVR (GRPO)", C.TRAINING_METHOD_SFT: "Supervised (SFT)"}
+Method = Literal["rlvr", "sft", "head"]
+METHOD_KEYS: dict[int, Method] = {C.TRAINING_METHOD_RLVR: "rlvr", C.TRAINING_METHOD_SFT: "sft",
+                                  C.TRAINING_METHOD_HEAD: "head"}
+METHOD_NAMES: dict[int, str] = {C.TRAINING_METHOD_RLVR: "RLVR (GRPO)", C.TRAINING_METHOD_SFT: "Supervised (SFT)",
+                                C.TRAINING_METHOD_HEAD: "Head"}
 QUANT_KEYS: dict[int, Quantization] = {C.QUANTIZATION_FULL: "full", C.QUANTIZATION_4BIT: "4bit",
                                        C.QUANTIZATION_8BIT: "8bit"}
 BACKEND_KEYS: dict[int, Backend] = {
@@ -198,11 +210,12 @@ QUANT_NAMES: dict[int, str] = {C.QUANTIZATION_FULL: "Full Precision", C.QUANTIZA
 FieldKind = Literal["int", "float", "bool", "text", "enum", "word", "map"]
 # Where a field applies ("" = every job): rewards that generate their prompts, rewards that read a
 # dataset, the vLLM (colocate) backend, the vLLM (rollout server) backend, jobs with an environment.
-Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment", "sft", "rlvr"]
+Applies = Literal["", "generated", "dataset", "colocate", "vllm", "environment", "sft", "head", "rlvr"]
 APPLIES_NOTES: dict[str, str] = {"generated": "rewards that generate their prompts only",
                                  "dataset": "rewards that read a dataset only", "colocate": "vLLM (colocate) only",
                                  "vllm": "vLLM (rollout server) only", "environment": "jobs with an environment only",
-                                 "sft": "Supervised (SFT) jobs only", "rlvr": "Reinforcement (RLVR) jobs only"}
+                                 "sft": "Supervised (SFT) jobs only", "head": "Head jobs only",
+                                 "rlvr": "Reinforcement (RLVR) jobs only"}
 
 
 def one_update_per_step(a: common_pb2.AdvancedOptions) -> bool:

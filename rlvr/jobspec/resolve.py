@@ -21,13 +21,14 @@ from rlvr.jobspec.ranges import (
     MAX_PATH_CHARS,
     MAX_REWARD_TERMS,
     MAX_SPLIT_CHARS,
+    METHOD_KEYS,
     METHOD_NAMES,
     NAME_RE,
     QUANT_NAMES,
     C,
 )
 from rlvr.jobspec.reward import _validate_reward
-from rlvr.jobspec.sft import _validate_method, drop_rlvr_fields, is_sft, sft_total_steps
+from rlvr.jobspec.sft import Card, _validate_method, drop_rlvr_fields, is_head, is_supervised, sft_total_steps
 from rlvr.jobspec.training import _validate_advanced, _validate_eval_size, _validate_grpo, total_steps
 from rlvr.rewards.registry import Catalog, load_registry
 from rlvr.tracking.config import validate_tracking
@@ -72,8 +73,8 @@ def reward_title(reward: common_pb2.RewardConfig, catalog: Catalog | None = None
 
 def summary(spec: common_pb2.JobSpec, steps: int, catalog: Catalog | None = None) -> common_pb2.TrainingSummary:
     g, a = spec.grpo, spec.advanced
-    if is_sft(spec):  # no reward, group, completion cap or generation backend: the SFT card's rows instead
-        s = spec.sft
+    if is_supervised(spec):  # no reward, group, completion cap or backend: the SFT or Head card's rows instead
+        s: Card = spec.head if is_head(spec) else spec.sft
         return common_pb2.TrainingSummary(
             method=METHOD_NAMES[spec.method], model=spec.base_model, gpu_selection=a.gpu_selection,
             lora_rank=s.lora_rank, learn_rate=s.learning_rate, max_steps=s.max_steps, batch_size=s.batch_size,
@@ -101,6 +102,12 @@ def check_sizes(spec: common_pb2.JobSpec) -> None:
         ("sft.dataset", spec.sft.dataset, MAX_DATASET_CHARS),
         ("sft.dataset_split", spec.sft.dataset_split, MAX_SPLIT_CHARS),
         ("sft.target_modules", spec.sft.target_modules, MAX_PATH_CHARS),
+        ("head.dataset", spec.head.dataset, MAX_DATASET_CHARS),
+        ("head.dataset_split", spec.head.dataset_split, MAX_SPLIT_CHARS),
+        ("head.text_column", spec.head.text_column, MAX_NAME_CHARS),
+        ("head.label_column", spec.head.label_column, MAX_NAME_CHARS),
+        ("head.target_modules", spec.head.target_modules, MAX_PATH_CHARS),
+        ("head.reward_label", spec.head.reward_label, MAX_NAME_CHARS),
         ("reward.key", spec.reward.key, MAX_NAME_CHARS),
         ("reward.accuracy_key", spec.reward.accuracy_key, MAX_NAME_CHARS),
         *((f"reward.terms[{i}].key", t.key, MAX_NAME_CHARS)
@@ -143,26 +150,28 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     spec.CopyFrom(user_spec)
     warnings: list[str] = []
     spec.base_model = spec.base_model.strip() or DEFAULT_BASE_MODEL
-    if spec.method == C.TRAINING_METHOD_SFT:  # what only RLVR reads is not an SFT job's: dropped, said once
+    if is_supervised(spec):  # what only RLVR reads is not an SFT or Head job's: dropped, said once
         dropped = drop_rlvr_fields(spec)
+        key = METHOD_KEYS[spec.method]
         if dropped:
-            warnings.append(f"{', '.join(dropped)}: ignored: Reinforcement (RLVR)'s, and this job's method is SFT "
-                            "(its own card: sft.*)")
-    # An SFT job reads no reward, GRPO card, environment or sampler: what their checks warn of is not its concern.
+            warnings.append(f"{', '.join(dropped)}: ignored: Reinforcement (RLVR)'s, and this job's method is "
+                            f"{key.upper()} (its own card: {key}.*)")
+    # An SFT or Head job reads no reward, GRPO card, environment or sampler: what their checks warn of is not its concern.
     rlvr_warnings: list[str] = []
     _validate_reward(spec, rlvr_warnings, catalog, v)
     _validate_grpo(spec, rlvr_warnings, v)
     _validate_environment(spec, rlvr_warnings, environments, catalog, v)
     _validate_advanced(spec, rlvr_warnings, v)  # its warnings are of GRPO's and the sampler's options
     _validate_method(spec, warnings, v)
-    if not is_sft(spec):
+    if not is_supervised(spec):
         warnings[:0] = rlvr_warnings
         _validate_eval_size(spec, catalog, v)
     with v.check():
         validate_tracking(spec)
     if not spec.name:
         spec.name = default_name(spec.base_model,
-                                 "sft" if is_sft(spec) else LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
+                                 METHOD_KEYS[spec.method] if is_supervised(spec)
+                                 else LOSS_NAMES.get(spec.advanced.loss_type, "grpo"))
     if not v.bad("name") and not NAME_RE.match(spec.name):
         v.add(InvalidArgument(f"name: {shown(spec.name)} is not allowed; use 1-128 letters, digits, spaces "
                               "and . _ - %, starting with a letter or digit"))
@@ -171,5 +180,5 @@ def resolve_spec(user_spec: common_pb2.JobSpec, n_prompts: int | None = None,
     if spec.HasField("init_adapter") and spec.init_adapter.name and spec.init_adapter.version < 0:
         v.add(out_of_range("init_adapter.version", spec.init_adapter.version, ">= 0 (0 = latest)"))
     v.raise_any()
-    steps = sft_total_steps(spec, n_prompts) if is_sft(spec) else total_steps(spec, n_prompts)
+    steps = sft_total_steps(spec, n_prompts) if is_supervised(spec) else total_steps(spec, n_prompts)
     return ResolvedJob(spec=spec, summary=summary(spec, steps, catalog), warnings=warnings, total_steps=steps)

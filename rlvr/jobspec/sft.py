@@ -1,4 +1,5 @@
-"""The Training Method and Supervised (SFT)'s card checked: what an SFT job reads, and what it refuses."""
+"""The Training Method and the supervised cards (SFT's and Head's) checked: what such a job reads, and
+what it refuses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from google.protobuf.message import Message
 from rlvr.common.errors import InvalidArgument, Violations, out_of_range
 from rlvr.jobspec.fields import _checked, _enum
 from rlvr.jobspec.ranges import (
+    HEAD_LABEL_COLUMN,
+    HEAD_TASK_NAMES,
+    HEAD_TEXT_COLUMN,
     MAX_STEPS_HIGH,
+    METHOD_KEYS,
     METHOD_NAMES,
     SFT_COLUMN_SETS,
     SFT_MAX_STEPS_DEFAULT,
@@ -18,6 +23,7 @@ from rlvr.jobspec.ranges import (
 from rlvr.v1 import common_pb2
 
 SFT_DEFAULT_SPLIT = "train"
+Card = common_pb2.SftConfig | common_pb2.HeadConfig  # a supervised card
 
 
 def _set_fields(msg: Message, group: str) -> list[str]:
@@ -46,6 +52,29 @@ def is_sft(spec: common_pb2.JobSpec) -> bool:
     return spec.method == C.TRAINING_METHOD_SFT
 
 
+def is_head(spec: common_pb2.JobSpec) -> bool:
+    return spec.method == C.TRAINING_METHOD_HEAD
+
+
+def is_supervised(spec: common_pb2.JobSpec) -> bool:
+    """A job that learns a labeled dataset (SFT or Head): no reward, no generation, its own card."""
+    return spec.method in (C.TRAINING_METHOD_SFT, C.TRAINING_METHOD_HEAD)
+
+
+def _lora_targets(msg: Card, path: str, v: Violations) -> None:
+    msg.target_modules = msg.target_modules.replace(" ", "") or "all-linear"
+    if not TARGET_MODULES_RE.match(msg.target_modules):
+        v.add(out_of_range(path, msg.target_modules,
+                           '"all-linear" (default) or a comma list of module names'))
+
+
+def _full_steps(msg: Card, path: str, v: Violations) -> None:
+    if not msg.HasField("max_steps"):
+        msg.max_steps = SFT_MAX_STEPS_DEFAULT
+    elif msg.max_steps != -1 and not 1 <= msg.max_steps <= MAX_STEPS_HIGH:
+        v.add(out_of_range(path, msg.max_steps, f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)"))
+
+
 def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     """`method` (unset: RLVR) and, for a Supervised (SFT) job, its card: every field in range, a
     dataset given, and none of what only RLVR does (an environment, a stacked init_adapter, several
@@ -54,38 +83,60 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
         _enum(spec, "method", "method", METHOD_NAMES, C.TRAINING_METHOD_RLVR)
     if v.bad("method"):
         return
-    if not is_sft(spec):
-        if spec.HasField("sft") and spec.sft.ByteSize():
-            warnings.append("sft: ignored: it is Supervised (SFT)'s card and this job's method is RLVR")
+    method = METHOD_NAMES[spec.method]
+    for card, owner in (("sft", C.TRAINING_METHOD_SFT), ("head", C.TRAINING_METHOD_HEAD)):
+        if spec.method != owner and spec.HasField(card) and getattr(spec, card).ByteSize():
+            warnings.append(f"{card}: ignored: it is {METHOD_NAMES[owner]}'s card and this job's method is "
+                            f"{METHOD_KEYS[spec.method].upper()}")
+    if not is_supervised(spec):
         return
-    s = spec.sft
-    _checked(spec, "sft", v)
-    if not s.dataset.strip():
-        v.add(InvalidArgument("sft.dataset: required for a Supervised (SFT) job; give a dataset with prompt and "
-                              "completion columns, or a messages column"))
-    s.dataset = s.dataset.strip()
-    s.dataset_split = s.dataset_split.strip() or SFT_DEFAULT_SPLIT
-    if not s.HasField("max_steps"):
-        s.max_steps = SFT_MAX_STEPS_DEFAULT
-    elif s.max_steps != -1 and not 1 <= s.max_steps <= MAX_STEPS_HIGH:
-        v.add(out_of_range("sft.max_steps", s.max_steps, f"-1 (Full) or 1-{MAX_STEPS_HIGH} (default Full)"))
-    s.target_modules = s.target_modules.replace(" ", "") or "all-linear"
-    if not TARGET_MODULES_RE.match(s.target_modules):
-        v.add(out_of_range("sft.target_modules", s.target_modules,
-                           '"all-linear" (default) or a comma list of module names'))
-    if not s.HasField("completion_only_loss"):
-        s.completion_only_loss = True
+    if is_head(spec):
+        _validate_head(spec, v)
+    else:
+        s = spec.sft
+        _checked(spec, "sft", v)
+        if not s.dataset.strip():
+            v.add(InvalidArgument("sft.dataset: required for a Supervised (SFT) job; give a dataset with prompt "
+                                  "and completion columns, or a messages column"))
+        s.dataset = s.dataset.strip()
+        s.dataset_split = s.dataset_split.strip() or SFT_DEFAULT_SPLIT
+        _full_steps(s, "sft.max_steps", v)
+        _lora_targets(s, "sft.target_modules", v)
+        if not s.HasField("completion_only_loss"):
+            s.completion_only_loss = True
+    key = METHOD_KEYS[spec.method].upper()
     only_rlvr = {
         "environment.key": (spec.environment.key.strip(), "an environment's episodes are generated and scored, "
                             "which is RLVR's"),
         "init_adapter": (spec.init_adapter.name or spec.init_adapter.path,
-                         "a Supervised (SFT) job trains a fresh adapter; stacking on another job's is RLVR's"),
-        "advanced.num_processes": (spec.advanced.num_processes > 1, "a Supervised (SFT) job runs as one process"),
-        "advanced.num_nodes": (spec.advanced.num_nodes > 1, "a Supervised (SFT) job runs on one trainer worker"),
+                         f"a {method} job trains a fresh adapter; stacking on another job's is RLVR's"),
+        "advanced.num_processes": (spec.advanced.num_processes > 1, f"a {method} job runs as one process"),
+        "advanced.num_nodes": (spec.advanced.num_nodes > 1, f"a {method} job runs on one trainer worker"),
     }
     for path, (value, why) in only_rlvr.items():
         if value and not v.bad(path):
-            v.add(InvalidArgument(f"{path}: not allowed with method SFT: {why}"))
+            v.add(InvalidArgument(f"{path}: not allowed with method {key}: {why}"))
+
+
+def _validate_head(spec: common_pb2.JobSpec, v: Violations) -> None:
+    """Head's card: every field in range, a dataset given, the columns named, the task known."""
+    h = spec.head
+    _checked(spec, "head", v)
+    if not h.dataset.strip():
+        v.add(InvalidArgument("head.dataset: required for a Head job; give a dataset with a text column and a "
+                              "label column"))
+    h.dataset = h.dataset.strip()
+    h.dataset_split = h.dataset_split.strip() or SFT_DEFAULT_SPLIT
+    h.text_column = h.text_column.strip() or HEAD_TEXT_COLUMN
+    h.label_column = h.label_column.strip() or HEAD_LABEL_COLUMN
+    if h.text_column == h.label_column:
+        v.add(InvalidArgument(f"head.label_column: {h.label_column!r} is head.text_column too; the head reads one "
+                              "column and learns another"))
+    with v.check():
+        _enum(h, "task", "head.task", HEAD_TASK_NAMES, C.HEAD_TASK_CLASSIFICATION)
+    _full_steps(h, "head.max_steps", v)
+    _lora_targets(h, "head.target_modules", v)
+    h.reward_label = h.reward_label.strip()
 
 
 def sft_steps(max_steps: int, epochs: int, batch_size: int, n_examples: int | None) -> int:
@@ -100,7 +151,8 @@ def sft_steps(max_steps: int, epochs: int, batch_size: int, n_examples: int | No
 
 
 def sft_total_steps(spec: common_pb2.JobSpec, n_examples: int | None) -> int:
-    s = spec.sft
+    """A supervised job's (SFT or Head) step count from its card."""
+    s: Card = spec.head if is_head(spec) else spec.sft
     return sft_steps(s.max_steps, s.epochs, s.batch_size, n_examples)
 
 

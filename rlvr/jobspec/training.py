@@ -232,7 +232,7 @@ def _validate_processes(spec: common_pb2.JobSpec, backend: int, v: Violations) -
                 f"advanced.gpu_selection: {a.gpu_selection!r} lists {len(devices)} device(s) but "
                 f"advanced.num_processes is {procs}; a job trains with one process per device: set "
                 f"advanced.num_processes to {len(devices)} or list {procs} device(s)"))
-    if procs * nodes == 1 or spec.method == C.TRAINING_METHOD_SFT:  # SFT refuses several (sft.py) on its own
+    if procs * nodes == 1 or spec.method in (C.TRAINING_METHOD_SFT, C.TRAINING_METHOD_HEAD):  # refused in sft.py
         return
     # A job of several nodes is advanced.num_nodes x num_processes ranks, each named as such.
     field, count = ("advanced.num_processes", procs) if nodes == 1 else ("advanced.num_nodes", nodes)

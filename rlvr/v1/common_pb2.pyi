@@ -32,6 +32,13 @@ class TrainingMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAINING_METHOD_UNSPECIFIED: _ClassVar[TrainingMethod]
     TRAINING_METHOD_RLVR: _ClassVar[TrainingMethod]
     TRAINING_METHOD_SFT: _ClassVar[TrainingMethod]
+    TRAINING_METHOD_HEAD: _ClassVar[TrainingMethod]
+
+class HeadTask(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEAD_TASK_UNSPECIFIED: _ClassVar[HeadTask]
+    HEAD_TASK_CLASSIFICATION: _ClassVar[HeadTask]
+    HEAD_TASK_REGRESSION: _ClassVar[HeadTask]
 
 class Quantization(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -83,6 +90,10 @@ LOSS_TYPE_SAPO: LossType
 TRAINING_METHOD_UNSPECIFIED: TrainingMethod
 TRAINING_METHOD_RLVR: TrainingMethod
 TRAINING_METHOD_SFT: TrainingMethod
+TRAINING_METHOD_HEAD: TrainingMethod
+HEAD_TASK_UNSPECIFIED: HeadTask
+HEAD_TASK_CLASSIFICATION: HeadTask
+HEAD_TASK_REGRESSION: HeadTask
 QUANTIZATION_UNSPECIFIED: Quantization
 QUANTIZATION_FULL: Quantization
 QUANTIZATION_4BIT: Quantization
@@ -215,7 +226,7 @@ class AdvancedOptions(_message.Message):
     def __init__(self, loss_type: _Optional[_Union[LossType, str]] = ..., epochs: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ..., generation_backend: _Optional[_Union[GenerationBackend, str]] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_selection: _Optional[str] = ..., kl_beta: _Optional[float] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., dynamic_sampling: _Optional[bool] = ..., lora_init: _Optional[str] = ..., num_processes: _Optional[int] = ..., precision: _Optional[str] = ..., max_async_steps: _Optional[int] = ..., epsilon_high: _Optional[float] = ..., sharding: _Optional[str] = ..., num_nodes: _Optional[int] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., num_iterations: _Optional[int] = ..., mini_batches: _Optional[int] = ..., mask_truncated_completions: _Optional[bool] = ..., eval_every: _Optional[int] = ..., eval_size: _Optional[int] = ..., gradient_checkpointing: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking", "environment", "method", "sft")
+    __slots__ = ("name", "base_model", "reward", "grpo", "advanced", "init_adapter", "tracking", "environment", "method", "sft", "head")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +237,7 @@ class JobSpec(_message.Message):
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     SFT_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_model: str
     reward: RewardConfig
@@ -236,7 +248,42 @@ class JobSpec(_message.Message):
     environment: EnvironmentConfig
     method: TrainingMethod
     sft: SftConfig
-    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., tracking: _Optional[_Iterable[_Union[TrackerConfig, _Mapping]]] = ..., environment: _Optional[_Union[EnvironmentConfig, _Mapping]] = ..., method: _Optional[_Union[TrainingMethod, str]] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ...) -> None: ...
+    head: HeadConfig
+    def __init__(self, name: _Optional[str] = ..., base_model: _Optional[str] = ..., reward: _Optional[_Union[RewardConfig, _Mapping]] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., advanced: _Optional[_Union[AdvancedOptions, _Mapping]] = ..., init_adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., tracking: _Optional[_Iterable[_Union[TrackerConfig, _Mapping]]] = ..., environment: _Optional[_Union[EnvironmentConfig, _Mapping]] = ..., method: _Optional[_Union[TrainingMethod, str]] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ..., head: _Optional[_Union[HeadConfig, _Mapping]] = ...) -> None: ...
+
+class HeadConfig(_message.Message):
+    __slots__ = ("dataset", "dataset_split", "text_column", "label_column", "task", "learning_rate", "epochs", "max_steps", "batch_size", "max_seq_length", "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "reward_label")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    LABEL_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    LORA_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    LORA_DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_LABEL_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    dataset_split: str
+    text_column: str
+    label_column: str
+    task: HeadTask
+    learning_rate: float
+    epochs: int
+    max_steps: int
+    batch_size: int
+    max_seq_length: int
+    lora_rank: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: str
+    reward_label: str
+    def __init__(self, dataset: _Optional[str] = ..., dataset_split: _Optional[str] = ..., text_column: _Optional[str] = ..., label_column: _Optional[str] = ..., task: _Optional[_Union[HeadTask, str]] = ..., learning_rate: _Optional[float] = ..., epochs: _Optional[int] = ..., max_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., lora_rank: _Optional[int] = ..., lora_alpha: _Optional[int] = ..., lora_dropout: _Optional[float] = ..., target_modules: _Optional[str] = ..., reward_label: _Optional[str] = ...) -> None: ...
 
 class SftConfig(_message.Message):
     __slots__ = ("dataset", "dataset_split", "learning_rate", "epochs", "max_steps", "batch_size", "max_seq_length", "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "completion_only_loss", "packing")
@@ -405,8 +452,15 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[_Union[AdapterRef, _Mapping]] = ..., summary: _Optional[_Union[TrainingSummary, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., worker: _Optional[str] = ..., queue_reason: _Optional[str] = ..., tracking: _Optional[_Iterable[_Union[TrackingLink, _Mapping]]] = ...) -> None: ...
 
 class MetricEvent(_message.Message):
-    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction", "turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes", "episode_splits", "clip_fraction", "groups_with_signal", "heldout_accuracy", "token_accuracy", "tokens_per_second", "heldout_loss")
+    __slots__ = ("job_id", "step", "total_steps", "reward_mean", "reward_std", "accuracy", "format", "loss", "kl", "entropy", "completion_length_mean", "completion_length_max", "clipped_ratio", "learning_rate", "adapter_version", "generate_seconds", "score_seconds", "train_seconds", "sync_seconds", "step_seconds", "time", "policy_lag", "reward_components", "reward_errors", "logprob_gap", "logprob_gap_max", "sampler_correction", "turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes", "failed_episodes", "episode_splits", "clip_fraction", "groups_with_signal", "heldout_accuracy", "token_accuracy", "tokens_per_second", "heldout_loss", "heldout_f1", "class_f1")
     class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ClassF1Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +510,8 @@ class MetricEvent(_message.Message):
     TOKEN_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     HELDOUT_LOSS_FIELD_NUMBER: _ClassVar[int]
+    HELDOUT_F1_FIELD_NUMBER: _ClassVar[int]
+    CLASS_F1_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     total_steps: int
@@ -499,7 +555,9 @@ class MetricEvent(_message.Message):
     token_accuracy: float
     tokens_per_second: float
     heldout_loss: float
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ..., turns_mean: _Optional[float] = ..., turns_max: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., episode_tokens_mean: _Optional[float] = ..., truncated_episodes: _Optional[int] = ..., failed_episodes: _Optional[int] = ..., episode_splits: _Optional[int] = ..., clip_fraction: _Optional[float] = ..., groups_with_signal: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ..., token_accuracy: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., heldout_loss: _Optional[float] = ...) -> None: ...
+    heldout_f1: float
+    class_f1: _containers.ScalarMap[str, float]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., accuracy: _Optional[float] = ..., format: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length_mean: _Optional[float] = ..., completion_length_max: _Optional[int] = ..., clipped_ratio: _Optional[float] = ..., learning_rate: _Optional[float] = ..., adapter_version: _Optional[int] = ..., generate_seconds: _Optional[float] = ..., score_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., sync_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., logprob_gap: _Optional[float] = ..., logprob_gap_max: _Optional[float] = ..., sampler_correction: _Optional[str] = ..., turns_mean: _Optional[float] = ..., turns_max: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., episode_tokens_mean: _Optional[float] = ..., truncated_episodes: _Optional[int] = ..., failed_episodes: _Optional[int] = ..., episode_splits: _Optional[int] = ..., clip_fraction: _Optional[float] = ..., groups_with_signal: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ..., token_accuracy: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., heldout_loss: _Optional[float] = ..., heldout_f1: _Optional[float] = ..., class_f1: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class CompletionSamples(_message.Message):
     __slots__ = ("job_id", "step", "samples")

@@ -175,7 +175,7 @@ class StatTiles(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., final_reward: _Optional[float] = ..., best_reward: _Optional[float] = ..., best_accuracy: _Optional[float] = ..., final_loss: _Optional[float] = ..., max_policy_lag: _Optional[int] = ...) -> None: ...
 
 class SeriesPoint(_message.Message):
-    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors", "heldout_accuracy", "token_accuracy", "heldout_loss")
+    __slots__ = ("step", "reward", "accuracy", "loss", "kl", "entropy", "completion_length", "format", "policy_lag", "reward_components", "reward_errors", "turns_mean", "tool_calls", "tool_errors", "heldout_accuracy", "token_accuracy", "heldout_loss", "heldout_f1")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class SeriesPoint(_message.Message):
     HELDOUT_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     HELDOUT_LOSS_FIELD_NUMBER: _ClassVar[int]
+    HELDOUT_F1_FIELD_NUMBER: _ClassVar[int]
     step: int
     reward: float
     accuracy: float
@@ -217,7 +218,8 @@ class SeriesPoint(_message.Message):
     heldout_accuracy: float
     token_accuracy: float
     heldout_loss: float
-    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ..., token_accuracy: _Optional[float] = ..., heldout_loss: _Optional[float] = ...) -> None: ...
+    heldout_f1: float
+    def __init__(self, step: _Optional[int] = ..., reward: _Optional[float] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_length: _Optional[float] = ..., format: _Optional[float] = ..., policy_lag: _Optional[int] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., heldout_accuracy: _Optional[float] = ..., token_accuracy: _Optional[float] = ..., heldout_loss: _Optional[float] = ..., heldout_f1: _Optional[float] = ...) -> None: ...
 
 class GetJobMetricsRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -226,7 +228,7 @@ class GetJobMetricsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobMetrics(_message.Message):
-    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy", "has_episodes", "supervised")
+    __slots__ = ("job_id", "status", "has_steps", "message", "accuracy_trend", "reward_trend", "tiles", "series", "has_kl", "has_entropy", "has_episodes", "supervised", "head")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HAS_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +241,7 @@ class JobMetrics(_message.Message):
     HAS_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     HAS_EPISODES_FIELD_NUMBER: _ClassVar[int]
     SUPERVISED_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     status: _common_pb2.JobStatus
     has_steps: bool
@@ -251,7 +254,8 @@ class JobMetrics(_message.Message):
     has_entropy: bool
     has_episodes: bool
     supervised: bool
-    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ..., supervised: _Optional[bool] = ...) -> None: ...
+    head: bool
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.JobStatus, str]] = ..., has_steps: _Optional[bool] = ..., message: _Optional[str] = ..., accuracy_trend: _Optional[_Union[Trend, _Mapping]] = ..., reward_trend: _Optional[_Union[Trend, _Mapping]] = ..., tiles: _Optional[_Union[StatTiles, _Mapping]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., has_kl: _Optional[bool] = ..., has_entropy: _Optional[bool] = ..., has_episodes: _Optional[bool] = ..., supervised: _Optional[bool] = ..., head: _Optional[bool] = ...) -> None: ...
 
 class GetJobSamplesRequest(_message.Message):
     __slots__ = ("job_id", "step", "limit")

@@ -39,6 +39,8 @@ from rlvr.rewards.registry import Catalog, RewardInfo, Sample, UnavailableReward
 from rlvr.services.common.prometheus import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.reward.error_log import ErrorLog
+from rlvr.services.reward.heads import PREFIX as HEAD_PREFIX
+from rlvr.services.reward.heads import Heads
 from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
@@ -65,7 +67,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self._pool: ScoringPool | None = None
         self._registry: Registry | None = None
         self._remotes: dict[str, RemoteScorer] = {}
-        self._catalog = Catalog({})
+        self._static = self._catalog = Catalog({})
+        self._heads = Heads(settings.head_roots)
         self._errors = ErrorLog(log)
 
     def start(self) -> None:
@@ -86,7 +89,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             remotes[key] = RemoteScorer(key, remote)
         infos: dict[str, RewardInfo] = {i.key: i for i in registry.infos()}
         infos.update({key: r.info for key, r in sorted(remotes.items())})
-        self._registry, self._remotes, self._catalog = registry, remotes, Catalog(infos, failed)
+        self._registry, self._remotes, self._static = registry, remotes, Catalog(infos, failed)
+        self._refresh_heads()
         log.info("rewards: %s%s", ", ".join(f"{k} ({i.source})" for k, i in infos.items()),
                  "; not loaded: " + ", ".join(sorted(failed)) if failed else "")
         workers = self.settings.workers or max(1, min(4, os.cpu_count() or 1))
@@ -98,7 +102,16 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     # ------------------------------------------------------------------ which reward
 
+    def _refresh_heads(self) -> Catalog:
+        """The catalog with the Head jobs' adapters there now (services/reward/heads.py); a head never
+        takes a key a reward of the registry or the settings has."""
+        heads = {k: i for k, i in self._heads.scan().items() if k not in self._static.rewards}
+        self._catalog = Catalog({**self._static.rewards, **heads}, self._static.failed)
+        return self._catalog
+
     def _reward(self, key: str, field: str) -> RewardInfo:
+        if key.startswith(HEAD_PREFIX) and key not in self._catalog.rewards:
+            self._refresh_heads()  # a Head job completed since the last look
         try:
             return self._catalog.get(key)
         except UnavailableReward as e:
@@ -151,14 +164,18 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     async def _evaluate(self, keys: list[str], samples: list[Sample], timeout: float
                         ) -> dict[str, list[TermResult]]:
         assert self._pool is not None and self._registry is not None
-        local = [(self._registry.get(k), list(enumerate(samples))) for k in keys if k not in self._remotes]
+        heads = [k for k in keys if k not in self._registry.rewards and k not in self._remotes]
+        local = [(self._registry.get(k), list(enumerate(samples))) for k in keys
+                 if k not in self._remotes and k not in heads]
         remote = [k for k in keys if k in self._remotes]
         pool = self._pool
-        pooled, remote_results = await asyncio.gather(
+        pooled, remote_results, head_results = await asyncio.gather(
             asyncio.to_thread(pool.evaluate, local, timeout),
-            asyncio.gather(*(self._remotes[k].score(samples) for k in remote)))
+            asyncio.gather(*(self._remotes[k].score(samples) for k in remote)),
+            asyncio.gather(*(self._heads.score(k, samples) for k in heads)))
         results = {key: [by_index[i] for i in range(len(samples))] for key, by_index in pooled.items()}
         results.update(zip(remote, remote_results, strict=True))
+        results.update(zip(heads, head_results, strict=True))
         return results
 
     def _response(self, terms: list[tuple[str, float]], accuracy: str, samples: list[Sample],
@@ -242,7 +259,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             raise InvalidArgument(f"dataset: {e}") from None  # the data named by `dataset` cannot be read
 
     async def ListRewardFunctions(self, request, context):  # noqa: N802
-        return catalog_proto(self._catalog)
+        return catalog_proto(await asyncio.to_thread(self._refresh_heads))
 
 
 def build_service(settings: RewardSettings) -> GrpcService:

@@ -5,7 +5,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from rlvr.common.settings import DEFAULT_PORTS, DataRootFields, ServiceSettings, port_field
+from rlvr.common.settings import DEFAULT_PORTS, DataRootFields, ServiceSettings, port_field, rlvr_home
 from rlvr.rewards.registry import DEFAULT_INSTRUCTION, KEY_RE, KEY_RULE
 
 ALL_PLUGINS = "*"
@@ -65,6 +65,10 @@ class RewardSettings(DataRootFields, ServiceSettings):
     remote_rewards: dict[str, RemoteReward] = Field(default_factory=dict)
     """Rewards served by other services: a JSON object {"<key>": {"address": "HOST:PORT", ...}} (see
     docs/rewards.md for every setting of one)."""
+
+    head_roots: list[Path] = Field(default_factory=lambda: [rlvr_home() / "stack" / "artifacts"])
+    """Artifact roots whose Head jobs' adapters (<root>/jobs/<id>/adapter) this service scores with, each by
+    the reward key head_<job id> (JSON list or comma list; docs/head.md). Default: the local stack's."""
 
     @field_validator("remote_rewards")
     @classmethod

@@ -63,6 +63,7 @@ def job_to_proto(row: JobRow) -> common_pb2.Job:
 def metric_event_from_row(row: MetricPointRow, job_id: str) -> common_pb2.MetricEvent:
     values = {k: v for k, v in row.model_dump().items() if k not in ("job_id", "created_at") and v is not None}
     values["reward_components"] = row.components()  # stored as JSON (metric_point_from_event)
+    values["class_f1"] = row.class_scores()
     event = common_pb2.MetricEvent(job_id=job_id, **values)
     stamp = ts(row.created_at)
     if stamp is not None:

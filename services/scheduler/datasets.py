@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rlvr.common.errors import InvalidArgument
 from rlvr.environments.base import EnvironmentInfo
-from rlvr.jobspec import sft_columns_problem
+from rlvr.heads import labels_problem
+from rlvr.jobspec import HEAD_TASK_NAMES, sft_columns_problem
 from rlvr.rewards.registry import Catalog
 from rlvr.tasks import TaskError
 from rlvr.tasks.dataset import GROUND_TRUTH_COLUMN, PROMPT_COLUMN
@@ -27,6 +28,7 @@ from rlvr.tasks.sources import (
     check_hub_name,
     dataset_splits,
     hub_reachable,
+    load_rows,
     local_splits,
     looks_local,
     peek_columns,
@@ -72,6 +74,23 @@ def check_sft_dataset(sft: common_pb2.SftConfig, data_roots: Sequence[Path]) -> 
     problem = sft_columns_problem(columns) if columns is not None else ""
     if problem:
         raise InvalidArgument(f"sft.dataset: {sft.dataset!r} ({sft.dataset_split}) {problem}")
+
+
+def check_head_dataset(head: common_pb2.HeadConfig, data_roots: Sequence[Path]) -> None:
+    """A Head job's dataset (head.dataset) as `check_dataset` checks a reward's: readable, with its split,
+    and (local data, every row read) the text and label columns, two classes at least, or numbers for
+    regression, and head.reward_label among the classes."""
+    if _columns(head.dataset, head.dataset_split, data_roots, "head") is None:
+        return  # a hub dataset's rows are checked when the trainer loads it
+    try:
+        rows = load_rows(head.dataset, head.dataset_split, data_roots)
+    except TaskError as e:
+        raise InvalidArgument(f"head.dataset: {e}") from None
+    task = HEAD_TASK_NAMES.get(head.task, "classification")
+    _, problem = labels_problem(rows, head.text_column, head.label_column, task, head.reward_label)
+    if problem:
+        field = "head.reward_label" if problem.startswith("head.reward_label") else "head.dataset"
+        raise InvalidArgument(f"{field}: {head.dataset!r} ({head.dataset_split}) {problem}")
 
 
 def _columns(source: str, split: str, data_roots: Sequence[Path], card: str) -> list[str] | None:

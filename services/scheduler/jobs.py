@@ -30,6 +30,7 @@ from rlvr.jobspec import (
     EnvironmentCatalog,
     ResolvedJob,
     environment_info,
+    is_head,
     is_sft,
     job_status_name,
     resolve_spec,
@@ -37,7 +38,7 @@ from rlvr.jobspec import (
 from rlvr.models import check_base_model
 from rlvr.rewards.registry import Catalog
 from rlvr.services.scheduler.convert import TERMINAL, job_to_proto, spec_from_json
-from rlvr.services.scheduler.datasets import check_dataset, check_sft_dataset
+from rlvr.services.scheduler.datasets import check_dataset, check_head_dataset, check_sft_dataset
 from rlvr.services.scheduler.dispatch import (
     MAX_RESUMES,
     NODE_LOST_SECONDS,
@@ -144,6 +145,9 @@ class JobManager:
         spec.base_model = await asyncio.to_thread(check_base_model, spec.base_model, self.model_roots)
         if is_sft(spec):  # no reward's data, no environment: the labeled dataset
             await asyncio.to_thread(check_sft_dataset, spec.sft, self.data_roots)
+            return
+        if is_head(spec):
+            await asyncio.to_thread(check_head_dataset, spec.head, self.data_roots)
             return
         environment = environment_info(spec.environment.key, environments or await self.environments_for(spec))
         await asyncio.to_thread(check_dataset, spec.reward, self.data_roots, catalog, environment)

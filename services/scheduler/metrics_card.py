@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 from rlvr.infra.schema import JobRow, MetricPointRow
-from rlvr.jobspec import is_sft, job_status_value
+from rlvr.jobspec import is_head, is_sft, job_status_value
 from rlvr.services.scheduler.convert import TERMINAL, spec_from_json
 from rlvr.v1 import common_pb2, scheduler_pb2
 
@@ -63,7 +63,8 @@ def series_point(point: MetricPointRow) -> scheduler_pb2.SeriesPoint:
                                   reward_components=point.components(), reward_errors=point.reward_errors)
     # The series only some steps log (kl with kl_beta, evaluation steps, an SFT job's, a job with an
     # environment's episodes): unset where a step has none.
-    for name in ("kl", "entropy", "heldout_accuracy", "token_accuracy", "heldout_loss", *EPISODE_SERIES):
+    for name in ("kl", "entropy", "heldout_accuracy", "token_accuracy", "heldout_loss", "heldout_f1",
+                 *EPISODE_SERIES):
         value = getattr(point, name)
         if value is not None:
             setattr(s, name, value)
@@ -91,14 +92,20 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     steps = [p.step for p in points]
     rewards = [p.reward_mean for p in points]
     spec = spec_from_json(job.spec_json)
-    # A Supervised (SFT) job has no reward: its accuracy is the token accuracy.
+    # A Supervised (SFT) job has no reward: its accuracy is the token accuracy; a Head job's is its
+    # held-out accuracy at the steps that evaluated (classification; none for regression).
     accuracies = [p.token_accuracy or 0.0 for p in points] if is_sft(spec) else [p.accuracy for p in points]
+    trend_steps = steps
+    if is_head(spec):
+        evaluated = [p for p in points if p.heldout_accuracy is not None]
+        trend_steps, accuracies = [p.step for p in evaluated] or [steps[-1]], \
+            [p.heldout_accuracy or 0.0 for p in evaluated] or [0.0]
     out.has_steps = True
     last = points[-1]
     running = job.status not in TERMINAL
     stored = f"{len(points)} step{'' if len(points) == 1 else 's'}"
     out.message = f"{stored} so far of {job.total_steps or last.total_steps}" if running else stored
-    out.accuracy_trend.CopyFrom(compute_trend(steps, accuracies))
+    out.accuracy_trend.CopyFrom(compute_trend(trend_steps, accuracies))
     out.reward_trend.CopyFrom(compute_trend(steps, rewards))
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,
                                                best_reward=max(rewards), best_accuracy=max(accuracies),
@@ -107,6 +114,7 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
         out.tiles.max_policy_lag = max(p.policy_lag for p in points)
     out.has_episodes = bool(spec.environment.key)
     out.supervised = is_sft(spec)
+    out.head = is_head(spec)
     out.series.extend(series_point(p) for p in points)
     out.has_kl = any(p.kl is not None for p in points)
     out.has_entropy = any(p.entropy is not None for p in points)

@@ -52,9 +52,11 @@ function checkRange(input) {
 
 function activeOptions(form) {
   const active = new Set();
-  // the Training Method: Supervised (SFT) shows its card, Reinforcement (RLVR) the Reward and GRPO cards
+  // the Training Method: each choice names the card it shows (forms.METHOD_CHOICES); Reinforcement
+  // (RLVR)'s are the Reward and GRPO cards, with their conditional fields
   const method = form.querySelector('input[name="method"]:checked');
-  if (method && method.value === "2") return new Set(["sft"]);  // none of RLVR's conditional fields applies
+  const card = method ? method.dataset.card : "rlvr";
+  if (card && card !== "rlvr") return new Set([card]);  // none of RLVR's conditional fields applies
   active.add("rlvr");
   // each Reward choice says whether it generates its prompts and whether it reads a dataset
   const reward = form.querySelector('input[name="reward.key"]:checked')

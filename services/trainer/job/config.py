@@ -32,6 +32,7 @@ from rlvr.jobspec import (
     Quantization,
     RewardName,
     Sharding,
+    is_head,
     is_sft,
     proto_field,
     resolve_spec,
@@ -67,6 +68,28 @@ class SftSettings:
     target_modules: str  # "all-linear" or a comma list
     completion_only_loss: bool
     packing: bool
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """A Head job's card (JobSpec.head), resolved: the names are the card's (fields.py's "head" rows),
+    the task as its key ("classification" or "regression")."""
+
+    dataset: str
+    dataset_split: str
+    text_column: str
+    label_column: str
+    task: str
+    learning_rate: float
+    epochs: int
+    max_steps: int  # -1 = Full
+    batch_size: int
+    max_seq_length: int
+    lora_rank: int  # 0 = the base frozen, the head alone trained
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: str
+    reward_label: str  # "" = the default class (rlvr.jobspec.ranges.HEAD_POSITIVE_LABELS)
 
 
 @dataclass(frozen=True)
@@ -174,10 +197,11 @@ class JobConfig:
     # choice from the model's size (engine.py, `micro_batch_size`). Not a spec field: benches and tests
     # force it.
     micro_batch_size: int = 0
-    # JobSpec.method ("rlvr" or "sft") and, for a Supervised (SFT) job, its card (services/trainer/job/sft.py
-    # trains it; the GRPO fields above are then not read).
+    # JobSpec.method ("rlvr", "sft" or "head") and, for a Supervised (SFT) or Head job, its card
+    # (services/trainer/job/sft.py and head.py train them; the GRPO fields above are then not read).
     method: Method = "rlvr"
     sft: SftSettings | None = None
+    head: HeadSettings | None = None
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -236,9 +260,9 @@ class JobConfig:
         data = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "num_iterations": 1,
                 "mini_batches": 1, "mask_truncated_completions": False, "eval_every": 0, "eval_size": 64,
                 "gradient_checkpointing": "off", **data}
-        sft = data.get("sft")
+        sft, head = data.get("sft"), data.get("head")
         return cls(**{**data, "artifact_root": Path(data["artifact_root"]),
-                      "sft": SftSettings(**sft) if sft else None,
+                      "sft": SftSettings(**sft) if sft else None, "head": HeadSettings(**head) if head else None,
                       "data_roots": tuple(Path(p) for p in data["data_roots"]),
                       "reward_terms": tuple((str(k), float(w)) for k, w in data.get("reward_terms", ()))})
 
@@ -295,7 +319,8 @@ def job_config_from_request(
         rendezvous_endpoint=request.rendezvous_endpoint if nodes > 1 else "",
         environment_version=spec.environment.version,
         method=METHOD_KEYS[spec.method],
-        sft=sft_settings(spec) if is_sft(spec) else None,
+        sft=SftSettings(**card_values(spec, "sft")) if is_sft(spec) else None,
+        head=HeadSettings(**card_values(spec, "head")) if is_head(spec) else None,
     )
 
 
@@ -323,14 +348,19 @@ def spec_fields(spec: common_pb2.JobSpec) -> dict[str, Any]:
     return out
 
 
-def sft_settings(spec: common_pb2.JobSpec) -> SftSettings:
-    """A resolved SFT spec's card, by the rows' names (a 32-bit float as the decimal typed)."""
+def card_values(spec: common_pb2.JobSpec, card: str) -> dict[str, Any]:
+    """A resolved SFT or Head spec's card, by the rows' names (a 32-bit float as the decimal typed, an
+    enum as its key)."""
     values: dict[str, Any] = {}
     for row in SPEC_FIELDS:
-        if row.card == "sft":
+        if row.card == card:
             value = value_of(spec, row)
-            values[row.name] = as_typed(value) if proto_field(row).type == FieldDescriptor.TYPE_FLOAT else value  # type: ignore[arg-type]
-    return SftSettings(**values)
+            if row.names is not None:
+                value = row.names[value]  # type: ignore[index]
+            elif proto_field(row).type == FieldDescriptor.TYPE_FLOAT:
+                value = as_typed(value)  # type: ignore[arg-type]
+            values[row.name] = value
+    return values
 
 
 def job_config(job_id: str, base_model: str, artifact_root: Path, **fields: Any) -> JobConfig:

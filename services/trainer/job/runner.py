@@ -249,6 +249,11 @@ def _run(job: JobConfig, deps: JobDeps, result: JobResult) -> None:
 
         run_sft(job, deps, result, device, resolve_base_model(job.base_model))
         return
+    if job.method == "head":  # Head: a labeled dataset too (head.py)
+        from rlvr.services.trainer.job.head import run_head
+
+        run_head(job, deps, result, device, resolve_base_model(job.base_model))
+        return
     if job.generation_backend == "vllm" and deps.generator is None:
         raise FailedPrecondition("generation backend vllm needs the rollout service; none was configured")
     base_path = resolve_base_model(job.base_model)

@@ -105,10 +105,15 @@ def sft_data(job: JobConfig) -> tuple[Rows, Rows]:
     if len(train) < 2:
         raise FailedPrecondition(f"advanced.eval_every: {sft.dataset!r} has {len(train)} example and no "
                                  f"{HELDOUT_SPLIT!r} split: nothing to hold out")
-    order = list(range(len(train)))
-    random.Random(job.seed).shuffle(order)
-    held = set(order[:max(1, round(len(train) * HELDOUT_SHARE))])
-    return [r for i, r in enumerate(train) if i not in held], [r for i, r in enumerate(train) if i in held]
+    return held_back(train, job.seed, HELDOUT_SHARE)
+
+
+def held_back(rows: Rows, seed: int, share: float) -> tuple[Rows, Rows]:
+    """(kept, held out): `share` of the rows (at least one) held out, chosen by the seed."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:max(1, round(len(rows) * share))])
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
 def _card(job: JobConfig) -> SftSettings:
@@ -184,11 +189,94 @@ def sft_resume_point(job: JobConfig) -> tuple[Path, int, int] | None:
     return None
 
 
+class StepProgress:
+    """What a supervised job (SFT, Head) does at each of its trainer's steps, as a transformers
+    TrainerCallback (`callback()`): the adapter saved (`save`, through the disk-space guard; a copy
+    under checkpoints/step-N at the checkpoint_every steps), then its progress and its MetricEvent
+    (loss, learning rate, and what `train_metrics` reads of the step's logs; at a step that
+    `evaluates`, held until the evaluation's logs are added by `eval_metrics`), the cancel honoured."""
+
+    def __init__(self, job: JobConfig, deps: SftDeps, result: SftProgress, save: Callable[[Any, Path], Path],
+                 space: artifacts.DiskSpace, evaluates: Callable[[int, int], bool],
+                 train_metrics: Callable[[common_pb2.MetricEvent, dict[str, float], float], None],
+                 eval_metrics: Callable[[common_pb2.MetricEvent, dict[str, float]], None]) -> None:
+        self.job, self.deps, self.result, self.save, self.space = job, deps, result, save, space
+        self.evaluates, self.train_metrics, self.eval_metrics = evaluates, train_metrics, eval_metrics
+        self.adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
+        self.tokens = 0.0
+        self.step_started = time.perf_counter()
+        self.pending: common_pb2.MetricEvent | None = None
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                outer.result.total_steps = int(state.max_steps)
+                outer.tokens = float(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                outer.step_started = time.perf_counter()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                outer.step_end(int(state.global_step), int(state.max_steps), kw["model"], control)
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
+                       **kw: Any) -> None:
+                outer.log(int(state.global_step), int(state.max_steps), logs or {})
+
+            def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                outer.publish()
+
+        return Callback()
+
+    def step_end(self, step: int, total: int, trained: Any, control: Any) -> None:
+        job = self.job
+
+        def write() -> Path:
+            path = self.save(trained, self.adapter)
+            if job.checkpoint_every and step % job.checkpoint_every == 0:
+                artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
+            return path
+
+        self.space.write(f"step {step}'s adapter", write)
+        self.result.steps_done = step
+        if self.deps.on_step is not None:
+            self.deps.on_step(step, total)
+        if self.deps.cancel.is_set():
+            control.should_training_stop = True
+
+    def log(self, step: int, total: int, logs: dict[str, float]) -> None:
+        if "eval_loss" in logs and self.pending is not None:
+            self.eval_metrics(self.pending, logs)
+            self.publish()
+            return
+        if "loss" not in logs:
+            return
+        self.publish()
+        seconds = time.perf_counter() - self.step_started
+        event = common_pb2.MetricEvent(job_id=self.job.job_id, step=step, total_steps=total,
+                                       loss=float(logs["loss"]), learning_rate=float(logs.get("learning_rate", 0)),
+                                       train_seconds=seconds, step_seconds=seconds, adapter_version=step - 1)
+        event.time.GetCurrentTime()
+        self.train_metrics(event, logs, seconds)
+        self.pending = event
+        if not self.evaluates(step, total):
+            self.publish()
+
+    def publish(self) -> None:
+        if self.pending is not None and self.pending.step > self.job.stored_steps:
+            self.deps.publish(self.pending)
+        self.pending = None
+
+
 def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, base_path: str) -> None:
     """Trains the job's adapter to its last step, a cancel, or a failure (raised); `result` says the
     steps done and total as they happen."""
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
     from trl import SFTTrainer
 
     train_rows, heldout_rows = sft_data(job)
@@ -204,91 +292,44 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
     resume = sft_resume_point(job)
 
-    class Progress(TrainerCallback):
-        """Each step: the adapter saved (then its progress and its MetricEvent), the cancel honoured."""
+    def sft_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
+        if "mean_token_accuracy" in logs:
+            event.token_accuracy = float(logs["mean_token_accuracy"])
+        if "entropy" in logs:
+            event.entropy = float(logs["entropy"])
+        if "num_tokens" in logs:
+            tokens = float(logs["num_tokens"])
+            event.tokens_per_second = (tokens - steps.tokens) / max(seconds, 1e-9)
+            steps.tokens = tokens
 
-        def __init__(self) -> None:
-            self.tokens = 0.0
-            self.step_started = time.perf_counter()
-            self.pending: common_pb2.MetricEvent | None = None
+    def heldout_loss(event: common_pb2.MetricEvent, logs: dict[str, float]) -> None:
+        event.heldout_loss = float(logs["eval_loss"])
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            result.total_steps = int(state.max_steps)
-            self.tokens = float(getattr(state, "num_input_tokens_seen", 0) or 0)
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.step_started = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            step, total = int(state.global_step), int(state.max_steps)
-            trained = kw["model"]
-
-            def write() -> Path:
-                path = artifacts.save_adapter(trained, adapter)
-                if job.checkpoint_every and step % job.checkpoint_every == 0:
-                    artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
-                return path
-
-            space.write(f"step {step}'s adapter", write)
-            result.steps_done = step
-            if deps.on_step is not None:
-                deps.on_step(step, total)
-            if deps.cancel.is_set():
-                control.should_training_stop = True
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
-                   **kw: Any) -> None:
-            logs = logs or {}
-            step, total = int(state.global_step), int(state.max_steps)
-            if "eval_loss" in logs and self.pending is not None:
-                self.pending.heldout_loss = float(logs["eval_loss"])
-                self._publish()
-                return
-            if "loss" not in logs:
-                return
-            self._publish()
-            seconds = time.perf_counter() - self.step_started
-            event = common_pb2.MetricEvent(job_id=job.job_id, step=step, total_steps=total,
-                                           loss=float(logs["loss"]), learning_rate=float(logs.get("learning_rate", 0)),
-                                           train_seconds=seconds, step_seconds=seconds, adapter_version=step - 1)
-            event.time.GetCurrentTime()
-            if "mean_token_accuracy" in logs:
-                event.token_accuracy = float(logs["mean_token_accuracy"])
-            if "entropy" in logs:
-                event.entropy = float(logs["entropy"])
-            if "num_tokens" in logs:
-                tokens = float(logs["num_tokens"])
-                event.tokens_per_second = (tokens - self.tokens) / max(seconds, 1e-9)
-                self.tokens = tokens
-            self.pending = event
-            if not (job.eval_every and (step % job.eval_every == 0 or step == total)):
-                self._publish()
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self._publish()
-
-        def _publish(self) -> None:
-            if self.pending is not None and self.pending.step > job.stored_steps:
-                deps.publish(self.pending)
-            self.pending = None
-
+    steps = StepProgress(job, deps, result, artifacts.save_adapter, space,
+                         lambda step, total: bool(job.eval_every) and (step % job.eval_every == 0 or step == total),
+                         sft_metrics, heldout_loss)
     train = Dataset.from_list(train_rows)
     heldout = Dataset.from_list(heldout_rows) if heldout_rows else None
     trainer = SFTTrainer(model=model, args=sft_args(job, device, trl_dir, model), train_dataset=train,
-                         eval_dataset=heldout, processing_class=tokenizer, callbacks=[Progress()])
+                         eval_dataset=heldout, processing_class=tokenizer, callbacks=[steps.callback()])
     trainer.remove_callback(PrinterCallback)  # the MetricEvents carry the logs
     log.info("job %s: SFT on %d examples (%d held out) of %s, %s", job.job_id, len(train_rows), len(heldout_rows),
              sft.dataset, f"resuming from step {resume[1]}" if resume else "from step 0")
+    if not resumed_done(resume, deps, result, space, lambda checkpoint: artifacts.copy_adapter(checkpoint, adapter)):
+        trainer.train(resume_from_checkpoint=str(resume[0]) if resume else None)
+
+
+def resumed_done(resume: tuple[Path, int, int] | None, deps: SftDeps, result: SftProgress,
+                 space: artifacts.DiskSpace, restore: Callable[[Path], Path]) -> bool:
+    """Whether a supervised job has nothing left to train: resumed after its last step, or cancelled
+    while loading. A resumed job's adapter is its checkpoint's again first (`restore`: the lost run may
+    have left a later step's; the trainer's checkpoint holds it, as peft saved it)."""
     if resume is not None:
         checkpoint, step, total = resume
-        # The job's adapter is the checkpoint's again (the lost run may have left a later step's): TRL's
-        # checkpoint holds it, as peft saved it.
-        space.write(f"step {step}'s adapter", lambda: artifacts.copy_adapter(checkpoint, adapter))
+        space.write(f"step {step}'s adapter", lambda: restore(checkpoint))
         result.steps_done, result.total_steps = step, total
         if deps.on_step is not None:
             deps.on_step(step, total)
         if step >= total:  # lost after its last step: done (transformers would train one step more)
-            return
-    if deps.cancel.is_set():
-        return
-    trainer.train(resume_from_checkpoint=str(resume[0]) if resume else None)
+            return True
+    return deps.cancel.is_set()
