@@ -30,6 +30,7 @@ from rlvr.clients.views.jobs import (
     card_trends,
     chart_caption,
     charts_of,
+    no_reward,
     num,
     status_name,
     tile_values,
@@ -265,7 +266,7 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Cha
         parts += [_trend_card(label, trend) for label, trend in card_trends(metrics)]
         parts.append('</div><h2>Stats</h2><div class="tiles">')
         parts += [f'<div class="card tile"><div class="label">{esc(label)}</div>'
-                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles, metrics.supervised)]
+                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles, no_reward(metrics))]
         parts.append("</div>")
         if metrics.message:
             parts.append(f'<p class="message">{esc(metrics.message)}</p>')

@@ -217,3 +217,65 @@ def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
     with pytest.raises(Exception) as refused:
         client.scheduler.create_job(S.CreateJobRequest(spec=bad, dry_run=True))
     assert "which method SFT trains on" in str(refused.value)
+
+
+HEAD_DATA = "examples/head/math-verdicts"  # under the stack's data roots, as SFT_DATA
+
+
+def test_a_head_trains_and_then_scores_an_rlvr_job_as_its_reward(stack, tmp_path: Path) -> None:
+    """Head on the bundled Math Pairs verdicts through the SDK: every step stored once, the held-out
+    accuracy, macro F1 and F1 per class at the eval steps and the last, the Head Metrics card, the
+    adapter downloaded with its description, the history exported with the Head columns, Merge
+    Model writing a sequence-classification checkpoint; then an RLVR job names it as a reward term
+    (head_<job id>, scored by the reward service with no restart), and data a head cannot learn is
+    refused at CreateJob naming the column."""
+    import csv
+    import json
+
+    from rlvr.heads import read_head
+
+    client, home, _ = stack
+    spec = C.JobSpec(name="e2e-head", base_model=MODEL, method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(
+        dataset=HEAD_DATA, max_steps=6, batch_size=8, max_seq_length=96, learning_rate=1e-3, lora_rank=4))
+    spec.advanced.eval_every = 4
+    created = client.scheduler.create_job(S.CreateJobRequest(spec=spec))
+    assert created.summary.method == "Head" and created.summary.total_steps == 6
+    assert created.summary.settings["head.task"] == "classification"
+    job_id = created.job.id
+    seen = [e.metric.step for e in client.scheduler.watch(job_id, timeout=600) if e.HasField("metric")]
+    job = client.scheduler.get_job(S.GetJobRequest(id=job_id))
+    assert job.status == C.JOB_STATUS_COMPLETED, job.error
+    assert sorted(set(seen)) == list(range(1, 7)) and job.adapter.version == 6
+    points = _stored_points(home, job_id)
+    assert [p.step for p in points] == list(range(1, 7)) and all(p.loss > 0 and p.tokens_per_second for p in points)
+    evaluated = [p for p in points if p.heldout_accuracy is not None]
+    assert [p.step for p in evaluated] == [4, 6]  # eval_every, and always the last
+    assert all(0 <= p.heldout_f1 <= 1 and set(json.loads(p.class_f1)) == {"correct", "wrong"} for p in evaluated)
+    metrics = client.scheduler.get_job_metrics(S.GetJobMetricsRequest(job_id=job_id))
+    assert metrics.head and not metrics.supervised
+    assert metrics.tiles.best_accuracy == max(p.heldout_accuracy for p in evaluated)
+
+    files = client.scheduler.save_adapter(job_id, tmp_path / "adapter")
+    assert {f.name for f in files} >= {"adapter_config.json", "adapter_model.safetensors"}
+    info = read_head(tmp_path / "adapter")
+    assert info is not None and info.classes == ("correct", "wrong") and info.reward_label == "correct"
+    rows = list(csv.DictReader(client.scheduler.export(job_id, "csv", tmp_path).open()))
+    assert [r["step"] for r in rows if r["heldout_f1"]] == ["4", "6"] and "correct" in rows[-1]["class_f1"]
+    merged = client.scheduler.merge(job_id)
+    assert merged.done and merged.size_bytes > 0
+
+    rlvr = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
+    rlvr.name = "e2e-head-reward"
+    rlvr.reward.terms.extend([C.RewardTerm(key="math_pairs", weight=1.0), C.RewardTerm(key=f"head_{job_id}",
+                                                                                       weight=0.5)])
+    rlvr.reward.ClearField("function")
+    after = _train(client, C.GENERATION_BACKEND_TRANSFORMERS, 2, rlvr)
+    scored = _stored_points(home, after.id)
+    assert all(0 < json.loads(p.reward_components)[f"head_{job_id}"] < 1 for p in scored)
+    assert all(p.reward_errors == 0 for p in scored)
+
+    bad = C.JobSpec(method=C.TRAINING_METHOD_HEAD, base_model=MODEL, head=C.HeadConfig(dataset=HEAD_DATA,
+                                                                                       label_column="score"))
+    with pytest.raises(Exception) as refused:
+        client.scheduler.create_job(S.CreateJobRequest(spec=bad, dry_run=True))
+    assert "head.dataset" in str(refused.value) and "'score' column, which method HEAD reads" in str(refused.value)

@@ -102,6 +102,10 @@ def line_of(subject: str, seq: int, message: Message | None, data: bytes) -> str
         if m.HasField("token_accuracy"):  # a Supervised (SFT) job's step: no reward
             return (f"#{seq} job {m.job_id} step {m.step}/{m.total_steps or '?'}: loss {m.loss:.4g} token accuracy "
                     f"{m.token_accuracy:.3f}{extras}")
+        if m.HasField("tokens_per_second"):  # a Head job's step (tokens, no token accuracy): no reward either
+            scores = "".join(f" held-out {k} {getattr(m, f):.3f}" for k, f in (("accuracy", "heldout_accuracy"),
+                                                                              ("F1", "heldout_f1")) if m.HasField(f))
+            return f"#{seq} job {m.job_id} step {m.step}/{m.total_steps or '?'}: loss {m.loss:.4g}{scores}{extras}"
         return (f"#{seq} job {m.job_id} step {m.step}/{m.total_steps or '?'}: reward {m.reward_mean:.3f} accuracy "
                 f"{m.accuracy:.3f} format {m.format:.3f} loss {m.loss:.4g}{extras} (adapter v{m.adapter_version})")
     if isinstance(message, common_pb2.JobStatusEvent):

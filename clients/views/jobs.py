@@ -60,6 +60,7 @@ COMPONENTS_CHART = "reward_components"
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward_accuracy", "Reward & accuracy", ("reward", "accuracy", "heldout_accuracy")),
     ("token_accuracy", "Token accuracy", ("token_accuracy",)),  # a Supervised (SFT) job
+    ("head_scores", "Held-out accuracy & F1", ("head_accuracy", "heldout_f1")),  # a Head job (classification)
     ("loss", "Loss", ("loss", "heldout_loss")),
     ("kl_entropy", "KL & entropy", ("kl", "entropy")),
     ("completion_length", "Completion length (tokens)", ("completion_length",)),
@@ -156,6 +157,8 @@ def series_of(metrics: S.JobMetrics) -> list[Series]:
     steps = [p.step for p in points]
     if any(p.HasField("token_accuracy") for p in points):
         return sft_series(points)
+    if metrics.head:
+        return head_series(points)
     out = [Series("reward", "Reward (mean)", steps, [p.reward for p in points], "reward"),
            Series("accuracy", "Accuracy", steps, [p.accuracy for p in points], "accuracy"),
            Series("loss", "Loss", steps, [p.loss for p in points], "loss")]
@@ -187,6 +190,19 @@ def sft_series(points: Sequence[S.SeriesPoint]) -> list[Series]:
     for key, label, unit in (("token_accuracy", "Token accuracy", "accuracy"), ("loss", "Loss", "loss"),
                              ("heldout_loss", "Held-out loss", "held-out"), ("entropy", "Entropy", "entropy")):
         pairs = [(p.step, getattr(p, key)) for p in points if key == "loss" or p.HasField(key)]
+        if pairs:
+            out.append(Series(key, label, [s for s, _ in pairs], [v for _, v in pairs], unit))
+    return out
+
+
+def head_series(points: Sequence[S.SeriesPoint]) -> list[Series]:
+    """A Head job's series: the loss every step; the held-out loss (regression: its mean squared
+    error), accuracy and macro F1 at the steps that evaluated."""
+    out = [Series("loss", "Loss", [p.step for p in points], [p.loss for p in points], "loss")]
+    for key, field, label, unit in (("heldout_loss", "heldout_loss", "Held-out loss", "held-out"),
+                                    ("head_accuracy", "heldout_accuracy", "Held-out accuracy", "accuracy"),
+                                    ("heldout_f1", "heldout_f1", "Held-out macro F1", "F1")):
+        pairs = [(p.step, getattr(p, field)) for p in points if p.HasField(field)]
         if pairs:
             out.append(Series(key, label, [s for s, _ in pairs], [v for _, v in pairs], unit))
     return out
@@ -300,17 +316,26 @@ TILE_FIELDS: list[tuple[str, Callable[[S.StatTiles], str]]] = [
 ]
 
 
-SFT_TILES = ("Steps", "Best Accuracy", "Final Loss")  # a Supervised (SFT) job has no reward (its accuracy: tokens)
+# A Supervised (SFT) or Head job has no reward (its accuracy: the token accuracy, the held-out accuracy).
+SFT_TILES = ("Steps", "Best Accuracy", "Final Loss")
+
+
+def no_reward(metrics: S.JobMetrics) -> bool:
+    """A job that learns a labeled dataset (SFT, Head): no reward tiles, trend or line."""
+    return metrics.supervised or metrics.head
 
 
 def card_title(metrics: S.JobMetrics) -> str:
-    return "SFT Metrics" if metrics.supervised else "RL Metrics"
+    return "SFT Metrics" if metrics.supervised else "Head Metrics" if metrics.head else "RL Metrics"
 
 
 def card_trends(metrics: S.JobMetrics) -> list[tuple[str, S.Trend]]:
-    """The card's trends: accuracy and reward; a Supervised (SFT) job's token accuracy alone."""
+    """The card's trends: accuracy and reward; a Supervised (SFT) job's token accuracy alone, a Head
+    job's held-out accuracy (at the steps that evaluated)."""
     if metrics.supervised:
         return [("Token Accuracy Trend", metrics.accuracy_trend)]
+    if metrics.head:
+        return [("Held-out Accuracy Trend", metrics.accuracy_trend)]
     return [("Accuracy Trend", metrics.accuracy_trend), ("Reward Trend", metrics.reward_trend)]
 
 
@@ -501,7 +526,7 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
         lines.append(line)
     window = window_line(metrics)
     lines += [window if len(window) <= width else window.strip(), ""]
-    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width, supervised=metrics.supervised)
+    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width, supervised=no_reward(metrics))
     if metrics.message:
         lines += ["", metrics.message]
     charts = charts_of(metrics)
@@ -514,7 +539,7 @@ def summary_rows(summary: C.TrainingSummary) -> list[tuple[str, object]]:
     """The Training Summary's label/value rows (the CLI's and the HTML report's)."""
     steps = "Full" if summary.max_steps == -1 else str(summary.max_steps)
     settings = [(row.label, summary.settings[row.path]) for row in SPEC_FIELDS if row.path in summary.settings]
-    if "sft.dataset" in summary.settings:  # a Supervised (SFT) job: no reward, group or backend; its card's rows
+    if "sft.dataset" in summary.settings or "head.dataset" in summary.settings:  # SFT, Head: their card's rows
         return [("Method", summary.method), ("Model", summary.model), ("GPU Selection", summary.gpu_selection),
                 ("Quantization", summary.quantization)] + [
             (label, "Full" if label == "Max Steps" and value == "-1" else value) for label, value in settings]

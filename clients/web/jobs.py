@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rlvr.clients.errors import explain
+from rlvr.clients.views.jobs import no_reward
 from rlvr.clients.web import live, views
 from rlvr.clients.web.console import Console, see_other
 from rlvr.clients.web.downloads import zip_stream
@@ -56,7 +57,7 @@ def routes(console: Console) -> list[Route]:
     def samples(job: C.Job, metrics: S.JobMetrics) -> dict[str, Any]:
         """The Completions card: the latest steps' samples (none asked before a step is stored); a
         failed read is said in the card, the rest of the page shows as ever."""
-        if not metrics.has_steps or metrics.supervised:  # an SFT job samples no completions
+        if not metrics.has_steps or no_reward(metrics):  # an SFT or Head job samples no completions
             return {"samples": [], "samples_error": "", "environment": job.spec.environment.key}
         try:
             resp = scheduler.get_job_samples(S.GetJobSamplesRequest(job_id=job.id, limit=SAMPLE_STEPS))

@@ -128,12 +128,12 @@ def metrics_view(metrics: S.JobMetrics) -> MetricsView:
                            jobs_view.card_title(metrics))
     # Only what the charts depend on goes into the cache key (status changes must not re-render).
     key = S.JobMetrics(series=metrics.series, has_kl=metrics.has_kl, has_entropy=metrics.has_entropy,
-                       has_episodes=metrics.has_episodes,
+                       has_episodes=metrics.has_episodes, head=metrics.head,
                        accuracy_trend=metrics.accuracy_trend, reward_trend=metrics.reward_trend)
     return MetricsView(
         has_steps=True, message=metrics.message, partial=partial,
         trends=[_trend(label, trend) for label, trend in jobs_view.card_trends(metrics)],
-        tiles=jobs_view.tile_values(metrics.tiles, metrics.supervised), title=jobs_view.card_title(metrics),
+        tiles=jobs_view.tile_values(metrics.tiles, jobs_view.no_reward(metrics)), title=jobs_view.card_title(metrics),
         charts=list(_charts(key.SerializeToString(deterministic=True))),
     )
 
@@ -143,8 +143,13 @@ def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) 
     if metrics is None or not metrics.has_steps or not metrics.series:
         return Markup('<span class="muted">no steps yet</span>')
     points = sorted(metrics.series, key=lambda p: p.step)
+    what = "token accuracy" if metrics.supervised else "accuracy"
     if metrics.supervised:  # a Supervised (SFT) job: its token accuracy, and no reward
         accuracies = [p.token_accuracy for p in points]
+        rewards = []
+    elif metrics.head:  # a Head job: its held-out accuracy where it evaluated, else its loss
+        accuracies = [p.heldout_accuracy for p in points if p.HasField("heldout_accuracy")]
+        accuracies, what = (accuracies, "held-out accuracy") if accuracies else ([p.loss for p in points], "loss")
         rewards = []
     else:
         rewards = [p.reward for p in points]
@@ -159,8 +164,8 @@ def sparkline(metrics: S.JobMetrics | None, width: int = 120, height: int = 28) 
                                                                                                       strict=True))
 
     reward = f"reward {jobs_view.num(rewards[0])} to {jobs_view.num(rewards[-1])}, " if rewards else ""
-    label = (f"{reward}{'token ' if metrics.supervised else ''}accuracy {jobs_view.num(accuracies[0])} to "
-             f"{jobs_view.num(accuracies[-1])} over {len(points)} steps")
+    label = (f"{reward}{what} {jobs_view.num(accuracies[0])} to {jobs_view.num(accuracies[-1])} over "
+             f"{len(accuracies)} steps")
     marker = "round" if len(points) > 1 else "square"
     reward_line = (f'<polyline fill="none" stroke="{report.COLORS["reward"]}" stroke-width="2" '
                    f'stroke-linecap="{marker}" points="{line(rewards)}"/>') if rewards else ""

@@ -165,7 +165,8 @@ def head_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
         seed=job.seed, data_seed=job.seed, use_cpu=device == "cpu", bf16=job.precision == "bf16",
         fp16=job.precision == "fp16", gradient_checkpointing=checkpointing_on(job, parameters, device == "cpu"),
         dataloader_num_workers=0, save_only_model=False, eval_strategy="steps",
-        eval_steps=job.eval_every or NEVER, remove_unused_columns=False, **checkpoints,
+        eval_steps=job.eval_every or NEVER, remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
+        **checkpoints,
     )
 
 
@@ -219,7 +220,10 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
         return path
 
     def train_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
-        pass  # loss and learning rate: StepProgress's own
+        if "num_input_tokens_seen" in logs:  # the loss and learning rate are StepProgress's own
+            tokens = float(logs["num_input_tokens_seen"])
+            event.tokens_per_second = (tokens - steps.tokens) / max(seconds, 1e-9)
+            steps.tokens = tokens
 
     def eval_metrics(event: common_pb2.MetricEvent, logs: dict[str, float]) -> None:
         event.heldout_loss = float(logs.get("eval_mse", logs["eval_loss"]))

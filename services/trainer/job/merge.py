@@ -4,7 +4,9 @@
 the tokenizer). The servicer runs it in a child process (`python -m rlvr.services.trainer.job.merge`, one
 JSON progress line per stage on stdout) so that the base model's memory is returned afterwards and
 a merge never shares a process with a training job. The checkpoint is written to a staging folder
-and renamed into place, so a half-written merge never looks finished.
+and renamed into place, so a half-written merge never looks finished. A Head job's adapter
+(rlvr/heads.py) merges into the base's sequence-classification model: a checkpoint that
+AutoModelForSequenceClassification loads with its classes as labels.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlvr.heads import head_model, read_head
     from rlvr.services.trainer.job.policy import resolve_base_model
     from rlvr.services.trainer.job.quantization import torch_dtype
 
@@ -42,10 +45,14 @@ def merge_adapter(base_model: str, adapter_path: Path, output: Path, progress: P
     # the base was, a bf16 checkpoint as bf16 (peft merges the float32 LoRA product into it).
     # Asked for another: the base loaded in it, so the merge itself runs in the dtype written.
     asked = torch_dtype(dtype) if dtype != "auto" else "auto"
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=asked)
+    head = read_head(adapter_path)  # a Head job's: the base as its sequence-classification model, labels and all
+    if head is not None:
+        model, tokenizer = head_model(base_path, head, asked)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=asked)
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
     if model.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # e.g. a dequantized GGUF's
         model = model.float()
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
     progress("loading", 0.3)
     model = PeftModel.from_pretrained(model, str(adapter_path))
     progress("merging", 0.5)
