@@ -263,6 +263,40 @@ def test_an_sft_job_from_the_training_method_selector(pages: Pages) -> None:
     check_page(page)
 
 
+def test_a_head_job_from_the_training_method_selector(pages: Pages) -> None:
+    """Head chosen on the New Training form: its card shows (SFT's, Reward and GRPO hide), the sidebar is
+    Head's Training Summary, and the job's page is its Head Metrics card with the held-out charts and
+    the reward key it scores as."""
+    page = pages.new()
+    page.goto("/train")
+    assert not page.is_visible("#head-card")
+    page.check("#method-3")
+    assert page.is_visible("#head-card") and not page.is_visible("#sft-card") and not page.is_visible("#grpo-h")
+    assert page.input_value("#f-head-learning_rate") == "0.0001" and page.input_value("#f-head-text_column") == "text"
+    page.fill("#f-name", "web head job")
+    page.fill("#f-base_model", MODEL)
+    page.fill("#f-head-dataset", "examples/head/math-verdicts")
+    page.fill("#f-head-max_steps", "3")
+    page.fill("#f-head-max_seq_length", "96")
+    page.dispatch_event("#f-head-max_seq_length", "change")
+    page.wait_for_function("document.getElementById('train-summary').innerText.includes('Head')")
+    summary = page.inner_text("#train-summary")
+    assert "examples/head/math-verdicts" in summary and "classification" in summary and "Group Size" not in summary
+    check_page(page)
+    page.click("#start-training")
+    page.wait_for_url(re.compile(r"/jobs/[^/]+$"))
+    job_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    page.wait_for_function("document.body.dataset.live === 'done'", timeout=240_000)
+    assert page.inner_text("#job-status .badge") == "completed"
+    assert page.text_content("#rl-h").strip().startswith("Head Metrics")
+    assert page.inner_text("[data-tile='Steps']") == "3" and page.locator("[data-tile='Best Reward']").count() == 0
+    assert page.locator("[data-trend='Held-out Accuracy Trend']").count() == 1
+    for key in ("head_scores", "loss"):
+        assert page.evaluate(f"document.getElementById('chart-{key}').naturalWidth") > 0
+    assert f"head_{job_id}" in page.inner_text("#completions")
+    check_page(page)
+
+
 def test_job_actions_download_export_merge(pages: Pages, tmp_path: Path) -> None:
     job_id = STATE.get("job") or pytest.skip("no job from the form test")
     page = pages.new()
