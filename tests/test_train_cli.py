@@ -70,6 +70,34 @@ def test_an_sft_dry_run_prints_its_summary_and_refuses_what_sft_cannot_read(sche
     assert "init_adapter.name: 'job-nosuch' is not the adapter of a job" in stacked.stderr, stacked.stderr
 
 
+def test_a_head_dry_run_prints_its_summary_and_refuses_every_bad_field(scheduler: str) -> None:
+    """`rlvr train --method head`: the --head-* flags from the table, --head-task, the RLVR flags it does
+    not read dropped with one warning, and every bad field named at once."""
+    out = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
+               "examples/head/math-verdicts", "--head-task", "classification", "--head-rank", "0", "--head-lr",
+               "1e-3", "--reward-label", "wrong", "--lr", "1e-6")
+    assert out.returncode == 0, out.stderr
+    for line in ("Method          Head", "Dataset         examples/head/math-verdicts", "Task            classification",
+                 "Rank (r)        0", "Learning Rate   0.001", "Reward class    wrong", "Max Steps       Full"):
+        assert line in out.stdout, out.stdout
+    assert "grpo.learning_rate: ignored: Reinforcement (RLVR)'s" in out.stdout and "method is HEAD" in out.stdout
+    bad = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
+               "examples/head/math-verdicts", "--head-lr", "1", "--head-rank", "65", "--label-column", "text",
+               "--processes", "2")
+    assert bad.returncode != 0
+    for text in ("head.learning_rate: 1.0 is out of range; allowed: 1e-06 to 0.01 (default 0.0001)",
+                 "head.lora_rank: 65 is out of range; allowed: 0-64 (default 8)",
+                 "head.label_column: 'text' is head.text_column too",
+                 "advanced.num_processes: not allowed with method HEAD"):
+        assert text in bad.stderr, bad.stderr
+    label = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
+                 "examples/head/math-verdicts", "--reward-label", "maybe")
+    assert "head.reward_label: " in label.stderr and "'maybe' is not one of its classes" in label.stderr, label.stderr
+    regression = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
+                      "examples/head/math-verdicts", "--head-task", "regression")
+    assert "is not a number, which a regression head learns" in regression.stderr, regression.stderr
+
+
 def test_the_measured_recipe_fills_what_the_flags_leave_unset(scheduler: str) -> None:
     out = rlvr("train", "--dry-run", "--address", scheduler, "--model", "rlvr-tiny-headroom", "--recipe", "--lr", "5e-6")
     assert out.returncode == 0, out.stderr

@@ -126,3 +126,32 @@ def test_bad_head_data_is_named(tmp_path: Path) -> None:
     assert labels_problem([{"text": "a", "label": "2.5"}, {"text": "b", "label": 3}], "text", "label",
                           "regression") == ((), "")
     assert sample_text("Q", "A") == "Q\nA" and sample_text("", "A") == "A"
+
+
+def test_a_frozen_base_regression_head_moves_the_head_alone(tmp_path: Path, tiny_model: str) -> None:
+    """Rank 0: the base frozen (its zero LoRA never moves, so base + adapter is the base exactly) and
+    the head alone trained; regression: the held-out loss is the mean squared error, no accuracy."""
+    from safetensors.torch import load_file
+
+    rows = [{"text": f"{'apple' if i % 2 else 'stone'} number {i}", "label": 0.9 if i % 2 else 0.1} for i in range(40)]
+    events: list[C.MetricEvent] = []
+    job = _job(tmp_path, tiny_model, _write(tmp_path / "data" / "numbers.jsonl", rows),
+               head={"task": "regression", "lora_rank": 0, "learning_rate": 5e-3, "max_steps": 8})
+    result = run_job(job, _deps(events))
+    assert result.status == "completed", result.error
+    tensors = load_file(str(Path(result.adapter_path) / "adapter_model.safetensors"))
+    lora = {k: v for k, v in tensors.items() if "lora_" in k}
+    assert lora and all(not v.any() for k, v in lora.items() if "lora_B" in k)  # the base exactly
+    assert [k for k in tensors if "score" in k] == ["base_model.model.score.weight"]
+    last = events[-1]
+    assert last.step == 8 and last.HasField("heldout_loss") and not last.HasField("heldout_accuracy")
+    assert not last.class_f1 and all(e.tokens_per_second > 0 for e in events)
+    info = read_head(Path(result.adapter_path))
+    assert info is not None and (info.task, info.classes, info.lora_rank) == ("regression", (), 0)
+
+
+def test_a_head_job_on_data_it_cannot_learn_fails_naming_the_column(tmp_path: Path, tiny_model: str) -> None:
+    rows = [{"text": f"t{i}", "label": "same"} for i in range(8)]
+    job = _job(tmp_path, tiny_model, _write(tmp_path / "data" / "one.jsonl", rows))
+    result = run_job(job, _deps([]))
+    assert result.status == "failed" and "head.dataset" in result.error and "one class only" in result.error
