@@ -228,7 +228,7 @@ def test_a_head_trains_and_then_scores_an_rlvr_job_as_its_reward(stack, tmp_path
     adapter downloaded with its description, the history exported with the Head columns, Merge
     Model writing a sequence-classification checkpoint; then an RLVR job names it as a reward term
     (head_<job id>, scored by the reward service with no restart), and data a head cannot learn is
-    refused at CreateJob naming the column."""
+    refused at CreateJob naming the column (docs/head.md)."""
     import csv
     import json
 
