@@ -30,6 +30,7 @@ from rlvr.clients.views.jobs import (
     card_trends,
     chart_caption,
     charts_of,
+    head_regression,
     no_reward,
     num,
     status_name,
@@ -265,8 +266,9 @@ def render_html(metrics: S.JobMetrics, job: C.Job | None, charts: list[tuple[Cha
         parts.append('<h2>Trends</h2><div class="trends">')
         parts += [_trend_card(label, trend) for label, trend in card_trends(metrics)]
         parts.append('</div><h2>Stats</h2><div class="tiles">')
+        tiles = tile_values(metrics.tiles, no_reward(metrics), head_regression(metrics))
         parts += [f'<div class="card tile"><div class="label">{esc(label)}</div>'
-                  f'<div class="value">{esc(value)}</div></div>' for label, value in tile_values(metrics.tiles, no_reward(metrics))]
+                  f'<div class="value">{esc(value)}</div></div>' for label, value in tiles]
         parts.append("</div>")
         if metrics.message:
             parts.append(f'<p class="message">{esc(metrics.message)}</p>')

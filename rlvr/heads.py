@@ -73,35 +73,65 @@ def default_reward_label(classes: Sequence[str]) -> str:
     for name in POSITIVE_LABELS:
         if name in lower:
             return lower[name]
-    return sorted(classes)[-1]
+    return class_order(classes)[-1]
+
+
+@dataclass(frozen=True)
+class LabelsProblem:
+    """What makes a Head job's rows unfit for its task: the field to fix and why, in words that follow
+    the dataset's name ("has no 'score' column, which method HEAD reads")."""
+
+    field: str  # "head.dataset", "head.text_column", "head.label_column" or "head.reward_label"
+    why: str
+
+
+def label_text(value: Any) -> str:
+    """A label as a class name: text as is, a whole number as its digits (1 and 1.0 are one class,
+    whichever file format held it)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def class_order(classes: Sequence[str]) -> tuple[str, ...]:
+    """The classes in the head's output order: by value when every one is a number (2 before 10),
+    else as text."""
+    if all(_number(c) for c in classes):
+        return tuple(sorted(classes, key=lambda c: (float(c), c)))
+    return tuple(sorted(classes))
 
 
 def labels_problem(rows: Sequence[Mapping[str, Any]], text_column: str, label_column: str, task: str,
-                   reward_label: str = "") -> tuple[tuple[str, ...], str]:
-    """(classes, problem) of a Head job's training rows: the classes in sorted order (() for
-    regression), and what makes the rows unfit for the task, naming the column and the method (""
-    when they fit): a missing column, one class only, a label that is not a number for regression,
-    a reward_label that is not a class. The scheduler's check at CreateJob and the trainer's both say it."""
+                   reward_label: str = "") -> tuple[tuple[str, ...], LabelsProblem | None]:
+    """(classes, problem) of a Head job's rows: the classes in the head's order (`class_order`; () for
+    regression), and what makes the rows unfit for the task (None when they fit): no rows, a missing
+    column, an empty label, one class only, a label that is not a number for regression, a
+    reward_label that is not a class. The scheduler's check at CreateJob and the trainer's both say it."""
     if not rows:
-        return (), "is empty"
+        return (), LabelsProblem("head.dataset", "is empty")
     columns = list(rows[0])
-    missing = [c for c in (text_column, label_column) if c not in columns]
-    if missing:
-        names = " and ".join(repr(c) for c in missing)
-        return (), f"has no {names} column, which method HEAD reads; columns present: {columns}"
+    for column, field in ((text_column, "head.text_column"), (label_column, "head.label_column")):
+        if column not in columns:
+            return (), LabelsProblem(field, f"has no {column!r} column, which method HEAD reads; columns present: "
+                                            f"{columns}")
+    for i, row in enumerate(rows):
+        if row.get(label_column) is None or str(row[label_column]).strip() == "":
+            return (), LabelsProblem("head.dataset", f"row {i}: its {label_column!r} label is empty")
     if task == "regression":
         for i, row in enumerate(rows):
             if not _number(row[label_column]):
-                return (), (f"row {i}: label {row[label_column]!r} of column {label_column!r} is not a number, "
-                            "which a regression head learns (head.task regression)")
-        return (), ""
-    classes = tuple(sorted({str(row[label_column]) for row in rows}))
+                return (), LabelsProblem("head.dataset", f"row {i}: label {row[label_column]!r} of column "
+                                                         f"{label_column!r} is not a number, which a regression "
+                                                         "head learns (head.task regression)")
+        return (), None
+    classes = class_order(list({label_text(row[label_column]) for row in rows}))
     if len(classes) < 2:
-        return classes, (f"column {label_column!r} has one class only ({classes[0]!r}): a classification head "
-                         "needs two at least")
+        return classes, LabelsProblem("head.dataset", f"column {label_column!r} has one class only "
+                                                      f"({classes[0]!r}): a classification head needs two at least")
     if reward_label and reward_label not in classes:
-        return classes, f"head.reward_label {reward_label!r} is not one of its classes {list(classes)}"
-    return classes, ""
+        return classes, LabelsProblem("head.reward_label", f"has no class {reward_label!r}; its classes: "
+                                                           f"{list(classes)}")
+    return classes, None
 
 
 def _number(value: Any) -> bool:
@@ -121,8 +151,11 @@ def read_head(folder: Path) -> HeadInfo | None:
     path = Path(folder) / WEIGHTS
     if not path.is_file():
         return None
-    with safe_open(str(path), "pt") as f:
-        text = (f.metadata() or {}).get(METADATA_KEY)
+    try:
+        with safe_open(str(path), "pt") as f:
+            text = (f.metadata() or {}).get(METADATA_KEY)
+    except Exception as e:  # safetensors' SafetensorError (a cut or foreign file) is no OSError
+        raise ValueError(f"{path}: not a readable safetensors file: {e}") from e
     if text is None:
         return None
     try:
@@ -157,6 +190,8 @@ def head_model(base_path: str, info: HeadInfo, dtype: Any = "auto", device: str 
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # A text longer than max_seq_length loses its start, never its end: a completion's answer is last.
+    tokenizer.truncation_side = "left"
     labels = {"id2label": dict(enumerate(info.classes)), "label2id": {c: i for i, c in enumerate(info.classes)}} \
         if info.task == "classification" else {}
     verbosity = hf_logging.get_verbosity()

@@ -52,6 +52,8 @@ def _event(step: int) -> C.MetricEvent:
     if step % 2 == 0:
         e.heldout_accuracy = step / 11  # evaluation while training: at the steps it ran
         e.heldout_loss = 2.0 - step / 13  # (a Supervised (SFT) job's; any number is mirrored alike)
+        e.heldout_f1 = step / 12  # (a Head job's, with each class's F1)
+        e.class_f1["correct"], e.class_f1["wrong"] = step / 12, 1 - step / 12
     e.token_accuracy, e.tokens_per_second = step / 9, 1000.0 + step
     e.reward_components["math_pairs"] = step / 7
     e.reward_components["length.short"] = 1 - step / 9

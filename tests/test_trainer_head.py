@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rlvr.heads import HeadScorer, labels_problem, read_head, sample_text
+from rlvr.heads import HeadScorer, default_reward_label, labels_problem, read_head, sample_text
 from rlvr.services.trainer.job.config import HeadSettings, JobConfig, job_config
 from rlvr.services.trainer.job.runner import JobDeps, run_job
 from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
@@ -102,6 +102,9 @@ async def test_the_reward_service_scores_with_a_completed_head_by_its_key(tmp_pa
         result = await asyncio.to_thread(run_job, _job(tmp_path, tiny_model, _words(tmp_path)), _deps([]))
         assert result.status == "completed", result.error
         (root / "jobs" / "other" / "adapter").mkdir(parents=True)  # not a head: no key
+        broken = root / "jobs" / "broken" / "adapter"  # a cut weights file: no key, and no harm to the others
+        broken.mkdir(parents=True)
+        (broken / "adapter_model.safetensors").write_bytes(b"\x10\x00 not a safetensors file")
         listed = await stub.ListRewardFunctions(R.ListRewardFunctionsRequest(), timeout=30)
         heads = {r.key: r for r in listed.functions if r.key.startswith("head_")}
         assert list(heads) == ["head_h1"] and "'rock'" in heads["head_h1"].description
@@ -116,15 +119,29 @@ async def test_the_reward_service_scores_with_a_completed_head_by_its_key(tmp_pa
 
 
 def test_bad_head_data_is_named(tmp_path: Path) -> None:
+    def problem(rows: list[dict[str, Any]], *args: str) -> tuple[str, str]:
+        found = labels_problem(rows, *args)[1]
+        assert found is not None
+        return found.field, found.why
+
     rows = [{"text": "a", "label": "x"}, {"text": "b", "label": "x"}]
-    assert "one class only" in labels_problem(rows, "text", "label", "classification")[1]
-    assert "has no 'words' column" in labels_problem(rows, "words", "label", "classification")[1]
-    assert "is not a number" in labels_problem(rows, "text", "label", "regression")[1]
+    assert problem(rows, "text", "label", "classification") == (
+        "head.dataset", "column 'label' has one class only ('x'): a classification head needs two at least")
+    assert problem(rows, "words", "label", "classification")[0] == "head.text_column"
+    assert problem(rows, "text", "verdict", "classification")[0] == "head.label_column"
+    assert "is not a number" in problem(rows, "text", "label", "regression")[1]
+    assert "label is empty" in problem([*rows, {"text": "c", "label": None}], "text", "label", "classification")[1]
     two = [*rows, {"text": "c", "label": "y"}]
-    assert labels_problem(two, "text", "label", "classification") == (("x", "y"), "")
-    assert "'z' is not one of its classes" in labels_problem(two, "text", "label", "classification", "z")[1]
+    assert labels_problem(two, "text", "label", "classification") == (("x", "y"), None)
+    assert problem(two, "text", "label", "classification", "z") == ("head.reward_label",
+                                                                     "has no class 'z'; its classes: ['x', 'y']")
     assert labels_problem([{"text": "a", "label": "2.5"}, {"text": "b", "label": 3}], "text", "label",
-                          "regression") == ((), "")
+                          "regression") == ((), None)
+    # 1 and 1.0 are one class; numbers in the head's order by value, and the default reward class the largest
+    numbers = [{"text": "a", "label": 1.0}, {"text": "b", "label": "1"}, {"text": "c", "label": 10},
+               {"text": "d", "label": 2}]
+    assert labels_problem(numbers, "text", "label", "classification") == (("1", "2", "10"), None)
+    assert default_reward_label(("2", "10", "3")) == "10" and default_reward_label(("no", "Yes")) == "Yes"
     assert sample_text("Q", "A") == "Q\nA" and sample_text("", "A") == "A"
 
 

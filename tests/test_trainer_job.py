@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds", "observation_tokens_mean",
                    "episode_tokens_mean", "truncated_episodes", "failed_episodes",
                    "episode_splits"}
-SFT_METRICS = {"token_accuracy", "tokens_per_second", "heldout_loss"}  # a Supervised (SFT) job's only
+# a Supervised (SFT) or Head job's only
+SFT_METRICS = {"token_accuracy", "tokens_per_second", "heldout_loss", "heldout_f1", "class_f1"}
 METRIC_FIELDS = {f.name for f in C.MetricEvent.DESCRIPTOR.fields} - {"kl"} - EPISODE_METRICS - SFT_METRICS  # kl: kl_beta > 0
 
 

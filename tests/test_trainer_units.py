@@ -24,7 +24,7 @@ EPISODE_METRICS = {"turns_mean", "turns_max", "tool_calls", "tool_errors", "tool
                    "episode_tokens_mean", "truncated_episodes", "failed_episodes",
                    "episode_splits"}
 # and a Supervised (SFT) job's (unset at an RLVR step)
-SFT_METRICS = {"token_accuracy", "tokens_per_second", "heldout_loss"}
+SFT_METRICS = {"token_accuracy", "tokens_per_second", "heldout_loss", "heldout_f1", "class_f1"}  # SFT's, Head's
 METRIC_FIELDS = [f.name for f in C.MetricEvent.DESCRIPTOR.fields if f.name not in EPISODE_METRICS | SFT_METRICS]
 
 

@@ -325,6 +325,11 @@ def no_reward(metrics: S.JobMetrics) -> bool:
     return metrics.supervised or metrics.head
 
 
+def head_regression(metrics: S.JobMetrics) -> bool:
+    """A Head job with no held-out accuracy: a regression head (its trend is the held-out loss's)."""
+    return metrics.head and not any(p.HasField("heldout_accuracy") for p in metrics.series)
+
+
 def card_title(metrics: S.JobMetrics) -> str:
     return "SFT Metrics" if metrics.supervised else "Head Metrics" if metrics.head else "RL Metrics"
 
@@ -335,24 +340,27 @@ def card_trends(metrics: S.JobMetrics) -> list[tuple[str, S.Trend]]:
     if metrics.supervised:
         return [("Token Accuracy Trend", metrics.accuracy_trend)]
     if metrics.head:
-        return [("Held-out Accuracy Trend", metrics.accuracy_trend)]
+        return [("Held-out Loss Trend" if head_regression(metrics) else "Held-out Accuracy Trend",
+                 metrics.accuracy_trend)]
     return [("Accuracy Trend", metrics.accuracy_trend), ("Reward Trend", metrics.reward_trend)]
 
 
-def tile_values(tiles: S.StatTiles, supervised: bool = False) -> list[tuple[str, str]]:
+def tile_values(tiles: S.StatTiles, supervised: bool = False, regression: bool = False) -> list[tuple[str, str]]:
     """The five tiles, and a job with asynchronous steps' largest policy lag (in adapter versions);
-    a Supervised (SFT) job's three (`SFT_TILES`)."""
+    a Supervised (SFT) or Head job's three (`SFT_TILES`), a regression head's two (no accuracy)."""
     if supervised:
-        return [(label, value(tiles)) for label, value in TILE_FIELDS if label in SFT_TILES]
+        return [(label, value(tiles)) for label, value in TILE_FIELDS
+                if label in SFT_TILES and not (regression and label == "Best Accuracy")]
     values = [(label, value(tiles)) for label, value in TILE_FIELDS]
     if tiles.HasField("max_policy_lag"):
         values.append(("Max Policy Lag", str(tiles.max_policy_lag)))
     return values
 
 
-def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80, supervised: bool = False) -> list[str]:
+def tiles_lines(tiles: S.StatTiles, *, unicode: bool = True, width: int = 80, supervised: bool = False,
+                regression: bool = False) -> list[str]:
     """The tiles as boxes side by side (two rows of boxes when `width` is narrow)."""
-    items = tile_values(tiles, supervised)
+    items = tile_values(tiles, supervised, regression)
     cell = 15
     per_row = max(1, min(len(items), (width + 1) // (cell + 1)))
     tl, tr, bl, br, h, v = ("┌", "┐", "└", "┘", "─", "│") if unicode else ("+", "+", "+", "+", "-", "|")
@@ -526,7 +534,8 @@ def render(metrics: S.JobMetrics, *, width: int = 80, unicode: bool = True) -> s
         lines.append(line)
     window = window_line(metrics)
     lines += [window if len(window) <= width else window.strip(), ""]
-    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width, supervised=no_reward(metrics))
+    lines += tiles_lines(metrics.tiles, unicode=unicode, width=width, supervised=no_reward(metrics),
+                         regression=head_regression(metrics))
     if metrics.message:
         lines += ["", metrics.message]
     charts = charts_of(metrics)

@@ -133,7 +133,8 @@ def metrics_view(metrics: S.JobMetrics) -> MetricsView:
     return MetricsView(
         has_steps=True, message=metrics.message, partial=partial,
         trends=[_trend(label, trend) for label, trend in jobs_view.card_trends(metrics)],
-        tiles=jobs_view.tile_values(metrics.tiles, jobs_view.no_reward(metrics)), title=jobs_view.card_title(metrics),
+        tiles=jobs_view.tile_values(metrics.tiles, jobs_view.no_reward(metrics), jobs_view.head_regression(metrics)),
+        title=jobs_view.card_title(metrics),
         charts=list(_charts(key.SerializeToString(deterministic=True))),
     )
 

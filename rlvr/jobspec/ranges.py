@@ -135,8 +135,6 @@ HEAD_MAX_SEQ_LENGTH = IntRange(32, 32_768, 512)
 HEAD_LORA_RANK = IntRange(0, 64, 8)
 HEAD_TASK_NAMES: dict[int, str] = {C.HEAD_TASK_CLASSIFICATION: "classification", C.HEAD_TASK_REGRESSION: "regression"}
 HEAD_TEXT_COLUMN, HEAD_LABEL_COLUMN = "text", "label"
-# The classes a head used as a reward scores by default (HeadConfig.reward_label unset), lower-cased.
-HEAD_POSITIVE_LABELS = ("1", "true", "yes", "correct", "positive")
 JOB_SEED = IntRange(0, 2**32 - 1, 0)  # a job's seed also seeds numpy (transformers' set_seed), 32-bit
 # Training processes of a job (data parallel through torch.distributed: torchrun, gloo on a CPU,
 # NCCL on GPUs); one per device listed in gpu_selection.

@@ -91,7 +91,7 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
     if not is_supervised(spec):
         return
     if is_head(spec):
-        _validate_head(spec, v)
+        _validate_head(spec, warnings, v)
     else:
         s = spec.sft
         _checked(spec, "sft", v)
@@ -118,7 +118,7 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
             v.add(InvalidArgument(f"{path}: not allowed with method {key}: {why}"))
 
 
-def _validate_head(spec: common_pb2.JobSpec, v: Violations) -> None:
+def _validate_head(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     """Head's card: every field in range, a dataset given, the columns named, the task known."""
     h = spec.head
     _checked(spec, "head", v)
@@ -137,6 +137,8 @@ def _validate_head(spec: common_pb2.JobSpec, v: Violations) -> None:
     _full_steps(h, "head.max_steps", v)
     _lora_targets(h, "head.target_modules", v)
     h.reward_label = h.reward_label.strip()
+    if h.reward_label and h.task == C.HEAD_TASK_REGRESSION:
+        warnings.append("head.reward_label: ignored: a regression head's score is its number, clipped to 0-1")
 
 
 def sft_steps(max_steps: int, epochs: int, batch_size: int, n_examples: int | None) -> int:

@@ -24,6 +24,7 @@ STEP_FIELDS: tuple[str, ...] = tuple(f.name for f in common_pb2.MetricEvent.DESC
                                      if f.name not in NOT_LOGGED and f.cpp_type not in _TEXT)
 """The numeric fields (a text field such as `sampler_correction` is the step's note, not a series)."""
 COMPONENT_PREFIX = "reward_components/"
+CLASS_F1_PREFIX = "class_f1/"
 SUMMARY_PREFIX = "summary/"
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "accuracy")
 """The columns of a step's sample of completions (where a tracker has tables)."""
@@ -39,6 +40,8 @@ def step_values(event: common_pb2.MetricEvent) -> dict[str, float]:
         out[name] = float(getattr(event, name))
     for key in sorted(event.reward_components):
         out[COMPONENT_PREFIX + key] = float(event.reward_components[key])
+    for key in sorted(event.class_f1):  # a Head job's evaluations: each class's F1
+        out[CLASS_F1_PREFIX + key] = float(event.class_f1[key])
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self._remotes: dict[str, RemoteScorer] = {}
         self._static = self._catalog = Catalog({})
         self._heads = Heads(settings.head_roots)
+        self._refreshing = threading.Lock()
         self._errors = ErrorLog(log)
 
     def start(self) -> None:
@@ -104,14 +106,14 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     def _refresh_heads(self) -> Catalog:
         """The catalog with the Head jobs' adapters there now (services/reward/heads.py); a head never
-        takes a key a reward of the registry or the settings has."""
-        heads = {k: i for k, i in self._heads.scan().items() if k not in self._static.rewards}
-        self._catalog = Catalog({**self._static.rewards, **heads}, self._static.failed)
-        return self._catalog
+        takes a key a reward of the registry or the settings has. One refresh at a time, so the
+        catalog is always the newest scan's."""
+        with self._refreshing:
+            heads = {k: i for k, i in self._heads.scan().items() if k not in self._static.rewards}
+            self._catalog = Catalog({**self._static.rewards, **heads}, self._static.failed)
+            return self._catalog
 
     def _reward(self, key: str, field: str) -> RewardInfo:
-        if key.startswith(HEAD_PREFIX) and key not in self._catalog.rewards:
-            self._refresh_heads()  # a Head job completed since the last look
         try:
             return self._catalog.get(key)
         except UnavailableReward as e:
@@ -136,6 +138,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
                     ) -> reward_pb2.ScoreResponse:
         if self._pool is None:  # the port is open before start() has made the pool
             raise Unavailable("the reward service is starting; retry")
+        if any(t.key.startswith(HEAD_PREFIX) and t.key not in self._catalog.rewards
+               for t in reward_terms(request, prefix="")):
+            await asyncio.to_thread(self._refresh_heads)  # a Head job has an adapter since the last look
         terms, accuracy = self._terms(request)
         if len(request.items) > self.settings.max_batch:
             raise out_of_range("items", f"{len(request.items)} items", f"at most {self.settings.max_batch} a call")

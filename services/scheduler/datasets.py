@@ -88,9 +88,8 @@ def check_head_dataset(head: common_pb2.HeadConfig, data_roots: Sequence[Path]) 
         raise InvalidArgument(f"head.dataset: {e}") from None
     task = HEAD_TASK_NAMES.get(head.task, "classification")
     _, problem = labels_problem(rows, head.text_column, head.label_column, task, head.reward_label)
-    if problem:
-        field = "head.reward_label" if problem.startswith("head.reward_label") else "head.dataset"
-        raise InvalidArgument(f"{field}: {head.dataset!r} ({head.dataset_split}) {problem}")
+    if problem is not None:
+        raise InvalidArgument(f"{problem.field}: {head.dataset!r} ({head.dataset_split}) {problem.why}")
 
 
 def _columns(source: str, split: str, data_roots: Sequence[Path], card: str) -> list[str] | None:

@@ -93,19 +93,24 @@ def job_metrics(job: JobRow, points: Sequence[MetricPointRow]) -> scheduler_pb2.
     rewards = [p.reward_mean for p in points]
     spec = spec_from_json(job.spec_json)
     # A Supervised (SFT) job has no reward: its accuracy is the token accuracy; a Head job's is its
-    # held-out accuracy at the steps that evaluated (classification; none for regression).
+    # held-out accuracy at the steps that evaluated (a regression head's trend: its held-out loss).
     accuracies = [p.token_accuracy or 0.0 for p in points] if is_sft(spec) else [p.accuracy for p in points]
-    trend_steps = steps
+    trend_steps, trend = steps, accuracies
     if is_head(spec):
         evaluated = [p for p in points if p.heldout_accuracy is not None]
-        trend_steps, accuracies = [p.step for p in evaluated] or [steps[-1]], \
-            [p.heldout_accuracy or 0.0 for p in evaluated] or [0.0]
+        accuracies = [p.heldout_accuracy or 0.0 for p in evaluated] or [0.0]
+        if not evaluated:  # regression, or no evaluation yet: the held-out loss where there is one
+            evaluated = [p for p in points if p.heldout_loss is not None]
+            trend = [p.heldout_loss or 0.0 for p in evaluated] or [0.0]
+        else:
+            trend = accuracies
+        trend_steps = [p.step for p in evaluated] or [steps[-1]]
     out.has_steps = True
     last = points[-1]
     running = job.status not in TERMINAL
     stored = f"{len(points)} step{'' if len(points) == 1 else 's'}"
     out.message = f"{stored} so far of {job.total_steps or last.total_steps}" if running else stored
-    out.accuracy_trend.CopyFrom(compute_trend(trend_steps, accuracies))
+    out.accuracy_trend.CopyFrom(compute_trend(trend_steps, trend))
     out.reward_trend.CopyFrom(compute_trend(steps, rewards))
     out.tiles.CopyFrom(scheduler_pb2.StatTiles(steps=last.step, final_reward=last.reward_mean,
                                                best_reward=max(rewards), best_accuracy=max(accuracies),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,19 +24,24 @@ from rlvr.peers.base import RlvrError
 from rlvr.peers.clients import AsyncRewardClient
 from rlvr.peers.types import catalog_of
 from rlvr.rewards.registry import Catalog, RewardInfo, load_registry
-from rlvr.v1 import reward_pb2
+from rlvr.v1 import common_pb2, reward_pb2
 
 log = logging.getLogger("rlvr.scheduler.rewards")
 
 
+def reward_keys(spec: common_pb2.JobSpec) -> list[str]:
+    """The reward keys a job spec names (its key and its terms'), as given."""
+    return [k for k in (spec.reward.key.strip(), *(t.key.strip() for t in spec.reward.terms)) if k]
+
+
 class RewardCatalogs(Protocol):
-    async def catalog(self) -> Catalog: ...
+    async def catalog(self, keys: Collection[str] = ()) -> Catalog: ...
 
 
 class LocalRewards:
     """This process's registry: a scheduler run without a reward service (and the unit tests)."""
 
-    async def catalog(self) -> Catalog:
+    async def catalog(self, keys: Collection[str] = ()) -> Catalog:
         return load_registry().catalog()
 
 
@@ -54,7 +60,8 @@ class Unreached(Catalog):
 
 
 class GrpcRewards:
-    """The reward service's catalog, cached for `ttl_s` seconds."""
+    """The reward service's catalog, cached for `ttl_s` seconds, and asked again at once for a spec
+    naming a key the cached one lacks (a Head job's head_<id>, a reward completed since)."""
 
     def __init__(self, address: str, auth: ChannelAuth | None = None, ttl_s: float = 10.0) -> None:
         self.address = address
@@ -63,9 +70,10 @@ class GrpcRewards:
         self._cached: tuple[float, Catalog] | None = None
         self._lock = asyncio.Lock()
 
-    async def catalog(self) -> Catalog:
+    async def catalog(self, keys: Collection[str] = ()) -> Catalog:
         async with self._lock:
-            if self._cached is not None and time.monotonic() - self._cached[0] < self._ttl_s:
+            if self._cached is not None and time.monotonic() - self._cached[0] < self._ttl_s and (
+                    isinstance(self._cached[1], Unreached) or all(k in self._cached[1].rewards for k in keys)):
                 return self._cached[1]
             catalog: Catalog
             try:

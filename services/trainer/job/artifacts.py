@@ -138,8 +138,10 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model: a peft PeftModel
+def save_adapter(model: Any, dest: Path, stack_on: Any = None,
+                 finish: Callable[[Path], None] | None = None) -> Path:  # model: a peft PeftModel
     """Writes the LoRA weights alone (never merged) in PEFT format to `dest`, file by file atomically.
+    `finish` completes the staged folder before it replaces `dest`'s files (a Head job's description).
 
     With `stack_on` (a `stacking.Adapter`: a job's frozen init_adapter) the folder holds the two
     adapters written as ONE adapter on the original base (`stacking.combine(stack_on, trained)`),
@@ -164,10 +166,12 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
 
             trained = stacking.from_peft_model(model, "default", state_dict=state)
             stacking.write_adapter(stacking.combine(stack_on, trained), staging)
+        missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
+        if finish is not None and not missing:
+            finish(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    missing = [f for f in ADAPTER_FILES if not (staging / f).is_file()]
     if missing:
         raise RuntimeError(f"peft wrote no {', '.join(missing)} (is the model a PeftModel?)")
     dest.mkdir(parents=True, exist_ok=True)
@@ -179,8 +183,9 @@ def save_adapter(model: Any, dest: Path, stack_on: Any = None) -> Path:  # model
     return dest
 
 
-def copy_adapter(src: Path, dest: Path) -> Path:
-    """A checkpoint: a copy of the PEFT files of `src` (written to a temporary folder, then renamed)."""
+def copy_adapter(src: Path, dest: Path, finish: Callable[[Path], None] | None = None) -> Path:
+    """A checkpoint: a copy of the PEFT files of `src` (written to a temporary folder, completed by
+    `finish` as save_adapter's, then renamed)."""
     staging = dest.with_name(f".{dest.name}.staging")
     if staging.exists():
         shutil.rmtree(staging)
@@ -188,6 +193,8 @@ def copy_adapter(src: Path, dest: Path) -> Path:
         staging.mkdir(parents=True)
         for name in ADAPTER_FILES:
             shutil.copy2(src / name, staging / name)
+        if finish is not None:
+            finish(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -89,7 +89,7 @@ class HeadSettings:
     lora_alpha: int
     lora_dropout: float
     target_modules: str
-    reward_label: str  # "" = the default class (rlvr.jobspec.ranges.HEAD_POSITIVE_LABELS)
+    reward_label: str  # "" = the default class (rlvr.heads.default_reward_label)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from rlvr.heads import (
     HeadInfo,
     default_reward_label,
     head_model,
+    label_text,
     labels_problem,
     stamp_head,
 )
@@ -78,8 +79,8 @@ def head_data(job: JobConfig) -> tuple[Rows, Rows, HeadInfo]:
 
     train = load(head.dataset_split)
     classes, problem = labels_problem(train, head.text_column, head.label_column, head.task, head.reward_label)
-    if problem:
-        raise FailedPrecondition(f"head.dataset: {head.dataset!r} ({head.dataset_split}) {problem}")
+    if problem is not None:
+        raise FailedPrecondition(f"{problem.field}: {head.dataset!r} ({head.dataset_split}) {problem.why}")
     try:
         separate = head.dataset_split != HELDOUT_SPLIT and HELDOUT_SPLIT in dataset_splits(head.dataset, job.data_roots)
     except TaskError as e:
@@ -88,8 +89,8 @@ def head_data(job: JobConfig) -> tuple[Rows, Rows, HeadInfo]:
         heldout = load(HELDOUT_SPLIT)
         held_classes, problem = labels_problem(heldout, head.text_column, head.label_column, head.task)
         unknown = sorted(set(held_classes) - set(classes))
-        if problem and not problem.startswith(f"column {head.label_column!r} has one class"):
-            raise FailedPrecondition(f"head.dataset: {head.dataset!r} ({HELDOUT_SPLIT}) {problem}")
+        if problem is not None and "one class only" not in problem.why:  # a test split may hold one class
+            raise FailedPrecondition(f"{problem.field}: {head.dataset!r} ({HELDOUT_SPLIT}) {problem.why}")
         if unknown:
             raise FailedPrecondition(f"head.dataset: {head.dataset!r} ({HELDOUT_SPLIT}) has the classes {unknown}, "
                                      f"which its {head.dataset_split!r} split lacks: the head cannot predict them")
@@ -134,6 +135,9 @@ def head_policy(job: JobConfig, base_path: str, device: str, info: HeadInfo) -> 
     else:
         linear = [n.rpartition(".")[2] for n, m in model.named_modules()
                   if isinstance(m, torch.nn.Linear) and n != "score"]
+        if not linear:
+            raise FailedPrecondition(f"head.lora_rank: 0 needs a linear layer of {job.base_model!r} to hold the "
+                                     "frozen base's zero LoRA, and it has none; give a rank above 0")
         target = FROZEN_BASE_TARGET if FROZEN_BASE_TARGET in linear else linear[0]
         lora = LoraConfig(task_type="SEQ_CLS", r=1, lora_alpha=1, target_modules=[target], init_lora_weights=True)
     try:
@@ -209,15 +213,14 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
     resume = sft_resume_point(job)
 
+    def stamp(staging: Path) -> None:  # before the folder replaces the adapter: never a head without it
+        stamp_head(staging, info)
+
     def save(trained: Any, dest: Path) -> Path:
-        path = artifacts.save_adapter(trained, dest)
-        stamp_head(path, info)
-        return path
+        return artifacts.save_adapter(trained, dest, finish=stamp)
 
     def restore(checkpoint: Path) -> Path:
-        path = artifacts.copy_adapter(checkpoint, adapter)
-        stamp_head(path, info)
-        return path
+        return artifacts.copy_adapter(checkpoint, adapter, finish=stamp)
 
     def train_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
         if "num_input_tokens_seen" in logs:  # the loss and learning rate are StepProgress's own
@@ -241,7 +244,7 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
             if state.global_step >= state.max_steps:
                 control.should_evaluate = True
 
-    label_of = (lambda v: info.classes.index(str(v))) if info.task == "classification" else float
+    label_of = (lambda v: info.classes.index(label_text(v))) if info.task == "classification" else float
 
     def encode(rows: Rows) -> Any:
         data = Dataset.from_list([{"text": r["text"], "labels": label_of(r["label"])} for r in rows])
