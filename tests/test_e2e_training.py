@@ -173,8 +173,12 @@ def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
     """Supervised (SFT) on the bundled chats through the SDK: every step stored once with its token
     accuracy, the held-out loss at the eval steps, the adapter downloaded and loading in peft, the
     history exported with the SFT columns; then an RLVR job starts from that adapter (the two-step
-    recipe of docs/sft.md), and a dataset without the columns SFT reads is refused at CreateJob."""
+    recipe of docs/sft.md), so does a loop of RLVR rounds, and a dataset without the columns SFT reads is
+    refused at CreateJob."""
     import csv
+    import json
+
+    from rlvr.v1 import benchmark_pb2 as B
 
     client, home, _ = stack
     spec = C.JobSpec(name="e2e-sft", base_model=MODEL, method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(
@@ -211,6 +215,31 @@ def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
     rlvr.init_adapter.name = f"job-{job_id}"
     after = _train(client, C.GENERATION_BACKEND_TRANSFORMERS, 2, rlvr)
     assert after.spec.init_adapter.path == job.adapter.path
+
+    # A loop of RLVR rounds from the SFT adapter (docs/loops.md): its baseline scores that adapter,
+    # round 1 stacks on it (rank 4 + the round's 4), and the rank budget counts it.
+    loop_job = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
+    loop_job.name = ""
+    loop_job.init_adapter.name = f"job-{job_id}"
+    loop_spec = S.LoopSpec(name="e2e loop from sft", benchmark="rlvr-math-pairs-heldout", score_column="format",
+                           target=90.0, benchmark_limit=32, max_rounds=1, give_up_after=1, job=loop_job)
+    too_many = S.LoopSpec()
+    too_many.CopyFrom(loop_spec)
+    too_many.max_rounds = 16  # 4 + 16 x 4 = 68, over the rollout server's 64
+    with pytest.raises(Exception) as refused_loop:
+        client.scheduler.create_loop(S.CreateLoopRequest(spec=too_many, dry_run=True))
+    assert "on the start adapter's rank 4 stack to a rank-68 adapter" in str(refused_loop.value)
+    loop_id = client.scheduler.create_loop(S.CreateLoopRequest(spec=loop_spec)).loop.id
+    updates = list(client.scheduler.watch_loop(S.WatchLoopRequest(id=loop_id), timeout=600))
+    loop = client.scheduler.get_loop(S.GetLoopRequest(id=loop_id))
+    assert loop.status in (S.LOOP_STATUS_TARGET_REACHED, S.LOOP_STATUS_ROUNDS_SPENT), updates[-1]
+    assert any(f"scoring the start adapter job-{job_id}" in u.message for u in updates)
+    baseline = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=loop.baseline_evaluation_id))
+    assert baseline.adapter_name == f"job-{job_id}"
+    (r1,) = loop.rounds
+    round_job = client.scheduler.get_job(S.GetJobRequest(id=r1.job_id))
+    assert round_job.spec.init_adapter.name == f"job-{job_id}" and round_job.spec.init_adapter.path == job.adapter.path
+    assert json.loads(Path(r1.adapter.path, "adapter_config.json").read_text())["r"] == 8
 
     bad = C.JobSpec(method=C.TRAINING_METHOD_SFT, base_model=MODEL,
                     sft=C.SftConfig(dataset="rlvr/data/gsm8k/test.jsonl"))
@@ -274,8 +303,13 @@ def test_a_head_trains_and_then_scores_an_rlvr_job_as_its_reward(stack, tmp_path
     assert all(0 < json.loads(p.reward_components)[f"head_{job_id}"] < 1 for p in scored)
     assert all(p.reward_errors == 0 for p in scored)
 
+    on_head = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
+    on_head.init_adapter.name = f"job-{job_id}"  # a head is no policy to train on
+    with pytest.raises(Exception) as stacked:
+        client.scheduler.create_job(S.CreateJobRequest(spec=on_head, dry_run=True))
+    assert f"job {job_id} is a Head job" in str(stacked.value) and f"head_{job_id}" in str(stacked.value)
     bad = C.JobSpec(method=C.TRAINING_METHOD_HEAD, base_model=MODEL, head=C.HeadConfig(dataset=HEAD_DATA,
                                                                                        label_column="score"))
     with pytest.raises(Exception) as refused:
         client.scheduler.create_job(S.CreateJobRequest(spec=bad, dry_run=True))
-    assert "head.dataset" in str(refused.value) and "'score' column, which method HEAD reads" in str(refused.value)
+    assert "head.label_column: " in str(refused.value) and "'score' column, which method HEAD reads" in str(refused.value)

@@ -100,12 +100,33 @@ def test_the_method_is_checked_and_an_ignored_card_is_said() -> None:
     assert "sft: ignored: it is Supervised (SFT)'s card and this job's method is RLVR" in r.warnings
 
 
-def test_a_loop_takes_no_sft_job() -> None:
+def test_a_loop_takes_no_sft_or_head_job() -> None:
     from rlvr.services.scheduler.loopspec import _job_spec
     from rlvr.v1 import scheduler_pb2 as S
 
     with pytest.raises(InvalidArgument, match="job.method: SFT is not allowed in a loop"):
         _job_spec(S.LoopSpec(job=sft()), None)
+    head = C.JobSpec(method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(dataset="x.jsonl"))
+    with pytest.raises(InvalidArgument, match="job.method: HEAD is not allowed in a loop.*--method head"):
+        _job_spec(S.LoopSpec(job=head), None)
+
+
+def test_head_defaults_and_what_a_regression_head_ignores() -> None:
+    r = resolve_spec(C.JobSpec(method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(dataset=" data.jsonl ")))
+    h = r.spec.head
+    assert (h.dataset, h.dataset_split, h.text_column, h.label_column, h.task) == (
+        "data.jsonl", "train", "text", "label", C.HEAD_TASK_CLASSIFICATION)
+    assert (h.learning_rate, h.lora_rank, h.max_steps, h.max_seq_length, h.target_modules) == (
+        1e-4, 8, -1, 512, "all-linear")
+    assert r.summary.method == "Head" and r.spec.name == "rlvr-tiny-head" and not r.warnings
+    regression = resolve_spec(C.JobSpec(method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(
+        dataset="d.jsonl", task=C.HEAD_TASK_REGRESSION, reward_label="1")))
+    assert regression.warnings == ["head.reward_label: ignored: a regression head's score is its number, "
+                                   "clipped to 0-1"]
+    assert _refused(C.JobSpec(method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(
+        dataset="d.jsonl", target_modules="q proj!"))) == [
+        "head.target_modules: 'qproj!' is out of range; allowed: \"all-linear\" (default) or a comma list of module "
+        "names"]
 
 
 @pytest.mark.parametrize(("rows", "error"), [

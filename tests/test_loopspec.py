@@ -96,7 +96,8 @@ def test_bad_loop_values_name_the_field_and_the_range(fields: dict[str, object],
         (lambda j: setattr(j.grpo, "batch_size", 3), "job.grpo.batch_size: 3 is out of range"),
         (lambda j: setattr(j.advanced, "temperature", 5.0), "job.advanced.temperature: 5.0"),
         (lambda j: setattr(j.reward, "function", C.REWARD_FUNCTION_BOXED), "job.reward.dataset: required"),
-        (lambda j: j.init_adapter.CopyFrom(C.AdapterRef(name="job-abc")), "job.init_adapter: must be unset"),
+        (lambda j: j.init_adapter.CopyFrom(C.AdapterRef(path="jobs/abc/adapter")),
+         "job.init_adapter.path: not allowed in a loop; name the adapter it starts from"),
     ],
 )
 def test_bad_job_values_are_named_under_job(mutate, message: str) -> None:
@@ -117,6 +118,15 @@ def test_stacked_rank_must_fit_the_rollout_server() -> None:
     s.max_rounds = 4
     assert resolve(s).spec.max_rounds == 4
     assert resolve(spec(max_rounds=8)).spec.job.grpo.lora_rank == 8  # the defaults fit: 8 x 8 = 64
+    # a loop from a start adapter (job.init_adapter.name) stacks its rounds on that adapter's rank
+    started = spec(max_rounds=8)
+    started.job.init_adapter.name = "job-abc"
+    with pytest.raises(InvalidArgument) as e:
+        resolve_loop_spec(started, BENCHMARKS, 64, start_rank=16)
+    assert ("max_rounds: 8 rounds of job.grpo.lora_rank 8 on the start adapter's rank 16 stack to a rank-80 adapter"
+            in str(e.value)) and "at most 6 rounds at rank 8" in str(e.value)
+    started.max_rounds = 6
+    assert resolve_loop_spec(started, BENCHMARKS, 64, start_rank=16).spec.job.init_adapter.name == "job-abc"
 
 
 def test_score_column_defaults_to_the_benchmarks_and_boxed_takes_the_jobs_dataset() -> None:

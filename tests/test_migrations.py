@@ -42,7 +42,7 @@ COMMITS = ("33bc860", "532ba1a", "9a60920")
 ROWS = 6  # per table
 # The columns that revisions after the baseline add, and what a stored row reads in each.
 ADDED_DEFAULTS = {"policy_lag": 0, "queue_reason": "", "resumes": 0, "reward_components": "{}", "reward_errors": 0,
-                  "class_f1": "{}",
+                  "class_f1": "{}", "adapter_step": 0, "adapter_path": "",
                   "logprob_gap": None, "logprob_gap_max": None, "sampler_correction": "", "episode": "",
                   **dict.fromkeys(("turns_mean", "turns_max", "tool_calls", "tool_errors", "tool_seconds",
                                    "observation_tokens_mean", "episode_tokens_mean", "truncated_episodes",

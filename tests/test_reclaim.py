@@ -42,3 +42,18 @@ def test_reclaim_keeps_the_adapter_and_counts_what_it_deletes(tmp_path: Path) ->
     assert [a.path for a in store.artifacts(job.id, "merged")] == [str(outside)]  # the record of what went is gone
     assert reclaim_job(store, root, job.id) == 0  # nothing left to reclaim
     store.close()
+
+
+def test_reclaim_keeps_the_checkpoint_a_round_is(tmp_path: Path) -> None:
+    """LoopSpec.best_step: a round whose adapter is its step-1 checkpoint keeps that folder."""
+    root = tmp_path / "artifacts"
+    store = Store(f"sqlite:///{tmp_path / 'rlvr.db'}")
+    store.create_all()
+    job = store.add_job(JobRow(name="r1"))
+    job_dir = root / "jobs" / job.id
+    for step in (1, 2):
+        _write(job_dir / "checkpoints" / f"step-{step}" / "adapter_model.safetensors", 300)
+    _write(job_dir / "trl" / "scratch.bin", 40)
+    assert reclaim_job(store, root, job.id, keep=job_dir / "checkpoints" / "step-1") == 300 + 40
+    assert (job_dir / "checkpoints" / "step-1" / "adapter_model.safetensors").is_file()
+    assert not (job_dir / "checkpoints" / "step-2").exists() and not (job_dir / "trl").exists()

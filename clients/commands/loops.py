@@ -78,6 +78,10 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-reclaim-storage", action="store_true",
                    help="keep what finished rounds made beside their adapter (merged exports, checkpoints); "
                    "by default it is deleted between rounds")
+    g.add_argument("--best-step", action="store_true",
+                   help="each round is its job's best evaluated step's adapter, by held-out accuracy (needs "
+                   "--eval-every and --checkpoint-every, eval-every a multiple of checkpoint-every); by default "
+                   "its final adapter")
     g.add_argument("--benchmark-limit", type=int, default=0, metavar="N",
                    help="benchmark questions per evaluation (default 0: all)")
     g.add_argument("--benchmark-dataset", default="", metavar="DATASET",
@@ -101,6 +105,7 @@ def loop_spec_from_args(args: argparse.Namespace) -> S.LoopSpec:
             setattr(spec, field, value)
     if args.no_reclaim_storage:
         spec.reclaim_storage = False
+    spec.best_step = bool(getattr(args, "best_step", False))
     return spec
 
 

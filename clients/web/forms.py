@@ -44,6 +44,7 @@ class Field:
 WIDGETS = {"reward.key": "radio", "grpo.group_size": "slider", "grpo.max_completion_tokens": "slider",
            "grpo.lora_rank": "slider", "grpo.lora_alpha": "slider", "grpo.learning_rate": "lr",
            "grpo.max_steps": "steps", "grpo.batch_size": "batch", "sft.max_steps": "steps", "sft.learning_rate": "lr",
+           "head.max_steps": "steps", "head.learning_rate": "lr",
            "advanced.gpu_memory_fraction": "slider",
            "advanced.gpu_selection": "text"}
 STEPS = {"advanced.gpu_memory_fraction": "0.05"}
@@ -85,6 +86,9 @@ LOOP = [
     Field("loop.reclaim_storage", "Reclaim storage between rounds", "bool", "checkbox",
           "Rounds only ever publish their LoRA adapter, which is always kept; uncheck it if a round's merged "
           "export should also survive."),
+    Field("loop.best_step", "Best step of each round", "bool", "checkbox",
+          "Score and stack on each round's best evaluated step (held-out accuracy) instead of its last; needs "
+          "Evaluate every and Checkpoint every."),
     Field("loop.benchmark_limit", "Questions per evaluation", "int", "number", "0 = the whole benchmark."),
     Field("loop.min_gain", "Real-gain threshold", "float", "number",
           "Points a round must gain over the best before it; empty = one standard error.", step="any"),

@@ -51,6 +51,7 @@ def default_values(limits: FormLimits) -> dict[str, str]:
                    "loop.max_rounds": str(loop.max_rounds) if loop else "",
                    "loop.give_up_after": str(loop.give_up_after) if loop else "",
                    "loop.reclaim_storage": "on" if loop is None or loop.reclaim_storage else "",
+                   "loop.best_step": "on" if loop is not None and loop.best_step else "",
                    "loop.benchmark_limit": str(loop.benchmark_limit) if loop else ""})
     return values
 

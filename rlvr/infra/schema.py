@@ -232,6 +232,10 @@ class RoundRow(SQLModel, table=True):
     benchmarking_seconds: float = 0.0
     reclaimed_bytes: int = Field(default=0, sa_type=BigInteger)
     error: str = ""
+    # LoopSpec.best_step: the step whose checkpoint is the round's adapter, and that folder (0, "": the
+    # job's final adapter).
+    adapter_step: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    adapter_path: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": text("''")})
 
 
 class EvaluationRow(SQLModel, table=True):

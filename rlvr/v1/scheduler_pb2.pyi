@@ -334,7 +334,7 @@ class ExportHistoryResponse(_message.Message):
     def __init__(self, content: _Optional[bytes] = ..., content_type: _Optional[str] = ..., rows: _Optional[int] = ..., filename: _Optional[str] = ...) -> None: ...
 
 class LoopSpec(_message.Message):
-    __slots__ = ("name", "job", "benchmark", "score_column", "target", "max_rounds", "give_up_after", "reclaim_storage", "benchmark_limit", "min_gain", "benchmark_dataset", "benchmark_dataset_split")
+    __slots__ = ("name", "job", "benchmark", "score_column", "target", "max_rounds", "give_up_after", "reclaim_storage", "benchmark_limit", "min_gain", "benchmark_dataset", "benchmark_dataset_split", "best_step")
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class LoopSpec(_message.Message):
     MIN_GAIN_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_DATASET_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_DATASET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    BEST_STEP_FIELD_NUMBER: _ClassVar[int]
     name: str
     job: _common_pb2.JobSpec
     benchmark: str
@@ -359,10 +360,11 @@ class LoopSpec(_message.Message):
     min_gain: float
     benchmark_dataset: str
     benchmark_dataset_split: str
-    def __init__(self, name: _Optional[str] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., target: _Optional[float] = ..., max_rounds: _Optional[int] = ..., give_up_after: _Optional[int] = ..., reclaim_storage: _Optional[bool] = ..., benchmark_limit: _Optional[int] = ..., min_gain: _Optional[float] = ..., benchmark_dataset: _Optional[str] = ..., benchmark_dataset_split: _Optional[str] = ...) -> None: ...
+    best_step: bool
+    def __init__(self, name: _Optional[str] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., benchmark: _Optional[str] = ..., score_column: _Optional[str] = ..., target: _Optional[float] = ..., max_rounds: _Optional[int] = ..., give_up_after: _Optional[int] = ..., reclaim_storage: _Optional[bool] = ..., benchmark_limit: _Optional[int] = ..., min_gain: _Optional[float] = ..., benchmark_dataset: _Optional[str] = ..., benchmark_dataset_split: _Optional[str] = ..., best_step: _Optional[bool] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("index", "job_id", "evaluation_id", "status", "score", "delta", "best", "duration_seconds", "started_at", "finished_at", "adapter", "training_seconds", "benchmarking_seconds", "reclaimed_bytes", "error", "real_gain", "gain_threshold", "base_round", "current_step", "total_steps")
+    __slots__ = ("index", "job_id", "evaluation_id", "status", "score", "delta", "best", "duration_seconds", "started_at", "finished_at", "adapter", "training_seconds", "benchmarking_seconds", "reclaimed_bytes", "error", "real_gain", "gain_threshold", "base_round", "current_step", "total_steps", "adapter_step")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -383,6 +385,7 @@ class Round(_message.Message):
     BASE_ROUND_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_STEP_FIELD_NUMBER: _ClassVar[int]
     index: int
     job_id: str
     evaluation_id: str
@@ -403,7 +406,8 @@ class Round(_message.Message):
     base_round: int
     current_step: int
     total_steps: int
-    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., evaluation_id: _Optional[str] = ..., status: _Optional[_Union[RoundStatus, str]] = ..., score: _Optional[float] = ..., delta: _Optional[float] = ..., best: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., training_seconds: _Optional[float] = ..., benchmarking_seconds: _Optional[float] = ..., reclaimed_bytes: _Optional[int] = ..., error: _Optional[str] = ..., real_gain: _Optional[bool] = ..., gain_threshold: _Optional[float] = ..., base_round: _Optional[int] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    adapter_step: int
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., evaluation_id: _Optional[str] = ..., status: _Optional[_Union[RoundStatus, str]] = ..., score: _Optional[float] = ..., delta: _Optional[float] = ..., best: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter: _Optional[_Union[_common_pb2.AdapterRef, _Mapping]] = ..., training_seconds: _Optional[float] = ..., benchmarking_seconds: _Optional[float] = ..., reclaimed_bytes: _Optional[int] = ..., error: _Optional[str] = ..., real_gain: _Optional[bool] = ..., gain_threshold: _Optional[float] = ..., base_round: _Optional[int] = ..., current_step: _Optional[int] = ..., total_steps: _Optional[int] = ..., adapter_step: _Optional[int] = ...) -> None: ...
 
 class Loop(_message.Message):
     __slots__ = ("id", "spec", "status", "rounds", "best_score", "best_round", "gain_over_first", "elapsed_seconds", "created_at", "finished_at", "error", "baseline_score", "baseline_evaluation_id", "message", "started_at", "training_seconds", "benchmarking_seconds", "summary", "warnings")

@@ -139,9 +139,11 @@ def loop_to_proto(loop: LoopRow, rounds: Sequence[RoundRow], jobs: Mapping[str, 
             item.current_step, item.total_steps = job.current_step, job.total_steps
             if job.status == "RUNNING" and job.started_at is not None and not r.training_seconds:
                 item.training_seconds = _seconds(job.started_at, now)
-            if job.adapter_name:
-                item.adapter.CopyFrom(common_pb2.AdapterRef(name=job.adapter_name, version=job.adapter_version,
-                                                            path=job.adapter_path))
+            if job.adapter_name:  # LoopSpec.best_step: the chosen step's checkpoint
+                item.adapter.CopyFrom(common_pb2.AdapterRef(
+                    name=job.adapter_name, version=r.adapter_step or job.adapter_version,
+                    path=r.adapter_path or job.adapter_path))
+                item.adapter_step = r.adapter_step
     if best is not None and best.score is not None:
         out.best_score = best.score
         first = next((r for r in out.rounds if r.index == 1 and r.HasField("score")), None)

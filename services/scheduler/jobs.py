@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -50,7 +51,7 @@ from rlvr.services.scheduler.dispatch import (
 )
 from rlvr.services.scheduler.ingest import STORE_GRACE_S, STREAM_GRACE_S, Ingest, events_consumer
 from rlvr.services.scheduler.lifecycle import CANCELLED, JobLifecycle, Move
-from rlvr.services.scheduler.rewards import LocalRewards, RewardCatalogs
+from rlvr.services.scheduler.rewards import LocalRewards, RewardCatalogs, reward_keys
 from rlvr.services.scheduler.workers import JobNotOnWorker, Workers, WorkerState, WorkerUnavailable
 from rlvr.v1 import common_pb2
 
@@ -116,7 +117,7 @@ class JobManager:
     # ------------------------------------------------------------------ API
 
     async def create(self, spec: common_pb2.JobSpec, dry_run: bool) -> tuple[ResolvedJob, common_pb2.Job | None]:
-        catalog = await self.rewards.catalog()
+        catalog = await self.rewards.catalog(reward_keys(spec))
         environments = await self.environments_for(spec)
         resolved = resolve_spec(spec, catalog=catalog, environments=environments)
         nodes, configured = num_nodes(resolved.spec), len(self.workers.addresses)
@@ -176,6 +177,10 @@ class JobManager:
         if row is None or not row.adapter_name:
             raise InvalidArgument(f"init_adapter.name: {shown(ref.name)} is not the adapter of a job; use a job's "
                                   "adapter name, job-<id>, as `rlvr jobs show` prints it")
+        if spec_from_json(row.spec_json).method == common_pb2.TRAINING_METHOD_HEAD:
+            raise InvalidArgument(f"init_adapter.name: job {row.id} is a Head job: its adapter is a classification "
+                                  f"or regression head, not a policy to train on; score with it as the reward "
+                                  f"head_{row.id} instead")
         if not row.adapter_path:
             raise FailedPrecondition(f"init_adapter.name: job {row.id}'s adapter {ref.name} has no stored folder "
                                      "(it was never saved, or a loop reclaimed it); train on another job's adapter")
@@ -183,6 +188,26 @@ class JobManager:
             raise InvalidArgument(f"init_adapter.version: {ref.version} is not kept; job {row.id} keeps its "
                                   f"final version {row.adapter_version} (0 = that one)")
         return common_pb2.AdapterRef(name=row.adapter_name, version=row.adapter_version, path=row.adapter_path)
+
+    async def adapter_rank(self, ref: common_pb2.AdapterRef) -> int:
+        """The LoRA rank of a resolved job adapter: its adapter_config.json's `r` where this scheduler
+        can read the folder, else its job's card (a stacked RLVR job's rank plus its own start's)."""
+        def from_config() -> int | None:
+            try:
+                return int(json.loads((Path(ref.path) / "adapter_config.json").read_text())["r"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+
+        rank = await asyncio.to_thread(from_config)
+        if rank is not None:
+            return rank
+        row = await asyncio.to_thread(self.store.get_job, ref.name.removeprefix("job-"))
+        if row is None:
+            return 0
+        spec = spec_from_json(row.spec_json)
+        own = spec.sft.lora_rank if spec.method == common_pb2.TRAINING_METHOD_SFT else spec.grpo.lora_rank
+        below = await self.adapter_rank(spec.init_adapter) if spec.init_adapter.name else 0
+        return own + below
 
     # ------------------------------------------------------------------ watchers (lifecycle.py)
 

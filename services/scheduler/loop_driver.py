@@ -30,6 +30,7 @@ from rlvr.services.scheduler import loop_rules
 from rlvr.services.scheduler.benchmarks import Benchmarks, interrupted
 from rlvr.services.scheduler.convert import LOOP_TERMINAL, TERMINAL, loop_spec_from_json
 from rlvr.services.scheduler.jobs import JobManager
+from rlvr.services.scheduler.loopspec import start_words
 from rlvr.v1 import benchmark_pb2, common_pb2, scheduler_pb2
 
 log = logging.getLogger("rlvr.scheduler.loops")
@@ -159,8 +160,8 @@ class LoopDriver(abc.ABC):
 
     async def _baseline(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec) -> None:
         if loop.status != "BENCHMARKING":
-            await self._transition(loop.id, "BENCHMARKING", 0, f"scoring the base model {spec.job.base_model} on "
-                                                               f"{spec.benchmark} (baseline)")
+            await self._transition(loop.id, "BENCHMARKING", 0, f"scoring {start_words(spec)} on {spec.benchmark} "
+                                                               "(baseline)")
         request = self._evaluation_request(spec, f"{loop.name} baseline (loop {loop.id})")
 
         async def remember(evaluation_id: str) -> None:
@@ -188,11 +189,12 @@ class LoopDriver(abc.ABC):
         job_spec.CopyFrom(spec.job)
         job_spec.name = loop_rules.round_job_name(loop.name, index)
         job_spec.advanced.seed = loop_rules.round_seed(spec.job.advanced.seed, index)
-        on_top = "on the base model"
+        on_top = f"on {start_words(spec)}"  # round 1, or while no round beat the start: job.init_adapter, or none
         if best is not None:
             best_job = await self.jobs.job_row(best.job_id or "")
-            job_spec.init_adapter.CopyFrom(common_pb2.AdapterRef(
-                name=best_job.adapter_name, version=best_job.adapter_version, path=best_job.adapter_path))
+            job_spec.init_adapter.CopyFrom(common_pb2.AdapterRef(  # its best step's, with LoopSpec.best_step
+                name=best_job.adapter_name, version=best.adapter_step or best_job.adapter_version,
+                path=best.adapter_path or best_job.adapter_path))
             on_top = f"on top of R{best.index} ({best.score:.1f}%)"
         resolved = await asyncio.to_thread(resolve_spec, job_spec)  # it may load the environment registry
         round_row = RoundRow(loop_id=loop.id, index=index, status="TRAINING",
@@ -239,10 +241,13 @@ class LoopDriver(abc.ABC):
     async def _benchmark(self, loop: LoopRow, spec: scheduler_pb2.LoopSpec, round_: RoundRow,
                          rounds: builtins.list[RoundRow]) -> None:
         job = await self.jobs.job_row(round_.job_id or "")
+        if spec.best_step and not round_.adapter_path and not round_.evaluation_id:
+            round_ = await self._choose_step(spec, round_, job)
         if loop.status != "BENCHMARKING":
+            at = f" at step {round_.adapter_step}" if round_.adapter_step else ""
             await self._transition(loop.id, "BENCHMARKING", round_.index,
-                                   f"round {round_.index}: scoring {job.adapter_name} on {spec.benchmark}")
-        request = self._evaluation_request(spec, f"{loop.name} R{round_.index} (loop {loop.id})", job)
+                                   f"round {round_.index}: scoring {job.adapter_name}{at} on {spec.benchmark}")
+        request = self._evaluation_request(spec, f"{loop.name} R{round_.index} (loop {loop.id})", job, round_)
 
         async def remember(evaluation_id: str) -> None:
             await self._update_round(round_, evaluation_id=evaluation_id)
@@ -280,6 +285,24 @@ class LoopDriver(abc.ABC):
         if spec.reclaim_storage:
             await self._reclaim(loop.id)
 
+    async def _choose_step(self, spec: scheduler_pb2.LoopSpec, round_: RoundRow, job: JobRow) -> RoundRow:
+        """LoopSpec.best_step: the round's adapter is its job's best evaluated step's checkpoint
+        (loop_rules.best_step), stored on the round before it is benchmarked; its final adapter when
+        that is the best, or when the chosen checkpoint's folder is not there."""
+        points = await asyncio.to_thread(self.store.metric_points, job.id)
+        last = max((p.step for p in points), default=job.current_step)
+        step = loop_rules.best_step([(p.step, p.heldout_accuracy) for p in points], last,
+                                    spec.job.advanced.checkpoint_every)
+        folder = Path(job.adapter_path).parent / "checkpoints" / f"step-{step}" if job.adapter_path else None
+        if step == last or folder is None or not await asyncio.to_thread((folder / "adapter_config.json").is_file):
+            if step != last:
+                log.warning("loop %s round %d: step %d's checkpoint %s is not there; the final adapter instead",
+                            round_.loop_id, round_.index, step, folder)
+            return round_
+        await self._update_round(round_, adapter_step=step, adapter_path=str(folder))
+        round_.adapter_step, round_.adapter_path = step, str(folder)
+        return round_
+
     async def _paired_se(self, before_id: str, after_id: str, column: str) -> float | None:
         """The standard error of the gain in points, question by question (rlvr/paired.py), or None
         when the two evaluations' results cannot be read or paired (then the unpaired rule holds)."""
@@ -297,8 +320,8 @@ class LoopDriver(abc.ABC):
     # ------------------------------------------------------------------ evaluations
 
     @staticmethod
-    def _evaluation_request(spec: scheduler_pb2.LoopSpec, label: str, job: JobRow | None = None
-                            ) -> benchmark_pb2.RunEvaluationRequest:
+    def _evaluation_request(spec: scheduler_pb2.LoopSpec, label: str, job: JobRow | None = None,
+                            round_: RoundRow | None = None) -> benchmark_pb2.RunEvaluationRequest:
         request = benchmark_pb2.RunEvaluationRequest(
             model=spec.job.base_model, benchmark=spec.benchmark, limit=spec.benchmark_limit, label=label[:200],
             dataset=spec.benchmark_dataset, dataset_split=spec.benchmark_dataset_split)
@@ -309,7 +332,11 @@ class LoopDriver(abc.ABC):
             # The round's published adapter (stacked on the best round's), uploaded as the next
             # version of its name: the rollout service holds it whichever backend trained it.
             request.adapter.name = job.adapter_name
-            request.adapter_path = job.adapter_path
+            request.adapter_path = round_.adapter_path if round_ is not None and round_.adapter_path else \
+                job.adapter_path  # LoopSpec.best_step: the chosen step's checkpoint
+        elif spec.job.init_adapter.name:  # the baseline of a loop that starts from an adapter: that adapter
+            request.adapter.name = spec.job.init_adapter.name
+            request.adapter_path = spec.job.init_adapter.path
         return request
 
     async def _evaluate(self, loop: LoopRow, stored_id: str, request: benchmark_pb2.RunEvaluationRequest,

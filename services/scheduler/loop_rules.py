@@ -149,3 +149,13 @@ def round_job_name(loop_name: str, index: int) -> str:
     """`<loop name> R<k>`: the round's training job as `rlvr jobs list` shows it (<= 128 chars)."""
     suffix = f" R{index}"
     return loop_name[: 128 - len(suffix)].rstrip() + suffix
+
+
+def best_step(points: Sequence[tuple[int, float | None]], last: int, checkpoint_every: int) -> int:
+    """LoopSpec.best_step: the step whose adapter a round is, from its job's (step, held-out accuracy)
+    points: the highest held-out accuracy among the evaluated steps that have a checkpoint (every
+    checkpoint_every-th) and the last (the final adapter), the later on a tie; `last` when none
+    evaluated."""
+    evaluated = [(accuracy, step) for step, accuracy in points if accuracy is not None
+                 and (step == last or (checkpoint_every and step % checkpoint_every == 0))]
+    return max(evaluated)[1] if evaluated else last

@@ -56,10 +56,11 @@ from rlvr.services.scheduler.convert import (
 from rlvr.services.scheduler.jobs import JobManager
 from rlvr.services.scheduler.loop_driver import Explain, LoopDriver, one_line, utc_now
 from rlvr.services.scheduler.loop_lifecycle import LoopTransitionRefused
-from rlvr.services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec
+from rlvr.services.scheduler.loopspec import ResolvedLoop, check_own_fields, resolve_loop_spec, start_words
 from rlvr.services.scheduler.reclaim import reclaim_job
+from rlvr.services.scheduler.rewards import reward_keys
 from rlvr.services.scheduler.workers import WorkerError
-from rlvr.v1 import scheduler_pb2
+from rlvr.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("rlvr.scheduler.loops")
 
@@ -115,23 +116,28 @@ class LoopManager(LoopDriver):
     async def create(self, spec: scheduler_pb2.LoopSpec, dry_run: bool) -> tuple[ResolvedLoop, scheduler_pb2.Loop | None]:
         # What needs no peer first: a bad spec is refused at once, not after the benchmark service's
         # retries when that service is down.
-        catalog = await self.jobs.rewards.catalog()
+        catalog = await self.jobs.rewards.catalog(reward_keys(spec.job))
+        start, start_rank = await self._start_adapter(spec)
         # In threads: resolving the job spec loads the environment registry when it names one, which
         # waits for a remote environment's server that is down (JobManager.environments_for).
-        own = await asyncio.to_thread(check_own_fields, spec, self.max_lora_rank, catalog)
+        own = await asyncio.to_thread(check_own_fields, spec, self.max_lora_rank, catalog, start_rank)
         try:
             await self.jobs.check_data(own.spec.job, catalog)
         except InvalidArgument as e:
             raise e.prefixed("job.") from None
         benchmarks = await self.benchmarks.list()
-        resolved = await asyncio.to_thread(resolve_loop_spec, spec, benchmarks, self.max_lora_rank, catalog)
+        resolved = await asyncio.to_thread(resolve_loop_spec, spec, benchmarks, self.max_lora_rank, catalog,
+                                           start_rank)
         # a bare base-model name, resolved by check_data to its folder under the model roots
         resolved.spec.job.base_model = resolved.job.spec.base_model = own.spec.job.base_model
+        if start is not None:  # the adapter it starts from, with the folder the trainer and the benchmark read
+            resolved.spec.job.init_adapter.CopyFrom(start)
+            resolved.job.spec.init_adapter.CopyFrom(start)
         if dry_run:
             return resolved, None
         now = utc_now()
         row = LoopRow(name=resolved.spec.name, spec_json=loop_spec_to_json(resolved.spec), status="QUEUED",
-                      message="queued: scoring the base model first", created_at=now, started_at=now,
+                      message=f"queued: scoring {start_words(resolved.spec)} first", created_at=now, started_at=now,
                       warnings_json=json.dumps(resolved.warnings))
         # Shielded: gRPC cancels this handler when its caller goes away, and the insert's thread
         # runs on regardless; a stored loop must get its driver now, not at the next restart.
@@ -140,6 +146,19 @@ class LoopManager(LoopDriver):
         # The loop as stored (QUEUED): its driver, started already, may have moved it on by now, and
         # CreateLoop answers what it created (a read here raced the driver's first transition).
         return resolved, loop_to_proto(row, [], {})
+
+    async def _start_adapter(self, spec: scheduler_pb2.LoopSpec) -> tuple[common_pb2.AdapterRef | None, int]:
+        """The adapter a loop starts from (job.init_adapter.name, resolved to its job's folder) and its
+        LoRA rank (what the rounds stack on); (None, 0) for a loop that starts from the base model."""
+        if not spec.job.init_adapter.name:
+            return None, 0
+        try:
+            ref = await self.jobs.resolve_adapter(spec.job.init_adapter)
+        except InvalidArgument as e:
+            raise e.prefixed("job.") from None
+        except FailedPrecondition as e:
+            raise FailedPrecondition(f"job.{e}") from None
+        return ref, await self.jobs.adapter_rank(ref)
 
     async def _enqueue(self, row: LoopRow) -> LoopRow:
         """Stores the loop QUEUED and starts its driver; both or neither."""
@@ -233,7 +252,8 @@ class LoopManager(LoopDriver):
             if not r.job_id or r.status in ("TRAINING", "BENCHMARKING"):
                 continue
             try:
-                freed = await asyncio.to_thread(reclaim_job, self.store, self.artifact_root, r.job_id)
+                freed = await asyncio.to_thread(reclaim_job, self.store, self.artifact_root, r.job_id,
+                                                Path(r.adapter_path) if r.adapter_path else None)
             except (OSError, StoreError) as e:
                 log.warning("loop %s: could not reclaim round %d's files (job %s), tried again later: %s",
                             loop_id, r.index, r.job_id, one_line(e))

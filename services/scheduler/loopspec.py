@@ -21,6 +21,8 @@ from rlvr.jobspec import (
     MAX_NAME_CHARS,
     MAX_ROUNDS,
     MAX_SPLIT_CHARS,
+    METHOD_KEYS,
+    METHOD_NAMES,
     MIN_GAIN,
     MIN_GAIN_ALLOWED,
     NAME_RE,
@@ -43,12 +45,14 @@ class ResolvedLoop:
 
 
 def _job_spec(spec: scheduler_pb2.LoopSpec, catalog: Catalog | None) -> ResolvedJob:
-    if spec.job.HasField("init_adapter") and (spec.job.init_adapter.name or spec.job.init_adapter.path):
-        raise InvalidArgument("job.init_adapter: must be unset; a loop chooses each round's starting adapter "
-                              "itself (round 1 the base model, then the best round so far)")
-    if spec.job.method == common_pb2.TRAINING_METHOD_SFT:
-        raise InvalidArgument("job.method: SFT is not allowed in a loop: its rounds are RLVR jobs, each benchmarked "
-                              "and retrained; train an SFT job alone (rlvr train --method sft)")
+    if spec.job.init_adapter.path:
+        raise InvalidArgument("job.init_adapter.path: not allowed in a loop; name the adapter it starts from "
+                              "(job.init_adapter.name, job-<id>), or leave it unset to start from the base model")
+    if spec.job.method in (common_pb2.TRAINING_METHOD_SFT, common_pb2.TRAINING_METHOD_HEAD):
+        key = METHOD_KEYS[spec.job.method]
+        raise InvalidArgument(f"job.method: {key.upper()} is not allowed in a loop: its rounds are RLVR jobs, each "
+                              f"benchmarked and retrained; train a {METHOD_NAMES[spec.job.method]} job alone (rlvr "
+                              f"train --method {key})")
     try:
         return resolve_spec(spec.job, catalog=catalog)
     except InvalidArgument as e:
@@ -74,12 +78,19 @@ def _benchmark(spec: scheduler_pb2.LoopSpec, benchmarks: Sequence[benchmark_pb2.
                           f"choose one of {names}")
 
 
-def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, catalog: Catalog | None = None
-                     ) -> ResolvedLoop:
+def start_words(spec: scheduler_pb2.LoopSpec) -> str:
+    """What a loop's baseline scores and round 1 trains on, in words."""
+    ref = spec.job.init_adapter
+    return f"the start adapter {ref.name}" if ref.name else f"the base model {spec.job.base_model}"
+
+
+def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, catalog: Catalog | None = None,
+                     start_rank: int = 0) -> ResolvedLoop:
     """The checks that need no benchmark list (sizes, target, rounds, the job spec, the seeds and
-    ranks the rounds reach): CreateLoop runs them before it asks the benchmark service, so a bad
-    spec is refused at once even while that service is down. The spec it returns still has the
-    benchmark fields as given; `resolve_loop_spec` completes them."""
+    ranks the rounds reach, from `start_rank`, the rank of the adapter job.init_adapter names): CreateLoop
+    runs them before it asks the benchmark service, so a bad spec is refused at once even while that
+    service is down. The spec it returns still has the benchmark fields as given; `resolve_loop_spec`
+    completes them."""
     for field, limit in (("name", MAX_NAME_CHARS), ("benchmark", MAX_NAME_CHARS), ("score_column", MAX_NAME_CHARS),
                          ("benchmark_dataset", MAX_DATASET_CHARS), ("benchmark_dataset_split", MAX_SPLIT_CHARS)):
         bounded(field, getattr(user_spec, field), limit)
@@ -110,6 +121,12 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
     except InvalidArgument as e:
         v.add(e)
     v.raise_any()
+    a = job.spec.advanced
+    if spec.best_step and not (a.eval_every and a.checkpoint_every and a.eval_every % a.checkpoint_every == 0):
+        raise InvalidArgument(
+            f"best_step: needs job.advanced.eval_every (now {a.eval_every}) and job.advanced.checkpoint_every (now "
+            f"{a.checkpoint_every}) above 0, eval_every a multiple of checkpoint_every, so that every evaluated "
+            "step has its adapter; e.g. --eval-every 10 --checkpoint-every 10")
     spec.job.CopyFrom(job.spec)
     warnings += job.warnings
 
@@ -118,12 +135,13 @@ def check_own_fields(user_spec: scheduler_pb2.LoopSpec, max_lora_rank: int, cata
         raise out_of_range("job.advanced.seed", spec.job.advanced.seed,
                            f"0-{JOB_SEED.high - spec.max_rounds + 1} for {spec.max_rounds} rounds (round k adds k - 1)")
     rank = spec.job.grpo.lora_rank
-    if rank * spec.max_rounds > max_lora_rank:
-        fits = max(1, max_lora_rank // rank)
+    if start_rank + rank * spec.max_rounds > max_lora_rank:
+        fits = max(0, (max_lora_rank - start_rank) // rank)
+        start = f" on the start adapter's rank {start_rank}" if start_rank else ""
         raise InvalidArgument(
-            f"max_rounds: {spec.max_rounds} rounds of job.grpo.lora_rank {rank} stack to a rank-"
-            f"{rank * spec.max_rounds} adapter, over the rollout server's max LoRA rank {max_lora_rank} (each "
-            f"round adds its rank on top of the best round's); allowed: at most {fits} rounds at rank {rank}, "
+            f"max_rounds: {spec.max_rounds} rounds of job.grpo.lora_rank {rank}{start} stack to a rank-"
+            f"{start_rank + rank * spec.max_rounds} adapter, over the rollout server's max LoRA rank {max_lora_rank} "
+            f"(each round adds its rank on top of the best round's); allowed: at most {fits} rounds at rank {rank}, "
             f"or a smaller rank")
     return ResolvedLoop(spec=spec, job=job, warnings=warnings)
 
@@ -133,10 +151,11 @@ def resolve_loop_spec(
     benchmarks: Sequence[benchmark_pb2.BenchmarkInfo],
     max_lora_rank: int,
     catalog: Catalog | None = None,
+    start_rank: int = 0,
 ) -> ResolvedLoop:
     """Validates and fills in `user_spec` (not modified); raises InvalidArgument on a bad value.
-    `catalog`: the reward service's rewards (resolve_spec's)."""
-    own = check_own_fields(user_spec, max_lora_rank, catalog)
+    `catalog`: the reward service's rewards (resolve_spec's); `start_rank`: check_own_fields'."""
+    own = check_own_fields(user_spec, max_lora_rank, catalog, start_rank)
     spec, job, warnings = own.spec, own.job, own.warnings
     named_job = bool(user_spec.job.name)
 

@@ -45,12 +45,19 @@ def _remove(path: Path, root: Path) -> int | None:
     return size
 
 
-def reclaim_job(store: Store, artifact_root: Path, job_id: str) -> int:
-    """Deletes a finished job's extras (see the module docstring); returns the bytes freed."""
+def reclaim_job(store: Store, artifact_root: Path, job_id: str, keep: Path | None = None) -> int:
+    """Deletes a finished job's extras (see the module docstring) but `keep`, a checkpoint that is
+    a loop round's adapter (LoopSpec.best_step); returns the bytes freed."""
     freed = 0
     job_dir = artifact_root / "jobs" / job_id
     for name in JOB_EXTRAS:
-        freed += _remove(job_dir / name, artifact_root) or 0
+        folder = job_dir / name
+        if keep is not None and folder.resolve() in keep.resolve().parents:
+            for child in sorted(folder.iterdir()):
+                if child.resolve() != keep.resolve():
+                    freed += _remove(child, artifact_root) or 0
+            continue
+        freed += _remove(folder, artifact_root) or 0
     for artifact in store.artifacts(job_id, kind="merged"):
         path = Path(artifact.path)
         size = _remove(path if path.is_absolute() else artifact_root / path, artifact_root)
