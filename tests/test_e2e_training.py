@@ -218,11 +218,11 @@ def test_sft_then_rlvr_through_every_service(stack, tmp_path: Path) -> None:
 
     # A loop of RLVR rounds from the SFT adapter (docs/loops.md): its baseline scores that adapter,
     # round 1 stacks on it (rank 4 + the round's 4), and the rank budget counts it.
-    loop_job = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
+    loop_job = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 1)
     loop_job.name = ""
     loop_job.init_adapter.name = f"job-{job_id}"
     loop_spec = S.LoopSpec(name="e2e loop from sft", benchmark="rlvr-math-pairs-heldout", score_column="format",
-                           target=90.0, benchmark_limit=32, max_rounds=1, give_up_after=1, job=loop_job)
+                           target=90.0, benchmark_limit=16, max_rounds=1, give_up_after=1, job=loop_job)
     too_many = S.LoopSpec()
     too_many.CopyFrom(loop_spec)
     too_many.max_rounds = 16  # 4 + 16 x 4 = 68, over the rollout server's 64
