@@ -55,19 +55,26 @@ def test_every_bad_sft_field_is_named_at_once() -> None:
     spec = C.JobSpec(method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(
         learning_rate=0.5, lora_dropout=0.9, batch_size=0, max_seq_length=8, lora_rank=2, epochs=0, max_steps=0,
         target_modules="q_proj;drop"))
-    spec.advanced.num_processes = 2
+    spec.advanced.num_nodes = 2
     spec.init_adapter.name = "job-abc"
     lines = _refused(spec)
     fields = [line.split(":", 1)[0] for line in lines]
     assert sorted(fields) == sorted([
         "sft.learning_rate", "sft.lora_dropout", "sft.batch_size", "sft.max_seq_length", "sft.lora_rank",
-        "sft.epochs", "sft.max_steps", "sft.target_modules", "sft.dataset", "advanced.num_processes",
+        "sft.epochs", "sft.max_steps", "sft.target_modules", "sft.dataset", "advanced.num_nodes",
         "init_adapter"]), lines
     text = "\n".join(lines)
     assert "sft.learning_rate: 0.5 is out of range; allowed: 1e-06 to 0.001 (default 0.0002)" in text
     assert "sft.dataset: required for a Supervised (SFT) job" in text
     assert "sft.max_steps: 0 is out of range; allowed: -1 (Full) or 1-1000000 (default Full)" in text
     assert "init_adapter: not allowed with method SFT" in text
+    # several processes train it, each an equal share of a step's examples
+    shared = C.JobSpec(method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(dataset="d.jsonl", batch_size=6))
+    shared.advanced.num_processes = 4
+    assert _refused(shared) == ["sft.batch_size: 6 is not a multiple of advanced.num_processes 4: each process "
+                                "trains an equal share of every step's examples"]
+    shared.advanced.num_processes = 3
+    assert resolve_spec(shared).spec.advanced.num_processes == 3
 
 
 def test_what_only_rlvr_reads_is_dropped_with_a_warning() -> None:

@@ -83,12 +83,13 @@ def test_a_head_dry_run_prints_its_summary_and_refuses_every_bad_field(scheduler
     assert "grpo.learning_rate: ignored: Reinforcement (RLVR)'s" in out.stdout and "method is HEAD" in out.stdout
     bad = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
                "examples/head/math-verdicts", "--head-lr", "1", "--head-rank", "65", "--label-column", "text",
-               "--processes", "2")
+               "--processes", "3", "--nodes", "2")
     assert bad.returncode != 0
     for text in ("head.learning_rate: 1.0 is out of range; allowed: 1e-06 to 0.01 (default 0.0001)",
                  "head.lora_rank: 65 is out of range; allowed: 0-64 (default 8)",
                  "head.label_column: 'text' is head.text_column too",
-                 "advanced.num_processes: not allowed with method HEAD"):
+                 "head.batch_size: 8 is not a multiple of advanced.num_processes 3",
+                 "advanced.num_nodes: not allowed with method HEAD"):
         assert text in bad.stderr, bad.stderr
     label = rlvr("train", "--dry-run", "--address", scheduler, "--method", "head", "--head-dataset",
                  "examples/head/math-verdicts", "--reward-label", "maybe")

@@ -190,3 +190,67 @@ async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_pa
     status = supervisor.status()
     assert status.last_job_id == job_id and status.last_job_lost and "killed by signal 9" in status.last_job_error
     await supervisor.close()
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _sft_request(job_id: str, processes: int, steps: int = STEPS, method: str = "sft") -> T.StartJobRequest:
+    if method == "sft":
+        spec = C.JobSpec(base_model=MODEL, method=C.TRAINING_METHOD_SFT, sft=C.SftConfig(
+            dataset=str(EXAMPLES / "sft" / "math-pairs"), max_steps=steps, batch_size=8, max_seq_length=96,
+            learning_rate=1e-3, lora_rank=4, lora_alpha=16, lora_dropout=0.0))
+    else:  # a Head job trains through the same steps (services/trainer/job/sft.py's StepProgress)
+        spec = C.JobSpec(base_model=MODEL, method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(
+            dataset=str(EXAMPLES / "head" / "math-verdicts"), max_steps=steps, batch_size=8, max_seq_length=96,
+            learning_rate=1e-3, lora_rank=4, lora_alpha=16, lora_dropout=0.0))
+    a = spec.advanced
+    a.seed, a.num_processes, a.gpu_selection = 3, processes, "cpu"
+    return T.StartJobRequest(job_id=job_id, spec=spec, total_steps=steps)
+
+
+@pytest.mark.parametrize("method", ["sft", "head"])
+async def test_an_sft_or_head_job_across_two_processes_trains_what_one_trains(nats_server, tmp_path: Path,
+                                                                             method: str) -> None:
+    """Supervised (SFT) and Head on two processes (docs/sft.md, docs/head.md): TRL's SFTTrainer or
+    transformers' Trainer under the job's process group (DDP over gloo), each process a half of every
+    step's 8 examples, rank 0 alone writing the adapter and publishing one MetricEvent per step; the
+    adapter agrees with one process's to ADAPTER_TOL."""
+    from rlvr.services.trainer.job.config import job_config_from_request
+    from rlvr.services.trainer.job.runner import JobDeps, run_job
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+    from rlvr.services.trainer.process.worker import JobSupervisor
+
+    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
+    try:
+        job_id = f"mp-{method}-{time.monotonic_ns()}"
+        async with connected_bus(nats_server.url) as bus:
+            await supervisor.start(_sft_request(job_id, processes=2, method=method))
+            one = job_config_from_request(_sft_request(f"mp-{method}-one", processes=1, method=method), tmp_path / "one",
+                                          data_roots=(Path(__file__).resolve().parent.parent,))
+            single: list[C.MetricEvent] = []
+            result = await asyncio.to_thread(run_job, one, JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")),
+                                                                    publish=single.append))
+            assert result.status == "completed", result.error
+            metrics, statuses = await job_events(bus, job_id, timeout_s=240)
+        await asyncio.wait_for(_idle(supervisor), 30)
+        job_log = (tmp_path / "artifacts" / "jobs" / job_id / "job.log").read_text()
+        assert statuses[-1].status == C.JOB_STATUS_COMPLETED, f"{statuses[-1].message}\n{job_log[-3000:]}"
+        assert "[rank 1]" in job_log
+        assert [m.step for m in metrics] == [m.step for m in single] == list(range(1, STEPS + 1))
+        assert all(m.loss > 0 and m.tokens_per_second > 0 for m in metrics)
+        if method == "head":  # the last step evaluated, over both processes' halves of the held-out rows
+            assert metrics[-1].HasField("heldout_accuracy") and len(metrics[-1].class_f1) == 2
+            assert metrics[-1].heldout_accuracy == pytest.approx(single[-1].heldout_accuracy)
+        two_adapter = _adapter(Path(statuses[-1].adapter.path))
+        one_adapter = _adapter(Path(result.adapter_path))
+        assert two_adapter.keys() == one_adapter.keys()
+        moved = max(float(t.abs().max()) for k, t in one_adapter.items() if "lora_B" in k)  # type: ignore[attr-defined]
+        worst = max(float((two_adapter[k] - one_adapter[k]).abs().max()) for k in one_adapter)  # type: ignore[operator]
+        print(f"{method}: B moved up to {moved:g}; the two runs' adapters differ by up to {worst:g}")
+        for two, one_ in zip(metrics, single, strict=True):  # the mean over the step's examples, as one process's
+            assert two.loss == pytest.approx(one_.loss, rel=LOSS_TOL, abs=1e-6), two.step
+        assert moved > 0 and worst <= ADAPTER_TOL * moved, f"adapters differ by up to {worst:g} (B moved up to {moved:g})"
+        assert _ranks(tmp_path / "artifacts" / "jobs" / job_id) == []
+    finally:
+        await supervisor.close()

@@ -110,12 +110,17 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
                             "which is RLVR's"),
         "init_adapter": (spec.init_adapter.name or spec.init_adapter.path,
                          f"a {method} job trains a fresh adapter; stacking on another job's is RLVR's"),
-        "advanced.num_processes": (spec.advanced.num_processes > 1, f"a {method} job runs as one process"),
         "advanced.num_nodes": (spec.advanced.num_nodes > 1, f"a {method} job runs on one trainer worker"),
     }
     for path, (value, why) in only_rlvr.items():
         if value and not v.bad(path):
             v.add(InvalidArgument(f"{path}: not allowed with method {key}: {why}"))
+    card = spec.head if is_head(spec) else spec.sft
+    procs = spec.advanced.num_processes
+    if procs > 1 and not v.bad(f"{key.lower()}.batch_size", "advanced.num_processes") and card.batch_size % procs:
+        v.add(InvalidArgument(f"{key.lower()}.batch_size: {card.batch_size} is not a multiple of "
+                              f"advanced.num_processes {procs}: each process trains an equal share of every "
+                              "step's examples"))
 
 
 def _validate_head(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:

@@ -34,11 +34,8 @@ from rlvr.heads import (
 from rlvr.services.trainer.job import artifacts
 from rlvr.services.trainer.job.config import HeadSettings, JobConfig, one_line
 from rlvr.services.trainer.job.engine import (
-    MICRO_BATCH_BUDGET,
     TRL_DIR,
     checkpointing_on,
-    fitting_divisor,
-    token_bytes,
 )
 from rlvr.services.trainer.job.quantization import bnb_config, torch_dtype
 from rlvr.services.trainer.job.sft import (
@@ -47,6 +44,7 @@ from rlvr.services.trainer.job.sft import (
     SftProgress,
     StepProgress,
     held_back,
+    micro_batch,
     resumed_done,
     sft_resume_point,
 )
@@ -157,19 +155,23 @@ def head_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
     from transformers import TrainingArguments
 
     head = _card(job)
-    micro = job.micro_batch_size if job.micro_batch_size and head.batch_size % job.micro_batch_size == 0 else \
-        fitting_divisor(head.batch_size, token_bytes(model.config) * head.max_seq_length, MICRO_BATCH_BUDGET)
+    share = head.batch_size // job.num_processes  # each process's examples of a step
+    micro = micro_batch(job, share, head.max_seq_length, model.config)
     parameters = sum(p.numel() for p in model.parameters())
     checkpoints = {"save_strategy": "steps", "save_steps": job.checkpoint_every, "save_total_limit": 2} \
         if job.checkpoint_every else {"save_strategy": "no"}
     return TrainingArguments(
         output_dir=str(output_dir), learning_rate=head.learning_rate, num_train_epochs=head.epochs,
         max_steps=head.max_steps, per_device_train_batch_size=micro, per_device_eval_batch_size=micro,
-        gradient_accumulation_steps=head.batch_size // micro, logging_steps=1, report_to=[], disable_tqdm=True,
+        gradient_accumulation_steps=share // micro, logging_steps=1, report_to=[], disable_tqdm=True,
         seed=job.seed, data_seed=job.seed, use_cpu=device == "cpu", bf16=job.precision == "bf16",
         fp16=job.precision == "fp16", gradient_checkpointing=checkpointing_on(job, parameters, device == "cpu"),
         dataloader_num_workers=0, save_only_model=False, eval_strategy="steps",
         eval_steps=job.eval_every or NEVER, remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
+        # The head's loss is a mean over its examples, and DDP averages the processes' gradients: a mean
+        # over the step's examples already. Scaling the loss by the process count as for a token sum
+        # (transformers' default) doubled a two-process job's loss and moved its adapter 10% off.
+        average_tokens_across_devices=False,
         **checkpoints,
     )
 
@@ -211,7 +213,7 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
     model, tokenizer = head_policy(job, base_path, device, info)
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
-    resume = sft_resume_point(job)
+    resume = deps.group.on_main(lambda: sft_resume_point(job))  # the speaker tidies; every process resumes
 
     def stamp(staging: Path) -> None:  # before the folder replaces the adapter: never a head without it
         stamp_head(staging, info)

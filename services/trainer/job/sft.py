@@ -32,6 +32,7 @@ from rlvr.common.errors import FailedPrecondition
 from rlvr.jobspec import sft_columns_problem, sft_steps
 from rlvr.services.trainer.job import artifacts
 from rlvr.services.trainer.job.config import JobConfig, SftSettings
+from rlvr.services.trainer.job.distributed import Group
 from rlvr.services.trainer.job.engine import (
     MICRO_BATCH_BUDGET,
     TRL_DIR,
@@ -48,6 +49,8 @@ from rlvr.v1 import common_pb2
 class SftDeps(Protocol):
     """What run_sft reads of run_job's JobDeps (runner.py)."""
 
+    @property
+    def group(self) -> Group: ...
     @property
     def publish(self) -> Callable[[common_pb2.MetricEvent], None]: ...
     @property
@@ -122,14 +125,20 @@ def _card(job: JobConfig) -> SftSettings:
     return job.sft
 
 
-def sft_micro_batch(job: JobConfig, config: Any, budget: int = MICRO_BATCH_BUDGET) -> int:
-    """Examples per forward/backward (their gradients accumulate into the step): job.micro_batch_size
-    when set, else the largest divisor of sft.batch_size whose rows of sft.max_seq_length tokens fit
-    `budget` (engine.py's estimate of a token's training memory, as an RLVR job splits its batch)."""
-    sft = _card(job)
-    if job.micro_batch_size and sft.batch_size % job.micro_batch_size == 0:
+def micro_batch(job: JobConfig, batch: int, seq_length: int, config: Any, budget: int = MICRO_BATCH_BUDGET) -> int:
+    """Examples per forward/backward of one process (their gradients accumulate into the step), for
+    `batch` examples per process: job.micro_batch_size when it divides it, else the largest divisor
+    whose rows of `seq_length` tokens fit `budget` (engine.py's estimate of a token's training memory,
+    as an RLVR job splits its batch)."""
+    if job.micro_batch_size and batch % job.micro_batch_size == 0:
         return job.micro_batch_size
-    return fitting_divisor(sft.batch_size, token_bytes(config) * sft.max_seq_length, budget)
+    return fitting_divisor(batch, token_bytes(config) * seq_length, budget)
+
+
+def sft_micro_batch(job: JobConfig, config: Any, budget: int = MICRO_BATCH_BUDGET) -> int:
+    """An SFT job's micro-batch (`micro_batch`) for its share of sft.batch_size."""
+    sft = _card(job)
+    return micro_batch(job, sft.batch_size // job.num_processes, sft.max_seq_length, config, budget)
 
 
 def sft_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
@@ -148,7 +157,7 @@ def sft_args(job: JobConfig, device: str, output_dir: Path, model: Any) -> Any:
     return SFTConfig(
         output_dir=str(output_dir), learning_rate=sft.learning_rate, num_train_epochs=sft.epochs,
         max_steps=sft.max_steps, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=sft.batch_size // micro, max_length=sft.max_seq_length, packing=sft.packing,
+        gradient_accumulation_steps=sft.batch_size // job.num_processes // micro, max_length=sft.max_seq_length, packing=sft.packing,
         completion_only_loss=sft.completion_only_loss, logging_steps=1, report_to=[], disable_tqdm=True,
         seed=job.seed, data_seed=job.seed, use_cpu=device == "cpu", bf16=job.precision == "bf16",
         fp16=job.precision == "fp16", gradient_checkpointing=checkpointing_on(job, parameters, device == "cpu"),
@@ -201,6 +210,7 @@ class StepProgress:
                  train_metrics: Callable[[common_pb2.MetricEvent, dict[str, float], float], None],
                  eval_metrics: Callable[[common_pb2.MetricEvent, dict[str, float]], None]) -> None:
         self.job, self.deps, self.result, self.save, self.space = job, deps, result, save, space
+        self.group = deps.group
         self.evaluates, self.train_metrics, self.eval_metrics = evaluates, train_metrics, eval_metrics
         self.adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
         self.tokens = 0.0
@@ -241,11 +251,12 @@ class StepProgress:
                 artifacts.copy_adapter(path, artifacts.checkpoint_dir(job.artifact_root, job.job_id, step))
             return path
 
-        self.space.write(f"step {step}'s adapter", write)
+        if self.group.is_main:  # one writer of the job's folder (each process holds the whole adapter)
+            self.space.write(f"step {step}'s adapter", write)
         self.result.steps_done = step
-        if self.deps.on_step is not None:
+        if self.deps.on_step is not None:  # the speaker's only
             self.deps.on_step(step, total)
-        if self.deps.cancel.is_set():
+        if self.group.any(self.deps.cancel.is_set()):  # every process stops at the same step, or none
             control.should_training_stop = True
 
     def log(self, step: int, total: int, logs: dict[str, float]) -> None:
@@ -290,7 +301,7 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
     adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
     trl_dir = job.job_dir / TRL_DIR
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
-    resume = sft_resume_point(job)
+    resume = deps.group.on_main(lambda: sft_resume_point(job))  # the speaker tidies; every process resumes
 
     def sft_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
         if "mean_token_accuracy" in logs:
@@ -326,10 +337,11 @@ def resumed_done(resume: tuple[Path, int, int] | None, deps: SftDeps, result: Sf
     have left a later step's; the trainer's checkpoint holds it, as peft saved it)."""
     if resume is not None:
         checkpoint, step, total = resume
-        space.write(f"step {step}'s adapter", lambda: restore(checkpoint))
+        if deps.group.is_main:
+            space.write(f"step {step}'s adapter", lambda: restore(checkpoint))
         result.steps_done, result.total_steps = step, total
         if deps.on_step is not None:
             deps.on_step(step, total)
         if step >= total:  # lost after its last step: done (transformers would train one step more)
             return True
-    return deps.cancel.is_set()
+    return deps.group.any(deps.cancel.is_set())
