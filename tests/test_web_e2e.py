@@ -245,7 +245,9 @@ def test_an_sft_job_from_the_training_method_selector(pages: Pages) -> None:
     page.fill("#f-sft-max_steps", "4")
     page.fill("#f-sft-max_seq_length", "128")
     page.dispatch_event("#f-sft-max_seq_length", "change")
-    page.wait_for_function("document.getElementById('train-summary').innerText.includes('Supervised (SFT)')")
+    # the dataset: the message before the fields reach the summary ("required for a Supervised (SFT) job")
+    # names the method too
+    page.wait_for_function("document.getElementById('train-summary').innerText.includes('math-pairs')")
     summary = page.inner_text("#train-summary")
     assert "examples/sft/math-pairs" in summary and "Group Size" not in summary and "Reward" not in summary
     check_page(page)
@@ -279,7 +281,8 @@ def test_a_head_job_from_the_training_method_selector(pages: Pages) -> None:
     page.fill("#f-head-max_steps", "3")
     page.fill("#f-head-max_seq_length", "96")
     page.dispatch_event("#f-head-max_seq_length", "change")
-    page.wait_for_function("document.getElementById('train-summary').innerText.includes('Head')")
+    # the dataset itself: "required for a Head job", the summary's message before the fields reach it, says Head too
+    page.wait_for_function("document.getElementById('train-summary').innerText.includes('math-verdicts')")
     summary = page.inner_text("#train-summary")
     assert "examples/head/math-verdicts" in summary and "classification" in summary and "Group Size" not in summary
     check_page(page)
