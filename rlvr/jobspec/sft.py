@@ -94,12 +94,8 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
         _validate_head(spec, warnings, v)
     else:
         s = spec.sft
-        _checked(spec, "sft", v)
-        if not s.dataset.strip():
-            v.add(InvalidArgument("sft.dataset: required for a Supervised (SFT) job; give a dataset with prompt "
-                                  "and completion columns, or a messages column"))
-        s.dataset = s.dataset.strip()
-        s.dataset_split = s.dataset_split.strip() or SFT_DEFAULT_SPLIT
+        _card_rows(spec, "sft", "a Supervised (SFT) job; give a dataset with prompt and completion columns, or a "
+                   "messages column", v)
         _full_steps(s, "sft.max_steps", v)
         _lora_targets(s, "sft.target_modules", v)
         if not s.HasField("completion_only_loss"):
@@ -123,15 +119,21 @@ def _validate_method(spec: common_pb2.JobSpec, warnings: list[str], v: Violation
                               "step's examples"))
 
 
+def _card_rows(spec: common_pb2.JobSpec, card: str, required_for: str, v: Violations) -> None:
+    """What SFT's and Head's cards check alike: every ranged row, the dataset given (its error says
+    `required_for`), stripped, and its split (default "train")."""
+    _checked(spec, card, v)
+    msg: Card = getattr(spec, card)
+    if not msg.dataset.strip():
+        v.add(InvalidArgument(f"{card}.dataset: required for {required_for}"))
+    msg.dataset = msg.dataset.strip()
+    msg.dataset_split = msg.dataset_split.strip() or SFT_DEFAULT_SPLIT
+
+
 def _validate_head(spec: common_pb2.JobSpec, warnings: list[str], v: Violations) -> None:
     """Head's card: every field in range, a dataset given, the columns named, the task known."""
     h = spec.head
-    _checked(spec, "head", v)
-    if not h.dataset.strip():
-        v.add(InvalidArgument("head.dataset: required for a Head job; give a dataset with a text column and a "
-                              "label column"))
-    h.dataset = h.dataset.strip()
-    h.dataset_split = h.dataset_split.strip() or SFT_DEFAULT_SPLIT
+    _card_rows(spec, "head", "a Head job; give a dataset with a text column and a label column", v)
     h.text_column = h.text_column.strip() or HEAD_TEXT_COLUMN
     h.label_column = h.label_column.strip() or HEAD_LABEL_COLUMN
     if h.text_column == h.label_column:
