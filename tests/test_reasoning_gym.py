@@ -58,20 +58,33 @@ def test_training_never_sees_a_held_out_question() -> None:
     assert heldout & {raw[i]["question"] for i in range(300)}
 
 
-def _score(problem, completion: str) -> float:
+def _scored(problem, completion: str):  # noqa: ANN202 (a ScoreResult)
     item = ScoreItem(function="reasoning_gym", completion=completion, ground_truth=problem.ground_truth,
                      format_bonus=False, prompt=problem.question, columns=problem.columns)
     result = score_many([item])[0]
     assert not result.error, result.error
-    return result.accuracy
+    return result
 
 
-def test_its_own_scorer_grades_the_answer_block_through_the_registry() -> None:
+def _score(problem, completion: str) -> float:
+    return _scored(problem, completion).accuracy
+
+
+def test_its_own_scorer_grades_the_answer_as_every_reward_reads_one_through_the_registry() -> None:
+    """The last <answer> block when there is one (a right number elsewhere cannot stand in for it),
+    else the final answer wherever it stands; strict when the canonical place (the block, else the
+    last non-empty line) alone is right."""
     problem = ReasoningGymTask("chain_sum").prompts(n=1, seed=3)[0]
-    wrong = str(int(problem.ground_truth) + 1)
-    assert _score(problem, f"<think>add them</think><answer>{problem.ground_truth}</answer>") == 1.0
-    assert _score(problem, f"<think>add them</think><answer>{wrong}</answer>") == 0.0
-    assert _score(problem, f"The answer is {problem.ground_truth}.") == 0.0  # no answer block, no answer
+    truth, wrong = problem.ground_truth, str(int(problem.ground_truth) + 1)
+    assert _score(problem, f"<think>add them</think><answer>{truth}</answer>") == 1.0
+    assert _scored(problem, f"<think>add them</think><answer>{truth}</answer>").strict
+    assert _score(problem, f"<think>it is {truth}</think><answer>{wrong}</answer>") == 0.0
+    prose = _scored(problem, f"Adding them step by step.\nThe final answer is {truth}.")
+    assert (prose.accuracy, prose.strict, prose.extracted_answer) == (1.0, False, truth)
+    bare = _scored(problem, f"Adding them step by step.\n{truth}")
+    assert (bare.accuracy, bare.strict) == (1.0, True)
+    assert _score(problem, f"The final answer is {wrong}.") == 0.0
+    assert _score(problem, "I cannot tell.") == 0.0  # no number: the last line, which is no answer
     options = ReasoningGymTask(SMALL).prompts(n=1, seed=0, split="test")[0]
     assert _score(options, f"<answer>{options.ground_truth}</answer>") == 1.0
 
@@ -79,7 +92,7 @@ def test_its_own_scorer_grades_the_answer_block_through_the_registry() -> None:
 def test_the_reward_services_pool_scores_it_within_the_default_time_limit() -> None:
     """In the reward service's worker processes (spawned: reasoning-gym not imported yet), each item
     under the service's default 0.5 s limit: the import (1-3 s) is the reward's warm-up, paid before
-    the first item's clock starts, not a time-out of every first item. No answer block scores 0."""
+    the first item's clock starts, not a time-out of every first item. A completion with no answer scores 0."""
     from rlvr.services.reward.pool import ScoringPool
 
     problems = ReasoningGymTask("chain_sum").prompts(n=4, seed=5)

@@ -9,12 +9,15 @@ downloaded: the package generates every problem from its seed.
 Prompts and ground truth
     A problem's question is the task's own question; the reward's instruction asks for the answer
     inside ``<answer></answer>``, which is where reasoning-gym's scorers expect it
-    (``reasoning_gym.utils.extract_answer``: the last block). The row's ``reasoning_gym`` column
+    (``reasoning_gym.utils.extract_answer``: the last block); a completion without a block is read as
+    rlvr's other rewards read one (its final answer), so accuracy means what it means everywhere
+    ("correct final answers, wherever they stand") and a model that answers in prose has headroom. The row's ``reasoning_gym`` column
     holds the task spec and the whole entry (question, answer, metadata) as JSON text, which is all
     ``score_answer`` reads: the reward service scores from the sample alone.
 Score
     The task's ``score_answer`` on the extracted answer, a number in [0, 1] (some tasks give partial
-    credit, e.g. 0.05 for a wrong ARC grid); strict when it is 1.
+    credit, e.g. 0.05 for a wrong ARC grid); strict when the canonical place alone (the block, else
+    the last non-empty line) scores 1.
 Held-out, disjoint from training by construction
     The ``test`` split is a fixed pool: ``HELDOUT_SIZE`` entries of the task (with its options) from
     ``HELDOUT_SEED``, in that order, repeated questions dropped. A training split (``reward.synthetic_prompts``
@@ -184,20 +187,31 @@ def warm_up() -> None:
 
 
 def score(sample: Sample) -> RewardOutput:
-    """The task's own score of the last ``<answer>`` block (no block: no answer, which scores 0)."""
+    """The task's own score of the completion's answer, read as rlvr's other rewards read one
+    (rlvr/rewards/scoring.py): the last ``<answer>`` block when there is one, else the final answer
+    (the last box or "final answer is N", else the last number; a completion with no number: its last
+    non-empty line). Strict when the canonical place alone (the block, else the last non-empty line)
+    scores 1."""
     row = sample.columns.get(COLUMN)
     if not isinstance(row, str):
         raise ValueError(f"the sample has no {COLUMN!r} column (the reasoning_gym reward scores its own "
                          "problems, which carry it)")
     from reasoning_gym.utils import extract_answer
 
+    from rlvr.rewards.answers import final_answer
+
     data = json.loads(row)
     completion = sample.completion[-MAX_COMPLETION_CHARS:]
-    answer = extract_answer(completion)
-    if answer is None:  # no <answer> block: no answer (some scorers do not take None)
+    block = extract_answer(completion)
+    lines = [line.strip() for line in completion.splitlines() if line.strip()]
+    canonical = block if block is not None else (lines[-1] if lines else "")
+    answer = block if block is not None else (final_answer(completion) or canonical)
+    if not answer:  # nothing to read (some scorers do not take an empty answer)
         return RewardOutput(score=0.0, extracted_answer="")
-    value = float(_scorer(data["spec"])(answer, data["entry"]))
-    return RewardOutput(score=value, strict=value == 1.0, extracted_answer=answer)
+    scorer = _scorer(data["spec"])
+    value = float(scorer(answer, data["entry"]))
+    strict = value == 1.0 and (canonical == answer or float(scorer(canonical, data["entry"])) == 1.0)
+    return RewardOutput(score=value, strict=strict, extracted_answer=answer)
 
 
 REWARD = RewardDefinition(
