@@ -224,12 +224,6 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
     def restore(checkpoint: Path) -> Path:
         return artifacts.copy_adapter(checkpoint, adapter, finish=stamp)
 
-    def train_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
-        if "num_input_tokens_seen" in logs:  # the loss and learning rate are StepProgress's own
-            tokens = float(logs["num_input_tokens_seen"])
-            event.tokens_per_second = (tokens - steps.tokens) / max(seconds, 1e-9)
-            steps.tokens = tokens
-
     def eval_metrics(event: common_pb2.MetricEvent, logs: dict[str, float]) -> None:
         event.heldout_loss = float(logs.get("eval_mse", logs["eval_loss"]))
         if info.task == "classification":
@@ -253,7 +247,9 @@ def run_head(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, ba
         return data.map(lambda b: tokenizer(b["text"], truncation=True, max_length=head.max_seq_length),
                         batched=True, remove_columns=["text"])
 
-    steps = StepProgress(job, deps, result, save, space, evaluates, train_metrics, eval_metrics)
+    # a head's step logs nothing beyond StepProgress's own (loss, learning rate, tokens/s)
+    steps = StepProgress(job, deps, result, save, space, evaluates, lambda event, logs: None, eval_metrics,
+                         tokens_log="num_input_tokens_seen")
     trainer = Trainer(model=model, args=head_args(job, device, job.job_dir / TRL_DIR, model),
                       train_dataset=encode(train_rows), eval_dataset=encode(heldout_rows),
                       data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=head_metrics(info),

@@ -207,11 +207,13 @@ class StepProgress:
 
     def __init__(self, job: JobConfig, deps: SftDeps, result: SftProgress, save: Callable[[Any, Path], Path],
                  space: artifacts.DiskSpace, evaluates: Callable[[int, int], bool],
-                 train_metrics: Callable[[common_pb2.MetricEvent, dict[str, float], float], None],
-                 eval_metrics: Callable[[common_pb2.MetricEvent, dict[str, float]], None]) -> None:
+                 train_metrics: Callable[[common_pb2.MetricEvent, dict[str, float]], None],
+                 eval_metrics: Callable[[common_pb2.MetricEvent, dict[str, float]], None], *,
+                 tokens_log: str) -> None:
         self.job, self.deps, self.result, self.save, self.space = job, deps, result, save, space
         self.group = deps.group
         self.evaluates, self.train_metrics, self.eval_metrics = evaluates, train_metrics, eval_metrics
+        self.tokens_log = tokens_log  # the log's running token count (TRL's num_tokens, transformers' own)
         self.adapter = artifacts.adapter_dir(job.artifact_root, job.job_id)
         self.tokens = 0.0
         self.step_started = time.perf_counter()
@@ -272,7 +274,11 @@ class StepProgress:
                                        loss=float(logs["loss"]), learning_rate=float(logs.get("learning_rate", 0)),
                                        train_seconds=seconds, step_seconds=seconds, adapter_version=step - 1)
         event.time.GetCurrentTime()
-        self.train_metrics(event, logs, seconds)
+        if self.tokens_log in logs:
+            tokens = float(logs[self.tokens_log])
+            event.tokens_per_second = (tokens - self.tokens) / max(seconds, 1e-9)
+            self.tokens = tokens
+        self.train_metrics(event, logs)
         self.pending = event
         if not self.evaluates(step, total):
             self.publish()
@@ -303,22 +309,18 @@ def run_sft(job: JobConfig, deps: SftDeps, result: SftProgress, device: str, bas
     space = deps.space or artifacts.DiskSpace(job.artifact_root, cancel=deps.cancel)
     resume = deps.group.on_main(lambda: sft_resume_point(job))  # the speaker tidies; every process resumes
 
-    def sft_metrics(event: common_pb2.MetricEvent, logs: dict[str, float], seconds: float) -> None:
+    def sft_metrics(event: common_pb2.MetricEvent, logs: dict[str, float]) -> None:
         if "mean_token_accuracy" in logs:
             event.token_accuracy = float(logs["mean_token_accuracy"])
         if "entropy" in logs:
             event.entropy = float(logs["entropy"])
-        if "num_tokens" in logs:
-            tokens = float(logs["num_tokens"])
-            event.tokens_per_second = (tokens - steps.tokens) / max(seconds, 1e-9)
-            steps.tokens = tokens
 
     def heldout_loss(event: common_pb2.MetricEvent, logs: dict[str, float]) -> None:
         event.heldout_loss = float(logs["eval_loss"])
 
     steps = StepProgress(job, deps, result, artifacts.save_adapter, space,
                          lambda step, total: bool(job.eval_every) and (step % job.eval_every == 0 or step == total),
-                         sft_metrics, heldout_loss)
+                         sft_metrics, heldout_loss, tokens_log="num_tokens")
     train = Dataset.from_list(train_rows)
     heldout = Dataset.from_list(heldout_rows) if heldout_rows else None
     trainer = SFTTrainer(model=model, args=sft_args(job, device, trl_dir, model), train_dataset=train,
