@@ -6,7 +6,10 @@ tests' reader of a job's NATS events (imported by name)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +74,18 @@ def build_trainer_test_model() -> str:
 @pytest.fixture(scope="module")
 def tiny_model() -> str:
     return build_trainer_test_model()
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """A dataset file of `rows`, one JSON object a line (the SFT and Head tests' data)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def local_deps(events: list[C.MetricEvent], **kw: Any) -> Any:  # noqa: ANN401 (a JobDeps: torch stays unimported here)
+    """An in-process job's dependencies: the local Math Pairs scorer, each MetricEvent into `events`."""
+    from rlvr.services.trainer.job.runner import JobDeps
+    from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+
+    return JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append, **kw)

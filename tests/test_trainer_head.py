@@ -7,16 +7,15 @@ naming the column."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_trainer import local_deps, write_jsonl
 
 from rlvr.heads import HeadScorer, default_reward_label, labels_problem, read_head, sample_text
 from rlvr.services.trainer.job.config import HeadSettings, JobConfig, job_config
-from rlvr.services.trainer.job.runner import JobDeps, run_job
-from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.runner import run_job
 from rlvr.v1 import common_pb2 as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
@@ -24,16 +23,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "head" / "math-verdicts"
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
 
 def _words(tmp_path: Path, n: int = 48) -> Path:
     """A labeling the first word decides: "apple ..." is fruit, "stone ..." is rock."""
     words = ("apple", "stone")
-    return _write(tmp_path / "data" / "words.jsonl",
+    return write_jsonl(tmp_path / "data" / "words.jsonl",
                   [{"text": f"{words[i % 2]} number {i}", "label": ("fruit", "rock")[i % 2]} for i in range(n)])
 
 
@@ -46,16 +40,13 @@ def _job(tmp_path: Path, model: str, dataset: Path, **overrides: Any) -> JobConf
                       data_roots=(dataset.parent, EXAMPLE.parent), head=HeadSettings(**head), **overrides)
 
 
-def _deps(events: list[C.MetricEvent], **kw: Any) -> JobDeps:
-    return JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append, **kw)
-
 
 def test_a_head_learns_a_separable_labeling(tmp_path: Path, tiny_model: str) -> None:
     from rlvr.models import resolve_model
 
     events: list[C.MetricEvent] = []
     job = _job(tmp_path, tiny_model, _words(tmp_path), eval_every=6)
-    result = run_job(job, _deps(events))
+    result = run_job(job, local_deps(events))
 
     assert result.status == "completed", result.error
     assert (result.steps_done, result.total_steps) == (12, 12)
@@ -99,7 +90,7 @@ async def test_the_reward_service_scores_with_a_completed_head_by_its_key(tmp_pa
             await stub.Score(R.ScoreRequest(key="head_h1", items=[R.ScoreItem(completion="x")]), timeout=30)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "head_h1" in (e.value.details() or "")
 
-        result = await asyncio.to_thread(run_job, _job(tmp_path, tiny_model, _words(tmp_path)), _deps([]))
+        result = await asyncio.to_thread(run_job, _job(tmp_path, tiny_model, _words(tmp_path)), local_deps([]))
         assert result.status == "completed", result.error
         (root / "jobs" / "other" / "adapter").mkdir(parents=True)  # not a head: no key
         broken = root / "jobs" / "broken" / "adapter"  # a cut weights file: no key, and no harm to the others
@@ -152,9 +143,9 @@ def test_a_frozen_base_regression_head_moves_the_head_alone(tmp_path: Path, tiny
 
     rows = [{"text": f"{'apple' if i % 2 else 'stone'} number {i}", "label": 0.9 if i % 2 else 0.1} for i in range(40)]
     events: list[C.MetricEvent] = []
-    job = _job(tmp_path, tiny_model, _write(tmp_path / "data" / "numbers.jsonl", rows),
+    job = _job(tmp_path, tiny_model, write_jsonl(tmp_path / "data" / "numbers.jsonl", rows),
                head={"task": "regression", "lora_rank": 0, "learning_rate": 5e-3, "max_steps": 8})
-    result = run_job(job, _deps(events))
+    result = run_job(job, local_deps(events))
     assert result.status == "completed", result.error
     tensors = load_file(str(Path(result.adapter_path) / "adapter_model.safetensors"))
     lora = {k: v for k, v in tensors.items() if "lora_" in k}
@@ -169,6 +160,6 @@ def test_a_frozen_base_regression_head_moves_the_head_alone(tmp_path: Path, tiny
 
 def test_a_head_job_on_data_it_cannot_learn_fails_naming_the_column(tmp_path: Path, tiny_model: str) -> None:
     rows = [{"text": f"t{i}", "label": "same"} for i in range(8)]
-    job = _job(tmp_path, tiny_model, _write(tmp_path / "data" / "one.jsonl", rows))
-    result = run_job(job, _deps([]))
+    job = _job(tmp_path, tiny_model, write_jsonl(tmp_path / "data" / "one.jsonl", rows))
+    result = run_job(job, local_deps([]))
     assert result.status == "failed" and "head.dataset" in result.error and "one class only" in result.error

@@ -14,7 +14,9 @@ for bit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from fixtures_infra import connected_bus
 from fixtures_trainer import job_events
 
 from rlvr.infra.subjects import job_metrics_subject
+from rlvr.services.trainer.process.worker import JobSupervisor
 from rlvr.services.trainer.settings import TrainerSettings
 from rlvr.v1 import common_pb2 as C
 from rlvr.v1 import trainer_pb2 as T
@@ -37,6 +40,17 @@ ADAPTER_TOL = 1e-3  # per LoRA weight, relative to the largest change the steps 
 def _settings(tmp_path: Path, nats_url: str, job_start: str = "fork") -> TrainerSettings:
     return TrainerSettings(port=0, artifact_root=tmp_path / "artifacts", nats_url=nats_url, scorer="local",
                            torch_threads=1, cancel_grace_seconds=20.0, worker_name="trainer-mp", job_start=job_start)
+
+
+@contextlib.asynccontextmanager
+async def _supervisor(tmp_path: Path, nats_url: str, job_start: str = "fork") -> AsyncIterator[JobSupervisor]:
+    """A trainer worker's job supervisor, closed however the test ends (its job processes with it:
+    a failed assertion never leaves ranks running under pytest)."""
+    supervisor = JobSupervisor(_settings(tmp_path, nats_url, job_start))
+    try:
+        yield supervisor
+    finally:
+        await supervisor.close()
 
 
 def _request(job_id: str, model: str, processes: int, steps: int = STEPS) -> T.StartJobRequest:
@@ -82,76 +96,71 @@ async def test_two_processes_train_what_one_trains_and_publish_each_step_once(
     from rlvr.services.trainer.job.config import job_config_from_request
     from rlvr.services.trainer.job.runner import JobDeps, run_job
     from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
-    from rlvr.services.trainer.process.worker import JobSupervisor
 
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
-    job_id = f"mp-{time.monotonic_ns()}"
-    async with connected_bus(nats_server.url) as bus:
-        published: list[bytes] = []  # every publish to the subject, duplicates the stream would drop included
+    async with _supervisor(tmp_path, nats_server.url) as supervisor:
+        job_id = f"mp-{time.monotonic_ns()}"
+        async with connected_bus(nats_server.url) as bus:
+            published: list[bytes] = []  # every publish to the subject, duplicates the stream would drop included
 
-        async def count(msg: object) -> None:
-            published.append(msg.data)  # type: ignore[attr-defined]
+            async def count(msg: object) -> None:
+                published.append(msg.data)  # type: ignore[attr-defined]
 
-        raw = await bus.nc.subscribe(job_metrics_subject(job_id), cb=count)
-        await supervisor.start(_request(job_id, MODEL, processes=2))
-        # Meanwhile the same job in one process, in this one (the job process's local scorer).
-        one = job_config_from_request(_request("mp-one", MODEL, processes=1), tmp_path / "one")
-        single: list[C.MetricEvent] = []
-        scorer = LocalScorer(ScoreSettings(one.reward_function, one.format_bonus, one.format_bonus_weight))
-        result = await asyncio.to_thread(run_job, one, JobDeps(scorer=scorer, publish=single.append))
-        assert result.status == "completed", result.error
+            raw = await bus.nc.subscribe(job_metrics_subject(job_id), cb=count)
+            await supervisor.start(_request(job_id, MODEL, processes=2))
+            # Meanwhile the same job in one process, in this one (the job process's local scorer).
+            one = job_config_from_request(_request("mp-one", MODEL, processes=1), tmp_path / "one")
+            single: list[C.MetricEvent] = []
+            scorer = LocalScorer(ScoreSettings(one.reward_function, one.format_bonus, one.format_bonus_weight))
+            result = await asyncio.to_thread(run_job, one, JobDeps(scorer=scorer, publish=single.append))
+            assert result.status == "completed", result.error
 
-        metrics, statuses = await job_events(bus, job_id, timeout_s=240)
-        await raw.unsubscribe()
-    await asyncio.wait_for(_idle(supervisor), 30)
-    job_log = (tmp_path / "artifacts" / "jobs" / job_id / "job.log").read_text()
-    assert statuses[-1].status == C.JOB_STATUS_COMPLETED, f"{statuses[-1].message}\n{job_log[-3000:]}"
-    assert "[rank 1]" in job_log  # it did run as two processes
+            metrics, statuses = await job_events(bus, job_id, timeout_s=240)
+            await raw.unsubscribe()
+        await asyncio.wait_for(_idle(supervisor), 30)
+        job_log = (tmp_path / "artifacts" / "jobs" / job_id / "job.log").read_text()
+        assert statuses[-1].status == C.JOB_STATUS_COMPLETED, f"{statuses[-1].message}\n{job_log[-3000:]}"
+        assert "[rank 1]" in job_log  # it did run as two processes
 
-    # Each step published once (by rank 0), with the completions of both ranks.
-    assert [m.step for m in metrics] == list(range(1, STEPS + 1))
-    assert len(published) == STEPS
-    assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING, C.JOB_STATUS_COMPLETED]
-    assert (statuses[-1].adapter.version, statuses[-1].current_step) == (STEPS, STEPS)
+        # Each step published once (by rank 0), with the completions of both ranks.
+        assert [m.step for m in metrics] == list(range(1, STEPS + 1))
+        assert len(published) == STEPS
+        assert [s.status for s in statuses] == [C.JOB_STATUS_RUNNING, C.JOB_STATUS_COMPLETED]
+        assert (statuses[-1].adapter.version, statuses[-1].current_step) == (STEPS, STEPS)
 
-    # The same completions, rewards and losses as one process with the same global batch.
-    assert [m.step for m in single] == [m.step for m in metrics]
-    for two, one_ in zip(metrics, single, strict=True):
-        assert (two.reward_mean, two.reward_std, two.completion_length_mean, two.clipped_ratio) == (
-            one_.reward_mean, one_.reward_std, one_.completion_length_mean, one_.clipped_ratio), two.step
-        assert two.loss == pytest.approx(one_.loss, rel=LOSS_TOL, abs=1e-6), two.step
-    assert any(m.reward_std > 0 for m in single)  # the groups had a reward spread: the adapter moved
+        # The same completions, rewards and losses as one process with the same global batch.
+        assert [m.step for m in single] == [m.step for m in metrics]
+        for two, one_ in zip(metrics, single, strict=True):
+            assert (two.reward_mean, two.reward_std, two.completion_length_mean, two.clipped_ratio) == (
+                one_.reward_mean, one_.reward_std, one_.completion_length_mean, one_.clipped_ratio), two.step
+            assert two.loss == pytest.approx(one_.loss, rel=LOSS_TOL, abs=1e-6), two.step
+        assert any(m.reward_std > 0 for m in single)  # the groups had a reward spread: the adapter moved
 
-    two_adapter = _adapter(Path(statuses[-1].adapter.path))
-    one_adapter = _adapter(Path(result.adapter_path))
-    assert two_adapter.keys() == one_adapter.keys()
-    moved = max(float(t.abs().max()) for k, t in one_adapter.items() if "lora_B" in k)  # type: ignore[attr-defined]
-    assert moved > 0  # B starts at zero: the steps trained it
-    worst = max(float((two_adapter[k] - one_adapter[k]).abs().max()) for k in one_adapter)  # type: ignore[operator]
-    print(f"B moved up to {moved:g}; the two runs' adapters differ by up to {worst:g}")
-    assert worst <= ADAPTER_TOL * moved, f"adapters differ by up to {worst:g} (B moved up to {moved:g})"
-    assert isinstance(next(iter(one_adapter.values())), torch.Tensor)
-    assert _ranks(tmp_path / "artifacts" / "jobs" / job_id) == []  # every rank is gone
-    await supervisor.close()
+        two_adapter = _adapter(Path(statuses[-1].adapter.path))
+        one_adapter = _adapter(Path(result.adapter_path))
+        assert two_adapter.keys() == one_adapter.keys()
+        moved = max(float(t.abs().max()) for k, t in one_adapter.items() if "lora_B" in k)  # type: ignore[attr-defined]
+        assert moved > 0  # B starts at zero: the steps trained it
+        worst = max(float((two_adapter[k] - one_adapter[k]).abs().max()) for k in one_adapter)  # type: ignore[operator]
+        print(f"B moved up to {moved:g}; the two runs' adapters differ by up to {worst:g}")
+        assert worst <= ADAPTER_TOL * moved, f"adapters differ by up to {worst:g} (B moved up to {moved:g})"
+        assert isinstance(next(iter(one_adapter.values())), torch.Tensor)
+        assert _ranks(tmp_path / "artifacts" / "jobs" / job_id) == []  # every rank is gone
 
 
 async def test_a_cancel_takes_down_every_rank(nats_server, tmp_path: Path) -> None:
-    from rlvr.services.trainer.process.worker import JobSupervisor
-
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
-    job_id = f"mp-cancel-{time.monotonic_ns()}"
-    job_dir = tmp_path / "artifacts" / "jobs" / job_id
-    async with connected_bus(nats_server.url) as bus:
-        await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
-        await job_events(bus, job_id, timeout_s=240, metrics_wanted=1)
-        assert len(_ranks(job_dir)) == 2
-        adapter = await supervisor.cancel(job_id)
-        metrics, statuses = await job_events(bus, job_id, timeout_s=30)
-    assert statuses[-1].status == C.JOB_STATUS_CANCELLED
-    assert adapter is not None and adapter.version == len(metrics) >= 1
-    assert (Path(adapter.path) / "adapter_model.safetensors").is_file()
-    assert _ranks(job_dir) == []
-    await supervisor.close()
+    async with _supervisor(tmp_path, nats_server.url) as supervisor:
+        job_id = f"mp-cancel-{time.monotonic_ns()}"
+        job_dir = tmp_path / "artifacts" / "jobs" / job_id
+        async with connected_bus(nats_server.url) as bus:
+            await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
+            await job_events(bus, job_id, timeout_s=240, metrics_wanted=1)
+            assert len(_ranks(job_dir)) == 2
+            adapter = await supervisor.cancel(job_id)
+            metrics, statuses = await job_events(bus, job_id, timeout_s=30)
+        assert statuses[-1].status == C.JOB_STATUS_CANCELLED
+        assert adapter is not None and adapter.version == len(metrics) >= 1
+        assert (Path(adapter.path) / "adapter_model.safetensors").is_file()
+        assert _ranks(job_dir) == []
 
 
 async def _idle(supervisor: object) -> None:
@@ -169,27 +178,24 @@ async def test_a_killed_job_process_takes_every_rank_with_it(nats_server, tmp_pa
     import os
     import signal
 
-    from rlvr.services.trainer.process.worker import JobSupervisor
-
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url, job_start))
-    job_id = f"mp-kill-{time.monotonic_ns()}"
-    job_dir = tmp_path / "artifacts" / "jobs" / job_id
-    await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
-    deadline = time.monotonic() + 120
-    while not all(f"[rank {r}]" in (job_dir / "job.log").read_text() for r in (0, 1)):  # past die_with_parent
-        assert time.monotonic() < deadline, (job_dir / "job.log").read_text()[-3000:]
-        await asyncio.sleep(0.2)
-    ranks = _ranks(job_dir)
-    assert len(ranks) == 2 and supervisor.current is not None
-    os.killpg(supervisor.current.process.pid, signal.SIGKILL)
-    await asyncio.wait_for(_idle(supervisor), 10)
-    deadline = time.monotonic() + 10
-    while _ranks(job_dir):
-        assert time.monotonic() < deadline, f"ranks {_ranks(job_dir)} outlived their launcher"
-        await asyncio.sleep(0.1)
-    status = supervisor.status()
-    assert status.last_job_id == job_id and status.last_job_lost and "killed by signal 9" in status.last_job_error
-    await supervisor.close()
+    async with _supervisor(tmp_path, nats_server.url, job_start) as supervisor:
+        job_id = f"mp-kill-{time.monotonic_ns()}"
+        job_dir = tmp_path / "artifacts" / "jobs" / job_id
+        await supervisor.start(_request(job_id, MODEL, processes=2, steps=500))
+        deadline = time.monotonic() + 120
+        while not all(f"[rank {r}]" in (job_dir / "job.log").read_text() for r in (0, 1)):  # past die_with_parent
+            assert time.monotonic() < deadline, (job_dir / "job.log").read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        ranks = _ranks(job_dir)
+        assert len(ranks) == 2 and supervisor.current is not None
+        os.killpg(supervisor.current.process.pid, signal.SIGKILL)
+        await asyncio.wait_for(_idle(supervisor), 10)
+        deadline = time.monotonic() + 10
+        while _ranks(job_dir):
+            assert time.monotonic() < deadline, f"ranks {_ranks(job_dir)} outlived their launcher"
+            await asyncio.sleep(0.1)
+        status = supervisor.status()
+        assert status.last_job_id == job_id and status.last_job_lost and "killed by signal 9" in status.last_job_error
 
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -219,10 +225,8 @@ async def test_an_sft_or_head_job_across_two_processes_trains_what_one_trains(na
     from rlvr.services.trainer.job.config import job_config_from_request
     from rlvr.services.trainer.job.runner import JobDeps, run_job
     from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
-    from rlvr.services.trainer.process.worker import JobSupervisor
 
-    supervisor = JobSupervisor(_settings(tmp_path, nats_server.url))
-    try:
+    async with _supervisor(tmp_path, nats_server.url) as supervisor:
         job_id = f"mp-{method}-{time.monotonic_ns()}"
         async with connected_bus(nats_server.url) as bus:
             await supervisor.start(_sft_request(job_id, processes=2, method=method))
@@ -252,5 +256,3 @@ async def test_an_sft_or_head_job_across_two_processes_trains_what_one_trains(na
             assert two.loss == pytest.approx(one_.loss, rel=LOSS_TOL, abs=1e-6), two.step
         assert moved > 0 and worst <= ADAPTER_TOL * moved, f"adapters differ by up to {worst:g} (B moved up to {moved:g})"
         assert _ranks(tmp_path / "artifacts" / "jobs" / job_id) == []
-    finally:
-        await supervisor.close()

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_trainer import local_deps, write_jsonl
 
 from rlvr.common.errors import FailedPrecondition
 from rlvr.services.trainer.job.config import JobConfig, SftSettings, job_config
-from rlvr.services.trainer.job.runner import JobDeps, run_job
-from rlvr.services.trainer.job.scorers import LocalScorer, ScoreSettings
+from rlvr.services.trainer.job.runner import run_job
 from rlvr.services.trainer.job.sft import sft_data
 from rlvr.v1 import common_pb2 as C
 
@@ -25,15 +25,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/fixtures_trainer.py
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sft" / "math-pairs"
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
 
 def _pairs(tmp_path: Path, n: int = 32) -> Path:
     """Prompt/completion text rows: one fixed answer per prompt, easy to memorise."""
-    return _write(tmp_path / "data" / "pairs.jsonl",
+    return write_jsonl(tmp_path / "data" / "pairs.jsonl",
                   [{"prompt": f"{i % 4} {i % 4} ", "completion": f"{(i % 4) * 2}"} for i in range(n)])
 
 
@@ -45,9 +40,6 @@ def _job(tmp_path: Path, model: str, dataset: Path, **overrides: Any) -> JobConf
     return job_config("s1", model, tmp_path / "artifacts", gpu_selection="cpu", method="sft",
                       data_roots=(dataset.parent, EXAMPLE.parent), sft=SftSettings(**sft), **overrides)
 
-
-def _deps(events: list[C.MetricEvent], **kw: Any) -> JobDeps:
-    return JobDeps(scorer=LocalScorer(ScoreSettings("math_pairs")), publish=events.append, **kw)
 
 
 def _adapter(result: Any) -> dict[str, Any]:
@@ -64,7 +56,7 @@ def test_sft_trains_the_adapter_on_the_completions(tmp_path: Path, tiny_model: s
     events: list[C.MetricEvent] = []
     steps: list[tuple[int, int]] = []
     job = _job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 8}, checkpoint_every=4)
-    result = run_job(job, _deps(events, on_step=lambda s, t: steps.append((s, t))))
+    result = run_job(job, local_deps(events, on_step=lambda s, t: steps.append((s, t))))
 
     assert result.status == "completed", result.error
     assert (result.steps_done, result.total_steps, result.adapter_version) == (8, 8, 8)
@@ -93,7 +85,7 @@ def test_sft_trains_the_adapter_on_the_completions(tmp_path: Path, tiny_model: s
 def test_the_held_out_loss_at_the_eval_steps_and_the_last(tmp_path: Path, tiny_model: str) -> None:
     events: list[C.MetricEvent] = []
     job = _job(tmp_path, tiny_model, EXAMPLE, sft={"max_steps": 5, "max_seq_length": 128}, eval_every=2)
-    result = run_job(job, _deps(events))
+    result = run_job(job, local_deps(events))
     assert result.status == "completed", result.error
     assert [e.step for e in events if e.HasField("heldout_loss")] == [2, 4, 5]
     assert all(e.heldout_loss > 0 for e in events if e.HasField("heldout_loss"))
@@ -116,7 +108,7 @@ def test_the_options_reach_trl(tmp_path: Path, tiny_model: str) -> None:
     for name, sft in (("default", {}), ("whole_text", {"completion_only_loss": False}), ("lr", {"learning_rate": 1e-4}),
                       ("targets", {"target_modules": "q_proj,v_proj"})):
         events: list[C.MetricEvent] = []
-        result = run_job(_job(tmp_path / name, tiny_model, data, sft={"max_steps": 2, **sft}), _deps(events))
+        result = run_job(_job(tmp_path / name, tiny_model, data, sft={"max_steps": 2, **sft}), local_deps(events))
         assert result.status == "completed", result.error
         runs[name] = (events, _adapter(result))
     loss = {name: events[0].loss for name, (events, _) in runs.items()}
@@ -134,7 +126,7 @@ def test_chats_train_on_the_last_assistant_message(tmp_path: Path, tiny_model: s
     for only in (True, False):
         events: list[C.MetricEvent] = []
         result = run_job(_job(tmp_path / str(only), tiny_model, EXAMPLE,
-                              sft={"max_steps": 1, "max_seq_length": 128, "completion_only_loss": only}), _deps(events))
+                              sft={"max_steps": 1, "max_seq_length": 128, "completion_only_loss": only}), local_deps(events))
         assert result.status == "completed", result.error
         losses[only] = events[0].loss
     assert losses[True] < losses[False]
@@ -150,8 +142,8 @@ def test_chats_train_on_the_last_assistant_message(tmp_path: Path, tiny_model: s
 ])
 def test_a_dataset_sft_cannot_train_on_fails_the_job_naming_why(tmp_path: Path, tiny_model: str,
                                                                  rows: list[dict[str, Any]], expected: str) -> None:
-    data = _write(tmp_path / "data" / "bad.jsonl", rows)
-    result = run_job(_job(tmp_path, tiny_model, data), _deps([]))
+    data = write_jsonl(tmp_path / "data" / "bad.jsonl", rows)
+    result = run_job(_job(tmp_path, tiny_model, data), local_deps([]))
     assert result.status == "failed"
     assert result.error.startswith("sft.dataset: ") and expected in result.error, result.error
     with pytest.raises(FailedPrecondition):
@@ -159,7 +151,7 @@ def test_a_dataset_sft_cannot_train_on_fails_the_job_naming_why(tmp_path: Path, 
 
 
 def test_unknown_target_modules_fail_naming_the_field(tmp_path: Path, tiny_model: str) -> None:
-    result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"target_modules": "no_such_proj"}), _deps([]))
+    result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"target_modules": "no_such_proj"}), local_deps([]))
     assert result.status == "failed" and result.error.startswith("sft.target_modules: 'no_such_proj'"), result.error
 
 
@@ -167,7 +159,7 @@ def test_a_cancel_keeps_the_last_steps_adapter(tmp_path: Path, tiny_model: str) 
     cancel = threading.Event()
     events: list[C.MetricEvent] = []
     result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 6}),
-                     _deps(events, cancel=cancel, on_step=lambda s, t: cancel.set() if s == 2 else None))
+                     local_deps(events, cancel=cancel, on_step=lambda s, t: cancel.set() if s == 2 else None))
     assert (result.status, result.steps_done, result.total_steps, result.adapter_version) == ("cancelled", 2, 6, 2)
     assert [e.step for e in events] == [1, 2]
     assert Path(result.adapter_path, "adapter_model.safetensors").is_file()
@@ -176,7 +168,7 @@ def test_a_cancel_keeps_the_last_steps_adapter(tmp_path: Path, tiny_model: str) 
 def test_a_cancel_while_loading_is_a_cancelled_job(tmp_path: Path, tiny_model: str) -> None:
     cancel = threading.Event()
     cancel.set()
-    result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 6}), _deps([], cancel=cancel))
+    result = run_job(_job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 6}), local_deps([], cancel=cancel))
     assert (result.status, result.steps_done, result.total_steps, result.adapter_path) == ("cancelled", 0, 6, "")
 
 
@@ -204,17 +196,17 @@ def test_a_resumed_job_ends_exactly_as_an_undisturbed_one(tmp_path: Path, tiny_m
     import torch
 
     data = _pairs(tmp_path)
-    whole = run_job(_job(tmp_path / "whole", tiny_model, data, sft={"max_steps": 5}, checkpoint_every=2), _deps([]))
+    whole = run_job(_job(tmp_path / "whole", tiny_model, data, sft={"max_steps": 5}, checkpoint_every=2), local_deps([]))
     assert whole.status == "completed", whole.error
 
     cancel = threading.Event()
     lost = _job(tmp_path / "lost", tiny_model, data, sft={"max_steps": 5}, checkpoint_every=2)
-    first = run_job(lost, _deps([], cancel=cancel, on_step=lambda s, t: cancel.set() if s == 3 else None))
+    first = run_job(lost, local_deps([], cancel=cancel, on_step=lambda s, t: cancel.set() if s == 3 else None))
     assert first.steps_done == 3
     events: list[C.MetricEvent] = []
     steps: list[int] = []
     again = JobConfig.from_json({**lost.to_json(), "resume": True, "stored_steps": 3})
-    resumed = run_job(again, _deps(events, on_step=lambda s, t: steps.append(s)))
+    resumed = run_job(again, local_deps(events, on_step=lambda s, t: steps.append(s)))
     assert resumed.status == "completed", resumed.error
     assert steps == [2, 3, 4, 5]  # the checkpoint's step 2 (its adapter restored first), then on
     assert [e.step for e in events] == [4, 5]  # step 3 is stored already
@@ -230,13 +222,13 @@ def test_a_checkpoint_cut_short_is_not_resumed_from(tmp_path: Path, tiny_model: 
     data = _pairs(tmp_path)
     lost = _job(tmp_path, tiny_model, data, sft={"max_steps": 6}, checkpoint_every=2)
     cancel = threading.Event()
-    run_job(lost, _deps([], cancel=cancel, on_step=lambda s, t: cancel.set() if s == 4 else None))
+    run_job(lost, local_deps([], cancel=cancel, on_step=lambda s, t: cancel.set() if s == 4 else None))
     trl = lost.job_dir / "trl"
     assert sorted(p.name for p in trl.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     (trl / "checkpoint-4" / "trainer_state.json").unlink()
     steps: list[int] = []
     again = JobConfig.from_json({**lost.to_json(), "resume": True, "stored_steps": 4})
-    resumed = run_job(again, _deps([], on_step=lambda s, t: steps.append(s)))
+    resumed = run_job(again, local_deps([], on_step=lambda s, t: steps.append(s)))
     assert resumed.status == "completed" and steps == [2, 3, 4, 5, 6], (resumed.error, steps)
     assert not (trl / "checkpoint-4").exists() or (trl / "checkpoint-4" / "trainer_state.json").is_file()
     shutil.rmtree(trl)
@@ -248,10 +240,10 @@ def test_a_job_lost_after_its_last_checkpoint_completes_with_that_adapter(tmp_pa
     import torch
 
     job = _job(tmp_path, tiny_model, _pairs(tmp_path), sft={"max_steps": 3}, checkpoint_every=2)
-    first = run_job(job, _deps([]))
+    first = run_job(job, local_deps([]))
     assert first.status == "completed" and (job.job_dir / "trl" / "checkpoint-3").is_dir()
     events: list[C.MetricEvent] = []
-    again = run_job(JobConfig.from_json({**job.to_json(), "resume": True, "stored_steps": 3}), _deps(events))
+    again = run_job(JobConfig.from_json({**job.to_json(), "resume": True, "stored_steps": 3}), local_deps(events))
     assert (again.status, again.steps_done, again.total_steps, again.adapter_version) == ("completed", 3, 3, 3)
     assert events == []
     expected, got = _adapter(first), _adapter(again)
