@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 from rlvr.adapters import ADAPTER_FILES
 
 METADATA_KEY = "rlvr_head"
+PREFIX = "head_"  # a head's reward key: head_<job id>
 WEIGHTS = ADAPTER_FILES[1]  # adapter_model.safetensors
 POSITIVE_LABELS = ("1", "true", "yes", "correct", "positive")  # a reward's default class, lower-cased
 FROZEN_BASE_TARGET = "q_proj"  # where a rank-0 head's zero LoRA sits (any one module would do)
@@ -141,6 +143,11 @@ def _number(value: Any) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
+
+
+def head_key(job_id: str) -> str:
+    """The reward key of a Head job's adapter: head_<job id>, "-" read as "_"."""
+    return PREFIX + re.sub(r"[^a-z0-9_]", "_", job_id.lower())
 
 
 def read_head(folder: Path) -> HeadInfo | None:

@@ -6,7 +6,7 @@ twins of the rollout and reward services (real task data, real scoring functions
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,7 +98,7 @@ class LocalPeers:
         results = [score(function, i.completion, i.ground_truth) for i in items]
         return [Score.of(r) for r in results]
 
-    async def rewards(self) -> Catalog:
+    async def rewards(self, names: Collection[str] = ()) -> Catalog:
         return load_registry().catalog()
 
 
@@ -296,6 +296,30 @@ async def test_adapter_path_uploads_the_next_version(sqlite_store: Store, tmp_pa
     with pytest.raises(FailedPrecondition, match="not newer"):
         await manager.run(request(limit=3, adapter=C.AdapterSelector(name="loop", version=5), adapter_path=str(folder)))
     assert (await finished(manager, ev.id)).status == B.EVALUATION_STATUS_COMPLETED
+
+
+async def test_a_head_s_adapter_is_refused_as_the_model_evaluated(sqlite_store: Store, tmp_path: Path) -> None:
+    """A Head job's adapter scores text, it does not generate: refused before anything is uploaded,
+    naming its benchmark (the head as a reward); the same folder without the head's description uploads."""
+    import torch
+    from safetensors.torch import save_file
+
+    from rlvr.heads import HeadInfo, stamp_head
+
+    folder = tmp_path / "artifacts" / "jobs" / "0a1b-2c" / "adapter"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(folder / "adapter_model.safetensors"))
+    peers = LocalPeers(adapters={"loop": 4})
+    manager = EvaluationManager(sqlite_store, peers, adapter_roots=[tmp_path / "artifacts"])
+    stamp_head(folder, HeadInfo(task="classification", classes=("no", "yes"), reward_label="yes", base_model="m"))
+    with pytest.raises(InvalidArgument, match=r"is a Head job's adapter \(a classification head on m\).*"
+                                              r"the benchmark head_0a1b_2c on a dataset$"):
+        await manager.run(request(limit=3, adapter=C.AdapterSelector(name="loop"), adapter_path=str(folder)))
+    assert peers.uploads == []
+    save_file({"w": torch.zeros(2)}, str(folder / "adapter_model.safetensors"))  # a policy's adapter
+    await manager.run(request(limit=3, adapter=C.AdapterSelector(name="loop"), adapter_path=str(folder)))
+    assert [u[:2] for u in peers.uploads] == [("loop", 5)]
 
 
 @pytest.mark.parametrize("fault, cause", [

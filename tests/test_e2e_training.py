@@ -256,12 +256,14 @@ def test_a_head_trains_and_then_scores_an_rlvr_job_as_its_reward(stack, tmp_path
     accuracy, macro F1 and F1 per class at the eval steps and the last, the Head Metrics card, the
     adapter downloaded with its description, the history exported with the Head columns, Merge
     Model writing a sequence-classification checkpoint; then an RLVR job names it as a reward term
-    (head_<job id>, scored by the reward service with no restart), and data a head cannot learn is
-    refused at CreateJob naming the column (docs/head.md)."""
+    (head_<job id>, scored by the reward service with no restart), an evaluation is scored by it (its
+    benchmark head_<job id> on a dataset) while its adapter is refused as the model evaluated, and
+    data a head cannot learn is refused at CreateJob naming the column (docs/head.md)."""
     import csv
     import json
 
     from rlvr.heads import read_head
+    from rlvr.v1 import benchmark_pb2 as B
 
     client, home, _ = stack
     spec = C.JobSpec(name="e2e-head", base_model=MODEL, method=C.TRAINING_METHOD_HEAD, head=C.HeadConfig(
@@ -302,6 +304,23 @@ def test_a_head_trains_and_then_scores_an_rlvr_job_as_its_reward(stack, tmp_path
     scored = _stored_points(home, after.id)
     assert all(0 < json.loads(p.reward_components)[f"head_{job_id}"] < 1 for p in scored)
     assert all(p.reward_errors == 0 for p in scored)
+
+    # An evaluation scored by the head: its benchmark head_<id> on a dataset of prompts, each answer
+    # the probability of the head's reward class; the head is no model to evaluate.
+    asked = B.RunEvaluationRequest(benchmark=f"head_{job_id}", dataset="examples/reward_plugin/data/test.jsonl",
+                                   limit=4, sampling=C.SamplingParams(max_tokens=32))
+    run = client.benchmark.run_evaluation(asked)
+    list(client.benchmark.watch_evaluation(B.WatchEvaluationRequest(id=run.id)))
+    judged = client.benchmark.get_evaluation(B.GetEvaluationRequest(id=run.id))
+    assert judged.status == B.EVALUATION_STATUS_COMPLETED, judged.error
+    answers = client.benchmark.get_evaluation_results(B.GetEvaluationResultsRequest(id=run.id)).results
+    assert len(answers) == 4 and all(0 < a.reward < 1 for a in answers)
+    assert judged.scores.accuracy == pytest.approx(sum(a.accuracy for a in answers) / 4)
+    with pytest.raises(Exception) as evaluated_head:
+        client.benchmark.run_evaluation(B.RunEvaluationRequest(
+            benchmark="rlvr-math-pairs-heldout", limit=2, adapter=C.AdapterSelector(name="head-as-policy"),
+            adapter_path=job.adapter.path))
+    assert "is a Head job's adapter" in str(evaluated_head.value) and f"head_{job_id}" in str(evaluated_head.value)
 
     on_head = _spec(C.GENERATION_BACKEND_TRANSFORMERS, 2)
     on_head.init_adapter.name = f"job-{job_id}"  # a head is no policy to train on

@@ -131,7 +131,7 @@ class EvaluationManager:
         return self.benchmarks(await self.peers.rewards())
 
     async def _benchmark(self, name: str) -> Benchmark:
-        return get_benchmark(name, benchmarks_of(await self.peers.rewards()))
+        return get_benchmark(name, benchmarks_of(await self.peers.rewards([name])))
 
     async def run(self, request: benchmark_pb2.RunEvaluationRequest) -> benchmark_pb2.Evaluation:
         plan = await prepare(request, self.peers, self.prompt_style, self.adapter_roots)

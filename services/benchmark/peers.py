@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -104,6 +104,11 @@ CATALOG_TTL_S = 10.0  # how long the reward service's list of rewards is kept
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def known_names(catalog: Catalog) -> set[str]:
+    """Every reward key and benchmark name the catalog answers to."""
+    return set(catalog.rewards) | {info.benchmark for info in catalog.infos()}
+
+
 def _gone(error: BaseException) -> bool:
     """A peer that is not there (UNAVAILABLE, DEADLINE_EXCEEDED): worth waiting for."""
     if isinstance(error, NoReplicaLeft):
@@ -151,7 +156,7 @@ class ServicePeers:
         self.generator: Generator = self  # planning.Peers declares these as the protocols
         self.scorer: Scorer = self
         self.token_generator: TokenGenerator = self
-        self._catalog: tuple[float, Catalog] | None = None
+        self._catalog: tuple[float, Catalog, bool] | None = None  # when, what, unreached
 
     async def close(self) -> None:
         for replica in self.replicas.all:
@@ -386,19 +391,22 @@ class ServicePeers:
             response = await self._waiting(call, "reward", [self.reward_address], self.reward_wait_s)
         return [Score.of(r) for r in response.results]
 
-    async def rewards(self) -> Catalog:
-        """The reward service's rewards (each makes a benchmark), cached a few seconds; when it cannot
-        be reached, this process's built-ins (ListBenchmarks still answers; a run fails on scoring)."""
+    async def rewards(self, names: Collection[str] = ()) -> Catalog:
+        """The reward service's rewards (each makes a benchmark), cached a few seconds, and asked again
+        at once when the cached list lacks one of `names`, a reward's key or benchmark (a Head job's
+        head_<id>, completed since); when it cannot be reached, this process's built-ins
+        (ListBenchmarks still answers; a run fails on scoring)."""
         now = time.monotonic()
-        if self._catalog is not None and now - self._catalog[0] < CATALOG_TTL_S:
+        if self._catalog is not None and now - self._catalog[0] < CATALOG_TTL_S and (
+                self._catalog[2] or set(names) <= known_names(self._catalog[1])):
             return self._catalog[1]
         try:
             response = await self.reward.list_reward_functions(reward_pb2.ListRewardFunctionsRequest(), timeout=10.0)
         except RlvrError as e:
             log.warning("the reward service did not list its rewards: %s", e.describe())
             own = load_registry().catalog()
-            catalog = Catalog({k: i for k, i in own.rewards.items() if i.source == "built-in"})
+            catalog, unreached = Catalog({k: i for k, i in own.rewards.items() if i.source == "built-in"}), True
         else:
-            catalog = catalog_of(response)
-        self._catalog = (now, catalog)  # either way, for the ttl: a burst of calls waits once
+            catalog, unreached = catalog_of(response), False
+        self._catalog = (now, catalog, unreached)  # either way, for the ttl: a burst of calls waits once
         return catalog

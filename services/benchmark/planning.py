@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +30,7 @@ from rlvr.common.errors import (
     out_of_range,
     shown,
 )
+from rlvr.heads import head_key, read_head
 from rlvr.jobspec import (
     EPISODE_TOKENS_PER_TURN,
     MAX_COMPLETION,
@@ -106,8 +107,9 @@ class Peers(Protocol):
         into `directory`; returns that worker's address, None when none of them has it."""
         ...
 
-    async def rewards(self) -> Catalog:
-        """The rewards the reward service has: each makes a benchmark (catalog.py)."""
+    async def rewards(self, names: Collection[str] = ()) -> Catalog:
+        """The rewards the reward service has (each makes a benchmark, catalog.py), asked again when a
+        cached list lacks one of `names` (reward keys or benchmark names)."""
         ...
 
 
@@ -306,15 +308,32 @@ def adapter_folder(path: str, roots: Sequence[Path]) -> Path:
     return folder
 
 
+def refuse_head(folder: Path, path: str) -> None:
+    """InvalidArgument when `folder` holds a Head job's adapter: a head scores text, it does not
+    generate, so it is no model to evaluate; it is a benchmark's reward instead (head_<job id>)."""
+    try:
+        head = read_head(folder)
+    except ValueError:  # weights that do not read are no head: the upload says what is wrong with them
+        return
+    if head is not None:
+        key = head_key(folder.parent.name) if folder.parent.parent.name == "jobs" else "head_<job id>"
+        raise InvalidArgument(
+            f"adapter_path: {shown(path)} is a Head job's adapter (a {head.task} head on {head.base_model}): it "
+            f"scores text and does not generate; evaluate a policy's adapter, or score with the head as the "
+            f"benchmark {key} on a dataset")
+
+
 async def prepare(
     request: benchmark_pb2.RunEvaluationRequest, peers: Peers, prompt_style: str, adapter_roots: Sequence[Path]
 ) -> Plan:
     """Every check, the questions, and (last, once nothing else can fail) the adapter upload."""
-    catalog = await peers.rewards()
+    catalog = await peers.rewards([request.benchmark] if request.benchmark else [])
     benchmark, sampling = check_static(request, benchmarks_of(catalog))
     with tempfile.TemporaryDirectory(prefix="rlvr-eval-adapter-") as scratch:
         folder = await _adapter_source(request.adapter_path, adapter_roots, peers, Path(scratch)) \
             if request.adapter_path else None
+        if folder is not None:
+            refuse_head(folder, request.adapter_path)  # this host's, or fetched from a trainer worker
         return await _prepare(request, peers, prompt_style, catalog, benchmark, sampling, folder)
 
 

@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.heads import HeadInfo, HeadScorer, read_head, sample_text
+from rlvr.heads import HeadInfo, HeadScorer, head_key, read_head, sample_text
 from rlvr.rewards.combine import TermError, TermResult, error_text
 from rlvr.rewards.registry import KEY_RE, RewardInfo, RewardOutput, Sample
 
 log = logging.getLogger("rlvr.reward.heads")
-
-PREFIX = "head_"
-
-
-def head_key(job_id: str) -> str:
-    """The reward key of a Head job's adapter: head_<job id>, "-" read as "_"."""
-    return PREFIX + re.sub(r"[^a-z0-9_]", "_", job_id.lower())
-
 
 @dataclass(frozen=True)
 class FoundHead:

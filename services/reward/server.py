@@ -28,6 +28,7 @@ from rlvr.common.errors import (
     out_of_range,
     shown,
 )
+from rlvr.heads import PREFIX as HEAD_PREFIX
 from rlvr.jobspec import (
     MAX_DATASET_CHARS,
     MAX_SPLIT_CHARS,
@@ -40,7 +41,6 @@ from rlvr.rewards.registry import Catalog, RewardInfo, Sample, UnavailableReward
 from rlvr.services.common.prometheus import Metrics
 from rlvr.services.common.server import GrpcService
 from rlvr.services.reward.error_log import ErrorLog
-from rlvr.services.reward.heads import PREFIX as HEAD_PREFIX
 from rlvr.services.reward.heads import Heads
 from rlvr.services.reward.settings import RewardSettings
 from rlvr.v1 import common_pb2, reward_pb2, reward_pb2_grpc

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rlvr.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, check_page, shown
 from rlvr.common.settings import rlvr_home
+from rlvr.heads import head_key
 from rlvr.infra.events import DurableSubscription, Event, EventBus, cancel_and_wait
 from rlvr.infra.schema import LOOP_FINAL_STATUSES, JobRow, MetricPointRow, RoundRow
 from rlvr.infra.store import Store
@@ -180,7 +181,7 @@ class JobManager:
         if spec_from_json(row.spec_json).method == common_pb2.TRAINING_METHOD_HEAD:
             raise InvalidArgument(f"init_adapter.name: job {row.id} is a Head job: its adapter is a classification "
                                   f"or regression head, not a policy to train on; score with it as the reward "
-                                  f"head_{row.id} instead")
+                                  f"{head_key(row.id)} instead")
         if not row.adapter_path:
             raise FailedPrecondition(f"init_adapter.name: job {row.id}'s adapter {ref.name} has no stored folder "
                                      "(it was never saved, or a loop reclaimed it); train on another job's adapter")
