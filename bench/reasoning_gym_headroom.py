@@ -9,12 +9,14 @@ to gain. Where pass@k is well above greedy accuracy, RL has room. For each task 
 first ``--n`` problems of the reward's held-out pool (rlvr/tasks/reasoning_gym_tasks.py: the
 problems a ``reasoning_gym`` benchmark scores), renders them as a job would (the model's chat
 template, the reward's instruction), and scores every completion with the reward's own function
-(the task's ``score_answer`` on the last ``<answer>`` block). Greedy: one completion per problem;
+(the task's ``score_answer`` on the last ``<answer>`` block, else on the final answer wherever it
+stands). Greedy: one completion per problem;
 sampled: ``--k`` per problem at ``--temperature`` (top-p 1). A problem counts as solved at a score
 of 1. Transformers ``generate`` on CPU, batched; prints a table and writes JSON (``--out``).
 Two more columns: the share of sampled completions that close an ``<answer>`` block, and "lenient"
-rates, the task's scorer on the answer given without the block too (what the model knows before it
-learns the format). docs/measurements/reasoning-gym-headroom.md has the runs.
+rates, the task's scorer on the block or else the final answer read here (the reward reads a
+completion the same way but for its last fallback, the last line of a completion with no number).
+docs/measurements/reasoning-gym-headroom.md has the runs.
 """
 
 from __future__ import annotations

@@ -62,12 +62,15 @@ RECIPE: dict[str, object] = {
 def recipe_spec(*, model: str, steps: int, group_size: int, batch_size: int, max_tokens: int, rank: int, alpha: int,
                 lr: float, loss_type: int, temperature: float, prompts: int, backend: str, seed: int = 0,
                 dynamic_sampling: bool = False, lora_init: str = "default", max_async_steps: int = 0,
-                name: str = "demo-math-pairs", environment: str = "", max_turns: int = 0) -> common_pb2.JobSpec:
+                name: str = "demo-math-pairs", environment: str = "", max_turns: int = 0,
+                reward: str = "math_pairs", dataset: str = "") -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name=name, base_model=model)
     if environment:  # an agent job: episodes with the environment (dynamic sampling does not run with one)
         spec.environment.key, spec.environment.max_turns = environment, max_turns
         dynamic_sampling = False
-    spec.reward.key = "math_pairs"
+    spec.reward.key = reward
+    if dataset:
+        spec.reward.dataset = dataset
     spec.reward.synthetic_prompts = prompts
     g = spec.grpo
     g.group_size, g.batch_size, g.max_completion_tokens = group_size, batch_size, max_tokens
@@ -101,13 +104,13 @@ def demo_model(args: argparse.Namespace) -> str:
 
 
 def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None = None,  # noqa: ANN001
-             upload: bool = False, environment: common_pb2.EnvironmentConfig | None = None
-             ) -> benchmark_pb2.Evaluation:
-    """Runs one evaluation (its questions as episodes with `environment`, when given) and follows
-    it to the end with a progress bar."""
+             upload: bool = False, environment: common_pb2.EnvironmentConfig | None = None,
+             benchmark: str = BENCHMARK, dataset: str = "") -> benchmark_pb2.Evaluation:
+    """Runs one evaluation of `benchmark` (on `dataset`, for a benchmark that takes one; its questions
+    as episodes with `environment`, when given) and follows it to the end with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    request = benchmark_pb2.RunEvaluationRequest(benchmark=BENCHMARK, limit=n, label=label)
+    request = benchmark_pb2.RunEvaluationRequest(benchmark=benchmark, limit=n, label=label, dataset=dataset)
     if environment is not None and environment.key:
         request.environment.CopyFrom(environment)
     if adapter is not None and upload:
@@ -163,13 +166,17 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     started = time.monotonic()
     try:
         with local_stack(home, spec.base_model) as (_, rlvr):
-            say(f"\n1/3 held-out Math Pairs accuracy of the base model ({eval_n} questions, greedy)")
+            task = "Math Pairs" if spec.reward.key == "math_pairs" else f"{spec.reward.key} {spec.reward.dataset}".strip()
+            # the reward's own benchmark: Math Pairs' held-out problems, else the reward's key (its default)
+            on = {"benchmark": BENCHMARK if spec.reward.key == "math_pairs" else spec.reward.key,
+                  "dataset": spec.reward.dataset}
+            say(f"\n1/3 held-out {task} accuracy of the base model ({eval_n} questions, greedy)")
             agent = spec.environment if spec.environment.key else None
-            before = evaluate(rlvr.benchmark, eval_n, "base", environment=agent)
+            before = evaluate(rlvr.benchmark, eval_n, "base", environment=agent, **on)
             say(f"    base     {_scores(before)}")
 
             episodes = f", episodes with the {spec.environment.key} environment" if spec.environment.key else ""
-            say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on Math Pairs{episodes}")
+            say(f"\n2/3 RLVR training: {spec.grpo.max_steps} GRPO steps on {task}{episodes}")
             created = rlvr.scheduler.create_job(scheduler_pb2.CreateJobRequest(spec=spec))
             say("\n".join("    " + line for line in summary_lines(created.summary, list(created.warnings))))
             train_started = time.monotonic()
@@ -184,7 +191,7 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
             say(f"\n3/3 held-out accuracy of the trained adapter {job.adapter.name} v{job.adapter.version}")
             on_rollout = spec.advanced.generation_backend == common_pb2.GENERATION_BACKEND_VLLM
             after = evaluate(rlvr.benchmark, eval_n, "trained", adapter=job.adapter, upload=not on_rollout,
-                             environment=agent)
+                             environment=agent, **on)
             say(f"    trained  {_scores(after)}")
             comparison = None
             if after.status == benchmark_pb2.EVALUATION_STATUS_COMPLETED:
