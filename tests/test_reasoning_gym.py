@@ -85,6 +85,16 @@ def test_its_own_scorer_grades_the_answer_as_every_reward_reads_one_through_the_
     assert (bare.accuracy, bare.strict) == (1.0, True)
     assert _score(problem, f"The final answer is {wrong}.") == 0.0
     assert _score(problem, "I cannot tell.") == 0.0  # no number: the last line, which is no answer
+    # Restating the question answers nothing: "is 4 + 5" reads as its last number, not the sum it makes.
+    two = ReasoningGymTask(SMALL).prompts(n=8, seed=0, split="test")
+    sum_ = next(p for p in two if "+" in p.question and p.question.split("+")[1].split("=")[0].strip()
+                != p.ground_truth)
+    echo = sum_.question.rsplit(":", 1)[-1].strip().rstrip("=").strip()
+    assert _score(sum_, f"The final answer is {echo}.") == 0.0
+    assert _score(sum_, f"{echo} = {sum_.ground_truth}. The final answer is {sum_.ground_truth}.") == 1.0
+    # A task whose answer is no number reads the last line: the digits before it are no answer.
+    word = ReasoningGymTask("spell_backward").prompts(n=1, seed=0)[0]
+    assert _score(word, f"Reversed it in 2 steps:\n{word.ground_truth}") == 1.0
     options = ReasoningGymTask(SMALL).prompts(n=1, seed=0, split="test")[0]
     assert _score(options, f"<answer>{options.ground_truth}</answer>") == 1.0
 

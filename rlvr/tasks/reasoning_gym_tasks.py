@@ -9,9 +9,10 @@ downloaded: the package generates every problem from its seed.
 Prompts and ground truth
     A problem's question is the task's own question; the reward's instruction asks for the answer
     inside ``<answer></answer>``, which is where reasoning-gym's scorers expect it
-    (``reasoning_gym.utils.extract_answer``: the last block); a completion without a block is read as
-    rlvr's other rewards read one (its final answer), so accuracy means what it means everywhere
-    ("correct final answers, wherever they stand") and a model that answers in prose has headroom. The row's ``reasoning_gym`` column
+    (``reasoning_gym.utils.extract_answer``: the last block); a completion without a block is read
+    for its final answer (`read_answer`: a number the completion writes, for a task whose answer is a
+    number; else its last line), so accuracy means what it means everywhere ("correct final answers,
+    wherever they stand") and a model that answers in prose has headroom. The row's ``reasoning_gym`` column
     holds the task spec and the whole entry (question, answer, metadata) as JSON text, which is all
     ``score_answer`` reads: the reward service scores from the sample alone.
 Score
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -186,26 +188,56 @@ def warm_up() -> None:
     import reasoning_gym.utils  # noqa: F401
 
 
+def _numeric(answer: object) -> bool:
+    try:
+        float(str(answer).replace(",", "").strip())
+    except ValueError:
+        return False
+    return True
+
+
+def read_answer(completion: str, truth: object) -> tuple[str, str]:
+    r"""The answer a completion gives, and its canonical place (what strict reads).
+
+    The last ``<answer>`` block when there is one (both). Without one, for a task whose answer is a
+    number, the final number as rlvr's other rewards read it (rlvr/rewards/answers.py: the last box
+    or "final answer is N", else the last number), but only a number the completion writes: "the
+    final answer is 4 + 5" restates a chain_sum question and answers nothing, so it reads as its last
+    number, 5, rather than as the sum the statement's arithmetic comes to; for any other task (a
+    word list, a time, a matrix) the last non-empty line, whose digits are no answer of their own.
+    The canonical place without a block is the last non-empty line, an end-of-turn token dropped.
+
+    >>> read_answer("7 - 2 = 5\nThe final answer is 5.", "5"), read_answer("The final answer is 4 + 5.", "9")
+    (('5', 'The final answer is 5.'), ('5', 'The final answer is 4 + 5.'))
+    >>> read_answer("Sorted in 2 steps:\napple, banana", "apple, banana")
+    ('apple, banana', 'apple, banana')
+    """
+    from reasoning_gym.utils import extract_answer
+
+    from rlvr.rewards.answers import final_answer, last_number
+    from rlvr.rewards.scoring import canonical_answer
+
+    block = extract_answer(completion)
+    if block is not None:
+        return block, block
+    canonical = canonical_answer(KEY, completion) or ""
+    if not _numeric(truth):
+        return canonical, canonical
+    stated = final_answer(completion)
+    if stated is not None and re.search(rf"(?<![\d.,]){re.escape(stated)}(?![\d])", completion):
+        return stated, canonical
+    return last_number(completion) or canonical, canonical
+
+
 def score(sample: Sample) -> RewardOutput:
-    """The task's own score of the completion's answer, read as rlvr's other rewards read one
-    (rlvr/rewards/scoring.py): the last ``<answer>`` block when there is one, else the final answer
-    (the last box or "final answer is N", else the last number; a completion with no number: its last
-    non-empty line). Strict when the canonical place alone (the block, else the last non-empty line)
-    scores 1."""
+    """The task's own score of the completion's answer (`read_answer`); strict when its canonical
+    place alone scores 1."""
     row = sample.columns.get(COLUMN)
     if not isinstance(row, str):
         raise ValueError(f"the sample has no {COLUMN!r} column (the reasoning_gym reward scores its own "
                          "problems, which carry it)")
-    from reasoning_gym.utils import extract_answer
-
-    from rlvr.rewards.answers import final_answer
-
     data = json.loads(row)
-    completion = sample.completion[-MAX_COMPLETION_CHARS:]
-    block = extract_answer(completion)
-    lines = [line.strip() for line in completion.splitlines() if line.strip()]
-    canonical = block if block is not None else (lines[-1] if lines else "")
-    answer = block if block is not None else (final_answer(completion) or canonical)
+    answer, canonical = read_answer(sample.completion[-MAX_COMPLETION_CHARS:], data["entry"].get("answer"))
     if not answer:  # nothing to read (some scorers do not take an empty answer)
         return RewardOutput(score=0.0, extracted_answer="")
     scorer = _scorer(data["spec"])
