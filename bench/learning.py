@@ -19,7 +19,7 @@ run's paired comparison, rlvr/paired.py).
     python bench/learning.py --model smollm2-135m --reward reasoning_gym \
         --dataset "chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=1" --steps 60 --group-size 8 \
         --batch-size 16 --max-tokens 64 --rank 8 --alpha 128 --lr 1e-5 --loss-type dapo --temperature 0.7 \
-        --no-dynamic-sampling --lora-init default --eval-n 121 --seeds 0 1
+        --prompts 256 --no-dynamic-sampling --lora-init default --eval-n 121 --seeds 0 1
                                                     # SmolLM2's measured recipe (rlvr models import smollm2-135m)
 """
 
@@ -41,7 +41,8 @@ from rlvr.v1 import common_pb2  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="rlvr-tiny")
-    p.add_argument("--reward", default="math_pairs", help="the reward key (its held-out benchmark is the evaluation)")
+    p.add_argument("--reward", default="math_pairs",
+                   help="the reward key (the benchmark the benchmark service makes of it is the evaluation)")
     p.add_argument("--dataset", default="", help="reward.dataset: e.g. a reasoning_gym task with its options")
     p.add_argument("--steps", type=int, default=RECIPE["steps"], help="GRPO steps (the issue's budget: at most 300)")
     p.add_argument("--group-size", type=int, default=RECIPE["group_size"])

@@ -129,6 +129,16 @@ def evaluate(client, n: int, label: str, adapter: common_pb2.AdapterRef | None =
     return client.get_evaluation(benchmark_pb2.GetEvaluationRequest(id=evaluation.id))
 
 
+def reward_benchmark(client, reward_key: str) -> str:  # noqa: ANN001 (the SDK's benchmark client)
+    """The benchmark the benchmark service makes of the reward `reward_key`'s held-out split."""
+    listed = client.list_benchmarks(benchmark_pb2.ListBenchmarksRequest()).benchmarks
+    for info in listed:
+        if info.reward_key == reward_key:
+            return info.name
+    raise ValueError(f"no benchmark scores with the reward {reward_key!r}; the benchmarks: "
+                     + ", ".join(f"{i.name} ({i.reward_key})" for i in listed))
+
+
 def _scores(e: benchmark_pb2.Evaluation) -> str:
     s = e.scores
     line = (f"accuracy {s.accuracy:6.1%}  accuracy_strict {s.accuracy_strict:6.1%}  format {s.format:6.1%}  "
@@ -167,8 +177,7 @@ def measure_training(spec: common_pb2.JobSpec, eval_n: int, home: Path, say=prin
     try:
         with local_stack(home, spec.base_model) as (_, rlvr):
             task = "Math Pairs" if spec.reward.key == "math_pairs" else f"{spec.reward.key} {spec.reward.dataset}".strip()
-            # the reward's own benchmark: Math Pairs' held-out problems, else the reward's key (its default)
-            on = {"benchmark": BENCHMARK if spec.reward.key == "math_pairs" else spec.reward.key,
+            on = {"benchmark": reward_benchmark(rlvr.benchmark, spec.reward.key or "math_pairs"),
                   "dataset": spec.reward.dataset}
             say(f"\n1/3 held-out {task} accuracy of the base model ({eval_n} questions, greedy)")
             agent = spec.environment if spec.environment.key else None

@@ -194,10 +194,10 @@ def test_one_translation_of_peer_errors() -> None:
     assert str(running) == "rollout service at h:1: Generate failed: NOT_FOUND: adapter x v2 gone"  # one line
 
 
-async def test_the_reward_catalog_is_asked_again_at_once_for_a_name_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_reward_catalog_is_asked_again_for_a_name_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A benchmark the cached catalog lacks (a Head job's head_<id>, completed a moment ago) is looked
-    up again at once rather than after the cache's seconds; names it has, by key or by benchmark,
-    are answered from the cache."""
+    up again after CATALOG_RECHECK_S rather than the cache's CATALOG_TTL_S (a name no reward has is
+    asked about no more often); names it has, by key or by benchmark, are answered from the cache."""
     from rlvr.rewards.registry import Catalog, RewardInfo
     from rlvr.services.benchmark import peers as module
 
@@ -212,14 +212,19 @@ async def test_the_reward_catalog_is_asked_again_at_once_for_a_name_it_lacks(mon
         return Catalog({k: RewardInfo(key=k, display_name=k, default_benchmark=f"{k}-heldout") for k in keys})
 
     peers = ServicePeers("127.0.0.1:1", "127.0.0.1:1")
+    now = [100.0]
+    peers.clock = lambda: now[0]
     monkeypatch.setattr(peers.reward, "list_reward_functions", list_rewards)
     monkeypatch.setattr(module, "catalog_of", catalog_of)
     try:
         assert set((await peers.rewards()).rewards) == {"math_pairs"}
         assert set((await peers.rewards(["math_pairs", "math_pairs-heldout"])).rewards) == {"math_pairs"}
-        assert len(calls) == 1  # the cache answered
+        assert set((await peers.rewards(["head_abc"])).rewards) == {"math_pairs"}  # within the recheck floor
+        assert len(calls) == 1  # the cache answered each
+        now[0] += module.CATALOG_RECHECK_S
+        assert module.CATALOG_RECHECK_S < module.CATALOG_TTL_S
         assert set((await peers.rewards(["head_abc"])).rewards) == {"math_pairs", "head_abc"}
-        assert len(calls) == 2  # asked again at once
+        assert len(calls) == 2  # asked again, well inside the cache's ttl
         await peers.rewards(["head_abc-heldout"])
         assert len(calls) == 2
     finally:

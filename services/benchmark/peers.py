@@ -101,6 +101,7 @@ def _describe(error: BaseException) -> str:
 
 RETRY_DOWN_S = 30.0  # a replica found down is left out this long, then tried again
 CATALOG_TTL_S = 10.0  # how long the reward service's list of rewards is kept
+CATALOG_RECHECK_S = 1.0  # a name the list lacks asks again at most this often (a typo is no flood)
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -157,6 +158,7 @@ class ServicePeers:
         self.scorer: Scorer = self
         self.token_generator: TokenGenerator = self
         self._catalog: tuple[float, Catalog, bool] | None = None  # when, what, unreached
+        self.clock: Callable[[], float] = time.monotonic  # the catalog cache's (a test's own clock)
 
     async def close(self) -> None:
         for replica in self.replicas.all:
@@ -393,13 +395,14 @@ class ServicePeers:
 
     async def rewards(self, names: Collection[str] = ()) -> Catalog:
         """The reward service's rewards (each makes a benchmark), cached a few seconds, and asked again
-        at once when the cached list lacks one of `names`, a reward's key or benchmark (a Head job's
-        head_<id>, completed since); when it cannot be reached, this process's built-ins
-        (ListBenchmarks still answers; a run fails on scoring)."""
-        now = time.monotonic()
-        if self._catalog is not None and now - self._catalog[0] < CATALOG_TTL_S and (
-                self._catalog[2] or set(names) <= known_names(self._catalog[1])):
-            return self._catalog[1]
+        when the cached list lacks one of `names`, a reward's key or benchmark (a Head job's head_<id>,
+        completed since), at most every CATALOG_RECHECK_S; when it cannot be reached, this process's
+        built-ins (ListBenchmarks still answers; a run fails on scoring)."""
+        now = self.clock()
+        if self._catalog is not None and now - self._catalog[0] < CATALOG_TTL_S:
+            when, catalog, unreached = self._catalog
+            if unreached or now - when < CATALOG_RECHECK_S or set(names) <= known_names(catalog):
+                return catalog
         try:
             response = await self.reward.list_reward_functions(reward_pb2.ListRewardFunctionsRequest(), timeout=10.0)
         except RlvrError as e:

@@ -315,8 +315,9 @@ def refuse_head(folder: Path, path: str) -> None:
         head = read_head(folder)
     except ValueError:  # weights that do not read are no head: the upload says what is wrong with them
         return
-    if head is not None:
-        key = head_key(folder.parent.name) if folder.parent.parent.name == "jobs" else "head_<job id>"
+    if head is not None:  # the job's id from the path asked for (a fetched folder is in a scratch folder here)
+        asked = Path(path)
+        key = head_key(asked.parent.name) if asked.parent.parent.name == "jobs" else "head_<job id>"
         raise InvalidArgument(
             f"adapter_path: {shown(path)} is a Head job's adapter (a {head.task} head on {head.base_model}): it "
             f"scores text and does not generate; evaluate a policy's adapter, or score with the head as the "
