@@ -220,7 +220,7 @@ def read_answer(completion: str, truth: object) -> tuple[str, str]:
     block = extract_answer(completion)
     if block is not None:
         return block, block
-    canonical = canonical_answer(KEY, completion) or ""
+    canonical = canonical_answer("gsm8k", completion) or ""  # the rule of every reward but boxed: the last line
     if not _numeric(truth):
         return canonical, canonical
     stated = final_answer(completion)
