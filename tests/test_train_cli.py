@@ -109,7 +109,7 @@ def test_the_measured_recipe_fills_what_the_flags_leave_unset(scheduler: str) ->
         assert line in out.stdout, out.stdout
     none = rlvr("train", "--dry-run", "--address", scheduler, "--recipe")
     assert none.returncode == 2 and none.stderr == (
-        "error: --recipe: no --model given: no measured recipe; models with one: rlvr-tiny-headroom\n")
+        "error: --recipe: no --model given: no measured recipe; models with one: rlvr-tiny-headroom, smollm2-135m\n")
 
 
 def test_bad_value_names_field_and_range(scheduler: str) -> None:

@@ -749,4 +749,4 @@ def test_the_measured_recipe_fills_the_form_in_one_action_and_says_where_its_fig
     for path, value in recipe.fields.items():  # every value of the recipe reached the job
         assert value_of(job.spec, FIELDS_BY_PATH[path]) == pytest.approx(value), path
     unknown = client.get("/train?recipe=rlvr-tiny").text
-    assert "no measured recipe for &#39;rlvr-tiny&#39;; models with one: rlvr-tiny-headroom" in unknown
+    assert "no measured recipe for &#39;rlvr-tiny&#39;; models with one: rlvr-tiny-headroom, smollm2-135m" in unknown
