@@ -160,6 +160,11 @@ def test_bad_requests(rollout) -> None:
          "sampling.min_p: 1.5 is out of range; allowed: [0, 1] (0 = off)"),
         (ro.GenerateRequest(prompts=[ro.Prompt(text="hi")], sampling=C.SamplingParams(repetition_penalty=-1)),
          "sampling.repetition_penalty: -1.0 is out of range; allowed: (0, 2] (0 = 1.0, off)"),
+        (ro.GenerateRequest(prompts=[ro.Prompt(messages=ro.ChatMessages(messages=[
+            C.ChatMessage(role="system", content="be brief"), C.ChatMessage(role="usr", content="hi"),
+            C.ChatMessage(role="", content="?")]))]),
+         "prompts[0].messages[1].role: 'usr'; prompts[0].messages[2].role: '' is not a chat role; use one of "
+         "system, user, assistant, tool"),
     ]
     for request, field in bad:
         with pytest.raises(RlvrError) as err:

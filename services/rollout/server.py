@@ -34,6 +34,7 @@ log = logging.getLogger("rlvr.rollout")
 
 MAX_TOKENS = (MAX_COMPLETION.low, MAX_COMPLETION.high)  # the spec's Max Completion range
 MAX_N = 64
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # a Generate prompt's messages (common.proto ChatMessage)
 
 
 def _eager(setting: bool | None) -> bool:
@@ -191,6 +192,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 messages = [{"role": m.role, "content": m.content} for m in p.messages.messages]
                 if not messages:
                     raise InvalidArgument(f"prompts[{i}].messages: empty conversation")
+                bad = [f"prompts[{i}].messages[{j}].role: {shown(m['role'])}" for j, m in enumerate(messages)
+                       if m["role"] not in CHAT_ROLES]
+                if bad:
+                    raise InvalidArgument(f"{'; '.join(bad)} is not a chat role; use one of {', '.join(CHAT_ROLES)}")
                 prompts.append(PromptInput(token_ids=core.render_chat(messages)))
             elif kind == "token_ids":
                 if not p.token_ids.ids:
