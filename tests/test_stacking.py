@@ -269,6 +269,10 @@ def test_published_adapter_is_the_stacked_policy(tmp_path: Path, tiny_model: str
 
 
 # ------------------------------------------------------------------------------------------ rollout
+# The vLLM case starts an engine of its own (about 40 s of a 2-core host), for the one test: it runs
+# in `make test-all`; the transformers case keeps the combined adapter's serving in `make test`.
+@pytest.mark.parametrize("core", ["transformers", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])],
+                         indirect=True)
 async def test_rollout_engine_serves_the_combined_adapter_as_peft_does(core, model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     """On both rollout backends (`core` runs the real vLLM engine under the vllm mark): the
     combined adapter is one LoRA module there and generates peft's greedy tokens."""
